@@ -1,0 +1,93 @@
+"""The auto-share rule: when rebinding the draft's SWA index mapping is provably safe.
+
+A pure function of a :class:`~sglang_dsv4_guard.snapshot.StatePair`. It decides;
+:mod:`sglang_dsv4_guard.builtin_autoshare` acts (``draft_pool.register_mapping``),
+and the ``DSV4G004`` check uses the same decision to offer, or not, the switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_dsv4_guard.releases import HostProfile
+from sglang_dsv4_guard.snapshot import StatePair
+
+__all__ = ["ShareDecision", "decide"]
+
+
+@dataclass(frozen=True)
+class ShareDecision:
+    """Whether to share, why, and whether the case deserves a WARNING when done."""
+
+    share: bool
+    reason: str
+    warn: bool = False
+
+
+def _geometry(pair: StatePair, profile: HostProfile) -> tuple[tuple[object, ...], ...]:
+    fields = profile.paged_geometry
+    return (
+        tuple(pair.target.get(f.target_attr) for f in fields),
+        tuple(pair.draft.get(f.draft_attr) for f in fields),
+    )
+
+
+def decide(pair: StatePair, profile: HostProfile) -> ShareDecision:
+    """Apply the rule. Only ``share=True`` decisions may lead to a rebinding."""
+    t, d = pair.target, pair.draft
+    if not pair.block_runs:
+        return ShareDecision(False, "SGLang's DeepSeek-V4 draft check does not run for these pools")
+    if t.get("_unified_kv") or d.get("_unified_kv"):
+        return ShareDecision(
+            False, "unified-KV mode addresses SWA by ring rows and reads no index mapping"
+        )
+    for snap in (t, d):
+        if snap.mapping.kind != "tensor":
+            return ShareDecision(
+                False, f"the {snap.role} has no mapping tensor: {snap.mapping.describe()}"
+            )
+    cmp = pair.mapping
+    if cmp is None:
+        return ShareDecision(False, "the mappings were not compared")
+    if cmp.identical:
+        return ShareDecision(False, "the draft pool already holds the target's mapping")
+    if cmp.same_layout:
+        return ShareDecision(
+            True,
+            "both mappings are the same memory (equal data_ptr, shape, stride, dtype and "
+            "device): the draft already reads exactly the target's entries",
+        )
+    tm, dm = t.mapping, d.mapping
+    for label, a, b in (("shape", tm.shape, dm.shape), ("dtype", tm.dtype, dm.dtype),
+                        ("device", tm.device, dm.device)):
+        if a != b:
+            return ShareDecision(False, f"the mappings' {label} differs: target={a}, draft={b}")
+    if not cmp.contents_equal:
+        first = cmp.first_difference
+        where = (
+            f", first at index {first[0]} (target={first[1]}, draft={first[2]})" if first else ""
+        )
+        return ShareDecision(
+            False,
+            f"the mappings' contents differ at {cmp.differing} position(s){where}: the draft "
+            "would read and write other SWA rows than the ones it was built for",
+        )
+    if t.get("swa_size") != d.get("swa_size"):
+        return ShareDecision(
+            False,
+            f"the SWA capacity differs (swa_size: target={t.get('swa_size')!r}, "
+            f"draft={d.get('swa_size')!r}): target indices may not fit the draft's SWA pool",
+        )
+    target_geometry, draft_geometry = _geometry(pair, profile)
+    if target_geometry != draft_geometry:
+        return ShareDecision(
+            False,
+            f"the paged SWA geometry differs (target={target_geometry}, "
+            f"draft={draft_geometry}); sharing would not make the pools agree",
+        )
+    return ShareDecision(
+        True,
+        "the draft's mapping is a separate tensor with equal shape, dtype, device and "
+        "contents, and both pools have equal SWA capacity and geometry",
+        warn=True,
+    )

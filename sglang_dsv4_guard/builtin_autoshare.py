@@ -1,0 +1,53 @@
+"""Built-in remediation: auto-share the draft pool's SWA index mapping (``DSV4G007``).
+
+Acts only with auto-share on, and only on a ``share=True`` decision of
+:func:`sglang_dsv4_guard.autoshare_rule.decide`. Sharing always goes through
+``draft_pool.register_mapping(target_mapping)``, SGLang's own registration call.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_dsv4_guard.autoshare_rule import decide
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.context import StateContext
+from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.snapshot import StatePair
+
+logger = logging.getLogger("sglang_dsv4_guard")
+
+
+@hookimpl
+def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
+                                      pair: StatePair, context: StateContext) -> list[Finding]:
+    """Rebind the draft to the target's mapping when the rule proves it safe."""
+    if not context.autoshare:
+        return []
+    decision = decide(pair, context.profile)
+    if not decision.share:
+        return []
+    before = pair.draft.mapping.describe()
+    draft_pool.register_mapping(target_pool.full_to_swa_index_mapping)  # type: ignore[attr-defined]
+    severity = Severity.WARNING if decision.warn else Severity.INFO
+    details = [f"why it is safe: {decision.reason}"]
+    if decision.warn:
+        details.append("the draft pool no longer reads its own tensor; writes to that tensor "
+                       "are not seen by the draft any more")
+    details.append("CUDA graphs captured before this call keep the old pointer; "
+                   "uninstall() does not undo the share")
+    logger.log(logging.WARNING if decision.warn else logging.INFO,
+               "sglang-dsv4-guard auto-share: draft pool now uses the target pool's SWA index "
+               "mapping (%s)", decision.reason)
+    return [Finding(
+        code="DSV4G007", severity=severity, summary=CODES["DSV4G007"].title,
+        subject="full_to_swa_index_mapping",
+        observations=(
+            Observation("draft pool", "full_to_swa_index_mapping (before)", before,
+                        "the draft worker's own registration"),
+            Observation("target pool", "full_to_swa_index_mapping", pair.target.mapping.describe(),
+                        "SWATokenToKVPoolAllocator.full_to_swa_index_mapping"),
+        ),
+        details=tuple(details), fixes=CODES["DSV4G007"].fixes, docs=docs_url("DSV4G007"),
+    )]

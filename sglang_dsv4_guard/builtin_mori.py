@@ -1,0 +1,66 @@
+"""Built-in check DSV4G006: SGLang's MORI TP check for the non-MLA ``swa`` state."""
+
+from __future__ import annotations
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.context import SendContext
+from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.mori_snapshot import SendSnapshot
+
+_ATTN_TP = ("--tp-size (divided by --dp-size with --enable-dp-attention) on the prefill "
+            "server: MoriKVManager.attn_tp_size")
+_DECODE_TP = ("the decode server's attention TP size, sent when it registers "
+              "(KVArgsRegisterInfo.decode_tp_size)")
+
+
+def host_message(t: SendSnapshot) -> str:
+    """SGLang's message, verbatim (it labels the attention TP size prefill_tp_size)."""
+    return ("PD state transfer does not support TP-mismatched non-MLA SWA models "
+            f"(prefill_tp_size={t.attn_tp_size}, decode_tp_size={t.decode_tp_size})")
+
+
+def violates(t: SendSnapshot) -> bool:
+    """SGLang's condition, unchanged from 0.5.14 to 0.5.23."""
+    return t.state_type == "swa" and not t.is_mla_backend and t.decode_tp_size != t.attn_tp_size
+
+
+@hookimpl
+def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -> list[Finding]:
+    """DSV4G006 with both sides' TP layout, the peer and the fixes."""
+    if not violates(transfer):
+        return []
+    t = transfer
+    observations = [
+        Observation("prefill", "attn_tp_size", t.attn_tp_size, _ATTN_TP),
+        Observation("decode", "decode_tp_size", t.decode_tp_size, _DECODE_TP),
+        Observation("prefill", "is_mla_backend", t.is_mla_backend,
+                    "the KV pool class (MLA pools, DeepSeek-V4 included, are exempt)"),
+        Observation("prefill", "state_type", t.state_type, "kv_args.state_types (the pool's "
+                    "state components, from setup_state_kv_args)"),
+    ]
+    for name, value, source in (("tp_size", t.tp_size, "server flag --tp-size"),
+                                ("dp_size", t.dp_size, "server flag --dp-size"),
+                                ("enable_dp_attention", t.enable_dp_attention,
+                                 "server flag --enable-dp-attention"),
+                                ("pp_size", t.pp_size, "server flag --pp-size")):
+        if value is not None:
+            observations.append(Observation("prefill", name, value, source))
+    peer = ", ".join(f"{k}={v}" for k, v in (("engine", t.engine_key), ("endpoint", t.endpoint),
+                                             ("port", t.dst_port)) if v is not None)
+    details = [f"decode peer: {peer or 'unknown'}",
+               "SGLang labels the prefill *attention* TP size 'prefill_tp_size'"]
+    if context.phase == "register":
+        details.append("found when the decode peer registered: every request to it that "
+                       "carries 'swa' state will fail")
+    fixes = (
+        f"start the decode server with attention TP {t.attn_tp_size} (match the prefill's): "
+        "--tp-size, or --tp-size/--dp-size with --enable-dp-attention",
+        CODES["DSV4G006"].fixes[1],
+    )
+    return [Finding(
+        code="DSV4G006", severity=Severity.ERROR, summary=CODES["DSV4G006"].title,
+        subject="MORI swa state transfer", observations=tuple(observations),
+        details=tuple(details), fixes=fixes, docs=docs_url("DSV4G006"),
+        host_message=host_message(t),
+    )]

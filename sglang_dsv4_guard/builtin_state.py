@@ -1,0 +1,217 @@
+"""Built-in checks DSV4G001-DSV4G005 and DSV4G010: SGLang's DSV4 draft block, all of it.
+
+SGLang stops at its first failing check. These checks walk the same checks in the
+same order and keep going, so the first error finding is SGLang's error and the
+rest are the ones the operator would meet on the next launches.
+"""
+
+from __future__ import annotations
+
+from sglang_dsv4_guard.autoshare_rule import decide
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.context import StateContext
+from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.snapshot import PoolSnapshot, StatePair
+
+_RATIO_SOURCE = {
+    "target pool": "model config compress_ratios (config.json)",
+    "draft pool": "draft worker: stock NextN layers get COMPRESS_RATIO_NEXTN_LAYER = 0 "
+    "(KVCacheConfigurator, is_draft_worker)",
+}
+_UNIFIED_SOURCE = (
+    "is_unified_kv_triton(): ROCm and env SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton, "
+    "read once when the pool is built"
+)
+_RING_FIELDS = (
+    ("window", "unified_swa_window", "model config sliding_window"),
+    ("ring size", "unified_swa_ring_size",
+     "sliding_window + (--speculative-num-draft-tokens - 1) when speculative"),
+    ("pages", "unified_swa_pages", "DeepSeekV4UnifiedKVPool.swa_pages (unified KV ring pages)"),
+)
+_MAPPING_SOURCE = {
+    "target pool": "SWATokenToKVPoolAllocator.full_to_swa_index_mapping, registered by "
+    "KVCacheConfigurator._build_token_to_kv_pool_allocator",
+    "draft pool": "registered by the draft branch of KVCacheConfigurator from the allocator "
+    "the draft worker was handed",
+}
+
+
+def _finding(
+    code: str,
+    summary: str,
+    subject: str,
+    *,
+    observations: tuple[Observation, ...] = (),
+    details: tuple[str, ...] = (),
+    fixes: tuple[str, ...] | None = None,
+    severity: Severity = Severity.ERROR,
+    host_message: str | None = None,
+) -> Finding:
+    return Finding(
+        code=code, severity=severity, summary=summary, subject=subject,
+        observations=observations, details=details,
+        fixes=CODES[code].fixes if fixes is None else fixes,
+        docs=docs_url(code), host_message=host_message,
+    )
+
+
+def _incomplete(snap: PoolSnapshot, name: str) -> Finding:
+    value = snap.get(name)
+    return _finding(
+        "DSV4G010",
+        f"the {snap.role} has no readable attribute {name!r}",
+        f"{snap.role} ({snap.type_name})",
+        observations=(Observation(snap.role, name, value, "pool attribute"),),
+        details=("SGLang raises AttributeError when it reads this attribute",),
+    )
+
+
+def _check_ratios(pair: StatePair) -> list[Finding]:
+    draft = pair.draft
+    if not draft.has("compression_ratios"):
+        return [_incomplete(draft, "compression_ratios")]
+    ratios = draft.get("compression_ratios")
+    try:
+        offending = [(i, r) for i, r in enumerate(ratios) if r != 0]  # type: ignore[arg-type]
+    except TypeError:
+        return [_incomplete(draft, "compression_ratios")]
+    if ratios and not offending:
+        return []
+    if offending:
+        shown = ", ".join(f"layer {i}: ratio {r}" for i, r in offending[:16])
+        more = f" (+{len(offending) - 16} more)" if len(offending) > 16 else ""
+        details = (f"draft layers that are not SWA-only: {shown}{more}",)
+    else:
+        details = ("the draft pool lists no layers at all (compression_ratios is empty)",)
+    observations = tuple(
+        Observation(snap.role, "compression_ratios", snap.get("compression_ratios"),
+                    _RATIO_SOURCE[snap.role])
+        for snap in (draft, pair.target)
+    )
+    return [_finding("DSV4G001", CODES["DSV4G001"].title, "draft pool compression_ratios",
+                     observations=observations, details=details,
+                     host_message=CODES["DSV4G001"].sglang_message)]
+
+
+def _check_unified(pair: StatePair) -> tuple[list[Finding], bool]:
+    """The unified-mode check; the bool says whether the geometry checks can go on."""
+    missing = [
+        _incomplete(snap, "_unified_kv") for snap in (pair.target, pair.draft)
+        if not snap.has("_unified_kv")
+    ]
+    if missing:
+        return missing, False
+    t, d = pair.target.get("_unified_kv"), pair.draft.get("_unified_kv")
+    if t == d:
+        return [], True
+    unified = "target pool" if t else "draft pool"
+    return [_finding(
+        "DSV4G002", CODES["DSV4G002"].title, "_unified_kv",
+        observations=(Observation("target pool", "_unified_kv", t, _UNIFIED_SOURCE),
+                      Observation("draft pool", "_unified_kv", d, _UNIFIED_SOURCE)),
+        details=(f"only the {unified} is unified; the geometry checks are skipped until "
+                 "both pools use one mode",),
+        host_message=CODES["DSV4G002"].sglang_message,
+    )], False
+
+
+def _geometry_finding(code: str, message: str, fields: list[tuple[str, str, str, str]],
+                      pair: StatePair) -> Finding:
+    observations: list[Observation] = []
+    details: list[str] = []
+    for label, t_attr, d_attr, source in fields:
+        tv, dv = pair.target.get(t_attr), pair.draft.get(d_attr)
+        observations += [Observation("target pool", t_attr, tv, source),
+                         Observation("draft pool", d_attr, dv, source)]
+        mark = "differs" if tv != dv else "equal"
+        details.append(f"{label}: target {t_attr}={tv!r}, draft {d_attr}={dv!r} ({mark})")
+    return _finding(code, CODES[code].title, "SWA geometry", observations=tuple(observations),
+                    details=tuple(details), host_message=message)
+
+
+def _check_geometry(pair: StatePair, context: StateContext, unified: bool) -> list[Finding]:
+    if unified:
+        fields = [(label, attr, attr, source) for label, attr, source in _RING_FIELDS]
+        code, prefix = "DSV4G003", "DSV4 target and draft pools must share SWA ring geometry: "
+    else:
+        fields = [(f.name, f.target_attr, f.draft_attr, f.source)
+                  for f in context.profile.paged_geometry]
+        code, prefix = "DSV4G005", context.profile.paged_geometry_prefix
+    missing = [_incomplete(snap, attr) for _, t_attr, d_attr, _ in fields
+               for snap, attr in ((pair.target, t_attr), (pair.draft, d_attr))
+               if not snap.has(attr)]
+    if missing:
+        return missing
+    target = tuple(pair.target.get(f[1]) for f in fields)
+    draft = tuple(pair.draft.get(f[2]) for f in fields)
+    if target == draft:
+        return []
+    return [_geometry_finding(code, f"{prefix}target={target}, draft={draft}", fields, pair)]
+
+
+def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
+    t, d = pair.target.mapping, pair.draft.mapping
+    observations = tuple(
+        Observation(snap.role, "full_to_swa_index_mapping", snap.mapping.describe(),
+                    _MAPPING_SOURCE[snap.role])
+        for snap in (pair.target, pair.draft)
+    )
+    cmp = pair.mapping
+    never = [snap.role for snap in (pair.target, pair.draft) if snap.mapping.kind == "missing"]
+    if not never and cmp is not None and cmp.identical:
+        if t.kind == "none" and pair.target.get("request_window.capacity") is None \
+                and pair.draft.get("swa_req_ring_size") is None:
+            return [_finding(
+                "DSV4G004", "neither pool has an SWA index mapping registered",
+                "full_to_swa_index_mapping", severity=Severity.WARNING,
+                observations=observations,
+                details=("SGLang accepts this (None is None), but a paged DSV4 pool without "
+                         "a mapping cannot translate full-cache indices to SWA slots",),
+            )]
+        return []
+    details: list[str] = []
+    if never:
+        details.append(f"never registered on: {', '.join(never)}; SGLang raises AttributeError "
+                       "reading it (releases before 0.5.22)")
+    if cmp is not None and t.kind == d.kind == "tensor":
+        details.append(f"same storage: {'yes' if cmp.same_storage else 'no'}; "
+                       f"same memory layout: {'yes' if cmp.same_layout else 'no'}")
+        if cmp.contents_equal is None:
+            details.append("contents not comparable (shape, dtype or device differ)")
+        elif cmp.contents_equal:
+            details.append("contents equal (a copy or view of the target's tensor)")
+        else:
+            first = cmp.first_difference
+            at = f", first at index {first[0]} (target={first[1]}, draft={first[2]})" if first else ""
+            details.append(f"contents differ at {cmp.differing} position(s){at}")
+    decision = decide(pair, context.profile)
+    base = CODES["DSV4G004"].fixes[0]
+    if decision.share:
+        fixes = (base, "SGLANG_DSV4_GUARD_AUTOSHARE=1 would rebind the draft to the target's "
+                 f"tensor: {decision.reason}")
+    else:
+        fixes = (base,)
+        details.append(f"auto-share would not help: {decision.reason}")
+    return [_finding(
+        "DSV4G004", CODES["DSV4G004"].title, "full_to_swa_index_mapping",
+        observations=observations, details=tuple(details), fixes=fixes,
+        host_message=None if never else CODES["DSV4G004"].sglang_message,
+    )]
+
+
+@hookimpl
+def sglang_dsv4_guard_check_state(pair: StatePair, context: StateContext) -> list[Finding]:
+    """SGLang's DSV4 target/draft checks, every one of them, in SGLang's order."""
+    if not pair.block_runs:
+        return []
+    findings = _check_ratios(pair)
+    unified_findings, comparable = _check_unified(pair)
+    findings += unified_findings
+    if not comparable:
+        return findings
+    unified = bool(pair.target.get("_unified_kv"))
+    if not unified:
+        findings += _check_mapping(pair, context)
+    findings += _check_geometry(pair, context, unified)
+    return findings

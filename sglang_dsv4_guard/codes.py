@@ -1,0 +1,155 @@
+"""The catalogue of stable finding codes: what each means and where it is documented.
+
+Codes never change meaning once released. ``sglang-dsv4-guard explain CODE`` prints
+an entry; the README's table is the same data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CODES", "CodeInfo", "docs_url"]
+
+_DOCS = "https://github.com/sglang-dsv4-guard/sglang-dsv4-guard#"
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    """One catalogue entry."""
+
+    code: str
+    title: str
+    sglang_message: str | None
+    meaning: str
+    fixes: tuple[str, ...]
+
+
+def docs_url(code: str) -> str:
+    """The documentation anchor for ``code``."""
+    return _DOCS + code.lower()
+
+
+CODES: dict[str, CodeInfo] = {
+    info.code: info
+    for info in (
+        CodeInfo(
+            "DSV4G001",
+            "NextN draft pool is not SWA-only",
+            "DSV4 draft state transfer expects SWA-only NextN layers",
+            "Every layer of the DeepSeek-V4 NextN/MTP draft pool must have compression "
+            "ratio 0 (sliding-window only): its state is shipped to the decode server "
+            "through the SWA path, which cannot carry compressed (C4/C128) layers. "
+            "Stock SGLang builds the draft pool with COMPRESS_RATIO_NEXTN_LAYER (0) "
+            "for every layer, so a nonzero or empty list means a modified draft "
+            "runner or a draft model that is not a NextN module.",
+            (
+                "serve the stock NextN draft (--speculative-algorithm NEXTN with the "
+                "model's own MTP layers) so every draft layer has ratio 0",
+                "or drop --speculative-algorithm on both prefill and decode servers",
+            ),
+        ),
+        CodeInfo(
+            "DSV4G002",
+            "target and draft pools use different unified-KV modes",
+            "DSV4 target and draft pools must use the same unified-KV mode",
+            "One pool keeps SWA in the unified KV ring (ROCm, "
+            "SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton) and the other in paged "
+            "SWA; their state cannot be described by one transfer layout.",
+            (
+                "set SGLANG_HACK_FLASHMLA_BACKEND identically for the whole server "
+                "process (target and draft workers read it once, at pool creation)",
+            ),
+        ),
+        CodeInfo(
+            "DSV4G003",
+            "SWA ring geometry differs (unified-KV mode)",
+            "DSV4 target and draft pools must share SWA ring geometry: "
+            "target=(...), draft=(...)",
+            "In unified-KV mode the draft's SWA ring rows are addressed with the "
+            "target's indices, so window, ring size and ring pages must be equal.",
+            (
+                "give both pools the same sliding_window (model config) and the same "
+                "--speculative-num-draft-tokens (the ring holds window + draft tokens - 1)",
+            ),
+        ),
+        CodeInfo(
+            "DSV4G004",
+            "draft pool does not share the target's SWA index mapping",
+            "DSV4 target and draft pools must share the SWA index mapping",
+            "In paged mode the draft pool must hold the very tensor object the "
+            "target's SWATokenToKVPoolAllocator registered (full_to_swa_index_mapping): "
+            "SGLang tests identity, not equality, because the tensor is updated in "
+            "place while serving.",
+            (
+                "hand the draft worker the target's token_to_kv_pool_allocator so "
+                "KVCacheConfigurator registers the same tensor on the draft pool",
+                "when the draft holds a view or an equal copy, SGLANG_DSV4_GUARD_AUTOSHARE=1 "
+                "rebinds it safely (see the README for the rule)",
+            ),
+        ),
+        CodeInfo(
+            "DSV4G005",
+            "paged SWA geometry differs",
+            "DSV4 target and draft pools must share (paged) SWA geometry: "
+            "target=(...), draft=(...)",
+            "In paged mode both pools must use the same page size and sliding window "
+            "(and, from SGLang 0.5.23, the target's request-window capacity must equal "
+            "the draft's SWA ring size).",
+            (
+                "use one --page-size for the server (both pools take it)",
+                "give the draft model the target's sliding_window",
+            ),
+        ),
+        CodeInfo(
+            "DSV4G006",
+            "MORI: prefill/decode attention TP mismatch for a non-MLA SWA model",
+            "PD state transfer does not support TP-mismatched non-MLA SWA models "
+            "(prefill_tp_size=<attn_tp>, decode_tp_size=<n>)",
+            "The MORI connector cannot slice the 'swa' state component of a non-MLA "
+            "model across different attention-TP sizes. SGLang finds this per request, "
+            "in the transfer thread; the guard reports it when the decode peer registers.",
+            (
+                "make the decode server's attention TP size equal the prefill's "
+                "(attention TP = --tp-size / --dp-size with --enable-dp-attention)",
+                "KV transfer between different TP sizes is supported for MLA models and "
+                "for the non-state KV of other models; only the non-MLA 'swa' state is not",
+            ),
+        ),
+        CodeInfo(
+            "DSV4G007",
+            "auto-share rebound the draft pool's SWA index mapping",
+            None,
+            "SGLANG_DSV4_GUARD_AUTOSHARE=1 found the draft's mapping to be provably the "
+            "same data as the target's and registered the target's tensor on the draft "
+            "pool (draft_pool.register_mapping).",
+            ("build the draft with the target's allocator so no rebinding is needed",),
+        ),
+        CodeInfo(
+            "DSV4G010",
+            "pool object is incomplete",
+            None,
+            "A pool lacks an attribute the check reads (a half-built or foreign pool). "
+            "SGLang raises AttributeError for it; the guard names the attribute.",
+            ("check the code that built the pool; every DeepSeekV4TokenToKVPool "
+             "attribute SGLang reads is listed in the finding",),
+        ),
+        CodeInfo(
+            "DSV4G090",
+            "a guard plug-in failed",
+            None,
+            "A check, remediation or reporter plug-in raised, returned something that "
+            "is not a list of findings, or could not be loaded. The guard carried on "
+            "without it; SGLang's verdict is unchanged.",
+            ("fix or uninstall the plug-in named in the finding",),
+        ),
+        CodeInfo(
+            "DSV4G099",
+            "the guard disagrees with SGLang",
+            None,
+            "The guard's prediction of SGLang's verdict differs from what SGLang did. "
+            "SGLang's verdict stands; this is a guard bug. Please report it with the "
+            "JSON report.",
+            ("report it; set SGLANG_DSV4_GUARD=0 if it is in your way",),
+        ),
+    )
+}

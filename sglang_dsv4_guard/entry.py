@@ -1,0 +1,37 @@
+"""The function SGLang's ``load_plugins()`` calls in every scheduler process.
+
+Registered as entry point ``dsv4_guard`` in group ``sglang.srt.plugins``. It reads
+``SGLANG_DSV4_GUARD`` and stays inert unless the variable asks for the guard.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["activate"]
+
+logger = logging.getLogger("sglang_dsv4_guard")
+
+
+def activate() -> None:
+    """Install the guard as the environment says; warn about every bad setting.
+
+    In strict mode, a guard that cannot install raises
+    :class:`~sglang_dsv4_guard.errors.DSV4GuardStartupRefused` (a ``SystemExit``),
+    which SGLang's loader does not swallow.
+    """
+    from sglang_dsv4_guard.errors import DSV4GuardInstallError, DSV4GuardStartupRefused
+    from sglang_dsv4_guard.settings import Mode, settings_from_env
+
+    settings, problems = settings_from_env()
+    for problem in problems:
+        logger.warning("sglang-dsv4-guard: %s", problem)
+    if settings.mode.value is Mode.OFF:
+        logger.debug("sglang-dsv4-guard is off (%s)", settings.mode.source)
+        return
+    from sglang_dsv4_guard.install import install
+
+    try:
+        install(settings=settings)
+    except DSV4GuardInstallError as error:
+        raise DSV4GuardStartupRefused(error) from error

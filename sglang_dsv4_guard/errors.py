@@ -1,0 +1,69 @@
+"""The guard's exceptions. Each carries the object at fault as an attribute."""
+
+from __future__ import annotations
+
+from sglang_dsv4_guard.findings import Finding, Report
+
+__all__ = ["DSV4GuardError", "DSV4GuardInstallError", "DSV4GuardStartupRefused", "SettingError"]
+
+
+class DSV4GuardError(RuntimeError):
+    """SGLang's error (or, in strict mode, the guard's), with the full report below it.
+
+    The message's first line is exactly SGLang's message, so code matching SGLang's
+    text still matches. ``report`` and ``findings`` hold the structured data;
+    ``host_error`` is SGLang's own exception (also the ``__cause__``), or ``None``.
+    """
+
+    def __init__(self, first_line: str, report: Report, rendered: str | None,
+                 host_error: BaseException | None = None) -> None:
+        message = first_line if not rendered else f"{first_line}\n{rendered}"
+        super().__init__(message)
+        self.report = report
+        self.host_error = host_error
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        """The report's findings."""
+        return self.report.findings
+
+
+class DSV4GuardInstallError(RuntimeError):
+    """The guard cannot install (strict mode only; otherwise it warns and stays inert).
+
+    ``reason`` says why, ``target`` names the patch target at fault, if any.
+    """
+
+    def __init__(self, reason: str, target: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.target = target
+
+
+class DSV4GuardStartupRefused(SystemExit):
+    """Raised by the SGLang plug-in entry point in strict mode when the guard cannot install.
+
+    A ``SystemExit`` so that SGLang's ``load_plugins()``, which catches and logs every
+    ``Exception``, cannot swallow it: the scheduler process stops with the message.
+    """
+
+    def __init__(self, error: DSV4GuardInstallError) -> None:
+        super().__init__(f"sglang-dsv4-guard (strict mode) refused to start: {error.reason}")
+        self.error = error
+
+
+class SettingError(ValueError):
+    """A setting has a value the guard does not accept.
+
+    ``variable`` is the environment variable or keyword, ``value`` what it held and
+    ``accepted`` the accepted values.
+    """
+
+    def __init__(self, variable: str, value: object, accepted: tuple[str, ...],
+                 consequence: str) -> None:
+        super().__init__(
+            f"{variable} must be one of {', '.join(accepted)} (got {value!r}); {consequence}"
+        )
+        self.variable = variable
+        self.value = value
+        self.accepted = accepted

@@ -1,0 +1,160 @@
+"""Findings and reports: plain, frozen data that checks return and reporters consume.
+
+Nothing here touches sglang or torch. A finding says what is wrong (``code``,
+``summary``), what was observed on each side (``observations``, by role, each with
+the place its value comes from), and what to do (``fixes``). Rendering lives in
+:mod:`sglang_dsv4_guard.render`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Finding", "Observation", "Report", "Severity", "to_jsonable"]
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is. ``error`` findings mirror a check SGLang enforces."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One observed value on one side of a comparison.
+
+    ``role`` names the side ("target pool", "draft pool", "prefill", "decode"),
+    ``name`` the attribute or setting, and ``source`` where its value is decided
+    (a server flag, an environment variable, a model-config key, a pool attribute).
+    """
+
+    role: str
+    name: str
+    value: object
+    source: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or one action taken), as data.
+
+    ``host_message`` is the exact first line SGLang raises for this check, when
+    SGLang enforces it; the guard uses it to cross-check its verdict against
+    SGLang's. ``origin`` names the plug-in that produced the finding.
+    """
+
+    code: str
+    severity: Severity
+    summary: str
+    subject: str
+    observations: tuple[Observation, ...] = ()
+    details: tuple[str, ...] = ()
+    fixes: tuple[str, ...] = ()
+    docs: str = ""
+    host_message: str | None = None
+    origin: str = "builtin"
+
+    def value(self, role: str, name: str | None = None) -> object:
+        """The first observed value for ``role`` (and ``name`` when given).
+
+        Raises ``KeyError`` naming what was asked for when nothing matches.
+        """
+        for obs in self.observations:
+            if obs.role == role and (name is None or obs.name == name):
+                return obs.value
+        raise KeyError(f"finding {self.code} has no observation for {role!r}/{name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary of every field."""
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "summary": self.summary,
+            "subject": self.subject,
+            "observations": [
+                {
+                    "role": o.role,
+                    "name": o.name,
+                    "value": to_jsonable(o.value),
+                    "source": o.source,
+                }
+                for o in self.observations
+            ],
+            "details": list(self.details),
+            "fixes": list(self.fixes),
+            "docs": self.docs,
+            "host_message": self.host_message,
+            "origin": self.origin,
+        }
+
+
+def to_jsonable(value: object) -> Any:
+    """Turn an observed value into something ``json`` can write, without losing it."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tuple | list):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one guarded call found, with the context it ran in.
+
+    ``context`` holds plain strings: the function, the calling server role, the
+    SGLang release and the guard mode. ``host_error`` is the first line of the
+    error SGLang raised, or ``None`` when SGLang accepted the configuration.
+    """
+
+    findings: tuple[Finding, ...]
+    context: Mapping[str, str] = field(default_factory=dict)
+    host_error: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        findings: Iterable[Finding],
+        context: Mapping[str, str],
+        host_error: str | None = None,
+    ) -> Report:
+        """Build a report, errors first, keeping the order checks produced within a severity."""
+        rank = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+        ordered = sorted(findings, key=lambda f: rank[f.severity])
+        return cls(tuple(ordered), dict(context), host_error)
+
+    def by_severity(self, *severities: Severity) -> tuple[Finding, ...]:
+        """The findings of the given severities, in report order."""
+        return tuple(f for f in self.findings if f.severity in severities)
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        """The codes of all findings, in report order."""
+        return tuple(f.code for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary of the whole report."""
+        return {
+            "context": dict(self.context),
+            "host_error": self.host_error,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The report as one JSON document."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+
+def first_host_message(findings: Sequence[Finding]) -> str | None:
+    """The SGLang message of the first error finding that mirrors an SGLang check."""
+    for f in findings:
+        if f.severity is Severity.ERROR and f.host_message is not None:
+            return f.host_message
+    return None

@@ -1,0 +1,79 @@
+"""The guard's hook specifications (pluggy project ``sglang_dsv4_guard``).
+
+Built-in checks, the auto-share remediation and the log reporter are ordinary
+implementations of these hooks. Third-party plug-ins register under the
+entry-point group ``sglang_dsv4_guard``::
+
+    [project.entry-points.sglang_dsv4_guard]
+    my_checks = "my_package.guard_checks"
+
+and implement any of the hooks below with :data:`hookimpl`. Each implementation is
+called on its own: one that raises, or returns something other than a list of
+:class:`~sglang_dsv4_guard.findings.Finding`, becomes a ``DSV4G090`` finding naming
+the plug-in, and the others still run. Hook wrappers are not supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pluggy
+
+from sglang_dsv4_guard.context import SendContext, StateContext
+from sglang_dsv4_guard.findings import Finding, Report
+from sglang_dsv4_guard.mori_snapshot import SendSnapshot
+from sglang_dsv4_guard.snapshot import StatePair
+
+PROJECT = "sglang_dsv4_guard"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def sglang_dsv4_guard_remediate_state(
+    target_pool: object, draft_pool: object, pair: StatePair, context: StateContext
+) -> Sequence[Finding]:
+    """Repair a target/draft pool pair before SGLang's checks run, when provably safe.
+
+    :param target_pool: the live target ``DeepSeekV4TokenToKVPool`` (may be changed).
+    :param draft_pool: the live draft pool (may be changed).
+    :param pair: a snapshot of both pools taken before any remediation.
+    :param context: the call's context (release profile, caller, mode, autoshare).
+    :return: findings describing what was changed or refused; empty when nothing applied.
+    """
+    raise NotImplementedError  # pragma: no cover - a spec has no body
+
+
+@hookspec
+def sglang_dsv4_guard_check_state(pair: StatePair, context: StateContext) -> Sequence[Finding]:
+    """Check a target/draft pool pair as ``setup_state_kv_args`` receives it.
+
+    Must be pure: no I/O, no logging, no change to anything.
+
+    :param pair: snapshots of the target and draft pools and how their mappings relate.
+    :param context: the call's context (release profile, caller, mode, autoshare).
+    :return: every problem found, in the order SGLang would meet them.
+    """
+    raise NotImplementedError  # pragma: no cover
+
+
+@hookspec
+def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -> Sequence[Finding]:
+    """Check one MORI state transfer (or a decode peer at registration).
+
+    Must be pure. Called on the failure path of a transfer and once per peer at
+    registration, never on a passing transfer.
+
+    :param transfer: the prefill manager's and the decode peer's values.
+    :param context: the release profile, mode and phase ("register" or "send").
+    :return: every problem found.
+    """
+    raise NotImplementedError  # pragma: no cover
+
+
+@hookspec
+def sglang_dsv4_guard_report(report: Report) -> None:
+    """Receive a finished report (log it, export it, page someone).
+
+    :param report: the findings and context of one guarded call.
+    """

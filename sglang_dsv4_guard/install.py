@@ -1,0 +1,165 @@
+"""``install()`` / ``uninstall()`` / ``is_installed()``: idempotent both ways.
+
+``install`` checks the SGLang release against the supported range before patching,
+wraps ``setup_state_kv_args`` (and every stale binding of it), and arranges for the
+MORI connector to be wrapped when SGLang imports it. ``uninstall`` restores every
+original object where our wrapper still stands and removes the pending import hook.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
+from sglang_dsv4_guard.manager import build_plugins
+from sglang_dsv4_guard.mori_guard import MORI_MODULE, MoriGuard, patch_module
+from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
+from sglang_dsv4_guard.releases import (
+    SUPPORTED_MAX,
+    SUPPORTED_MIN,
+    installed_sglang_version,
+    is_supported,
+    profile_for,
+)
+from sglang_dsv4_guard.runtime import Runtime
+from sglang_dsv4_guard.settings import Mode, Setting, Settings, parse_mode
+from sglang_dsv4_guard.state_guard import make_state_wrapper
+
+__all__ = ["install", "installation", "is_installed", "uninstall"]
+
+logger = logging.getLogger("sglang_dsv4_guard")
+
+STATE_TARGET = PatchTarget("sglang.srt.disaggregation.utils", "setup_state_kv_args")
+
+
+@dataclass
+class Installation:
+    """What one ``install()`` did; kept until ``uninstall()``."""
+
+    runtime: Runtime
+    mori: MoriGuard
+    hooks: PostImportHooks
+    patches: list[AppliedPatch] = field(default_factory=list)
+
+
+_lock = threading.RLock()
+_current: Installation | None = None
+
+
+def installation() -> Installation | None:
+    """The current installation (for diagnostics and tests), or ``None``."""
+    return _current
+
+
+def is_installed() -> bool:
+    """Whether the guard is installed in this process."""
+    return _current is not None
+
+
+def _refuse(settings: Settings, reason: str, target: str | None = None) -> Callable[[], bool]:
+    error = DSV4GuardInstallError(reason, target)
+    if settings.mode.value is Mode.STRICT:
+        raise error
+    logger.warning("sglang-dsv4-guard stays inert: %s", reason)
+    return uninstall
+
+
+def _settings_for(mode: str | Mode, autoshare: bool, log_format: str,
+                  settings: Settings | None) -> Settings:
+    if settings is not None:
+        return settings
+    chosen = parse_mode(mode.value if isinstance(mode, Mode) else str(mode), "install(mode=...)")
+    if not isinstance(autoshare, bool):
+        raise SettingError("install(autoshare=...)", autoshare, ("True", "False"),
+                           "nothing was installed")
+    if log_format not in ("text", "json"):
+        raise SettingError("install(log_format=...)", log_format, ("text", "json"),
+                           "nothing was installed")
+    return Settings(Setting(chosen, f"install(mode={mode!r})"),
+                    Setting(autoshare, f"install(autoshare={autoshare!r})"),
+                    Setting(log_format, f"install(log_format={log_format!r})"))
+
+
+def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str = "text",
+            load_entry_points: bool = True,
+            settings: Settings | None = None) -> Callable[[], bool]:
+    """Install the guard; return the undo (``uninstall``).
+
+    ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). Calling it again
+    with the same settings is harmless; with other settings it reconfigures. Outside
+    the supported SGLang range it warns and stays inert, or raises
+    :class:`DSV4GuardInstallError` in strict mode.
+    """
+    global _current
+    chosen = _settings_for(mode, autoshare, log_format, settings)
+    if chosen.mode.value is Mode.OFF:
+        uninstall()
+        return uninstall
+    with _lock:
+        if _current is not None:
+            if _current.runtime.settings == chosen:
+                logger.debug("sglang-dsv4-guard is already installed; nothing to do")
+            else:
+                _current.runtime.settings = chosen
+                logger.info("sglang-dsv4-guard reconfigured: mode=%s autoshare=%s",
+                            chosen.mode.value.value, chosen.autoshare.value)
+            return uninstall
+        version = installed_sglang_version()
+        if version is None:
+            return _refuse(chosen, "SGLang is not installed")
+        if not is_supported(version):
+            return _refuse(chosen, f"SGLang {version} is outside the supported range "
+                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX}")
+        try:
+            utils = importlib.import_module(STATE_TARGET.module)
+        except Exception as exc:
+            return _refuse(chosen, f"importing {STATE_TARGET.module} failed: {exc}",
+                           str(STATE_TARGET))
+        runtime = Runtime(chosen, build_plugins(load_entry_points, chosen.log_format.value),
+                          profile_for(version))
+        current = Installation(runtime, MoriGuard(runtime), PostImportHooks())
+        try:
+            current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
+        except DSV4GuardInstallError as exc:
+            return _refuse(chosen, exc.reason, exc.target)
+
+        def on_mori(module: ModuleType) -> None:
+            with _lock:
+                if _current is current:
+                    current.patches.extend(patch_module(module, current.mori))
+
+        _current = current
+        current.hooks.watch(MORI_MODULE, on_mori)
+        logger.info(
+            "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; patched %s; "
+            "MORI connector %s",
+            chosen.mode.value.value, chosen.autoshare.value, version,
+            ", ".join(current.patches[0].rebound),
+            "wrapped" if len(current.patches) > 1 else "will be wrapped when SGLang imports it",
+        )
+        return uninstall
+
+
+def uninstall() -> bool:
+    """Restore every original object; ``False`` (and a debug line) when not installed.
+
+    An auto-shared mapping stays shared: the draft pool keeps the target's tensor.
+    """
+    global _current
+    with _lock:
+        current, _current = _current, None
+        if current is None:
+            logger.debug("sglang-dsv4-guard is not installed; nothing to uninstall")
+            return False
+        current.runtime.active = False
+        current.hooks.unwatch_all()
+        for patch in reversed(current.patches):
+            for note in restore(patch):
+                logger.warning("sglang-dsv4-guard uninstall: %s", note)
+        logger.info("sglang-dsv4-guard uninstalled; originals restored")
+        return True

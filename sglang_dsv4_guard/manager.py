@@ -1,0 +1,141 @@
+"""The plug-in manager: built by a factory, never at import, and fault-isolating.
+
+pluggy calls all implementations of a hook in one go, so one failing
+implementation would take the others (and our verdict) down with it. The guard
+instead calls each implementation on its own, in registration order (built-ins
+first), and turns a failure into a ``DSV4G090`` finding naming the plug-in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pluggy
+
+from sglang_dsv4_guard import hookspecs
+from sglang_dsv4_guard.codes import docs_url
+from sglang_dsv4_guard.findings import Finding, Report, Severity
+
+__all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "build_plugins"]
+
+logger = logging.getLogger("sglang_dsv4_guard")
+
+BUILTIN_PLUGINS = (
+    ("builtin_autoshare", "sglang_dsv4_guard.builtin_autoshare"),
+    ("builtin_state", "sglang_dsv4_guard.builtin_state"),
+    ("builtin_mori", "sglang_dsv4_guard.builtin_mori"),
+)
+
+
+def plugin_failure(name: str, stage: str, problem: str) -> Finding:
+    """The finding for a plug-in that could not load, raised, or returned garbage."""
+    return Finding(
+        code="DSV4G090",
+        severity=Severity.WARNING,
+        summary=f"guard plug-in {name!r} failed ({stage}); the guard went on without it",
+        subject=f"plug-in {name}",
+        details=(problem, "SGLang's verdict is not affected"),
+        fixes=(f"fix or uninstall the plug-in {name!r} (entry-point group sglang_dsv4_guard)",),
+        docs=docs_url("DSV4G090"),
+        origin=name,
+    )
+
+
+@dataclasses.dataclass
+class GuardPlugins:
+    """A plug-in manager plus the problems met while building it."""
+
+    pm: pluggy.PluginManager
+    load_problems: list[Finding]
+
+    def names(self) -> list[str]:
+        """The registered plug-ins' names, built-ins first."""
+        return [name for name, _ in self.pm.list_name_plugin()]
+
+    def collect(self, hook: str, kwargs: Mapping[str, Any]) -> list[Finding]:
+        """Call every implementation of ``hook`` on its own and gather its findings."""
+        caller = getattr(self.pm.hook, hook)
+        findings: list[Finding] = []
+        for impl in caller.get_hookimpls():
+            name = impl.plugin_name
+            try:
+                result = impl.function(*(kwargs[arg] for arg in impl.argnames))
+            except Exception as exc:
+                findings.append(plugin_failure(name, hook, f"raised {type(exc).__name__}: {exc}"))
+                continue
+            if result is None:
+                continue
+            if not isinstance(result, Sequence) or not all(
+                isinstance(f, Finding) for f in result
+            ):
+                findings.append(plugin_failure(
+                    name, hook, f"returned {type(result).__name__} {result!r:.120}; accepted: "
+                    "a list of sglang_dsv4_guard.Finding (or None)"))
+                continue
+            findings.extend(
+                f if f.origin == name else dataclasses.replace(f, origin=name) for f in result
+            )
+        return findings
+
+    def report(self, report: Report) -> list[Finding]:
+        """Hand ``report`` to every reporter; return the reporters that failed, as findings."""
+        failures: list[Finding] = []
+        for impl in self.pm.hook.sglang_dsv4_guard_report.get_hookimpls():
+            try:
+                impl.function(*({"report": report}[a] for a in impl.argnames))
+            except Exception as exc:
+                failures.append(plugin_failure(
+                    impl.plugin_name, "sglang_dsv4_guard_report",
+                    f"raised {type(exc).__name__}: {exc}"))
+        return failures
+
+
+def _register(pm: pluggy.PluginManager, obj: object, name: str) -> str | None:
+    try:
+        pm.register(obj, name=name)
+    except Exception as exc:  # PluginValidationError, ValueError (duplicate name), ...
+        return f"could not be registered: {type(exc).__name__}: {exc}"
+    return None
+
+
+def build_plugins(load_entry_points: bool = True, log_format: str = "text") -> GuardPlugins:
+    """Build a manager with the built-ins and, unless told not to, third-party plug-ins."""
+    import importlib
+
+    from sglang_dsv4_guard.builtin_report import LogReporter
+
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    problems: list[Finding] = []
+    for name, module in BUILTIN_PLUGINS:
+        error = _register(pm, importlib.import_module(module), name)
+        if error:  # a bug of ours: say so loudly, but carry on
+            problems.append(plugin_failure(name, "register", error))
+    _register(pm, LogReporter(log_format), "builtin_log_reporter")
+    if load_entry_points:
+        for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
+            try:
+                obj = ep.load()
+            except Exception as exc:
+                problems.append(plugin_failure(
+                    ep.name, "load", f"importing {ep.value} raised {type(exc).__name__}: {exc}"))
+                continue
+            error = _register(pm, obj, ep.name)
+            if error:
+                problems.append(plugin_failure(ep.name, "register", error))
+    while True:
+        try:
+            pm.check_pending()
+            break
+        except pluggy.PluginValidationError as exc:
+            name = pm.get_name(exc.plugin) or repr(exc.plugin)
+            pm.unregister(exc.plugin)
+            problems.append(plugin_failure(
+                name, "validate", f"implements a hook the guard does not define: {exc}"))
+    for problem in problems:
+        logger.warning("%s: %s", problem.summary, "; ".join(problem.details))
+    return GuardPlugins(pm, problems)

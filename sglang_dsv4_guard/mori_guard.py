@@ -1,0 +1,207 @@
+"""Wrappers around ``MoriKVManager._send_swa_dsa_state`` and ``_add_remote_peer``.
+
+The send path runs per request in MORI's transfer threads, so a passing call costs
+one attribute test and a ``try`` (free in CPython 3.11 until something raises):
+
+- SGLang's method raises: the error is bound by name against the installed
+  signature; if it is SGLang's TP check (``DSV4G006``), it becomes a
+  :class:`DSV4GuardError` with the full report. The report for a (peer, state
+  type) is built once; the first failure logs it, later ones log one short line
+  with a running count. Any other error is SGLang's and rises untouched.
+- a decode peer registers: when this prefill manager carries an ``swa`` state
+  component, is not MLA and the peer's TP differs, the report is logged at once,
+  before any request. In strict mode transfers to that peer then fail at once.
+
+Nothing here imports ``mori`` or SGLang's MORI connector: :func:`patch_module` is
+called with the module after SGLang imported it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from sglang_dsv4_guard.builtin_mori import violates
+from sglang_dsv4_guard.context import SendContext
+from sglang_dsv4_guard.errors import DSV4GuardError
+from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.mori_snapshot import SendSnapshot
+from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply
+from sglang_dsv4_guard.render import render_report
+from sglang_dsv4_guard.runtime import Runtime
+
+__all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
+
+logger = logging.getLogger("sglang_dsv4_guard")
+
+MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
+SEND_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._send_swa_dsa_state")
+REGISTER_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
+_FUNCTION = "MoriKVManager._send_swa_dsa_state"
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(value)  # type: ignore[call-overload, no-any-return]
+    except (TypeError, ValueError):
+        return None
+
+
+def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapshot:
+    """The values SGLang's TP check reads, and the layout around them."""
+    server_args = getattr(manager, "server_args", None)
+    kv_args = getattr(manager, "kv_args", None)
+    state_types = tuple(str(getattr(s, "value", s)) for s in getattr(kv_args, "state_types", ()) or ())
+    port = _int(getattr(peer, "dst_port", None))
+    engine_key: object
+    try:
+        engine_key = peer.engine_key  # type: ignore[attr-defined]
+    except Exception:
+        engine_key = None
+    return SendSnapshot(
+        state_type=str(getattr(state_type, "value", state_type)),
+        is_mla_backend=bool(getattr(manager, "is_mla_backend", False)),
+        attn_tp_size=getattr(manager, "attn_tp_size", None),
+        decode_tp_size=getattr(peer, "decode_tp_size", None),
+        state_types=state_types,
+        tp_size=_int(getattr(server_args, "tp_size", None)),
+        dp_size=_int(getattr(server_args, "dp_size", None)),
+        enable_dp_attention=getattr(server_args, "enable_dp_attention", None),
+        pp_size=_int(getattr(manager, "pp_size", None)),
+        engine_key=None if engine_key is None else str(engine_key),
+        endpoint=getattr(peer, "endpoint", None),
+        dst_port=port,
+    )
+
+
+class MoriGuard:
+    """Per-process MORI state: cached reports, failure counts, strict-mode blocks."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._lock = threading.Lock()
+        self._reports: dict[tuple[str | None, str], tuple[Report, str]] = {}
+        self.failures: dict[tuple[str | None, str], int] = {}
+        self.registered: dict[str | None, Report] = {}
+        self.blocked: dict[str | None, tuple[Report, str]] = {}
+
+    def _report(self, snap: SendSnapshot, phase: str) -> tuple[Report, str]:
+        context = SendContext(self.rt.profile, self.rt.settings.mode.value.value, phase)
+        findings = self.rt.plugins.collect("sglang_dsv4_guard_check_send",
+                                           {"transfer": snap, "context": context})
+        report = Report.of(findings, {
+            "function": _FUNCTION, "peer": snap.engine_key or "?",
+            "sglang": str(self.rt.profile.version), "mode": context.mode,
+        })
+        return report, render_report(report) or ""
+
+    def on_send_error(self, sig: inspect.Signature, manager: object, args: tuple[Any, ...],
+                      kwargs: dict[str, Any], error: RuntimeError) -> DSV4GuardError | None:
+        """Turn SGLang's TP error into a DSV4GuardError; ``None`` for any other error."""
+        bound = sig.bind(manager, *args, **kwargs)
+        snap = snapshot_send(manager, bound.arguments["peer_info"], bound.arguments["state_type"])
+        if not violates(snap):
+            return None
+        key = (snap.engine_key, snap.state_type)
+        with self._lock:
+            cached = self._reports.get(key)
+            if cached is None:
+                cached = self._reports[key] = self._report(snap, "send")
+            count = self.failures[key] = self.failures.get(key, 0) + 1
+        report, rendered = cached
+        if count == 1:
+            self.rt.publish(report)
+        else:
+            logger.error("[DSV4G006] transfer to decode peer %s failed again (state %s): %d "
+                         "failures so far; the full report was logged at the first",
+                         snap.engine_key, snap.state_type, count)
+        return DSV4GuardError(str(error), report, rendered, error)
+
+    def on_register(self, manager: object, register_info: object) -> None:
+        """Report a TP mismatch for a newly registered decode peer, once per peer."""
+        kv_args = getattr(manager, "kv_args", None)
+        state_types = [str(getattr(s, "value", s)) for s in getattr(kv_args, "state_types", ())]
+        if "swa" not in state_types:
+            return
+        snap = snapshot_send(manager, register_info, "swa")
+        if not violates(snap):
+            return
+        with self._lock:
+            if snap.engine_key in self.registered:
+                return
+            report, rendered = self._report(snap, "register")
+            self.registered[snap.engine_key] = report
+            if self.rt.strict:
+                self.blocked[snap.engine_key] = (report, rendered)
+        self.rt.publish(report)
+
+    def blocked_error(self, peer: object) -> DSV4GuardError | None:
+        """Strict mode: the error for a transfer to a peer that registered mismatched."""
+        try:
+            key = peer.engine_key  # type: ignore[attr-defined]
+        except Exception:
+            return None
+        entry = self.blocked.get(None if key is None else str(key))
+        if entry is None:
+            return None
+        report, rendered = entry
+        first = next((f.host_message for f in report.findings if f.host_message), "DSV4G006")
+        return DSV4GuardError(f"{first} [sglang-dsv4-guard strict mode: transfer not attempted]",
+                              report, rendered)
+
+
+def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(original)
+
+        @functools.wraps(original)
+        def _send_swa_dsa_state(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if guard.blocked:  # empty unless strict mode found a mismatched peer
+                blocked = guard.blocked_error(args[0] if args else kwargs.get("peer_info"))
+                if blocked is not None:
+                    raise blocked
+            try:
+                return original(self, *args, **kwargs)
+            except RuntimeError as error:
+                replacement = None
+                if guard.rt.active:
+                    try:
+                        replacement = guard.on_send_error(sig, self, args, kwargs, error)
+                    except Exception as exc:
+                        guard.rt.internal_error("reporting a MORI state-transfer error", exc)
+                if replacement is not None:
+                    raise replacement from error
+                raise
+
+        return _send_swa_dsa_state
+
+    return make
+
+
+def _register_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def _add_remote_peer(self: Any, register_info: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, register_info, *args, **kwargs)
+            if guard.rt.active:
+                try:
+                    guard.on_register(self, register_info)
+                except Exception as exc:
+                    guard.rt.internal_error("checking a registering MORI decode peer", exc)
+            return result
+
+        return _add_remote_peer
+
+    return make
+
+
+def patch_module(module: ModuleType, guard: MoriGuard) -> list[AppliedPatch]:
+    """Wrap both methods in SGLang's imported MORI connector module."""
+    patches = [apply(SEND_TARGET, module, _send_wrapper(guard))]
+    patches.append(apply(REGISTER_TARGET, module, _register_wrapper(guard)))
+    return patches

@@ -1,0 +1,189 @@
+"""Patching SGLang: targets as data, resolved where defined, restored by identity.
+
+- A :class:`PatchTarget` is a module name and a qualified name inside it.
+- :func:`apply` resolves the attribute on the object that defines it (walking a
+  class's MRO), replaces it with a wrapper, and rebinds every stale
+  ``from module import name`` binding in ``sys.modules``.
+- :func:`restore` puts the original back only where our wrapper still stands, in
+  the owner and in every module that holds the wrapper (bindings made after
+  install included), and reports what someone else patched on top of us.
+- :class:`PostImportHooks` runs a callback right after a module is imported, so a
+  target is patched lazily, the moment SGLang imports it, and never imported by us.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from sglang_dsv4_guard.errors import DSV4GuardInstallError
+
+__all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "restore"]
+
+logger = logging.getLogger("sglang_dsv4_guard")
+
+WRAPPER_MARK = "__sglang_dsv4_guard_original__"
+
+
+@dataclass(frozen=True)
+class PatchTarget:
+    """``module`` and ``qualname`` ("func" or "Class.method") of something to wrap."""
+
+    module: str
+    qualname: str
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+
+@dataclass
+class AppliedPatch:
+    """One applied patch and every place it was bound."""
+
+    target: PatchTarget
+    owner: Any
+    attr: str
+    original: Callable[..., Any]
+    wrapper: Callable[..., Any]
+    rebound: list[str] = field(default_factory=list)
+
+
+def resolve(target: PatchTarget, module: ModuleType) -> tuple[Any, str, Callable[..., Any]]:
+    """The object that defines the target, the attribute name and the current value."""
+    *path, attr = target.qualname.split(".")
+    obj: Any = module
+    for part in path:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise DSV4GuardInstallError(f"{target.module} has no {'.'.join(path)}", str(target))
+    owners = obj.__mro__ if isinstance(obj, type) else (obj,)
+    for owner in owners:
+        namespace = vars(owner)
+        if attr in namespace and callable(namespace[attr]):
+            return owner, attr, namespace[attr]
+    raise DSV4GuardInstallError(f"{target} does not exist in the installed SGLang", str(target))
+
+
+def _modules_holding(value: object) -> list[tuple[ModuleType, str]]:
+    found = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, held in list(namespace.items()):
+            if held is value:
+                found.append((module, name))
+    return found
+
+
+def apply(target: PatchTarget, module: ModuleType,
+          make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> AppliedPatch:
+    """Wrap ``target`` in ``module``; for a module-level function, rebind stale imports too."""
+    owner, attr, original = resolve(target, module)
+    if hasattr(original, WRAPPER_MARK):
+        raise DSV4GuardInstallError(f"{target} is already wrapped by sglang-dsv4-guard",
+                                    str(target))
+    wrapper = make_wrapper(original)
+    setattr(wrapper, WRAPPER_MARK, original)
+    setattr(owner, attr, wrapper)
+    patch = AppliedPatch(target, owner, attr, original, wrapper, [str(target)])
+    if isinstance(owner, ModuleType):
+        for holder, name in _modules_holding(original):
+            holder.__dict__[name] = wrapper
+            patch.rebound.append(f"{holder.__name__}.{name}")
+    return patch
+
+
+def restore(patch: AppliedPatch) -> list[str]:
+    """Undo ``patch`` wherever our wrapper still stands; return what was left alone."""
+    left: list[str] = []
+    if vars(patch.owner).get(patch.attr) is patch.wrapper:
+        setattr(patch.owner, patch.attr, patch.original)
+    else:
+        left.append(f"{patch.target} was replaced after sglang-dsv4-guard wrapped it; "
+                    "the newer object was left in place")
+    if isinstance(patch.owner, ModuleType):
+        for holder, name in _modules_holding(patch.wrapper):
+            holder.__dict__[name] = patch.original
+    return left
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then runs the callbacks on the new module."""
+
+    def __init__(self, loader: importlib.abc.Loader,
+                 on_loaded: Callable[[ModuleType], None]) -> None:
+        self._loader = loader
+        self._on_loaded = on_loaded
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)  # an import error is SGLang's: let it rise
+        self._on_loaded(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class PostImportHooks(importlib.abc.MetaPathFinder):
+    """A ``sys.meta_path`` finder that calls back once a watched module has executed."""
+
+    def __init__(self) -> None:
+        self._callbacks: dict[str, Callable[[ModuleType], None]] = {}
+        self._busy = threading.local()
+
+    def watch(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        """Call ``callback(module)`` when ``name`` is imported (now, if it already is)."""
+        module = sys.modules.get(name)
+        if module is not None:
+            callback(module)
+            return
+        self._callbacks[name] = callback
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def unwatch_all(self) -> None:
+        """Forget every callback and leave ``sys.meta_path``."""
+        self._callbacks.clear()
+        while self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """The modules still awaited."""
+        return tuple(self._callbacks)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        callback = self._callbacks.get(fullname)
+        busy: set[str] = self._busy.__dict__.setdefault("names", set())
+        if callback is None or fullname in busy:
+            return None
+        busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            busy.discard(fullname)
+        if spec is None or spec.loader is None:
+            return None
+
+        def on_loaded(module: ModuleType) -> None:
+            self._callbacks.pop(fullname, None)
+            try:
+                callback(module)
+            except Exception:
+                logger.warning("sglang-dsv4-guard could not patch %s after its import; "
+                               "SGLang runs unguarded there", fullname, exc_info=True)
+
+        spec.loader = _CallbackLoader(spec.loader, on_loaded)
+        return spec

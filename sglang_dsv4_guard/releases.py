@@ -1,0 +1,113 @@
+"""What each supported SGLang release does, as data.
+
+The guard predicts SGLang's verdict from a snapshot of the pools. The checks differ
+between releases, so the differences live here, in one place, keyed by release:
+
+- ``npu_gate``: 0.5.16 and 0.5.17 skip the DSV4 draft block on NPU (``not is_npu()``).
+- ``paged_geometry``: the fields of the paged-mode geometry tuple and the message
+  prefix. 0.5.23 adds the request-window capacity (target) / SWA ring size (draft).
+- ``mapping_always_set``: from 0.5.22 ``__init__`` sets ``full_to_swa_index_mapping``
+  to ``None``; before, a never-registered pool has no such attribute and SGLang's
+  identity test raises ``AttributeError``.
+- ``mori_send_params``: ``MoriKVManager._send_swa_dsa_state`` takes 8 parameters up to
+  0.5.21 and 11 from 0.5.22 (bound by name from the installed signature anyway).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = [
+    "SUPPORTED_MAX",
+    "SUPPORTED_MIN",
+    "HostProfile",
+    "installed_sglang_version",
+    "is_supported",
+    "profile_for",
+]
+
+SUPPORTED_MIN = Version("0.5.16")
+SUPPORTED_MAX = Version("0.5.23")
+
+
+@dataclass(frozen=True)
+class GeometryField:
+    """One element of a geometry tuple: the pool attribute read on each side."""
+
+    name: str
+    target_attr: str
+    draft_attr: str
+    source: str
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """The behaviour of one SGLang release's ``setup_state_kv_args`` and MORI path."""
+
+    version: Version
+    npu_gate: bool
+    paged_geometry: tuple[GeometryField, ...]
+    paged_geometry_prefix: str
+    mapping_always_set: bool
+    mori_send_params: int
+
+
+_PAGE = GeometryField("page_size", "page_size", "page_size", "server flag --page-size")
+_WINDOW = GeometryField(
+    "sliding_window",
+    "sliding_window",
+    "sliding_window",
+    "model config sliding_window (ModelConfig.window_size)",
+)
+_REQUEST_ROWS = GeometryField(
+    "request rows",
+    "request_window.capacity",
+    "swa_req_ring_size",
+    "sliding_window + --speculative-num-draft-tokens under "
+    "--enable-encoder-swa-bounded-replay (target request window / draft SWA ring)",
+)
+
+
+def profile_for(version: Version) -> HostProfile:
+    """The profile of ``version``. Callers check :func:`is_supported` first."""
+    if version >= Version("0.5.23"):
+        geometry: tuple[GeometryField, ...] = (_PAGE, _WINDOW, _REQUEST_ROWS)
+        prefix = "DSV4 target and draft pools must share SWA geometry: "
+    else:
+        geometry = (_PAGE, _WINDOW)
+        prefix = "DSV4 target and draft pools must share paged SWA geometry: "
+    return HostProfile(
+        version=version,
+        npu_gate=version < Version("0.5.18"),
+        paged_geometry=geometry,
+        paged_geometry_prefix=prefix,
+        mapping_always_set=version >= Version("0.5.22"),
+        mori_send_params=11 if version >= Version("0.5.22") else 8,
+    )
+
+
+def is_supported(version: Version) -> bool:
+    """Whether the guard knows ``version``'s checks (0.5.16 to 0.5.23 inclusive)."""
+    return SUPPORTED_MIN <= Version(version.base_version) <= SUPPORTED_MAX
+
+
+def installed_sglang_version() -> Version | None:
+    """The installed SGLang release, read from its distribution metadata.
+
+    Falls back to ``sglang.version.__version__`` (an unzipped wheel without
+    metadata); ``None`` when SGLang is not installed or its version is unreadable.
+    """
+    try:
+        text = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        try:
+            from sglang.version import __version__ as text  # type: ignore[no-redef]
+        except ImportError:
+            return None
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        return None

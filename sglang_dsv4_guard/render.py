@@ -1,0 +1,56 @@
+"""Rendering reports as text. Pure functions: data in, ``str`` (or ``None``) out."""
+
+from __future__ import annotations
+
+from sglang_dsv4_guard.findings import Finding, Report, Severity
+
+__all__ = ["render_finding", "render_report"]
+
+_HEADINGS = {
+    "sglang.srt.disaggregation.utils.setup_state_kv_args": "the DeepSeek-V4 target/draft KV pools",
+    "MoriKVManager._send_swa_dsa_state": "the MORI state transfer",
+}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def render_finding(finding: Finding) -> str:
+    """One finding: headline, per-role values with their sources, details, fixes, docs."""
+    lines = [f"[{finding.code}] {finding.severity.value}: {finding.summary}"]
+    width = max((len(f"{o.role} {o.name}") for o in finding.observations), default=0)
+    for obs in finding.observations:
+        label = f"{obs.role} {obs.name}".ljust(width)
+        shown = obs.value if isinstance(obs.value, str) else repr(obs.value)
+        lines.append(f"    {label} = {shown}")
+        lines.append(f"    {' ' * width}   from: {obs.source}")
+    lines += [f"    {detail}" for detail in finding.details]
+    lines += [f"    fix: {fix}" for fix in finding.fixes]
+    if finding.origin and not finding.origin.startswith("builtin"):
+        lines.append(f"    reported by plug-in: {finding.origin}")
+    if finding.docs:
+        lines.append(f"    docs: {finding.docs}")
+    return "\n".join(lines)
+
+
+def render_report(report: Report) -> str | None:
+    """The whole report as text, or ``None`` when there is nothing to say."""
+    if not report.findings:
+        return None
+    ctx = report.context
+    errors = len(report.by_severity(Severity.ERROR))
+    warnings = len(report.by_severity(Severity.WARNING))
+    counts = ", ".join(
+        part for part in (
+            _plural(errors, "error") if errors else "",
+            _plural(warnings, "warning") if warnings else "",
+        ) if part
+    ) or _plural(len(report.findings), "note")
+    where = _HEADINGS.get(ctx.get("function", ""), ctx.get("function", "the guarded call"))
+    about = ", ".join(
+        f"{key} {ctx[key]}" for key in ("caller", "peer", "sglang", "mode") if ctx.get(key)
+    )
+    header = f"sglang-dsv4-guard: {counts} in {where}" + (f" ({about})" if about else "")
+    body = "\n\n".join(render_finding(f) for f in report.findings)
+    return f"{header}\n\n{body}"

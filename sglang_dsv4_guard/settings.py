@@ -1,0 +1,101 @@
+"""Settings from the environment or from ``install()``, each with the place it came from."""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from sglang_dsv4_guard.errors import SettingError
+
+__all__ = ["ENV_AUTOSHARE", "ENV_LOG_FORMAT", "ENV_MODE", "Mode", "Setting", "Settings",
+           "parse_mode", "settings_from_env"]
+
+ENV_MODE = "SGLANG_DSV4_GUARD"
+ENV_AUTOSHARE = "SGLANG_DSV4_GUARD_AUTOSHARE"
+ENV_LOG_FORMAT = "SGLANG_DSV4_GUARD_LOG_FORMAT"
+
+T = TypeVar("T")
+
+
+class Mode(str, enum.Enum):
+    """``off``: inert. ``on``: report, never change SGLang's verdict. ``strict``: also fail."""
+
+    OFF = "off"
+    ON = "on"
+    STRICT = "strict"
+
+
+_MODE_WORDS = {
+    "": Mode.OFF, "0": Mode.OFF, "off": Mode.OFF, "false": Mode.OFF,
+    "1": Mode.ON, "on": Mode.ON, "true": Mode.ON,
+    "strict": Mode.STRICT,
+}
+_BOOL_WORDS = {"": False, "0": False, "off": False, "false": False,
+               "1": True, "on": True, "true": True}
+_LOG_FORMATS = ("text", "json")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """A value and where it came from ("environment variable X='v'", "default", ...)."""
+
+    value: T
+    source: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The guard's configuration."""
+
+    mode: Setting[Mode]
+    autoshare: Setting[bool]
+    log_format: Setting[str]
+
+    @classmethod
+    def default(cls) -> Settings:
+        """Everything off, text logs."""
+        return cls(Setting(Mode.OFF, "default"), Setting(False, "default"),
+                   Setting("text", "default"))
+
+
+def parse_mode(value: str, variable: str = ENV_MODE) -> Mode:
+    """``value`` as a mode; raises :class:`SettingError` naming ``variable``."""
+    try:
+        return _MODE_WORDS[value.strip().lower()]
+    except KeyError:
+        raise SettingError(variable, value, ("unset", "0", "off", "false", "1", "on", "true",
+                                             "strict"),
+                           "the guard stays inert") from None
+
+
+def _from_env(environ: Mapping[str, str], variable: str, table: Mapping[str, T], default: T,
+              accepted: tuple[str, ...], consequence: str,
+              problems: list[SettingError]) -> Setting[T]:
+    raw = environ.get(variable)
+    if raw is None:
+        return Setting(default, "default")
+    source = f"environment variable {variable}={raw!r}"
+    try:
+        return Setting(table[raw.strip().lower()], source)
+    except KeyError:
+        problems.append(SettingError(variable, raw, accepted, consequence))
+        return Setting(default, f"default ({source} is not accepted)")
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None
+                      ) -> tuple[Settings, list[SettingError]]:
+    """Read all settings; bad values fall back to safe defaults and are returned as errors."""
+    env = os.environ if environ is None else environ
+    problems: list[SettingError] = []
+    mode = _from_env(env, ENV_MODE, _MODE_WORDS, Mode.OFF,
+                     ("unset", "0", "off", "false", "1", "on", "true", "strict"),
+                     "the guard stays inert", problems)
+    autoshare = _from_env(env, ENV_AUTOSHARE, _BOOL_WORDS, False,
+                          ("unset", "0", "off", "false", "1", "on", "true"),
+                          "auto-share stays off", problems)
+    log_format = _from_env(env, ENV_LOG_FORMAT, {f: f for f in _LOG_FORMATS}, "text",
+                           ("unset", *_LOG_FORMATS), "reports are logged as text", problems)
+    return Settings(mode, autoshare, log_format), problems

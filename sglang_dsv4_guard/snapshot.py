@@ -1,0 +1,253 @@
+"""Plain-value snapshots of SGLang's KV pools, taken without changing them.
+
+This is the only module (with :mod:`sglang_dsv4_guard.mori`) that reads sglang or
+torch objects. Checks see the frozen dataclasses below, never a pool. Every read is
+defensive: a missing attribute becomes :data:`MISSING` (SGLang would raise
+``AttributeError`` there), a property that raises becomes an :class:`Unreadable`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MISSING",
+    "MappingComparison",
+    "PoolSnapshot",
+    "StatePair",
+    "TensorInfo",
+    "Unreadable",
+    "snapshot_pair",
+]
+
+DSV4_POOL = "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool"
+
+# The pool attributes SGLang's DSV4 draft block reads, in the order it reads them.
+POOL_ATTRS = (
+    "compression_ratios",
+    "_unified_kv",
+    "unified_swa_window",
+    "unified_swa_ring_size",
+    "unified_swa_pages",
+    "page_size",
+    "sliding_window",
+    "swa_req_ring_size",
+    "request_window.capacity",
+    "swa_size",  # not read by SGLang's check; the auto-share rule compares SWA capacity
+)
+
+
+class _Missing:
+    """The value of an attribute the pool does not have."""
+
+    _instance: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "<not set>"
+
+
+MISSING: Any = _Missing()
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """The value of an attribute whose read raised something other than AttributeError."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a pool holds as its ``full_to_swa_index_mapping``.
+
+    ``kind`` is ``"tensor"``, ``"none"`` (registered as / initialised to ``None``),
+    ``"missing"`` (the attribute was never set) or ``"other"`` (not a torch tensor).
+    """
+
+    kind: str
+    type_name: str = ""
+    object_id: int | None = None
+    data_ptr: int | None = None
+    storage_ptr: int | None = None
+    shape: tuple[int, ...] | None = None
+    stride: tuple[int, ...] | None = None
+    dtype: str | None = None
+    device: str | None = None
+
+    def describe(self) -> str:
+        """One line: id, data_ptr, shape, dtype, device; or why there is no tensor."""
+        if self.kind == "missing":
+            return "never registered (the pool has no full_to_swa_index_mapping attribute)"
+        if self.kind == "none":
+            return "None (no mapping registered)"
+        if self.kind == "other":
+            return f"a {self.type_name} object, not a torch.Tensor (id=0x{self.object_id:x})"
+        return (
+            f"id=0x{self.object_id:x} data_ptr=0x{self.data_ptr:x} shape={self.shape} "
+            f"stride={self.stride} dtype={self.dtype} device={self.device}"
+        )
+
+
+@dataclass(frozen=True)
+class MappingComparison:
+    """How the two pools' mappings relate. Computed only when SGLang's check reads them."""
+
+    identical: bool
+    same_storage: bool = False
+    same_layout: bool = False
+    contents_equal: bool | None = None
+    differing: int | None = None
+    first_difference: tuple[int, object, object] | None = None
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """The values SGLang's DSV4 block reads from one pool, keyed as in ``POOL_ATTRS``."""
+
+    role: str
+    type_name: str
+    is_dsv4: bool
+    attrs: Mapping[str, object]
+    mapping: TensorInfo
+
+    def get(self, name: str) -> object:
+        """The value read for ``name``: :data:`MISSING` when the pool lacks it."""
+        return self.attrs.get(name, MISSING)
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` was read successfully."""
+        value = self.attrs.get(name, MISSING)
+        return value is not MISSING and not isinstance(value, Unreadable)
+
+
+@dataclass(frozen=True)
+class StatePair:
+    """A target/draft pair as SGLang's ``setup_state_kv_args`` sees it."""
+
+    target: PoolSnapshot
+    draft: PoolSnapshot
+    block_runs: bool
+    mapping: MappingComparison | None
+
+
+def _read(obj: object, dotted: str) -> object:
+    value: object = obj
+    for part in dotted.split("."):
+        if value is None:
+            return None  # SGLang reads `x.capacity if x is not None else None`
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            return MISSING
+        except Exception as exc:  # a property that fails: record it, never raise
+            return Unreadable(f"{type(exc).__name__}: {exc}")
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _tensor_info(pool: object) -> TensorInfo:
+    try:
+        value = pool.full_to_swa_index_mapping  # type: ignore[attr-defined]
+    except AttributeError:
+        return TensorInfo("missing")
+    except Exception as exc:
+        return TensorInfo("other", type_name=f"unreadable ({type(exc).__name__})")
+    if value is None:
+        return TensorInfo("none")
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        return TensorInfo("other", type_name=type(value).__name__, object_id=id(value))
+    return TensorInfo(
+        "tensor",
+        type_name=type(value).__name__,
+        object_id=id(value),
+        data_ptr=int(value.data_ptr()),
+        storage_ptr=int(value.untyped_storage().data_ptr()),
+        shape=tuple(int(d) for d in value.shape),
+        stride=tuple(int(s) for s in value.stride()),
+        dtype=str(value.dtype),
+        device=str(value.device),
+    )
+
+
+def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnapshot:
+    """Read the attributes SGLang's DSV4 block reads, without changing ``pool``."""
+    is_dsv4 = dsv4_class is not None and isinstance(pool, dsv4_class)
+    attrs = {name: _read(pool, name) for name in POOL_ATTRS} if is_dsv4 else {}
+    return PoolSnapshot(
+        role=role,
+        type_name=f"{type(pool).__module__}.{type(pool).__qualname__}",
+        is_dsv4=is_dsv4,
+        attrs=attrs,
+        mapping=_tensor_info(pool) if is_dsv4 else TensorInfo("none"),
+    )
+
+
+def compare_mappings(target_pool: object, draft_pool: object) -> MappingComparison:
+    """Compare the two mappings: identity, storage, layout and, when comparable, contents."""
+    a = getattr(target_pool, "full_to_swa_index_mapping", MISSING)
+    b = getattr(draft_pool, "full_to_swa_index_mapping", MISSING)
+    if a is b:
+        return MappingComparison(identical=True, same_storage=True, same_layout=True,
+                                 contents_equal=True, differing=0)
+    torch = sys.modules.get("torch")
+    if torch is None or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return MappingComparison(identical=False)
+    same_storage = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    same_layout = (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+        and a.device == b.device
+    )
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return MappingComparison(False, same_storage, same_layout)
+    with torch.no_grad():
+        diff = (a != b).reshape(-1)
+        differing = int(diff.sum().item())
+        first = None
+        if differing:
+            index = int(torch.nonzero(diff)[0].item())
+            flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+            first = (index, flat_a[index].item(), flat_b[index].item())
+    return MappingComparison(False, same_storage, same_layout, differing == 0, differing, first)
+
+
+def _dsv4_class() -> type | None:
+    module = sys.modules.get("sglang.srt.mem_cache.deepseek_v4_memory_pool")
+    if module is None:
+        # SGLang imports it inside setup_state_kv_args; importing it here is the same.
+        import importlib
+
+        module = importlib.import_module("sglang.srt.mem_cache.deepseek_v4_memory_pool")
+    cls = getattr(module, "DeepSeekV4TokenToKVPool", None)
+    return cls if isinstance(cls, type) else None
+
+
+def host_is_npu() -> bool:
+    """SGLang's own ``is_npu()`` as the wrapped module sees it."""
+    utils = sys.modules.get("sglang.srt.disaggregation.utils")
+    fn = getattr(utils, "is_npu", None)
+    return bool(fn()) if callable(fn) else False
+
+
+def snapshot_pair(target_pool: object, draft_pool: object, npu_gate: bool) -> StatePair:
+    """Snapshot a target/draft pair and decide whether SGLang's DSV4 block runs for it."""
+    cls = _dsv4_class()
+    target = snapshot_pool(target_pool, "target pool", cls)
+    draft = snapshot_pool(draft_pool, "draft pool", cls)
+    block_runs = target.is_dsv4 and draft.is_dsv4 and not (npu_gate and host_is_npu())
+    mapping = None
+    if block_runs and not target.get("_unified_kv"):
+        mapping = compare_mappings(target_pool, draft_pool)
+    return StatePair(target, draft, block_runs, mapping)
