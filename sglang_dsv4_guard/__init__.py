@@ -37,9 +37,9 @@ _LAZY = {
     "Report": "sglang_dsv4_guard.findings",
     "Severity": "sglang_dsv4_guard.findings",
     "hookimpl": "sglang_dsv4_guard.hookspecs",
-    "install": "sglang_dsv4_guard.install",
-    "is_installed": "sglang_dsv4_guard.install",
-    "uninstall": "sglang_dsv4_guard.install",
+    "install": "sglang_dsv4_guard.lifecycle",
+    "is_installed": "sglang_dsv4_guard.lifecycle",
+    "uninstall": "sglang_dsv4_guard.lifecycle",
 }
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     )
     from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
     from sglang_dsv4_guard.hookspecs import hookimpl
-    from sglang_dsv4_guard.install import install, is_installed, uninstall
+    from sglang_dsv4_guard.lifecycle import install, is_installed, uninstall
 
 
 def __getattr__(name: str) -> Any:

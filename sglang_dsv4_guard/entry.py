@@ -29,7 +29,7 @@ def activate() -> None:
     if settings.mode.value is Mode.OFF:
         logger.debug("sglang-dsv4-guard is off (%s)", settings.mode.source)
         return
-    from sglang_dsv4_guard.install import install
+    from sglang_dsv4_guard.lifecycle import install
 
     try:
         install(settings=settings)

@@ -1,0 +1,223 @@
+"""SGLang integration: the guard around the real ``setup_state_kv_args``, on CPU."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import sglang.srt.disaggregation.decode as decode
+import sglang.srt.disaggregation.prefill as prefill
+import sglang.srt.disaggregation.utils as utils
+from helpers import UNWRAPPED, outcome, raw_setup_state_kv_args, record
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import DSV4GuardError, Severity
+from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, new_kv_args
+
+register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+
+MULTI = dict(
+    target=PoolSpec(compression_ratios=(4, 128, 0)),
+    draft=PoolSpec(compression_ratios=(0, 4), page_size=64, sliding_window=64),
+    mapping="different",
+)
+
+
+class TestEveryCode(CustomTestCase):
+    """Each code, produced from real pool objects through the real SGLang function."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        sglang_dsv4_guard.install("on")
+        self.recorder = record()
+
+    def assert_guarded(self, *pair: object, code: str) -> DSV4GuardError:
+        kind, host = outcome(UNWRAPPED, *pair)
+        self.assertEqual(kind, "raised")
+        with self.assertRaises(DSV4GuardError) as caught:
+            utils.setup_state_kv_args(new_kv_args(), *pair)
+        err = caught.exception
+        self.assertEqual(str(err).splitlines()[0], str(host))
+        self.assertIs(type(err.host_error), type(host))
+        self.assertIn(code, [f.code for f in err.findings])
+        self.assertNotIn("DSV4G099", [f.code for f in err.findings])
+        return err
+
+    def test_g001_names_offending_draft_layers(self) -> None:
+        """DSV4G001 lists each draft layer whose compression ratio is not 0."""
+        err = self.assert_guarded(*build_pair(draft=PoolSpec(compression_ratios=(0, 4, 0, 128))),
+                                  code="DSV4G001")
+        finding = err.findings[0]
+        self.assertEqual(finding.value("draft pool", "compression_ratios"), (0, 4, 0, 128))
+        self.assertIn("layer 1: ratio 4, layer 3: ratio 128", finding.details[0])
+
+    def test_g001_empty_draft(self) -> None:
+        """An empty draft ratio list is DSV4G001 too, and says the draft has no layers."""
+        err = self.assert_guarded(*build_pair(draft=PoolSpec(compression_ratios=())),
+                                  code="DSV4G001")
+        self.assertIn("no layers", err.findings[0].details[0])
+
+    def test_g002_names_the_unified_side(self) -> None:
+        """DSV4G002 says which pool is unified and names the environment variable."""
+        err = self.assert_guarded(*build_pair(target=PoolSpec(unified=True)), code="DSV4G002")
+        finding = err.findings[0]
+        self.assertIs(finding.value("target pool", "_unified_kv"), True)
+        self.assertIs(finding.value("draft pool", "_unified_kv"), False)
+        self.assertIn("SGLANG_HACK_FLASHMLA_BACKEND", finding.observations[0].source)
+
+    def test_g003_field_by_field(self) -> None:
+        """DSV4G003 compares window, ring size and pages one by one."""
+        pair = build_pair(PoolSpec(unified=True), PoolSpec(unified=True, ring=(128, 131, 3)),
+                          target_mapping="none", mapping="none")
+        err = self.assert_guarded(*pair, code="DSV4G003")
+        finding = err.findings[0]
+        self.assertEqual(finding.value("draft pool", "unified_swa_ring_size"), 131)
+        self.assertIn("ring size: target unified_swa_ring_size=130, draft unified_swa_ring_size"
+                      "=131 (differs)", finding.details)
+
+    def test_g004_describes_both_tensors(self) -> None:
+        """DSV4G004 gives both mappings' layout, storage sharing and the first difference."""
+        err = self.assert_guarded(*build_pair(mapping="different"), code="DSV4G004")
+        finding = err.findings[0]
+        self.assertIn("shape=(16,)", str(finding.value("draft pool")))
+        self.assertIn("same storage: no", " ".join(finding.details))
+        self.assertIn("first at index 3 (target=3, draft=-7)", " ".join(finding.details))
+
+    def test_g004_none_side(self) -> None:
+        """A draft with no mapping registered is DSV4G004 and says None."""
+        err = self.assert_guarded(*build_pair(mapping="none"), code="DSV4G004")
+        self.assertIn("None", str(err.findings[0].value("draft pool")))
+
+    def test_g005_release_field_set(self) -> None:
+        """DSV4G005 uses the installed release's geometry fields and exact message."""
+        err = self.assert_guarded(*build_pair(draft=PoolSpec(swa_req_ring_size=256)),
+                                  code="DSV4G005")
+        self.assertTrue(str(err).startswith("DSV4 target and draft pools must share SWA geometry"))
+        self.assertEqual(err.findings[0].value("draft pool", "swa_req_ring_size"), 256)
+
+    def test_all_problems_at_once(self) -> None:
+        """Three independent problems are all reported, in SGLang's order, in one error."""
+        err = self.assert_guarded(*build_pair(**MULTI), code="DSV4G001")
+        self.assertEqual([f.code for f in err.findings], ["DSV4G001", "DSV4G004", "DSV4G005"])
+        self.assertTrue(all(f.fixes for f in err.findings))
+        self.assertEqual(json.loads(err.report.to_json())["findings"][2]["code"], "DSV4G005")
+        self.assertEqual(self.recorder.codes, ["DSV4G001", "DSV4G004", "DSV4G005"])
+
+    def test_g010_half_built_pool_keeps_attribute_error(self) -> None:
+        """A never-registered mapping: SGLang's AttributeError rises unchanged, with notes."""
+        pair = build_pair(mapping="missing")
+        kind, host = outcome(UNWRAPPED, *pair)
+        self.assertIsInstance(host, AttributeError)
+        kind, guarded = outcome(utils.setup_state_kv_args, *pair)
+        self.assertIs(type(guarded), AttributeError)
+        self.assertEqual(str(guarded), str(host))
+        self.assertIn("never registered", "\n".join(guarded.__notes__))
+        self.assertIn("DSV4G004", guarded.dsv4_guard_report.codes)
+
+
+class TestVerdictAndModes(CustomTestCase):
+    """The guard never changes SGLang's verdict in mode on; strict adds failures."""
+
+    def test_passing_pair_identical_kv_args(self) -> None:
+        """A healthy pair passes guarded, with kv_args identical to SGLang's own result."""
+        pair = build_pair()
+        expected = outcome(UNWRAPPED, *pair)
+        sglang_dsv4_guard.install("on")
+        self.assertEqual(outcome(utils.setup_state_kv_args, *pair), expected)
+        self.assertEqual(expected[0], "ok")
+
+    def test_both_none_warns_but_passes_in_on(self) -> None:
+        """Neither pool has a mapping: SGLang accepts, the guard warns (DSV4G004 warning)."""
+        pair = build_pair(target_mapping="none", mapping="shared")
+        sglang_dsv4_guard.install("on")
+        recorder = record()
+        self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
+        [finding] = recorder.reports[0].findings
+        self.assertEqual((finding.code, finding.severity), ("DSV4G004", Severity.WARNING))
+
+    def test_strict_turns_warnings_into_errors(self) -> None:
+        """In strict mode the same warning fails the call."""
+        pair = build_pair(target_mapping="none", mapping="shared")
+        sglang_dsv4_guard.install("strict")
+        with self.assertRaises(DSV4GuardError) as caught:
+            utils.setup_state_kv_args(new_kv_args(), *pair)
+        self.assertIn("[DSV4G004]", str(caught.exception).splitlines()[0])
+
+    def test_strict_keeps_sglang_first_line(self) -> None:
+        """In strict mode an SGLang failure still leads with SGLang's message."""
+        pair = build_pair(**MULTI)
+        _, host = outcome(UNWRAPPED, *pair)
+        sglang_dsv4_guard.install("strict")
+        _, guarded = outcome(utils.setup_state_kv_args, *pair)
+        self.assertIsInstance(guarded, DSV4GuardError)
+        self.assertEqual(str(guarded).splitlines()[0], str(host))
+
+    def test_json_log_format(self) -> None:
+        """SGLANG_DSV4_GUARD_LOG_FORMAT=json logs the report as one JSON object."""
+        sglang_dsv4_guard.install("on", log_format="json")
+        with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
+            outcome(utils.setup_state_kv_args, *build_pair(**MULTI))
+        payload = json.loads(logs.records[-1].getMessage())
+        self.assertEqual([f["code"] for f in payload["findings"]],
+                         ["DSV4G001", "DSV4G004", "DSV4G005"])
+
+    def test_no_draft_is_untouched(self) -> None:
+        """Without a draft pool the guard does nothing and SGLang's result is unchanged."""
+        target, _ = build_pair()
+        expected = outcome(UNWRAPPED, target)
+        sglang_dsv4_guard.install("on")
+        recorder = record()
+        self.assertEqual(outcome(utils.setup_state_kv_args, target), expected)
+        self.assertEqual(recorder.reports, [])
+
+
+class TestInstallUninstall(CustomTestCase):
+    """install/uninstall are idempotent and restore the very original objects."""
+
+    def test_rebinds_prefill_and_decode(self) -> None:
+        """Install rebinds utils, prefill and decode; uninstall restores all three by identity."""
+        undo = sglang_dsv4_guard.install("on")
+        wrapper = utils.setup_state_kv_args
+        self.assertIsNot(wrapper, raw_setup_state_kv_args())
+        self.assertIs(prefill.setup_state_kv_args, wrapper)
+        self.assertIs(decode.setup_state_kv_args, wrapper)
+        self.assertTrue(undo())
+        for module in (utils, prefill, decode):
+            self.assertIs(module.setup_state_kv_args, raw_setup_state_kv_args())
+
+    def test_idempotent_both_ways(self) -> None:
+        """A second install and a second uninstall are harmless and say so."""
+        sglang_dsv4_guard.install("on")
+        wrapper = utils.setup_state_kv_args
+        sglang_dsv4_guard.install("on")
+        self.assertIs(utils.setup_state_kv_args, wrapper)
+        self.assertTrue(sglang_dsv4_guard.uninstall())
+        self.assertFalse(sglang_dsv4_guard.uninstall())
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+
+    def test_leaves_a_later_patch_alone(self) -> None:
+        """If someone patched over us, uninstall keeps theirs and warns."""
+        sglang_dsv4_guard.install("on")
+
+        def theirs(*args: object, **kwargs: object) -> None:
+            return None
+
+        utils.setup_state_kv_args = theirs
+        try:
+            with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+                sglang_dsv4_guard.uninstall()
+            self.assertIs(utils.setup_state_kv_args, theirs)
+            self.assertIn("left in place", logs.output[0])
+        finally:
+            utils.setup_state_kv_args = raw_setup_state_kv_args()
+        self.assertIs(prefill.setup_state_kv_args, raw_setup_state_kv_args())
+
+    def test_bad_install_argument(self) -> None:
+        """A bad mode names the keyword, the value and the accepted values."""
+        with self.assertRaises(sglang_dsv4_guard.SettingError) as caught:
+            sglang_dsv4_guard.install("loud")
+        self.assertEqual(caught.exception.variable, "install(mode=...)")
+        self.assertIn("strict", str(caught.exception))
+        self.assertFalse(sglang_dsv4_guard.is_installed())
