@@ -1,0 +1,152 @@
+"""``sglang-dsv4-guard``: doctor, explain, demo, preflight.
+
+- ``doctor``: the installed SGLang release and whether it is supported, the settings
+  read from the environment (and what is wrong with them), the SGLang entry point,
+  the patch targets, the guard's plug-ins. Exit 1 when something would stop the guard.
+- ``explain CODE``: what a code means and how to fix it.
+- ``demo``: SGLang's real ``setup_state_kv_args`` on a built-in pair with several
+  mismatches, unguarded, then guarded, then a passing pair.
+- ``preflight``: SGLang's MORI TP check (DSV4G006) on a planned deployment, before
+  any GPU is allocated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+
+__all__ = ["main"]
+
+
+def _doctor(_: argparse.Namespace) -> int:
+    from sglang_dsv4_guard.manager import build_plugins
+    from sglang_dsv4_guard.releases import (
+        SUPPORTED_MAX,
+        SUPPORTED_MIN,
+        installed_sglang_version,
+        is_supported,
+    )
+    from sglang_dsv4_guard.settings import settings_from_env
+
+    ok = True
+    version = installed_sglang_version()
+    supported = version is not None and is_supported(version)
+    ok &= supported
+    print(f"SGLang: {version or 'not installed'} "
+          f"({'supported' if supported else 'NOT supported'}; range {SUPPORTED_MIN} to "
+          f"{SUPPORTED_MAX})")
+    settings, problems = settings_from_env()
+    for name in ("mode", "autoshare", "log_format"):
+        setting = getattr(settings, name)
+        value = getattr(setting.value, "value", setting.value)
+        print(f"setting {name}: {value} (from {setting.source})")
+    for problem in problems:
+        ok = False
+        print(f"problem: {problem}")
+    eps = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")
+           if ep.name == "dsv4_guard"]
+    print(f"SGLang entry point dsv4_guard: {eps[0].value if eps else 'MISSING'}")
+    ok &= bool(eps)
+    state = importlib.util.find_spec("sglang.srt.disaggregation.utils") is not None
+    print(f"target setup_state_kv_args: {'found' if state else 'MISSING'}")
+    mori = importlib.util.find_spec("mori") is not None
+    print(f"target MoriKVManager._send_swa_dsa_state: "
+          f"{'MORI installed; wrapped when SGLang imports it' if mori else 'MORI not installed (only needed with --disaggregation-transfer-backend mori)'}")
+    plugins = build_plugins()
+    print(f"guard plug-ins: {', '.join(plugins.names())}")
+    for failure in plugins.load_problems:
+        ok = False
+        print(f"problem: {failure.summary}: {'; '.join(failure.details)}")
+    print("doctor: OK" if ok else "doctor: problems found")
+    return 0 if ok else 1
+
+
+def _explain(args: argparse.Namespace) -> int:
+    code = args.code.upper()
+    info = CODES.get(code)
+    if info is None:
+        print(f"unknown code {args.code!r}; known codes: {', '.join(CODES)}", file=sys.stderr)
+        return 2
+    print(f"{info.code}: {info.title}")
+    if info.sglang_message:
+        print(f"SGLang's message: {info.sglang_message}")
+    print(f"\n{info.meaning}\n")
+    for fix in info.fixes:
+        print(f"fix: {fix}")
+    print(f"docs: {docs_url(code)}")
+    return 0
+
+
+def _demo(_: argparse.Namespace) -> int:
+    from sglang_dsv4_guard.demo import run_demo
+
+    return run_demo()
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from sglang_dsv4_guard.builtin_mori import sglang_dsv4_guard_check_send
+    from sglang_dsv4_guard.context import SendContext
+    from sglang_dsv4_guard.findings import Report
+    from sglang_dsv4_guard.mori_snapshot import SendSnapshot
+    from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
+    from sglang_dsv4_guard.render import render_report
+
+    def attn_tp(tp: int, dp: int, dp_attention: bool) -> int:
+        return tp // dp if dp_attention else tp
+
+    prefill = attn_tp(args.prefill_tp, args.prefill_dp, args.prefill_dp_attention)
+    decode = attn_tp(args.decode_tp, args.decode_dp, args.decode_dp_attention)
+    if args.transfer_backend != "mori":
+        print(f"preflight: nothing to check for transfer backend {args.transfer_backend}")
+        return 0
+    from packaging.version import Version
+
+    profile = profile_for(installed_sglang_version() or Version("0.5.23"))
+    snap = SendSnapshot(state_type="swa" if args.swa_state else "none",
+                        is_mla_backend=args.mla, attn_tp_size=prefill, decode_tp_size=decode,
+                        tp_size=args.prefill_tp, dp_size=args.prefill_dp,
+                        enable_dp_attention=args.prefill_dp_attention)
+    findings = sglang_dsv4_guard_check_send(snap, SendContext(profile, "on", "register"))
+    report = Report.of(findings, {"function": "MoriKVManager._send_swa_dsa_state",
+                                  "peer": "planned decode server"})
+    print(render_report(report) or f"preflight: OK (prefill attention TP {prefill}, decode "
+                                    f"attention TP {decode}, MLA={args.mla})")
+    return 1 if findings else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglang-dsv4-guard", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="check the installation and settings").set_defaults(
+        run=_doctor)
+    explain = sub.add_parser("explain", help="explain a finding code")
+    explain.add_argument("code")
+    explain.set_defaults(run=_explain)
+    sub.add_parser("demo", help="run SGLang's check on a built-in scenario").set_defaults(
+        run=_demo)
+    pre = sub.add_parser("preflight", help="check a planned MORI prefill/decode layout")
+    pre.add_argument("--transfer-backend", default="mori")
+    for role in ("prefill", "decode"):
+        pre.add_argument(f"--{role}-tp", type=int, required=True)
+        pre.add_argument(f"--{role}-dp", type=int, default=1)
+        pre.add_argument(f"--{role}-dp-attention", action="store_true")
+    pre.add_argument("--mla", action="store_true", help="the model uses an MLA KV pool")
+    pre.add_argument("--no-swa-state", dest="swa_state", action="store_false",
+                     help="the model registers no 'swa' state component")
+    pre.set_defaults(run=_preflight)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sglang-dsv4-guard`` command."""
+    args = _parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

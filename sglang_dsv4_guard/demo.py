@@ -1,0 +1,44 @@
+"""``make demo``: SGLang's real check on a built-in scenario, unguarded, then guarded."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+__all__ = ["run_demo"]
+
+
+def run_demo() -> int:
+    """Print SGLang's one line, then the guard's full report, then a passing pair. Exit 0."""
+    warnings.filterwarnings("ignore")  # SGLang warns about missing GPU kernels on import
+    import sglang.srt.disaggregation.utils as utils
+
+    import sglang_dsv4_guard
+    from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, new_kv_args
+
+    logging.getLogger("sglang_dsv4_guard").setLevel(logging.CRITICAL)  # the error shows it
+    scenario = dict(
+        target=PoolSpec(compression_ratios=(4, 128, 0)),
+        draft=PoolSpec(compression_ratios=(0, 4), page_size=64, sliding_window=64),
+        mapping="different",
+    )
+    print("== 1. SGLang alone: a DeepSeek-V4 draft pool with three problems ==\n")
+    try:
+        utils.setup_state_kv_args(new_kv_args(), *build_pair(**scenario))  # type: ignore[arg-type]
+    except RuntimeError as exc:
+        print(f"RuntimeError: {exc}\n")
+    print("== 2. The same pools with the guard (SGLANG_DSV4_GUARD=1) ==\n")
+    sglang_dsv4_guard.install("on", load_entry_points=False)
+    try:
+        try:
+            utils.setup_state_kv_args(new_kv_args(), *build_pair(**scenario))  # type: ignore[arg-type]
+        except sglang_dsv4_guard.DSV4GuardError as exc:
+            print(f"DSV4GuardError: {exc}\n")
+            print(f"codes: {', '.join(f.code for f in exc.findings)}\n")
+        print("== 3. A healthy pair, guarded: SGLang accepts it, the guard stays quiet ==\n")
+        kv_args = new_kv_args()
+        utils.setup_state_kv_args(kv_args, *build_pair())
+        print(f"ok: state components registered: {[str(getattr(s, 'value', s)) for s in kv_args.state_types]}")
+    finally:
+        sglang_dsv4_guard.uninstall()
+    return 0
