@@ -1,0 +1,193 @@
+"""SGLang's real MORI connector (over stub ``mori`` modules): DSV4G006, early and cheap."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import mori_stub
+from hypothesis import given
+from hypothesis import strategies as st
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.lifecycle import installation
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+mori_stub.install_stub()
+import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402 - needs the stub first
+
+_RAW = {"send": vars(conn.MoriKVManager)["_send_swa_dsa_state"]}
+STATE_TYPES = ("swa", "dsa", "qsa_pending", "qsa_compressed", "swa_ring", "c128_state",
+               "minimax_index_k", "minimax_dense_kv")
+
+
+def call(fn: Any, mgr: Any, p: Any, state_type: str) -> tuple[str, Any]:
+    try:
+        return "ok", fn(mgr, *mori_stub.send_args(conn, p, state_type))
+    except Exception as exc:
+        return "raised", exc
+
+
+def guarded(mgr: Any, p: Any, state_type: str) -> tuple[str, Any]:
+    return call(conn.MoriKVManager._send_swa_dsa_state, mgr, p, state_type)
+
+
+class TestMoriParity(CustomTestCase):
+    """The wrapped send path reaches SGLang's verdict on every drawn configuration."""
+
+    @given(state_type=st.sampled_from(STATE_TYPES), mla=st.booleans(),
+           attn_tp=st.sampled_from([1, 2, 4, 8]), decode_tp=st.sampled_from([1, 2, 4, 8]),
+           pp=st.sampled_from([1, 2]))
+    def test_parity(self, state_type: str, mla: bool, attn_tp: int, decode_tp: int,
+                    pp: int) -> None:
+        """Same outcome and first line; DSV4G006 exactly when SGLang's TP check fires."""
+        mgr = mori_stub.manager(conn, attn_tp=attn_tp, mla=mla, pp=pp)
+        p = mori_stub.peer(conn, decode_tp=decode_tp)
+        expected = call(_RAW["send"], mgr, p, state_type)
+        sglang_dsv4_guard.install("on", load_entry_points=False)
+        logging.getLogger("sglang_dsv4_guard").disabled = True
+        try:
+            actual = guarded(mgr, p, state_type)
+        finally:
+            logging.getLogger("sglang_dsv4_guard").disabled = False
+            sglang_dsv4_guard.uninstall()
+        self.assertEqual(actual[0], expected[0])
+        fires = state_type == "swa" and not mla and decode_tp != attn_tp
+        if expected[0] == "raised":
+            self.assertEqual(str(actual[1]).splitlines()[0], str(expected[1]))
+            self.assertIs(type(actual[1]), DSV4GuardError if fires else type(expected[1]))
+        else:
+            self.assertFalse(fires)
+            self.assertEqual(actual[1], expected[1])
+
+
+class TestMoriReporting(CustomTestCase):
+    """Once per peer, early at registration, strict blocking, threads."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.mgr = mori_stub.manager(conn, attn_tp=8)
+
+    def test_wrapped_when_already_imported_and_restored(self) -> None:
+        """Install wraps the imported connector; uninstall restores the original method."""
+        self.assertIsNot(vars(conn.MoriKVManager)["_send_swa_dsa_state"], _RAW["send"])
+        sglang_dsv4_guard.uninstall()
+        self.assertIs(vars(conn.MoriKVManager)["_send_swa_dsa_state"], _RAW["send"])
+
+    def test_full_report_once_then_short_lines(self) -> None:
+        """First failure logs the report; later ones one line with a running count; all raise."""
+        p = mori_stub.peer(conn, "decode-a", decode_tp=4)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
+            errors = [guarded(self.mgr, p, "swa")[1] for _ in range(3)]
+        self.assertTrue(all(isinstance(e, DSV4GuardError) for e in errors))
+        self.assertEqual(errors[0].findings[0].value("decode", "decode_tp_size"), 4)
+        self.assertEqual(len(logs.records), 3)
+        self.assertIn("prefill attn_tp_size", logs.records[0].getMessage())
+        self.assertIn("3 failures so far", logs.records[2].getMessage())
+        self.assertNotIn("prefill attn_tp_size", logs.records[2].getMessage())
+
+    def test_report_at_registration(self) -> None:
+        """A mismatched decode peer is reported when it registers, once, before any request."""
+        p = mori_stub.peer(conn, "decode-b", decode_tp=2)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
+            self.mgr._add_remote_peer(p)
+            self.mgr._add_remote_peer(p)
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("found when the decode peer registered", logs.records[0].getMessage())
+        self.assertIn("decode-b", self.mgr.decode_kv_args_table)
+
+    def test_matching_or_mla_peer_is_silent(self) -> None:
+        """Equal TP, or an MLA pool, registers without a word."""
+        current = installation()
+        assert current is not None
+        self.mgr._add_remote_peer(mori_stub.peer(conn, "decode-c", decode_tp=8))
+        mori_stub.manager(conn, attn_tp=8, mla=True)._add_remote_peer(
+            mori_stub.peer(conn, "decode-d", decode_tp=2))
+        self.assertEqual(current.mori.registered, {})
+
+    def test_strict_blocks_peer_before_transfer(self) -> None:
+        """Strict mode: after a mismatched registration, any transfer to the peer fails at once."""
+        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        p = mori_stub.peer(conn, "decode-e", decode_tp=4)
+        logging.getLogger("sglang_dsv4_guard").disabled = True
+        try:
+            self.mgr._add_remote_peer(p)
+            kind, err = guarded(self.mgr, p, "dsa")
+        finally:
+            logging.getLogger("sglang_dsv4_guard").disabled = False
+        self.assertEqual(kind, "raised")
+        self.assertIn("transfer not attempted", str(err).splitlines()[0])
+
+    def test_threads_exact_counts(self) -> None:
+        """8 threads x 400 calls over good and bad peers: exact raised/passed split and counts."""
+        peers = [mori_stub.peer(conn, f"decode-{i}", decode_tp=8 if i % 2 else 4)
+                 for i in range(4)]
+        results: list[tuple[str, int]] = []
+        lock = threading.Lock()
+
+        def worker(seed: int) -> None:
+            local = []
+            for n in range(400):
+                index = (seed + n) % 4
+                local.append((guarded(self.mgr, peers[index], "swa")[0], index))
+            with lock:
+                results.extend(local)
+
+        logging.getLogger("sglang_dsv4_guard").disabled = True
+        try:
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            logging.getLogger("sglang_dsv4_guard").disabled = False
+        raised = [i for kind, i in results if kind == "raised"]
+        self.assertEqual(len(results), 3200)
+        self.assertEqual(len(raised), 1600)
+        self.assertTrue(all(i % 2 == 0 for i in raised))
+        current = installation()
+        assert current is not None
+        self.assertEqual(current.mori.failures, {("decode-0", "swa"): 800,
+                                                 ("decode-2", "swa"): 800})
+
+
+LAZY_PROBE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import sglang_dsv4_guard
+sglang_dsv4_guard.install("on", load_entry_points=False)
+before = {"conn": "sglang.srt.disaggregation.mori.conn" in sys.modules, "mori": "mori" in sys.modules}
+import mori_stub
+mori_stub.install_stub()
+import sglang.srt.disaggregation.mori.conn as conn
+wrapped = hasattr(vars(conn.MoriKVManager)["_send_swa_dsa_state"], "__sglang_dsv4_guard_original__")
+sglang_dsv4_guard.uninstall()
+restored = not hasattr(vars(conn.MoriKVManager)["_send_swa_dsa_state"], "__sglang_dsv4_guard_original__")
+print(json.dumps({"before": before, "wrapped": wrapped, "restored": restored,
+                  "hook_left": any(type(f).__name__ == "PostImportHooks" for f in sys.meta_path)}))
+"""
+
+
+class TestLazyPatch(CustomTestCase):
+    """The connector is wrapped the moment SGLang imports it, never imported by us."""
+
+    def test_fresh_interpreter(self) -> None:
+        """Fresh interpreter: not imported at install, wrapped on import, restored, hook gone."""
+        done = subprocess.run([sys.executable, "-c", LAZY_PROBE, os.path.dirname(__file__)],
+                              capture_output=True, text=True, timeout=300, check=False)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        self.assertEqual(result, {"before": {"conn": False, "mori": False}, "wrapped": True,
+                                  "restored": True, "hook_left": False})
+        self.assertNotIn("Traceback", done.stderr)
