@@ -100,11 +100,16 @@ class MoriGuard:
         })
         return report, render_report(report) or ""
 
-    def on_send_error(self, sig: inspect.Signature, manager: object, args: tuple[Any, ...],
+    def on_send_error(self, sig: inspect.Signature, args: tuple[Any, ...],
                       kwargs: dict[str, Any], error: RuntimeError) -> DSV4GuardError | None:
-        """Turn SGLang's TP error into a DSV4GuardError; ``None`` for any other error."""
-        bound = sig.bind(manager, *args, **kwargs)
-        snap = snapshot_send(manager, bound.arguments["peer_info"], bound.arguments["state_type"])
+        """Turn SGLang's TP error into a DSV4GuardError; ``None`` for any other error.
+
+        ``args`` and ``kwargs`` are the call's, ``self`` first, bound by name against
+        the installed release's signature (8 or 11 parameters).
+        """
+        bound = sig.bind(*args, **kwargs)
+        snap = snapshot_send(bound.arguments["self"], bound.arguments["peer_info"],
+                             bound.arguments["state_type"])
         if not violates(snap):
             return None
         key = (snap.engine_key, snap.state_type)
@@ -158,20 +163,23 @@ class MoriGuard:
 def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(original)
+        blocked = guard.blocked  # the dict itself: a closure read, no attribute lookup
 
         @functools.wraps(original)
-        def _send_swa_dsa_state(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if guard.blocked:  # empty unless strict mode found a mismatched peer
-                blocked = guard.blocked_error(args[0] if args else kwargs.get("peer_info"))
-                if blocked is not None:
-                    raise blocked
+        def _send_swa_dsa_state(*args: Any, **kwargs: Any) -> Any:
+            # The pass path: one truth test and a try. `self` stays inside *args so
+            # the call is forwarded without building a new tuple.
+            if blocked:  # empty unless strict mode found a mismatched peer
+                error = guard.blocked_error(args[1] if len(args) > 1 else kwargs.get("peer_info"))
+                if error is not None:
+                    raise error
             try:
-                return original(self, *args, **kwargs)
+                return original(*args, **kwargs)
             except RuntimeError as error:
                 replacement = None
                 if guard.rt.active:
                     try:
-                        replacement = guard.on_send_error(sig, self, args, kwargs, error)
+                        replacement = guard.on_send_error(sig, args, kwargs, error)
                     except Exception as exc:
                         guard.rt.internal_error("reporting a MORI state-transfer error", exc)
                 if replacement is not None:
