@@ -15,7 +15,7 @@ settings.register_profile("ci", max_examples=2000, deadline=None, derandomize=Fa
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-# Stub MORI before anything imports it (tests/mori_stub.py); production code never does.
+# tests/ holds helpers.py and mori_stub.py, imported by the test modules.
 sys.path.insert(0, os.path.dirname(__file__))
 
 
