@@ -7,6 +7,8 @@ rest are the ones the operator would meet on the next launches.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sglang_dsv4_guard.autoshare_rule import decide
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.context import StateContext
@@ -71,9 +73,9 @@ def _check_ratios(pair: StatePair) -> list[Finding]:
     draft = pair.draft
     if not draft.has("compression_ratios"):
         return [_incomplete(draft, "compression_ratios")]
-    ratios = draft.get("compression_ratios")
+    ratios: Any = draft.get("compression_ratios")
     try:
-        offending = [(i, r) for i, r in enumerate(ratios) if r != 0]  # type: ignore[arg-type]
+        offending: list[tuple[int, object]] = [(i, r) for i, r in enumerate(ratios) if r != 0]
     except TypeError:
         return [_incomplete(draft, "compression_ratios")]
     if ratios and not offending:
@@ -187,6 +189,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
             details.append(f"contents differ at {cmp.differing} position(s){at}")
     decision = decide(pair, context.profile)
     base = CODES["DSV4G004"].fixes[0]
+    fixes: tuple[str, ...]
     if decision.share:
         fixes = (base, "SGLANG_DSV4_GUARD_AUTOSHARE=1 would rebind the draft to the target's "
                  f"tensor: {decision.reason}")

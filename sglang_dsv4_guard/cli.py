@@ -55,8 +55,9 @@ def _doctor(_: argparse.Namespace) -> int:
     state = importlib.util.find_spec("sglang.srt.disaggregation.utils") is not None
     print(f"target setup_state_kv_args: {'found' if state else 'MISSING'}")
     mori = importlib.util.find_spec("mori") is not None
-    print(f"target MoriKVManager._send_swa_dsa_state: "
-          f"{'MORI installed; wrapped when SGLang imports it' if mori else 'MORI not installed (only needed with --disaggregation-transfer-backend mori)'}")
+    where = ("MORI installed; wrapped when SGLang imports it" if mori else
+             "MORI not installed (only needed with --disaggregation-transfer-backend mori)")
+    print(f"target MoriKVManager._send_swa_dsa_state: {where}")
     plugins = build_plugins()
     print(f"guard plug-ins: {', '.join(plugins.names())}")
     for failure in plugins.load_problems:

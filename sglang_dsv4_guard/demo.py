@@ -38,7 +38,8 @@ def run_demo() -> int:
         print("== 3. A healthy pair, guarded: SGLang accepts it, the guard stays quiet ==\n")
         kv_args = new_kv_args()
         utils.setup_state_kv_args(kv_args, *build_pair())
-        print(f"ok: state components registered: {[str(getattr(s, 'value', s)) for s in kv_args.state_types]}")
+        names = [str(getattr(s, "value", s)) for s in kv_args.state_types]
+        print(f"ok: state components registered: {names}")
     finally:
         sglang_dsv4_guard.uninstall()
     return 0

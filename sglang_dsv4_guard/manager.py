@@ -9,6 +9,7 @@ first), and turns a failure into a ``DSV4G090`` finding naming the plug-in.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import logging
 from collections.abc import Mapping, Sequence
@@ -104,8 +105,6 @@ def _register(pm: pluggy.PluginManager, obj: object, name: str) -> str | None:
 
 def build_plugins(load_entry_points: bool = True, log_format: str = "text") -> GuardPlugins:
     """Build a manager with the built-ins and, unless told not to, third-party plug-ins."""
-    import importlib
-
     from sglang_dsv4_guard.builtin_report import LogReporter
 
     pm = pluggy.PluginManager(hookspecs.PROJECT)

@@ -56,4 +56,4 @@ def add_note(exc: BaseException, note: str) -> None:
     if hasattr(exc, "add_note"):
         exc.add_note(note)
     else:  # pragma: no cover - Python 3.10
-        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]

@@ -14,7 +14,7 @@ from sglang_dsv4_guard.lifecycle import installation
 _RAW = {"setup_state_kv_args": utils.setup_state_kv_args}
 
 
-def UNWRAPPED(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - reads like the function
+def UNWRAPPED(*args: Any, **kwargs: Any) -> Any:
     """SGLang's own setup_state_kv_args, whatever the guard has patched."""
     return _RAW["setup_state_kv_args"](*args, **kwargs)
 

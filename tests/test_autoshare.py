@@ -8,7 +8,6 @@ from typing import Any
 import sglang.srt.disaggregation.utils as utils
 from helpers import UNWRAPPED, outcome, record
 from hypothesis import given
-from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from test_parity_property import pairs

@@ -79,7 +79,9 @@ class TestThirdPartyPlugins(CustomTestCase):
 
         plugins = build_plugins(load_entry_points=False)
         plugins.pm.register(Typo(), name="typo")
-        with self.assertRaises(Exception):
+        import pluggy
+
+        with self.assertRaises(pluggy.PluginValidationError):
             plugins.pm.check_pending()
         self.assertIn("builtin_state", plugins.names())
 

@@ -108,9 +108,9 @@ class TestEveryCode(CustomTestCase):
     def test_g010_half_built_pool_keeps_attribute_error(self) -> None:
         """A never-registered mapping: SGLang's AttributeError rises unchanged, with notes."""
         pair = build_pair(mapping="missing")
-        kind, host = outcome(UNWRAPPED, *pair)
+        _, host = outcome(UNWRAPPED, *pair)
         self.assertIsInstance(host, AttributeError)
-        kind, guarded = outcome(utils.setup_state_kv_args, *pair)
+        _, guarded = outcome(utils.setup_state_kv_args, *pair)
         self.assertIs(type(guarded), AttributeError)
         self.assertEqual(str(guarded), str(host))
         self.assertIn("never registered", "\n".join(guarded.__notes__))
