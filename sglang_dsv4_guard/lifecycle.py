@@ -27,7 +27,7 @@ from sglang_dsv4_guard.releases import (
     profile_for,
 )
 from sglang_dsv4_guard.runtime import Runtime
-from sglang_dsv4_guard.settings import Mode, Setting, Settings, parse_mode
+from sglang_dsv4_guard.settings import LOG_FORMATS, Mode, Setting, Settings, parse_mode
 from sglang_dsv4_guard.state_guard import make_state_wrapper
 
 __all__ = ["install", "installation", "is_installed", "uninstall"]
@@ -77,8 +77,8 @@ def _settings_for(mode: str | Mode, autoshare: bool, log_format: str,
     if not isinstance(autoshare, bool):
         raise SettingError("install(autoshare=...)", autoshare, ("True", "False"),
                            "nothing was installed")
-    if log_format not in ("text", "json"):
-        raise SettingError("install(log_format=...)", log_format, ("text", "json"),
+    if log_format not in LOG_FORMATS:
+        raise SettingError("install(log_format=...)", log_format, LOG_FORMATS,
                            "nothing was installed")
     return Settings(Setting(chosen, f"install(mode={mode!r})"),
                     Setting(autoshare, f"install(autoshare={autoshare!r})"),

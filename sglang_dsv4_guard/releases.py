@@ -9,8 +9,10 @@ between releases, so the differences live here, in one place, keyed by release:
 - ``mapping_always_set``: from 0.5.22 ``__init__`` sets ``full_to_swa_index_mapping``
   to ``None``; before, a never-registered pool has no such attribute and SGLang's
   identity test raises ``AttributeError``.
-- ``mori_send_params``: ``MoriKVManager._send_swa_dsa_state`` takes 8 parameters up to
-  0.5.21 and 11 from 0.5.22 (bound by name from the installed signature anyway).
+
+``MoriKVManager._send_swa_dsa_state`` takes 8 parameters up to 0.5.21 and 11 from
+0.5.22; the MORI wrapper binds arguments by name from the installed signature, so
+that difference needs no entry here.
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ class HostProfile:
     paged_geometry: tuple[GeometryField, ...]
     paged_geometry_prefix: str
     mapping_always_set: bool
-    mori_send_params: int
 
 
 _PAGE = GeometryField("page_size", "page_size", "page_size", "server flag --page-size")
@@ -85,7 +86,6 @@ def profile_for(version: Version) -> HostProfile:
         paged_geometry=geometry,
         paged_geometry_prefix=prefix,
         mapping_always_set=version >= Version("0.5.22"),
-        mori_send_params=11 if version >= Version("0.5.22") else 8,
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
@@ -25,7 +25,6 @@ class Runtime:
     plugins: GuardPlugins
     profile: HostProfile
     active: bool = True
-    internal_errors: int = field(default=0)
 
     @property
     def strict(self) -> bool:
@@ -34,7 +33,6 @@ class Runtime:
 
     def internal_error(self, stage: str, exc: BaseException) -> None:
         """Log a bug of ours. SGLang goes on as if the guard were absent, unless strict."""
-        self.internal_errors += 1
         logger.warning(
             "sglang-dsv4-guard internal error while %s (%s: %s); SGLang's call is unaffected",
             stage, type(exc).__name__, exc, exc_info=exc,

@@ -10,8 +10,8 @@ from typing import Generic, TypeVar
 
 from sglang_dsv4_guard.errors import SettingError
 
-__all__ = ["ENV_AUTOSHARE", "ENV_LOG_FORMAT", "ENV_MODE", "Mode", "Setting", "Settings",
-           "parse_mode", "settings_from_env"]
+__all__ = ["ENV_AUTOSHARE", "ENV_LOG_FORMAT", "ENV_MODE", "LOG_FORMATS", "MODE_ACCEPTED", "Mode",
+           "Setting", "Settings", "parse_mode", "settings_from_env"]
 
 ENV_MODE = "SGLANG_DSV4_GUARD"
 ENV_AUTOSHARE = "SGLANG_DSV4_GUARD_AUTOSHARE"
@@ -35,7 +35,9 @@ _MODE_WORDS = {
 }
 _BOOL_WORDS = {"": False, "0": False, "off": False, "false": False,
                "1": True, "on": True, "true": True}
-_LOG_FORMATS = ("text", "json")
+LOG_FORMATS = ("text", "json")
+MODE_ACCEPTED = ("unset", "0", "off", "false", "1", "on", "true", "strict")
+_BOOL_ACCEPTED = ("unset", "0", "off", "false", "1", "on", "true")
 
 
 @dataclass(frozen=True)
@@ -54,21 +56,13 @@ class Settings:
     autoshare: Setting[bool]
     log_format: Setting[str]
 
-    @classmethod
-    def default(cls) -> Settings:
-        """Everything off, text logs."""
-        return cls(Setting(Mode.OFF, "default"), Setting(False, "default"),
-                   Setting("text", "default"))
-
 
 def parse_mode(value: str, variable: str = ENV_MODE) -> Mode:
     """``value`` as a mode; raises :class:`SettingError` naming ``variable``."""
     try:
         return _MODE_WORDS[value.strip().lower()]
     except KeyError:
-        raise SettingError(variable, value, ("unset", "0", "off", "false", "1", "on", "true",
-                                             "strict"),
-                           "the guard stays inert") from None
+        raise SettingError(variable, value, MODE_ACCEPTED, "the guard stays inert") from None
 
 
 def _from_env(environ: Mapping[str, str], variable: str, table: Mapping[str, T], default: T,
@@ -90,12 +84,10 @@ def settings_from_env(environ: Mapping[str, str] | None = None
     """Read all settings; bad values fall back to safe defaults and are returned as errors."""
     env = os.environ if environ is None else environ
     problems: list[SettingError] = []
-    mode = _from_env(env, ENV_MODE, _MODE_WORDS, Mode.OFF,
-                     ("unset", "0", "off", "false", "1", "on", "true", "strict"),
+    mode = _from_env(env, ENV_MODE, _MODE_WORDS, Mode.OFF, MODE_ACCEPTED,
                      "the guard stays inert", problems)
-    autoshare = _from_env(env, ENV_AUTOSHARE, _BOOL_WORDS, False,
-                          ("unset", "0", "off", "false", "1", "on", "true"),
+    autoshare = _from_env(env, ENV_AUTOSHARE, _BOOL_WORDS, False, _BOOL_ACCEPTED,
                           "auto-share stays off", problems)
-    log_format = _from_env(env, ENV_LOG_FORMAT, {f: f for f in _LOG_FORMATS}, "text",
-                           ("unset", *_LOG_FORMATS), "reports are logged as text", problems)
+    log_format = _from_env(env, ENV_LOG_FORMAT, {f: f for f in LOG_FORMATS}, "text",
+                           ("unset", *LOG_FORMATS), "reports are logged as text", problems)
     return Settings(mode, autoshare, log_format), problems
