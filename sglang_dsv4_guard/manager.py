@@ -12,7 +12,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pluggy
@@ -57,16 +57,28 @@ class GuardPlugins:
         """The registered plug-ins' names, built-ins first."""
         return [name for name, _ in self.pm.list_name_plugin()]
 
-    def collect(self, hook: str, kwargs: Mapping[str, Any]) -> list[Finding]:
-        """Call every implementation of ``hook`` on its own and gather its findings."""
-        caller = getattr(self.pm.hook, hook)
-        findings: list[Finding] = []
-        for impl in caller.get_hookimpls():
-            name = impl.plugin_name
+    def _call_each(self, hook: str, kwargs: Mapping[str, Any]
+                   ) -> Iterator[tuple[str, object, Finding | None]]:
+        """Call each implementation of ``hook`` on its own, built-ins first.
+
+        Yields (plug-in name, result, ``None``) or, when it raised,
+        (plug-in name, ``None``, its ``DSV4G090`` finding).
+        """
+        for impl in getattr(self.pm.hook, hook).get_hookimpls():
             try:
                 result = impl.function(*(kwargs[arg] for arg in impl.argnames))
             except Exception as exc:
-                findings.append(plugin_failure(name, hook, f"raised {type(exc).__name__}: {exc}"))
+                yield impl.plugin_name, None, plugin_failure(
+                    impl.plugin_name, hook, f"raised {type(exc).__name__}: {exc}")
+                continue
+            yield impl.plugin_name, result, None
+
+    def collect(self, hook: str, kwargs: Mapping[str, Any]) -> list[Finding]:
+        """Call every implementation of ``hook`` on its own and gather its findings."""
+        findings: list[Finding] = []
+        for name, result, failure in self._call_each(hook, kwargs):
+            if failure is not None:
+                findings.append(failure)
                 continue
             if result is None:
                 continue
@@ -84,15 +96,9 @@ class GuardPlugins:
 
     def report(self, report: Report) -> list[Finding]:
         """Hand ``report`` to every reporter; return the reporters that failed, as findings."""
-        failures: list[Finding] = []
-        for impl in self.pm.hook.sglang_dsv4_guard_report.get_hookimpls():
-            try:
-                impl.function(*({"report": report}[a] for a in impl.argnames))
-            except Exception as exc:
-                failures.append(plugin_failure(
-                    impl.plugin_name, "sglang_dsv4_guard_report",
-                    f"raised {type(exc).__name__}: {exc}"))
-        return failures
+        return [failure for _, _, failure in
+                self._call_each("sglang_dsv4_guard_report", {"report": report})
+                if failure is not None]
 
 
 def _register(pm: pluggy.PluginManager, obj: object, name: str) -> str | None:

@@ -52,17 +52,20 @@ def _int(value: object) -> int | None:
         return None
 
 
+def _engine_key(peer: object) -> str | None:
+    """The peer's engine key (a property over its engine descriptor), or ``None``."""
+    try:
+        key = peer.engine_key  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return None if key is None else str(key)
+
+
 def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapshot:
     """The values SGLang's TP check reads, and the layout around them."""
     server_args = getattr(manager, "server_args", None)
     kv_args = getattr(manager, "kv_args", None)
     state_types = tuple(str(getattr(s, "value", s)) for s in getattr(kv_args, "state_types", ()) or ())
-    port = _int(getattr(peer, "dst_port", None))
-    engine_key: object
-    try:
-        engine_key = peer.engine_key  # type: ignore[attr-defined]
-    except Exception:
-        engine_key = None
     return SendSnapshot(
         state_type=str(getattr(state_type, "value", state_type)),
         is_mla_backend=bool(getattr(manager, "is_mla_backend", False)),
@@ -73,9 +76,9 @@ def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapsho
         dp_size=_int(getattr(server_args, "dp_size", None)),
         enable_dp_attention=getattr(server_args, "enable_dp_attention", None),
         pp_size=_int(getattr(manager, "pp_size", None)),
-        engine_key=None if engine_key is None else str(engine_key),
+        engine_key=_engine_key(peer),
         endpoint=getattr(peer, "endpoint", None),
-        dst_port=port,
+        dst_port=_int(getattr(peer, "dst_port", None)),
     )
 
 
@@ -129,12 +132,8 @@ class MoriGuard:
 
     def on_register(self, manager: object, register_info: object) -> None:
         """Report a TP mismatch for a newly registered decode peer, once per peer."""
-        kv_args = getattr(manager, "kv_args", None)
-        state_types = [str(getattr(s, "value", s)) for s in getattr(kv_args, "state_types", ())]
-        if "swa" not in state_types:
-            return
         snap = snapshot_send(manager, register_info, "swa")
-        if not violates(snap):
+        if "swa" not in snap.state_types or not violates(snap):
             return
         with self._lock:
             if snap.engine_key in self.registered:
@@ -147,11 +146,7 @@ class MoriGuard:
 
     def blocked_error(self, peer: object) -> DSV4GuardError | None:
         """Strict mode: the error for a transfer to a peer that registered mismatched."""
-        try:
-            key = peer.engine_key  # type: ignore[attr-defined]
-        except Exception:
-            return None
-        entry = self.blocked.get(None if key is None else str(key))
+        entry = self.blocked.get(_engine_key(peer))
         if entry is None:
             return None
         report, rendered = entry
