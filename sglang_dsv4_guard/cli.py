@@ -90,9 +90,9 @@ def _demo(_: argparse.Namespace) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.builtin_mori import sglang_dsv4_guard_check_send
     from sglang_dsv4_guard.context import SendContext
     from sglang_dsv4_guard.findings import Report
+    from sglang_dsv4_guard.manager import build_plugins
     from sglang_dsv4_guard.mori_snapshot import SendSnapshot
     from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
     from sglang_dsv4_guard.render import render_report
@@ -112,7 +112,10 @@ def _preflight(args: argparse.Namespace) -> int:
                         is_mla_backend=args.mla, attn_tp_size=prefill, decode_tp_size=decode,
                         tp_size=args.prefill_tp, dp_size=args.prefill_dp,
                         enable_dp_attention=args.prefill_dp_attention)
-    findings = sglang_dsv4_guard_check_send(snap, SendContext(profile, "on", "register"))
+    # Through the plug-in manager, so third-party send checks run here too.
+    findings = build_plugins().collect("sglang_dsv4_guard_check_send",
+                                       {"transfer": snap,
+                                        "context": SendContext(profile, "on", "register")})
     report = Report.of(findings, {"function": "MoriKVManager._send_swa_dsa_state",
                                   "peer": "planned decode server"})
     print(render_report(report) or f"preflight: OK (prefill attention TP {prefill}, decode "

@@ -14,24 +14,19 @@ def run_demo() -> int:
     import sglang.srt.disaggregation.utils as utils
 
     import sglang_dsv4_guard
-    from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, new_kv_args
+    from sglang_dsv4_guard.scenarios import build_pair, new_kv_args, three_mismatch_pair
 
     logging.getLogger("sglang_dsv4_guard").setLevel(logging.CRITICAL)  # the error shows it
-    scenario = dict(
-        target=PoolSpec(compression_ratios=(4, 128, 0)),
-        draft=PoolSpec(compression_ratios=(0, 4), page_size=64, sliding_window=64),
-        mapping="different",
-    )
     print("== 1. SGLang alone: a DeepSeek-V4 draft pool with three problems ==\n")
     try:
-        utils.setup_state_kv_args(new_kv_args(), *build_pair(**scenario))  # type: ignore[arg-type]
+        utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
     except RuntimeError as exc:
         print(f"RuntimeError: {exc}\n")
     print("== 2. The same pools with the guard (SGLANG_DSV4_GUARD=1) ==\n")
     sglang_dsv4_guard.install("on", load_entry_points=False)
     try:
         try:
-            utils.setup_state_kv_args(new_kv_args(), *build_pair(**scenario))  # type: ignore[arg-type]
+            utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
         except sglang_dsv4_guard.DSV4GuardError as exc:
             print(f"DSV4GuardError: {exc}\n")
             print(f"codes: {', '.join(f.code for f in exc.findings)}\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAPPING_KINDS", "PoolSpec", "build_pair", "new_kv_args"]
+__all__ = ["MAPPING_KINDS", "PoolSpec", "build_pair", "new_kv_args", "three_mismatch_pair"]
 
 # How the draft's mapping relates to the target's.
 MAPPING_KINDS = ("shared", "view", "clone", "different", "none", "missing")
@@ -122,9 +122,16 @@ def build_pair(target: PoolSpec | None = None, draft: PoolSpec | None = None,
         tensor = getattr(target_pool, "full_to_swa_index_mapping", None)
         if tensor is None and mapping in ("view", "clone", "different"):
             tensor = torch.arange(mapping_size, dtype=torch.int64)
-        draft_pool.register_mapping(_draft_mapping(mapping, tensor) if tensor is not None
-                                    or mapping == "shared" else None)
+        draft_pool.register_mapping(_draft_mapping(mapping, tensor))
     return target_pool, draft_pool
+
+
+def three_mismatch_pair() -> tuple[Any, Any]:
+    """The demo's pair: a compressed draft layer (DSV4G001), a draft mapping that differs
+    (DSV4G004) and another page size and window (DSV4G005). SGLang reports only the first."""
+    return build_pair(PoolSpec(compression_ratios=(4, 128, 0)),
+                      PoolSpec(compression_ratios=(0, 4), page_size=64, sliding_window=64),
+                      mapping="different")
 
 
 def new_kv_args() -> Any:

@@ -14,15 +14,10 @@ from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Severity
-from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, new_kv_args
+from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, new_kv_args, three_mismatch_pair
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
-MULTI = dict(
-    target=PoolSpec(compression_ratios=(4, 128, 0)),
-    draft=PoolSpec(compression_ratios=(0, 4), page_size=64, sliding_window=64),
-    mapping="different",
-)
 
 
 class TestEveryCode(CustomTestCase):
@@ -99,7 +94,7 @@ class TestEveryCode(CustomTestCase):
 
     def test_all_problems_at_once(self) -> None:
         """Three independent problems are all reported, in SGLang's order, in one error."""
-        err = self.assert_guarded(*build_pair(**MULTI), code="DSV4G001")
+        err = self.assert_guarded(*three_mismatch_pair(), code="DSV4G001")
         self.assertEqual([f.code for f in err.findings], ["DSV4G001", "DSV4G004", "DSV4G005"])
         self.assertTrue(all(f.fixes for f in err.findings))
         self.assertEqual(json.loads(err.report.to_json())["findings"][2]["code"], "DSV4G005")
@@ -147,7 +142,7 @@ class TestVerdictAndModes(CustomTestCase):
 
     def test_strict_keeps_sglang_first_line(self) -> None:
         """In strict mode an SGLang failure still leads with SGLang's message."""
-        pair = build_pair(**MULTI)
+        pair = three_mismatch_pair()
         _, host = outcome(UNWRAPPED, *pair)
         sglang_dsv4_guard.install("strict")
         _, guarded = outcome(utils.setup_state_kv_args, *pair)
@@ -158,7 +153,7 @@ class TestVerdictAndModes(CustomTestCase):
         """SGLANG_DSV4_GUARD_LOG_FORMAT=json logs the report as one JSON object."""
         sglang_dsv4_guard.install("on", log_format="json")
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
-            outcome(utils.setup_state_kv_args, *build_pair(**MULTI))
+            outcome(utils.setup_state_kv_args, *three_mismatch_pair())
         payload = json.loads(logs.records[-1].getMessage())
         self.assertEqual([f["code"] for f in payload["findings"]],
                          ["DSV4G001", "DSV4G004", "DSV4G005"])
