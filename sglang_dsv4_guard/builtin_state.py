@@ -14,6 +14,7 @@ from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.context import StateContext
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.releases import HostProfile
 from sglang_dsv4_guard.snapshot import PoolSnapshot, StatePair
 
 _RATIO_SOURCE = {
@@ -152,6 +153,18 @@ def _check_geometry(pair: StatePair, context: StateContext, unified: bool) -> li
     return [_geometry_finding(code, f"{prefix}target={target}, draft={draft}", fields, pair)]
 
 
+def _never_registered(roles: list[str], profile: HostProfile) -> str:
+    where = ", ".join(roles)
+    if profile.mapping_always_set:
+        return (f"no attribute full_to_swa_index_mapping on: {where}; SGLang "
+                f"{profile.version} sets it to None in __init__, so this pool was not built "
+                "by DeepSeekV4TokenToKVPool.__init__ (half-built or foreign); SGLang raises "
+                "AttributeError reading it")
+    return (f"never registered on: {where}; SGLang {profile.version} creates "
+            "full_to_swa_index_mapping only in register_mapping(), so SGLang raises "
+            "AttributeError reading it")
+
+
 def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
     t, d = pair.target.mapping, pair.draft.mapping
     observations = tuple(
@@ -174,8 +187,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
         return []
     details: list[str] = []
     if never:
-        details.append(f"never registered on: {', '.join(never)}; SGLang raises AttributeError "
-                       "reading it (releases before 0.5.22)")
+        details.append(_never_registered(never, context.profile))
     if cmp is not None and t.kind == d.kind == "tensor":
         details.append(f"same storage: {'yes' if cmp.same_storage else 'no'}; "
                        f"same memory layout: {'yes' if cmp.same_layout else 'no'}")

@@ -61,11 +61,21 @@ def is_installed() -> bool:
     return _current is not None
 
 
+_warned: set[str] = set()
+
+
 def _refuse(settings: Settings, reason: str, target: str | None = None) -> Callable[[], bool]:
+    """Strict: raise. Otherwise warn (once per reason and process) and stay inert."""
     error = DSV4GuardInstallError(reason, target)
     if settings.mode.value is Mode.STRICT:
         raise error
-    logger.warning("sglang-dsv4-guard stays inert: %s", reason)
+    with _lock:
+        first = reason not in _warned
+        _warned.add(reason)
+    if first:
+        logger.warning("sglang-dsv4-guard stays inert: %s", reason)
+    else:
+        logger.debug("sglang-dsv4-guard stays inert: %s (already warned)", reason)
     return uninstall
 
 
@@ -114,7 +124,9 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
             return _refuse(chosen, "SGLang is not installed")
         if not is_supported(version):
             return _refuse(chosen, f"SGLang {version} is outside the supported range "
-                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX}")
+                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX}; the guard does not know this "
+                           "release's checks (upgrade sglang-dsv4-guard, or run SGLang "
+                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX})")
         try:
             utils = importlib.import_module(STATE_TARGET.module)
         except Exception as exc:

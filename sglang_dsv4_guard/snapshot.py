@@ -85,7 +85,7 @@ class TensorInfo:
     def describe(self) -> str:
         """One line: id, data_ptr, shape, dtype, device; or why there is no tensor."""
         if self.kind == "missing":
-            return "never registered (the pool has no full_to_swa_index_mapping attribute)"
+            return "missing (the pool has no full_to_swa_index_mapping attribute)"
         if self.kind == "none":
             return "None (no mapping registered)"
         if self.kind == "other":
