@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
+from packaging.version import Version
 
 from sglang_dsv4_guard import Report, hookimpl
 from sglang_dsv4_guard.lifecycle import installation
+from sglang_dsv4_guard.releases import installed_sglang_version
 
 # Captured at import, before any test installs the guard (conftest asserts it is unpatched).
 # Kept inside a dict: the guard rebinds every *module global* that holds the original.
@@ -58,3 +63,53 @@ def outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:
     except Exception as exc:
         return "raised", exc
     return "ok", dict(vars(kv))
+
+
+def fresh_python(code: str, *argv: str, env: dict[str, str] | None = None,
+                 path_first: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter. The guard's and SGLang's plug-in variables are
+    cleared, then ``env`` is applied; ``path_first`` goes first on ``PYTHONPATH``."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SGLANG_DSV4_GUARD", "SGLANG_PLUGINS"))}
+    clean.update(env or {})
+    if path_first is not None:
+        clean["PYTHONPATH"] = os.pathsep.join(filter(None, [path_first,
+                                                            clean.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", code, *argv], env=clean, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+# What each SGLang release does, written down from its sources independently of
+# sglang_dsv4_guard.releases, so the matrix checks that module rather than trusting it.
+def sglang_release() -> Version:
+    """The SGLang release this test process imports."""
+    version = installed_sglang_version()
+    assert version is not None, "SGLang is not installed"
+    return version
+
+
+def checks_request_rows() -> bool:
+    """0.5.23 added the target request window / draft SWA ring size to the geometry."""
+    return sglang_release() >= Version("0.5.23")
+
+
+def geometry_prefix() -> str:
+    """The first words of SGLang's paged-geometry error on this release."""
+    if checks_request_rows():
+        return "DSV4 target and draft pools must share SWA geometry: "
+    return "DSV4 target and draft pools must share paged SWA geometry: "
+
+
+def skips_draft_block_on_npu() -> bool:
+    """0.5.16 and 0.5.17 run the DSV4 draft block only when ``not is_npu()``."""
+    return sglang_release() < Version("0.5.18")
+
+
+def mapping_set_in_init() -> bool:
+    """From 0.5.22 ``__init__`` sets ``full_to_swa_index_mapping = None``."""
+    return sglang_release() >= Version("0.5.22")
+
+
+def mori_send_parameters() -> int:
+    """``MoriKVManager._send_swa_dsa_state``'s parameters, ``self`` included."""
+    return 11 if sglang_release() >= Version("0.5.22") else 8

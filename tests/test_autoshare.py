@@ -32,7 +32,7 @@ class TestAutoshareRule(CustomTestCase):
         sglang_dsv4_guard.install("on", autoshare=True, load_entry_points=False)
         self.recorder = record()
 
-    def test_view_is_shared(self) -> None:
+    def test_g007_view_is_shared(self) -> None:
         """Same storage (a view): shared at INFO, the call succeeds, the draft component is registered."""
         target, draft = build_pair(mapping="view")
         kind, kv = outcome(utils.setup_state_kv_args, target, draft)

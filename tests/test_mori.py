@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 import threading
 from typing import Any
 
 import mori_stub
+from helpers import fresh_python
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -84,7 +83,7 @@ class TestMoriReporting(CustomTestCase):
         sglang_dsv4_guard.uninstall()
         self.assertIs(vars(conn.MoriKVManager)["_send_swa_dsa_state"], _RAW["send"])
 
-    def test_full_report_once_then_short_lines(self) -> None:
+    def test_g006_full_report_once_then_short_lines(self) -> None:
         """First failure logs the report; later ones one line with a running count; all raise."""
         p = mori_stub.peer(conn, "decode-a", decode_tp=4)
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
@@ -169,6 +168,7 @@ import sglang_dsv4_guard
 sglang_dsv4_guard.install("on", load_entry_points=False)
 before = {"conn": "sglang.srt.disaggregation.mori.conn" in sys.modules, "mori": "mori" in sys.modules}
 import mori_stub
+from helpers import fresh_python
 mori_stub.install_stub()
 import sglang.srt.disaggregation.mori.conn as conn
 wrapped = hasattr(vars(conn.MoriKVManager)["_send_swa_dsa_state"], "__sglang_dsv4_guard_original__")
@@ -184,8 +184,7 @@ class TestLazyPatch(CustomTestCase):
 
     def test_fresh_interpreter(self) -> None:
         """Fresh interpreter: not imported at install, wrapped on import, restored, hook gone."""
-        done = subprocess.run([sys.executable, "-c", LAZY_PROBE, os.path.dirname(__file__)],
-                              capture_output=True, text=True, timeout=300, check=False)
+        done = fresh_python(LAZY_PROBE, os.path.dirname(__file__))
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         result = json.loads(done.stdout.strip().splitlines()[-1])
         self.assertEqual(result, {"before": {"conn": False, "mori": False}, "wrapped": True,

@@ -46,7 +46,7 @@ def _install_with(*plugins: object) -> None:
 class TestThirdPartyPlugins(CustomTestCase):
     """A broken plug-in becomes a DSV4G090 finding; SGLang's verdict stands."""
 
-    def test_raising_plugin_on_passing_pair(self) -> None:
+    def test_g090_raising_plugin_on_passing_pair(self) -> None:
         """A check that raises does not fail a pair SGLang accepts (mode on)."""
         pair = build_pair()
         expected = outcome(UNWRAPPED, *pair)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
+from helpers import fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -32,11 +30,7 @@ print(json.dumps({
 
 def run_probe(**env: str) -> tuple[dict[str, bool], str]:
     """Run PROBE with only the given guard/SGLang variables set; return its JSON and stderr."""
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("SGLANG_DSV4_GUARD", "SGLANG_PLUGINS"))}
-    clean.update(env)
-    done = subprocess.run([sys.executable, "-c", PROBE], env=clean, capture_output=True,
-                          text=True, timeout=300, check=False)
+    done = fresh_python(PROBE, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 

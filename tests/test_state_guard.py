@@ -8,7 +8,16 @@ import logging
 import sglang.srt.disaggregation.decode as decode
 import sglang.srt.disaggregation.prefill as prefill
 import sglang.srt.disaggregation.utils as utils
-from helpers import UNWRAPPED, outcome, raw_setup_state_kv_args, record
+from helpers import (
+    UNWRAPPED,
+    geometry_prefix,
+    mapping_set_in_init,
+    outcome,
+    raw_setup_state_kv_args,
+    record,
+    sglang_release,
+)
+from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -85,12 +94,15 @@ class TestEveryCode(CustomTestCase):
         err = self.assert_guarded(*build_pair(mapping="none"), code="DSV4G004")
         self.assertIn("None", str(err.findings[0].value("draft pool")))
 
-    def test_g005_release_field_set(self) -> None:
-        """DSV4G005 uses the installed release's geometry fields and exact message."""
-        err = self.assert_guarded(*build_pair(draft=PoolSpec(swa_req_ring_size=256)),
+    def test_g005_page_size_and_window(self) -> None:
+        """DSV4G005 shows the installed release's geometry tuple and its exact first line."""
+        err = self.assert_guarded(*build_pair(draft=PoolSpec(page_size=64, sliding_window=64)),
                                   code="DSV4G005")
-        self.assertTrue(str(err).startswith("DSV4 target and draft pools must share SWA geometry"))
-        self.assertEqual(err.findings[0].value("draft pool", "swa_req_ring_size"), 256)
+        self.assertTrue(str(err).startswith(geometry_prefix()), str(err))
+        finding = err.findings[0]
+        self.assertEqual(finding.value("draft pool", "page_size"), 64)
+        self.assertEqual(finding.value("target pool", "sliding_window"), 128)
+        self.assertIn("--page-size", finding.observations[0].source)
 
     def test_all_problems_at_once(self) -> None:
         """Three independent problems are all reported, in SGLang's order, in one error."""
@@ -101,14 +113,21 @@ class TestEveryCode(CustomTestCase):
         self.assertEqual(self.recorder.codes, ["DSV4G001", "DSV4G004", "DSV4G005"])
 
     def test_g010_half_built_pool_keeps_attribute_error(self) -> None:
-        """A never-registered mapping: SGLang's AttributeError rises unchanged, with notes."""
+        """No mapping attribute: SGLang's AttributeError rises unchanged, with notes that say
+        what a missing attribute means on this release."""
         pair = build_pair(mapping="missing")
         _, host = outcome(UNWRAPPED, *pair)
         self.assertIsInstance(host, AttributeError)
         _, guarded = outcome(utils.setup_state_kv_args, *pair)
         self.assertIs(type(guarded), AttributeError)
         self.assertEqual(str(guarded), str(host))
-        self.assertIn("never registered", "\n".join(guarded.__notes__))
+        notes = "\n".join(guarded.__notes__)
+        if mapping_set_in_init():
+            self.assertIn("sets it to None in __init__, so this pool was not built", notes)
+        else:
+            self.assertIn("never registered on: draft pool", notes)
+            self.assertIn("only in register_mapping()", notes)
+        self.assertIn(f"SGLang {sglang_release()}", notes)
         self.assertIn("DSV4G004", guarded.dsv4_guard_report.codes)
 
 
@@ -166,6 +185,29 @@ class TestVerdictAndModes(CustomTestCase):
         recorder = record()
         self.assertEqual(outcome(utils.setup_state_kv_args, target), expected)
         self.assertEqual(recorder.reports, [])
+
+    def test_g099_pool_changed_under_the_guard(self) -> None:
+        """A pool whose ratios change after the guard read them: SGLang raises on what it
+        reads, the guard says it predicted otherwise (DSV4G099) and SGLang's line leads."""
+        target, draft = build_pair()
+        draft.__class__ = _Drifting
+        sglang_dsv4_guard.install("on")
+        _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIsInstance(guarded, DSV4GuardError)
+        self.assertEqual(str(guarded).splitlines()[0],
+                         "DSV4 draft state transfer expects SWA-only NextN layers")
+        [finding] = guarded.findings
+        self.assertEqual((finding.code, finding.severity), ("DSV4G099", Severity.WARNING))
+        self.assertEqual(finding.details[1], "guard predicted: acceptance")
+
+
+class _Drifting(DeepSeekV4TokenToKVPool):  # type: ignore[misc]
+    """A draft pool whose compression ratios change after the first read (a racing pool)."""
+
+    @property
+    def compression_ratios(self) -> list[int]:
+        self.reads = getattr(self, "reads", 0) + 1
+        return [0] if self.reads == 1 else [0, 4]
 
 
 class TestInstallUninstall(CustomTestCase):

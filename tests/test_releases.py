@@ -1,0 +1,208 @@
+"""Release by release: the guard follows what the installed SGLang does, not the newest.
+
+``make test`` runs this whole suite once per release in ``matrix.txt``. The facts each
+test expects come from the releases' sources (``helpers``), not from ``releases.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+import mori_stub
+import sglang
+import sglang.srt.disaggregation.utils as utils
+from helpers import (
+    UNWRAPPED,
+    checks_request_rows,
+    fresh_python,
+    geometry_prefix,
+    mapping_set_in_init,
+    mori_send_parameters,
+    outcome,
+    raw_setup_state_kv_args,
+    record,
+    sglang_release,
+    skips_draft_block_on_npu,
+)
+from packaging.version import Version
+from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, is_supported, profile_for
+from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, three_mismatch_pair
+
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+
+MATRIX_RELEASE = "DSV4_GUARD_MATRIX_RELEASE"
+
+
+class TestInstalledRelease(CustomTestCase):
+    """The process imports the release the matrix asked for, and the guard's table fits it."""
+
+    def test_imported_release_is_the_one_asked_for(self) -> None:
+        """Metadata, imported code and the matrix line agree (a wrong PYTHONPATH would make
+        every release test the base one)."""
+        asked = os.environ.get(MATRIX_RELEASE)
+        if asked is None:
+            self.assertFalse(os.environ.get("CI"), f"CI runs the suite through tools/matrix.py, "
+                             f"which sets {MATRIX_RELEASE}")
+            asked = str(sglang_release())
+        self.assertEqual(sglang_release(), Version(asked))
+        dist = Path(sglang.__file__).resolve().parent.parent
+        self.assertTrue((dist / f"sglang-{asked}.dist-info").is_dir(),
+                        f"sglang imported from {dist}, which has no sglang-{asked}.dist-info")
+        self.assertTrue(is_supported(sglang_release()))
+
+    def test_profile_matches_installed_source(self) -> None:
+        """Each field of the guard's profile for this release is what the installed source
+        does: geometry message, NPU condition, mapping set in ``__init__``."""
+        profile = profile_for(sglang_release())
+        state_source = inspect.getsource(raw_setup_state_kv_args())
+        self.assertIn(profile.paged_geometry_prefix.strip(), state_source)
+        self.assertEqual(profile.npu_gate, "not is_npu()" in state_source)
+        self.assertEqual(profile.npu_gate, skips_draft_block_on_npu())
+        init_source = inspect.getsource(DeepSeekV4TokenToKVPool.__init__)
+        self.assertEqual(profile.mapping_always_set,
+                         "self.full_to_swa_index_mapping = None" in init_source)
+        self.assertEqual(profile.mapping_always_set, mapping_set_in_init())
+        self.assertEqual(len(profile.paged_geometry), 3 if checks_request_rows() else 2)
+
+
+class TestReleaseBehaviour(CustomTestCase):
+    """Through the real function: what differs between releases is predicted right."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.recorder = record()
+
+    def test_g005_request_rows_follow_release(self) -> None:
+        """A different draft SWA ring size: DSV4G005 from 0.5.23 on (its own first line);
+        accepted, and nothing reported about it, before."""
+        pair = build_pair(draft=PoolSpec(swa_req_ring_size=256))
+        host = outcome(UNWRAPPED, *pair)
+        guarded = outcome(utils.setup_state_kv_args, *pair)
+        if checks_request_rows():
+            self.assertEqual(host[0], "raised")
+            self.assertTrue(str(host[1]).startswith(geometry_prefix()))
+            self.assertIsInstance(guarded[1], DSV4GuardError)
+            self.assertEqual(str(guarded[1]).splitlines()[0], str(host[1]))
+            finding = guarded[1].findings[0]
+            self.assertEqual(finding.code, "DSV4G005")
+            self.assertEqual(finding.value("draft pool", "swa_req_ring_size"), 256)
+            self.assertIsNone(finding.value("target pool", "request_window.capacity"))
+        else:
+            self.assertEqual(host[0], "ok")
+            self.assertEqual(guarded, host)
+            self.assertEqual(self.recorder.codes, [])
+
+    def test_npu_condition_follows_release(self) -> None:
+        """On NPU, 0.5.16-0.5.17 skip the draft block (both accept a mismatched pair, nothing
+        is reported); later releases check it (both raise, with the full report)."""
+        pair = three_mismatch_pair()
+        with mock.patch.object(utils, "is_npu", return_value=True), \
+                mock.patch.object(utils, "DSV4NPUTokenToKVPool", _OtherPool, create=True):
+            host = outcome(UNWRAPPED, *pair)
+            guarded = outcome(utils.setup_state_kv_args, *pair)
+        if skips_draft_block_on_npu():
+            self.assertEqual(host[0], "ok")
+            self.assertEqual(guarded, host)
+            self.assertEqual(self.recorder.reports, [])
+        else:
+            self.assertEqual(host[0], "raised")
+            self.assertIsInstance(guarded[1], DSV4GuardError)
+            self.assertEqual(str(guarded[1]).splitlines()[0], str(host[1]))
+            self.assertEqual(self.recorder.codes, ["DSV4G001", "DSV4G004", "DSV4G005"])
+
+    def test_mori_signature_follows_release(self) -> None:
+        """The send method has this release's parameters; the wrapper binds them by name and
+        reads the peer's TP and the state type right."""
+        mori_stub.install_stub()
+        import sglang.srt.disaggregation.mori.conn as conn
+
+        send = conn.MoriKVManager._send_swa_dsa_state
+        self.assertEqual(len(inspect.signature(send).parameters), mori_send_parameters())
+        mgr = mori_stub.manager(conn, attn_tp=8)
+        p = mori_stub.peer(conn, "decode-x", decode_tp=2)
+        logging.getLogger("sglang_dsv4_guard").disabled = True
+        try:
+            with self.assertRaises(DSV4GuardError) as caught:
+                send(mgr, *mori_stub.send_args(conn, p, "swa"))
+        finally:
+            logging.getLogger("sglang_dsv4_guard").disabled = False
+        finding = caught.exception.findings[0]
+        self.assertEqual(finding.code, "DSV4G006")
+        self.assertEqual(finding.value("decode", "decode_tp_size"), 2)
+        self.assertEqual(finding.value("prefill", "attn_tp_size"), 8)
+
+
+class _OtherPool:
+    """Stands in for the Ascend pool class, absent on CPU: no pool here is one."""
+
+
+OUT_OF_RANGE_PROBE = r"""
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from sglang.srt.plugins import load_plugins
+load_plugins()
+load_plugins()
+import sglang_dsv4_guard
+print(json.dumps({"installed": sglang_dsv4_guard.is_installed()}))
+"""
+
+DOCTOR = "from sglang_dsv4_guard.cli import main; raise SystemExit(main(['doctor']))"
+
+
+def _release_metadata(directory: str, version: str) -> str:
+    """A directory whose ``sglang-<version>.dist-info`` makes importlib.metadata report
+    ``version`` for SGLang (the code imported stays the matrix release's)."""
+    info = Path(directory, f"sglang-{version}.dist-info")
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    return directory
+
+
+class TestOutsideTheRange(CustomTestCase):
+    """Outside 0.5.16-0.5.23 the guard warns once and stays inert, or refuses in strict."""
+
+    def test_warns_once_and_stays_inert(self) -> None:
+        """0.5.15 and 0.5.24: one warning naming the release and the range; not installed."""
+        for version in ("0.5.15", "0.5.24"):
+            with self.subTest(version=version), tempfile.TemporaryDirectory() as tmp:
+                done = fresh_python(OUT_OF_RANGE_PROBE, env={"SGLANG_DSV4_GUARD": "1"},
+                                    path_first=_release_metadata(tmp, version))
+                self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+                self.assertEqual(json.loads(done.stdout.splitlines()[-1]), {"installed": False})
+                warning = (f"stays inert: SGLang {version} is outside the supported range "
+                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX}")
+                self.assertEqual(done.stderr.count(warning), 1, done.stderr[-3000:])
+
+    def test_strict_refuses_to_start(self) -> None:
+        """Strict mode: the scheduler process stops with the reason (SystemExit)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            done = fresh_python(OUT_OF_RANGE_PROBE, env={"SGLANG_DSV4_GUARD": "strict"},
+                                path_first=_release_metadata(tmp, "0.5.15"))
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("sglang-dsv4-guard (strict mode) refused to start: SGLang 0.5.15 is "
+                      "outside the supported range", done.stderr)
+        self.assertNotIn('"installed"', done.stdout)
+
+    def test_doctor_reports_the_release(self) -> None:
+        """``sglang-dsv4-guard doctor`` names the installed release and whether it is supported."""
+        inside = fresh_python(DOCTOR)
+        self.assertIn(f"SGLang: {sglang_release()} (supported; range {SUPPORTED_MIN} to "
+                      f"{SUPPORTED_MAX})", inside.stdout)
+        self.assertEqual(inside.returncode, 0, inside.stdout + inside.stderr[-2000:])
+        with tempfile.TemporaryDirectory() as tmp:
+            outside = fresh_python(DOCTOR, path_first=_release_metadata(tmp, "0.5.24"))
+        self.assertIn("SGLang: 0.5.24 (NOT supported; range", outside.stdout)
+        self.assertEqual(outside.returncode, 1)
