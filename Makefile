@@ -4,8 +4,14 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-SGLANG_VERSION ?= 0.5.23
+# The base release: the one matrix.txt installs in the venv itself (its line says "-").
+SGLANG_VERSION ?= $(shell awk '$$1 !~ /^#/ && $$2 == "-" {print $$1}' matrix.txt)
 STAMP := $(VENV)/.setup-$(SGLANG_VERSION)
+# `make test` runs the suite once per release in matrix.txt (tools/matrix.py), with the
+# CI hypothesis profile (2,000 examples per property). For a quicker local loop:
+#   make test HYPOTHESIS_PROFILE=dev RELEASES=0.5.23
+export HYPOTHESIS_PROFILE ?= ci
+RELEASES ?=
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
 .PHONY: setup demo test lint bench clean
@@ -24,14 +30,15 @@ demo: $(STAMP)
 	$(VENV)/bin/sglang-dsv4-guard demo
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) tools/matrix.py $(if $(RELEASES),--releases $(RELEASES))
 
 lint: $(STAMP)
-	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks
+	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks tools
 	$(PY) -m mypy
+	$(PY) -m mypy --strict tools/matrix.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .matrix .pytest_cache .mypy_cache .ruff_cache .hypothesis

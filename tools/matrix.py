@@ -1,0 +1,253 @@
+"""Run the whole test suite against every SGLang release in ``matrix.txt``.
+
+One environment serves every release: the venv holds the base release (installed by
+``make setup``); each other release is its wheel unzipped into ``.matrix/<release>/site``
+plus an overlay of the libraries it pins, both put first on ``PYTHONPATH``. Each release
+gets its own pytest process, JUnit report and log under ``.matrix/``.
+
+A release fails when a test fails, errors or skips (a test that cannot run is a failure
+here), when a property test drew fewer examples than the hypothesis profile asks for, or
+when some finding code in the guard's catalogue has no passing test on it. The summary
+table is printed and written to ``.matrix/summary.md``.
+
+Usage: ``python tools/matrix.py [--releases 0.5.16,0.5.23] [--prepare-only] [-- PYTEST-ARGS]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX_FILE = ROOT / "matrix.txt"
+WORK = ROOT / ".matrix"
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+# The hypothesis profiles of tests/conftest.py and the examples each asks for.
+PROFILE_EXAMPLES = {"dev": 200, "ci": 2000}
+
+
+@dataclass(frozen=True)
+class Release:
+    """One line of matrix.txt."""
+
+    version: str
+    overlay: tuple[str, ...]
+    line: str
+
+    @property
+    def home(self) -> Path:
+        return WORK / self.version
+
+
+@dataclass
+class Result:
+    """What one release's pytest run produced."""
+
+    release: Release
+    returncode: int = 0
+    tests: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    examples: dict[str, int] = field(default_factory=dict)
+    codes_missing: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def read_matrix(path: Path = MATRIX_FILE) -> list[Release]:
+    """The releases of ``path``; a malformed line stops the run and names the line."""
+    releases = []
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        version, *overlay = line.split()
+        if not re.fullmatch(r"\d+(\.\d+)+(\.post\d+)?", version):
+            sys.exit(f"{path.name}:{number}: {version!r} is not a release number like 0.5.23")
+        if overlay == ["-"]:
+            overlay = []
+        elif "-" in overlay:
+            sys.exit(f"{path.name}:{number}: '-' (no overlay) cannot be mixed with requirements")
+        releases.append(Release(version, tuple(overlay), line))
+    if not releases:
+        sys.exit(f"{path.name}: no releases listed")
+    return releases
+
+
+def base_version() -> str | None:
+    """The SGLang release installed in this interpreter's own environment."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def is_base(release: Release) -> bool:
+    return not release.overlay and release.version == base_version()
+
+
+def prepare(release: Release) -> list[str]:
+    """The ``PYTHONPATH`` entries that make ``release`` the imported SGLang (built once)."""
+    if is_base(release):
+        return []
+    if not release.overlay and release.version != base_version():
+        sys.exit(f"matrix.txt: {release.version} has no overlay ('-') but the venv holds "
+                 f"sglang {base_version()}; give it an overlay line or make it the base release")
+    stamp = release.home / ".ready"
+    digest = hashlib.sha256(release.line.encode()).hexdigest()
+    site, overlay = release.home / "site", release.home / "overlay"
+    if not (stamp.exists() and stamp.read_text() == digest):
+        print(f"matrix: preparing SGLang {release.version} in {release.home}", flush=True)
+        shutil.rmtree(release.home, ignore_errors=True)
+        wheels = WORK / "wheels"
+        subprocess.run([*PIP, "download", "--no-deps", "--only-binary=:all:",
+                        f"sglang=={release.version}", "-d", str(wheels)], check=True)
+        [wheel] = sorted(wheels.glob(f"sglang-{release.version}-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(site)
+        subprocess.run([*PIP, "install", "--no-deps", "--target", str(overlay),
+                        *release.overlay], check=True)
+        stamp.write_text(digest)
+    return [str(overlay), str(site)]
+
+
+def _examples(log: str) -> dict[str, int]:
+    """Passing examples per property test, from ``--hypothesis-show-statistics`` output."""
+    counts: dict[str, int] = {}
+    test = None
+    for line in log.splitlines():
+        if line.startswith("tests/") and line.rstrip().endswith(":"):
+            test = line.strip()[:-1].rsplit("::", 1)[-1]
+            counts[test] = 0
+        elif test is not None and (m := re.search(r"- (\d+) passing", line)):
+            counts[test] += int(m.group(1))
+    return counts
+
+
+def _passing_codes(junit: Path) -> set[str]:
+    """Codes (``DSV4G006``) with at least one passing test named ``test_g006_...``."""
+    codes = set()
+    for case in ET.parse(junit).iter("testcase"):
+        if any(child.tag in ("failure", "error", "skipped") for child in case):
+            continue
+        if m := re.match(r"test_g(\d{3})_", case.get("name", "")):
+            codes.add(f"DSV4G{m.group(1)}")
+    return codes
+
+
+def catalogue() -> list[str]:
+    from sglang_dsv4_guard.codes import CODES
+
+    return sorted(CODES)
+
+
+def run(release: Release, pytest_args: list[str], profile: str) -> Result:
+    """Run pytest for ``release`` in its own process and judge the outcome."""
+    result = Result(release)
+    paths = prepare(release)
+    out = WORK / "reports"
+    out.mkdir(parents=True, exist_ok=True)
+    junit, log_path = out / f"{release.version}.xml", out / f"{release.version}.log"
+    env = dict(os.environ, DSV4_GUARD_MATRIX_RELEASE=release.version,
+               HYPOTHESIS_PROFILE=profile)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
+    command = [sys.executable, "-m", "pytest", f"--junitxml={junit}",
+               "--hypothesis-show-statistics", *pytest_args]
+    print(f"\n===== SGLang {release.version}: {' '.join(command[2:])}", flush=True)
+    start = time.monotonic()
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc, \
+            log_path.open("w") as log:
+        assert proc.stdout is not None
+        captured = []
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+            captured.append(line)
+    result.seconds = time.monotonic() - start
+    result.returncode = proc.returncode
+    if proc.returncode != 0:
+        result.problems.append(f"pytest exited with {proc.returncode}")
+    if not junit.exists():
+        result.problems.append("no JUnit report written")
+        return result
+    for case in ET.parse(junit).iter("testcase"):
+        outcomes = {child.tag for child in case}
+        result.tests += 1
+        result.failed += bool(outcomes & {"failure", "error"})
+        result.skipped += "skipped" in outcomes
+    if result.skipped:
+        result.problems.append(f"{result.skipped} test(s) skipped: a test that cannot run fails")
+    result.examples = _examples("".join(captured))
+    wanted = PROFILE_EXAMPLES.get(profile)
+    for test, count in result.examples.items():
+        if wanted is not None and count < wanted:
+            result.problems.append(f"{test} drew {count} examples, profile {profile} asks {wanted}")
+    if not pytest_args:  # a partial run (-k, a file) cannot be expected to cover every code
+        result.codes_missing = sorted(set(catalogue()) - _passing_codes(junit))
+        if result.codes_missing:
+            result.problems.append("no passing test reproduces " + ", ".join(result.codes_missing))
+    return result
+
+
+def summary(results: list[Result], profile: str, total: float) -> str:
+    lines = [
+        f"SGLang test matrix (hypothesis profile {profile}); {total:.0f} s in all",
+        "",
+        "| release | tests | failed | skipped | property examples | codes | seconds | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        examples = ", ".join(f"{name} {n}" for name, n in r.examples.items()) or "-"
+        codes = "all" if not r.codes_missing else "missing " + ", ".join(r.codes_missing)
+        verdict = "ok" if r.ok else "FAILED: " + "; ".join(r.problems)
+        lines.append(f"| {r.release.version} | {r.tests} | {r.failed} | {r.skipped} | "
+                     f"{examples} | {codes} | {r.seconds:.0f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--releases", help="comma-separated subset of matrix.txt")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="unzip wheels and build overlays, run nothing")
+    parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
+    args = parser.parse_args(argv)
+    releases = read_matrix()
+    if args.releases:
+        wanted = [v.strip() for v in args.releases.split(",") if v.strip()]
+        unknown = sorted(set(wanted) - {r.version for r in releases})
+        if unknown:
+            parser.error(f"--releases: {', '.join(unknown)} not in matrix.txt "
+                         f"(listed: {', '.join(r.version for r in releases)})")
+        releases = [r for r in releases if r.version in wanted]
+    if args.prepare_only:
+        for release in releases:
+            prepare(release)
+        return 0
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "dev")
+    start = time.monotonic()
+    results = [run(release, args.pytest_args, profile) for release in releases]
+    table = summary(results, profile, time.monotonic() - start)
+    (WORK / "summary.md").write_text(table + "\n")
+    print("\n" + table)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
