@@ -130,8 +130,9 @@ CODES: dict[str, CodeInfo] = {
             None,
             "A pool lacks an attribute the check reads (a half-built or foreign pool). "
             "SGLang raises AttributeError for it; the guard names the attribute.",
-            ("check the code that built the pool; every DeepSeekV4TokenToKVPool "
-             "attribute SGLang reads is listed in the finding",),
+            ("check the code that built the pool: DeepSeekV4TokenToKVPool.__init__ sets "
+             "every attribute SGLang reads here, a pool built another way must set the one "
+             "named above",),
         ),
         CodeInfo(
             "DSV4G090",

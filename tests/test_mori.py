@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -29,9 +30,13 @@ STATE_TYPES = ("swa", "dsa", "qsa_pending", "qsa_compressed", "swa_ring", "c128_
                "minimax_index_k", "minimax_dense_kv")
 
 
-def call(fn: Any, mgr: Any, p: Any, state_type: str) -> tuple[str, Any]:
+def call(fn: Any, mgr: Any, p: Any, state_type: str, by_keyword: bool = False) -> tuple[str, Any]:
+    args = mori_stub.send_args(conn, p, state_type)
     try:
-        return "ok", fn(mgr, *mori_stub.send_args(conn, p, state_type))
+        if by_keyword:
+            names = list(inspect.signature(_RAW["send"]).parameters)[1:]
+            return "ok", fn(mgr, **dict(zip(names, args, strict=True)))
+        return "ok", fn(mgr, *args)
     except Exception as exc:
         return "raised", exc
 
@@ -43,19 +48,21 @@ def guarded(mgr: Any, p: Any, state_type: str) -> tuple[str, Any]:
 class TestMoriParity(CustomTestCase):
     """The wrapped send path reaches SGLang's verdict on every drawn configuration."""
 
-    @given(state_type=st.sampled_from(STATE_TYPES), mla=st.booleans(),
-           attn_tp=st.sampled_from([1, 2, 4, 8]), decode_tp=st.sampled_from([1, 2, 4, 8]),
-           pp=st.sampled_from([1, 2]))
+    @given(state_type=st.one_of(st.sampled_from(STATE_TYPES), st.text(max_size=12)),
+           mla=st.booleans(), attn_tp=st.integers(1, 64), decode_tp=st.integers(1, 64),
+           same_tp=st.booleans(), pp=st.integers(1, 4), by_keyword=st.booleans())
     def test_parity(self, state_type: str, mla: bool, attn_tp: int, decode_tp: int,
-                    pp: int) -> None:
-        """Same outcome and first line; DSV4G006 exactly when SGLang's TP check fires."""
+                    same_tp: bool, pp: int, by_keyword: bool) -> None:
+        """Same outcome and first line, positional or keyword call, any TP sizes and state
+        type (known or not); DSV4G006 exactly when SGLang's TP check fires."""
+        decode_tp = attn_tp if same_tp else decode_tp
         mgr = mori_stub.manager(conn, attn_tp=attn_tp, mla=mla, pp=pp)
         p = mori_stub.peer(conn, decode_tp=decode_tp)
-        expected = call(_RAW["send"], mgr, p, state_type)
+        expected = call(_RAW["send"], mgr, p, state_type, by_keyword)
         sglang_dsv4_guard.install("on", load_entry_points=False)
         logging.getLogger("sglang_dsv4_guard").disabled = True
         try:
-            actual = guarded(mgr, p, state_type)
+            actual = call(conn.MoriKVManager._send_swa_dsa_state, mgr, p, state_type, by_keyword)
         finally:
             logging.getLogger("sglang_dsv4_guard").disabled = False
             sglang_dsv4_guard.uninstall()
@@ -89,6 +96,7 @@ class TestMoriReporting(CustomTestCase):
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
             errors = [guarded(self.mgr, p, "swa")[1] for _ in range(3)]
         self.assertTrue(all(isinstance(e, DSV4GuardError) for e in errors))
+        self.assertEqual({f.code for e in errors for f in e.findings}, {"DSV4G006"})
         self.assertEqual(errors[0].findings[0].value("decode", "decode_tp_size"), 4)
         self.assertEqual(len(logs.records), 3)
         self.assertIn("prefill attn_tp_size", logs.records[0].getMessage())

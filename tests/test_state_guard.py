@@ -112,7 +112,23 @@ class TestEveryCode(CustomTestCase):
         self.assertEqual(json.loads(err.report.to_json())["findings"][2]["code"], "DSV4G005")
         self.assertEqual(self.recorder.codes, ["DSV4G001", "DSV4G004", "DSV4G005"])
 
-    def test_g010_half_built_pool_keeps_attribute_error(self) -> None:
+    def test_g010_half_built_pool_names_the_attribute(self) -> None:
+        """A draft pool without ``page_size``: SGLang's AttributeError rises unchanged, and
+        the notes name the pool and the attribute (DSV4G010)."""
+        target, draft = build_pair()
+        del draft.page_size
+        _, host = outcome(UNWRAPPED, target, draft)
+        self.assertIsInstance(host, AttributeError)
+        _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIs(type(guarded), AttributeError)
+        self.assertEqual(str(guarded), str(host))
+        [finding] = guarded.dsv4_guard_report.findings
+        self.assertEqual(finding.code, "DSV4G010")
+        self.assertTrue(finding.subject.startswith("draft pool ("), finding.subject)
+        self.assertIn("the draft pool has no readable attribute 'page_size'",
+                      "\n".join(guarded.__notes__))
+
+    def test_g004_never_registered_mapping_keeps_attribute_error(self) -> None:
         """No mapping attribute: SGLang's AttributeError rises unchanged, with notes that say
         what a missing attribute means on this release."""
         pair = build_pair(mapping="missing")
