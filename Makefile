@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(PY) -m mypy --strict tools/matrix.py
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_overhead.py
+	$(PY) tools/matrix.py --script benchmarks/bench_overhead.py $(if $(RELEASES),--releases $(RELEASES))
 
 clean:
 	rm -rf $(VENV) .matrix .pytest_cache .mypy_cache .ruff_cache .hypothesis

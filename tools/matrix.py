@@ -10,7 +10,8 @@ here), when a property test drew fewer examples than the hypothesis profile asks
 when some finding code in the guard's catalogue has no passing test on it. The summary
 table is printed and written to ``.matrix/summary.md``.
 
-Usage: ``python tools/matrix.py [--releases 0.5.16,0.5.23] [--prepare-only] [-- PYTEST-ARGS]``
+Usage: ``python tools/matrix.py [--releases 0.5.16,0.5.23] [--prepare-only]
+[--script benchmarks/bench_overhead.py] [-- ARGS]``
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Result:
     skipped: int = 0
     seconds: float = 0.0
     examples: dict[str, int] = field(default_factory=dict)
-    codes_missing: list[str] = field(default_factory=list)
+    codes_missing: list[str] | None = None  # None: not checked (a partial run)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -126,6 +127,14 @@ def prepare(release: Release) -> list[str]:
     return [str(overlay), str(site)]
 
 
+def release_env(release: Release, **extra: str) -> dict[str, str]:
+    """This process's environment, with ``release`` first on ``PYTHONPATH``."""
+    paths = prepare(release)
+    env = dict(os.environ, DSV4_GUARD_MATRIX_RELEASE=release.version, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def _examples(log: str) -> dict[str, int]:
     """Passing examples per property test, from ``--hypothesis-show-statistics`` output."""
     counts: dict[str, int] = {}
@@ -159,13 +168,10 @@ def catalogue() -> list[str]:
 def run(release: Release, pytest_args: list[str], profile: str) -> Result:
     """Run pytest for ``release`` in its own process and judge the outcome."""
     result = Result(release)
-    paths = prepare(release)
+    env = release_env(release, HYPOTHESIS_PROFILE=profile)
     out = WORK / "reports"
     out.mkdir(parents=True, exist_ok=True)
     junit, log_path = out / f"{release.version}.xml", out / f"{release.version}.log"
-    env = dict(os.environ, DSV4_GUARD_MATRIX_RELEASE=release.version,
-               HYPOTHESIS_PROFILE=profile)
-    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
     command = [sys.executable, "-m", "pytest", f"--junitxml={junit}",
                "--hypothesis-show-statistics", *pytest_args]
     print(f"\n===== SGLang {release.version}: {' '.join(command[2:])}", flush=True)
@@ -214,7 +220,9 @@ def summary(results: list[Result], profile: str, total: float) -> str:
     ]
     for r in results:
         examples = ", ".join(f"{name} {n}" for name, n in r.examples.items()) or "-"
-        codes = "all" if not r.codes_missing else "missing " + ", ".join(r.codes_missing)
+        codes = ("not checked (partial run)" if r.codes_missing is None
+                 else "missing " + ", ".join(r.codes_missing) if r.codes_missing
+                 else f"all {len(catalogue())}")
         verdict = "ok" if r.ok else "FAILED: " + "; ".join(r.problems)
         lines.append(f"| {r.release.version} | {r.tests} | {r.failed} | {r.skipped} | "
                      f"{examples} | {codes} | {r.seconds:.0f} | {verdict} |")
@@ -226,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--releases", help="comma-separated subset of matrix.txt")
     parser.add_argument("--prepare-only", action="store_true",
                         help="unzip wheels and build overlays, run nothing")
-    parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
+    parser.add_argument("--script", help="run this Python script per release instead of pytest")
+    parser.add_argument("pytest_args", nargs="*", help="passed to pytest or --script (after --)")
     args = parser.parse_args(argv)
     releases = read_matrix()
     if args.releases:
@@ -240,6 +249,17 @@ def main(argv: list[str] | None = None) -> int:
         for release in releases:
             prepare(release)
         return 0
+    if args.script:
+        failed = []
+        for release in releases:
+            print(f"\n===== SGLang {release.version}: {args.script}", flush=True)
+            done = subprocess.run([sys.executable, args.script, *args.pytest_args], cwd=ROOT,
+                                  env=release_env(release), check=False)
+            if done.returncode:
+                failed.append(release.version)
+        if failed:
+            print(f"matrix: {args.script} failed on {', '.join(failed)}")
+        return 1 if failed else 0
     profile = os.environ.get("HYPOTHESIS_PROFILE", "dev")
     start = time.monotonic()
     results = [run(release, args.pytest_args, profile) for release in releases]
