@@ -148,8 +148,9 @@ CODES: dict[str, CodeInfo] = {
             "the guard disagrees with SGLang",
             None,
             "The guard's prediction of SGLang's verdict differs from what SGLang did. "
-            "SGLang's verdict stands; this is a guard bug. Please report it with the "
-            "JSON report.",
+            "SGLang's verdict stands. Either a pool changed between the guard's read and "
+            "SGLang's (a computed property, another thread), or this is a guard bug: "
+            "please report it with the JSON report.",
             ("report it; set SGLANG_DSV4_GUARD=0 if it is in your way",),
         ),
     )
