@@ -172,6 +172,7 @@ def run(release: Release, pytest_args: list[str], profile: str) -> Result:
     out = WORK / "reports"
     out.mkdir(parents=True, exist_ok=True)
     junit, log_path = out / f"{release.version}.xml", out / f"{release.version}.log"
+    junit.unlink(missing_ok=True)  # never judge a run by an earlier run's report
     command = [sys.executable, "-m", "pytest", f"--junitxml={junit}",
                "--hypothesis-show-statistics", *pytest_args]
     print(f"\n===== SGLang {release.version}: {' '.join(command[2:])}", flush=True)
