@@ -92,7 +92,8 @@ class TestJudging(CustomTestCase):
     def test_examples_summed_over_phases(self) -> None:
         """Passing examples are summed per test over reuse and generate phases."""
         self.assertEqual(matrix._examples(STATISTICS),
-                         {"test_parity": 2000, "test_other_rejections_unchanged": 512})
+                         {"test_mori::test_parity": 2000,
+                          "test_autoshare::test_other_rejections_unchanged": 512})
 
     def test_only_passing_gnnn_tests_count(self) -> None:
         """A code counts as reproduced only through a passing test named test_gNNN_."""

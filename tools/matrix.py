@@ -141,7 +141,8 @@ def _examples(log: str) -> dict[str, int]:
     test = None
     for line in log.splitlines():
         if line.startswith("tests/") and line.rstrip().endswith(":"):
-            test = line.strip()[:-1].rsplit("::", 1)[-1]
+            parts = line.strip()[:-1].split("::")  # tests/test_mori.py::Class::test_x
+            test = f"{Path(parts[0]).stem}::{parts[-1]}"
             counts[test] = 0
         elif test is not None and (m := re.search(r"- (\d+) passing", line)):
             counts[test] += int(m.group(1))
