@@ -23,23 +23,28 @@ from sglang_dsv4_guard.codes import CODES, docs_url
 __all__ = ["main"]
 
 
-def _doctor(_: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.manager import build_plugins
+def _release_line() -> tuple[str, bool]:
+    """``SGLang: 0.5.20 (supported; range 0.5.16 to 0.5.23)`` and whether it is supported."""
     from sglang_dsv4_guard.releases import (
         SUPPORTED_MAX,
         SUPPORTED_MIN,
         installed_sglang_version,
         is_supported,
     )
-    from sglang_dsv4_guard.settings import settings_from_env
 
-    ok = True
     version = installed_sglang_version()
     supported = version is not None and is_supported(version)
-    ok &= supported
-    print(f"SGLang: {version or 'not installed'} "
-          f"({'supported' if supported else 'NOT supported'}; range {SUPPORTED_MIN} to "
-          f"{SUPPORTED_MAX})")
+    return (f"SGLang: {version or 'not installed'} "
+            f"({'supported' if supported else 'NOT supported'}; range {SUPPORTED_MIN} to "
+            f"{SUPPORTED_MAX})"), supported
+
+
+def _doctor(_: argparse.Namespace) -> int:
+    from sglang_dsv4_guard.manager import build_plugins
+    from sglang_dsv4_guard.settings import settings_from_env
+
+    line, ok = _release_line()
+    print(line)
     settings, problems = settings_from_env()
     for name in ("mode", "autoshare", "log_format"):
         setting = getattr(settings, name)
@@ -94,7 +99,7 @@ def _preflight(args: argparse.Namespace) -> int:
     from sglang_dsv4_guard.findings import Report
     from sglang_dsv4_guard.manager import build_plugins
     from sglang_dsv4_guard.mori_snapshot import SendSnapshot
-    from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
+    from sglang_dsv4_guard.releases import SUPPORTED_MAX, installed_sglang_version, profile_for
     from sglang_dsv4_guard.render import render_report
 
     def attn_tp(tp: int, dp: int, dp_attention: bool) -> int:
@@ -105,9 +110,8 @@ def _preflight(args: argparse.Namespace) -> int:
     if args.transfer_backend != "mori":
         print(f"preflight: nothing to check for transfer backend {args.transfer_backend}")
         return 0
-    from packaging.version import Version
-
-    profile = profile_for(installed_sglang_version() or Version("0.5.23"))
+    # Planning on a machine without SGLang: the newest supported release's checks.
+    profile = profile_for(installed_sglang_version() or SUPPORTED_MAX)
     snap = SendSnapshot(state_type="swa" if args.swa_state else "none",
                         is_mla_backend=args.mla, attn_tp_size=prefill, decode_tp_size=decode,
                         tp_size=args.prefill_tp, dp_size=args.prefill_dp,
@@ -125,7 +129,9 @@ def _preflight(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-dsv4-guard", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="store_true",
+                        help="print this guard's version and the installed SGLang release")
+    sub = parser.add_subparsers(dest="command")
     sub.add_parser("doctor", help="check the installation and settings").set_defaults(
         run=_doctor)
     explain = sub.add_parser("explain", help="explain a finding code")
@@ -148,7 +154,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sglang-dsv4-guard`` command."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from sglang_dsv4_guard import __version__
+
+        line, supported = _release_line()
+        print(f"sglang-dsv4-guard {__version__}; {line}")
+        return 0 if supported else 1
+    if args.command is None:
+        parser.error("a command is required: doctor, explain, demo or preflight")
     return int(args.run(args))
 
 

@@ -6,7 +6,9 @@ test expects come from the releases' sources (``helpers``), not from ``releases.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import json
 import logging
 import os
@@ -37,6 +39,7 @@ from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, is_supported, profile_for
 from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, three_mismatch_pair
 
@@ -206,3 +209,14 @@ class TestOutsideTheRange(CustomTestCase):
             outside = fresh_python(DOCTOR, path_first=_release_metadata(tmp, "0.5.24"))
         self.assertIn("SGLang: 0.5.24 (NOT supported; range", outside.stdout)
         self.assertEqual(outside.returncode, 1)
+
+    def test_version_flag_names_both(self) -> None:
+        """``sglang-dsv4-guard --version``: the guard's version and the installed release."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["--version"])
+        self.assertEqual(code, 0)
+        self.assertEqual(out.getvalue().strip(),
+                         f"sglang-dsv4-guard {sglang_dsv4_guard.__version__}; SGLang: "
+                         f"{sglang_release()} (supported; range {SUPPORTED_MIN} to "
+                         f"{SUPPORTED_MAX})")
