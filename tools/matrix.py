@@ -56,7 +56,6 @@ class Result:
     """What one release's pytest run produced."""
 
     release: Release
-    returncode: int = 0
     tests: int = 0
     failed: int = 0
     skipped: int = 0
@@ -188,7 +187,6 @@ def run(release: Release, pytest_args: list[str], profile: str) -> Result:
             log.write(line)
             captured.append(line)
     result.seconds = time.monotonic() - start
-    result.returncode = proc.returncode
     if proc.returncode != 0:
         result.problems.append(f"pytest exited with {proc.returncode}")
     if not junit.exists():
