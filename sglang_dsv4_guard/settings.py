@@ -36,8 +36,9 @@ _MODE_WORDS = {
 _BOOL_WORDS = {"": False, "0": False, "off": False, "false": False,
                "1": True, "on": True, "true": True}
 LOG_FORMATS = ("text", "json")
-MODE_ACCEPTED = ("unset", "0", "off", "false", "1", "on", "true", "strict")
-_BOOL_ACCEPTED = ("unset", "0", "off", "false", "1", "on", "true")
+# What a "must be one of" message lists: the tables' words, the empty one shown as unset.
+MODE_ACCEPTED = tuple(word or "unset" for word in _MODE_WORDS)
+_BOOL_ACCEPTED = tuple(word or "unset" for word in _BOOL_WORDS)
 
 
 @dataclass(frozen=True)
