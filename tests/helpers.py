@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
@@ -113,3 +116,14 @@ def mapping_set_in_init() -> bool:
 def mori_send_parameters() -> int:
     """``MoriKVManager._send_swa_dsa_state``'s parameters, ``self`` included."""
     return 11 if sglang_release() >= Version("0.5.22") else 8
+
+
+@contextlib.contextmanager
+def guard_logs_off() -> Iterator[None]:
+    """Silence the guard's logger for a block that fails on purpose many times."""
+    logger = logging.getLogger("sglang_dsv4_guard")
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = False

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
-from helpers import UNWRAPPED, outcome, record
+from helpers import UNWRAPPED, guard_logs_off, outcome, record
 from hypothesis import given
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -94,11 +94,10 @@ class TestAutoshareHidesNothing(CustomTestCase):
         """Every pair SGLang rejects for another reason is still rejected with the same line."""
         _, host = outcome(UNWRAPPED, *pair)
         sglang_dsv4_guard.install("on", autoshare=True, load_entry_points=False)
-        logging.getLogger("sglang_dsv4_guard").disabled = True
         try:
-            kind, guarded = outcome(utils.setup_state_kv_args, *pair)
+            with guard_logs_off():
+                kind, guarded = outcome(utils.setup_state_kv_args, *pair)
         finally:
-            logging.getLogger("sglang_dsv4_guard").disabled = False
             sglang_dsv4_guard.uninstall()
         if isinstance(host, Exception) and not _mapping_line(host):
             self.assertEqual(kind, "raised")

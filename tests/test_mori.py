@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 import mori_stub
-from helpers import fresh_python
+from helpers import fresh_python, guard_logs_off
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -60,11 +60,11 @@ class TestMoriParity(CustomTestCase):
         p = mori_stub.peer(conn, decode_tp=decode_tp)
         expected = call(_RAW["send"], mgr, p, state_type, by_keyword)
         sglang_dsv4_guard.install("on", load_entry_points=False)
-        logging.getLogger("sglang_dsv4_guard").disabled = True
         try:
-            actual = call(conn.MoriKVManager._send_swa_dsa_state, mgr, p, state_type, by_keyword)
+            with guard_logs_off():
+                actual = call(conn.MoriKVManager._send_swa_dsa_state, mgr, p, state_type,
+                              by_keyword)
         finally:
-            logging.getLogger("sglang_dsv4_guard").disabled = False
             sglang_dsv4_guard.uninstall()
         self.assertEqual(actual[0], expected[0])
         fires = state_type == "swa" and not mla and decode_tp != attn_tp
@@ -126,12 +126,9 @@ class TestMoriReporting(CustomTestCase):
         """Strict mode: after a mismatched registration, any transfer to the peer fails at once."""
         sglang_dsv4_guard.install("strict", load_entry_points=False)
         p = mori_stub.peer(conn, "decode-e", decode_tp=4)
-        logging.getLogger("sglang_dsv4_guard").disabled = True
-        try:
+        with guard_logs_off():
             self.mgr._add_remote_peer(p)
             kind, err = guarded(self.mgr, p, "dsa")
-        finally:
-            logging.getLogger("sglang_dsv4_guard").disabled = False
         self.assertEqual(kind, "raised")
         self.assertIn("transfer not attempted", str(err).splitlines()[0])
 
@@ -150,15 +147,12 @@ class TestMoriReporting(CustomTestCase):
             with lock:
                 results.extend(local)
 
-        logging.getLogger("sglang_dsv4_guard").disabled = True
-        try:
+        with guard_logs_off():
             threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-        finally:
-            logging.getLogger("sglang_dsv4_guard").disabled = False
         raised = [i for kind, i in results if kind == "raised"]
         self.assertEqual(len(results), 3200)
         self.assertEqual(len(raised), 1600)
@@ -176,7 +170,7 @@ import sglang_dsv4_guard
 sglang_dsv4_guard.install("on", load_entry_points=False)
 before = {"conn": "sglang.srt.disaggregation.mori.conn" in sys.modules, "mori": "mori" in sys.modules}
 import mori_stub
-from helpers import fresh_python
+from helpers import fresh_python, guard_logs_off
 mori_stub.install_stub()
 import sglang.srt.disaggregation.mori.conn as conn
 wrapped = hasattr(vars(conn.MoriKVManager)["_send_swa_dsa_state"], "__sglang_dsv4_guard_original__")

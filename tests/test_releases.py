@@ -10,7 +10,6 @@ import contextlib
 import inspect
 import io
 import json
-import logging
 import os
 import tempfile
 from pathlib import Path
@@ -24,6 +23,7 @@ from helpers import (
     checks_request_rows,
     fresh_python,
     geometry_prefix,
+    guard_logs_off,
     mapping_set_in_init,
     mori_send_parameters,
     outcome,
@@ -136,12 +136,8 @@ class TestReleaseBehaviour(CustomTestCase):
         self.assertEqual(len(inspect.signature(send).parameters), mori_send_parameters())
         mgr = mori_stub.manager(conn, attn_tp=8)
         p = mori_stub.peer(conn, "decode-x", decode_tp=2)
-        logging.getLogger("sglang_dsv4_guard").disabled = True
-        try:
-            with self.assertRaises(DSV4GuardError) as caught:
-                send(mgr, *mori_stub.send_args(conn, p, "swa"))
-        finally:
-            logging.getLogger("sglang_dsv4_guard").disabled = False
+        with guard_logs_off(), self.assertRaises(DSV4GuardError) as caught:
+            send(mgr, *mori_stub.send_args(conn, p, "swa"))
         finding = caught.exception.findings[0]
         self.assertEqual(finding.code, "DSV4G006")
         self.assertEqual(finding.value("decode", "decode_tp_size"), 2)
