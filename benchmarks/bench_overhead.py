@@ -23,7 +23,7 @@ import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402
 import sglang.srt.disaggregation.utils as utils  # noqa: E402
 
 import sglang_dsv4_guard  # noqa: E402
-from sglang_dsv4_guard.scenarios import build_pair, new_kv_args  # noqa: E402
+from sglang_dsv4_guard.testing import build_pair, new_kv_args  # noqa: E402
 
 
 def best(fn, number: int, repeat: int) -> float:

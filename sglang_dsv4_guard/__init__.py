@@ -2,7 +2,9 @@
 
 Importing this package has no side effects: it imports neither sglang nor torch,
 reads no environment and builds no plug-in manager. The public surface is
-``__all__``; everything else is private.
+``__all__``: install/uninstall, the exceptions, and the types a plug-in author meets
+(hook arguments and results). :mod:`sglang_dsv4_guard.testing` helps test a plug-in.
+Everything else is private.
 """
 
 from __future__ import annotations
@@ -17,9 +19,14 @@ __all__ = [
     "DSV4GuardStartupRefused",
     "Finding",
     "Observation",
+    "PoolSnapshot",
     "Report",
+    "SendContext",
+    "SendSnapshot",
     "SettingError",
     "Severity",
+    "StateContext",
+    "StatePair",
     "__version__",
     "hookimpl",
     "install",
@@ -36,6 +43,11 @@ _LAZY = {
     "Observation": "sglang_dsv4_guard.findings",
     "Report": "sglang_dsv4_guard.findings",
     "Severity": "sglang_dsv4_guard.findings",
+    "PoolSnapshot": "sglang_dsv4_guard.state.snapshot",
+    "StateContext": "sglang_dsv4_guard.state.snapshot",
+    "StatePair": "sglang_dsv4_guard.state.snapshot",
+    "SendContext": "sglang_dsv4_guard.mori.snapshot",
+    "SendSnapshot": "sglang_dsv4_guard.mori.snapshot",
     "hookimpl": "sglang_dsv4_guard.hookspecs",
     "install": "sglang_dsv4_guard.lifecycle",
     "is_installed": "sglang_dsv4_guard.lifecycle",
@@ -52,6 +64,8 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
     from sglang_dsv4_guard.hookspecs import hookimpl
     from sglang_dsv4_guard.lifecycle import install, is_installed, uninstall
+    from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+    from sglang_dsv4_guard.state.snapshot import PoolSnapshot, StateContext, StatePair
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.codes import CODES
 
 __all__ = ["main"]
 
@@ -40,7 +40,7 @@ def _release_line() -> tuple[str, bool]:
 
 
 def _doctor(_: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.manager import build_plugins
+    from sglang_dsv4_guard.plugins import build_plugins
     from sglang_dsv4_guard.settings import settings_from_env
 
     line, ok = _release_line()
@@ -84,7 +84,7 @@ def _explain(args: argparse.Namespace) -> int:
     print(f"\n{info.meaning}\n")
     for fix in info.fixes:
         print(f"fix: {fix}")
-    print(f"docs: {docs_url(code)}")
+    print("docs: the README's table of codes, section 'Codes'")
     return 0
 
 
@@ -95,10 +95,9 @@ def _demo(_: argparse.Namespace) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.context import SendContext
     from sglang_dsv4_guard.findings import Report
-    from sglang_dsv4_guard.manager import build_plugins
-    from sglang_dsv4_guard.mori_snapshot import SendSnapshot
+    from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+    from sglang_dsv4_guard.plugins import build_plugins
     from sglang_dsv4_guard.releases import SUPPORTED_MAX, installed_sglang_version, profile_for
     from sglang_dsv4_guard.render import render_report
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 __all__ = ["CODES", "CodeInfo", "docs_url"]
 
-_DOCS = "https://github.com/sglang-dsv4-guard/sglang-dsv4-guard#"
 
 
 @dataclass(frozen=True)
@@ -25,8 +24,8 @@ class CodeInfo:
 
 
 def docs_url(code: str) -> str:
-    """The documentation anchor for ``code``."""
-    return _DOCS + code.lower()
+    """Where ``code`` is documented: a command that works offline, wherever the guard is."""
+    return f"sglang-dsv4-guard explain {code}"
 
 
 CODES: dict[str, CodeInfo] = {

@@ -14,7 +14,7 @@ def run_demo() -> int:
     import sglang.srt.disaggregation.utils as utils
 
     import sglang_dsv4_guard
-    from sglang_dsv4_guard.scenarios import build_pair, new_kv_args, three_mismatch_pair
+    from sglang_dsv4_guard.testing import build_pair, new_kv_args, three_mismatch_pair
 
     logging.getLogger("sglang_dsv4_guard").setLevel(logging.CRITICAL)  # the error shows it
     print("== 1. SGLang alone: a DeepSeek-V4 draft pool with three problems ==\n")

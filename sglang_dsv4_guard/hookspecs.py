@@ -19,10 +19,9 @@ from collections.abc import Sequence
 
 import pluggy
 
-from sglang_dsv4_guard.context import SendContext, StateContext
 from sglang_dsv4_guard.findings import Finding, Report
-from sglang_dsv4_guard.mori_snapshot import SendSnapshot
-from sglang_dsv4_guard.snapshot import StatePair
+from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 
 PROJECT = "sglang_dsv4_guard"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
-from sglang_dsv4_guard.manager import build_plugins
-from sglang_dsv4_guard.mori_guard import MORI_MODULE, MoriGuard, patch_module
+from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
+from sglang_dsv4_guard.plugins import build_plugins
 from sglang_dsv4_guard.releases import (
     SUPPORTED_MAX,
     SUPPORTED_MIN,
@@ -28,7 +28,7 @@ from sglang_dsv4_guard.releases import (
 )
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import LOG_FORMATS, Mode, Setting, Settings, parse_mode
-from sglang_dsv4_guard.state_guard import make_state_wrapper
+from sglang_dsv4_guard.state.wrapper import make_state_wrapper
 
 __all__ = ["install", "installation", "is_installed", "uninstall"]
 

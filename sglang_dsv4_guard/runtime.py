@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
-from sglang_dsv4_guard.manager import GuardPlugins
+from sglang_dsv4_guard.plugins import GuardPlugins
 from sglang_dsv4_guard.releases import HostProfile
 from sglang_dsv4_guard.settings import Mode, Settings
 

@@ -13,8 +13,6 @@ from typing import Any
 import sglang.srt.disaggregation.utils as utils
 from packaging.version import Version
 
-from sglang_dsv4_guard import Report, hookimpl
-from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.releases import installed_sglang_version
 
 # Captured at import, before any test installs the guard (conftest asserts it is unpatched).
@@ -32,33 +30,9 @@ def raw_setup_state_kv_args() -> Any:
     return _RAW["setup_state_kv_args"]
 
 
-class Recorder:
-    """A third-party-style reporter that keeps every report it is handed."""
-
-    def __init__(self) -> None:
-        self.reports: list[Report] = []
-
-    @hookimpl
-    def sglang_dsv4_guard_report(self, report: Report) -> None:
-        self.reports.append(report)
-
-    @property
-    def codes(self) -> list[str]:
-        return [code for r in self.reports for code in r.codes]
-
-
-def record() -> Recorder:
-    """Register a Recorder on the installed guard."""
-    current = installation()
-    assert current is not None, "install the guard first"
-    recorder = Recorder()
-    current.runtime.plugins.pm.register(recorder, name=f"recorder-{id(recorder)}")
-    return recorder
-
-
 def outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:
     """('ok', kv_args state) or ('raised', exception)."""
-    from sglang_dsv4_guard.scenarios import new_kv_args
+    from sglang_dsv4_guard.testing import new_kv_args
 
     kv = new_kv_args()
     try:

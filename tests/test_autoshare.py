@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
-from helpers import UNWRAPPED, guard_logs_off, outcome, record
+from helpers import UNWRAPPED, guard_logs_off, outcome
 from hypothesis import given
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -14,7 +14,7 @@ from test_parity_property import pairs
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Severity
-from sglang_dsv4_guard.scenarios import PoolSpec, build_pair
+from sglang_dsv4_guard.testing import PoolSpec, build_pair, record
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 

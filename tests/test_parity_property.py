@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
-from helpers import UNWRAPPED, outcome, record
+from helpers import UNWRAPPED, outcome
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
-from sglang_dsv4_guard.scenarios import MAPPING_KINDS, PoolSpec, build_pair
+from sglang_dsv4_guard.testing import MAPPING_KINDS, PoolSpec, build_pair, record
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import sglang.srt.disaggregation.utils as utils
-from helpers import UNWRAPPED, outcome, record
+from helpers import UNWRAPPED, outcome
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Finding, Severity, hookimpl
-from sglang_dsv4_guard.lifecycle import installation
-from sglang_dsv4_guard.manager import build_plugins
-from sglang_dsv4_guard.scenarios import PoolSpec, build_pair
 from sglang_dsv4_guard.settings import Mode, settings_from_env
+from sglang_dsv4_guard.testing import PoolSpec, build_pair, guard_plugins, record, register
 
 register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
@@ -37,10 +35,7 @@ class Extra:
 
 def _install_with(*plugins: object) -> None:
     sglang_dsv4_guard.install("on", load_entry_points=False)
-    current = installation()
-    assert current is not None
-    for plugin in plugins:
-        current.runtime.plugins.pm.register(plugin)
+    register(*plugins)
 
 
 class TestThirdPartyPlugins(CustomTestCase):
@@ -77,7 +72,7 @@ class TestThirdPartyPlugins(CustomTestCase):
             def sglang_dsv4_guard_chek_state(self) -> None:
                 return None
 
-        plugins = build_plugins(load_entry_points=False)
+        plugins = guard_plugins()
         plugins.pm.register(Typo(), name="typo")
         import pluggy
 

@@ -28,7 +28,6 @@ from helpers import (
     mori_send_parameters,
     outcome,
     raw_setup_state_kv_args,
-    record,
     sglang_release,
     skips_draft_block_on_npu,
 )
@@ -41,7 +40,7 @@ import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, is_supported, profile_for
-from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, three_mismatch_pair
+from sglang_dsv4_guard.testing import PoolSpec, build_pair, record, three_mismatch_pair
 
 register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 

@@ -14,7 +14,6 @@ from helpers import (
     mapping_set_in_init,
     outcome,
     raw_setup_state_kv_args,
-    record,
     sglang_release,
 )
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
@@ -23,7 +22,7 @@ from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Severity
-from sglang_dsv4_guard.scenarios import PoolSpec, build_pair, new_kv_args, three_mismatch_pair
+from sglang_dsv4_guard.testing import PoolSpec, build_pair, new_kv_args, record, three_mismatch_pair
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 

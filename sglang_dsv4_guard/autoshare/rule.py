@@ -1,7 +1,7 @@
 """The auto-share rule: when rebinding the draft's SWA index mapping is provably safe.
 
-A pure function of a :class:`~sglang_dsv4_guard.snapshot.StatePair`. It decides;
-:mod:`sglang_dsv4_guard.builtin_autoshare` acts (``draft_pool.register_mapping``),
+A pure function of a :class:`~sglang_dsv4_guard.state.snapshot.StatePair`. It decides;
+:mod:`sglang_dsv4_guard.autoshare.remedy` acts (``draft_pool.register_mapping``),
 and the ``DSV4G004`` check uses the same decision to offer, or not, the switch.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang_dsv4_guard.releases import HostProfile
-from sglang_dsv4_guard.snapshot import StatePair
+from sglang_dsv4_guard.state.snapshot import StatePair
 
 __all__ = ["ShareDecision", "decide"]
 

@@ -26,9 +26,9 @@ __all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "build_plugins"]
 logger = logging.getLogger("sglang_dsv4_guard")
 
 BUILTIN_PLUGINS = (
-    ("builtin_autoshare", "sglang_dsv4_guard.builtin_autoshare"),
-    ("builtin_state", "sglang_dsv4_guard.builtin_state"),
-    ("builtin_mori", "sglang_dsv4_guard.builtin_mori"),
+    ("builtin_autoshare", "sglang_dsv4_guard.autoshare.remedy"),
+    ("builtin_state", "sglang_dsv4_guard.state.checks"),
+    ("builtin_mori", "sglang_dsv4_guard.mori.checks"),
 )
 
 
@@ -111,7 +111,7 @@ def _register(pm: pluggy.PluginManager, obj: object, name: str) -> str | None:
 
 def build_plugins(load_entry_points: bool = True, log_format: str = "text") -> GuardPlugins:
     """Build a manager with the built-ins and, unless told not to, third-party plug-ins."""
-    from sglang_dsv4_guard.builtin_report import LogReporter
+    from sglang_dsv4_guard.reporter import LogReporter
 
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)

@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_dsv4_guard.codes import docs_url
-from sglang_dsv4_guard.context import StateContext
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.runtime import Runtime, add_note
-from sglang_dsv4_guard.snapshot import StatePair, snapshot_pair
+from sglang_dsv4_guard.state.snapshot import StateContext, StatePair, snapshot_pair
 
-__all__ = ["make_state_wrapper"]
+__all__ = ["Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
 
 _CALLERS = {
     "sglang.srt.disaggregation.prefill": "prefill server (PrefillBootstrapQueue)",
@@ -42,22 +41,19 @@ _ENV_KEYS = ("SGLANG_HACK_FLASHMLA_BACKEND",)
 
 
 @dataclass(frozen=True)
-class _Prepared:
+class Prepared:
+    """A pair ready for the checks: its snapshot, context and what remediation did."""
+
     pair: StatePair
     context: StateContext
     remediation: tuple[Finding, ...]
 
 
-def _prepare(rt: Runtime, sig: inspect.Signature, caller: str,
-             args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Prepared | None:
-    try:
-        bound = sig.bind(*args, **kwargs)
-    except TypeError:
-        return None  # SGLang raises its own TypeError for these arguments
-    target = bound.arguments.get("token_to_kv_pool")
-    draft = bound.arguments.get("draft_token_to_kv_pool")
-    if draft is None:
-        return None  # no draft pool: SGLang's DSV4 draft block does not run
+def prepare_pair(rt: Runtime, target: object, draft: object, caller: str) -> Prepared | None:
+    """Snapshot a pair, let remediation plug-ins act, and snapshot again if they did.
+
+    ``None`` when SGLang's DeepSeek-V4 draft block does not run for these pools.
+    """
     context = StateContext(
         profile=rt.profile,
         caller=_CALLERS.get(caller, caller),
@@ -74,7 +70,25 @@ def _prepare(rt: Runtime, sig: inspect.Signature, caller: str,
     )
     if remediation:  # something may have changed the pools: look again
         pair = snapshot_pair(target, draft, rt.profile.npu_gate)
-    return _Prepared(pair, context, tuple(remediation))
+    return Prepared(pair, context, tuple(remediation))
+
+
+def check_pair(rt: Runtime, prep: Prepared) -> list[Finding]:
+    """The remediation findings plus every ``check_state`` implementation's findings."""
+    return [*prep.remediation, *rt.plugins.collect(
+        "sglang_dsv4_guard_check_state", {"pair": prep.pair, "context": prep.context})]
+
+
+def _prepare(rt: Runtime, sig: inspect.Signature, caller: str,
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prepared | None:
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError:
+        return None  # SGLang raises its own TypeError for these arguments
+    draft = bound.arguments.get("draft_token_to_kv_pool")
+    if draft is None:
+        return None  # no draft pool: SGLang's DSV4 draft block does not run
+    return prepare_pair(rt, bound.arguments.get("token_to_kv_pool"), draft, caller)
 
 
 def _discrepancy(predicted: str | None, actual: str | None) -> Finding:
@@ -89,11 +103,9 @@ def _discrepancy(predicted: str | None, actual: str | None) -> Finding:
     )
 
 
-def _findings(rt: Runtime, prep: _Prepared, host_line: str | None) -> tuple[Report, bool]:
-    checks = rt.plugins.collect("sglang_dsv4_guard_check_state",
-                                {"pair": prep.pair, "context": prep.context})
-    findings = [*prep.remediation, *checks]
-    predicted = first_host_message(checks)
+def _findings(rt: Runtime, prep: Prepared, host_line: str | None) -> tuple[Report, bool]:
+    findings = check_pair(rt, prep)
+    predicted = first_host_message(findings[len(prep.remediation):])
     mirrored = host_line is not None and host_line.startswith("DSV4 ")
     if (mirrored or host_line is None) and predicted != host_line:
         findings.append(_discrepancy(predicted, host_line))
@@ -102,7 +114,7 @@ def _findings(rt: Runtime, prep: _Prepared, host_line: str | None) -> tuple[Repo
     return report, mirrored
 
 
-def _on_host_error(rt: Runtime, prep: _Prepared, host_error: Exception) -> Exception | None:
+def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Exception | None:
     text = str(host_error)
     host_line = text.splitlines()[0] if text else type(host_error).__name__
     report, mirrored = _findings(rt, prep, host_line)
@@ -116,7 +128,7 @@ def _on_host_error(rt: Runtime, prep: _Prepared, host_error: Exception) -> Excep
     return None
 
 
-def _on_host_success(rt: Runtime, prep: _Prepared) -> None:
+def _on_host_success(rt: Runtime, prep: Prepared) -> None:
     report, _ = _findings(rt, prep, None)
     escalate = [f for f in report.findings
                 if f.severity is not Severity.INFO and f not in prep.remediation]

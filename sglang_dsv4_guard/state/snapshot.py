@@ -1,7 +1,7 @@
 """Plain-value snapshots of SGLang's KV pools, taken without changing them.
 
-This is the only module (with :mod:`sglang_dsv4_guard.mori`) that reads sglang or
-torch objects. Checks see the frozen dataclasses below, never a pool. Every read is
+The only module of :mod:`sglang_dsv4_guard.state` that reads SGLang's pools or
+torch tensors. Checks see the frozen dataclasses below, never a pool. Every read is
 defensive: a missing attribute becomes :data:`MISSING` (SGLang would raise
 ``AttributeError`` there), a property that raises becomes an :class:`Unreadable`.
 """
@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from sglang_dsv4_guard.releases import HostProfile
 
 __all__ = [
     "MISSING",
     "MappingComparison",
     "PoolSnapshot",
+    "StateContext",
     "StatePair",
     "TensorInfo",
     "Unreadable",
@@ -136,6 +139,31 @@ class StatePair:
     draft: PoolSnapshot
     block_runs: bool
     mapping: MappingComparison | None
+
+
+@dataclass(frozen=True)
+class StateContext:
+    """Where ``setup_state_kv_args`` was called and how the guard is configured.
+
+    ``caller`` is the module that called SGLang's function (prefill or decode
+    bootstrap queue), ``environ`` the environment variables that decide pool values.
+    """
+
+    profile: HostProfile
+    caller: str = "unknown"
+    mode: str = "on"
+    autoshare: bool = False
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, str]:
+        """The context as strings, for reports."""
+        return {
+            "function": "sglang.srt.disaggregation.utils.setup_state_kv_args",
+            "caller": self.caller,
+            "sglang": str(self.profile.version),
+            "mode": self.mode,
+            "autoshare": "on" if self.autoshare else "off",
+        }
 
 
 def _read(obj: object, dotted: str) -> object:

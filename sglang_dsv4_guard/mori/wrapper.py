@@ -26,11 +26,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from sglang_dsv4_guard.builtin_mori import violates
-from sglang_dsv4_guard.context import SendContext
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
-from sglang_dsv4_guard.mori_snapshot import SendSnapshot
+from sglang_dsv4_guard.mori.checks import violates
+from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot, engine_key, snapshot_send
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.runtime import Runtime
@@ -43,43 +42,6 @@ MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
 SEND_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._send_swa_dsa_state")
 REGISTER_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
 _FUNCTION = "MoriKVManager._send_swa_dsa_state"
-
-
-def _int(value: object) -> int | None:
-    try:
-        return int(value)  # type: ignore[call-overload, no-any-return]
-    except (TypeError, ValueError):
-        return None
-
-
-def _engine_key(peer: object) -> str | None:
-    """The peer's engine key (a property over its engine descriptor), or ``None``."""
-    try:
-        key = peer.engine_key  # type: ignore[attr-defined]
-    except Exception:
-        return None
-    return None if key is None else str(key)
-
-
-def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapshot:
-    """The values SGLang's TP check reads, and the layout around them."""
-    server_args = getattr(manager, "server_args", None)
-    kv_args = getattr(manager, "kv_args", None)
-    state_types = tuple(str(getattr(s, "value", s)) for s in getattr(kv_args, "state_types", ()) or ())
-    return SendSnapshot(
-        state_type=str(getattr(state_type, "value", state_type)),
-        is_mla_backend=bool(getattr(manager, "is_mla_backend", False)),
-        attn_tp_size=getattr(manager, "attn_tp_size", None),
-        decode_tp_size=getattr(peer, "decode_tp_size", None),
-        state_types=state_types,
-        tp_size=_int(getattr(server_args, "tp_size", None)),
-        dp_size=_int(getattr(server_args, "dp_size", None)),
-        enable_dp_attention=getattr(server_args, "enable_dp_attention", None),
-        pp_size=_int(getattr(manager, "pp_size", None)),
-        engine_key=_engine_key(peer),
-        endpoint=getattr(peer, "endpoint", None),
-        dst_port=_int(getattr(peer, "dst_port", None)),
-    )
 
 
 class MoriGuard:
@@ -146,7 +108,7 @@ class MoriGuard:
 
     def blocked_error(self, peer: object) -> DSV4GuardError | None:
         """Strict mode: the error for a transfer to a peer that registered mismatched."""
-        entry = self.blocked.get(_engine_key(peer))
+        entry = self.blocked.get(engine_key(peer))
         if entry is None:
             return None
         report, rendered = entry

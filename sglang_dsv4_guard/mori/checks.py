@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.context import SendContext
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
-from sglang_dsv4_guard.mori_snapshot import SendSnapshot
+from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 
 _ATTN_TP = ("--tp-size (divided by --dp-size with --enable-dp-attention) on the prefill "
             "server: MoriKVManager.attn_tp_size")

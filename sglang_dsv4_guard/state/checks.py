@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_dsv4_guard.autoshare_rule import decide
+from sglang_dsv4_guard.autoshare.rule import decide
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.context import StateContext
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.releases import HostProfile
-from sglang_dsv4_guard.snapshot import PoolSnapshot, StatePair
+from sglang_dsv4_guard.state.snapshot import PoolSnapshot, StateContext, StatePair
 
 _RATIO_SOURCE = {
     "target pool": "model config compress_ratios (config.json)",

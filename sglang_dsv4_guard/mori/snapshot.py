@@ -1,0 +1,81 @@
+"""Plain-value snapshot of one MORI state transfer, as the prefill manager sees it.
+
+The only module of :mod:`sglang_dsv4_guard.mori` that reads SGLang's MORI objects
+(``MoriKVManager``, ``KVArgsRegisterInfo``). Checks see :class:`SendSnapshot` and
+:class:`SendContext`, never a manager or a peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_dsv4_guard.releases import HostProfile
+
+__all__ = ["SendContext", "SendSnapshot", "engine_key", "snapshot_send"]
+
+
+@dataclass(frozen=True)
+class SendSnapshot:
+    """The values SGLang's MORI TP check reads, plus what helps a reader act on it.
+
+    ``None`` marks a value the manager or peer does not carry.
+    """
+
+    state_type: str
+    is_mla_backend: bool
+    attn_tp_size: int | None
+    decode_tp_size: int | None
+    state_types: tuple[str, ...] = ()
+    tp_size: int | None = None
+    dp_size: int | None = None
+    enable_dp_attention: bool | None = None
+    pp_size: int | None = None
+    engine_key: str | None = None
+    endpoint: str | None = None
+    dst_port: int | None = None
+
+
+@dataclass(frozen=True)
+class SendContext:
+    """The MORI manager's side of a transfer: the prefill server's view."""
+
+    profile: HostProfile
+    mode: str = "on"
+    phase: str = "send"  # "register" when a decode peer registers, "send" per transfer
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(value)  # type: ignore[call-overload, no-any-return]
+    except (TypeError, ValueError):
+        return None
+
+
+def engine_key(peer: object) -> str | None:
+    """The peer's engine key (a property over its engine descriptor), or ``None``."""
+    try:
+        key = peer.engine_key  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return None if key is None else str(key)
+
+
+def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapshot:
+    """The values SGLang's TP check reads, and the layout around them."""
+    server_args = getattr(manager, "server_args", None)
+    kv_args = getattr(manager, "kv_args", None)
+    state_types = tuple(str(getattr(s, "value", s)) for s in getattr(kv_args, "state_types", ()) or ())
+    return SendSnapshot(
+        state_type=str(getattr(state_type, "value", state_type)),
+        is_mla_backend=bool(getattr(manager, "is_mla_backend", False)),
+        attn_tp_size=getattr(manager, "attn_tp_size", None),
+        decode_tp_size=getattr(peer, "decode_tp_size", None),
+        state_types=state_types,
+        tp_size=_int(getattr(server_args, "tp_size", None)),
+        dp_size=_int(getattr(server_args, "dp_size", None)),
+        enable_dp_attention=getattr(server_args, "enable_dp_attention", None),
+        pp_size=_int(getattr(manager, "pp_size", None)),
+        engine_key=engine_key(peer),
+        endpoint=getattr(peer, "endpoint", None),
+        dst_port=_int(getattr(peer, "dst_port", None)),
+    )

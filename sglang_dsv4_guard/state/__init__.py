@@ -1,0 +1,14 @@
+"""The guard around ``sglang.srt.disaggregation.utils.setup_state_kv_args``.
+
+Wraps SGLang's ``setup_state_kv_args`` (and the stale ``from ... import`` bindings of it
+in ``sglang.srt.disaggregation.prefill`` and ``.decode``). Codes: ``DSV4G001`` to
+``DSV4G005`` and ``DSV4G010``.
+
+- :mod:`~sglang_dsv4_guard.state.snapshot`: plain values read from the target and
+  draft pools (the only module here that touches SGLang objects);
+- :mod:`~sglang_dsv4_guard.state.checks`: the built-in ``check_state`` hook, pure;
+- :mod:`~sglang_dsv4_guard.state.wrapper`: the wrapper that runs SGLang's function once,
+  then the hooks, and reports.
+
+Importing this package imports neither sglang nor torch.
+"""
