@@ -25,12 +25,15 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.dedup import Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.render import render_report
+
+if TYPE_CHECKING:
+    from sglang_dsv4_guard.lifecycle import Installation
 
 __all__ = ["Delivery", "LogReporter", "delivering", "headline", "summary"]
 
@@ -152,15 +155,20 @@ class LogReporter:
                     for fp, c in self.counts.items()]
 
 
-def summary() -> str:
-    """Exact counts of this process' reports (and MORI peers and failures), as text."""
-    from sglang_dsv4_guard.lifecycle import installation
+def summary(current: Installation | None = None) -> str:
+    """Exact counts of this process' reports, MORI peers and failed transfers, as text.
 
-    current = installation()
+    ``current`` defaults to the installed guard; ``uninstall()`` logs it for the
+    installation it removes.
+    """
+    if current is None:
+        from sglang_dsv4_guard.lifecycle import installation
+
+        current = installation()
     if current is None:
         return "sglang-dsv4-guard: not installed"
     reporter = current.runtime.plugins.pm.get_plugin("builtin_log_reporter")
     lines = reporter.summary_lines() if isinstance(reporter, LogReporter) else []
     lines += current.mori.summary_lines()
-    return "\n".join(["sglang-dsv4-guard summary:",
+    return "\n".join(["sglang-dsv4-guard summary (this process):",
                       *(f"  {line}" for line in lines or ["no reports"])])
