@@ -94,12 +94,17 @@ def pointer(report: Report, fp: str, seen: Seen | None) -> str:
     return f"{headline(report)}: same report as printed in full {where} (fingerprint {fp})"
 
 
+_WHERE = {Seen.FIRST: "printed in full here",
+          Seen.ELSEWHERE: "printed in full by another process of this server",
+          Seen.HERE: "not printed: a repeat of a mismatch reported above"}
+
+
 @dataclass
 class _Count:
     codes: tuple[str, ...]
     headline: str
+    first: Seen  # what the first occurrence in this process was
     occurrences: int = 0
-    printed_here: bool = False
 
 
 class LogReporter:
@@ -135,9 +140,8 @@ class LogReporter:
         # A quiet repeat was reported in full before (here or elsewhere): claim nothing.
         d.seen = Seen.HERE if d.quiet else self.dedup.seen(fp)
         with self._lock:
-            count = self.counts.setdefault(fp, _Count(report.codes, headline(report)))
+            count = self.counts.setdefault(fp, _Count(report.codes, headline(report), d.seen))
             count.occurrences += 1
-            count.printed_here |= d.seen is Seen.FIRST
         level = _level(report)
         text = self._text(report, fp, d)
         if self.log_format != "json":
@@ -150,9 +154,8 @@ class LogReporter:
     def summary_lines(self) -> list[str]:
         """One line per distinct report: occurrences, and where it was printed in full."""
         with self._lock:
-            return [f"{fp}: {c.occurrences} occurrence(s) in this process, printed in full "
-                    f"{'here' if c.printed_here else 'by another process'}: {c.headline}"
-                    for fp, c in self.counts.items()]
+            return [f"{fp}: {c.occurrences} occurrence(s) in this process, {_WHERE[c.first]}: "
+                    f"{c.headline}" for fp, c in self.counts.items()]
 
 
 def summary(current: Installation | None = None) -> str:
