@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(PY) tools/matrix.py $(if $(RELEASES),--releases $(RELEASES))
 
 lint: $(STAMP)
-	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks tools
+	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks tools examples
 	$(PY) -m mypy
 	$(PY) -m mypy --strict tools/matrix.py
 

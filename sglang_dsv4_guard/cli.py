@@ -84,7 +84,6 @@ def _explain(args: argparse.Namespace) -> int:
     print(f"\n{info.meaning}\n")
     for fix in info.fixes:
         print(f"fix: {fix}")
-    print("docs: the README's table of codes, section 'Codes'")
     return 0
 
 

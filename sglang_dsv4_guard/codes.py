@@ -11,7 +11,6 @@ from dataclasses import dataclass
 __all__ = ["CODES", "CodeInfo", "docs_url"]
 
 
-
 @dataclass(frozen=True)
 class CodeInfo:
     """One catalogue entry."""
@@ -24,7 +23,7 @@ class CodeInfo:
 
 
 def docs_url(code: str) -> str:
-    """Where ``code`` is documented: a command that works offline, wherever the guard is."""
+    """Where ``code`` is documented: the offline ``explain`` command, wherever the guard is."""
     return f"sglang-dsv4-guard explain {code}"
 
 

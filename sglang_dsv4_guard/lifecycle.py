@@ -80,8 +80,9 @@ def _refuse(settings: Settings, reason: str, target: str | None = None) -> Calla
     return uninstall
 
 
-def _settings_for(mode: str | Mode, autoshare: bool, log_format: str,
-                  settings: Settings | None) -> Settings:
+def settings_for(mode: str | Mode, autoshare: bool, log_format: str,
+                 settings: Settings | None) -> Settings:
+    """``settings`` if given, else the keywords checked (``SettingError`` names a bad one)."""
     if settings is not None:
         return settings
     chosen = parse_mode(mode.value if isinstance(mode, Mode) else str(mode), "install(mode=...)")
@@ -107,7 +108,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     :class:`DSV4GuardInstallError` in strict mode.
     """
     global _current
-    chosen = _settings_for(mode, autoshare, log_format, settings)
+    chosen = settings_for(mode, autoshare, log_format, settings)
     if chosen.mode.value is Mode.OFF:
         uninstall()
         return uninstall

@@ -21,7 +21,7 @@ from sglang_dsv4_guard import hookspecs
 from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.findings import Finding, Report, Severity
 
-__all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "build_plugins"]
+__all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "add_plugin", "build_plugins"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -109,38 +109,60 @@ def _register(pm: pluggy.PluginManager, obj: object, name: str) -> str | None:
     return None
 
 
+def add_plugin(plugins: GuardPlugins, obj: object, name: str) -> Finding | None:
+    """Register a third-party plug-in as a server does; ``None``, or its ``DSV4G090``.
+
+    A plug-in is refused (and left unregistered) when pluggy refuses it, when it
+    implements a hook the guard does not define, or when it implements none of the
+    guard's hooks (an entry point naming a function instead of a module or object).
+    The problem is also appended to ``plugins.load_problems``.
+    """
+    stage, error = "register", _register(plugins.pm, obj, name)
+    if error is None:
+        hooks = [caller.name for caller in plugins.pm.get_hookcallers(obj) or ()]
+        unknown = [hook for hook in hooks if hook not in _HOOK_NAMES]
+        if unknown:
+            stage = "validate"
+            error = ("implements a hook the guard does not define: "
+                     + ", ".join(sorted(unknown)))
+        elif not hooks:
+            stage = "validate"
+            error = (f"implements none of the guard's hooks ({', '.join(_HOOK_NAMES)}); "
+                     f"got a {type(obj).__name__}: point the entry point at a module or "
+                     "object with @sglang_dsv4_guard.hookimpl methods")
+        if error is not None:
+            plugins.pm.unregister(obj)
+    if error is None:
+        return None
+    failure = plugin_failure(name, stage, error)
+    plugins.load_problems.append(failure)
+    return failure
+
+
+_HOOK_NAMES = tuple(name for name in vars(hookspecs) if name.startswith("sglang_dsv4_guard_"))
+
+
 def build_plugins(load_entry_points: bool = True, log_format: str = "text") -> GuardPlugins:
     """Build a manager with the built-ins and, unless told not to, third-party plug-ins."""
     from sglang_dsv4_guard.reporter import LogReporter
 
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    problems: list[Finding] = []
+    plugins = GuardPlugins(pm, [])
     for name, module in BUILTIN_PLUGINS:
         error = _register(pm, importlib.import_module(module), name)
         if error:  # a bug of ours: say so loudly, but carry on
-            problems.append(plugin_failure(name, "register", error))
+            plugins.load_problems.append(plugin_failure(name, "register", error))
     _register(pm, LogReporter(log_format), "builtin_log_reporter")
     if load_entry_points:
         for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
             try:
                 obj = ep.load()
             except Exception as exc:
-                problems.append(plugin_failure(
+                plugins.load_problems.append(plugin_failure(
                     ep.name, "load", f"importing {ep.value} raised {type(exc).__name__}: {exc}"))
                 continue
-            error = _register(pm, obj, ep.name)
-            if error:
-                problems.append(plugin_failure(ep.name, "register", error))
-    while True:
-        try:
-            pm.check_pending()
-            break
-        except pluggy.PluginValidationError as exc:
-            name = pm.get_name(exc.plugin) or repr(exc.plugin)
-            pm.unregister(exc.plugin)
-            problems.append(plugin_failure(
-                name, "validate", f"implements a hook the guard does not define: {exc}"))
-    for problem in problems:
+            add_plugin(plugins, obj, ep.name)
+    for problem in plugins.load_problems:
         logger.warning("%s: %s", problem.summary, "; ".join(problem.details))
-    return GuardPlugins(pm, problems)
+    return plugins

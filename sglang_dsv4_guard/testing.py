@@ -17,7 +17,9 @@ when a function that needs them is called.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.findings import Report
@@ -29,17 +31,14 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.runtime import Runtime
 
 __all__ = [
-    "MAPPING_KINDS",
     "PoolSpec",
     "Recorder",
     "build_pair",
     "check_pools",
     "check_transfer",
-    "guard_plugins",
     "new_kv_args",
     "record",
     "register",
-    "three_mismatch_pair",
 ]
 
 # How the draft's mapping relates to the target's.
@@ -59,7 +58,7 @@ class PoolSpec:
     swa_req_ring_size: int | None = None  # draft: DSpark SWA ring
     swa_size: int = 64
     layers: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 class _Buffers:
@@ -141,6 +140,9 @@ def build_pair(target: PoolSpec | None = None, draft: PoolSpec | None = None,
 
     if mapping not in MAPPING_KINDS:
         raise ValueError(f"mapping must be one of {', '.join(MAPPING_KINDS)} (got {mapping!r})")
+    if target_mapping not in ("tensor", "none", "missing"):
+        raise ValueError("target_mapping must be one of tensor, none, missing "
+                         f"(got {target_mapping!r})")
     target_pool = _pool(target or PoolSpec())
     draft_pool = _pool(draft or PoolSpec())
     if target_mapping == "tensor":
@@ -188,50 +190,81 @@ class Recorder:
         return [code for r in self.reports for code in r.codes]
 
 
-def guard_plugins(*plugins: object, load_entry_points: bool = False) -> GuardPlugins:
-    """The guard's real plug-in manager: the built-ins, then ``plugins`` in order.
+def _plugin_name(obj: object, taken: list[str]) -> str:
+    """A readable name: a module's own name, else its class's; ``#2``... when taken."""
+    base = obj.__name__ if isinstance(obj, ModuleType) else type(obj).__qualname__
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}#{n}"
+    return name
 
-    Entry points of the ``sglang_dsv4_guard`` group are not loaded unless asked, so a
-    test sees exactly the plug-ins it names.
+
+def _add_all(manager: GuardPlugins, plugins: tuple[object, ...]) -> list[object]:
+    """Register ``plugins`` as a server registers entry points; all or nothing.
+
+    Raises ``ValueError`` with the plug-in's ``DSV4G090`` details when one is refused
+    (the ones registered before it are unregistered again).
     """
-    from sglang_dsv4_guard.plugins import build_plugins
+    from sglang_dsv4_guard.plugins import add_plugin
 
-    manager = build_plugins(load_entry_points)
+    added: list[object] = []
     for plugin in plugins:
-        manager.pm.register(plugin)
-    return manager
+        failure = add_plugin(manager, plugin, _plugin_name(plugin, manager.names()))
+        if failure is not None:
+            manager.load_problems.remove(failure)
+            for done in added:
+                manager.pm.unregister(done)
+            raise ValueError(f"{failure.summary}: {'; '.join(failure.details)}")
+        added.append(plugin)
+    return added
 
 
 def _runtime(plugins: tuple[object, ...], mode: str, autoshare: bool) -> Runtime:
+    from sglang_dsv4_guard.lifecycle import settings_for
+    from sglang_dsv4_guard.plugins import build_plugins
     from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
     from sglang_dsv4_guard.runtime import Runtime
-    from sglang_dsv4_guard.settings import Mode, Setting, Settings
+    from sglang_dsv4_guard.settings import Mode
 
+    settings = settings_for(mode, autoshare, "text", None)
+    if settings.mode.value is Mode.OFF:
+        raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
+                         "there is nothing to check")
     version = installed_sglang_version()
     if version is None:
         raise RuntimeError("sglang_dsv4_guard.testing needs SGLang installed")
-    settings = Settings(Setting(Mode(mode), "sglang_dsv4_guard.testing"),
-                        Setting(autoshare, "sglang_dsv4_guard.testing"),
-                        Setting("text", "sglang_dsv4_guard.testing"))
-    return Runtime(settings, guard_plugins(*plugins), profile_for(version))
+    manager = build_plugins(load_entry_points=False)
+    _add_all(manager, plugins)
+    return Runtime(settings, manager, profile_for(version))
 
 
 def check_pools(target_pool: object, draft_pool: object, *plugins: object, mode: str = "on",
                 autoshare: bool = False) -> Report:
     """Run the remediation and check hooks on a pool pair, as the wrapper does.
 
-    The pools are snapshotted exactly as in a server, remediation plug-ins may act
-    (auto-share only when ``autoshare``), then every ``check_state`` implementation
-    runs; the report goes to every reporter (a :class:`Recorder` among ``plugins``
-    receives it) and is returned. SGLang's own function is not called: for the full
-    path, ``install()`` the guard and call ``setup_state_kv_args``.
+    ``plugins`` are registered after the built-ins exactly as a server registers entry
+    points (a refused one raises ``ValueError`` with its ``DSV4G090`` details). The
+    pools are snapshotted as in a server, remediation plug-ins may act (auto-share only
+    when ``autoshare``), then every ``check_state`` implementation runs; the report
+    goes to every reporter (a :class:`Recorder` among ``plugins`` receives it) and is
+    returned. ``mode`` (``"on"`` or ``"strict"``) is what ``context.mode`` says.
+    SGLang's own function is not called: for the full path, ``install()`` the guard
+    and call ``setup_state_kv_args``.
+
+    Raises ``ValueError`` when SGLang's DeepSeek-V4 draft block would not run for these
+    pools (not both ``DeepSeekV4TokenToKVPool``, or an NPU release that skips it), so a
+    test never passes for want of anything checked.
     """
     from sglang_dsv4_guard.state.wrapper import check_pair, prepare_pair
 
     rt = _runtime(plugins, mode, autoshare)
     prep = prepare_pair(rt, target_pool, draft_pool, "sglang_dsv4_guard.testing")
     if prep is None:
-        return Report.of((), {"function": "sglang.srt.disaggregation.utils.setup_state_kv_args"})
+        raise ValueError(
+            "SGLang's DeepSeek-V4 draft check does not run for these pools (target "
+            f"{type(target_pool).__qualname__}, draft {type(draft_pool).__qualname__}): both "
+            "must be DeepSeekV4TokenToKVPool (build them with build_pair)")
     report = Report.of(check_pair(rt, prep), prep.context.describe())
     rt.publish(report)
     return report
@@ -241,32 +274,49 @@ def check_transfer(transfer: SendSnapshot, *plugins: object, phase: str = "send"
     """Run every ``check_send`` implementation on one MORI transfer snapshot.
 
     ``phase`` is ``"send"`` (a transfer) or ``"register"`` (a decode peer registering).
-    The report goes to every reporter and is returned.
+    ``plugins`` are registered as in :func:`check_pools`. The report goes to every
+    reporter and is returned.
     """
     from sglang_dsv4_guard.mori.snapshot import SendContext
 
+    if phase not in ("send", "register"):
+        raise ValueError(f"phase must be 'send' or 'register' (got {phase!r})")
     rt = _runtime(plugins, "on", False)
     context = SendContext(rt.profile, "on", phase)
     findings = rt.plugins.collect("sglang_dsv4_guard_check_send",
                                   {"transfer": transfer, "context": context})
     report = Report.of(findings, {"function": "MoriKVManager._send_swa_dsa_state",
-                                  "peer": transfer.engine_key or "?"})
+                                  "peer": transfer.engine_key or "?",
+                                  "sglang": str(rt.profile.version), "mode": context.mode})
     rt.publish(report)
     return report
 
 
-def register(*plugins: object) -> list[str]:
-    """Register ``plugins`` on the guard ``install()`` put in place; return their names."""
+def register(*plugins: object) -> Callable[[], None]:
+    """Register ``plugins`` on the guard ``install()`` put in place; return the undo.
+
+    Registered as a server registers entry points, all or nothing: a refused plug-in
+    raises ``ValueError`` with its ``DSV4G090`` details and none is left registered.
+    The undo unregisters them (harmless after ``uninstall()``).
+    """
     from sglang_dsv4_guard.lifecycle import installation
 
     current = installation()
     if current is None:
         raise RuntimeError("the guard is not installed: call sglang_dsv4_guard.install() first")
-    return [str(current.runtime.plugins.pm.register(plugin)) for plugin in plugins]
+    manager = current.runtime.plugins
+    added = _add_all(manager, plugins)
+
+    def undo() -> None:
+        for plugin in added:
+            if manager.pm.is_registered(plugin):
+                manager.pm.unregister(plugin)
+
+    return undo
 
 
 def record() -> Recorder:
-    """A :class:`Recorder` registered on the installed guard."""
+    """A :class:`Recorder` registered on the installed guard (until ``uninstall()``)."""
     recorder = Recorder()
     register(recorder)
     return recorder

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -54,14 +56,14 @@ class TestExamplePlugin(CustomTestCase):
     def test_loaded_through_a_real_entry_point(self) -> None:
         """Installed as a distribution with an entry point, SGLang's loader brings the guard
         up, the guard loads the plug-in, and its finding is in the real report."""
-        with tempfile.TemporaryDirectory() as site:
-            shutil.copy(EXAMPLE / "acme_guard_policy.py", site)
-            dist = Path(site) / "acme_guard_policy-1.0.dist-info"
-            dist.mkdir()
-            (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-guard-policy\n"
-                                           "Version: 1.0\n")
-            (dist / "entry_points.txt").write_text(
-                "[sglang_dsv4_guard]\nacme_policy = acme_guard_policy\n")
+        with tempfile.TemporaryDirectory() as site, tempfile.TemporaryDirectory() as build:
+            # Built from its own pyproject.toml, as its author would publish it.
+            shutil.copytree(EXAMPLE, build, dirs_exist_ok=True)
+            pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                                  "--no-build-isolation", "--disable-pip-version-check",
+                                  "--target", site, build],
+                                 capture_output=True, text=True, timeout=300, check=False)
+            self.assertEqual(pip.returncode, 0, pip.stdout + pip.stderr)
             done = fresh_python(PROBE, env={"SGLANG_DSV4_GUARD": "1"}, path_first=site)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertEqual(json.loads(done.stdout.strip().splitlines()[-1]), {"passed": True})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from sglang_dsv4_guard.releases import HostProfile
@@ -155,6 +156,10 @@ class StateContext:
     autoshare: bool = False
     environ: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Read-only for every plug-in that receives this context after another.
+        object.__setattr__(self, "environ", MappingProxyType(dict(self.environ)))
+
     def describe(self) -> dict[str, str]:
         """The context as strings, for reports."""
         return {
@@ -210,7 +215,7 @@ def _tensor_info(pool: object) -> TensorInfo:
 def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnapshot:
     """Read the attributes SGLang's DSV4 block reads, without changing ``pool``."""
     is_dsv4 = dsv4_class is not None and isinstance(pool, dsv4_class)
-    attrs = {name: _read(pool, name) for name in POOL_ATTRS} if is_dsv4 else {}
+    attrs = MappingProxyType({name: _read(pool, name) for name in POOL_ATTRS} if is_dsv4 else {})
     return PoolSnapshot(
         role=role,
         type_name=f"{type(pool).__module__}.{type(pool).__qualname__}",
