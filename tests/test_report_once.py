@@ -99,6 +99,25 @@ class TestFingerprintAndMarkers(CustomTestCase):
             self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)
 
 
+class TestCrashedLauncher(CustomTestCase):
+    """Marker directories of launchers that are gone are removed, PID reuse included."""
+
+    def test_sweep_removes_dead_and_reused_launchers_only(self) -> None:
+        """A directory for a dead PID, and one for a live PID with another start time (the
+        PID was reused), are removed; the live launcher's own directory stays."""
+        from sglang_dsv4_guard.dedup import _sweep
+
+        parent = os.getppid()
+        live = f"{parent}-{process_start(parent)}"
+        reused = f"{parent}-{(process_start(parent) or 0) + 1}"
+        with tempfile.TemporaryDirectory() as base:
+            dead = f"{2**22 + 7}-5"  # above the kernel's default pid_max: never alive
+            for name in (live, reused, dead, "mine"):
+                os.makedirs(os.path.join(base, name, "fp"))
+            _sweep(base, keep="mine")
+            self.assertEqual(sorted(os.listdir(base)), sorted([live, "mine"]))
+
+
 def launch(pairs: list[str], out_dir: str, tag: str) -> str:
     """Start one scheduler process per pair with ``spawn`` from this process, as SGLang
     does, wait for all, and return their combined output."""

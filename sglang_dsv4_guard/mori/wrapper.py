@@ -50,7 +50,7 @@ from sglang_dsv4_guard.mori.snapshot import (
 )
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply
 from sglang_dsv4_guard.render import render_report
-from sglang_dsv4_guard.reporter import Delivery, delivering, pointer
+from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, delivering, pointer
 from sglang_dsv4_guard.runtime import Runtime
 
 __all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
@@ -134,7 +134,10 @@ class MoriGuard:
                    "transfer(s) so far (fingerprint %s); the full report was printed once; "
                    "counts are logged at 1, 10, 100, ...; exact ones: "
                    "sglang_dsv4_guard.summary()", m.describe(key), len(m.peers), m.failures,
-                   m.fingerprint)
+                   m.fingerprint, extra={EXTRA_KEY: {
+                       "codes": ["DSV4G006"], "fingerprint": m.fingerprint, "count": what,
+                       "mismatch": m.describe(key), "peers": len(m.peers),
+                       "failures": m.failures}})
 
     def on_send_error(self, sig: inspect.Signature, args: tuple[Any, ...],
                       kwargs: dict[str, Any], error: RuntimeError) -> DSV4GuardError | None:
