@@ -115,3 +115,12 @@ class JsonLineFormatter(logging.Formatter):
                                "message": record.getMessage()}
         out.update({k: v for k, v in vars(record).items() if k not in self._STANDARD})
         return json.dumps(out, default=repr)
+
+
+def fresh_install(mode: str, **kwargs: Any) -> None:
+    """Install the guard from scratch, so a retried attempt (``CustomTestCase`` retries
+    without ``setUp``) starts without the failed attempt's counts."""
+    import sglang_dsv4_guard
+
+    sglang_dsv4_guard.uninstall()
+    sglang_dsv4_guard.install(mode, **kwargs)

@@ -12,7 +12,7 @@ import unittest
 from typing import Any
 
 import mori_stub
-from helpers import guard_logs_off
+from helpers import fresh_install, guard_logs_off
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -28,6 +28,7 @@ import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402 - needs the stu
 
 _RAW = {"send": vars(conn.MoriKVManager)["_send_swa_dsa_state"]}
 FULL = "prefill attn_tp_size"  # a line only the full DSV4G006 report has
+
 
 
 def send(mgr: Any, p: Any, state_type: str, fn: Any = None) -> tuple[str, Any]:
@@ -66,7 +67,7 @@ class TestManyPeers(CustomTestCase):
         """64 peers at decode TP 4 and 3 at decode TP 2 give two full reports, the first
         naming the peers it covers; the count is logged at 10 peers (powers of ten), and
         no other line reaches WARNING."""
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        fresh_install("on", load_entry_points=False)
         records = self.register_all()
         loud = [r for r in records if r.levelno >= logging.WARNING]
         full = [r for r in loud if FULL in r.getMessage()]
@@ -81,7 +82,7 @@ class TestManyPeers(CustomTestCase):
 
     def test_g006_exact_peer_counts_in_summary_and_at_uninstall(self) -> None:
         """The summary names 64 and 3 peers exactly; uninstall logs the same summary."""
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        fresh_install("on", load_entry_points=False)
         self.register_all()
         text = sglang_dsv4_guard.summary()
         self.assertIn("decode TP 4, state layout swa; fingerprint", text)
@@ -93,10 +94,14 @@ class TestManyPeers(CustomTestCase):
 
     def test_g006_json_keeps_every_peer_as_structured_data(self) -> None:
         """In JSON mode each of the 67 registrations is a record carrying its report and
-        running peer count as data, while the text stays deduplicated."""
-        sglang_dsv4_guard.install("on", load_entry_points=False, log_format="json")
-        records = [r for r in self.register_all() if hasattr(r, EXTRA_KEY)]
+        running peer count as data, and the count line at 10 peers carries its counts,
+        while the text stays deduplicated."""
+        fresh_install("on", load_entry_points=False, log_format="json")
+        structured = [r for r in self.register_all() if hasattr(r, EXTRA_KEY)]
+        records = [r for r in structured if "report" in getattr(r, EXTRA_KEY)]
         self.assertEqual(len(records), 67)
+        [count] = [getattr(r, EXTRA_KEY) for r in structured if r not in records]
+        self.assertEqual((count["count"], count["peers"]), ("peers", 10))
         data = [getattr(r, EXTRA_KEY) for r in records]
         self.assertEqual([d["peers"] for d in data[:64]], list(range(1, 65)))
         self.assertEqual({d["report"]["findings"][0]["code"] for d in data}, {"DSV4G006"})
@@ -115,7 +120,7 @@ class TestPeerIdentity(CustomTestCase):
     def test_keyless_peers_get_their_own_report(self) -> None:
         """Two key-less peers (told apart by endpoint and port) and two with neither (told
         apart by object): each failure's report shows that peer's own decode TP."""
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        fresh_install("on", load_entry_points=False)
         mgr = mori_stub.manager(conn, attn_tp=8)
         peers = [keyless_peer("10.0.0.2", 17000, 4), keyless_peer("10.0.0.2", 17001, 2),
                  keyless_peer(None, None, 1), keyless_peer(None, None, 16)]
@@ -140,7 +145,7 @@ class TestSparseFailures(CustomTestCase):
     def test_g006_repeated_failures_log_sparsely_and_count_exactly(self) -> None:
         """2,000 failed transfers to one peer: at most one WARNING-or-worse line per power
         of ten, every call still raises, and the exact count is in state and summary."""
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        fresh_install("on", load_entry_points=False)
         mgr = mori_stub.manager(conn, attn_tp=8)
         p = mori_stub.peer(conn, "decode-x", decode_tp=4)
         with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
@@ -168,7 +173,7 @@ class TestStrictBlocksOnlySwa(CustomTestCase):
         mgr = mori_stub.manager(conn, attn_tp=8, state_types=("swa", "dsa", "c128_state"))
         p = mori_stub.peer(conn, "decode-s", decode_tp=4)
         expected = {st: send(mgr, p, st, _RAW["send"]) for st in ("dsa", "c128_state")}
-        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        fresh_install("strict", load_entry_points=False)
         with guard_logs_off():
             mgr._add_remote_peer(p)
             actual = {st: send(mgr, p, st) for st in ("dsa", "c128_state", "swa")}

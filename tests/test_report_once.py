@@ -19,6 +19,7 @@ import unittest
 
 import scheduler_child
 import sglang.srt.disaggregation.utils as utils
+from helpers import fresh_install
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -35,6 +36,7 @@ POINTER = re.compile(r"\[DSV4G001, DSV4G004, DSV4G005\]: same report as printed 
                      r"another process of this server \(fingerprint ([0-9a-f]{12})\)")
 
 
+
 class TestOneProcess(CustomTestCase):
     """In one process: the log carries a report only when no exception does."""
 
@@ -45,7 +47,7 @@ class TestOneProcess(CustomTestCase):
     def test_raised_report_is_logged_as_one_line(self) -> None:
         """SGLang's error with three problems: the exception carries the full report, the
         log one line with the codes and where the report is."""
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        fresh_install("on", load_entry_points=False)
         with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs, \
                 self.assertRaises(DSV4GuardError) as caught:
             utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
@@ -58,7 +60,7 @@ class TestOneProcess(CustomTestCase):
     def test_warning_report_is_logged_in_full(self) -> None:
         """SGLang accepts a pair the guard warns about: nothing is raised, so the log
         carries the full report."""
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        fresh_install("on", load_entry_points=False)
         with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
             utils.setup_state_kv_args(new_kv_args(),
                                       *build_pair(target_mapping="none", mapping="shared"))
