@@ -22,11 +22,13 @@ Usage: ``python tools/make_patches.py --tree .matrix/0.5.16/site --release 0.5.1
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -388,8 +390,8 @@ def generate(tree: Path, release: str, covers: list[str], out: Path, context: in
             shutil.copyfile(tree / rel, dest)
         _git(repo, "add", "-A")
         _git(repo, "commit", "-q", "-m", f"sglang {release} as released")
-        steps = [
-            (UTILS, lambda t: patch_1(t, release), MESSAGE_1),
+        steps: list[tuple[str, Callable[[str], str], str]] = [
+            (UTILS, functools.partial(patch_1, release=release), MESSAGE_1),
             (MORI, patch_2, MESSAGE_2),
             (UTILS, patch_3, MESSAGE_3),
         ]
