@@ -149,11 +149,10 @@ class TestPatchesCommand(CustomTestCase):
         self.assertIn("patch -p2 -d", text)
 
     def test_doctor_has_one_patches_line(self) -> None:
-        """``doctor`` prints exactly one line about the series."""
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            cli.main(["doctor"])
-        lines = [line for line in out.getvalue().splitlines() if line.startswith("patches:")]
+        """``doctor`` (in a fresh interpreter, as operators run it) prints exactly one line
+        about the series."""
+        done = fresh_python("from sglang_dsv4_guard.cli import main; raise SystemExit(main(['doctor']))")
+        lines = [line for line in done.stdout.splitlines() if line.startswith("patches:")]
         assert INSTALLED is not None
         self.assertEqual(lines, [f"patches: series {INSTALLED.name}, 3 patches: 3 would apply "
                                  "(sglang-dsv4-guard patches)"])
