@@ -1,4 +1,4 @@
-"""``sglang-dsv4-guard``: doctor, explain, demo, preflight.
+"""``sglang-dsv4-guard``: doctor, explain, demo, preflight, patches.
 
 - ``doctor``: the installed SGLang release and whether it is supported, the settings
   read from the environment (and what is wrong with them), the SGLang entry point,
@@ -8,6 +8,8 @@
   mismatches, unguarded, then guarded, then a passing pair.
 - ``preflight``: SGLang's MORI TP check (DSV4G006) on a planned deployment, before
   any GPU is allocated.
+- ``patches``: the SGLang patch series for the installed release, and for each patch
+  whether SGLang carries it, would take it, or why not (:mod:`sglang_dsv4_guard.patchset`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def _doctor(_: argparse.Namespace) -> int:
     print(f"target MoriKVManager._send_swa_dsa_state: {where}")
     plugins = build_plugins()
     print(f"guard plug-ins: {', '.join(plugins.names())}")
+    from sglang_dsv4_guard.patchset import summary_line
+
+    print(summary_line())
     for failure in plugins.load_problems:
         ok = False
         print(f"problem: {failure.summary}: {'; '.join(failure.details)}")
@@ -125,6 +130,14 @@ def _preflight(args: argparse.Namespace) -> int:
     return 1 if findings else 0
 
 
+def _patches(_: argparse.Namespace) -> int:
+    from sglang_dsv4_guard.patchset import status_report
+
+    lines, ok = status_report()
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-dsv4-guard", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="store_true",
@@ -147,6 +160,8 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--no-swa-state", dest="swa_state", action="store_false",
                      help="the model registers no 'swa' state component")
     pre.set_defaults(run=_preflight)
+    sub.add_parser("patches", help="list the SGLang patch series for the installed release "
+                   "and whether each patch applies (read-only)").set_defaults(run=_patches)
     return parser
 
 
@@ -161,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sglang-dsv4-guard {__version__}; {line}")
         return 0 if supported else 1
     if args.command is None:
-        parser.error("a command is required: doctor, explain, demo or preflight")
+        parser.error("a command is required: doctor, explain, demo, preflight or patches")
     return int(args.run(args))
 
 
