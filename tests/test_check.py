@@ -53,6 +53,10 @@ class TestMoriTp(CustomTestCase):
         self.assertEqual(deprecated, sglang_release() >= Version("0.5.22"))
         status, doc = check_json(prefill, server("decode", GPT_OSS, "--tp-size 8"))
         self.assertEqual((status, codes(doc)), (1, ["DSV4G006"]))
+        typed = {o["name"]: o["value"] for o in doc["findings"][0]["observations"]
+                 if o["role"] == "prefill"}
+        self.assertEqual((typed["attn_tp_size"], typed["dp_size"], typed["enable_dp_attention"]),
+                         (4, 2, True))
 
     def test_attn_dp_size_where_the_release_has_it(self) -> None:
         """0.5.22+ take ``--attn-dp-size``; older releases refuse it with exit 2 naming it."""
@@ -199,6 +203,21 @@ class TestOutput(CustomTestCase):
         self.assertIn("[DSV4G006] error:", out)
         self.assertIn("fix: ", out)
         self.assertTrue(out.rstrip().endswith("check: 1 error(s), 0 warning(s)"))
+
+    def test_every_code_documented(self) -> None:
+        """Every catalogued code, the new check codes included, has a README row and an
+        ``explain`` entry with a fix."""
+        from pathlib import Path
+
+        from sglang_dsv4_guard.codes import CODES
+
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        for code in CODES:
+            with self.subTest(code=code):
+                self.assertIn(f'<a id="{code.lower()}"></a>`{code}`', readme)
+                status, out, _ = run_cli("explain", code)
+                self.assertEqual(status, 0)
+                self.assertIn("fix: ", out)
 
 
 if __name__ == "__main__":

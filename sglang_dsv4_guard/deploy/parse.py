@@ -45,11 +45,13 @@ class CheckInputError(ValueError):
 
 @dataclass(frozen=True)
 class SideArgs:
-    """One server's flags as the release parsed them (``values``), its env and role."""
+    """One server's flags: as typed (``typed``, the parser's namespace) and after the
+    release's deprecated-spelling rewrite (``values``); its env and role."""
 
     role: str
     argv: tuple[str, ...]
     values: Mapping[str, Any]
+    typed: Mapping[str, Any]
     env: Mapping[str, str]
     deprecated: tuple[str, ...]
     resolved_by: str
@@ -161,12 +163,13 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     parser.role_option = option
     ServerArgs.add_cli_args(parser)
     namespace = parser.parse_args(argv)
-    _validate(option, {name: getattr(namespace, name, None) for name in FIELDS})
+    typed = {name: getattr(namespace, name, None) for name in FIELDS}
+    _validate(option, typed)
     values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)
     mode = values.get("disaggregation_mode")
     if mode not in (None, "null", role):
         raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
                                       f"needs {role!r}")
-    return SideArgs(role, tuple(argv), values, dict(env), _deprecated(parser, argv),
+    return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
                     resolved_by)

@@ -88,7 +88,7 @@ def _mori(prefill: Side, decode: Side) -> list[Finding]:
         is_mla_backend=prefill.model.uses_mla_pool, attn_tp_size=prefill.attn_tp_size,
         decode_tp_size=decode.attn_tp_size,
         state_types=("swa",) if prefill.swa_state else (), tp_size=a.get("tp_size"),
-        dp_size=a.get("dp_size"), enable_dp_attention=a.get("enable_dp_attention"),
+        dp_size=a.typed.get("dp_size"), enable_dp_attention=a.typed.get("enable_dp_attention"),
         pp_size=a.get("pp_size"), engine_key="planned decode server")
     return build_plugins().collect("sglang_dsv4_guard_check_send", {
         "transfer": snap, "context": SendContext(profile_for(version), "on", "register")})
