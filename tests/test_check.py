@@ -23,7 +23,9 @@ from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
-NEXTN = "--speculative-algorithm NEXTN --speculative-num-draft-tokens 4"
+# DeepSeek-V4 takes EAGLE with top-k 1 (SGLang's resolution refuses NEXTN for it).
+NEXTN = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "
+         "--speculative-num-draft-tokens 4")
 
 
 class TestMoriTp(CustomTestCase):
@@ -121,6 +123,30 @@ class TestDeepSeekV4State(CustomTestCase):
         self.assertEqual((status, doc["state_check_runs"]), (0, []))
 
 
+class TestResolution(CustomTestCase):
+    """The release's own ServerArgs resolution runs on each server's flags."""
+
+    def test_g026_nextn_refused_for_deepseek_v4(self) -> None:
+        """SGLang refuses ``--speculative-algorithm NEXTN`` for DeepSeek-V4 during resolution:
+        DSV4G026 quotes its message, exit 1."""
+        status, doc = check_json(server("prefill", DSV4, "--speculative-algorithm NEXTN"),
+                                 server("decode", DSV4))
+        self.assertEqual(status, 1)
+        self.assertEqual(codes(doc)[0], "DSV4G026")
+        refusal = doc["findings"][0]["observations"][0]["value"]
+        self.assertIn("speculative algorithm", refusal)
+        self.assertEqual(doc["findings"][0]["subject"], "prefill server flags")
+
+    def test_dsv4_page_size_from_the_release(self) -> None:
+        """DeepSeek-V4's page size is what the release's resolution makes it (256), whatever
+        --page-size says; so 128 against 256 is no asymmetry."""
+        status, doc = check_json(server("prefill", DSV4, "--page-size 128"), server("decode", DSV4))
+        self.assertEqual((status, codes(doc)), (0, []))
+        self.assertEqual(doc["derived"]["prefill"]["page_size"], 256)
+        self.assertEqual(doc["derived"]["prefill"]["page_size_source"],
+                         "SGLang's resolution of the flags")
+
+
 class TestAsymmetries(CustomTestCase):
     """Prefill/decode differences the runtime checks never see: warnings, exit 0."""
 
@@ -132,8 +158,8 @@ class TestAsymmetries(CustomTestCase):
 
     def test_g021_draft_token_counts_differ(self) -> None:
         """4 draft tokens against 2 is DSV4G021 with both counts."""
-        decode = server("decode", DSV4, "--speculative-algorithm NEXTN "
-                                        "--speculative-num-draft-tokens 2")
+        decode = server("decode", DSV4, "--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
+                                        "--speculative-num-steps 1 --speculative-num-draft-tokens 2")
         status, doc = check_json(server("prefill", DSV4, NEXTN), decode)
         self.assertEqual((status, codes(doc)), (0, ["DSV4G021"]))
         tokens = [o["value"] for o in doc["findings"][0]["observations"]

@@ -15,12 +15,10 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_dsv4_guard.deploy.parse import CheckInputError, SideArgs
+from sglang_dsv4_guard.deploy.parse import CheckInputError, SideArgs, offline_env
 
 __all__ = ["DSV4_ARCHITECTURES", "ModelFacts", "Side", "derive_side", "load_model"]
 
@@ -102,19 +100,6 @@ class Side:
         }
 
 
-@contextmanager
-def _offline() -> Iterator[None]:
-    saved = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = saved
-
-
 def _kwargs_for(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
     params = inspect.signature(fn).parameters
     return {k: v for k, v in candidates.items() if k in params}
@@ -131,7 +116,7 @@ def load_model(option: str, path: str, draft: bool = False,
     kwargs = _kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
                                                 "speculative_algorithm": algorithm})
     try:
-        with _offline():
+        with offline_env():
             config = ModelConfig(path, **kwargs)
     except Exception as exc:  # SGLang's and transformers' errors on a bad config.json
         raise CheckInputError(option, f"SGLang's ModelConfig cannot read {path}/config.json: "
@@ -185,7 +170,8 @@ def derive_side(args: SideArgs) -> Side:
         draft = load_model(option, draft_path, draft=True, algorithm=str(algorithm))
     attn_tp, attn_dp = attention_tp(args)
     page = args.get("page_size")
-    source = "server flag --page-size"
+    source = ("SGLang's resolution of the flags" if args.resolution_error is None
+              else "server flag --page-size")
     if page is None and model.is_dsv4:
         page, source = DSV4_PAGE_SIZE, "SGLang's DeepSeek-V4 default (no --page-size)"
     elif page is None:

@@ -1,22 +1,29 @@
 """One server's launch arguments, read by the installed SGLang release's own parser.
 
 ``ServerArgs.add_cli_args(parser)`` is the release's flag table (types, choices,
-defaults and deprecated spellings). Full resolution (``ServerArgs.__post_init__`` up to
-0.5.21, ``ServerArgs.resolve_once`` from 0.5.22) probes the accelerator and cannot run
-on a CPU-only machine, so only the release's own step that rewrites the deprecated
-``--dp-size N --enable-dp-attention`` into ``--attn-dp-size N`` is applied, when the
-release has it (``arg_groups.parallel_hook.handle_deprecated_dp_attention``).
+defaults and deprecated spellings). Then the release's own resolution runs
+(``ServerArgs.__post_init__`` up to 0.5.21, ``ServerArgs.resolve_once`` from 0.5.22:
+model defaults such as DeepSeek-V4's page size, speculative defaults, deprecated
+spellings, its validations) with ``--device cpu`` when the flags name no device (it
+probes the accelerator otherwise), the server's environment applied and the process
+environment restored afterwards. When resolution refuses the flags, that refusal is
+kept (``resolution_error``) and only the release's rewrite of the deprecated
+``--dp-size N --enable-dp-attention`` is applied, where the release has it
+(``arg_groups.parallel_hook.handle_deprecated_dp_attention``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-__all__ = ["CheckInputError", "SideArgs", "parse_env", "parse_side"]
+__all__ = ["CheckInputError", "SideArgs", "offline_env", "parse_env", "parse_side"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -55,6 +62,7 @@ class SideArgs:
     env: Mapping[str, str]
     deprecated: tuple[str, ...]
     resolved_by: str
+    resolution_error: str | None = None
 
     def get(self, name: str) -> Any:
         """A parsed field, ``None`` when the release has no such field."""
@@ -114,6 +122,49 @@ def _deprecated(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[s
     return tuple(used)
 
 
+@contextmanager
+def offline_env(env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """``HF_HUB_OFFLINE=1`` and ``env`` for the block; the process environment restored after
+    (SGLang's resolution writes environment variables)."""
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _view(server_args: Any) -> Any:
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolving_view
+    except ImportError:
+        return server_args
+    return resolving_view(server_args)
+
+
+def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]
+             ) -> tuple[dict[str, Any] | None, str | None]:
+    """The release's full resolution: the resolved fields, or ``None`` and its refusal."""
+    from sglang.srt.server_args import ServerArgs
+
+    ns = copy.copy(namespace)
+    if getattr(ns, "device", None) is None:
+        ns.device = "cpu"
+    try:
+        with offline_env(env):
+            server_args = ServerArgs.from_cli_args(ns)  # resolves here up to 0.5.21
+            resolve = getattr(server_args, "resolve_once", None)
+            if resolve is not None:
+                resolve()
+    except Exception as exc:  # SGLang's own verdict on these flags, reported as DSV4G026
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, f"{type(exc).__name__}: {first}"
+    view = _view(server_args)
+    return {name: getattr(view, name, None) for name in FIELDS}, None
+
+
 def _resolve_deprecated_dp(namespace: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The release's own rewrite of ``--enable-dp-attention``, where it has one."""
     values = {name: getattr(namespace, name, None) for name in FIELDS}
@@ -165,11 +216,16 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     namespace = parser.parse_args(argv)
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
-    values, resolved_by = _resolve_deprecated_dp(namespace)
+    resolved, refusal = _resolve(namespace, env)
+    if resolved is not None:
+        values, resolved_by = resolved, "the release's parser and its full resolution " \
+                                         "(--device cpu unless the flags name a device)"
+    else:
+        values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)
     mode = values.get("disaggregation_mode")
     if mode not in (None, "null", role):
         raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
                                       f"needs {role!r}")
     return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
-                    resolved_by)
+                    resolved_by, refusal)

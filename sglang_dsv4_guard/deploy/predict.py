@@ -21,7 +21,7 @@ from sglang_dsv4_guard.deploy.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.deploy.derive import Side, derive_side
 from sglang_dsv4_guard.deploy.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.deploy.pools import PoolRun, draft_ratio, run_state_check
-from sglang_dsv4_guard.findings import Finding, Report, Severity
+from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
 
 __all__ = ["CheckResult", "run_check"]
 
@@ -72,6 +72,22 @@ def _view(side: Side) -> SideView:
         unified_kv=side.unified_kv,
         hack_flashmla_backend=side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND"),
     )
+
+
+def _refused(side: Side) -> Finding:
+    """DSV4G026: the release's resolution raised for this server's flags."""
+    from sglang_dsv4_guard.codes import CODES, docs_url
+
+    info = CODES["DSV4G026"]
+    return Finding(
+        code="DSV4G026", severity=Severity.ERROR, summary=info.title,
+        subject=f"{side.role} server flags",
+        observations=(Observation(side.role, "resolution", side.args.resolution_error,
+                                  "ServerArgs resolution of the installed release"),),
+        details=(f"the {side.role} server's flags: {' '.join(side.args.argv)}",
+                 "derived values below come from the flags as parsed, without SGLang's "
+                 "model defaults"),
+        fixes=info.fixes, docs=docs_url("DSV4G026"))
 
 
 def _mori(prefill: Side, decode: Side) -> list[Finding]:
@@ -144,7 +160,8 @@ def run_check(prefill_args: str, decode_args: str,
                                         f"check supports {SUPPORTED_MIN} to {SUPPORTED_MAX}")
     prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
     decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
-    findings: list[Finding] = []
+    findings: list[Finding] = [_refused(s) for s in (prefill, decode)
+                               if s.args.resolution_error is not None]
     runs = [run for run in (run_state_check(prefill), run_state_check(decode)) if run]
     for run in runs:
         findings.extend(run.findings)
