@@ -158,7 +158,7 @@ def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]
             resolve = getattr(server_args, "resolve_once", None)
             if resolve is not None:
                 resolve()
-    except Exception as exc:  # SGLang's own verdict on these flags, reported as DSV4G026
+    except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: DSV4G026
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return None, f"{type(exc).__name__}: {first}"
     view = _view(server_args)

@@ -140,6 +140,12 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
                      "DSV4G006 is MORI's check only")
     notes.append("the model paths are compared as typed; whether they hold the same "
                  "checkpoint on their hosts is not known here")
+    notes.append("both servers are assumed to run the SGLang release installed here; "
+                 "SGLang's resolution ran with --device cpu unless the flags name a device")
+    if prefill.unified_kv or decode.unified_kv:
+        notes.append("DSV4G002 (target and draft pools in different unified-KV modes) cannot "
+                     "come from the environment: both pools of one server read "
+                     "SGLANG_HACK_FLASHMLA_BACKEND once")
     return notes
 
 
