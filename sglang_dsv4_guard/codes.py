@@ -199,8 +199,8 @@ CODES: dict[str, CodeInfo] = {
             "SGLang's own argument resolution refuses a server's flags",
             None,
             "`sglang-dsv4-guard check`: the installed release's ServerArgs resolution "
-            "(model defaults and validations, run here with --device cpu when the flags name "
-            "no device) raised for this server's flags, e.g. a speculative algorithm the "
+            "(model defaults and validations, run here with --device cpu) raised for this "
+            "server's flags, e.g. a speculative algorithm the "
             "model does not support. The server would stop at start-up. The check goes on "
             "with the flags as parsed. A refusal that is about the CPU device itself is "
             "this machine's, not the server's.",

@@ -60,7 +60,13 @@ class TestBadInput(CustomTestCase):
     def test_model_without_config_json(self) -> None:
         """A model path without config.json is named with the path."""
         err = self.bad(server("prefill", DATA))
-        self.assertIn(f"--prefill: no config.json in {DATA!r}", err)
+        self.assertIn(f"--prefill: --model-path: no config.json in {DATA!r}", err)
+
+    def test_draft_model_without_config_json(self) -> None:
+        """A draft model path without config.json is named with its flag."""
+        err = self.bad(server("prefill", LLAMA, "--speculative-algorithm EAGLE "
+                                                f"--speculative-draft-model-path {DATA}"))
+        self.assertIn("--speculative-draft-model-path: no config.json", err)
 
     def test_missing_model_path(self) -> None:
         """Arguments without --model-path are refused."""

@@ -4,12 +4,13 @@
 defaults and deprecated spellings). Then the release's own resolution runs
 (``ServerArgs.__post_init__`` up to 0.5.21, ``ServerArgs.resolve_once`` from 0.5.22:
 model defaults such as DeepSeek-V4's page size, speculative defaults, deprecated
-spellings, its validations) with ``--device cpu`` when the flags name no device (it
-probes the accelerator otherwise), the server's environment applied and the process
-environment restored afterwards. When resolution refuses the flags, that refusal is
-kept (``resolution_error``) and only the release's rewrite of the deprecated
-``--dp-size N --enable-dp-attention`` is applied, where the release has it
-(``arg_groups.parallel_hook.handle_deprecated_dp_attention``).
+spellings, its validations) with ``--device cpu`` (it probes the accelerator
+otherwise), the server's environment applied and the process environment restored
+afterwards; device-specific defaults (NPU's page size) are therefore not applied.
+When resolution refuses the flags, that refusal is kept (``resolution_error``) and
+only the release's rewrite of the deprecated ``--dp-size N --enable-dp-attention`` is
+applied, where the release has it (``arg_groups.parallel_hook.
+handle_deprecated_dp_attention``).
 """
 
 from __future__ import annotations
@@ -150,8 +151,7 @@ def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]
     from sglang.srt.server_args import ServerArgs
 
     ns = copy.copy(namespace)
-    if getattr(ns, "device", None) is None:
-        ns.device = "cpu"
+    ns.device = "cpu"  # any other device is probed, and fails on a machine without it
     try:
         with offline_env(env):
             server_args = ServerArgs.from_cli_args(ns)  # resolves here up to 0.5.21
@@ -199,9 +199,15 @@ def _validate(option: str, values: Mapping[str, Any]) -> None:
     if tp % (attn_dp * cp):
         raise CheckInputError(option, f"--tp-size {tp} is not divisible by the attention DP "
                                       f"size {attn_dp} times the attention CP size {cp}")
-    if not values.get("model_path"):
-        raise CheckInputError(option, "--model-path is required (a local directory with "
-                                      "config.json)")
+    for name, flag in (("model_path", "--model-path"),
+                       ("speculative_draft_model_path", "--speculative-draft-model-path")):
+        path = values.get(name)
+        if name == "model_path" and not path:
+            raise CheckInputError(option, "--model-path is required (a local directory with "
+                                          "config.json)")
+        if path and not os.path.isfile(os.path.join(str(path), "config.json")):
+            raise CheckInputError(option, f"{flag}: no config.json in {str(path)!r} (give a "
+                                          "local directory; weights are not needed)")
 
 
 def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
@@ -219,7 +225,7 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     resolved, refusal = _resolve(namespace, env)
     if resolved is not None:
         values, resolved_by = resolved, "the release's parser and its full resolution " \
-                                         "(--device cpu unless the flags name a device)"
+                                         "(run with --device cpu)"
     else:
         values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)

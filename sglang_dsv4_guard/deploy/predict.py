@@ -141,7 +141,8 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
     notes.append("the model paths are compared as typed; whether they hold the same "
                  "checkpoint on their hosts is not known here")
     notes.append("both servers are assumed to run the SGLang release installed here; "
-                 "SGLang's resolution ran with --device cpu unless the flags name a device")
+                 "SGLang's resolution ran with --device cpu, so device-specific defaults "
+                 "(e.g. DeepSeek-V4's page size 128 on NPU) are not applied")
     if prefill.unified_kv or decode.unified_kv:
         notes.append("DSV4G002 (target and draft pools in different unified-KV modes) cannot "
                      "come from the environment: both pools of one server read "
