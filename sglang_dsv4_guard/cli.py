@@ -1,4 +1,4 @@
-"""``sglang-dsv4-guard``: doctor, explain, demo, preflight.
+"""``sglang-dsv4-guard``: doctor, explain, demo, check, patches.
 
 - ``doctor``: the installed SGLang release and whether it is supported, the settings
   read from the environment (and what is wrong with them), the SGLang entry point,
@@ -6,8 +6,11 @@
 - ``explain CODE``: what a code means and how to fix it.
 - ``demo``: SGLang's real ``setup_state_kv_args`` on a built-in pair with several
   mismatches, unguarded, then guarded, then a passing pair.
-- ``preflight``: SGLang's MORI TP check (DSV4G006) on a planned deployment, before
-  any GPU is allocated.
+- ``check``: a PD deployment's failures predicted from the two servers' launch flags,
+  with the installed release's own parser, model config and checks (``deploy/``);
+  ``preflight`` was replaced by it.
+- ``patches``: the SGLang patch series for the installed release, and for each patch
+  whether SGLang carries it, would take it, or why not (:mod:`sglang_dsv4_guard.patchset`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import json
 import sys
 from collections.abc import Sequence
 
@@ -65,6 +69,9 @@ def _doctor(_: argparse.Namespace) -> int:
     print(f"target MoriKVManager._send_swa_dsa_state: {where}")
     plugins = build_plugins()
     print(f"guard plug-ins: {', '.join(plugins.names())}")
+    from sglang_dsv4_guard.patchset import summary_line
+
+    print(summary_line())
     for failure in plugins.load_problems:
         ok = False
         print(f"problem: {failure.summary}: {'; '.join(failure.details)}")
@@ -93,36 +100,43 @@ def _demo(_: argparse.Namespace) -> int:
     return run_demo()
 
 
-def _preflight(args: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.findings import Report
-    from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
-    from sglang_dsv4_guard.plugins import build_plugins
-    from sglang_dsv4_guard.releases import SUPPORTED_MAX, installed_sglang_version, profile_for
-    from sglang_dsv4_guard.render import render_report
+def _check(args: argparse.Namespace) -> int:
+    from sglang_dsv4_guard.deploy.parse import CheckInputError, parse_env
 
-    def attn_tp(tp: int, dp: int, dp_attention: bool) -> int:
-        return tp // dp if dp_attention else tp
+    try:
+        from sglang_dsv4_guard.deploy.predict import run_check
+        from sglang_dsv4_guard.deploy.text import render_check
 
-    prefill = attn_tp(args.prefill_tp, args.prefill_dp, args.prefill_dp_attention)
-    decode = attn_tp(args.decode_tp, args.decode_dp, args.decode_dp_attention)
-    if args.transfer_backend != "mori":
-        print(f"preflight: nothing to check for transfer backend {args.transfer_backend}")
-        return 0
-    # Planning on a machine without SGLang: the newest supported release's checks.
-    profile = profile_for(installed_sglang_version() or SUPPORTED_MAX)
-    snap = SendSnapshot(state_type="swa" if args.swa_state else "none",
-                        is_mla_backend=args.mla, attn_tp_size=prefill, decode_tp_size=decode,
-                        tp_size=args.prefill_tp, dp_size=args.prefill_dp,
-                        enable_dp_attention=args.prefill_dp_attention)
-    # Through the plug-in manager, so third-party send checks run here too.
-    findings = build_plugins().collect("sglang_dsv4_guard_check_send",
-                                       {"transfer": snap,
-                                        "context": SendContext(profile, "on", "register")})
-    report = Report.of(findings, {"function": "MoriKVManager._send_swa_dsa_state",
-                                  "peer": "planned decode server"})
-    print(render_report(report) or f"preflight: OK (prefill attention TP {prefill}, decode "
-                                    f"attention TP {decode}, MLA={args.mla})")
-    return 1 if findings else 0
+        result = run_check(args.prefill, args.decode,
+                           parse_env("--prefill-env", args.prefill_env),
+                           parse_env("--decode-env", args.decode_env))
+    except CheckInputError as exc:
+        print(f"sglang-dsv4-guard check: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"sglang-dsv4-guard check: error: sglang: cannot import the installed release "
+              f"({exc})", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(render_check(result))
+    return result.exit_status
+
+
+def _preflight() -> int:
+    print("sglang-dsv4-guard preflight: error: preflight was replaced by check, which reads "
+          "the two servers' own launch flags: sglang-dsv4-guard check --prefill \"ARGS\" "
+          "--decode \"ARGS\"", file=sys.stderr)
+    return 2
+
+
+def _patches(_: argparse.Namespace) -> int:
+    from sglang_dsv4_guard.patchset import status_report
+
+    lines, ok = status_report()
+    print("\n".join(lines))
+    return 0 if ok else 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -137,21 +151,33 @@ def _parser() -> argparse.ArgumentParser:
     explain.set_defaults(run=_explain)
     sub.add_parser("demo", help="run SGLang's check on a built-in scenario").set_defaults(
         run=_demo)
-    pre = sub.add_parser("preflight", help="check a planned MORI prefill/decode layout")
-    pre.add_argument("--transfer-backend", default="mori")
+    check = sub.add_parser(
+        "check", help="predict a PD deployment's failures from its two launch command lines",
+        description="Parse both servers' launch arguments with the installed SGLang's own "
+                    "parser and configs, and predict what will fail. Exit 0: no errors; "
+                    "1: errors; 2: input that cannot be read.")
+    check.add_argument("--prefill", required=True, metavar="ARGS",
+                       help="the prefill server's arguments, as typed after "
+                            "'python -m sglang.launch_server' (one quoted string)")
+    check.add_argument("--decode", required=True, metavar="ARGS",
+                       help="the decode server's arguments (one quoted string)")
     for role in ("prefill", "decode"):
-        pre.add_argument(f"--{role}-tp", type=int, required=True)
-        pre.add_argument(f"--{role}-dp", type=int, default=1)
-        pre.add_argument(f"--{role}-dp-attention", action="store_true")
-    pre.add_argument("--mla", action="store_true", help="the model uses an MLA KV pool")
-    pre.add_argument("--no-swa-state", dest="swa_state", action="store_false",
-                     help="the model registers no 'swa' state component")
-    pre.set_defaults(run=_preflight)
+        check.add_argument(f"--{role}-env", action="append", default=[], metavar="K=V",
+                           help=f"an environment variable of the {role} server (repeatable)")
+    check.add_argument("--format", choices=("text", "json"), default="text")
+    check.set_defaults(run=_check)
+    sub.add_parser("patches", help="list the SGLang patch series for the installed release "
+                   "and whether each patch applies (read-only)").set_defaults(run=_patches)
+    # Listed in --help; main() answers it before argparse sees its old options.
+    sub.add_parser("preflight", help="replaced by check", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sglang-dsv4-guard`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["preflight"]:
+        return _preflight()
     parser = _parser()
     args = parser.parse_args(argv)
     if args.version:
@@ -161,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sglang-dsv4-guard {__version__}; {line}")
         return 0 if supported else 1
     if args.command is None:
-        parser.error("a command is required: doctor, explain, demo or preflight")
+        parser.error("a command is required: doctor, explain, demo, check or patches")
     return int(args.run(args))
 
 

@@ -133,6 +133,79 @@ CODES: dict[str, CodeInfo] = {
              "named above",),
         ),
         CodeInfo(
+            "DSV4G020",
+            "speculative decoding on one server of the PD pair only",
+            None,
+            "`sglang-dsv4-guard check`: one server was given --speculative-algorithm and the "
+            "other not. The prefill server sends the draft's KV/state alongside the "
+            "target's; a decode server without a draft has nowhere to put it, and one with "
+            "a draft receives none (its draft starts cold or the transfer layouts disagree).",
+            ("give both servers the same --speculative-algorithm (and draft model), or "
+             "neither",),
+        ),
+        CodeInfo(
+            "DSV4G021",
+            "prefill and decode use different speculative settings",
+            None,
+            "`sglang-dsv4-guard check`: both servers decode speculatively but with a "
+            "different --speculative-algorithm or --speculative-num-draft-tokens. The "
+            "draft-token count sizes the DeepSeek-V4 SWA ring (window + draft tokens - 1), "
+            "so the state the prefill sends does not fit the decode's layout.",
+            ("use one --speculative-algorithm and one --speculative-num-draft-tokens on "
+             "both servers",),
+        ),
+        CodeInfo(
+            "DSV4G022",
+            "prefill and decode use different KV page sizes",
+            None,
+            "`sglang-dsv4-guard check`: the servers' page sizes (--page-size, or the "
+            "model's default) differ. KV is transferred page by page; DeepSeek-V4's paged "
+            "SWA mode requires page size 256 on both.",
+            ("launch both servers with the same --page-size (256 for DeepSeek-V4)",),
+        ),
+        CodeInfo(
+            "DSV4G023",
+            "prefill and decode use different transfer backends",
+            None,
+            "`sglang-dsv4-guard check`: --disaggregation-transfer-backend differs between "
+            "the servers. Both ends of a KV transfer must speak the same engine; the pair "
+            "cannot connect.",
+            ("launch both servers with the same --disaggregation-transfer-backend",),
+        ),
+        CodeInfo(
+            "DSV4G024",
+            "prefill and decode serve different models",
+            None,
+            "`sglang-dsv4-guard check`: --model-path (or the draft's "
+            "--speculative-draft-model-path) differs between the servers, or the two "
+            "config.json files describe different architectures. The decode server would "
+            "continue a KV cache written by another model. Paths on two hosts may name the "
+            "same checkpoint: then this is a reminder to make sure they do.",
+            ("serve the same checkpoint on both servers (same path, or identical copies)",),
+        ),
+        CodeInfo(
+            "DSV4G025",
+            "prefill and decode use different DeepSeek-V4 KV layouts (unified vs paged)",
+            None,
+            "`sglang-dsv4-guard check`: on ROCm, SGLANG_HACK_FLASHMLA_BACKEND="
+            "unified_kv_triton puts SWA in the unified KV ring; it is set for one server "
+            "only. Within a server both pools read it once, so SGLang's own unified-mode "
+            "check (DSV4G002) passes, but the two servers ship state in different layouts.",
+            ("set SGLANG_HACK_FLASHMLA_BACKEND identically in both servers' environments",),
+        ),
+        CodeInfo(
+            "DSV4G026",
+            "SGLang's own argument resolution refuses a server's flags",
+            None,
+            "`sglang-dsv4-guard check`: the installed release's ServerArgs resolution "
+            "(model defaults and validations, run here with --device cpu) raised for this "
+            "server's flags, e.g. a speculative algorithm the "
+            "model does not support. The server would stop at start-up. The check goes on "
+            "with the flags as parsed. A refusal that is about the CPU device itself is "
+            "this machine's, not the server's.",
+            ("change the flag SGLang's message names; the message is quoted in the finding",),
+        ),
+        CodeInfo(
             "DSV4G090",
             "a guard plug-in failed",
             None,

@@ -18,6 +18,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # tests/ holds helpers.py and mori_stub.py, imported by the test modules.
 sys.path.insert(0, os.path.dirname(__file__))
 
+# tests/patched_tree/ runs only on a patched copy of SGLang, which tools/patched_tree.py
+# builds and names in DSV4_GUARD_PATCHED_TREE (make test runs it for every release).
+collect_ignore = [] if os.environ.get("DSV4_GUARD_PATCHED_TREE") else ["patched_tree"]
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:

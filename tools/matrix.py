@@ -263,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     profile = os.environ.get("HYPOTHESIS_PROFILE", "dev")
     start = time.monotonic()
     results = [run(release, args.pytest_args, profile) for release in releases]
+    if not args.pytest_args:  # the whole suite: also the SGLang patch series (patches/)
+        import patched_tree
+
+        for result in results:
+            patched_tree.run_series(result, profile)
     table = summary(results, profile, time.monotonic() - start)
     (WORK / "summary.md").write_text(table + "\n")
     print("\n" + table)

@@ -1,0 +1,87 @@
+"""PD asymmetries no runtime check sees (DSV4G020-DSV4G025): pure functions of two sides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Observation, Severity
+
+__all__ = ["SideView", "asymmetry_findings"]
+
+
+@dataclass(frozen=True)
+class SideView:
+    """The plain values of one server that the asymmetry checks compare."""
+
+    role: str
+    model_path: str
+    architecture: str
+    draft_path: str | None
+    speculative_algorithm: str | None
+    num_draft_tokens: int | None
+    page_size: int | None
+    page_size_source: str
+    transfer_backend: str
+    unified_kv: bool
+    hack_flashmla_backend: str | None
+
+
+def _finding(code: str, subject: str, observations: list[Observation],
+             details: tuple[str, ...] = ()) -> Finding:
+    info = CODES[code]
+    return Finding(code=code, severity=Severity.WARNING, summary=info.title, subject=subject,
+                   observations=tuple(observations), details=details, fixes=info.fixes,
+                   docs=docs_url(code))
+
+
+def _both(name: str, source: str | Callable[[SideView], str],
+          get: Callable[[SideView], object], p: SideView, d: SideView) -> list[Observation]:
+    return [Observation(s.role, name, get(s), source(s) if callable(source) else source)
+            for s in (p, d)]
+
+
+def _speculative(p: SideView, d: SideView) -> list[Finding]:
+    algo = _both("speculative_algorithm", "server flag --speculative-algorithm",
+                 lambda s: s.speculative_algorithm, p, d)
+    if (p.speculative_algorithm is None) != (d.speculative_algorithm is None):
+        return [_finding("DSV4G020", "speculative decoding", algo)]
+    if p.speculative_algorithm is None:
+        return []
+    if p.speculative_algorithm != d.speculative_algorithm \
+            or p.num_draft_tokens != d.num_draft_tokens:
+        tokens = _both("speculative_num_draft_tokens",
+                       "server flag --speculative-num-draft-tokens (None: SGLang's default "
+                       "for the algorithm)", lambda s: s.num_draft_tokens, p, d)
+        return [_finding("DSV4G021", "speculative settings", algo + tokens)]
+    return []
+
+
+def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
+    """Every prefill/decode asymmetry between ``p`` and ``d``, as warnings."""
+    findings = _speculative(p, d)
+    if p.page_size != d.page_size:
+        findings.append(_finding("DSV4G022", "KV page size", _both(
+            "page_size", lambda s: s.page_size_source, lambda s: s.page_size, p, d)))
+    if p.transfer_backend != d.transfer_backend:
+        findings.append(_finding("DSV4G023", "transfer backend", _both(
+            "transfer_backend", "server flag --disaggregation-transfer-backend",
+            lambda s: s.transfer_backend, p, d)))
+    models = []
+    if p.model_path != d.model_path or p.architecture != d.architecture:
+        models += _both("model_path", "server flag --model-path", lambda s: s.model_path, p, d)
+        models += _both("architecture", "config.json architectures",
+                        lambda s: s.architecture, p, d)
+    if p.speculative_algorithm and d.speculative_algorithm and p.draft_path != d.draft_path:
+        models += _both("draft_model_path", "server flag --speculative-draft-model-path "
+                        "(the target's path when not given)", lambda s: s.draft_path, p, d)
+    if models:
+        findings.append(_finding("DSV4G024", "served model", models,
+                                 ("paths are compared as typed; two hosts may hold the same "
+                                  "checkpoint under different paths",)))
+    if p.unified_kv != d.unified_kv:
+        findings.append(_finding("DSV4G025", "DeepSeek-V4 KV layout", _both(
+            "SGLANG_HACK_FLASHMLA_BACKEND", "the server's environment (--prefill-env / "
+            "--decode-env); unified only on ROCm", lambda s: s.hack_flashmla_backend, p, d)))
+    return findings

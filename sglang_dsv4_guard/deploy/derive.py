@@ -1,0 +1,187 @@
+"""What one server will be, derived with the installed release's own code.
+
+- the model: ``ModelConfig`` on the local ``config.json`` (attention architecture,
+  hybrid SWA layers, the DeepSeek-V4 fields); the draft model with ``is_draft_model=True``
+  as the draft worker loads it (a DeepSeek-V4 draft becomes its NextN architecture);
+- attention TP: the release's ``compute_dp_attention_world_info`` (called for rank 0 with
+  the keyword arguments its signature takes: ``enable_dp_attention``/``dp_size`` up to
+  0.5.21, ``attn_dp_size`` from 0.5.22, ``attn_cp_size`` everywhere).
+
+Hugging Face hub look-ups are switched off (``HF_HUB_OFFLINE=1``) while configs load.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_dsv4_guard.deploy.parse import CheckInputError, SideArgs, offline_env
+
+__all__ = ["DSV4_ARCHITECTURES", "ModelFacts", "Side", "derive_side", "load_model"]
+
+log = logging.getLogger("sglang_dsv4_guard")
+
+DSV4_ARCHITECTURES = ("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
+                      "DeepseekV4ForCausalLMDSpark")
+# The page size SGLang's DeepSeek-V4 model override sets when --page-size is not given
+# (arg_groups/model_overrides/deepseek_v4.py); paged SWA mode asserts it.
+DSV4_PAGE_SIZE = 256
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What ``ModelConfig`` says about one checkpoint."""
+
+    path: str
+    architecture: str
+    attention_arch: str
+    is_hybrid_swa: bool
+    is_dsv4: bool
+    sliding_window: int | None
+    compress_ratios: tuple[int, ...]
+    nextn_layers: int
+    num_layers: int
+
+    @property
+    def uses_mla_pool(self) -> bool:
+        """SGLang's ``is_mla_backend``: an MLA pool, or the DeepSeek-V4 pool it counts as one."""
+        return self.attention_arch == "MLA" or self.is_dsv4
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return {"path": self.path, "architecture": self.architecture,
+                "attention_arch": self.attention_arch, "mla_pool": self.uses_mla_pool,
+                "hybrid_swa": self.is_hybrid_swa, "dsv4": self.is_dsv4,
+                "sliding_window": self.sliding_window,
+                "compress_ratios": list(self.compress_ratios),
+                "nextn_layers": self.nextn_layers, "num_layers": self.num_layers}
+
+
+@dataclass(frozen=True)
+class Side:
+    """One server of the pair, derived."""
+
+    args: SideArgs
+    model: ModelFacts
+    draft: ModelFacts | None
+    attn_tp_size: int
+    attn_dp_size: int
+    page_size: int | None
+    page_size_source: str
+    transfer_backend: str
+    speculative_algorithm: str | None
+    num_draft_tokens: int | None
+    swa_state: bool
+    unified_kv: bool
+
+    @property
+    def role(self) -> str:
+        """``prefill`` or ``decode``."""
+        return self.args.role
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready derived values."""
+        a = self.args
+        return {
+            "model": self.model.to_dict(),
+            "draft_model": self.draft.to_dict() if self.draft else None,
+            "tp_size": a.get("tp_size"), "attn_dp_size": self.attn_dp_size,
+            "attn_cp_size": a.get("attn_cp_size"), "attn_tp_size": self.attn_tp_size,
+            "mla_pool": self.model.uses_mla_pool, "hybrid_swa": self.model.is_hybrid_swa,
+            "dsv4": self.model.is_dsv4, "swa_state": self.swa_state,
+            "page_size": self.page_size, "page_size_source": self.page_size_source,
+            "speculative_algorithm": self.speculative_algorithm,
+            "speculative_num_draft_tokens": self.num_draft_tokens,
+            "transfer_backend": self.transfer_backend, "unified_kv": self.unified_kv,
+            "deprecated_flags": list(a.deprecated), "parsed_by": a.resolved_by,
+        }
+
+
+def _kwargs_for(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in candidates.items() if k in params}
+
+
+def load_model(option: str, path: str, draft: bool = False,
+               algorithm: str | None = None) -> ModelFacts:
+    """``ModelConfig`` on ``path``/config.json; a missing or unreadable one names ``option``."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise CheckInputError(option, f"no config.json in {path!r} (give a local directory; "
+                                      "weights are not needed)")
+    kwargs = _kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
+                                                "speculative_algorithm": algorithm})
+    try:
+        with offline_env():
+            config = ModelConfig(path, **kwargs)
+    except Exception as exc:  # SGLang's and transformers' errors on a bad config.json
+        raise CheckInputError(option, f"SGLang's ModelConfig cannot read {path}/config.json: "
+                                      f"{type(exc).__name__}: {exc}") from None
+    hf = config.hf_config
+    arch = (getattr(hf, "architectures", None) or ["?"])[0]
+    attn = getattr(config.attention_arch, "name", str(config.attention_arch))
+    ratios = tuple(int(r) for r in (getattr(hf, "compress_ratios", None) or ()))
+    window = getattr(hf, "sliding_window", None)
+    return ModelFacts(
+        path=path, architecture=arch, attention_arch=attn,
+        is_hybrid_swa=bool(getattr(config, "is_hybrid_swa", False)),
+        is_dsv4=arch in DSV4_ARCHITECTURES,
+        sliding_window=int(window) if isinstance(window, int) else None,
+        compress_ratios=ratios,
+        nextn_layers=int(getattr(hf, "num_nextn_predict_layers", 0) or 0),
+        num_layers=int(getattr(hf, "num_hidden_layers", 0) or 0),
+    )
+
+
+def attention_tp(args: SideArgs) -> tuple[int, int]:
+    """(attention TP, attention DP) from the release's ``compute_dp_attention_world_info``."""
+    from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
+
+    candidates = {"tp_rank": 0, "tp_size": args.get("tp_size") or 1,
+                  "dp_size": args.get("dp_size") or 1,
+                  "enable_dp_attention": bool(args.get("enable_dp_attention")),
+                  "attn_dp_size": args.get("attn_dp_size") or 1,
+                  "attn_cp_size": args.get("attn_cp_size") or 1}
+    result = compute_dp_attention_world_info(
+        **_kwargs_for(compute_dp_attention_world_info, candidates))
+    return int(result[1]), int(result[3])
+
+
+def _unified(args: SideArgs, backend: str, model: ModelFacts) -> bool:
+    # is_unified_kv_triton(): is_hip() and SGLANG_HACK_FLASHMLA_BACKEND == unified_kv_triton.
+    # The check runs on another machine, so ROCm is inferred: MORI is AMD's transfer engine.
+    return (model.is_dsv4 and backend == "mori"
+            and args.env.get("SGLANG_HACK_FLASHMLA_BACKEND", "") == "unified_kv_triton")
+
+
+def derive_side(args: SideArgs) -> Side:
+    """Everything the predictions need about one server."""
+    option = f"--{args.role}"
+    model_path = str(args.get("model_path"))
+    model = load_model(option, model_path)
+    algorithm = args.get("speculative_algorithm")
+    draft = None
+    if algorithm:
+        draft_path = str(args.get("speculative_draft_model_path") or model_path)
+        draft = load_model(option, draft_path, draft=True, algorithm=str(algorithm))
+    attn_tp, attn_dp = attention_tp(args)
+    page = args.get("page_size")
+    source = ("SGLang's resolution of the flags" if args.resolution_error is None
+              else "server flag --page-size")
+    if page is None and model.is_dsv4:
+        page, source = DSV4_PAGE_SIZE, "SGLang's DeepSeek-V4 default (no --page-size)"
+    elif page is None:
+        source = "SGLang's platform default (no --page-size)"
+    backend = str(args.get("disaggregation_transfer_backend") or "?")
+    swa_state = (model.is_hybrid_swa and not model.uses_mla_pool
+                 and not args.get("disable_hybrid_swa_memory"))
+    return Side(args=args, model=model, draft=draft, attn_tp_size=attn_tp,
+                attn_dp_size=attn_dp, page_size=page, page_size_source=source,
+                transfer_backend=backend,
+                speculative_algorithm=str(algorithm) if algorithm else None,
+                num_draft_tokens=args.get("speculative_num_draft_tokens"),
+                swa_state=swa_state, unified_kv=_unified(args, backend, model))

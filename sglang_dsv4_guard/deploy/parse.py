@@ -1,0 +1,237 @@
+"""One server's launch arguments, read by the installed SGLang release's own parser.
+
+``ServerArgs.add_cli_args(parser)`` is the release's flag table (types, choices,
+defaults and deprecated spellings). Then the release's own resolution runs
+(``ServerArgs.__post_init__`` up to 0.5.21, ``ServerArgs.resolve_once`` from 0.5.22:
+model defaults such as DeepSeek-V4's page size, speculative defaults, deprecated
+spellings, its validations) with ``--device cpu`` (it probes the accelerator
+otherwise), the server's environment applied and the process environment restored
+afterwards; device-specific defaults (NPU's page size) are therefore not applied.
+When resolution refuses the flags, that refusal is kept (``resolution_error``) and
+only the release's rewrite of the deprecated ``--dp-size N --enable-dp-attention`` is
+applied, where the release has it (``arg_groups.parallel_hook.
+handle_deprecated_dp_attention``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+__all__ = ["CheckInputError", "SideArgs", "offline_env", "parse_env", "parse_side"]
+
+# ServerArgs fields the check reads; a release without one reads as None.
+FIELDS = (
+    "model_path", "tp_size", "dp_size", "attn_dp_size", "attn_cp_size", "pp_size",
+    "enable_dp_attention", "page_size", "disaggregation_mode",
+    "disaggregation_transfer_backend", "speculative_algorithm",
+    "speculative_draft_model_path", "speculative_num_draft_tokens",
+    "speculative_num_steps", "speculative_eagle_topk", "kv_cache_dtype",
+    "disable_hybrid_swa_memory",
+)
+# Positive integers, with the flag that sets each.
+_POSITIVE = (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
+             ("attn_dp_size", "--attn-dp-size"), ("attn_cp_size", "--attn-cp-size"),
+             ("pp_size", "--pp-size"), ("page_size", "--page-size"),
+             ("speculative_num_draft_tokens", "--speculative-num-draft-tokens"),
+             ("speculative_num_steps", "--speculative-num-steps"))
+
+
+class CheckInputError(ValueError):
+    """Input ``check`` cannot read: the argument at fault, its value and what is accepted."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(f"{argument}: {message}")
+        self.argument = argument
+
+
+@dataclass(frozen=True)
+class SideArgs:
+    """One server's flags: as typed (``typed``, the parser's namespace) and after the
+    release's deprecated-spelling rewrite (``values``); its env and role."""
+
+    role: str
+    argv: tuple[str, ...]
+    values: Mapping[str, Any]
+    typed: Mapping[str, Any]
+    env: Mapping[str, str]
+    deprecated: tuple[str, ...]
+    resolved_by: str
+    resolution_error: str | None = None
+
+    def get(self, name: str) -> Any:
+        """A parsed field, ``None`` when the release has no such field."""
+        return self.values.get(name)
+
+
+class _Parser(argparse.ArgumentParser):
+    """The release's flag table; an error raises instead of printing usage and exiting."""
+
+    role_option = "--?"
+
+    def error(self, message: str) -> NoReturn:
+        raise CheckInputError(self.role_option, f"SGLang's parser: {message}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise CheckInputError(self.role_option, message or "the parser asked to exit")
+
+
+def parse_env(option: str, items: Sequence[str]) -> dict[str, str]:
+    """``K=V`` strings into a mapping; a malformed item names ``option`` and the item."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or any(c.isspace() for c in key):
+            raise CheckInputError(option, f"expected K=V with a variable name K (got {item!r})")
+        env[key] = value
+    return env
+
+
+def _split(option: str, text: str) -> list[str]:
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise CheckInputError(option, f"cannot split the command line: {exc} (got {text!r})") \
+            from None
+    if not argv:
+        raise CheckInputError(option, "empty; give the server's launch arguments")
+    if argv[:3] == ["python", "-m", "sglang.launch_server"] or argv[:2] == ["-m",
+                                                                          "sglang.launch_server"]:
+        argv = argv[3:] if argv[0] == "python" else argv[2:]
+    for token in argv:
+        if token in ("-h", "--help"):
+            raise CheckInputError(option, f"{token} is not a server setting")
+        if token == "--config" or token.startswith("--config="):
+            raise CheckInputError(option, "--config (a YAML file of flags) is not read by "
+                                          "check; give the flags on the command line")
+    return argv
+
+
+def _deprecated(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[str, ...]:
+    used = []
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        action = parser._option_string_actions.get(flag)
+        if action is not None and type(action).__name__.startswith("Deprecated"):
+            used.append(flag)
+    return tuple(used)
+
+
+@contextmanager
+def offline_env(env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """``HF_HUB_OFFLINE=1`` and ``env`` for the block; the process environment restored after
+    (SGLang's resolution writes environment variables)."""
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _view(server_args: Any) -> Any:
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolving_view
+    except ImportError:
+        return server_args
+    return resolving_view(server_args)
+
+
+def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]
+             ) -> tuple[dict[str, Any] | None, str | None]:
+    """The release's full resolution: the resolved fields, or ``None`` and its refusal."""
+    from sglang.srt.server_args import ServerArgs
+
+    ns = copy.copy(namespace)
+    ns.device = "cpu"  # any other device is probed, and fails on a machine without it
+    try:
+        with offline_env(env):
+            server_args = ServerArgs.from_cli_args(ns)  # resolves here up to 0.5.21
+            resolve = getattr(server_args, "resolve_once", None)
+            if resolve is not None:
+                resolve()
+    except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: DSV4G026
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, f"{type(exc).__name__}: {first}"
+    view = _view(server_args)
+    return {name: getattr(view, name, None) for name in FIELDS}, None
+
+
+def _resolve_deprecated_dp(namespace: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The release's own rewrite of ``--enable-dp-attention``, where it has one."""
+    values = {name: getattr(namespace, name, None) for name in FIELDS}
+    try:
+        from sglang.srt.arg_groups.parallel_hook import handle_deprecated_dp_attention
+    except ImportError:
+        return values, "the release's parser (no deprecated-DP rewrite in this release)"
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs.from_cli_args(namespace)
+    handle_deprecated_dp_attention(server_args)
+    view = resolving_view(server_args)
+    for name in ("tp_size", "dp_size", "attn_dp_size", "attn_cp_size",
+                 "enable_dp_attention"):
+        values[name] = getattr(view, name, values[name])
+    return values, ("the release's parser and its parallel_hook."
+                    "handle_deprecated_dp_attention")
+
+
+def _validate(option: str, values: Mapping[str, Any]) -> None:
+    for name, flag in _POSITIVE:
+        value = values.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise CheckInputError(option, f"{flag} must be a positive integer (got {value!r})")
+    tp = values.get("tp_size") or 1
+    attn_dp = values.get("attn_dp_size") or 1
+    if values.get("enable_dp_attention") and attn_dp == 1:
+        attn_dp = values.get("dp_size") or 1
+    cp = values.get("attn_cp_size") or 1
+    if tp % (attn_dp * cp):
+        raise CheckInputError(option, f"--tp-size {tp} is not divisible by the attention DP "
+                                      f"size {attn_dp} times the attention CP size {cp}")
+    for name, flag in (("model_path", "--model-path"),
+                       ("speculative_draft_model_path", "--speculative-draft-model-path")):
+        path = values.get(name)
+        if name == "model_path" and not path:
+            raise CheckInputError(option, "--model-path is required (a local directory with "
+                                          "config.json)")
+        if path and not os.path.isfile(os.path.join(str(path), "config.json")):
+            raise CheckInputError(option, f"{flag}: no config.json in {str(path)!r} (give a "
+                                          "local directory; weights are not needed)")
+
+
+def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
+    """Parse one server's launch arguments with the installed release's ``ServerArgs``."""
+    from sglang.srt.server_args import ServerArgs
+
+    option = f"--{role}"
+    argv = _split(option, text)
+    parser = _Parser(prog=f"{option} ARGS", add_help=False)
+    parser.role_option = option
+    ServerArgs.add_cli_args(parser)
+    namespace = parser.parse_args(argv)
+    typed = {name: getattr(namespace, name, None) for name in FIELDS}
+    _validate(option, typed)
+    resolved, refusal = _resolve(namespace, env)
+    if resolved is not None:
+        values, resolved_by = resolved, "the release's parser and its full resolution " \
+                                         "(run with --device cpu)"
+    else:
+        values, resolved_by = _resolve_deprecated_dp(namespace)
+    _validate(option, values)
+    mode = values.get("disaggregation_mode")
+    if mode not in (None, "null", role):
+        raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
+                                      f"needs {role!r}")
+    return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
+                    resolved_by, refusal)

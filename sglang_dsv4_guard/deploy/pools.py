@@ -1,0 +1,148 @@
+"""Miniature real DeepSeek-V4 pools for one server, and SGLang's real check on them.
+
+The target and draft pools are built with the installed release's
+``DeepSeekV4TokenToKVPool.__init__`` (keyword arguments filtered by its signature, a dummy
+runtime context published for the duration, FP8 KV dtype, tiny sizes) from the values
+the server's flags and configs imply; the draft's layers get the ratio the release's
+``KVCacheConfigurator`` gives a draft worker (``COMPRESS_RATIO_NEXTN_LAYER``). Then the
+release's ``setup_state_kv_args`` runs on them, wrapped by the guard's own state wrapper
+(not installed globally), and the guard's report is returned.
+
+Paged mode only: the unified-KV pool is ROCm-only (``is_hip()``) and cannot be built here.
+Both pools get the same ``full_to_swa_index_mapping`` tensor, as a correct deployment
+does; whether the real draft gets the target's object cannot be known from flags.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sglang_dsv4_guard.deploy.derive import Side
+from sglang_dsv4_guard.findings import Finding, Report
+
+__all__ = ["PoolRun", "draft_ratio", "run_state_check"]
+
+log = logging.getLogger("sglang_dsv4_guard")
+_POOL_ROWS = 1024  # SWA slots of a miniature pool; page sizes must divide it
+
+
+@dataclass(frozen=True)
+class PoolRun:
+    """What SGLang's real ``setup_state_kv_args`` did on one server's miniature pools."""
+
+    role: str
+    target_ratios: tuple[int, ...]
+    draft_ratios: tuple[int, ...]
+    host_error: str | None
+    findings: tuple[Finding, ...]
+    build_error: str | None = None
+
+
+def draft_ratio() -> tuple[int, str]:
+    """The ratio the installed release gives every DeepSeek-V4 draft layer, and its source."""
+    try:
+        from sglang.srt.models.deepseek_v4_nextn import COMPRESS_RATIO_NEXTN_LAYER
+    except Exception as exc:  # the model module pulls GPU kernels on some releases
+        log.debug("sglang.srt.models.deepseek_v4_nextn did not import (%s); using 0", exc)
+        return 0, "COMPRESS_RATIO_NEXTN_LAYER (0; its module did not import here)"
+    return int(COMPRESS_RATIO_NEXTN_LAYER), \
+        "sglang.srt.models.deepseek_v4_nextn.COMPRESS_RATIO_NEXTN_LAYER"
+
+
+@contextmanager
+def _dummy_runtime_context() -> Iterator[None]:
+    from sglang.srt.runtime_context import get_context
+
+    override = get_context().override_server_args()
+    override.install()
+    try:
+        yield
+    finally:
+        override.restore()
+
+
+@contextmanager
+def _quiet_guard_log() -> Iterator[None]:
+    # The report is returned and rendered by ``check``; the guard's log line would repeat it.
+    logger = logging.getLogger("sglang_dsv4_guard")
+    was = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was
+
+
+def _pool(ratios: Sequence[int], window: int, page: int, draft: bool) -> Any:
+    import torch
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+
+    wanted = dict(
+        max_num_reqs=4, swa_size=_POOL_ROWS, c4_size=_POOL_ROWS, c128_size=256,
+        c4_state_pool_size=8, c128_state_pool_size=8, page_size=page, swa_page_size=page,
+        dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32,
+        c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64,
+        indexer_head_dim=128, layer_num=len(ratios), device="cpu",
+        enable_memory_saver=False, compression_ratios=list(ratios), sliding_window=window,
+        is_draft_worker=draft,
+    )
+    params = inspect.signature(DeepSeekV4TokenToKVPool.__init__).parameters
+    return DeepSeekV4TokenToKVPool(**{k: v for k, v in wanted.items() if k in params})
+
+
+def _for_side(role: str, finding: Finding) -> Finding:
+    return replace(finding, subject=f"{role} server: {finding.subject}",
+                   details=(*finding.details,
+                            f"predicted on miniature real pools of the {role} server"))
+
+
+def run_state_check(side: Side) -> PoolRun | None:
+    """Build the server's target and draft pools and run SGLang's check under the guard.
+
+    ``None`` when SGLang's DeepSeek-V4 block would not run: no DSV4 target, no draft,
+    a draft that is not DeepSeek-V4, or unified-KV mode (not buildable on this machine).
+    """
+    import torch
+    from sglang.srt.disaggregation import utils
+
+    from sglang_dsv4_guard.errors import DSV4GuardError
+    from sglang_dsv4_guard.state.wrapper import make_state_wrapper
+    from sglang_dsv4_guard.testing import Recorder, _runtime, new_kv_args
+
+    if side.draft is None or not (side.model.is_dsv4 and side.draft.is_dsv4) \
+            or side.unified_kv or side.page_size is None:
+        return None
+    target_ratios = tuple(side.model.compress_ratios[:side.model.num_layers]) or (0,)
+    ratio, _ = draft_ratio()
+    draft_ratios = (ratio,) * max(side.draft.nextn_layers, 1)
+    recorder = Recorder()
+    runtime = _runtime((recorder,), "on", False)
+    guarded = make_state_wrapper(runtime)(utils.setup_state_kv_args)
+    host_error: str | None = None
+    report: Report | None = None
+    with _dummy_runtime_context(), _quiet_guard_log():
+        try:
+            target = _pool(target_ratios, side.model.sliding_window or 128, side.page_size,
+                           False)
+            draft = _pool(draft_ratios, side.draft.sliding_window or 128, side.page_size, True)
+        except Exception as exc:  # the release's constructor refuses these values
+            return PoolRun(side.role, target_ratios, draft_ratios, None, (),
+                           f"{type(exc).__name__}: {exc}")
+        mapping = torch.arange(_POOL_ROWS + 1, dtype=torch.int64)
+        target.register_mapping(mapping)
+        draft.register_mapping(mapping)
+        try:
+            guarded(new_kv_args(), target, draft)
+        except DSV4GuardError as exc:
+            host_error, report = exc.report.host_error or str(exc).splitlines()[0], exc.report
+        except (RuntimeError, AttributeError) as exc:  # SGLang's own verdict, passed through
+            host_error = f"{type(exc).__name__}: {exc}"
+    if report is None and recorder.reports:
+        report = recorder.reports[-1]
+    findings = tuple(_for_side(side.role, f) for f in (report.findings if report else ()))
+    return PoolRun(side.role, target_ratios, draft_ratios, host_error, findings)

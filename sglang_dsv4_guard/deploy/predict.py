@@ -1,0 +1,181 @@
+"""``check``: a PD deployment's failures predicted from its two launch command lines.
+
+Parse both servers with the release's own parser (:mod:`.parse`), derive each with its
+own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
+
+- DeepSeek-V4 with a draft: SGLang's real ``setup_state_kv_args`` on miniature real
+  pools of each server, under the guard's state wrapper (:mod:`.pools`): DSV4G001-005;
+- MORI: the guard's ``check_send`` hooks (built-in DSV4G006 and any plug-in's) on the
+  transfer the two servers imply, as when the decode peer registers;
+- the PD asymmetries no runtime check sees (:mod:`.asymmetry`): DSV4G020-025;
+- what cannot be known from flags, said in ``unknowns``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_dsv4_guard.deploy.asymmetry import SideView, asymmetry_findings
+from sglang_dsv4_guard.deploy.derive import Side, derive_side
+from sglang_dsv4_guard.deploy.parse import CheckInputError, parse_side
+from sglang_dsv4_guard.deploy.pools import PoolRun, draft_ratio, run_state_check
+from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+
+__all__ = ["CheckResult", "run_check"]
+
+_MORI_SOURCE = "MoriKVManager._send_swa_dsa_state"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Both sides as derived, every finding, and what the flags cannot tell."""
+
+    release: str
+    prefill: Side
+    decode: Side
+    report: Report
+    pool_runs: tuple[PoolRun, ...]
+    unknowns: tuple[str, ...]
+
+    @property
+    def exit_status(self) -> int:
+        """0 without error findings, 1 with."""
+        return 1 if self.report.by_severity(Severity.ERROR) else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document ``check --format json`` prints."""
+        return {
+            "sglang": self.release,
+            "exit_status": self.exit_status,
+            "findings": [f.to_dict() for f in self.report.findings],
+            "derived": {"prefill": self.prefill.to_dict(), "decode": self.decode.to_dict()},
+            "state_check_runs": [
+                {"server": r.role, "target_compress_ratios": list(r.target_ratios),
+                 "draft_compress_ratios": list(r.draft_ratios),
+                 "sglang_error": r.host_error, "pool_build_error": r.build_error}
+                for r in self.pool_runs],
+            "unknowns": list(self.unknowns),
+        }
+
+
+def _view(side: Side) -> SideView:
+    draft = side.args.get("speculative_draft_model_path") or side.args.get("model_path")
+    return SideView(
+        role=side.role, model_path=str(side.args.get("model_path")),
+        architecture=side.model.architecture,
+        draft_path=str(draft) if side.speculative_algorithm else None,
+        speculative_algorithm=side.speculative_algorithm,
+        num_draft_tokens=side.num_draft_tokens, page_size=side.page_size,
+        page_size_source=side.page_size_source, transfer_backend=side.transfer_backend,
+        unified_kv=side.unified_kv,
+        hack_flashmla_backend=side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND"),
+    )
+
+
+def _refused(side: Side) -> Finding:
+    """DSV4G026: the release's resolution raised for this server's flags."""
+    from sglang_dsv4_guard.codes import CODES, docs_url
+
+    info = CODES["DSV4G026"]
+    return Finding(
+        code="DSV4G026", severity=Severity.ERROR, summary=info.title,
+        subject=f"{side.role} server flags",
+        observations=(Observation(side.role, "resolution", side.args.resolution_error,
+                                  "ServerArgs resolution of the installed release"),),
+        details=(f"the {side.role} server's flags: {' '.join(side.args.argv)}",
+                 "derived values below come from the flags as parsed, without SGLang's "
+                 "model defaults"),
+        fixes=info.fixes, docs=docs_url("DSV4G026"))
+
+
+def _mori(prefill: Side, decode: Side) -> list[Finding]:
+    """The guard's send checks on the transfer the two servers imply (phase register)."""
+    from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+    from sglang_dsv4_guard.plugins import build_plugins
+    from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
+
+    version = installed_sglang_version()
+    assert version is not None  # run_check refused an absent SGLang already
+    a = prefill.args
+    snap = SendSnapshot(
+        state_type="swa" if prefill.swa_state else "none",
+        is_mla_backend=prefill.model.uses_mla_pool, attn_tp_size=prefill.attn_tp_size,
+        decode_tp_size=decode.attn_tp_size,
+        state_types=("swa",) if prefill.swa_state else (), tp_size=a.get("tp_size"),
+        dp_size=a.typed.get("dp_size"), enable_dp_attention=a.typed.get("enable_dp_attention"),
+        pp_size=a.get("pp_size"), engine_key="planned decode server")
+    return build_plugins().collect("sglang_dsv4_guard_check_send", {
+        "transfer": snap, "context": SendContext(profile_for(version), "on", "register")})
+
+
+def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
+    notes = []
+    if any(s.model.is_dsv4 and s.draft is not None for s in (prefill, decode)):
+        notes.append("DSV4G004: whether each server's draft pool is handed the target's "
+                     "SWA index mapping object is decided when the draft worker is built, "
+                     "not by flags; the miniature pools share one tensor, as a correct "
+                     "deployment does")
+        _, source = draft_ratio()
+        notes.append("DSV4G001: the draft pool's compression ratios are the release's, not "
+                     f"the draft config's: every draft layer gets {source}; a modified "
+                     "draft runner that builds its pool otherwise is not visible in flags")
+    for side in (prefill, decode):
+        if side.unified_kv and side.draft is not None:
+            notes.append(f"DSV4G003 ({side.role}): the unified-KV pool (ROCm) cannot be built "
+                         "on this machine; its ring geometry is not predicted (target window "
+                         f"{side.model.sliding_window}, draft window "
+                         f"{side.draft.sliding_window})")
+    for run in runs:
+        if run.build_error:
+            notes.append(f"{run.role}: SGLang's DeepSeekV4TokenToKVPool refused the values the "
+                         f"flags imply, so its state check was not run: {run.build_error}")
+    if prefill.transfer_backend == decode.transfer_backend != "mori" and prefill.swa_state \
+            and prefill.attn_tp_size != decode.attn_tp_size:
+        notes.append(f"{prefill.transfer_backend}: attention TP differs "
+                     f"({prefill.attn_tp_size} vs {decode.attn_tp_size}) for a non-MLA SWA "
+                     "model; this backend's own rules for sliced SWA state apply (Mooncake "
+                     "and NIXL reject it before SGLang 0.5.22, slice it by heads from 0.5.22); "
+                     "DSV4G006 is MORI's check only")
+    notes.append("the model paths are compared as typed; whether they hold the same "
+                 "checkpoint on their hosts is not known here")
+    notes.append("both servers are assumed to run the SGLang release installed here; "
+                 "SGLang's resolution ran with --device cpu, so device-specific defaults "
+                 "(e.g. DeepSeek-V4's page size 128 on NPU) are not applied")
+    if prefill.unified_kv or decode.unified_kv:
+        notes.append("DSV4G002 (target and draft pools in different unified-KV modes) cannot "
+                     "come from the environment: both pools of one server read "
+                     "SGLANG_HACK_FLASHMLA_BACKEND once")
+    return notes
+
+
+def run_check(prefill_args: str, decode_args: str,
+              prefill_env: Mapping[str, str] | None = None,
+              decode_env: Mapping[str, str] | None = None) -> CheckResult:
+    """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input."""
+    from sglang_dsv4_guard.releases import (
+        SUPPORTED_MAX,
+        SUPPORTED_MIN,
+        installed_sglang_version,
+        is_supported,
+    )
+
+    version = installed_sglang_version()
+    if version is None or not is_supported(version):
+        raise CheckInputError("sglang", f"the installed SGLang release is {version or 'absent'}; "
+                                        f"check supports {SUPPORTED_MIN} to {SUPPORTED_MAX}")
+    prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
+    decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
+    findings: list[Finding] = [_refused(s) for s in (prefill, decode)
+                               if s.args.resolution_error is not None]
+    runs = [run for run in (run_state_check(prefill), run_state_check(decode)) if run]
+    for run in runs:
+        findings.extend(run.findings)
+    if prefill.transfer_backend == decode.transfer_backend == "mori":
+        findings.extend(_mori(prefill, decode))
+    findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
+    report = Report.of(findings, {"function": "sglang-dsv4-guard check",
+                                  "sglang": str(version)})
+    return CheckResult(str(version), prefill, decode, report, tuple(runs),
+                       tuple(_unknowns(prefill, decode, runs)))

@@ -1,0 +1,56 @@
+"""Rendering a :class:`~sglang_dsv4_guard.deploy.predict.CheckResult` as text (pure)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sglang_dsv4_guard.findings import Severity
+from sglang_dsv4_guard.render import render_finding
+
+if TYPE_CHECKING:
+    from sglang_dsv4_guard.deploy.derive import Side
+    from sglang_dsv4_guard.deploy.predict import CheckResult
+
+__all__ = ["render_check"]
+
+
+def _side(side: Side) -> str:
+    m = side.model
+    kind = ", ".join(part for part in (
+        "MLA pool" if m.uses_mla_pool else f"{m.attention_arch} pool",
+        "hybrid SWA" if m.is_hybrid_swa else "",
+        "DeepSeek-V4" if m.is_dsv4 else "") if part)
+    a = side.args
+    draft = side.draft.architecture if side.draft else "?"
+    tokens = side.num_draft_tokens if side.num_draft_tokens is not None else "default"
+    spec = (f"speculative {side.speculative_algorithm} (draft {draft}, draft tokens {tokens})"
+            if side.speculative_algorithm else "no speculative decoding")
+    lines = [
+        f"{side.role}: {m.path} ({m.architecture}; {kind})",
+        f"    attention TP {side.attn_tp_size} (tp {a.get('tp_size')}, attention DP "
+        f"{side.attn_dp_size}, attention CP {a.get('attn_cp_size') or 1})",
+        f"    page size {side.page_size} ({side.page_size_source}); {spec}",
+        f"    transfer backend {side.transfer_backend}; swa state {'yes' if side.swa_state else 'no'}"
+        f"; unified KV {'yes' if side.unified_kv else 'no'}",
+    ]
+    if a.deprecated:
+        lines.append(f"    deprecated flags (resolved as the release does): {', '.join(a.deprecated)}")
+    return "\n".join(lines)
+
+
+def render_check(result: CheckResult) -> str:
+    """Derived values per server, every finding, what flags cannot tell, a verdict line."""
+    parts = [f"sglang-dsv4-guard check (SGLang {result.release})",
+             _side(result.prefill), _side(result.decode)]
+    for run in result.pool_runs:
+        verdict = run.host_error or ("not run" if run.build_error else "accepted")
+        parts.append(f"{run.role}: SGLang's setup_state_kv_args on miniature real pools: {verdict}")
+    parts += [render_finding(f) for f in result.report.findings]
+    if result.unknowns:
+        parts.append("not knowable from the flags:\n" +
+                     "\n".join(f"    - {u}" for u in result.unknowns))
+    errors = len(result.report.by_severity(Severity.ERROR))
+    warnings = len(result.report.by_severity(Severity.WARNING))
+    parts.append(f"check: {errors} error(s), {warnings} warning(s)" if errors or warnings
+                 else "check: OK (no findings)")
+    return "\n\n".join(parts)

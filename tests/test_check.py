@@ -1,0 +1,250 @@
+"""``sglang-dsv4-guard check``: predictions from two launch command lines, on the
+installed release's own parser, ModelConfig, attention-TP function and pools."""
+
+from __future__ import annotations
+
+import unittest
+
+from check_helpers import (
+    DSV3,
+    DSV4,
+    DSV4_WINDOW64,
+    GPT_OSS,
+    LLAMA,
+    check_json,
+    codes,
+    run_cli,
+    server,
+)
+from helpers import sglang_release
+from packaging.version import Version
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
+
+# DeepSeek-V4 takes EAGLE with top-k 1 (SGLang's resolution refuses NEXTN for it).
+NEXTN = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "
+         "--speculative-num-draft-tokens 4")
+
+
+class TestMoriTp(CustomTestCase):
+    """DSV4G006 only for MORI, a non-MLA model with swa state and differing attention TP."""
+
+    def test_g006_gpt_oss_attention_tp_differs(self) -> None:
+        """gpt-oss (MHA, hybrid SWA) over MORI, prefill TP 8 and decode TP 4: an error,
+        exit 1, with both attention TP sizes."""
+        status, doc = check_json(server("prefill", GPT_OSS, "--tp-size 8"),
+                                 server("decode", GPT_OSS, "--tp-size 4"))
+        self.assertEqual(status, 1)
+        self.assertEqual(codes(doc), ["DSV4G006"])
+        values = {(o["role"], o["name"]): o["value"] for o in doc["findings"][0]["observations"]}
+        self.assertEqual(values[("prefill", "attn_tp_size")], 8)
+        self.assertEqual(values[("decode", "decode_tp_size")], 4)
+        self.assertEqual(doc["derived"]["prefill"]["swa_state"], True)
+        self.assertEqual(doc["derived"]["prefill"]["mla_pool"], False)
+
+    def test_g006_deprecated_dp_attention_resolved_by_the_release(self) -> None:
+        """``--tp-size 8 --dp-size 2 --enable-dp-attention`` is attention TP 4 on every release
+        (0.5.22+ rewrite it to --attn-dp-size): equal to a decode at TP 4, not to one at 8."""
+        prefill = server("prefill", GPT_OSS, "--tp-size 8 --dp-size 2 --enable-dp-attention")
+        status, doc = check_json(prefill, server("decode", GPT_OSS, "--tp-size 4"))
+        self.assertEqual((status, codes(doc)), (0, []))
+        self.assertEqual(doc["derived"]["prefill"]["attn_tp_size"], 4)
+        deprecated = "--enable-dp-attention" in doc["derived"]["prefill"]["deprecated_flags"]
+        self.assertEqual(deprecated, sglang_release() >= Version("0.5.22"))
+        status, doc = check_json(prefill, server("decode", GPT_OSS, "--tp-size 8"))
+        self.assertEqual((status, codes(doc)), (1, ["DSV4G006"]))
+        typed = {o["name"]: o["value"] for o in doc["findings"][0]["observations"]
+                 if o["role"] == "prefill"}
+        self.assertEqual((typed["attn_tp_size"], typed["dp_size"], typed["enable_dp_attention"]),
+                         (4, 2, True))
+
+    def test_attn_dp_size_where_the_release_has_it(self) -> None:
+        """0.5.22+ take ``--attn-dp-size``; older releases refuse it with exit 2 naming it."""
+        prefill = server("prefill", GPT_OSS, "--tp-size 8 --attn-dp-size 2")
+        status, out, err = run_cli("check", "--prefill", prefill,
+                                   "--decode", server("decode", GPT_OSS, "--tp-size 4"))
+        if sglang_release() >= Version("0.5.22"):
+            self.assertEqual(status, 0, err)
+            self.assertIn("attention TP 4", out)
+        else:
+            self.assertEqual(status, 2)
+            self.assertIn("--attn-dp-size", err)
+
+    def test_mla_and_dense_and_dsv4_never_g006(self) -> None:
+        """An MLA model, a dense model without SWA and DeepSeek-V4 (an MLA pool to SGLang)
+        pass over MORI with different TP sizes."""
+        for model in (DSV3, LLAMA, DSV4):
+            with self.subTest(model=model):
+                status, doc = check_json(server("prefill", model, "--tp-size 8"),
+                                         server("decode", model, "--tp-size 2"))
+                self.assertEqual((status, codes(doc)), (0, []))
+
+    def test_other_backend_never_g006_and_says_so(self) -> None:
+        """The same gpt-oss TP mismatch over Mooncake is not DSV4G006; ``unknowns`` names the
+        backend's own rules instead of passing silently."""
+        status, doc = check_json(server("prefill", GPT_OSS, "--tp-size 8", "mooncake"),
+                                 server("decode", GPT_OSS, "--tp-size 4", "mooncake"))
+        self.assertEqual((status, codes(doc)), (0, []))
+        self.assertTrue(any(u.startswith("mooncake: attention TP differs")
+                            for u in doc["unknowns"]))
+
+
+class TestDeepSeekV4State(CustomTestCase):
+    """SGLang's real setup_state_kv_args on miniature real pools of each server."""
+
+    def test_stock_nextn_is_accepted_and_unknowns_named(self) -> None:
+        """DeepSeek-V4 with NEXTN on both servers: SGLang accepts both pools; the mapping
+        identity (DSV4G004) is listed as not knowable from flags."""
+        status, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4, NEXTN))
+        self.assertEqual((status, codes(doc)), (0, []))
+        self.assertEqual([r["sglang_error"] for r in doc["state_check_runs"]], [None, None])
+        self.assertEqual(doc["state_check_runs"][0]["draft_compress_ratios"], [0])
+        self.assertTrue(any(u.startswith("DSV4G004") for u in doc["unknowns"]))
+        self.assertEqual(doc["derived"]["decode"]["page_size"], 256)
+
+    def test_g005_draft_window_differs(self) -> None:
+        """A draft checkpoint with sliding_window 64 under a target with 128: SGLang's real
+        check rejects each server's pools; one DSV4G005 per server, exit 1."""
+        draft = f"{NEXTN} --speculative-draft-model-path {DSV4_WINDOW64}"
+        status, doc = check_json(server("prefill", DSV4, draft), server("decode", DSV4, draft))
+        self.assertEqual(status, 1)
+        self.assertEqual(codes(doc), ["DSV4G005", "DSV4G005"])
+        self.assertEqual([f["subject"].split(":")[0] for f in doc["findings"]],
+                         ["prefill server", "decode server"])
+        for run in doc["state_check_runs"]:
+            self.assertTrue(run["sglang_error"].startswith("DSV4 target and draft pools must "
+                                                           "share"), run)
+
+    def test_no_draft_no_state_check(self) -> None:
+        """Without speculative decoding SGLang's DSV4 block does not run, nor do the pools."""
+        status, doc = check_json(server("prefill", DSV4), server("decode", DSV4))
+        self.assertEqual((status, doc["state_check_runs"]), (0, []))
+
+
+class TestResolution(CustomTestCase):
+    """The release's own ServerArgs resolution runs on each server's flags."""
+
+    def test_g026_nextn_refused_for_deepseek_v4(self) -> None:
+        """SGLang refuses ``--speculative-algorithm NEXTN`` for DeepSeek-V4 during resolution:
+        DSV4G026 quotes its message, exit 1."""
+        status, doc = check_json(server("prefill", DSV4, "--speculative-algorithm NEXTN"),
+                                 server("decode", DSV4))
+        self.assertEqual(status, 1)
+        self.assertEqual(codes(doc)[0], "DSV4G026")
+        refusal = doc["findings"][0]["observations"][0]["value"]
+        self.assertIn("speculative algorithm", refusal)
+        self.assertEqual(doc["findings"][0]["subject"], "prefill server flags")
+
+    def test_dsv4_page_size_from_the_release(self) -> None:
+        """DeepSeek-V4's page size is what the release's resolution makes it (256), whatever
+        --page-size says; so 128 against 256 is no asymmetry."""
+        status, doc = check_json(server("prefill", DSV4, "--page-size 128"), server("decode", DSV4))
+        self.assertEqual((status, codes(doc)), (0, []))
+        self.assertEqual(doc["derived"]["prefill"]["page_size"], 256)
+        self.assertEqual(doc["derived"]["prefill"]["page_size_source"],
+                         "SGLang's resolution of the flags")
+
+
+class TestAsymmetries(CustomTestCase):
+    """Prefill/decode differences the runtime checks never see: warnings, exit 0."""
+
+    def test_g020_speculative_on_one_side_only(self) -> None:
+        """NEXTN on the prefill only is DSV4G020."""
+        status, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4))
+        self.assertEqual((status, codes(doc)), (0, ["DSV4G020"]))
+        self.assertEqual(doc["findings"][0]["severity"], "warning")
+
+    def test_g021_draft_token_counts_differ(self) -> None:
+        """4 draft tokens against 2 is DSV4G021 with both counts."""
+        decode = server("decode", DSV4, "--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
+                                        "--speculative-num-steps 1 --speculative-num-draft-tokens 2")
+        status, doc = check_json(server("prefill", DSV4, NEXTN), decode)
+        self.assertEqual((status, codes(doc)), (0, ["DSV4G021"]))
+        tokens = [o["value"] for o in doc["findings"][0]["observations"]
+                  if o["name"] == "speculative_num_draft_tokens"]
+        self.assertEqual(tokens, [4, 2])
+
+    def test_g022_page_sizes_differ(self) -> None:
+        """Llama at page size 16 against 32 is DSV4G022."""
+        status, doc = check_json(server("prefill", LLAMA, "--page-size 16"),
+                                 server("decode", LLAMA, "--page-size 32"))
+        self.assertEqual((status, codes(doc)), (0, ["DSV4G022"]))
+
+    def test_g023_transfer_backends_differ(self) -> None:
+        """Mooncake against NIXL is DSV4G023."""
+        status, doc = check_json(server("prefill", LLAMA, backend="mooncake"),
+                                 server("decode", LLAMA, backend="nixl"))
+        self.assertEqual((status, codes(doc)), (0, ["DSV4G023"]))
+
+    def test_g024_models_differ(self) -> None:
+        """Llama on the prefill and gpt-oss on the decode is DSV4G024 naming both."""
+        status, doc = check_json(server("prefill", LLAMA), server("decode", GPT_OSS))
+        self.assertEqual((status, codes(doc)), (0, ["DSV4G024"]))
+        archs = [o["value"] for o in doc["findings"][0]["observations"]
+                 if o["name"] == "architecture"]
+        self.assertEqual(archs, ["LlamaForCausalLM", "GptOssForCausalLM"])
+
+    def test_g025_unified_kv_on_one_side(self) -> None:
+        """SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton for the decode over MORI (ROCm) only
+        is DSV4G025; the unified ring geometry is listed as not predicted."""
+        status, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4, NEXTN),
+                                 "--decode-env", "SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton")
+        self.assertEqual((status, codes(doc)), (0, ["DSV4G025"]))
+        self.assertEqual(doc["derived"]["decode"]["unified_kv"], True)
+        self.assertTrue(any(u.startswith("DSV4G003 (decode)") for u in doc["unknowns"]))
+
+    def test_same_env_both_sides_no_g025(self) -> None:
+        """The same unified-KV setting on both servers is no finding."""
+        env = "SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton"
+        status, doc = check_json(server("prefill", DSV4), server("decode", DSV4),
+                                 "--prefill-env", env, "--decode-env", env)
+        self.assertEqual((status, codes(doc)), (0, []))
+
+
+class TestOutput(CustomTestCase):
+    """The text and JSON forms carry the derived values of both servers."""
+
+    def test_json_derived_fields(self) -> None:
+        """Every derived field the issue asks for is in the JSON, per side."""
+        _, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4, NEXTN))
+        for role in ("prefill", "decode"):
+            derived = doc["derived"][role]
+            for key in ("attn_tp_size", "mla_pool", "hybrid_swa", "dsv4", "page_size",
+                        "speculative_algorithm", "speculative_num_draft_tokens",
+                        "transfer_backend"):
+                self.assertIn(key, derived)
+            self.assertEqual(derived["dsv4"], True)
+            self.assertEqual(derived["model"]["compress_ratios"], [0, 4, 128, 4, 0])
+            self.assertEqual(derived["draft_model"]["architecture"],
+                             "DeepseekV4ForCausalLMNextN")
+
+    def test_text_names_findings_and_verdict(self) -> None:
+        """The text form shows each side, the finding with its fix, and the counts."""
+        status, out, _ = run_cli("check", "--prefill", server("prefill", GPT_OSS, "--tp-size 8"),
+                                 "--decode", server("decode", GPT_OSS, "--tp-size 4"))
+        self.assertEqual(status, 1)
+        self.assertIn("prefill: ", out)
+        self.assertIn("[DSV4G006] error:", out)
+        self.assertIn("fix: ", out)
+        self.assertTrue(out.rstrip().endswith("check: 1 error(s), 0 warning(s)"))
+
+    def test_every_code_documented(self) -> None:
+        """Every catalogued code, the new check codes included, has a README row and an
+        ``explain`` entry with a fix."""
+        from pathlib import Path
+
+        from sglang_dsv4_guard.codes import CODES
+
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        for code in CODES:
+            with self.subTest(code=code):
+                self.assertIn(f'<a id="{code.lower()}"></a>`{code}`', readme)
+                status, out, _ = run_cli("explain", code)
+                self.assertEqual(status, 0)
+                self.assertIn("fix: ", out)
+
+
+if __name__ == "__main__":
+    unittest.main()

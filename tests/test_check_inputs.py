@@ -1,0 +1,111 @@
+"""``sglang-dsv4-guard check`` on input it cannot read: exit 2, the argument named, no
+traceback (issue 10 item 21: the old preflight's ZeroDivisionError, TP 0 or -8 passing,
+MORI in capitals "nothing to check")."""
+
+from __future__ import annotations
+
+import unittest
+
+from check_helpers import DATA, GPT_OSS, LLAMA, run_cli, server
+from helpers import fresh_python
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+
+class TestBadInput(CustomTestCase):
+    """Each bad input exits 2 with a message naming the argument and the value."""
+
+    def bad(self, prefill: str, decode: str | None = None, *more: str) -> str:
+        status, out, err = run_cli("check", "--prefill", prefill, "--decode",
+                                   decode or server("decode", LLAMA), *more)
+        self.assertEqual(status, 2, out + err)
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(out, "")
+        return err
+
+    def test_dp_size_zero_with_dp_attention(self) -> None:
+        """``--dp-size 0 --enable-dp-attention`` (preflight's ZeroDivisionError) names --dp-size."""
+        err = self.bad(server("prefill", LLAMA, "--tp-size 8 --dp-size 0 --enable-dp-attention"))
+        self.assertIn("--prefill: --dp-size must be a positive integer (got 0)", err)
+
+    def test_tp_size_zero_and_negative(self) -> None:
+        """``--tp-size 0`` and ``--tp-size -8`` (preflight printed OK) name --tp-size."""
+        for value in ("0", "-8"):
+            with self.subTest(value=value):
+                err = self.bad(server("prefill", LLAMA), server("decode", LLAMA,
+                                                                f"--tp-size={value}"))
+                self.assertIn(f"--decode: --tp-size must be a positive integer (got {value})",
+                              err)
+
+    def test_transfer_backend_in_capitals(self) -> None:
+        """``MORI`` (preflight said "nothing to check", exit 0) is refused by SGLang's own
+        parser, naming the flag and the value."""
+        err = self.bad(server("prefill", GPT_OSS, backend="MORI"))
+        self.assertIn("--prefill: SGLang's parser: argument --disaggregation-transfer-backend",
+                      err)
+        self.assertIn("'MORI'", err)
+
+    def test_unknown_flag(self) -> None:
+        """A flag the installed release does not know is named."""
+        err = self.bad(server("prefill", LLAMA, "--no-such-flag 3"))
+        self.assertIn("unrecognized arguments: --no-such-flag 3", err)
+
+    def test_tp_not_divisible_by_attention_dp(self) -> None:
+        """TP 6 with attention DP 4 cannot be split: named, not a traceback."""
+        err = self.bad(server("prefill", LLAMA, "--tp-size 6 --dp-size 4 --enable-dp-attention"))
+        self.assertIn("--tp-size 6 is not divisible", err)
+
+    def test_model_without_config_json(self) -> None:
+        """A model path without config.json is named with the path."""
+        err = self.bad(server("prefill", DATA))
+        self.assertIn(f"--prefill: --model-path: no config.json in {DATA!r}", err)
+
+    def test_draft_model_without_config_json(self) -> None:
+        """A draft model path without config.json is named with its flag."""
+        err = self.bad(server("prefill", LLAMA, "--speculative-algorithm EAGLE "
+                                                f"--speculative-draft-model-path {DATA}"))
+        self.assertIn("--speculative-draft-model-path: no config.json", err)
+
+    def test_missing_model_path(self) -> None:
+        """Arguments without --model-path are refused."""
+        err = self.bad("--disaggregation-mode prefill --tp-size 2")
+        self.assertIn("--prefill: ", err)
+        self.assertIn("--model-path", err)
+
+    def test_wrong_disaggregation_mode(self) -> None:
+        """A prefill command line that says ``--disaggregation-mode decode`` is refused."""
+        err = self.bad(server("decode", LLAMA))
+        self.assertIn("--prefill: --disaggregation-mode is 'decode'", err)
+
+    def test_bad_env_item_and_bad_quoting(self) -> None:
+        """``--decode-env`` without ``=`` and an unbalanced quote are named."""
+        err = self.bad(server("prefill", LLAMA), None, "--decode-env", "NOVALUE")
+        self.assertIn("--decode-env: expected K=V", err)
+        err = self.bad(server("prefill", LLAMA, "--served-model-name 'x"))
+        self.assertIn("--prefill: cannot split the command line", err)
+
+    def test_preflight_was_replaced(self) -> None:
+        """``preflight`` with its old inputs exits 2 and points at ``check``."""
+        for argv in (("--prefill-tp", "8", "--prefill-dp", "0", "--prefill-dp-attention",
+                      "--decode-tp", "4"), ("--prefill-tp", "-8", "--decode-tp", "4"),
+                     ("--transfer-backend", "MORI", "--prefill-tp", "8", "--decode-tp", "8")):
+            with self.subTest(argv=argv):
+                status, out, err = run_cli("preflight", *argv)
+                self.assertEqual((status, out), (2, ""))
+                self.assertIn("preflight was replaced by check", err)
+
+    def test_no_traceback_in_a_fresh_process(self) -> None:
+        """The installed command, in its own interpreter: exit 2, one message, no traceback."""
+        proc = fresh_python("import sys; from sglang_dsv4_guard.cli import main; "
+                            "sys.exit(main(sys.argv[1:]))", "check", "--prefill",
+                            server("prefill", LLAMA, "--tp-size 0"), "--decode",
+                            server("decode", LLAMA))
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertNotIn("Traceback", proc.stderr)
+        self.assertIn("--prefill: --tp-size must be a positive integer (got 0)", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

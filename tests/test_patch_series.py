@@ -1,0 +1,199 @@
+"""The SGLang patch series in patches/: well-formed, complete, current, shipped, and judged
+read-only by ``sglang-dsv4-guard patches``.
+
+What the patches *do* is tested on a patched copy of each release, by
+``tests/patched_tree/`` (``make test`` runs it through ``tools/patched_tree.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import tomllib
+from helpers import fresh_python, sglang_release
+from packaging.version import Version
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+from sglang_dsv4_guard import cli, patchset
+from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import make_patches  # noqa: E402 - tools/ is not a package
+
+SERIES = patchset.all_series(ROOT / "patches")
+INSTALLED = patchset.series_for(str(sglang_release()), ROOT / "patches")
+
+
+def _digests(site: Path, files: list[str]) -> dict[str, str]:
+    return {f: hashlib.sha256((site / f).read_bytes()).hexdigest() for f in files}
+
+
+class TestSeriesFiles(CustomTestCase):
+    """Every series is a git format-patch series in SGLang's upstream layout."""
+
+    def test_every_supported_release_has_exactly_one_series(self) -> None:
+        """0.5.16 to 0.5.23: each release is named by one series' releases line."""
+        listed = [v for s in SERIES for v in s.releases]
+        supported = [f"0.5.{n}" for n in range(SUPPORTED_MIN.micro, SUPPORTED_MAX.micro + 1)]
+        self.assertEqual(sorted(listed, key=Version), supported)
+
+    def test_patches_are_format_patch_files_with_upstream_paths(self) -> None:
+        """From/Subject/a commit message; every path is a/python/sglang/... or b/python/..."""
+        for series in SERIES:
+            self.assertEqual(len(series.patches), 3, series.name)
+            for number, patch in enumerate(series.patches, 1):
+                text = patch.read_text()
+                self.assertRegex(text, r"^From 0{40} ")
+                self.assertIn(f"Subject: [PATCH {number}/3] ", text)
+                self.assertIn("\nWhat stays the same", text)
+                paths = re.findall(r"^(?:---|\+\+\+) (\S+)", text, re.MULTILINE)
+                self.assertTrue(paths)
+                for path in paths:
+                    self.assertRegex(path, r"^[ab]/python/sglang/srt/disaggregation/")
+
+    def test_series_are_what_the_generator_writes(self) -> None:
+        """Regenerating the installed release's series from its released tree gives the
+        committed files byte for byte (when that release is the one it was generated from)."""
+        assert INSTALLED is not None
+        header = (INSTALLED.directory / "series").read_text()
+        source = re.search(r"from the sglang (\S+) wheel .*\(--context (\d+)\)", header)
+        assert source is not None, header
+        if source.group(1) != str(sglang_release()):
+            self.assertIn(str(sglang_release()), INSTALLED.releases)  # covered, not the source
+            return
+        site = patchset.sglang_site()
+        assert site is not None
+        with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+            fresh = make_patches.generate(site, source.group(1), list(INSTALLED.releases),
+                                          Path(out), int(source.group(2)))
+            made = {p.name: p.read_bytes() for p in fresh.iterdir()}
+        committed = {p.name: p.read_bytes() for p in INSTALLED.directory.iterdir()}
+        self.assertEqual(made, committed)
+
+
+class TestCheckSeries(CustomTestCase):
+    """``check_series``: carried, applies, conflicts, always read-only."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        assert INSTALLED is not None, f"no series for SGLang {sglang_release()}"
+        site = patchset.sglang_site()
+        assert site is not None
+        self.site = site
+        self.files = sorted({f for p in INSTALLED.patches for f in patchset.touched_files(p)})
+
+    def _copy(self, tmp: str) -> Path:
+        copy = Path(tmp)
+        for rel in self.files:
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.site / rel, copy / rel)
+        return copy
+
+    def test_installed_release_takes_every_patch_and_is_not_written(self) -> None:
+        """On the released tree every patch would apply; the tree is byte for byte unchanged."""
+        before = _digests(self.site, self.files)
+        statuses = patchset.check_series(INSTALLED, self.site)
+        self.assertEqual([s.state for s in statuses], ["applies"] * 3)
+        self.assertEqual(_digests(self.site, self.files), before)
+
+    def test_patched_tree_carries_every_patch(self) -> None:
+        """After ``patch -p2`` of the series, each patch is reported as already carried."""
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = self._copy(tmp)
+            for patch in INSTALLED.patches:
+                subprocess.run(["patch", "-p2", "--batch", "-s", "-d", str(copy), "-i",
+                                str(patch)], check=True)
+            self.assertEqual([s.state for s in patchset.check_series(INSTALLED, copy)],
+                             ["carried"] * 3)
+
+    def test_changed_code_conflicts_with_the_reason(self) -> None:
+        """A tree whose DSV4 block was edited: the state patches conflict, naming the hunk;
+        the MORI patch still applies."""
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = self._copy(tmp)
+            utils = copy / make_patches.UTILS
+            utils.write_text(utils.read_text().replace(
+                "DSV4 draft state transfer expects SWA-only NextN layers", "edited locally"))
+            statuses = patchset.check_series(INSTALLED, copy)
+        self.assertEqual([s.state for s in statuses], ["conflicts", "applies", "conflicts"])
+        self.assertIn("FAILED", statuses[0].reason)
+
+
+class TestPatchesCommand(CustomTestCase):
+    """``sglang-dsv4-guard patches`` and the ``doctor`` line."""
+
+    def test_lists_the_series_and_each_state(self) -> None:
+        """The command names the release's series, each patch, its state and how to apply."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = cli.main(["patches"])
+        text = out.getvalue()
+        self.assertEqual(code, 0, text)
+        assert INSTALLED is not None
+        self.assertIn(f"series {INSTALLED.name}", text)
+        for patch in INSTALLED.patches:
+            self.assertIn(f"{patch.name}: would apply", text)
+        self.assertIn("patch -p2 -d", text)
+
+    def test_doctor_has_one_patches_line(self) -> None:
+        """``doctor`` (in a fresh interpreter, as operators run it) prints exactly one line
+        about the series."""
+        done = fresh_python("from sglang_dsv4_guard.cli import main; raise SystemExit(main(['doctor']))")
+        lines = [line for line in done.stdout.splitlines() if line.startswith("patches:")]
+        assert INSTALLED is not None
+        self.assertEqual(lines, [f"patches: series {INSTALLED.name}, 3 patches: 3 would apply "
+                                 "(sglang-dsv4-guard patches)"])
+
+
+class TestShippedInTheWheel(CustomTestCase):
+    """The series ship inside the package, found without the source checkout."""
+
+    def test_package_list_names_every_subpackage(self) -> None:
+        """pyproject's explicit package list (needed to map patches/ in) misses none."""
+        config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+        found = {".".join(p.parent.relative_to(ROOT).parts)
+                 for p in (ROOT / "sglang_dsv4_guard").rglob("__init__.py")}
+        self.assertEqual(set(config["packages"]) - {"sglang_dsv4_guard.patches"}, found)
+        self.assertEqual(config["package-dir"], {"sglang_dsv4_guard.patches": "patches"})
+
+    def test_non_editable_install_finds_the_series(self) -> None:
+        """``pip install . --no-deps --target`` from a copy of the sources: the installed
+        package lists every series, read from inside the installed package."""
+        with tempfile.TemporaryDirectory() as tmp:
+            src, target = Path(tmp) / "src", Path(tmp) / "target"
+            src.mkdir()
+            for name in ("pyproject.toml", "README.md"):
+                shutil.copy(ROOT / name, src / name)
+            for name in ("sglang_dsv4_guard", "patches"):
+                shutil.copytree(ROOT / name, src / name,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                            "--disable-pip-version-check", "--no-deps", "--no-build-isolation",
+                            "--target", str(target), str(src)], check=True,
+                           capture_output=True, cwd=tmp)
+            done = fresh_python(
+                "import sglang_dsv4_guard.patchset as p; print(p.__file__); "
+                "print(p.patches_root()); print(' '.join(s.name for s in p.all_series()))",
+                path_first=str(target), env={"PYTHONSAFEPATH": "1"})
+        self.assertEqual(done.returncode, 0, done.stderr)
+        module, root, names = done.stdout.splitlines()
+        self.assertTrue(module.startswith(str(target)), module)
+        self.assertEqual(root, str(target / "sglang_dsv4_guard" / "patches"))
+        self.assertEqual(names.split(), [s.name for s in SERIES])
+
+
+if __name__ == "__main__":
+    unittest.main()
