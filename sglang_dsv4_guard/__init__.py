@@ -31,6 +31,7 @@ __all__ = [
     "hookimpl",
     "install",
     "is_installed",
+    "summary",
     "uninstall",
 ]
 
@@ -52,6 +53,7 @@ _LAZY = {
     "install": "sglang_dsv4_guard.lifecycle",
     "is_installed": "sglang_dsv4_guard.lifecycle",
     "uninstall": "sglang_dsv4_guard.lifecycle",
+    "summary": "sglang_dsv4_guard.reporter",
 }
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.hookspecs import hookimpl
     from sglang_dsv4_guard.lifecycle import install, is_installed, uninstall
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+    from sglang_dsv4_guard.reporter import summary
     from sglang_dsv4_guard.state.snapshot import PoolSnapshot, StateContext, StatePair
 
 

@@ -26,6 +26,7 @@ from sglang_dsv4_guard.releases import (
     is_supported,
     profile_for,
 )
+from sglang_dsv4_guard.reporter import LogReporter, summary
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import LOG_FORMATS, Mode, Setting, Settings, parse_mode
 from sglang_dsv4_guard.state.wrapper import make_state_wrapper
@@ -158,6 +159,11 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
         return uninstall
 
 
+def _reported(current: Installation) -> bool:
+    reporter = current.runtime.plugins.pm.get_plugin("builtin_log_reporter")
+    return isinstance(reporter, LogReporter) and bool(reporter.counts)
+
+
 def uninstall() -> bool:
     """Restore every original object; ``False`` (and a debug line) when not installed.
 
@@ -170,6 +176,8 @@ def uninstall() -> bool:
             logger.debug("sglang-dsv4-guard is not installed; nothing to uninstall")
             return False
         current.runtime.active = False
+        if current.mori.mismatches or _reported(current):
+            logger.info("%s", summary(current))
         current.hooks.unwatch_all()
         for patch in reversed(current.patches):
             for note in restore(patch):

@@ -1,37 +1,177 @@
-"""The built-in reporter: every report goes to the ``sglang_dsv4_guard`` logger."""
+"""The built-in reporter: reports to the ``sglang_dsv4_guard`` logger, once per problem.
+
+What the text log shows for one occurrence of a report:
+
+- the guard **raises** it (``DSV4GuardError``, which SGLang prints with its traceback):
+  one line with the codes, saying the full report is in that exception;
+- otherwise, the first time in this server (see :mod:`sglang_dsv4_guard.dedup`): the
+  full report; again in this process, or already printed by another process of the
+  server: one line naming the fingerprint and the codes;
+- a repeat the caller marks ``quiet`` (a MORI peer with a mismatch already reported):
+  nothing above DEBUG; the caller logs a running count sparsely.
+
+With ``log_format="json"`` every occurrence, quiet ones included, is one record whose
+message is that same readable text and whose ``extra`` carries the whole report as
+structured data under ``record.sglang_dsv4_guard``. Exact counts:
+:func:`summary`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from sglang_dsv4_guard.dedup import Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.render import render_report
 
-__all__ = ["LogReporter"]
+if TYPE_CHECKING:
+    from sglang_dsv4_guard.lifecycle import Installation
+
+__all__ = ["Delivery", "LogReporter", "delivering", "headline", "summary"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
+EXTRA_KEY = "sglang_dsv4_guard"
+
+
+@dataclass
+class Delivery:
+    """How one occurrence travels, set by the caller; the log reporter fills in the rest.
+
+    ``raised``: the report rides in an exception SGLang prints. ``quiet``: a repeat the
+    text log need not show. ``note``: a line added to the text. ``extra``: more
+    structured data for the JSON record (counts). ``fingerprint`` and ``seen`` are set
+    by :class:`LogReporter` (``None`` if it did not run).
+    """
+
+    raised: bool = False
+    quiet: bool = False
+    note: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str | None = None
+    seen: Seen | None = None
+
+
+_DELIVERY: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar(
+    "sglang_dsv4_guard_delivery", default=None)
+
+
+@contextlib.contextmanager
+def delivering(delivery: Delivery) -> Iterator[Delivery]:
+    """Publish a report inside this block to say how it travels."""
+    token = _DELIVERY.set(delivery)
+    try:
+        yield delivery
+    finally:
+        _DELIVERY.reset(token)
+
+
+def _level(report: Report) -> int:
+    if report.by_severity(Severity.ERROR):
+        return logging.ERROR
+    if report.by_severity(Severity.WARNING):
+        return logging.WARNING
+    return logging.INFO
+
+
+def headline(report: Report) -> str:
+    """The report's first line (``sglang-dsv4-guard: 3 errors in ...``) plus its codes."""
+    rendered = render_report(report) or "sglang-dsv4-guard: no findings"
+    return f"{rendered.splitlines()[0]} [{', '.join(dict.fromkeys(report.codes))}]"
+
+
+def pointer(report: Report, fp: str, seen: Seen | None) -> str:
+    """One line for a report printed in full elsewhere."""
+    where = ("by another process of this server" if seen is Seen.ELSEWHERE
+             else "earlier by this process")
+    return f"{headline(report)}: same report as printed in full {where} (fingerprint {fp})"
+
+
+_WHERE = {Seen.FIRST: "printed in full here",
+          Seen.ELSEWHERE: "printed in full by another process of this server",
+          Seen.HERE: "not printed: a repeat of a mismatch reported above"}
+
+
+@dataclass
+class _Count:
+    codes: tuple[str, ...]
+    headline: str
+    first: Seen  # what the first occurrence in this process was
+    occurrences: int = 0
 
 
 class LogReporter:
-    """Logs each report once: as text, or as one JSON object with ``log_format="json"``.
+    """Logs reports as described in the module docstring; the level follows the worst
+    finding (ERROR, WARNING, else INFO)."""
 
-    The level follows the worst finding: ERROR, WARNING, else INFO.
-    """
-
-    def __init__(self, log_format: str = "text") -> None:
+    def __init__(self, log_format: str = "text", dedup: ServerDedup | None = None) -> None:
         self.log_format = log_format
+        self.dedup = dedup or ServerDedup()
+        self._lock = threading.Lock()
+        self.counts: dict[str, _Count] = {}
+
+    def _text(self, report: Report, fp: str, d: Delivery) -> str:
+        if d.raised:
+            where = ("in the DSV4GuardError raised to SGLang (its traceback)"
+                     if d.seen is Seen.FIRST else
+                     "by another process of this server" if d.seen is Seen.ELSEWHERE
+                     else "earlier by this process")
+            text = f"{headline(report)}: full report {where} (fingerprint {fp})"
+        elif d.seen is Seen.FIRST and not d.quiet:
+            text = f"{render_report(report)}\n    (fingerprint {fp})"
+        else:
+            text = pointer(report, fp, d.seen)
+        return f"{text}\n    {d.note}" if d.note else text
 
     @hookimpl
     def sglang_dsv4_guard_report(self, report: Report) -> None:
         """Log ``report`` unless it is empty."""
         if not report.findings:
             return
-        if report.by_severity(Severity.ERROR):
-            level = logging.ERROR
-        elif report.by_severity(Severity.WARNING):
-            level = logging.WARNING
-        else:
-            level = logging.INFO
-        text = report.to_json() if self.log_format == "json" else render_report(report)
-        logger.log(level, "%s", text)
+        d = _DELIVERY.get() or Delivery()
+        fp = d.fingerprint = fingerprint(report)
+        # A quiet repeat was reported in full before (here or elsewhere): claim nothing.
+        d.seen = Seen.HERE if d.quiet else self.dedup.seen(fp)
+        with self._lock:
+            count = self.counts.setdefault(fp, _Count(report.codes, headline(report), d.seen))
+            count.occurrences += 1
+        level = _level(report)
+        text = self._text(report, fp, d)
+        if self.log_format != "json":
+            logger.log(logging.DEBUG if d.quiet else level, "%s", text)
+            return
+        data = {"fingerprint": fp, "codes": list(report.codes), "seen": d.seen.value,
+                "raised": d.raised, "pid": os.getpid(), **d.extra, "report": report.to_dict()}
+        logger.log(level, "%s", text, extra={EXTRA_KEY: data})
+
+    def summary_lines(self) -> list[str]:
+        """One line per distinct report: occurrences, and where it was printed in full."""
+        with self._lock:
+            return [f"{fp}: {c.occurrences} occurrence(s) in this process, {_WHERE[c.first]}: "
+                    f"{c.headline}" for fp, c in self.counts.items()]
+
+
+def summary(current: Installation | None = None) -> str:
+    """Exact counts of this process' reports, MORI peers and failed transfers, as text.
+
+    ``current`` defaults to the installed guard; ``uninstall()`` logs it for the
+    installation it removes.
+    """
+    if current is None:
+        from sglang_dsv4_guard.lifecycle import installation
+
+        current = installation()
+    if current is None:
+        return "sglang-dsv4-guard: not installed"
+    reporter = current.runtime.plugins.pm.get_plugin("builtin_log_reporter")
+    lines = reporter.summary_lines() if isinstance(reporter, LogReporter) else []
+    lines += current.mori.summary_lines()
+    return "\n".join(["sglang-dsv4-guard summary (this process):",
+                      *(f"  {line}" for line in lines or ["no reports"])])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -101,3 +102,25 @@ def guard_logs_off() -> Iterator[None]:
         yield
     finally:
         logger.disabled = False
+
+
+class JsonLineFormatter(logging.Formatter):
+    """An operator's JSON formatter (as python-json-logger does it): one JSON object per
+    record, the message as text and every ``extra`` field as data."""
+
+    _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"level": record.levelname, "logger": record.name,
+                               "message": record.getMessage()}
+        out.update({k: v for k, v in vars(record).items() if k not in self._STANDARD})
+        return json.dumps(out, default=repr)
+
+
+def fresh_install(mode: str, **kwargs: Any) -> None:
+    """Install the guard from scratch, so a retried attempt (``CustomTestCase`` retries
+    without ``setUp``) starts without the failed attempt's counts."""
+    import sglang_dsv4_guard
+
+    sglang_dsv4_guard.uninstall()
+    sglang_dsv4_guard.install(mode, **kwargs)

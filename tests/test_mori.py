@@ -90,18 +90,22 @@ class TestMoriReporting(CustomTestCase):
         sglang_dsv4_guard.uninstall()
         self.assertIs(vars(conn.MoriKVManager)["_send_swa_dsa_state"], _RAW["send"])
 
-    def test_g006_full_report_once_then_short_lines(self) -> None:
-        """First failure logs the report; later ones one line with a running count; all raise."""
+    def test_g006_send_failures_carry_the_report_once_and_log_one_line(self) -> None:
+        """Every failure raises DSV4GuardError with the report's data; only the first
+        exception carries the full text, later ones SGLang's line and a pointer; the log
+        never repeats the raised report: one line, not one per failure."""
         p = mori_stub.peer(conn, "decode-a", decode_tp=4)
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
             errors = [guarded(self.mgr, p, "swa")[1] for _ in range(3)]
         self.assertTrue(all(isinstance(e, DSV4GuardError) for e in errors))
         self.assertEqual({f.code for e in errors for f in e.findings}, {"DSV4G006"})
         self.assertEqual(errors[0].findings[0].value("decode", "decode_tp_size"), 4)
-        self.assertEqual(len(logs.records), 3)
-        self.assertIn("prefill attn_tp_size", logs.records[0].getMessage())
-        self.assertIn("3 failures so far", logs.records[2].getMessage())
-        self.assertNotIn("prefill attn_tp_size", logs.records[2].getMessage())
+        self.assertIn("prefill attn_tp_size", str(errors[0]))
+        self.assertNotIn("prefill attn_tp_size", str(errors[2]))
+        self.assertIn("3 failure(s) to this peer so far", str(errors[2]))
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("full report in the DSV4GuardError", logs.records[0].getMessage())
+        self.assertNotIn("prefill attn_tp_size", logs.records[0].getMessage())
 
     def test_report_at_registration(self) -> None:
         """A mismatched decode peer is reported when it registers, once, before any request."""
@@ -123,14 +127,16 @@ class TestMoriReporting(CustomTestCase):
         self.assertEqual(current.mori.registered, {})
 
     def test_strict_blocks_peer_before_transfer(self) -> None:
-        """Strict mode: after a mismatched registration, any transfer to the peer fails at once."""
+        """Strict mode: after a mismatched registration, an swa transfer to the peer fails
+        at once, with SGLang's line first."""
         sglang_dsv4_guard.install("strict", load_entry_points=False)
         p = mori_stub.peer(conn, "decode-e", decode_tp=4)
         with guard_logs_off():
             self.mgr._add_remote_peer(p)
-            kind, err = guarded(self.mgr, p, "dsa")
+            kind, err = guarded(self.mgr, p, "swa")
         self.assertEqual(kind, "raised")
         self.assertIn("transfer not attempted", str(err).splitlines()[0])
+        self.assertTrue(str(err).startswith("PD state transfer does not support"))
 
     def test_threads_exact_counts(self) -> None:
         """8 threads x 400 calls over good and bad peers: exact raised/passed split and counts."""

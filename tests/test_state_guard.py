@@ -184,13 +184,16 @@ class TestVerdictAndModes(CustomTestCase):
         self.assertEqual(str(guarded).splitlines()[0], str(host))
 
     def test_json_log_format(self) -> None:
-        """SGLANG_DSV4_GUARD_LOG_FORMAT=json logs the report as one JSON object."""
+        """SGLANG_DSV4_GUARD_LOG_FORMAT=json puts the report on the record as data (a
+        JSON-ready dict under ``sglang_dsv4_guard``); the message stays readable text."""
         sglang_dsv4_guard.install("on", log_format="json")
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
             outcome(utils.setup_state_kv_args, *three_mismatch_pair())
-        payload = json.loads(logs.records[-1].getMessage())
+        record = logs.records[-1]
+        payload = json.loads(json.dumps(record.sglang_dsv4_guard["report"]))
         self.assertEqual([f["code"] for f in payload["findings"]],
                          ["DSV4G001", "DSV4G004", "DSV4G005"])
+        self.assertTrue(record.getMessage().startswith("sglang-dsv4-guard: 3 errors"))
 
     def test_no_draft_is_untouched(self) -> None:
         """Without a draft pool the guard does nothing and SGLang's result is unchanged."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.releases import HostProfile
 
-__all__ = ["SendContext", "SendSnapshot", "engine_key", "snapshot_send"]
+__all__ = ["SendContext", "SendSnapshot", "engine_key", "peer_identity", "snapshot_send"]
 
 
 @dataclass(frozen=True)
@@ -79,3 +79,18 @@ def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapsho
         endpoint=getattr(peer, "endpoint", None),
         dst_port=_int(getattr(peer, "dst_port", None)),
     )
+
+
+def peer_identity(peer: object) -> str:
+    """Who a decode peer is: its engine key, else its endpoint and port, else the object.
+
+    The object fallback (``object id 0x...``) is only unique while the object lives: the
+    caller keeps a reference to it.
+    """
+    key = engine_key(peer)
+    if key is not None:
+        return key
+    endpoint, port = getattr(peer, "endpoint", None), getattr(peer, "dst_port", None)
+    if endpoint is not None and port is not None:
+        return f"endpoint {endpoint}:{port}"
+    return f"object id 0x{id(peer):x}"

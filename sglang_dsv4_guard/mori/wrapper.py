@@ -1,16 +1,27 @@
 """Wrappers around ``MoriKVManager._send_swa_dsa_state`` and ``_add_remote_peer``.
 
 The send path runs per request in MORI's transfer threads, so a passing call costs
-one attribute test and a ``try`` (free in CPython 3.11 until something raises):
+one truth test and a ``try`` (free in CPython 3.11 until something raises).
 
-- SGLang's method raises: the error is bound by name against the installed
-  signature; if it is SGLang's TP check (``DSV4G006``), it becomes a
-  :class:`DSV4GuardError` with the full report. The report for a (peer, state
-  type) is built once; the first failure logs it, later ones log one short line
-  with a running count. Any other error is SGLang's and rises untouched.
-- a decode peer registers: when this prefill manager carries an ``swa`` state
-  component, is not MLA and the peer's TP differs, the report is logged at once,
-  before any request. In strict mode transfers to that peer then fail at once.
+Peers are told apart by :func:`~sglang_dsv4_guard.mori.snapshot.peer_identity` (engine
+key, else endpoint and port, else the object); reports are built and cached per peer.
+What the log shows is decided per *mismatch* (prefill attention TP, decode TP, the
+manager's state layout, MLA or not), so a TP-8 prefill rank meeting 8 decode peers
+with the same TP shows one report, not eight:
+
+- a decode peer registers mismatched (the manager carries an ``swa`` state component,
+  is not MLA, and the TPs differ): the first peer of a mismatch gets the full report in
+  the log, naming how many peers it covers so far; later peers of the same mismatch
+  are counted, and the count is logged at powers of ten (10, 100, ...). A peer whose
+  mismatch differs gets its own report. In strict mode, ``swa`` transfers to that peer
+  then fail at once (only ``swa``: SGLang accepts every other state type).
+- SGLang's TP check raises in a transfer: a :class:`DSV4GuardError` rises with the
+  peer's report. Its text carries the full report only the first time the mismatch is
+  met in this process (and not already printed by another process of the server);
+  otherwise SGLang's line and a one-line pointer. Failures are counted exactly per
+  (peer, state type); the running count per mismatch is logged at 1 (when the
+  registration report came first), 10, 100, ... failures. :func:`~sglang_dsv4_guard.
+  reporter.summary` and ``uninstall()`` show the exact counts.
 
 Nothing here imports ``mori`` or SGLang's MORI connector: :func:`patch_module` is
 called with the module after SGLang imported it.
@@ -23,15 +34,23 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from sglang_dsv4_guard.dedup import Seen
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.mori.checks import violates
-from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot, engine_key, snapshot_send
+from sglang_dsv4_guard.mori.snapshot import (
+    SendContext,
+    SendSnapshot,
+    peer_identity,
+    snapshot_send,
+)
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply
 from sglang_dsv4_guard.render import render_report
+from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, delivering, pointer
 from sglang_dsv4_guard.runtime import Runtime
 
 __all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
@@ -44,26 +63,81 @@ REGISTER_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
 _FUNCTION = "MoriKVManager._send_swa_dsa_state"
 
 
+MismatchKey = tuple[int | None, int | None, tuple[str, ...], bool]
+
+
+def mismatch_key(snap: SendSnapshot) -> MismatchKey:
+    """What makes two peers' reports the same problem: both TP sizes and the layout."""
+    return (snap.attn_tp_size, snap.decode_tp_size, snap.state_types, snap.is_mla_backend)
+
+
+def sparse(n: int) -> bool:
+    """Whether a running count is logged: at 1, 10, 100, ... (powers of ten)."""
+    return n > 0 and str(n).rstrip("0") == "1"
+
+
+@dataclass
+class Mismatch:
+    """One distinct mismatch in this process: the peers it covers and its failures."""
+
+    peers: set[str] = field(default_factory=set)
+    failures: int = 0
+    shown: bool = False  # its full report went to the log or into an exception
+    fingerprint: str = "?"
+    where: Seen | None = None  # where that full report was printed
+
+    def describe(self, key: MismatchKey) -> str:
+        """``prefill attention TP 8, decode TP 4, state layout swa``."""
+        attn, decode, layout, _ = key
+        return (f"prefill attention TP {attn}, decode TP {decode}, state layout "
+                f"{'+'.join(layout) or '?'}")
+
+
 class MoriGuard:
-    """Per-process MORI state: cached reports, failure counts, strict-mode blocks."""
+    """Per-process MORI state: reports per peer, exact counts, strict-mode blocks."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self._lock = threading.Lock()
-        self._reports: dict[tuple[str | None, str], tuple[Report, str]] = {}
-        self.failures: dict[tuple[str | None, str], int] = {}
-        self.registered: dict[str | None, Report] = {}
-        self.blocked: dict[str | None, tuple[Report, str]] = {}
+        self._reports: dict[tuple[str, str], tuple[Report, str]] = {}
+        self._objects: dict[str, object] = {}  # keeps "object id" identities unique
+        self.failures: dict[tuple[str, str], int] = {}
+        self.registered: dict[str, Report] = {}
+        self.blocked: dict[str, tuple[Report, str]] = {}
+        self.mismatches: dict[MismatchKey, Mismatch] = {}
 
-    def _report(self, snap: SendSnapshot, phase: str) -> tuple[Report, str]:
+    def identity(self, peer: object) -> str:
+        """The peer's identity; an object without one is kept alive so its id stays its own."""
+        ident = peer_identity(peer)
+        if ident.startswith("object id "):
+            self._objects.setdefault(ident, peer)
+        return ident
+
+    def _report(self, snap: SendSnapshot, peer: str, phase: str) -> tuple[Report, str]:
         context = SendContext(self.rt.profile, self.rt.settings.mode.value.value, phase)
         findings = self.rt.plugins.collect("sglang_dsv4_guard_check_send",
                                            {"transfer": snap, "context": context})
         report = Report.of(findings, {
-            "function": _FUNCTION, "peer": snap.engine_key or "?",
+            "function": _FUNCTION, "peer": peer,
             "sglang": str(self.rt.profile.version), "mode": context.mode,
         })
         return report, render_report(report) or ""
+
+    def _publish(self, report: Report, delivery: Delivery) -> Delivery:
+        with delivering(delivery):
+            self.rt.publish(report)
+        return delivery
+
+    def _count_line(self, key: MismatchKey, m: Mismatch, what: str) -> None:
+        logger.log(logging.ERROR if what == "failures" else logging.WARNING,
+                   "[DSV4G006] MORI mismatch (%s): %d decode peer(s), %d failed state "
+                   "transfer(s) so far (fingerprint %s); the full report was printed once; "
+                   "counts are logged at 1, 10, 100, ...; exact ones: "
+                   "sglang_dsv4_guard.summary()", m.describe(key), len(m.peers), m.failures,
+                   m.fingerprint, extra={EXTRA_KEY: {
+                       "codes": ["DSV4G006"], "fingerprint": m.fingerprint, "count": what,
+                       "mismatch": m.describe(key), "peers": len(m.peers),
+                       "failures": m.failures}})
 
     def on_send_error(self, sig: inspect.Signature, args: tuple[Any, ...],
                       kwargs: dict[str, Any], error: RuntimeError) -> DSV4GuardError | None:
@@ -73,48 +147,97 @@ class MoriGuard:
         the installed release's signature (8 or 11 parameters).
         """
         bound = sig.bind(*args, **kwargs)
-        snap = snapshot_send(bound.arguments["self"], bound.arguments["peer_info"],
-                             bound.arguments["state_type"])
+        peer = bound.arguments["peer_info"]
+        snap = snapshot_send(bound.arguments["self"], peer, bound.arguments["state_type"])
         if not violates(snap):
             return None
-        key = (snap.engine_key, snap.state_type)
+        ident = self.identity(peer)
+        key, mkey = (ident, snap.state_type), mismatch_key(snap)
         with self._lock:
             cached = self._reports.get(key)
             if cached is None:
-                cached = self._reports[key] = self._report(snap, "send")
+                cached = self._reports[key] = self._report(snap, ident, "send")
             count = self.failures[key] = self.failures.get(key, 0) + 1
+            m = self.mismatches.setdefault(mkey, Mismatch())
+            m.peers.add(ident)
+            m.failures += 1
+            total, show_full, m.shown = m.failures, not m.shown, True
         report, rendered = cached
-        if count == 1:
-            self.rt.publish(report)
+        seen: Seen | None = Seen.HERE
+        if count == 1:  # a new (peer, state type): an occurrence for every reporter
+            d = self._publish(report, Delivery(raised=True, quiet=not show_full, extra={
+                "mismatch": m.describe(mkey), "peer": ident, "failures": count}))
+            seen = d.seen
+            if show_full:
+                m.fingerprint, m.where = d.fingerprint or m.fingerprint, seen
+        if sparse(total) and not (show_full and total == 1):
+            self._count_line(mkey, m, "failures")
+        if show_full and seen in (Seen.FIRST, None):
+            text = rendered
         else:
-            logger.error("[DSV4G006] transfer to decode peer %s failed again (state %s): %d "
-                         "failures so far; the full report was logged at the first",
-                         snap.engine_key, snap.state_type, count)
-        return DSV4GuardError(str(error), report, rendered, error)
+            where = seen if show_full else m.where
+            text = (f"{pointer(report, m.fingerprint, where)}; {count} failure(s) to this "
+                    "peer so far")
+        return DSV4GuardError(str(error), report, text, error)
 
     def on_register(self, manager: object, register_info: object) -> None:
-        """Report a TP mismatch for a newly registered decode peer, once per peer."""
+        """Report a TP mismatch for a newly registered decode peer, once per mismatch."""
         snap = snapshot_send(manager, register_info, "swa")
         if "swa" not in snap.state_types or not violates(snap):
             return
+        ident = self.identity(register_info)
+        mkey = mismatch_key(snap)
         with self._lock:
-            if snap.engine_key in self.registered:
+            if ident in self.registered:
                 return
-            report, rendered = self._report(snap, "register")
-            self.registered[snap.engine_key] = report
+            report, rendered = self._report(snap, ident, "register")
+            self.registered[ident] = report
             if self.rt.strict:
-                self.blocked[snap.engine_key] = (report, rendered)
-        self.rt.publish(report)
+                self.blocked[ident] = (report, rendered)
+            m = self.mismatches.setdefault(mkey, Mismatch())
+            m.peers.add(ident)
+            peers, quiet, m.shown = len(m.peers), m.shown, True
+        note = None if quiet else (
+            f"this mismatch covers {peers} decode peer(s) so far; later peers with the same "
+            "mismatch are counted, not reported again (count logged at 10, 100, ... peers; "
+            "exact counts: sglang_dsv4_guard.summary() and at uninstall)")
+        d = self._publish(report, Delivery(quiet=quiet, note=note, extra={
+            "mismatch": m.describe(mkey), "peer": ident, "peers": peers}))
+        if not quiet:
+            m.fingerprint, m.where = d.fingerprint or m.fingerprint, d.seen
+        elif sparse(peers):
+            self._count_line(mkey, m, "peers")
 
-    def blocked_error(self, peer: object) -> DSV4GuardError | None:
-        """Strict mode: the error for a transfer to a peer that registered mismatched."""
-        entry = self.blocked.get(engine_key(peer))
+    def blocked_error(self, sig: inspect.Signature, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> DSV4GuardError | None:
+        """Strict mode: the error for an ``swa`` transfer to a peer that registered
+        mismatched. Other state types pass to SGLang, which accepts them."""
+        bound = sig.bind(*args, **kwargs)
+        state_type = bound.arguments["state_type"]
+        if str(getattr(state_type, "value", state_type)) != "swa":
+            return None
+        entry = self.blocked.get(peer_identity(bound.arguments["peer_info"]))
         if entry is None:
             return None
         report, rendered = entry
         first = next((f.host_message for f in report.findings if f.host_message), "DSV4G006")
         return DSV4GuardError(f"{first} [sglang-dsv4-guard strict mode: transfer not attempted]",
                               report, rendered)
+
+    def summary_lines(self) -> list[str]:
+        """Exact counts per mismatch and per (peer, state type); at most 16 peers each."""
+        with self._lock:
+            lines = []
+            for mkey, m in self.mismatches.items():
+                lines.append(f"DSV4G006 MORI mismatch ({m.describe(mkey)}; fingerprint "
+                             f"{m.fingerprint}): {len(m.peers)} decode peer(s), {m.failures} "
+                             "failed state transfer(s)")
+                per_peer = [(k, n) for k, n in self.failures.items() if k[0] in m.peers]
+                lines += [f"  failed transfers to {peer} ({state}): {n}"
+                          for (peer, state), n in per_peer[:16]]
+                if len(per_peer) > 16:
+                    lines.append(f"  ... and {len(per_peer) - 16} more peer(s)")
+            return lines
 
 
 def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -127,7 +250,7 @@ def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[.
             # The pass path: one truth test and a try. `self` stays inside *args so
             # the call is forwarded without building a new tuple.
             if blocked:  # empty unless strict mode found a mismatched peer
-                error = guard.blocked_error(args[1] if len(args) > 1 else kwargs.get("peer_info"))
+                error = guard.blocked_error(sig, args, kwargs)
                 if error is not None:
                     raise error
             try:

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_dsv4_guard.codes import docs_url
+from sglang_dsv4_guard.dedup import Seen
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
 from sglang_dsv4_guard.render import render_report
+from sglang_dsv4_guard.reporter import Delivery, delivering, pointer
 from sglang_dsv4_guard.runtime import Runtime, add_note
 from sglang_dsv4_guard.state.snapshot import StateContext, StatePair, snapshot_pair
 
@@ -109,9 +111,21 @@ def _findings(rt: Runtime, prep: Prepared, host_line: str | None) -> tuple[Repor
     mirrored = host_line is not None and host_line.startswith("DSV4 ")
     if (mirrored or host_line is None) and predicted != host_line:
         findings.append(_discrepancy(predicted, host_line))
-    report = Report.of(findings, prep.context.describe(), host_error=host_line)
-    rt.publish(report)
-    return report, mirrored
+    return Report.of(findings, prep.context.describe(), host_error=host_line), mirrored
+
+
+def _publish(rt: Runtime, report: Report, raised: bool) -> str | None:
+    """Publish ``report``; when it is ``raised``, return the text the exception carries.
+
+    A raised report is printed by SGLang (its traceback), so the log gets one line;
+    the exception carries the full report unless another process of this server (or
+    this one) printed the same report already: then SGLang's line and a pointer.
+    """
+    with delivering(Delivery(raised=raised)) as delivery:
+        rt.publish(report)
+    if delivery.seen in (None, Seen.FIRST) or delivery.fingerprint is None:
+        return render_report(report)
+    return pointer(report, delivery.fingerprint, delivery.seen)
 
 
 def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Exception | None:
@@ -120,7 +134,7 @@ def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Except
     report, mirrored = _findings(rt, prep, host_line)
     if not report.findings:
         return None
-    rendered = render_report(report)
+    rendered = _publish(rt, report, raised=True)
     if mirrored and isinstance(host_error, RuntimeError):
         return DSV4GuardError(text, report, rendered, host_error)
     add_note(host_error, rendered or "")
@@ -132,10 +146,11 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
     report, _ = _findings(rt, prep, None)
     escalate = [f for f in report.findings
                 if f.severity is not Severity.INFO and f not in prep.remediation]
+    rendered = _publish(rt, report, raised=rt.strict and bool(escalate))
     if rt.strict and escalate:
         first = escalate[0]
         raise DSV4GuardError(f"sglang-dsv4-guard (strict mode): [{first.code}] {first.summary}",
-                             report, render_report(report))
+                             report, rendered)
 
 
 def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

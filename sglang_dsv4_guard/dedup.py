@@ -1,0 +1,216 @@
+"""One full report per server and host: which process prints a report in full.
+
+A TP-8 server runs 8 scheduler processes, and each meets the same problem. The first
+process to meet a report (by :func:`fingerprint`) prints it in full; the others print
+one line naming the fingerprint. A *different* report is printed in full wherever it
+is first met.
+
+How processes agree (Linux; anywhere else every process prints in full):
+
+- **The launch** is the scheduler's parent process (SGLang spawns every scheduler of
+  a server from one process: the engine, or its data-parallel controller), named by
+  its PID *and its start time* (``/proc/<pid>/stat``), so a reused PID is another
+  launch. Markers live in ``/dev/shm/sglang-dsv4-guard-<uid>/<pid>-<start>/`` (or the
+  temporary directory when ``/dev/shm`` is missing), one file per fingerprint, claimed
+  atomically (``os.link`` of a complete file: exactly one process wins).
+- **A marker counts** only if another process wrote it *after this process
+  started*: the schedulers of one server start together, long before they meet a
+  report, so their markers count; a marker left by an earlier launch from the same
+  parent (``sglang.Engine`` started twice in one script) or a crashed one is older
+  than this process and never suppresses anything.
+- **Clean-up**: each process, when it first claims, removes the marker directories
+  whose launcher is gone (dead PID, or the PID now names a process with another start
+  time), so a crashed launcher leaves files behind only until the next guarded
+  process on that host starts. Nothing ever depends on those files being gone.
+
+Any failure here (read-only file system, no ``/proc``) is logged once at DEBUG and the
+report is printed in full: deduplication may fail open, never closed.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from sglang_dsv4_guard.findings import Report
+
+__all__ = ["Seen", "ServerDedup", "fingerprint", "launcher_key", "process_start"]
+
+logger = logging.getLogger("sglang_dsv4_guard")
+
+# Per-process or per-peer values: the same problem must give the same fingerprint in
+# every scheduler and for every decode peer.
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_NOISY_CONTEXT = frozenset({"peer"})
+_NOISY_DETAILS = ("decode peer:",)
+
+
+def fingerprint(report: Report) -> str:
+    """A stable 12-hex-digit hash of what the report says, without per-process noise.
+
+    Left out: object ids and pointers (any ``0x...`` number), the context's ``peer``
+    and the finding details naming the decode peer.
+    """
+    data = report.to_dict()
+    data["context"] = {k: v for k, v in data["context"].items() if k not in _NOISY_CONTEXT}
+    for finding in data["findings"]:
+        finding["details"] = [d for d in finding["details"] if not d.startswith(_NOISY_DETAILS)]
+    text = _ADDRESS.sub("0x?", json.dumps(data, sort_keys=True, default=repr))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class Seen(str, enum.Enum):
+    """Where a report was printed before this occurrence."""
+
+    FIRST = "first"  # nowhere: print it in full
+    HERE = "here"  # earlier in this process (this installation)
+    ELSEWHERE = "elsewhere"  # by another process of this server on this host
+
+
+def process_start(pid: int) -> int | None:
+    """The process' start time in clock ticks since boot, or ``None`` (gone, no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    # Field 2 (comm) may hold spaces and parentheses: split after its last ')'.
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])  # field 22, starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def launcher_key() -> str | None:
+    """``<pid>-<start>`` of the process that launched this one, or ``None``."""
+    parent = os.getppid()
+    start = process_start(parent)
+    return None if start is None or parent <= 1 else f"{parent}-{start}"
+
+
+def _base_dir() -> str:
+    root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+        else tempfile.gettempdir()
+    return os.path.join(root, f"sglang-dsv4-guard-{os.getuid()}")
+
+
+def _boot_seconds() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+@dataclass(frozen=True)
+class _Me:
+    pid: int
+    start: int  # clock ticks since boot
+    started: float  # seconds since boot
+
+
+def _me() -> _Me | None:
+    start = process_start(os.getpid())
+    if start is None:
+        return None
+    return _Me(os.getpid(), start, start / os.sysconf("SC_CLK_TCK"))
+
+
+def _sweep(base: str, keep: str) -> None:
+    """Remove marker directories of launchers that are gone."""
+    for name in os.listdir(base):
+        if name == keep:
+            continue
+        pid, _, start = name.partition("-")
+        if not (pid.isdigit() and start.isdigit()) or process_start(int(pid)) != int(start):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+class ServerDedup:
+    """Decides, per fingerprint, whether this occurrence prints in full.
+
+    One per installation: what this process printed is remembered in memory; what the
+    other processes of the server printed is read from the launch's marker files.
+    ``directory`` is for tests; by default it is derived from the launcher.
+    """
+
+    def __init__(self, directory: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._decided: dict[str, Seen] = {}
+        self._directory = directory
+        self._opened = False
+        self._me: _Me | None = None
+
+    def _session(self) -> str | None:
+        if self._opened:
+            return self._directory
+        self._opened = True
+        self._me = _me()
+        if self._me is None:
+            self._directory = None
+            return None
+        if self._directory is None:
+            key = launcher_key()
+            if key is None:
+                return None
+            base = _base_dir()
+            os.makedirs(base, mode=0o700, exist_ok=True)
+            _sweep(base, key)
+            self._directory = os.path.join(base, key)
+        os.makedirs(self._directory, mode=0o700, exist_ok=True)
+        return self._directory
+
+    def _counts(self, path: str) -> bool:
+        """Whether the marker at ``path`` was written by another, contemporary process."""
+        me = self._me
+        assert me is not None
+        try:
+            with open(path, encoding="utf-8") as marker:
+                data = json.load(marker)
+            pid, start, written = int(data["pid"]), int(data["start"]), float(data["written"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return (pid, start) != (me.pid, me.start) and written >= me.started
+
+    def _claim(self, fp: str) -> Seen:
+        directory = self._session()
+        if directory is None or self._me is None:
+            return Seen.FIRST
+        path = os.path.join(directory, fp)
+        if os.path.exists(path) and self._counts(path):
+            return Seen.ELSEWHERE
+        tmp = os.path.join(directory, f".{fp}.{self._me.pid}")
+        with open(tmp, "w", encoding="utf-8") as marker:
+            json.dump({"pid": self._me.pid, "start": self._me.start,
+                       "written": _boot_seconds()}, marker)
+        try:
+            os.link(tmp, path)  # atomic: exactly one process creates the marker
+        except FileExistsError:
+            if self._counts(path):
+                os.unlink(tmp)
+                return Seen.ELSEWHERE
+            os.replace(tmp, path)  # stale (an earlier launch, or ours): take it over
+            return Seen.FIRST
+        os.unlink(tmp)
+        return Seen.FIRST
+
+    def seen(self, fp: str) -> Seen:
+        """Where the report ``fp`` was printed before; the first call claims it."""
+        with self._lock:
+            decided = self._decided.get(fp)
+            if decided is not None:
+                return Seen.HERE if decided is Seen.FIRST else decided
+            try:
+                decided = self._claim(fp)
+            except OSError as exc:
+                logger.debug("sglang-dsv4-guard: cross-process deduplication unavailable "
+                             "(%s); printing the report in full", exc)
+                decided = Seen.FIRST
+            self._decided[fp] = decided
+            return decided

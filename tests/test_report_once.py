@@ -1,0 +1,190 @@
+"""One full report per problem: in one process, and across a server's scheduler processes.
+
+Issue 15. In one process a raised report is logged as one line (the exception carries
+it); across processes started as SGLang starts schedulers (``spawn``, one parent) the
+first process to meet a report prints it in full and the others one line naming its
+fingerprint; a second launch prints it in full again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import re
+import tempfile
+import time
+import unittest
+
+import scheduler_child
+import sglang.srt.disaggregation.utils as utils
+from helpers import fresh_install
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.dedup import Seen, ServerDedup, fingerprint, process_start
+from sglang_dsv4_guard.testing import build_pair, check_pools, new_kv_args, three_mismatch_pair
+
+register_cpu_ci(est_time=400, suite="stage-a-test-cpu")
+
+FULL_THREE = "[DSV4G001] error:"  # a line only the full report of the "three" pair has
+FULL_UNIFIED = "[DSV4G002] error:"
+POINTER = re.compile(r"\[DSV4G001, DSV4G004, DSV4G005\]: same report as printed in full by "
+                     r"another process of this server \(fingerprint ([0-9a-f]{12})\)")
+
+
+
+class TestOneProcess(CustomTestCase):
+    """In one process: the log carries a report only when no exception does."""
+
+    def tearDown(self) -> None:
+        sglang_dsv4_guard.uninstall()
+        super().tearDown()
+
+    def test_raised_report_is_logged_as_one_line(self) -> None:
+        """SGLang's error with three problems: the exception carries the full report, the
+        log one line with the codes and where the report is."""
+        fresh_install("on", load_entry_points=False)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs, \
+                self.assertRaises(DSV4GuardError) as caught:
+            utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
+        self.assertIn(FULL_THREE, str(caught.exception))
+        [record] = logs.records
+        self.assertEqual(len(record.getMessage().splitlines()), 1)
+        self.assertIn("[DSV4G001, DSV4G004, DSV4G005]: full report in the DSV4GuardError",
+                      record.getMessage())
+
+    def test_warning_report_is_logged_in_full(self) -> None:
+        """SGLang accepts a pair the guard warns about: nothing is raised, so the log
+        carries the full report."""
+        fresh_install("on", load_entry_points=False)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            utils.setup_state_kv_args(new_kv_args(),
+                                      *build_pair(target_mapping="none", mapping="shared"))
+        [record] = logs.records
+        self.assertIn("[DSV4G004] warning:", record.getMessage())
+        self.assertIn("fix:", record.getMessage())
+
+
+class TestFingerprintAndMarkers(CustomTestCase):
+    """The fingerprint ignores per-process noise; markers never suppress across launches."""
+
+    def test_fingerprint_ignores_object_ids_and_pointers(self) -> None:
+        """Two pairs with the same problems but other tensors (other ids and data
+        pointers, as in two processes) give one fingerprint; another problem another."""
+        first, second = check_pools(*three_mismatch_pair()), check_pools(*three_mismatch_pair())
+        self.assertNotEqual(first.to_json(), second.to_json())  # the ids do differ
+        self.assertEqual(fingerprint(first), fingerprint(second))
+        other = check_pools(*build_pair(mapping="different"))
+        self.assertNotEqual(fingerprint(first), fingerprint(other))
+
+    def test_marker_older_than_this_process_does_not_suppress(self) -> None:
+        """A marker another process wrote before this one started (an earlier launch
+        from the same launcher) is taken over: the report prints in full."""
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, "abc"), "w", encoding="utf-8") as marker:
+                json.dump({"pid": 1, "start": 1, "written": 0.0}, marker)
+            self.assertIs(ServerDedup(directory).seen("abc"), Seen.FIRST)
+            self.assertIs(ServerDedup(directory).seen("abc"), Seen.FIRST)  # ours: ignored
+
+    def test_marker_of_a_contemporary_process_suppresses(self) -> None:
+        """A marker another live process wrote after this one started means the report
+        was printed there: one line here."""
+        parent = os.getppid()
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, "abc"), "w", encoding="utf-8") as marker:
+                json.dump({"pid": parent, "start": process_start(parent),
+                           "written": time.clock_gettime(time.CLOCK_BOOTTIME)}, marker)
+            self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)
+
+
+class TestCrashedLauncher(CustomTestCase):
+    """Marker directories of launchers that are gone are removed, PID reuse included."""
+
+    def test_sweep_removes_dead_and_reused_launchers_only(self) -> None:
+        """A directory for a dead PID, and one for a live PID with another start time (the
+        PID was reused), are removed; the live launcher's own directory stays."""
+        from sglang_dsv4_guard.dedup import _sweep
+
+        parent = os.getppid()
+        live = f"{parent}-{process_start(parent)}"
+        reused = f"{parent}-{(process_start(parent) or 0) + 1}"
+        with tempfile.TemporaryDirectory() as base:
+            dead = f"{2**22 + 7}-5"  # above the kernel's default pid_max: never alive
+            for name in (live, reused, dead, "mine"):
+                os.makedirs(os.path.join(base, name, "fp"))
+            _sweep(base, keep="mine")
+            self.assertEqual(sorted(os.listdir(base)), sorted([live, "mine"]))
+
+
+def launch(pairs: list[str], out_dir: str, tag: str) -> str:
+    """Start one scheduler process per pair with ``spawn`` from this process, as SGLang
+    does, wait for all, and return their combined output."""
+    ctx = multiprocessing.get_context("spawn")
+    paths = [os.path.join(out_dir, f"{tag}-{i}.log") for i in range(len(pairs))]
+    procs = [ctx.Process(target=scheduler_child.run, args=(pair, path))
+             for pair, path in zip(pairs, paths, strict=True)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(600)
+        assert proc.exitcode == 0, f"scheduler process exited with {proc.exitcode}"
+    combined = []
+    for path in paths:
+        with open(path, encoding="utf-8") as out:
+            combined.append(out.read())
+    return "\n".join(combined)
+
+
+class TestSpawnedSchedulers(CustomTestCase):
+    """Real processes: a launch of four schedulers (three meet one failing pair, one
+    another), then a second launch of one scheduler from the same parent."""
+
+    first: str
+    second: str
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        env = {"SGLANG_DSV4_GUARD": "1", "SGLANG_PLUGINS": "dsv4_guard"}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            with tempfile.TemporaryDirectory() as out_dir:
+                cls.first = launch(["three", "three", "unified", "three"], out_dir, "first")
+                cls.second = launch(["three"], out_dir, "second")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def test_same_report_printed_in_full_by_one_process(self) -> None:
+        """Three schedulers meet the same failing pair: one full report in the combined
+        output, and two one-line pointers in the others' exceptions, all naming the
+        same fingerprint and codes."""
+        self.assertEqual(self.first.count(FULL_THREE), 1, self.first)
+        pointers = POINTER.findall(self.first)
+        self.assertEqual(len(pointers), 2, self.first)
+        self.assertEqual(len(set(pointers)), 1)
+        owner = re.findall(r"\[DSV4G001, DSV4G004, DSV4G005\]: full report in the "
+                           r"DSV4GuardError raised to SGLang \(its traceback\) \(fingerprint "
+                           r"([0-9a-f]{12})\)", self.first)
+        self.assertEqual(owner, pointers[:1])
+
+    def test_different_report_printed_in_full(self) -> None:
+        """The scheduler meeting another pair prints its own report in full."""
+        self.assertEqual(self.first.count(FULL_UNIFIED), 1, self.first)
+
+    def test_second_launch_prints_in_full_again(self) -> None:
+        """A later launch from the same parent is not suppressed by the first's markers."""
+        self.assertEqual(self.second.count(FULL_THREE), 1, self.second)
+        self.assertIsNone(POINTER.search(self.second))
+
+
+if __name__ == "__main__":
+    unittest.main()
