@@ -10,7 +10,8 @@ one attribute test and a ``try`` (free in CPython 3.11 until something raises):
   with a running count. Any other error is SGLang's and rises untouched.
 - a decode peer registers: when this prefill manager carries an ``swa`` state
   component, is not MLA and the peer's TP differs, the report is logged at once,
-  before any request. In strict mode transfers to that peer then fail at once.
+  before any request. In strict mode ``swa`` transfers to that peer (the only
+  state type SGLang rejects) then fail at once.
 
 Nothing here imports ``mori`` or SGLang's MORI connector: :func:`patch_module` is
 called with the module after SGLang imported it.
@@ -30,7 +31,7 @@ from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.mori.checks import violates
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot, engine_key, snapshot_send
-from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply
+from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply_all
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.runtime import Runtime
 
@@ -106,8 +107,11 @@ class MoriGuard:
                 self.blocked[snap.engine_key] = (report, rendered)
         self.rt.publish(report)
 
-    def blocked_error(self, peer: object) -> DSV4GuardError | None:
-        """Strict mode: the error for a transfer to a peer that registered mismatched."""
+    def blocked_error(self, peer: object, state_type: object) -> DSV4GuardError | None:
+        """Strict mode: the error for an ``swa`` transfer to a peer that registered
+        mismatched; ``None`` for every other state type, which SGLang accepts."""
+        if state_type != "swa":
+            return None
         entry = self.blocked.get(engine_key(peer))
         if entry is None:
             return None
@@ -127,7 +131,11 @@ def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[.
             # The pass path: one truth test and a try. `self` stays inside *args so
             # the call is forwarded without building a new tuple.
             if blocked:  # empty unless strict mode found a mismatched peer
-                error = guard.blocked_error(args[1] if len(args) > 1 else kwargs.get("peer_info"))
+                try:
+                    call = sig.bind_partial(*args, **kwargs).arguments
+                except TypeError:  # SGLang raises its own TypeError for these arguments
+                    call = {}
+                error = guard.blocked_error(call.get("peer_info"), call.get("state_type"))
                 if error is not None:
                     raise error
             try:
@@ -167,6 +175,5 @@ def _register_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callab
 
 def patch_module(module: ModuleType, guard: MoriGuard) -> list[AppliedPatch]:
     """Wrap both methods in SGLang's imported MORI connector module."""
-    patches = [apply(SEND_TARGET, module, _send_wrapper(guard))]
-    patches.append(apply(REGISTER_TARGET, module, _register_wrapper(guard)))
-    return patches
+    return apply_all(module, [(SEND_TARGET, _send_wrapper(guard)),
+                              (REGISTER_TARGET, _register_wrapper(guard))])
