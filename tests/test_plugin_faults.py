@@ -89,6 +89,38 @@ def g090(findings: Any, plugin: str) -> list[Finding]:
     return [f for f in findings if f.code == "DSV4G090" and f.origin == plugin]
 
 
+class FixQuietly:
+    """A remediation that fixes the draft's page size and says nothing (or raises)."""
+
+    raises = False
+
+    @hookimpl
+    def sglang_dsv4_guard_remediate_state(self, target_pool: Any,
+                                          draft_pool: Any) -> None:
+        draft_pool.page_size = target_pool.page_size
+        if self.raises:
+            raise ValueError("done, then failed")
+
+
+class Exits:
+    @hookimpl
+    def sglang_dsv4_guard_check_state(self) -> None:
+        sys.exit(3)
+
+
+class Interrupts:
+    @hookimpl
+    def sglang_dsv4_guard_check_state(self) -> None:
+        raise KeyboardInterrupt
+
+
+class SiteRule:
+    @hookimpl
+    def sglang_dsv4_guard_check_state(self) -> list[Finding]:
+        return [Finding("ACME009", Severity.ERROR, "site forbids this", "pools",
+                        host_message="ACME forbids this layout")]
+
+
 class TestBadFindings(CustomTestCase):
     """Item 6: every third-party finding is validated at the plug-in boundary."""
 
@@ -168,16 +200,6 @@ class TestRemediationChangesPools(CustomTestCase):
         """A remediation that fixes the draft's page size and returns nothing (or raises
         after fixing it): SGLang accepts, the checks see the fixed pools (no DSV4G005, no
         DSV4G099), and a DSV4G090 names the plug-in that changed them."""
-
-        class FixQuietly:
-            raises = False
-
-            @hookimpl
-            def sglang_dsv4_guard_remediate_state(self, target_pool: Any,
-                                                  draft_pool: Any) -> None:
-                draft_pool.page_size = target_pool.page_size
-                if self.raises:
-                    raise ValueError("done, then failed")
 
         for raises in (False, True):
             with self.subTest(raises=raises):
@@ -323,11 +345,6 @@ class TestBaseExceptionPolicy(CustomTestCase):
         """A check that calls sys.exit() on a pair SGLang rejects: SGLang's error, with the
         DSV4G090, not a SystemExit."""
 
-        class Exits:
-            @hookimpl
-            def sglang_dsv4_guard_check_state(self) -> None:
-                sys.exit(3)
-
         pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
         _, host = outcome(UNWRAPPED, *pair)
         sglang_dsv4_guard.install("on", load_entry_points=False)
@@ -340,11 +357,6 @@ class TestBaseExceptionPolicy(CustomTestCase):
     def test_keyboardinterrupt_in_hook_off_main_thread_keeps_verdict(self) -> None:
         """In a worker thread no operator can send Ctrl-C: a hook's KeyboardInterrupt is its
         failure, and the caller still gets SGLang's error."""
-
-        class Interrupts:
-            @hookimpl
-            def sglang_dsv4_guard_check_state(self) -> None:
-                raise KeyboardInterrupt
 
         pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
         _, host = outcome(UNWRAPPED, *pair)
@@ -364,11 +376,6 @@ class TestBaseExceptionPolicy(CustomTestCase):
         """In the main thread a KeyboardInterrupt is taken as the operator's Ctrl-C and
         propagates, as it would without the guard."""
 
-        class Interrupts:
-            @hookimpl
-            def sglang_dsv4_guard_check_state(self) -> None:
-                raise KeyboardInterrupt
-
         self.assertIs(threading.current_thread(), threading.main_thread())
         plugins = manager(("Interrupts", Interrupts()))
         with self.assertRaises(KeyboardInterrupt):
@@ -381,12 +388,6 @@ class TestPluginErrorIsItsOwn(CustomTestCase):
     def test_plugin_error_finding_on_pass_path_is_not_g099(self) -> None:
         """A plug-in's ERROR finding carrying a host_message, on a pair SGLang accepts:
         the report holds the plug-in's finding and no DSV4G099."""
-
-        class SiteRule:
-            @hookimpl
-            def sglang_dsv4_guard_check_state(self) -> list[Finding]:
-                return [Finding("ACME009", Severity.ERROR, "site forbids this", "pools",
-                                host_message="ACME forbids this layout")]
 
         sglang_dsv4_guard.install("on", load_entry_points=False)
         register(SiteRule())
