@@ -56,17 +56,21 @@ BUILTIN_PLUGINS = (
 )
 _BUILTIN_NAMES = frozenset(name for name, _ in BUILTIN_PLUGINS) | {"builtin_log_reporter"}
 
-_NEVER_BLOCKS = ("a plug-in's failure never changes SGLang's verdict and never blocks, in "
-                 "strict mode either")
+_NEVER_BLOCKS = "a plug-in's failure never blocks, in strict mode either"
+_UNAFFECTED = "SGLang's verdict is not affected; " + _NEVER_BLOCKS
 _CONSEQUENCE = {
-    "load": "the guard runs without this plug-in; " + _NEVER_BLOCKS,
-    "register": "the guard runs without this plug-in; " + _NEVER_BLOCKS,
-    "validate": "the guard runs without this plug-in; " + _NEVER_BLOCKS,
+    "load": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "register": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "validate": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "finding": "this finding is left out, the plug-in's other findings are kept; "
+               + _UNAFFECTED,
     "sglang_dsv4_guard_remediate_state":
-        "the guard went on without this result; a remediation may have changed the pools "
+        "the guard went on without its result; a remediation may have changed the pools "
         "before it failed (the guard re-reads them when they changed); " + _NEVER_BLOCKS,
+    "changed": "the guard re-read the pools, so the checks see them as SGLang does; "
+               + _NEVER_BLOCKS,
     "sglang_dsv4_guard_report": "the other reporters still received the report; "
-                                + _NEVER_BLOCKS,
+                                + _UNAFFECTED,
 }
 
 
@@ -96,15 +100,18 @@ def _raised(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {_safe(str, exc)}"
 
 
-def plugin_failure(name: str, stage: str, problem: str) -> Finding:
-    """The finding for a plug-in that could not load, raised, or returned garbage."""
+def plugin_failure(name: str, stage: str, problem: str, effect: str | None = None) -> Finding:
+    """The finding for a plug-in that could not load, raised, or returned garbage.
+
+    ``effect`` picks the consequence line (default: the one for ``stage``).
+    """
     return Finding(
         code="DSV4G090",
         severity=Severity.WARNING,
         summary=f"guard plug-in {name!r} failed ({stage}); the guard went on without it",
         subject=f"plug-in {name}",
-        details=(problem, _CONSEQUENCE.get(stage, "its findings are missing from this "
-                                                   "report; " + _NEVER_BLOCKS)),
+        details=(problem, _CONSEQUENCE.get(effect or stage, "its findings are missing from "
+                                                             "this report; " + _UNAFFECTED)),
         fixes=(f"fix or uninstall the plug-in {name!r} (entry-point group sglang_dsv4_guard)",),
         docs=docs_url("DSV4G090"),
         origin=name,
@@ -242,7 +249,8 @@ class GuardPlugins:
                         raise
                     problem = str(exc) if type(exc) is TypeError else _raised(exc)
                     findings.append(plugin_failure(
-                        name, hook, f"returned a bad finding at index {index}: {problem}"))
+                        name, hook, f"returned a bad finding at index {index}: {problem}",
+                        "finding"))
             yield name, findings
 
     def collect(self, hook: str, kwargs: Mapping[str, Any]) -> list[Finding]:

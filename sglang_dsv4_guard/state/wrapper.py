@@ -87,9 +87,9 @@ def _changed_silently(name: str, found: list[Finding]) -> Finding:
     failed = any(f.code == "DSV4G090" for f in found)
     return plugin_failure(
         name, "sglang_dsv4_guard_remediate_state",
-        ("changed what SGLang reads from the pools and then failed" if failed else
-         "changed what SGLang reads from the pools without returning a finding that says so")
-        + "; the guard re-read the pools, so the checks below see them as SGLang does")
+        "changed what SGLang reads from the pools and then failed" if failed else
+        "changed what SGLang reads from the pools without returning a finding that says so",
+        "changed")
 
 
 def prepare_pair(rt: Runtime, target: object, draft: object, caller: str) -> Prepared | None:
