@@ -84,6 +84,18 @@ def manager(*named: tuple[str, object], load_entry_points: bool = False) -> Guar
     return plugins
 
 
+def rejected_pair_guarded(mode: str, plugin: object) -> tuple[Exception, Any]:
+    """SGLang's error on a pair it rejects (a compressed draft layer), and what the guard
+    raises for it in ``mode`` with ``plugin`` registered."""
+    pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
+    _, host = outcome(UNWRAPPED, *pair)
+    sglang_dsv4_guard.install(mode, load_entry_points=False)
+    register(plugin)
+    with guard_logs_off():
+        _, guarded = outcome(utils.setup_state_kv_args, *pair)
+    return host, guarded
+
+
 def g090(findings: Any, plugin: str) -> list[Finding]:
     """The DSV4G090 findings naming ``plugin``."""
     return [f for f in findings if f.code == "DSV4G090" and f.origin == plugin]
@@ -139,12 +151,7 @@ class TestBadFindings(CustomTestCase):
     def test_g090_bad_finding_fields_keep_the_report_in_mode_on(self) -> None:
         """Mode on, a pair SGLang rejects: SGLang's line leads, DSV4G001 and the good
         third-party finding survive, each bad finding is a DSV4G090 naming the plug-in."""
-        pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
-        _, host = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("on", load_entry_points=False)
-        register(BadFields())
-        with guard_logs_off():
-            _, guarded = outcome(utils.setup_state_kv_args, *pair)
+        host, guarded = rejected_pair_guarded("on", BadFields())
         self.assertIsInstance(guarded, DSV4GuardError)
         self.assertEqual(str(guarded).splitlines()[0], str(host))
         self.assertIn("DSV4G001", [f.code for f in guarded.findings])
@@ -153,12 +160,7 @@ class TestBadFindings(CustomTestCase):
     def test_g090_bad_finding_fields_in_strict_mode_keep_sglang_message(self) -> None:
         """Strict mode, a pair SGLang rejects: SGLang's own message, never "failed
         internally"."""
-        pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
-        _, host = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("strict", load_entry_points=False)
-        register(BadFields())
-        with guard_logs_off():
-            _, guarded = outcome(utils.setup_state_kv_args, *pair)
+        host, guarded = rejected_pair_guarded("strict", BadFields())
         self.assertEqual(str(guarded).splitlines()[0], str(host))
         self.assertNotIn("failed internally", str(guarded))
         self.assert_isolated(guarded.findings, "BadFields")
@@ -344,20 +346,13 @@ class TestBaseExceptionPolicy(CustomTestCase):
     def test_systemexit_in_hook_keeps_sglang_verdict(self) -> None:
         """A check that calls sys.exit() on a pair SGLang rejects: SGLang's error, with the
         DSV4G090, not a SystemExit."""
-
-        pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
-        _, host = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("on", load_entry_points=False)
-        register(Exits())
-        with guard_logs_off():
-            _, guarded = outcome(utils.setup_state_kv_args, *pair)
+        host, guarded = rejected_pair_guarded("on", Exits())
         self.assertEqual(str(guarded).splitlines()[0], str(host))
         self.assertIn("raised SystemExit: 3", g090(guarded.findings, "Exits")[0].details[0])
 
     def test_keyboardinterrupt_in_hook_off_main_thread_keeps_verdict(self) -> None:
         """In a worker thread no operator can send Ctrl-C: a hook's KeyboardInterrupt is its
         failure, and the caller still gets SGLang's error."""
-
         pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
         _, host = outcome(UNWRAPPED, *pair)
         sglang_dsv4_guard.install("on", load_entry_points=False)
@@ -375,7 +370,6 @@ class TestBaseExceptionPolicy(CustomTestCase):
     def test_keyboardinterrupt_in_main_thread_propagates(self) -> None:
         """In the main thread a KeyboardInterrupt is taken as the operator's Ctrl-C and
         propagates, as it would without the guard."""
-
         self.assertIs(threading.current_thread(), threading.main_thread())
         plugins = manager(("Interrupts", Interrupts()))
         with self.assertRaises(KeyboardInterrupt):
@@ -388,7 +382,6 @@ class TestPluginErrorIsItsOwn(CustomTestCase):
     def test_plugin_error_finding_on_pass_path_is_not_g099(self) -> None:
         """A plug-in's ERROR finding carrying a host_message, on a pair SGLang accepts:
         the report holds the plug-in's finding and no DSV4G099."""
-
         sglang_dsv4_guard.install("on", load_entry_points=False)
         register(SiteRule())
         recorder = record()
