@@ -8,9 +8,19 @@ entry-point group ``sglang_dsv4_guard``::
     my_checks = "my_package.guard_checks"
 
 and implement any of the hooks below with :data:`hookimpl`. Each implementation is
-called on its own: one that raises, or returns something other than a list of
-:class:`~sglang_dsv4_guard.findings.Finding`, becomes a ``DSV4G090`` finding naming
-the plug-in, and the others still run. Hook wrappers are not supported.
+called on its own, in pluggy's order (``tryfirst`` first, ``trylast`` last, otherwise
+the last registered first; the built-ins are registered first). One that raises, or
+returns something other than a list of :class:`~sglang_dsv4_guard.findings.Finding`,
+becomes a ``DSV4G090`` finding naming the plug-in, and the others still run. Every
+returned finding is checked field by field (``severity`` a ``Severity``,
+``observations`` ``Observation`` instances, values whose ``repr`` works, ...); a bad
+one becomes ``DSV4G090`` and the plug-in's other findings are kept. Hook wrappers
+(``wrapper=True`` / ``hookwrapper=True``) are refused at registration.
+
+A plug-in's failure never blocks, in strict mode either, and never changes SGLang's
+verdict. ``SystemExit`` and every other ``BaseException`` count as the plug-in's
+failure, except ``KeyboardInterrupt`` in the main thread (the operator's Ctrl-C),
+which propagates. See :mod:`sglang_dsv4_guard.plugins` for the full policy.
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ def sglang_dsv4_guard_remediate_state(
     :param pair: a snapshot of both pools taken before any remediation.
     :param context: the call's context (release profile, caller, mode, autoshare).
     :return: findings describing what was changed or refused; empty when nothing applied.
+        A remediation that changes what SGLang reads but returns no finding is named
+        in a ``DSV4G090`` (the guard notices the change and re-reads the pools).
     """
     raise NotImplementedError  # pragma: no cover - a spec has no body
 

@@ -8,6 +8,7 @@ original object where our wrapper still stands and removes the pending import ho
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -40,12 +41,18 @@ STATE_TARGET = PatchTarget("sglang.srt.disaggregation.utils", "setup_state_kv_ar
 
 @dataclass
 class Installation:
-    """What one ``install()`` did; kept until ``uninstall()``."""
+    """What one ``install()`` did; kept until ``uninstall()``.
+
+    ``undo`` is the callable that ``install()`` returned for it: it uninstalls this
+    installation only, and does nothing once a newer one has replaced it.
+    """
 
     runtime: Runtime
     mori: MoriGuard
     hooks: PostImportHooks
     patches: list[AppliedPatch] = field(default_factory=list)
+    undo: Callable[[], bool] = field(default=lambda: False)
+    ready: bool = False  # True once install() has returned it
 
 
 _lock = threading.RLock()
@@ -60,6 +67,24 @@ def installation() -> Installation | None:
 def is_installed() -> bool:
     """Whether the guard is installed in this process."""
     return _current is not None
+
+
+def _nothing_to_undo() -> bool:
+    """The undo of an ``install()`` that installed nothing."""
+    logger.debug("sglang-dsv4-guard: this install() installed nothing; nothing to undo")
+    return False
+
+
+def _undo_for(current: Installation) -> Callable[[], bool]:
+    def undo() -> bool:
+        """Uninstall the installation this ``install()`` made, if it is still the current one."""
+        with _lock:
+            if _current is not current:
+                logger.debug("sglang-dsv4-guard: this install() was already undone or "
+                             "replaced by a newer one; nothing to undo")
+                return False
+            return uninstall()
+    return undo
 
 
 _warned: set[str] = set()
@@ -77,7 +102,7 @@ def _refuse(settings: Settings, reason: str, target: str | None = None) -> Calla
         logger.warning("sglang-dsv4-guard stays inert: %s", reason)
     else:
         logger.debug("sglang-dsv4-guard stays inert: %s (already warned)", reason)
-    return uninstall
+    return _nothing_to_undo
 
 
 def settings_for(mode: str | Mode, autoshare: bool, log_format: str,
@@ -97,66 +122,117 @@ def settings_for(mode: str | Mode, autoshare: bool, log_format: str,
                     Setting(log_format, f"install(log_format={log_format!r})"))
 
 
+def _failure_reason(stage: str, exc: Exception) -> tuple[str, str | None]:
+    if isinstance(exc, DSV4GuardInstallError):
+        return f"{stage}: {exc.reason}", exc.target
+    return f"{stage}: {type(exc).__name__}: {exc}", None
+
+
 def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str = "text",
             load_entry_points: bool = True,
             settings: Settings | None = None) -> Callable[[], bool]:
-    """Install the guard; return the undo (``uninstall``).
+    """Install the guard; return this installation's own undo.
 
     ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). Calling it again
-    with the same settings is harmless; with other settings it reconfigures. Outside
-    the supported SGLang range it warns and stays inert, or raises
+    with the same settings is harmless and returns the same undo; with other
+    settings it uninstalls and installs afresh, so nothing of the earlier settings
+    (strict-mode blocks, log format, registered plug-ins) stays behind. The undo
+    removes only the installation it belongs to: once a newer ``install()`` replaced
+    it, calling it does nothing and returns ``False``.
+
+    All or nothing: when any patch cannot be applied, every patch already applied
+    is restored. Outside the supported SGLang range, or when patching fails, it
+    warns and leaves SGLang exactly as it was, or raises
     :class:`DSV4GuardInstallError` in strict mode.
     """
-    global _current
     chosen = settings_for(mode, autoshare, log_format, settings)
     if chosen.mode.value is Mode.OFF:
         uninstall()
-        return uninstall
+        return _nothing_to_undo
     with _lock:
         if _current is not None:
             if _current.runtime.settings == chosen:
                 logger.debug("sglang-dsv4-guard is already installed; nothing to do")
-            else:
-                _current.runtime.settings = chosen
-                logger.info("sglang-dsv4-guard reconfigured: mode=%s autoshare=%s",
-                            chosen.mode.value.value, chosen.autoshare.value)
-            return uninstall
-        version = installed_sglang_version()
-        if version is None:
-            return _refuse(chosen, "SGLang is not installed")
-        if not is_supported(version):
-            return _refuse(chosen, f"SGLang {version} is outside the supported range "
-                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX}; the guard does not know this "
-                           "release's checks (upgrade sglang-dsv4-guard, or run SGLang "
-                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX})")
-        try:
-            utils = importlib.import_module(STATE_TARGET.module)
-        except Exception as exc:
-            return _refuse(chosen, f"importing {STATE_TARGET.module} failed: {exc}",
-                           str(STATE_TARGET))
+                return _current.undo
+            logger.info("sglang-dsv4-guard reconfiguring: uninstalling, then installing with "
+                        "mode=%s autoshare=%s log_format=%s", chosen.mode.value.value,
+                        chosen.autoshare.value, chosen.log_format.value)
+            uninstall()
+        return _install(chosen, load_entry_points)
+
+
+def _install(chosen: Settings, load_entry_points: bool) -> Callable[[], bool]:
+    global _current
+    version = installed_sglang_version()
+    if version is None:
+        return _refuse(chosen, "SGLang is not installed")
+    if not is_supported(version):
+        return _refuse(chosen, f"SGLang {version} is outside the supported range "
+                       f"{SUPPORTED_MIN} to {SUPPORTED_MAX}; the guard does not know this "
+                       "release's checks (upgrade sglang-dsv4-guard, or run SGLang "
+                       f"{SUPPORTED_MIN} to {SUPPORTED_MAX})")
+    try:
+        utils = importlib.import_module(STATE_TARGET.module)
+    except Exception as exc:
+        return _refuse(chosen, f"importing {STATE_TARGET.module} failed: {exc}",
+                       str(STATE_TARGET))
+    current: Installation | None = None
+    try:
         runtime = Runtime(chosen, build_plugins(load_entry_points, chosen.log_format.value),
                           profile_for(version))
         current = Installation(runtime, MoriGuard(runtime), PostImportHooks())
-        try:
-            current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
-        except DSV4GuardInstallError as exc:
-            return _refuse(chosen, exc.reason, exc.target)
-
-        def on_mori(module: ModuleType) -> None:
-            with _lock:
-                if _current is current:
-                    current.patches.extend(patch_module(module, current.mori))
-
+        current.undo = _undo_for(current)
+        current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
         _current = current
-        current.hooks.watch(MORI_MODULE, on_mori)
-        logger.info(
-            "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; patched %s; "
-            "MORI connector %s",
-            chosen.mode.value.value, chosen.autoshare.value, version,
-            ", ".join(current.patches[0].rebound),
-            "wrapped" if len(current.patches) > 1 else "will be wrapped when SGLang imports it",
-        )
-        return uninstall
+        current.hooks.watch(MORI_MODULE, functools.partial(_on_mori, current))
+    except Exception as exc:
+        if current is not None:
+            if _current is current:
+                _current = None
+            _dismantle(current, "rollback")
+        reason, target = _failure_reason("installing failed, every patch was rolled back",
+                                         exc)
+        return _refuse(chosen, reason, target)
+    current.ready = True
+    logger.info(
+        "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; patched %s; "
+        "MORI connector %s",
+        chosen.mode.value.value, chosen.autoshare.value, version,
+        ", ".join(current.patches[0].rebound),
+        "wrapped" if len(current.patches) > 1 else "will be wrapped when SGLang imports it",
+    )
+    return current.undo
+
+
+def _on_mori(current: Installation, module: ModuleType) -> None:
+    """Wrap SGLang's MORI connector: now (inside ``install()``) or when SGLang imports it.
+
+    Inside ``install()`` a failure rises to it, which rolls everything back. Later, at
+    SGLang's import, a failure uninstalls the whole guard (installed means guarding)
+    and warns, or, in strict mode, fails the import with the guard's reason.
+    """
+    with _lock:
+        if _current is not current:
+            return
+        try:
+            current.patches.extend(patch_module(module, current.mori))
+        except Exception as exc:
+            if not current.ready:
+                raise
+            uninstall()
+            reason, target = _failure_reason(
+                f"wrapping {MORI_MODULE} after SGLang imported it failed, the guard was "
+                "uninstalled", exc)
+            _refuse(current.runtime.settings, reason, target)
+
+
+def _dismantle(current: Installation, what: str) -> None:
+    current.runtime.active = False
+    current.hooks.unwatch_all()
+    for patch in reversed(current.patches):
+        for note in restore(patch):
+            logger.warning("sglang-dsv4-guard %s: %s", what, note)
+    current.patches.clear()
 
 
 def _reported(current: Installation) -> bool:
@@ -175,12 +251,8 @@ def uninstall() -> bool:
         if current is None:
             logger.debug("sglang-dsv4-guard is not installed; nothing to uninstall")
             return False
-        current.runtime.active = False
         if current.mori.mismatches or _reported(current):
             logger.info("%s", summary(current))
-        current.hooks.unwatch_all()
-        for patch in reversed(current.patches):
-            for note in restore(patch):
-                logger.warning("sglang-dsv4-guard uninstall: %s", note)
+        _dismantle(current, "uninstall")
         logger.info("sglang-dsv4-guard uninstalled; originals restored")
         return True

@@ -26,7 +26,7 @@ from typing import Any
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
 
-__all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "restore"]
+__all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "apply_all", "restore"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -72,15 +72,40 @@ def resolve(target: PatchTarget, module: ModuleType) -> tuple[Any, str, Callable
     raise DSV4GuardInstallError(f"{target} does not exist in the installed SGLang", str(target))
 
 
-def _modules_holding(value: object) -> list[tuple[ModuleType, str]]:
+_LAZY_MODULE: type | None = getattr(importlib.util, "_LazyModule", None)
+
+
+def _namespace(module: object) -> dict[str, Any] | None:
+    """``module.__dict__`` read without running any of the module's code, or ``None``.
+
+    Only real module objects are scanned. A module still waiting for
+    :class:`importlib.util.LazyLoader` is skipped: any attribute access (``__dict__``
+    included) would execute it, and it cannot hold a binding before it has run.
+    ``type()`` and ``object.__getattribute__`` bypass the module's own attribute hooks.
+    """
+    kind = type(module)
+    if not issubclass(kind, ModuleType):
+        return None
+    if _LAZY_MODULE is not None and issubclass(kind, _LAZY_MODULE):
+        return None
+    try:
+        namespace = object.__getattribute__(module, "__dict__")
+    except Exception as exc:  # an exotic module type: nothing of ours can be bound there
+        logger.debug("sglang-dsv4-guard skipped sys.modules entry %r: %s", kind, exc)
+        return None
+    return namespace if isinstance(namespace, dict) else None
+
+
+def _modules_holding(value: object) -> list[tuple[str, dict[str, Any], str]]:
+    """(``sys.modules`` key, namespace, name) of every module binding ``value`` to a name."""
     found = []
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
+    for key, module in list(sys.modules.items()):
+        namespace = _namespace(module)
+        if namespace is None:
             continue
         for name, held in list(namespace.items()):
             if held is value:
-                found.append((module, name))
+                found.append((key, namespace, name))
     return found
 
 
@@ -96,10 +121,25 @@ def apply(target: PatchTarget, module: ModuleType,
     setattr(owner, attr, wrapper)
     patch = AppliedPatch(target, owner, attr, original, wrapper, [str(target)])
     if isinstance(owner, ModuleType):
-        for holder, name in _modules_holding(original):
-            holder.__dict__[name] = wrapper
-            patch.rebound.append(f"{holder.__name__}.{name}")
+        for key, namespace, name in _modules_holding(original):
+            namespace[name] = wrapper
+            patch.rebound.append(f"{key}.{name}")
     return patch
+
+
+def apply_all(module: ModuleType, targets: Sequence[tuple[
+        PatchTarget, Callable[[Callable[..., Any]], Callable[..., Any]]]]) -> list[AppliedPatch]:
+    """Apply every target or none: on any failure, restore what was applied, then re-raise."""
+    applied: list[AppliedPatch] = []
+    try:
+        for target, make_wrapper in targets:
+            applied.append(apply(target, module, make_wrapper))
+    except BaseException:
+        for patch in reversed(applied):
+            for note in restore(patch):
+                logger.warning("sglang-dsv4-guard rollback: %s", note)
+        raise
+    return applied
 
 
 def restore(patch: AppliedPatch) -> list[str]:
@@ -111,8 +151,8 @@ def restore(patch: AppliedPatch) -> list[str]:
         left.append(f"{patch.target} was replaced after sglang-dsv4-guard wrapped it; "
                     "the newer object was left in place")
     if isinstance(patch.owner, ModuleType):
-        for holder, name in _modules_holding(patch.wrapper):
-            holder.__dict__[name] = patch.original
+        for _, namespace, name in _modules_holding(patch.wrapper):
+            namespace[name] = patch.original
     return left
 
 
@@ -181,6 +221,8 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
             self._callbacks.pop(fullname, None)
             try:
                 callback(module)
+            except DSV4GuardInstallError:
+                raise  # strict mode refuses: the import fails with the guard's reason
             except Exception:
                 logger.warning("sglang-dsv4-guard could not patch %s after its import; "
                                "SGLang runs unguarded there", fullname, exc_info=True)

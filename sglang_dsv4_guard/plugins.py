@@ -2,8 +2,30 @@
 
 pluggy calls all implementations of a hook in one go, so one failing
 implementation would take the others (and our verdict) down with it. The guard
-instead calls each implementation on its own, in registration order (built-ins
-first), and turns a failure into a ``DSV4G090`` finding naming the plug-in.
+instead calls each implementation on its own, in pluggy's order (``tryfirst``
+ones first, ``trylast`` ones last, otherwise the last registered first; the
+built-ins are registered first, so they run after third-party plug-ins), and
+turns a failure into a ``DSV4G090`` finding naming the plug-in.
+
+The plug-in boundary. Everything a plug-in hands back is checked before the guard
+uses it: a hook's result must be a list (or tuple) of
+:class:`~sglang_dsv4_guard.findings.Finding` whose every field has its declared
+type (``severity`` a :class:`Severity`, ``observations`` :class:`Observation`
+instances with string role, name and source, values whose ``repr`` works, ...). A
+bad finding becomes ``DSV4G090`` naming the plug-in; the plug-in's good findings
+and every other plug-in's findings are kept. Hook wrappers (``wrapper=True`` or
+``hookwrapper=True``) are refused at registration.
+
+One rule for failures, in every mode: a plug-in's failure is reported as
+``DSV4G090`` and never blocks, in strict mode either; it never changes SGLang's
+verdict. That covers ``BaseException`` too. A ``SystemExit`` (argparse at import),
+a ``GeneratorExit`` or any other ``BaseException`` raised while importing,
+registering or calling a plug-in is its failure: a server must not die because a
+diagnostics plug-in called ``sys.exit()``. The one exception is
+``KeyboardInterrupt`` in the main thread: Python delivers Ctrl-C (SIGINT) only
+there, so it is taken as the operator's interrupt and propagates, as it would
+without the guard. In any other thread no operator can have sent it, so it is the
+plug-in's failure like any other.
 """
 
 from __future__ import annotations
@@ -12,16 +34,18 @@ import dataclasses
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pluggy
 
 from sglang_dsv4_guard import hookspecs
 from sglang_dsv4_guard.codes import docs_url
-from sglang_dsv4_guard.findings import Finding, Report, Severity
+from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity, to_jsonable
 
-__all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "add_plugin", "build_plugins"]
+__all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "add_plugin", "build_plugins", "clean_finding",
+           "is_builtin", "operator_interrupt", "plugin_failure"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -30,19 +54,128 @@ BUILTIN_PLUGINS = (
     ("builtin_state", "sglang_dsv4_guard.state.checks"),
     ("builtin_mori", "sglang_dsv4_guard.mori.checks"),
 )
+_BUILTIN_NAMES = frozenset(name for name, _ in BUILTIN_PLUGINS) | {"builtin_log_reporter"}
+
+_NEVER_BLOCKS = "a plug-in's failure never blocks, in strict mode either"
+_UNAFFECTED = "SGLang's verdict is not affected; " + _NEVER_BLOCKS
+_CONSEQUENCE = {
+    "load": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "register": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "validate": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "finding": "this finding is left out, the plug-in's other findings are kept; "
+               + _UNAFFECTED,
+    "sglang_dsv4_guard_remediate_state":
+        "the guard went on without its result; a remediation may have changed the pools "
+        "before it failed (the guard re-reads them when they changed); " + _NEVER_BLOCKS,
+    "changed": "the guard re-read the pools, so the checks see them as SGLang does; "
+               + _NEVER_BLOCKS,
+    "sglang_dsv4_guard_report": "the other reporters still received the report; "
+                                + _UNAFFECTED,
+}
 
 
-def plugin_failure(name: str, stage: str, problem: str) -> Finding:
-    """The finding for a plug-in that could not load, raised, or returned garbage."""
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is one of the guard's own plug-ins."""
+    return name in _BUILTIN_NAMES
+
+
+def operator_interrupt(exc: BaseException) -> bool:
+    """A ``KeyboardInterrupt`` in the main thread: the operator's Ctrl-C, to let through."""
+    return (isinstance(exc, KeyboardInterrupt)
+            and threading.current_thread() is threading.main_thread())
+
+
+def _safe(show: Callable[[Any], Any], obj: object, limit: int = 300) -> str:
+    """``show(obj)`` (``str`` or ``repr``) that cannot raise, cut at ``limit`` characters."""
+    try:
+        shown = show(obj)
+        if not isinstance(shown, str):
+            raise TypeError(f"returned {type(shown).__name__}, not str")
+    except Exception as exc:
+        shown = f"<unprintable: {type(exc).__name__}>"
+    return shown if len(shown) <= limit else f"{shown[:limit]}..."
+
+
+def _raised(exc: BaseException) -> str:
+    return f"raised {type(exc).__name__}: {_safe(str, exc)}"
+
+
+def plugin_failure(name: str, stage: str, problem: str, effect: str | None = None) -> Finding:
+    """The finding for a plug-in that could not load, raised, or returned garbage.
+
+    ``effect`` picks the consequence line (default: the one for ``stage``).
+    """
     return Finding(
         code="DSV4G090",
         severity=Severity.WARNING,
         summary=f"guard plug-in {name!r} failed ({stage}); the guard went on without it",
         subject=f"plug-in {name}",
-        details=(problem, "SGLang's verdict is not affected"),
+        details=(problem, _CONSEQUENCE.get(effect or stage, "its findings are missing from "
+                                                             "this report; " + _UNAFFECTED)),
         fixes=(f"fix or uninstall the plug-in {name!r} (entry-point group sglang_dsv4_guard)",),
         docs=docs_url("DSV4G090"),
         origin=name,
+    )
+
+
+def _strings(value: object, field: str) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{field} must be a tuple of str (got {_safe(repr, value)})")
+    return tuple(value)
+
+
+def _observation(obs: object, index: int) -> Observation:
+    if not isinstance(obs, Observation):
+        raise TypeError(f"observations[{index}] must be an Observation "
+                        f"(got {type(obs).__name__} {_safe(repr, obs, 80)})")
+    for field in ("role", "name", "source"):
+        if not isinstance(getattr(obs, field), str):
+            raise TypeError(f"observations[{index}].{field} must be a str "
+                            f"(got {type(getattr(obs, field)).__name__})")
+    try:
+        shown = repr(obs.value)
+        to_jsonable(obs.value)
+    except Exception as exc:
+        raise TypeError(f"observations[{index}].value cannot be shown: repr "
+                        f"{_raised(exc)}") from exc
+    if not isinstance(shown, str):
+        raise TypeError(f"observations[{index}].value's repr returned "
+                        f"{type(shown).__name__}, not str")
+    return Observation(obs.role, obs.name, obs.value, obs.source)
+
+
+def clean_finding(finding: object, origin: str) -> Finding:
+    """A plain :class:`Finding` with every field checked, ``origin`` set to the plug-in.
+
+    Raises ``TypeError`` saying which field is wrong, what it holds and what is accepted.
+    """
+    if not isinstance(finding, Finding):
+        raise TypeError(f"must be a sglang_dsv4_guard.Finding (got {type(finding).__name__})")
+    try:
+        fields = {f.name: getattr(finding, f.name) for f in dataclasses.fields(Finding)}
+    except Exception as exc:
+        raise TypeError(f"reading its fields {_raised(exc)}") from exc
+    for name in ("code", "summary", "subject", "docs"):
+        if not isinstance(fields[name], str):
+            raise TypeError(f"{name} must be a str (got {type(fields[name]).__name__})")
+    if not isinstance(fields["severity"], Severity):
+        raise TypeError(f"severity must be a sglang_dsv4_guard.Severity (got "
+                        f"{type(fields['severity']).__name__} "
+                        f"{_safe(repr, fields['severity'], 80)})")
+    if fields["host_message"] is not None and not isinstance(fields["host_message"], str):
+        raise TypeError("host_message must be a str or None "
+                        f"(got {type(fields['host_message']).__name__})")
+    observations = fields["observations"]
+    if not isinstance(observations, tuple | list):
+        raise TypeError(f"observations must be a tuple of Observation "
+                        f"(got {type(observations).__name__})")
+    return Finding(
+        code=fields["code"], severity=fields["severity"], summary=fields["summary"],
+        subject=fields["subject"],
+        observations=tuple(_observation(o, i) for i, o in enumerate(observations)),
+        details=_strings(fields["details"], "details"),
+        fixes=_strings(fields["fixes"], "fixes"), docs=fields["docs"],
+        host_message=fields["host_message"], origin=origin,
     )
 
 
@@ -59,40 +192,70 @@ class GuardPlugins:
 
     def _call_each(self, hook: str, kwargs: Mapping[str, Any]
                    ) -> Iterator[tuple[str, object, Finding | None]]:
-        """Call each implementation of ``hook`` on its own, built-ins first.
+        """Call each implementation of ``hook`` on its own, in pluggy's order.
 
-        Yields (plug-in name, result, ``None``) or, when it raised,
+        Yields (plug-in name, result, ``None``) or, when it failed,
         (plug-in name, ``None``, its ``DSV4G090`` finding).
         """
-        for impl in getattr(self.pm.hook, hook).get_hookimpls():
+        # pluggy keeps implementations in reverse call order (trylast first).
+        for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
+            if impl.wrapper or impl.hookwrapper:  # registered around add_plugin(): never run
+                yield impl.plugin_name, None, plugin_failure(
+                    impl.plugin_name, hook, "is a hook wrapper (wrapper=True or "
+                    "hookwrapper=True), which the guard does not call")
+                continue
             try:
                 result = impl.function(*(kwargs[arg] for arg in impl.argnames))
-            except Exception as exc:
-                yield impl.plugin_name, None, plugin_failure(
-                    impl.plugin_name, hook, f"raised {type(exc).__name__}: {exc}")
+            except BaseException as exc:
+                if operator_interrupt(exc):
+                    raise
+                yield impl.plugin_name, None, plugin_failure(impl.plugin_name, hook,
+                                                             _raised(exc))
                 continue
             yield impl.plugin_name, result, None
 
-    def collect(self, hook: str, kwargs: Mapping[str, Any]) -> list[Finding]:
-        """Call every implementation of ``hook`` on its own and gather its findings."""
-        findings: list[Finding] = []
+    def collect_each(self, hook: str, kwargs: Mapping[str, Any]
+                     ) -> Iterator[tuple[str, list[Finding]]]:
+        """Per implementation of ``hook``, in call order: its name and checked findings.
+
+        A failure, a result that is not a list of findings, or a finding with a bad
+        field is replaced by a ``DSV4G090`` finding naming the plug-in.
+        """
         for name, result, failure in self._call_each(hook, kwargs):
             if failure is not None:
-                findings.append(failure)
+                yield name, [failure]
                 continue
             if result is None:
+                yield name, []
                 continue
-            if not isinstance(result, Sequence) or not all(
-                isinstance(f, Finding) for f in result
-            ):
-                findings.append(plugin_failure(
-                    name, hook, f"returned {type(result).__name__} {result!r:.120}; accepted: "
-                    "a list of sglang_dsv4_guard.Finding (or None)"))
+            try:
+                if not isinstance(result, list | tuple):
+                    raise TypeError("not a list")
+                items = list(result)
+            except BaseException as exc:
+                if operator_interrupt(exc):
+                    raise
+                yield name, [plugin_failure(
+                    name, hook, f"returned {type(result).__name__} "
+                    f"{_safe(repr, result, 120)}; accepted: a list of "
+                    "sglang_dsv4_guard.Finding (or None)")]
                 continue
-            findings.extend(
-                f if f.origin == name else dataclasses.replace(f, origin=name) for f in result
-            )
-        return findings
+            findings: list[Finding] = []
+            for index, finding in enumerate(items):
+                try:
+                    findings.append(clean_finding(finding, name))
+                except BaseException as exc:
+                    if operator_interrupt(exc):
+                        raise
+                    problem = str(exc) if type(exc) is TypeError else _raised(exc)
+                    findings.append(plugin_failure(
+                        name, hook, f"returned a bad finding at index {index}: {problem}",
+                        "finding"))
+            yield name, findings
+
+    def collect(self, hook: str, kwargs: Mapping[str, Any]) -> list[Finding]:
+        """Call every implementation of ``hook`` on its own and gather its findings."""
+        return [f for _, found in self.collect_each(hook, kwargs) for f in found]
 
     def report(self, report: Report) -> list[Finding]:
         """Hand ``report`` to every reporter; return the reporters that failed, as findings."""
@@ -104,8 +267,10 @@ class GuardPlugins:
 def _register(pm: pluggy.PluginManager, obj: object, name: str) -> str | None:
     try:
         pm.register(obj, name=name)
-    except Exception as exc:  # PluginValidationError, ValueError (duplicate name), ...
-        return f"could not be registered: {type(exc).__name__}: {exc}"
+    except BaseException as exc:  # PluginValidationError, ValueError (duplicate name), ...
+        if operator_interrupt(exc):
+            raise
+        return f"could not be registered: {type(exc).__name__}: {_safe(str, exc)}"
     return None
 
 
@@ -113,15 +278,25 @@ def add_plugin(plugins: GuardPlugins, obj: object, name: str) -> Finding | None:
     """Register a third-party plug-in as a server does; ``None``, or its ``DSV4G090``.
 
     A plug-in is refused (and left unregistered) when pluggy refuses it, when it
-    implements a hook the guard does not define, or when it implements none of the
-    guard's hooks (an entry point naming a function instead of a module or object).
+    implements a hook the guard does not define, when it implements none of the
+    guard's hooks (an entry point naming a function instead of a module or object),
+    or when it declares a hook wrapper (``wrapper=True`` or ``hookwrapper=True``): the
+    guard calls each implementation on its own and would never run a wrapper.
     The problem is also appended to ``plugins.load_problems``.
     """
     stage, error = "register", _register(plugins.pm, obj, name)
     if error is None:
-        hooks = [caller.name for caller in plugins.pm.get_hookcallers(obj) or ()]
+        callers = plugins.pm.get_hookcallers(obj) or ()
+        hooks = [caller.name for caller in callers]
         unknown = [hook for hook in hooks if hook not in _HOOK_NAMES]
-        if unknown:
+        wrappers = [caller.name for caller in callers for impl in caller.get_hookimpls()
+                    if impl.plugin is obj and (impl.wrapper or impl.hookwrapper)]
+        if wrappers:
+            error = (f"implements {', '.join(wrappers)} as a hook wrapper (wrapper=True or "
+                     "hookwrapper=True); the guard calls each implementation on its own and "
+                     "does not support hook wrappers: drop the option and return findings "
+                     "instead")
+        elif unknown:
             stage = "validate"
             error = ("implements a hook the guard does not define: "
                      + ", ".join(sorted(unknown)))
@@ -158,9 +333,11 @@ def build_plugins(load_entry_points: bool = True, log_format: str = "text") -> G
         for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
             try:
                 obj = ep.load()
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit from argparse at import, ...
+                if operator_interrupt(exc):
+                    raise
                 plugins.load_problems.append(plugin_failure(
-                    ep.name, "load", f"importing {ep.value} raised {type(exc).__name__}: {exc}"))
+                    ep.name, "load", f"importing {ep.value} {_raised(exc)}"))
                 continue
             add_plugin(plugins, obj, ep.name)
     for problem in plugins.load_problems:

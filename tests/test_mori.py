@@ -127,15 +127,17 @@ class TestMoriReporting(CustomTestCase):
         self.assertEqual(current.mori.registered, {})
 
     def test_strict_blocks_peer_before_transfer(self) -> None:
-        """Strict mode: after a mismatched registration, an swa transfer to the peer fails
-        at once, with SGLang's line first."""
+        """Strict mode: after a mismatched registration, an ``swa`` transfer to the peer fails
+        at once; a ``dsa`` transfer, which SGLang accepts, still goes through."""
         sglang_dsv4_guard.install("strict", load_entry_points=False)
         p = mori_stub.peer(conn, "decode-e", decode_tp=4)
         with guard_logs_off():
             self.mgr._add_remote_peer(p)
             kind, err = guarded(self.mgr, p, "swa")
+            dsa = guarded(self.mgr, p, "dsa")
         self.assertEqual(kind, "raised")
         self.assertIn("transfer not attempted", str(err).splitlines()[0])
+        self.assertEqual(dsa, call(_RAW["send"], self.mgr, p, "dsa"))
         self.assertTrue(str(err).startswith("PD state transfer does not support"))
 
     def test_threads_exact_counts(self) -> None:

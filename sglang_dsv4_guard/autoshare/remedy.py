@@ -18,7 +18,8 @@ from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 logger = logging.getLogger("sglang_dsv4_guard")
 
 
-@hookimpl
+# tryfirst: the built-in remedy runs before any third-party one, under pluggy's order.
+@hookimpl(tryfirst=True)
 def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
                                       pair: StatePair, context: StateContext) -> list[Finding]:
     """Rebind the draft to the target's mapping when the rule proves it safe."""

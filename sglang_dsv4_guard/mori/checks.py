@@ -24,7 +24,8 @@ def violates(t: SendSnapshot) -> bool:
     return t.state_type == "swa" and not t.is_mla_backend and t.decode_tp_size != t.attn_tp_size
 
 
-@hookimpl
+# tryfirst: SGLang's own checks come first in every report, under pluggy's call order.
+@hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -> list[Finding]:
     """DSV4G006 with both sides' TP layout, the peer and the fixes."""
     if not violates(transfer):

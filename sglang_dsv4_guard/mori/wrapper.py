@@ -48,7 +48,7 @@ from sglang_dsv4_guard.mori.snapshot import (
     peer_identity,
     snapshot_send,
 )
-from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply
+from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply_all
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, delivering, pointer
 from sglang_dsv4_guard.runtime import Runtime
@@ -212,11 +212,14 @@ class MoriGuard:
                       kwargs: dict[str, Any]) -> DSV4GuardError | None:
         """Strict mode: the error for an ``swa`` transfer to a peer that registered
         mismatched. Other state types pass to SGLang, which accepts them."""
-        bound = sig.bind(*args, **kwargs)
-        state_type = bound.arguments["state_type"]
+        try:
+            bound = sig.bind_partial(*args, **kwargs)
+        except TypeError:  # SGLang raises its own TypeError for these arguments
+            return None
+        state_type = bound.arguments.get("state_type")
         if str(getattr(state_type, "value", state_type)) != "swa":
             return None
-        entry = self.blocked.get(peer_identity(bound.arguments["peer_info"]))
+        entry = self.blocked.get(peer_identity(bound.arguments.get("peer_info")))
         if entry is None:
             return None
         report, rendered = entry
@@ -290,6 +293,5 @@ def _register_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callab
 
 def patch_module(module: ModuleType, guard: MoriGuard) -> list[AppliedPatch]:
     """Wrap both methods in SGLang's imported MORI connector module."""
-    patches = [apply(SEND_TARGET, module, _send_wrapper(guard))]
-    patches.append(apply(REGISTER_TARGET, module, _register_wrapper(guard)))
-    return patches
+    return apply_all(module, [(SEND_TARGET, _send_wrapper(guard)),
+                              (REGISTER_TARGET, _register_wrapper(guard))])

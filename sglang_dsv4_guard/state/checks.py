@@ -214,7 +214,8 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
     )]
 
 
-@hookimpl
+# tryfirst: SGLang's own checks come first in every report, under pluggy's call order.
+@hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_state(pair: StatePair, context: StateContext) -> list[Finding]:
     """SGLang's DSV4 target/draft checks, every one of them, in SGLang's order."""
     if not pair.block_runs:

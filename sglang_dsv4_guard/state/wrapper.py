@@ -28,10 +28,19 @@ from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.dedup import Seen
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
+from sglang_dsv4_guard.plugins import is_builtin, plugin_failure
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import Delivery, delivering, pointer
 from sglang_dsv4_guard.runtime import Runtime, add_note
-from sglang_dsv4_guard.state.snapshot import StateContext, StatePair, snapshot_pair
+from sglang_dsv4_guard.state.snapshot import (
+    MISSING,
+    POOL_ATTRS,
+    StateContext,
+    StatePair,
+    Unreadable,
+    snapshot_pair,
+)
+from sglang_dsv4_guard.state.snapshot import _read as read_attr
 
 __all__ = ["Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
 
@@ -51,8 +60,47 @@ class Prepared:
     remediation: tuple[Finding, ...]
 
 
+def _fingerprint(pool: object) -> tuple[object, ...]:
+    """A cheap token of what SGLang reads from ``pool``; it changes when a read would.
+
+    Scalars by value, lists by their items, other objects by identity; the mapping
+    tensor by identity, data pointer and torch's in-place version counter. No
+    tensor data is read.
+    """
+    parts: list[object] = [id(pool), type(pool)]
+    for name in POOL_ATTRS:
+        value = read_attr(pool, name)
+        if isinstance(value, tuple):
+            parts.append(tuple(v if isinstance(v, int | str) else id(v) for v in value))
+        elif value is None or isinstance(value, bool | int | float | str | Unreadable):
+            parts.append(value)
+        else:
+            parts.append(id(value))
+    mapping = getattr(pool, "full_to_swa_index_mapping", MISSING)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(mapping, torch.Tensor):
+        parts.append((id(mapping), int(mapping.data_ptr()), int(mapping._version)))
+    else:
+        parts.append(id(mapping))
+    return tuple(parts)
+
+
+def _changed_silently(name: str, found: list[Finding]) -> Finding:
+    failed = any(f.code == "DSV4G090" for f in found)
+    return plugin_failure(
+        name, "sglang_dsv4_guard_remediate_state",
+        "changed what SGLang reads from the pools and then failed" if failed else
+        "changed what SGLang reads from the pools without returning a finding that says so",
+        "changed")
+
+
 def prepare_pair(rt: Runtime, target: object, draft: object, caller: str) -> Prepared | None:
     """Snapshot a pair, let remediation plug-ins act, and snapshot again if they did.
+
+    After each remediation plug-in a cheap fingerprint of what SGLang reads is
+    compared with the one before: when it changed, the pair is snapshotted again, and
+    a plug-in that changed it without a finding saying so (it returned nothing, or
+    raised) is named in a ``DSV4G090`` finding.
 
     ``None`` when SGLang's DeepSeek-V4 draft block does not run for these pools.
     """
@@ -66,11 +114,20 @@ def prepare_pair(rt: Runtime, target: object, draft: object, caller: str) -> Pre
     pair = snapshot_pair(target, draft, rt.profile.npu_gate)
     if not pair.block_runs:
         return None
-    remediation = rt.plugins.collect(
+    remediation: list[Finding] = []
+    before = (_fingerprint(target), _fingerprint(draft))
+    changed = False
+    for name, found in rt.plugins.collect_each(
         "sglang_dsv4_guard_remediate_state",
         {"target_pool": target, "draft_pool": draft, "pair": pair, "context": context},
-    )
-    if remediation:  # something may have changed the pools: look again
+    ):
+        remediation.extend(found)
+        after = (_fingerprint(target), _fingerprint(draft))
+        if after != before:
+            changed, before = True, after
+            if not any(f.code != "DSV4G090" for f in found):
+                remediation.append(_changed_silently(name, found))
+    if changed:
         pair = snapshot_pair(target, draft, rt.profile.npu_gate)
     return Prepared(pair, context, tuple(remediation))
 
@@ -107,7 +164,10 @@ def _discrepancy(predicted: str | None, actual: str | None) -> Finding:
 
 def _findings(rt: Runtime, prep: Prepared, host_line: str | None) -> tuple[Report, bool]:
     findings = check_pair(rt, prep)
-    predicted = first_host_message(findings[len(prep.remediation):])
+    # The guard's prediction of SGLang's verdict is the built-in checks' alone: a
+    # plug-in's ERROR finding (even one carrying a host_message) is its own finding.
+    predicted = first_host_message([f for f in findings[len(prep.remediation):]
+                                    if is_builtin(f.origin)])
     mirrored = host_line is not None and host_line.startswith("DSV4 ")
     if (mirrored or host_line is None) and predicted != host_line:
         findings.append(_discrepancy(predicted, host_line))
@@ -144,8 +204,11 @@ def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Except
 
 def _on_host_success(rt: Runtime, prep: Prepared) -> None:
     report, _ = _findings(rt, prep, None)
+    # Strict mode blocks on what the checks found, never on a plug-in's failure
+    # (DSV4G090) nor on what remediation did; identity, since values may be tensors.
     escalate = [f for f in report.findings
-                if f.severity is not Severity.INFO and f not in prep.remediation]
+                if f.severity is not Severity.INFO and f.code != "DSV4G090"
+                and not any(f is done for done in prep.remediation)]
     rendered = _publish(rt, report, raised=rt.strict and bool(escalate))
     if rt.strict and escalate:
         first = escalate[0]
