@@ -103,10 +103,13 @@ def _discrepancy(predicted: str | None, actual: str | None) -> Finding:
     )
 
 
-def _findings(rt: Runtime, prep: Prepared, host_line: str | None) -> tuple[Report, bool]:
+def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
+              sglang_own: bool = True) -> tuple[Report, bool]:
+    """``sglang_own``: the host error is SGLang's own exact ``RuntimeError`` (a subclass such
+    as ``NotImplementedError("DSV4 ...")`` is somebody else's and is never mirrored)."""
     findings = check_pair(rt, prep)
     predicted = first_host_message(findings[len(prep.remediation):])
-    mirrored = host_line is not None and host_line.startswith("DSV4 ")
+    mirrored = sglang_own and host_line is not None and host_line.startswith("DSV4 ")
     if (mirrored or host_line is None) and predicted != host_line:
         findings.append(_discrepancy(predicted, host_line))
     report = Report.of(findings, prep.context.describe(), host_error=host_line)
@@ -117,11 +120,13 @@ def _findings(rt: Runtime, prep: Prepared, host_line: str | None) -> tuple[Repor
 def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Exception | None:
     text = str(host_error)
     host_line = text.splitlines()[0] if text else type(host_error).__name__
-    report, mirrored = _findings(rt, prep, host_line)
+    # Only SGLang's own, exact RuntimeError is upgraded: `except NotImplementedError` (a
+    # RuntimeError subclass) must keep matching what the caller raised.
+    report, mirrored = _findings(rt, prep, host_line, type(host_error) is RuntimeError)
     if not report.findings:
         return None
     rendered = render_report(report)
-    if mirrored and isinstance(host_error, RuntimeError):
+    if mirrored:
         return DSV4GuardError(text, report, rendered, host_error)
     add_note(host_error, rendered or "")
     host_error.dsv4_guard_report = report  # type: ignore[attr-defined]
