@@ -113,5 +113,64 @@ class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(CustomTestCase):
         self.assertNotIsInstance(caught.exception, DSV4GuardError)
 
 
+class TestOddCompressionRatios(CustomTestCase):
+    """compression_ratios that are not a list: the real problem named, no false DSV4G099."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.recorder = record()
+
+    def test_none_or_zero_ratios_name_the_value_not_a_missing_attribute(self) -> None:
+        """None and 0: SGLang's `not ratios` raises its SWA-only error; the guard says
+        "compression_ratios is None, not a list" under that line, with no DSV4G010/099."""
+        for value, text in ((None, "None (NoneType)"), (0, "0 (int)")):
+            with self.subTest(value=value):
+                target, draft = build_pair()
+                draft.compression_ratios = value
+                _, host = outcome(UNWRAPPED, target, draft)
+                with guard_logs_off():
+                    _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertIsInstance(guarded, DSV4GuardError)
+                self.assertEqual(str(guarded).splitlines()[0], str(host))
+                self.assertEqual(guarded.report.codes, ("DSV4G001",))
+                self.assertIn(f"compression_ratios is {text}, not a list",
+                              guarded.findings[0].summary)
+
+    def test_generator_ratios_are_not_consumed_and_give_no_g099(self) -> None:
+        """A generator: the guard does not consume it before SGLang (whose check iterates it),
+        so SGLang's verdict stands either way, and no false DSV4G099 appears."""
+        for ratios, verdict in (((0, 4), "raised"), ((0, 0), "ok")):
+            with self.subTest(ratios=ratios):
+                target, draft = build_pair()
+                draft.compression_ratios = (r for r in ratios)
+                host_kind, _ = outcome(UNWRAPPED, target, draft)
+                self.assertEqual(host_kind, verdict)
+                draft.compression_ratios = (r for r in ratios)
+                with guard_logs_off():
+                    kind, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertEqual(kind, verdict)
+                codes = [c for report in self.recorder.reports for c in report.codes]
+                self.assertNotIn("DSV4G099", codes)
+                self.assertIn("DSV4G001", codes)  # the warning that it is a generator
+                if verdict == "raised":
+                    self.assertEqual(str(guarded).splitlines()[0],
+                                     "DSV4 draft state transfer expects SWA-only NextN layers")
+
+    def test_million_layers_render_capped(self) -> None:
+        """A million compressed draft layers: every rendered list shows 16 items and a count;
+        the message and the JSON report stay a few kilobytes."""
+        target, draft = build_pair()
+        draft.compression_ratios = [4] * 1_000_000
+        with guard_logs_off():
+            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIsInstance(guarded, DSV4GuardError)
+        self.assertLess(len(str(guarded)), 8_000)
+        self.assertLess(len(guarded.report.to_json()), 8_000)
+        self.assertIn("... +999984 more (1000000 in all)", str(guarded))
+        self.assertIn("(+999984 more)", guarded.findings[0].details[0])
+        self.assertEqual(len(guarded.findings[0].value("draft pool")), 1_000_000)  # data kept
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -18,6 +18,7 @@ from sglang_dsv4_guard.releases import HostProfile
 __all__ = [
     "MISSING",
     "MappingComparison",
+    "NotASequence",
     "PoolSnapshot",
     "StateContext",
     "StatePair",
@@ -65,6 +66,27 @@ class Unreadable:
     """The value of an attribute whose read raised something other than AttributeError."""
 
     error: str
+
+
+@dataclass(frozen=True)
+class NotASequence:
+    """A value that is not a list or tuple where SGLang iterates one (``compression_ratios``).
+
+    The guard describes it without consuming it: ``text`` is a short repr, ``truthy``
+    what SGLang's ``not value`` sees (``None`` when ``bool()`` raised, ``error`` says
+    what), ``one_shot`` whether it is an iterator SGLang's own check would consume
+    (a generator: the guard must not read it first), ``iterable`` whether it iterates.
+    """
+
+    type_name: str
+    text: str
+    truthy: bool | None
+    iterable: bool
+    one_shot: bool
+    error: str = ""
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -140,6 +162,13 @@ class StatePair:
     block_runs: bool
     mapping: MappingComparison | None
 
+    @property
+    def predictable(self) -> bool:
+        """False when SGLang's verdict depends on a value the guard must not read (a
+        generator SGLang's check consumes): the guard then makes no prediction."""
+        ratios = self.draft.get("compression_ratios")
+        return not (isinstance(ratios, NotASequence) and ratios.one_shot)
+
 
 @dataclass(frozen=True)
 class StateContext:
@@ -182,6 +211,41 @@ def _read(obj: object, dotted: str) -> object:
     return value
 
 
+def _short_repr(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a repr that raises: name the type and the failure
+        text = f"<{type(value).__name__} object; repr raised {type(exc).__name__}>"
+    return text if len(text) <= 120 else f"{text[:117]}..."
+
+
+def _read_sequence(pool: object, name: str) -> object:
+    """``name`` as a tuple when SGLang can iterate it more than once; otherwise a
+    :class:`NotASequence` that says what SGLang's ``not value`` / iteration will meet.
+    Never consumes a one-shot iterator (SGLang's own check iterates it)."""
+    value = _read(pool, name)
+    if value is MISSING or isinstance(value, Unreadable | tuple):
+        return value
+    truthy: bool | None
+    error = ""
+    try:
+        truthy = bool(value)
+    except Exception as exc:  # e.g. a tensor with several elements
+        truthy, error = None, f"{type(exc).__name__}: {exc}"
+    try:
+        iterator = iter(value)  # type: ignore[call-overload]
+        iterable, one_shot = True, iterator is value
+    except TypeError:
+        iterable, one_shot = False, False
+    if iterable and not one_shot and truthy is not None:
+        try:
+            return tuple(value)  # type: ignore[arg-type]
+        except Exception as exc:
+            return Unreadable(f"{type(exc).__name__}: {exc}")
+    return NotASequence(type(value).__name__, _short_repr(value), truthy, iterable, one_shot,
+                        error)
+
+
 def _tensor_info(pool: object) -> TensorInfo:
     try:
         value = pool.full_to_swa_index_mapping  # type: ignore[attr-defined]
@@ -210,7 +274,10 @@ def _tensor_info(pool: object) -> TensorInfo:
 def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnapshot:
     """Read the attributes SGLang's DSV4 block reads, without changing ``pool``."""
     is_dsv4 = dsv4_class is not None and isinstance(pool, dsv4_class)
-    attrs = {name: _read(pool, name) for name in POOL_ATTRS} if is_dsv4 else {}
+    attrs = {
+        name: _read_sequence(pool, name) if name == "compression_ratios" else _read(pool, name)
+        for name in POOL_ATTRS
+    } if is_dsv4 else {}
     return PoolSnapshot(
         role=role,
         type_name=f"{type(pool).__module__}.{type(pool).__qualname__}",
