@@ -4,9 +4,9 @@
 interpreter and reads the kernel's figures: after the mappings are built, the peak
 resident set (``VmHWM``) is reset to the current one (``echo 5 > /proc/self/clear_refs``,
 Linux), and the extra is ``VmHWM`` after the comparison minus ``VmRSS`` before it. (A bare
-``ru_maxrss`` difference is not enough: an earlier import peak can hide the comparison.) Printed: the guard's chunked comparison
-(``compare_mappings``, what DSV4G004 runs) and, for scale, the one-shot
-``(a != b).nonzero()`` it replaced.
+``ru_maxrss`` difference is not enough: an earlier import peak can hide the comparison.)
+Printed: the guard's chunked comparison (``compare_mappings``, what DSV4G004 runs) and,
+for scale, the one-shot ``(a != b).nonzero()`` it replaced.
 """
 
 from __future__ import annotations
