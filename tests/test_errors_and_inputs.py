@@ -10,10 +10,14 @@ import os
 import pickle
 import sys
 import unittest
+import warnings
+from typing import Any
+from unittest import mock
 
 import error_worker
 import mori_stub
 import sglang.srt.disaggregation.utils as utils
+import torch
 from helpers import UNWRAPPED, guard_logs_off, outcome
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -188,6 +192,76 @@ class TestMappingComparisonMemory(CustomTestCase):
         self.assertLess(guard["extra_bytes"], guard["mapping_bytes"] / 8, guard)
         naive = bench_memory.measure("naive")
         self.assertGreater(naive["extra_bytes"], naive["mapping_bytes"] / 2, naive)
+
+
+def _exotic(kind: str) -> Any:
+    with warnings.catch_warnings():  # torch: sparse CSR and nested tensors are beta
+        warnings.simplefilter("ignore", UserWarning)
+        return _build_exotic(kind)
+
+
+def _build_exotic(kind: str) -> Any:
+    base = torch.arange(16, dtype=torch.int64)
+    if kind == "meta":
+        return torch.empty(16, dtype=torch.int64, device="meta")
+    if kind == "sparse":
+        return base.to_sparse()
+    if kind == "sparse_csr":
+        return base.reshape(4, 4).to_sparse_csr()
+    return torch.nested.nested_tensor([base[:8].clone(), base[8:].clone()])
+
+
+_MAPPING_LINE = "DSV4 target and draft pools must share the SWA index mapping"
+
+
+class TestExoticMappingTensors(CustomTestCase):
+    """Meta, sparse and nested mapping tensors never make the guard fail internally, and in
+    strict mode SGLang's message always comes first."""
+
+    def test_exotic_mappings_are_described_not_failed_on(self) -> None:
+        """On either side or both, in modes on and strict: SGLang's own first line, a DSV4G004
+        that says why the contents were not compared, and no internal-error log line."""
+        for mode in ("on", "strict"):
+            sglang_dsv4_guard.install(mode, load_entry_points=False)
+            for kind in ("meta", "sparse", "sparse_csr", "nested"):
+                for side in ("draft", "target", "both"):
+                    with self.subTest(mode=mode, kind=kind, side=side):
+                        target, draft = build_pair()
+                        if side != "target":
+                            draft.register_mapping(_exotic(kind))
+                        if side != "draft":
+                            target.register_mapping(_exotic(kind))
+                        with self.assertLogs("sglang_dsv4_guard", level="WARNING") as logs:
+                            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                        self.assertFalse([r for r in logs.output if "internal error" in r])
+                        self.assertEqual(str(guarded).splitlines()[0], _MAPPING_LINE)
+                        self.assertEqual(guarded.report.codes, ("DSV4G004",))
+                        self.assertIn("contents not comparable (", str(guarded))
+                        self.assertIn("same memory layout: no", str(guarded))
+
+    def test_strict_internal_failure_is_a_note_under_sglangs_error(self) -> None:
+        """A failure of ours in strict mode (injected into the snapshot) no longer replaces
+        SGLang's error: SGLang's exception rises with ours as a note."""
+        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        target, draft = build_pair(mapping="different")
+        _, host = outcome(UNWRAPPED, target, draft)
+        with guard_logs_off(), mock.patch("sglang_dsv4_guard.state.wrapper.snapshot_pair",
+                                          side_effect=RuntimeError("injected guard bug")):
+            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIs(type(guarded), RuntimeError)
+        self.assertEqual(str(guarded), str(host))
+        self.assertIn("sglang-dsv4-guard (strict mode) failed internally while checking the "
+                      "pools before setup_state_kv_args: RuntimeError: injected guard bug",
+                      "\n".join(guarded.__notes__))
+
+    def test_strict_internal_failure_still_blocks_a_pair_sglang_accepts(self) -> None:
+        """Strict mode on SGLang's pass path: our failure is raised after SGLang's call."""
+        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        with guard_logs_off(), mock.patch("sglang_dsv4_guard.state.wrapper.snapshot_pair",
+                                          side_effect=RuntimeError("injected guard bug")):
+            kind, guarded = outcome(utils.setup_state_kv_args, *build_pair())
+        self.assertEqual(kind, "raised")
+        self.assertIn("failed internally", str(guarded))
 
 
 if __name__ == "__main__":

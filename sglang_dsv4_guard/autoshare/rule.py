@@ -62,6 +62,8 @@ def decide(pair: StatePair, profile: HostProfile) -> ShareDecision:
                         ("device", tm.device, dm.device)):
         if a != b:
             return ShareDecision(False, f"the mappings' {label} differs: target={a}, draft={b}")
+    if cmp.contents_equal is None:
+        return ShareDecision(False, f"the mappings' contents cannot be compared: {cmp.note}")
     if not cmp.contents_equal:
         first = cmp.first_difference
         where = (

@@ -233,7 +233,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
         details.append(f"same storage: {'yes' if cmp.same_storage else 'no'}; "
                        f"same memory layout: {'yes' if cmp.same_layout else 'no'}")
         if cmp.contents_equal is None:
-            details.append("contents not comparable (shape, dtype or device differ)")
+            details.append(f"contents not comparable ({cmp.note or 'shape, dtype or device differ'})")
         elif cmp.contents_equal:
             details.append("contents equal (a copy or view of the target's tensor)")
         else:

@@ -1,8 +1,8 @@
 """Plain-value snapshots of SGLang's KV pools, taken without changing them.
 
-The only module of :mod:`sglang_dsv4_guard.state` that reads SGLang's pools or
-torch tensors. Checks see the frozen dataclasses below, never a pool. Every read is
-defensive: a missing attribute becomes :data:`MISSING` (SGLang would raise
+With :mod:`sglang_dsv4_guard.state.tensors` (the mapping tensors), the only module of
+:mod:`sglang_dsv4_guard.state` that reads SGLang's pools. Checks see the frozen dataclasses
+below, never a pool. Every read is defensive: a missing attribute becomes :data:`MISSING` (SGLang would raise
 ``AttributeError`` there), a property that raises becomes an :class:`Unreadable`.
 """
 
@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_dsv4_guard.releases import HostProfile
+from sglang_dsv4_guard.state.tensors import (
+    MappingComparison,
+    TensorInfo,
+    compare_mappings,
+    tensor_info,
+)
 
 __all__ = [
     "MISSING",
@@ -87,50 +93,6 @@ class NotASequence:
 
     def __repr__(self) -> str:
         return self.text
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """What a pool holds as its ``full_to_swa_index_mapping``.
-
-    ``kind`` is ``"tensor"``, ``"none"`` (registered as / initialised to ``None``),
-    ``"missing"`` (the attribute was never set) or ``"other"`` (not a torch tensor).
-    """
-
-    kind: str
-    type_name: str = ""
-    object_id: int | None = None
-    data_ptr: int | None = None
-    storage_ptr: int | None = None
-    shape: tuple[int, ...] | None = None
-    stride: tuple[int, ...] | None = None
-    dtype: str | None = None
-    device: str | None = None
-
-    def describe(self) -> str:
-        """One line: id, data_ptr, shape, dtype, device; or why there is no tensor."""
-        if self.kind == "missing":
-            return "missing (the pool has no full_to_swa_index_mapping attribute)"
-        if self.kind == "none":
-            return "None (no mapping registered)"
-        if self.kind == "other":
-            return f"a {self.type_name} object, not a torch.Tensor (id=0x{self.object_id:x})"
-        return (
-            f"id=0x{self.object_id:x} data_ptr=0x{self.data_ptr:x} shape={self.shape} "
-            f"stride={self.stride} dtype={self.dtype} device={self.device}"
-        )
-
-
-@dataclass(frozen=True)
-class MappingComparison:
-    """How the two pools' mappings relate. Computed only when SGLang's check reads them."""
-
-    identical: bool
-    same_storage: bool = False
-    same_layout: bool = False
-    contents_equal: bool | None = None
-    differing: int | None = None
-    first_difference: tuple[int, object, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -246,31 +208,6 @@ def _read_sequence(pool: object, name: str) -> object:
                         error)
 
 
-def _tensor_info(pool: object) -> TensorInfo:
-    try:
-        value = pool.full_to_swa_index_mapping  # type: ignore[attr-defined]
-    except AttributeError:
-        return TensorInfo("missing")
-    except Exception as exc:
-        return TensorInfo("other", type_name=f"unreadable ({type(exc).__name__})")
-    if value is None:
-        return TensorInfo("none")
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(value, torch.Tensor):
-        return TensorInfo("other", type_name=type(value).__name__, object_id=id(value))
-    return TensorInfo(
-        "tensor",
-        type_name=type(value).__name__,
-        object_id=id(value),
-        data_ptr=int(value.data_ptr()),
-        storage_ptr=int(value.untyped_storage().data_ptr()),
-        shape=tuple(int(d) for d in value.shape),
-        stride=tuple(int(s) for s in value.stride()),
-        dtype=str(value.dtype),
-        device=str(value.device),
-    )
-
-
 def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnapshot:
     """Read the attributes SGLang's DSV4 block reads, without changing ``pool``."""
     is_dsv4 = dsv4_class is not None and isinstance(pool, dsv4_class)
@@ -283,67 +220,8 @@ def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnaps
         type_name=f"{type(pool).__module__}.{type(pool).__qualname__}",
         is_dsv4=is_dsv4,
         attrs=attrs,
-        mapping=_tensor_info(pool) if is_dsv4 else TensorInfo("none"),
+        mapping=tensor_info(pool) if is_dsv4 else TensorInfo("none"),
     )
-
-
-def compare_mappings(target_pool: object, draft_pool: object) -> MappingComparison:
-    """Compare the two mappings: identity, storage, layout and, when comparable, contents."""
-    a = getattr(target_pool, "full_to_swa_index_mapping", MISSING)
-    b = getattr(draft_pool, "full_to_swa_index_mapping", MISSING)
-    if a is b:
-        return MappingComparison(identical=True, same_storage=True, same_layout=True,
-                                 contents_equal=True, differing=0)
-    torch = sys.modules.get("torch")
-    if torch is None or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return MappingComparison(identical=False)
-    same_storage = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    same_layout = (
-        a.data_ptr() == b.data_ptr()
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.dtype == b.dtype
-        and a.device == b.device
-    )
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-        return MappingComparison(False, same_storage, same_layout)
-    differing, first = count_differences(torch, a, b)
-    return MappingComparison(False, same_storage, same_layout, differing == 0, differing, first)
-
-
-# Elements compared per step: the temporary boolean chunk is at most 1/64 of a mapping's
-# element count, so at most 1/64 of its bytes (1/512 for int64) and never 1/8.
-_CHUNK_DIVISOR = 64
-_MIN_CHUNK = 1 << 16
-
-
-def count_differences(torch: Any, a: Any, b: Any) -> tuple[int, tuple[int, object, object] | None]:
-    """How many elements of two same-shape tensors differ, and the first difference.
-
-    Chunked: never allocates a tensor of differing indices (which is 8 bytes per
-    difference: 160 MB for 20M entries that all differ) nor a full boolean mask. The
-    per-chunk counts stay on the tensors' device; the host reads them once (one sync),
-    and once more for the first difference.
-    """
-    flat_a = a if a.dim() == 1 else a.reshape(-1)  # a view for contiguous tensors
-    flat_b = b if b.dim() == 1 else b.reshape(-1)
-    n = int(flat_a.numel())
-    if n == 0:
-        return 0, None
-    step = max(_MIN_CHUNK, -(-n // _CHUNK_DIVISOR))
-    starts = range(0, n, step)
-    with torch.no_grad():
-        counts = torch.stack([torch.count_nonzero(flat_a[i:i + step] != flat_b[i:i + step])
-                              for i in starts])
-        per_chunk = counts.tolist()
-        differing = int(sum(per_chunk))
-        if not differing:
-            return 0, None
-        k = next(k for k, c in enumerate(per_chunk) if c)
-        start = starts[k]
-        chunk = flat_a[start:start + step] != flat_b[start:start + step]
-        index = start + int(torch.argmax(chunk.view(torch.uint8)).item())
-        return differing, (index, flat_a[index].item(), flat_b[index].item())
 
 
 def _dsv4_class() -> type | None:

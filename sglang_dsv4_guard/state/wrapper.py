@@ -143,6 +143,16 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
                              report, render_report(report))
 
 
+def _internal(rt: Runtime, stage: str, exc: Exception) -> DSV4GuardError | None:
+    """Log a failure of ours; in strict mode return the error to raise, which the wrapper
+    raises only once SGLang's verdict is in (after SGLang's own error, as a note)."""
+    try:
+        rt.internal_error(stage, exc)
+    except DSV4GuardError as strict_error:
+        return strict_error
+    return None
+
+
 def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A factory for :func:`sglang_dsv4_guard.patching.apply`."""
 
@@ -155,10 +165,11 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
                 return original(*args, **kwargs)
             caller = sys._getframe(1).f_globals.get("__name__", "?")
             prep = None
+            ours: DSV4GuardError | None = None  # strict: our failure, raised after SGLang's verdict
             try:
                 prep = _prepare(rt, sig, caller, args, kwargs)
             except Exception as exc:
-                rt.internal_error("checking the pools before setup_state_kv_args", exc)
+                ours = _internal(rt, "checking the pools before setup_state_kv_args", exc)
             try:
                 result = original(*args, **kwargs)
             except Exception as host_error:
@@ -167,10 +178,14 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
                     try:
                         replacement = _on_host_error(rt, prep, host_error)
                     except Exception as exc:
-                        rt.internal_error("reporting setup_state_kv_args' error", exc)
+                        ours = _internal(rt, "reporting setup_state_kv_args' error", exc)
                 if replacement is not None:
                     raise replacement from host_error
+                if ours is not None:  # SGLang's message first; ours is a note under it
+                    add_note(host_error, str(ours))
                 raise
+            if ours is not None:
+                raise ours
             if prep is not None:
                 try:
                     _on_host_success(rt, prep)
