@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_dsv4_guard.releases import HostProfile
+from sglang_dsv4_guard.state.host import CudaGraphs, read_cuda_graphs
 from sglang_dsv4_guard.state.tensors import (
     MappingComparison,
     TensorInfo,
@@ -115,6 +116,9 @@ class PoolSnapshot:
         return value is not MISSING and not isinstance(value, Unreadable)
 
 
+NOT_READ = CudaGraphs(None, "not read (the mappings were not compared)")
+
+
 @dataclass(frozen=True)
 class StatePair:
     """A target/draft pair as SGLang's ``setup_state_kv_args`` sees it."""
@@ -123,6 +127,7 @@ class StatePair:
     draft: PoolSnapshot
     block_runs: bool
     mapping: MappingComparison | None
+    cuda_graphs: CudaGraphs = NOT_READ
 
     @property
     def predictable(self) -> bool:
@@ -248,7 +253,7 @@ def snapshot_pair(target_pool: object, draft_pool: object, npu_gate: bool) -> St
     target = snapshot_pool(target_pool, "target pool", cls)
     draft = snapshot_pool(draft_pool, "draft pool", cls)
     block_runs = target.is_dsv4 and draft.is_dsv4 and not (npu_gate and host_is_npu())
-    mapping = None
     if block_runs and not target.get("_unified_kv"):
-        mapping = compare_mappings(target_pool, draft_pool)
-    return StatePair(target, draft, block_runs, mapping)
+        return StatePair(target, draft, block_runs, compare_mappings(target_pool, draft_pool),
+                         read_cuda_graphs())
+    return StatePair(target, draft, block_runs, None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 __all__ = ["MappingComparison", "TensorInfo", "compare_mappings", "count_differences",
-           "tensor_info"]
+           "other_references", "tensor_info"]
 
 _T = TypeVar("_T")
 _ABSENT = object()
@@ -28,6 +28,8 @@ class TensorInfo:
     ``kind`` is ``"tensor"``, ``"none"`` (registered as / initialised to ``None``),
     ``"missing"`` (the attribute was never set) or ``"other"`` (not a torch tensor).
     A field whose read raised is ``None`` and named in ``unreadable``.
+    ``other_references`` counts references to the tensor beyond the pool's own attribute
+    (:func:`other_references`); ``None`` when the interpreter cannot count them.
     """
 
     kind: str
@@ -41,6 +43,7 @@ class TensorInfo:
     device: str | None = None
     layout: str | None = None
     unreadable: tuple[str, ...] = ()
+    other_references: int | None = None
 
     def describe(self) -> str:
         """One line: id, data_ptr, shape, dtype, device; or why there is no tensor."""
@@ -86,6 +89,33 @@ def _attempt(label: str, read: Callable[[], _T], failures: list[str]) -> _T | No
         return None
 
 
+class _Holder:
+    held: object = None
+
+
+def _references_of_a_singly_held_object() -> int:
+    holder = _Holder()
+    holder.held = object()
+    value = holder.held
+    return sys.getrefcount(value)
+
+
+def other_references(value: object) -> int | None:
+    """References to ``value`` besides one attribute of its pool, or ``None`` when unknown.
+
+    ``sys.getrefcount`` of a tensor held by exactly one attribute, read into one local
+    variable of the caller, is the same figure as for a fresh object held the same way
+    (:func:`_references_of_a_singly_held_object`, measured on this interpreter rather than
+    assumed to be 3). Any surplus is somebody else: the draft's own allocator, a captured
+    closure, a cache. Call with the value in exactly one local of the caller, plus the
+    argument, as ``tensor_info`` does.
+    """
+    if not hasattr(sys, "getrefcount"):
+        return None
+    # -1: the argument of this function holds one more reference than the baseline's local.
+    return max(0, sys.getrefcount(value) - 1 - _references_of_a_singly_held_object())
+
+
 def tensor_info(pool: object) -> TensorInfo:
     """Describe ``pool.full_to_swa_index_mapping`` without ever raising."""
     try:
@@ -100,6 +130,7 @@ def tensor_info(pool: object) -> TensorInfo:
     if torch is None or not isinstance(value, torch.Tensor):
         return TensorInfo("other", type_name=type(value).__name__, object_id=id(value))
     failed: list[str] = []
+    others = other_references(value)
     return TensorInfo(
         "tensor",
         type_name=type(value).__name__,
@@ -112,6 +143,7 @@ def tensor_info(pool: object) -> TensorInfo:
         device=_attempt("device", lambda: str(value.device), failed),
         layout=_attempt("layout", lambda: str(value.layout), failed),
         unreadable=tuple(failed),
+        other_references=others,
     )
 
 
