@@ -16,6 +16,7 @@ Anything unreadable is "unknown", which the rule treats as "graphs may be captur
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["CudaGraphs", "read_cuda_graphs"]
@@ -39,12 +40,13 @@ def read_cuda_graphs() -> CudaGraphs:
     except Exception as exc:  # reported as the reason the value is unknown
         return CudaGraphs(None, f"{_RUNTIME_CONTEXT} not importable ({type(exc).__name__})")
     failures: list[str] = []
-    for where, read in (
+    readers: tuple[tuple[str, Callable[[], object]], ...] = (
         ("runtime_context.get_exec().graph.disable_cuda_graph",
          lambda: context.get_exec().graph.disable_cuda_graph),
         ("runtime_context.get_server_args().disable_cuda_graph",
          lambda: context.get_server_args().disable_cuda_graph),
-    ):
+    )
+    for where, read in readers:
         try:
             value = read()
         except Exception as exc:  # not this release's accessor, or nothing published yet
