@@ -119,17 +119,24 @@ def _check_ratios(pair: StatePair) -> list[Finding]:
     ratios: Any = draft.get("compression_ratios")
     if isinstance(ratios, NotASequence):
         return _ratios_not_a_list(pair, ratios)
-    try:  # exactly SGLang's test: `not all(ratio == 0 for ratio in ratios)`
-        offending: list[tuple[int, object]] = [
-            (i, r) for i, r in enumerate(ratios) if not r == 0  # noqa: SIM201
-        ]
+    # Exactly SGLang's test, `not all(ratio == 0 for ratio in ratios)`: tuple.count compares
+    # each element with == in C; then only the first LIST_CAP offenders are looked up, so a
+    # million layers cost one C pass and allocate nothing per layer.
+    offending: list[tuple[int, object]] = []
+    try:
+        count = len(ratios) - ratios.count(0)
+        for i, r in enumerate(ratios):
+            if len(offending) >= min(count, LIST_CAP):
+                break
+            if not r == 0:  # noqa: SIM201 - SGLang compares with ==
+                offending.append((i, r))
     except Exception:  # an element whose comparison raises: SGLang raises there too
         return [_incomplete(draft, "compression_ratios")]
-    if ratios and not offending:
+    if ratios and not count:
         return []
     if offending:
-        shown = ", ".join(f"layer {i}: ratio {r}" for i, r in offending[:LIST_CAP])
-        more = f" (+{len(offending) - LIST_CAP} more)" if len(offending) > LIST_CAP else ""
+        shown = ", ".join(f"layer {i}: ratio {r}" for i, r in offending)
+        more = f" (+{count - LIST_CAP} more)" if count > LIST_CAP else ""
         details = (f"draft layers that are not SWA-only: {shown}{more}",)
     else:
         details = ("the draft pool lists no layers at all (compression_ratios is empty)",)
