@@ -39,6 +39,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) tools/matrix.py --script benchmarks/bench_overhead.py $(if $(RELEASES),--releases $(RELEASES))
+	$(PY) benchmarks/bench_memory.py
 
 clean:
 	rm -rf $(VENV) .matrix .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -81,8 +81,9 @@ CODES: dict[str, CodeInfo] = {
             (
                 "hand the draft worker the target's token_to_kv_pool_allocator so "
                 "KVCacheConfigurator registers the same tensor on the draft pool",
-                "when the draft holds a view or an equal copy, SGLANG_DSV4_GUARD_AUTOSHARE=1 "
-                "rebinds it safely (see the README for the rule)",
+                "when the draft holds a view, or an equal copy with CUDA graphs disabled and "
+                "no other holder, SGLANG_DSV4_GUARD_AUTOSHARE=1 rebinds it safely (see the "
+                "README for the rule)",
             ),
         ),
         CodeInfo(

@@ -1,6 +1,14 @@
-"""The guard's exceptions. Each carries the object at fault as an attribute."""
+"""The guard's exceptions. Each carries the object at fault as an attribute.
+
+Each survives ``pickle``, ``copy`` and ``deepcopy`` (same type, message and fields),
+so one raised in a process-pool worker reaches the parent as itself: ``__reduce__``
+returns the constructor's own arguments plus the instance ``__dict__`` (PEP 678
+notes, ``dsv4_guard_report`` and anything else set on it after construction).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Report
 
@@ -19,8 +27,14 @@ class DSV4GuardError(RuntimeError):
                  host_error: BaseException | None = None) -> None:
         message = first_line if not rendered else f"{first_line}\n{rendered}"
         super().__init__(message)
+        self.first_line = first_line
+        self.rendered = rendered
         self.report = report
         self.host_error = host_error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.first_line, self.report, self.rendered, self.host_error),
+                dict(self.__dict__))
 
     @property
     def findings(self) -> tuple[Finding, ...]:
@@ -39,6 +53,9 @@ class DSV4GuardInstallError(RuntimeError):
         self.reason = reason
         self.target = target
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.reason, self.target), dict(self.__dict__)
+
 
 class DSV4GuardStartupRefused(SystemExit):
     """Raised by the SGLang plug-in entry point in strict mode when the guard cannot install.
@@ -50,6 +67,9 @@ class DSV4GuardStartupRefused(SystemExit):
     def __init__(self, error: DSV4GuardInstallError) -> None:
         super().__init__(f"sglang-dsv4-guard (strict mode) refused to start: {error.reason}")
         self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.error,), dict(self.__dict__)
 
 
 class SettingError(ValueError):
@@ -67,3 +87,8 @@ class SettingError(ValueError):
         self.variable = variable
         self.value = value
         self.accepted = accepted
+        self.consequence = consequence
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.variable, self.value, self.accepted, self.consequence),
+                dict(self.__dict__))

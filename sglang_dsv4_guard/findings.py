@@ -14,7 +14,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Finding", "Observation", "Report", "Severity", "to_jsonable"]
+__all__ = ["LIST_CAP", "Finding", "Observation", "Report", "Severity", "capped_repr",
+           "to_jsonable"]
+
+# Every rendered list (text or JSON) shows its first LIST_CAP items and a count: a pool
+# with a million layers must not make a megabyte message.
+LIST_CAP = 16
+_TEXT_CAP = 2000  # characters of any one rendered value
 
 
 class Severity(str, enum.Enum):
@@ -94,15 +100,52 @@ class Finding:
         }
 
 
+def _more(n: int) -> str:
+    return f"... +{n - LIST_CAP} more ({n} in all)"
+
+
+def _safe_repr(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a value whose repr raises still renders
+        text = f"<{type(value).__name__} object; repr raised {type(exc).__name__}>"
+    return text if len(text) <= _TEXT_CAP else f"{text[:_TEXT_CAP]}... ({len(text)} characters)"
+
+
+def _capped(value: object) -> str:
+    if isinstance(value, tuple | list):
+        items = [_capped(v) for v in value[:LIST_CAP]]
+        if len(value) > LIST_CAP:
+            items.append(_more(len(value)))
+        inner = ", ".join(items)
+        if isinstance(value, list):
+            return f"[{inner}]"
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    return _safe_repr(value)
+
+
+def capped_repr(value: object) -> str:
+    """``repr(value)`` (a string as it is) with every list or tuple cut to its first
+    :data:`LIST_CAP` items and a count, and any one value cut to a few thousand
+    characters. Fast for huge sequences."""
+    if isinstance(value, str):
+        return value if len(value) <= _TEXT_CAP else (
+            f"{value[:_TEXT_CAP]}... ({len(value)} characters)")
+    return _capped(value)
+
+
 def to_jsonable(value: object) -> Any:
-    """Turn an observed value into something ``json`` can write, without losing it."""
+    """Turn an observed value into something ``json`` can write. Lists longer than
+    :data:`LIST_CAP` keep their first items and end with a ``"... +N more (M in all)"``
+    string; other objects become their (capped) ``repr``."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, tuple | list):
-        return [to_jsonable(v) for v in value]
+        items = [to_jsonable(v) for v in value[:LIST_CAP]]
+        return [*items, _more(len(value))] if len(value) > LIST_CAP else items
     if isinstance(value, Mapping):
         return {str(k): to_jsonable(v) for k, v in value.items()}
-    return repr(value)
+    return _safe_repr(value)
 
 
 @dataclass(frozen=True)

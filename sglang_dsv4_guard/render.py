@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_dsv4_guard.findings import Finding, Report, Severity
+from sglang_dsv4_guard.findings import Finding, Report, Severity, capped_repr
 
 __all__ = ["render_finding", "render_report"]
 
@@ -22,7 +22,7 @@ def render_finding(finding: Finding) -> str:
     width = max((len(f"{o.role} {o.name}") for o in finding.observations), default=0)
     for obs in finding.observations:
         label = f"{obs.role} {obs.name}".ljust(width)
-        shown = obs.value if isinstance(obs.value, str) else repr(obs.value)
+        shown = capped_repr(obs.value)
         lines.append(f"    {label} = {shown}")
         lines.append(f"    {' ' * width}   from: {obs.source}")
     lines += [f"    {detail}" for detail in finding.details]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import types
+from collections.abc import Iterator
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
@@ -17,6 +20,19 @@ from sglang_dsv4_guard import DSV4GuardError, Severity
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+
+@contextlib.contextmanager
+def cuda_graphs(disabled: bool | None) -> Iterator[None]:
+    """SGLang's own runtime context with ``disable_cuda_graph`` set, as a scheduler publishes
+    it; ``None`` publishes nothing (the value is then unknown to the guard)."""
+    if disabled is None:
+        yield
+        return
+    from sglang.srt.runtime_context import get_context
+
+    with get_context().override_server_args(disable_cuda_graph=disabled):
+        yield
 
 
 def _mapping_line(exc: BaseException | None) -> bool:
@@ -42,15 +58,53 @@ class TestAutoshareRule(CustomTestCase):
         [shared] = self.recorder.reports[0].findings
         self.assertEqual((shared.code, shared.severity), ("DSV4G007", Severity.INFO))
 
-    def test_equal_clone_is_shared_with_warning(self) -> None:
-        """Different storage, equal contents and geometry: shared, with a WARNING."""
+    def test_g007_equal_copy_shared_only_with_cuda_graphs_disabled(self) -> None:
+        """Different storage, equal contents and geometry, SGLang's disable_cuda_graph True and
+        no other holder of the draft's tensor: shared, with a WARNING finding and log line."""
         target, draft = build_pair(mapping="clone")
-        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+        with cuda_graphs(disabled=True), \
+                self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
             kind, _ = outcome(utils.setup_state_kv_args, target, draft)
         self.assertEqual(kind, "ok")
         self.assertIs(draft.full_to_swa_index_mapping, target.full_to_swa_index_mapping)
-        self.assertIn("no longer reads its own tensor", logs.output[-1] + str(
-            self.recorder.reports[0].findings[0].details))
+        [shared] = self.recorder.reports[0].findings
+        self.assertEqual((shared.code, shared.severity), ("DSV4G007", Severity.WARNING))
+        self.assertIn("CUDA graphs are disabled (server args disable_cuda_graph=True",
+                      shared.details[0])
+        [line] = [r for r in logs.records
+                  if r.getMessage().startswith("sglang-dsv4-guard auto-share: draft pool now "
+                                               "uses the target pool's SWA index mapping")]
+        self.assertEqual(line.levelno, logging.WARNING)
+        self.assertIn("CUDA graphs are disabled", line.getMessage())
+
+    def test_equal_copy_refused_when_cuda_graphs_may_hold_the_old_pointer(self) -> None:
+        """CUDA graphs on, or SGLang's setting unreadable (nothing published): an equal copy
+        is not shared, and DSV4G004 says a captured graph may hold the old pointer."""
+        for disabled in (False, None):
+            with self.subTest(disable_cuda_graph=disabled):
+                target, draft = build_pair(mapping="clone")
+                before = draft.full_to_swa_index_mapping
+                with cuda_graphs(disabled):
+                    _, err = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertTrue(_mapping_line(err), err)
+                self.assertIs(draft.full_to_swa_index_mapping, before)
+                self.assertNotIn("DSV4G007", err.report.codes)
+                details = " ".join(err.findings[0].details)
+                self.assertIn("auto-share would not help:", details)
+                self.assertIn("a CUDA graph captured on the draft may hold its old tensor's "
+                              "pointer", details)
+
+    def test_equal_copy_refused_when_the_old_tensor_has_another_holder(self) -> None:
+        """CUDA graphs off, but something else (here a stand-in for the draft's own allocator)
+        holds the draft's tensor: not shared, and the report counts the other reference."""
+        target, draft = build_pair(mapping="clone")
+        allocator = types.SimpleNamespace(full_to_swa_index_mapping=draft.full_to_swa_index_mapping)
+        with cuda_graphs(disabled=True):
+            _, err = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertTrue(_mapping_line(err), err)
+        self.assertIs(draft.full_to_swa_index_mapping, allocator.full_to_swa_index_mapping)
+        self.assertIn("but 1 other reference(s) to the draft's tensor exist",
+                      " ".join(err.findings[0].details))
 
     def test_differing_clone_is_refused(self) -> None:
         """Contents differ: not shared; the report names the first differing index."""

@@ -79,14 +79,17 @@ class TestReconfigure(CustomTestCase):
         self.assertEqual(actual, expected)
 
     def test_json_over_text_install_logs_json(self) -> None:
-        """install(log_format="json") over a text install: the next report is JSON."""
+        """install(log_format="json") over a text install: the next report is on the record
+        as JSON-ready data (the message stays readable text)."""
         pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
         sglang_dsv4_guard.install("on", load_entry_points=False)
         sglang_dsv4_guard.install("on", load_entry_points=False, log_format="json")
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
             kind, _ = outcome(utils.setup_state_kv_args, *pair)
         self.assertEqual(kind, "raised")
-        document = json.loads(logs.records[0].getMessage())
+        data = getattr(logs.records[0], "sglang_dsv4_guard", None)
+        self.assertIsNotNone(data, "a text install's record carries no structured report")
+        document = json.loads(json.dumps(data["report"]))
         self.assertEqual(document["findings"][0]["code"], "DSV4G001")
 
     def test_each_install_returns_its_own_undo(self) -> None:

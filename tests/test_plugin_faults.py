@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
+from check_helpers import GPT_OSS, server
 from helpers import UNWRAPPED, guard_logs_off, outcome
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -171,9 +172,9 @@ class TestBadFindings(CustomTestCase):
         self.assert_isolated(report.findings, "BadFields")
         self.assertIn("[ACME001]", render_report(report) or "")
 
-    def test_g090_bad_finding_fields_in_preflight(self) -> None:
-        """``preflight`` with a bad plug-in installed through a real entry point prints
-        the report, no traceback."""
+    def test_g090_bad_finding_fields_in_check(self) -> None:
+        """``check`` with a bad plug-in installed through a real entry point prints the
+        report, no traceback."""
         source = """
             from sglang_dsv4_guard import Finding, Observation, Severity, hookimpl
             class _BadRepr:
@@ -188,7 +189,8 @@ class TestBadFindings(CustomTestCase):
         out = io.StringIO()
         with entry_point_plugin("acme_bad_preflight", source), guard_logs_off(), \
                 contextlib.redirect_stdout(out):
-            code = cli_main(["preflight", "--prefill-tp", "8", "--decode-tp", "4"])
+            code = cli_main(["check", "--prefill", server("prefill", GPT_OSS, "--tp-size 8"),
+                             "--decode", server("decode", GPT_OSS, "--tp-size 4")])
         self.assertEqual(code, 1)
         self.assertIn("[DSV4G006]", out.getvalue())
         self.assertIn("[ACME001]", out.getvalue())

@@ -17,6 +17,7 @@ from unittest import mock
 
 import mori_stub
 import sglang
+import sglang._version as sglang_version
 import sglang.srt.disaggregation.utils as utils
 from helpers import (
     UNWRAPPED,
@@ -47,18 +48,30 @@ register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 MATRIX_RELEASE = "DSV4_GUARD_MATRIX_RELEASE"
 
 
+def _base_release() -> str:
+    """The release matrix.txt installs in the venv itself: its line with "-" for overlay."""
+    lines = Path(__file__).resolve().parent.parent.joinpath("matrix.txt").read_text()
+    base = [words[0] for line in lines.splitlines()
+            if (words := line.split("#", 1)[0].split()) and words[1:] == ["-"]]
+    assert len(base) == 1, f"matrix.txt must name exactly one base release (got {base})"
+    return base[0]
+
+
 class TestInstalledRelease(CustomTestCase):
     """The process imports the release the matrix asked for, and the guard's table fits it."""
 
     def test_imported_release_is_the_one_asked_for(self) -> None:
         """Metadata, imported code and the matrix line agree (a wrong PYTHONPATH would make
-        every release test the base one)."""
+        every release test the base one). Outside the matrix the release asked for is the
+        base release of matrix.txt (its "-" line), never the imported one itself."""
         asked = os.environ.get(MATRIX_RELEASE)
         if asked is None:
             self.assertFalse(os.environ.get("CI"), f"CI runs the suite through tools/matrix.py, "
                              f"which sets {MATRIX_RELEASE}")
-            asked = str(sglang_release())
+            asked = _base_release()
         self.assertEqual(sglang_release(), Version(asked))
+        self.assertEqual(Version(sglang_version.__version__), Version(asked),
+                         f"the imported sglang code ({sglang.__file__}) is not {asked}")
         dist = Path(sglang.__file__).resolve().parent.parent
         self.assertTrue((dist / f"sglang-{asked}.dist-info").is_dir(),
                         f"sglang imported from {dist}, which has no sglang-{asked}.dist-info")

@@ -26,8 +26,6 @@ from sglang_dsv4_guard.testing import PoolSpec, build_pair, new_kv_args, record,
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
-
-
 class TestEveryCode(CustomTestCase):
     """Each code, produced from real pool objects through the real SGLang function."""
 
@@ -232,15 +230,21 @@ class TestInstallUninstall(CustomTestCase):
     """install/uninstall are idempotent and restore the very original objects."""
 
     def test_rebinds_prefill_and_decode(self) -> None:
-        """Install rebinds utils, prefill and decode; uninstall restores all three by identity."""
+        """Install rebinds utils, prefill and decode to one wrapper. After the undo (whose
+        restoring the originals the autouse fixture checks), a wrapper somebody still holds
+        passes straight through: SGLang's bare RuntimeError, no report."""
         undo = sglang_dsv4_guard.install("on")
         wrapper = utils.setup_state_kv_args
         self.assertIsNot(wrapper, raw_setup_state_kv_args())
         self.assertIs(prefill.setup_state_kv_args, wrapper)
         self.assertIs(decode.setup_state_kv_args, wrapper)
+        recorder = record()
         self.assertTrue(undo())
-        for module in (utils, prefill, decode):
-            self.assertIs(module.setup_state_kv_args, raw_setup_state_kv_args())
+        kind, err = outcome(wrapper, *three_mismatch_pair())
+        self.assertEqual(kind, "raised")
+        self.assertIs(type(err), RuntimeError)
+        self.assertEqual(str(err), "DSV4 draft state transfer expects SWA-only NextN layers")
+        self.assertEqual(recorder.reports, [])
 
     def test_idempotent_both_ways(self) -> None:
         """A second install and a second uninstall are harmless and say so."""

@@ -35,8 +35,7 @@ def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
     if decision.warn:
         details.append("the draft pool no longer reads its own tensor; writes to that tensor "
                        "are not seen by the draft any more")
-    details.append("CUDA graphs captured before this call keep the old pointer; "
-                   "uninstall() does not undo the share")
+    details.append("uninstall() does not undo the share")
     logger.log(logging.WARNING if decision.warn else logging.INFO,
                "sglang-dsv4-guard auto-share: draft pool now uses the target pool's SWA index "
                "mapping (%s)", decision.reason)

@@ -1,5 +1,11 @@
 """The auto-share rule: when rebinding the draft's SWA index mapping is provably safe.
 
+Same memory (equal data_ptr, shape, stride, dtype, device): always safe. An equal
+*copy*: safe only when no captured CUDA graph can hold the old tensor's pointer (SGLang's
+``disable_cuda_graph`` is True, :mod:`sglang_dsv4_guard.state.host`) and nothing but the
+draft pool references the old tensor (``TensorInfo.other_references == 0``: the
+``sys.getrefcount`` surplus over a singly held object; anything else, or unknown, refuses).
+
 A pure function of a :class:`~sglang_dsv4_guard.state.snapshot.StatePair`. It decides;
 :mod:`sglang_dsv4_guard.autoshare.remedy` acts (``draft_pool.register_mapping``),
 and the ``DSV4G004`` check uses the same decision to offer, or not, the switch.
@@ -62,6 +68,8 @@ def decide(pair: StatePair, profile: HostProfile) -> ShareDecision:
                         ("device", tm.device, dm.device)):
         if a != b:
             return ShareDecision(False, f"the mappings' {label} differs: target={a}, draft={b}")
+    if cmp.contents_equal is None:
+        return ShareDecision(False, f"the mappings' contents cannot be compared: {cmp.note}")
     if not cmp.contents_equal:
         first = cmp.first_difference
         where = (
@@ -85,9 +93,27 @@ def decide(pair: StatePair, profile: HostProfile) -> ShareDecision:
             f"the paged SWA geometry differs (target={target_geometry}, "
             f"draft={draft_geometry}); sharing would not make the pools agree",
         )
+    equal = ("the draft's mapping is a separate tensor with equal shape, dtype, device and "
+             "contents, and both pools have equal SWA capacity and geometry")
+    if pair.cuda_graphs.disabled is not True:
+        return ShareDecision(
+            False,
+            f"{equal}, but a CUDA graph captured on the draft may hold its old tensor's "
+            f"pointer and would keep reading the stale copy ({pair.cuda_graphs.source}); "
+            "a copy is shared only with CUDA graphs disabled",
+        )
+    others = d.mapping.other_references
+    if others != 0:
+        holders = "an unknown number of" if others is None else str(others)
+        return ShareDecision(
+            False,
+            f"{equal}, but {holders} other reference(s) to the draft's tensor exist besides "
+            "the draft pool (e.g. the draft's own allocator, which keeps updating it); "
+            "rebinding would split the draft's readers from its writer",
+        )
     return ShareDecision(
         True,
-        "the draft's mapping is a separate tensor with equal shape, dtype, device and "
-        "contents, and both pools have equal SWA capacity and geometry",
+        f"{equal}; CUDA graphs are disabled ({pair.cuda_graphs.source}) and nothing but the "
+        "draft pool references the draft's tensor",
         warn=True,
     )

@@ -260,7 +260,7 @@ def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[.
                 return original(*args, **kwargs)
             except RuntimeError as error:
                 replacement = None
-                if guard.rt.active:
+                if guard.rt.active and type(error) is RuntimeError:  # never a subclass
                     try:
                         replacement = guard.on_send_error(sig, args, kwargs, error)
                     except Exception as exc:

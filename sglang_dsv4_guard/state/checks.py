@@ -11,10 +11,15 @@ from typing import Any
 
 from sglang_dsv4_guard.autoshare.rule import decide
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import LIST_CAP, Finding, Observation, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.releases import HostProfile
-from sglang_dsv4_guard.state.snapshot import PoolSnapshot, StateContext, StatePair
+from sglang_dsv4_guard.state.snapshot import (
+    NotASequence,
+    PoolSnapshot,
+    StateContext,
+    StatePair,
+)
 
 _RATIO_SOURCE = {
     "target pool": "model config compress_ratios (config.json)",
@@ -69,30 +74,74 @@ def _incomplete(snap: PoolSnapshot, name: str) -> Finding:
     )
 
 
+def _ratio_observations(pair: StatePair) -> tuple[Observation, ...]:
+    return tuple(
+        Observation(snap.role, "compression_ratios", snap.get("compression_ratios"),
+                    _RATIO_SOURCE[snap.role])
+        for snap in (pair.draft, pair.target)
+    )
+
+
+def _ratios_not_a_list(pair: StatePair, value: NotASequence) -> list[Finding]:
+    """``compression_ratios`` is not a list: say what it is and what SGLang does with it."""
+    what = f"compression_ratios is {value.text} ({value.type_name}), not a list of per-layer ratios"
+    observations = _ratio_observations(pair)
+    if value.one_shot:
+        return [_finding(
+            "DSV4G001", f"the draft pool's {what}", "draft pool compression_ratios",
+            severity=Severity.WARNING, observations=observations,
+            details=("a one-shot iterator: SGLang's SWA-only check consumes it, so the guard "
+                     "does not read it and makes no prediction for this check; any later "
+                     "reader sees it empty",),
+            fixes=("build the draft pool with compression_ratios as a list "
+                   "(one ratio per draft layer, 0 for a stock NextN layer)",),
+        )]
+    if value.truthy is False:  # SGLang: `not compression_ratios` -> its SWA-only error
+        return [_finding(
+            "DSV4G001", f"the draft pool's {what}", "draft pool compression_ratios",
+            observations=observations,
+            details=(f"SGLang tests `not compression_ratios`, which is true for {value.text}, "
+                     "and raises its SWA-only error",),
+            host_message=CODES["DSV4G001"].sglang_message,
+        )]
+    why = (f"SGLang's `not compression_ratios` raises ({value.error})" if value.truthy is None
+           else "SGLang raises TypeError iterating it")
+    return [_finding(
+        "DSV4G010", f"the draft pool's {what}", f"draft pool ({pair.draft.type_name})",
+        observations=observations, details=(why,),
+    )]
+
+
 def _check_ratios(pair: StatePair) -> list[Finding]:
     draft = pair.draft
     if not draft.has("compression_ratios"):
         return [_incomplete(draft, "compression_ratios")]
     ratios: Any = draft.get("compression_ratios")
+    if isinstance(ratios, NotASequence):
+        return _ratios_not_a_list(pair, ratios)
+    # Exactly SGLang's test, `not all(ratio == 0 for ratio in ratios)`: tuple.count compares
+    # each element with == in C; then only the first LIST_CAP offenders are looked up, so a
+    # million layers cost one C pass and allocate nothing per layer.
+    offending: list[tuple[int, object]] = []
     try:
-        offending: list[tuple[int, object]] = [(i, r) for i, r in enumerate(ratios) if r != 0]
-    except TypeError:
+        count = len(ratios) - ratios.count(0)
+        for i, r in enumerate(ratios):
+            if len(offending) >= min(count, LIST_CAP):
+                break
+            if not r == 0:  # noqa: SIM201 - SGLang compares with ==
+                offending.append((i, r))
+    except Exception:  # an element whose comparison raises: SGLang raises there too
         return [_incomplete(draft, "compression_ratios")]
-    if ratios and not offending:
+    if ratios and not count:
         return []
     if offending:
-        shown = ", ".join(f"layer {i}: ratio {r}" for i, r in offending[:16])
-        more = f" (+{len(offending) - 16} more)" if len(offending) > 16 else ""
+        shown = ", ".join(f"layer {i}: ratio {r}" for i, r in offending)
+        more = f" (+{count - LIST_CAP} more)" if count > LIST_CAP else ""
         details = (f"draft layers that are not SWA-only: {shown}{more}",)
     else:
         details = ("the draft pool lists no layers at all (compression_ratios is empty)",)
-    observations = tuple(
-        Observation(snap.role, "compression_ratios", snap.get("compression_ratios"),
-                    _RATIO_SOURCE[snap.role])
-        for snap in (draft, pair.target)
-    )
     return [_finding("DSV4G001", CODES["DSV4G001"].title, "draft pool compression_ratios",
-                     observations=observations, details=details,
+                     observations=_ratio_observations(pair), details=details,
                      host_message=CODES["DSV4G001"].sglang_message)]
 
 
@@ -191,7 +240,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
         details.append(f"same storage: {'yes' if cmp.same_storage else 'no'}; "
                        f"same memory layout: {'yes' if cmp.same_layout else 'no'}")
         if cmp.contents_equal is None:
-            details.append("contents not comparable (shape, dtype or device differ)")
+            details.append(f"contents not comparable ({cmp.note or 'shape, dtype or device differ'})")
         elif cmp.contents_equal:
             details.append("contents equal (a copy or view of the target's tensor)")
         else:

@@ -1,8 +1,8 @@
 """Plain-value snapshots of SGLang's KV pools, taken without changing them.
 
-The only module of :mod:`sglang_dsv4_guard.state` that reads SGLang's pools or
-torch tensors. Checks see the frozen dataclasses below, never a pool. Every read is
-defensive: a missing attribute becomes :data:`MISSING` (SGLang would raise
+With :mod:`sglang_dsv4_guard.state.tensors` (the mapping tensors), the only module of
+:mod:`sglang_dsv4_guard.state` that reads SGLang's pools. Checks see the frozen dataclasses
+below, never a pool. Every read is defensive: a missing attribute becomes :data:`MISSING` (SGLang would raise
 ``AttributeError`` there), a property that raises becomes an :class:`Unreadable`.
 """
 
@@ -15,10 +15,18 @@ from types import MappingProxyType
 from typing import Any
 
 from sglang_dsv4_guard.releases import HostProfile
+from sglang_dsv4_guard.state.host import CudaGraphs, read_cuda_graphs
+from sglang_dsv4_guard.state.tensors import (
+    MappingComparison,
+    TensorInfo,
+    compare_mappings,
+    tensor_info,
+)
 
 __all__ = [
     "MISSING",
     "MappingComparison",
+    "NotASequence",
     "PoolSnapshot",
     "StateContext",
     "StatePair",
@@ -69,47 +77,24 @@ class Unreadable:
 
 
 @dataclass(frozen=True)
-class TensorInfo:
-    """What a pool holds as its ``full_to_swa_index_mapping``.
+class NotASequence:
+    """A value that is not a list or tuple where SGLang iterates one (``compression_ratios``).
 
-    ``kind`` is ``"tensor"``, ``"none"`` (registered as / initialised to ``None``),
-    ``"missing"`` (the attribute was never set) or ``"other"`` (not a torch tensor).
+    The guard describes it without consuming it: ``text`` is a short repr, ``truthy``
+    what SGLang's ``not value`` sees (``None`` when ``bool()`` raised, ``error`` says
+    what), ``one_shot`` whether it is an iterator SGLang's own check would consume
+    (a generator: the guard must not read it first), ``iterable`` whether it iterates.
     """
 
-    kind: str
-    type_name: str = ""
-    object_id: int | None = None
-    data_ptr: int | None = None
-    storage_ptr: int | None = None
-    shape: tuple[int, ...] | None = None
-    stride: tuple[int, ...] | None = None
-    dtype: str | None = None
-    device: str | None = None
+    type_name: str
+    text: str
+    truthy: bool | None
+    iterable: bool
+    one_shot: bool
+    error: str = ""
 
-    def describe(self) -> str:
-        """One line: id, data_ptr, shape, dtype, device; or why there is no tensor."""
-        if self.kind == "missing":
-            return "missing (the pool has no full_to_swa_index_mapping attribute)"
-        if self.kind == "none":
-            return "None (no mapping registered)"
-        if self.kind == "other":
-            return f"a {self.type_name} object, not a torch.Tensor (id=0x{self.object_id:x})"
-        return (
-            f"id=0x{self.object_id:x} data_ptr=0x{self.data_ptr:x} shape={self.shape} "
-            f"stride={self.stride} dtype={self.dtype} device={self.device}"
-        )
-
-
-@dataclass(frozen=True)
-class MappingComparison:
-    """How the two pools' mappings relate. Computed only when SGLang's check reads them."""
-
-    identical: bool
-    same_storage: bool = False
-    same_layout: bool = False
-    contents_equal: bool | None = None
-    differing: int | None = None
-    first_difference: tuple[int, object, object] | None = None
+    def __repr__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -132,6 +117,9 @@ class PoolSnapshot:
         return value is not MISSING and not isinstance(value, Unreadable)
 
 
+NOT_READ = CudaGraphs(None, "not read (the mappings were not compared)")
+
+
 @dataclass(frozen=True)
 class StatePair:
     """A target/draft pair as SGLang's ``setup_state_kv_args`` sees it."""
@@ -140,6 +128,14 @@ class StatePair:
     draft: PoolSnapshot
     block_runs: bool
     mapping: MappingComparison | None
+    cuda_graphs: CudaGraphs = NOT_READ
+
+    @property
+    def predictable(self) -> bool:
+        """False when SGLang's verdict depends on a value the guard must not read (a
+        generator SGLang's check consumes): the guard then makes no prediction."""
+        ratios = self.draft.get("compression_ratios")
+        return not (isinstance(ratios, NotASequence) and ratios.one_shot)
 
 
 @dataclass(frozen=True)
@@ -187,73 +183,55 @@ def _read(obj: object, dotted: str) -> object:
     return value
 
 
-def _tensor_info(pool: object) -> TensorInfo:
+def _short_repr(value: object) -> str:
     try:
-        value = pool.full_to_swa_index_mapping  # type: ignore[attr-defined]
-    except AttributeError:
-        return TensorInfo("missing")
-    except Exception as exc:
-        return TensorInfo("other", type_name=f"unreadable ({type(exc).__name__})")
-    if value is None:
-        return TensorInfo("none")
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(value, torch.Tensor):
-        return TensorInfo("other", type_name=type(value).__name__, object_id=id(value))
-    return TensorInfo(
-        "tensor",
-        type_name=type(value).__name__,
-        object_id=id(value),
-        data_ptr=int(value.data_ptr()),
-        storage_ptr=int(value.untyped_storage().data_ptr()),
-        shape=tuple(int(d) for d in value.shape),
-        stride=tuple(int(s) for s in value.stride()),
-        dtype=str(value.dtype),
-        device=str(value.device),
-    )
+        text = repr(value)
+    except Exception as exc:  # a repr that raises: name the type and the failure
+        text = f"<{type(value).__name__} object; repr raised {type(exc).__name__}>"
+    return text if len(text) <= 120 else f"{text[:117]}..."
+
+
+def _read_sequence(pool: object, name: str) -> object:
+    """``name`` as a tuple when SGLang can iterate it more than once; otherwise a
+    :class:`NotASequence` that says what SGLang's ``not value`` / iteration will meet.
+    Never consumes a one-shot iterator (SGLang's own check iterates it)."""
+    value = _read(pool, name)
+    if value is MISSING or isinstance(value, Unreadable | tuple):
+        return value
+    truthy: bool | None
+    error = ""
+    try:
+        truthy = bool(value)
+    except Exception as exc:  # e.g. a tensor with several elements
+        truthy, error = None, f"{type(exc).__name__}: {exc}"
+    try:
+        iterator = iter(value)  # type: ignore[call-overload]
+        iterable, one_shot = True, iterator is value
+    except TypeError:
+        iterable, one_shot = False, False
+    if iterable and not one_shot and truthy is not None:
+        try:
+            return tuple(value)  # type: ignore[arg-type]
+        except Exception as exc:
+            return Unreadable(f"{type(exc).__name__}: {exc}")
+    return NotASequence(type(value).__name__, _short_repr(value), truthy, iterable, one_shot,
+                        error)
 
 
 def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnapshot:
     """Read the attributes SGLang's DSV4 block reads, without changing ``pool``."""
     is_dsv4 = dsv4_class is not None and isinstance(pool, dsv4_class)
-    attrs = MappingProxyType({name: _read(pool, name) for name in POOL_ATTRS} if is_dsv4 else {})
+    attrs = MappingProxyType({
+        name: _read_sequence(pool, name) if name == "compression_ratios" else _read(pool, name)
+        for name in POOL_ATTRS
+    } if is_dsv4 else {})
     return PoolSnapshot(
         role=role,
         type_name=f"{type(pool).__module__}.{type(pool).__qualname__}",
         is_dsv4=is_dsv4,
         attrs=attrs,
-        mapping=_tensor_info(pool) if is_dsv4 else TensorInfo("none"),
+        mapping=tensor_info(pool) if is_dsv4 else TensorInfo("none"),
     )
-
-
-def compare_mappings(target_pool: object, draft_pool: object) -> MappingComparison:
-    """Compare the two mappings: identity, storage, layout and, when comparable, contents."""
-    a = getattr(target_pool, "full_to_swa_index_mapping", MISSING)
-    b = getattr(draft_pool, "full_to_swa_index_mapping", MISSING)
-    if a is b:
-        return MappingComparison(identical=True, same_storage=True, same_layout=True,
-                                 contents_equal=True, differing=0)
-    torch = sys.modules.get("torch")
-    if torch is None or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return MappingComparison(identical=False)
-    same_storage = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    same_layout = (
-        a.data_ptr() == b.data_ptr()
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.dtype == b.dtype
-        and a.device == b.device
-    )
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-        return MappingComparison(False, same_storage, same_layout)
-    with torch.no_grad():
-        diff = (a != b).reshape(-1)
-        differing = int(diff.sum().item())
-        first = None
-        if differing:
-            index = int(torch.nonzero(diff)[0].item())
-            flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-            first = (index, flat_a[index].item(), flat_b[index].item())
-    return MappingComparison(False, same_storage, same_layout, differing == 0, differing, first)
 
 
 def _dsv4_class() -> type | None:
@@ -280,7 +258,7 @@ def snapshot_pair(target_pool: object, draft_pool: object, npu_gate: bool) -> St
     target = snapshot_pool(target_pool, "target pool", cls)
     draft = snapshot_pool(draft_pool, "draft pool", cls)
     block_runs = target.is_dsv4 and draft.is_dsv4 and not (npu_gate and host_is_npu())
-    mapping = None
     if block_runs and not target.get("_unified_kv"):
-        mapping = compare_mappings(target_pool, draft_pool)
-    return StatePair(target, draft, block_runs, mapping)
+        return StatePair(target, draft, block_runs, compare_mappings(target_pool, draft_pool),
+                         read_cuda_graphs())
+    return StatePair(target, draft, block_runs, None)

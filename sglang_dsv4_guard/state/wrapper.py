@@ -162,14 +162,17 @@ def _discrepancy(predicted: str | None, actual: str | None) -> Finding:
     )
 
 
-def _findings(rt: Runtime, prep: Prepared, host_line: str | None) -> tuple[Report, bool]:
+def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
+              sglang_own: bool = True) -> tuple[Report, bool]:
+    """``sglang_own``: the host error is SGLang's own exact ``RuntimeError`` (a subclass such
+    as ``NotImplementedError("DSV4 ...")`` is somebody else's and is never mirrored)."""
     findings = check_pair(rt, prep)
     # The guard's prediction of SGLang's verdict is the built-in checks' alone: a
     # plug-in's ERROR finding (even one carrying a host_message) is its own finding.
     predicted = first_host_message([f for f in findings[len(prep.remediation):]
                                     if is_builtin(f.origin)])
-    mirrored = host_line is not None and host_line.startswith("DSV4 ")
-    if (mirrored or host_line is None) and predicted != host_line:
+    mirrored = sglang_own and host_line is not None and host_line.startswith("DSV4 ")
+    if (mirrored or host_line is None) and predicted != host_line and prep.pair.predictable:
         findings.append(_discrepancy(predicted, host_line))
     return Report.of(findings, prep.context.describe(), host_error=host_line), mirrored
 
@@ -191,11 +194,13 @@ def _publish(rt: Runtime, report: Report, raised: bool) -> str | None:
 def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Exception | None:
     text = str(host_error)
     host_line = text.splitlines()[0] if text else type(host_error).__name__
-    report, mirrored = _findings(rt, prep, host_line)
+    # Only SGLang's own, exact RuntimeError is upgraded: `except NotImplementedError` (a
+    # RuntimeError subclass) must keep matching what the caller raised.
+    report, mirrored = _findings(rt, prep, host_line, type(host_error) is RuntimeError)
     if not report.findings:
         return None
     rendered = _publish(rt, report, raised=True)
-    if mirrored and isinstance(host_error, RuntimeError):
+    if mirrored:
         return DSV4GuardError(text, report, rendered, host_error)
     add_note(host_error, rendered or "")
     host_error.dsv4_guard_report = report  # type: ignore[attr-defined]
@@ -216,6 +221,16 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
                              report, rendered)
 
 
+def _internal(rt: Runtime, stage: str, exc: Exception) -> DSV4GuardError | None:
+    """Log a failure of ours; in strict mode return the error to raise, which the wrapper
+    raises only once SGLang's verdict is in (after SGLang's own error, as a note)."""
+    try:
+        rt.internal_error(stage, exc)
+    except DSV4GuardError as strict_error:
+        return strict_error
+    return None
+
+
 def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A factory for :func:`sglang_dsv4_guard.patching.apply`."""
 
@@ -228,10 +243,11 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
                 return original(*args, **kwargs)
             caller = sys._getframe(1).f_globals.get("__name__", "?")
             prep = None
+            ours: DSV4GuardError | None = None  # strict: our failure, raised after SGLang's verdict
             try:
                 prep = _prepare(rt, sig, caller, args, kwargs)
             except Exception as exc:
-                rt.internal_error("checking the pools before setup_state_kv_args", exc)
+                ours = _internal(rt, "checking the pools before setup_state_kv_args", exc)
             try:
                 result = original(*args, **kwargs)
             except Exception as host_error:
@@ -240,10 +256,14 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
                     try:
                         replacement = _on_host_error(rt, prep, host_error)
                     except Exception as exc:
-                        rt.internal_error("reporting setup_state_kv_args' error", exc)
+                        ours = _internal(rt, "reporting setup_state_kv_args' error", exc)
                 if replacement is not None:
                     raise replacement from host_error
+                if ours is not None:  # SGLang's message first; ours is a note under it
+                    add_note(host_error, str(ours))
                 raise
+            if ours is not None:
+                raise ours
             if prep is not None:
                 try:
                     _on_host_success(rt, prep)

@@ -1,0 +1,268 @@
+"""The guard's exceptions and odd host inputs: errors that travel, and inputs that are not
+what SGLang expects but must not break the guard."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import multiprocessing
+import os
+import pickle
+import sys
+import unittest
+import warnings
+from typing import Any
+from unittest import mock
+
+import error_worker
+import mori_stub
+import sglang.srt.disaggregation.utils as utils
+import torch
+from helpers import UNWRAPPED, guard_logs_off, outcome
+from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.testing import build_pair, record
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import bench_memory  # noqa: E402  (the benchmark's own probe: one measurement, two users)
+
+
+def _fields(exc: BaseException) -> tuple[object, ...]:
+    """What must survive a round trip: type, message and the exception's fields."""
+    return (type(exc), str(exc), getattr(exc, "report", None), getattr(exc, "variable", None),
+            getattr(exc, "value", None), getattr(exc, "accepted", None),
+            getattr(exc, "reason", None), getattr(exc, "target", None),
+            str(getattr(exc, "error", "")), str(getattr(exc, "host_error", "")))
+
+
+class TestErrorsTravel(CustomTestCase):
+    """Every guard exception survives pickle, copy, deepcopy and a process pool."""
+
+    def test_errors_round_trip_pickle_copy_deepcopy(self) -> None:
+        """Same type, message, report and fields after pickle, copy and deepcopy."""
+        for name, exc in error_worker.sample_errors().items():
+            for how, clone in (("pickle", lambda e: pickle.loads(pickle.dumps(e))),
+                               ("copy", copy.copy), ("deepcopy", copy.deepcopy)):
+                with self.subTest(error=name, how=how):
+                    back = clone(exc)
+                    self.assertEqual(_fields(back), _fields(exc))
+
+    def test_errors_cross_a_spawned_process_pool(self) -> None:
+        """Raised in a spawn-context ProcessPoolExecutor worker, each error reaches the parent
+        as itself, not as BrokenProcessPool."""
+        expected = error_worker.sample_errors()
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            futures = {name: pool.submit(error_worker.raise_sample, name) for name in expected}
+            for name, future in futures.items():
+                with self.subTest(error=name):
+                    back = future.exception(timeout=120)
+                    self.assertIsNotNone(back)
+                    assert back is not None
+                    self.assertEqual(_fields(back), _fields(expected[name]))
+        self.assertEqual(expected["DSV4GuardError"].findings[0].value("draft pool"), 64)
+
+
+_NOT_IMPLEMENTED = "DSV4 draft pools are not implemented on this backend"
+
+
+class _NotImplementedPool(DeepSeekV4TokenToKVPool):  # type: ignore[misc]
+    """A DSV4 pool subclass (a backend port) that raises NotImplementedError("DSV4 ...")."""
+
+    @property
+    def compression_ratios(self) -> list[int]:
+        raise NotImplementedError(_NOT_IMPLEMENTED)
+
+
+class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(CustomTestCase):
+    """Only SGLang's exact RuntimeError becomes DSV4GuardError; subclasses rise as they are."""
+
+    def test_not_implemented_error_stays_itself_in_setup_state(self) -> None:
+        """A NotImplementedError("DSV4 ...") from setup_state_kv_args rises unchanged, so
+        `except NotImplementedError` still matches; the report is a note, and no DSV4G099."""
+        target, draft = build_pair()
+        draft.__class__ = _NotImplementedPool
+        _, host = outcome(UNWRAPPED, target, draft)
+        self.assertIs(type(host), NotImplementedError)
+        sglang_dsv4_guard.install("on", load_entry_points=False)
+        with guard_logs_off():
+            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIs(type(guarded), NotImplementedError)
+        self.assertEqual(str(guarded), _NOT_IMPLEMENTED)
+        self.assertNotIn("DSV4G099", guarded.dsv4_guard_report.codes)
+
+    def test_not_implemented_error_stays_itself_in_mori_send(self) -> None:
+        """The MORI send path too: a NotImplementedError("DSV4 ...") raised while SGLang reads
+        the manager, for a TP-mismatched peer, is not turned into DSV4GuardError."""
+        mori_stub.install_stub()
+        import sglang.srt.disaggregation.mori.conn as conn
+
+        class FirstReadFails(conn.MoriKVManager):  # type: ignore[misc,name-defined]
+            @property
+            def is_mla_backend(self) -> bool:
+                self.reads = getattr(self, "reads", 0) + 1
+                if self.reads == 1:
+                    raise NotImplementedError(_NOT_IMPLEMENTED)
+                return False
+
+        mgr = mori_stub.manager(conn, attn_tp=8)
+        del mgr.__dict__["is_mla_backend"]
+        mgr.__class__ = FirstReadFails
+        sglang_dsv4_guard.install("on", load_entry_points=False)
+        args = mori_stub.send_args(conn, mori_stub.peer(conn, "decode-ni", decode_tp=2), "swa")
+        with guard_logs_off(), self.assertRaises(NotImplementedError) as caught:
+            conn.MoriKVManager._send_swa_dsa_state(mgr, *args)
+        self.assertIs(type(caught.exception), NotImplementedError)
+        self.assertNotIsInstance(caught.exception, DSV4GuardError)
+
+
+class TestOddCompressionRatios(CustomTestCase):
+    """compression_ratios that are not a list: the real problem named, no false DSV4G099."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.recorder = record()
+
+    def test_none_or_zero_ratios_name_the_value_not_a_missing_attribute(self) -> None:
+        """None and 0: SGLang's `not ratios` raises its SWA-only error; the guard says
+        "compression_ratios is None, not a list" under that line, with no DSV4G010/099."""
+        for value, text in ((None, "None (NoneType)"), (0, "0 (int)")):
+            with self.subTest(value=value):
+                target, draft = build_pair()
+                draft.compression_ratios = value
+                _, host = outcome(UNWRAPPED, target, draft)
+                with guard_logs_off():
+                    _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertIsInstance(guarded, DSV4GuardError)
+                self.assertEqual(str(guarded).splitlines()[0], str(host))
+                self.assertEqual(guarded.report.codes, ("DSV4G001",))
+                self.assertIn(f"compression_ratios is {text}, not a list",
+                              guarded.findings[0].summary)
+
+    def test_generator_ratios_are_not_consumed_and_give_no_g099(self) -> None:
+        """A generator: the guard does not consume it before SGLang (whose check iterates it),
+        so SGLang's verdict stands either way, and no false DSV4G099 appears."""
+        for ratios, verdict in (((0, 4), "raised"), ((0, 0), "ok")):
+            with self.subTest(ratios=ratios):
+                target, draft = build_pair()
+                draft.compression_ratios = (r for r in ratios)
+                host_kind, _ = outcome(UNWRAPPED, target, draft)
+                self.assertEqual(host_kind, verdict)
+                draft.compression_ratios = (r for r in ratios)
+                with guard_logs_off():
+                    kind, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertEqual(kind, verdict)
+                codes = [c for report in self.recorder.reports for c in report.codes]
+                self.assertNotIn("DSV4G099", codes)
+                self.assertIn("DSV4G001", codes)  # the warning that it is a generator
+                if verdict == "raised":
+                    self.assertEqual(str(guarded).splitlines()[0],
+                                     "DSV4 draft state transfer expects SWA-only NextN layers")
+
+    def test_million_layers_render_capped(self) -> None:
+        """A million compressed draft layers: every rendered list shows 16 items and a count;
+        the message and the JSON report stay a few kilobytes."""
+        target, draft = build_pair()
+        draft.compression_ratios = [4] * 1_000_000
+        with guard_logs_off():
+            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIsInstance(guarded, DSV4GuardError)
+        self.assertLess(len(str(guarded)), 8_000)
+        self.assertLess(len(guarded.report.to_json()), 8_000)
+        self.assertIn("... +999984 more (1000000 in all)", str(guarded))
+        self.assertIn("(+999984 more)", guarded.findings[0].details[0])
+        self.assertEqual(len(guarded.findings[0].value("draft pool")), 1_000_000)  # data kept
+
+
+class TestMappingComparisonMemory(CustomTestCase):
+    """Comparing two big mappings costs little memory, whatever their differences."""
+
+    def test_20m_entries_differing_everywhere_stay_under_an_eighth(self) -> None:
+        """20M int64 entries that all differ: the guard's comparison grows peak RSS by less
+        than 1/8 of one mapping (no tensor of differing indices); the probe itself does see
+        the one-shot nonzero() it replaced, so it can tell the two apart."""
+        guard = bench_memory.measure("guard")
+        self.assertLess(guard["extra_bytes"], guard["mapping_bytes"] / 8, guard)
+        naive = bench_memory.measure("naive")
+        self.assertGreater(naive["extra_bytes"], naive["mapping_bytes"] / 2, naive)
+
+
+def _exotic(kind: str) -> Any:
+    with warnings.catch_warnings():  # torch: sparse CSR and nested tensors are beta
+        warnings.simplefilter("ignore", UserWarning)
+        return _build_exotic(kind)
+
+
+def _build_exotic(kind: str) -> Any:
+    base = torch.arange(16, dtype=torch.int64)
+    if kind == "meta":
+        return torch.empty(16, dtype=torch.int64, device="meta")
+    if kind == "sparse":
+        return base.to_sparse()
+    if kind == "sparse_csr":
+        return base.reshape(4, 4).to_sparse_csr()
+    return torch.nested.nested_tensor([base[:8].clone(), base[8:].clone()])
+
+
+_MAPPING_LINE = "DSV4 target and draft pools must share the SWA index mapping"
+
+
+class TestExoticMappingTensors(CustomTestCase):
+    """Meta, sparse and nested mapping tensors never make the guard fail internally, and in
+    strict mode SGLang's message always comes first."""
+
+    def test_exotic_mappings_are_described_not_failed_on(self) -> None:
+        """On either side or both, in modes on and strict: SGLang's own first line, a DSV4G004
+        that says why the contents were not compared, and no internal-error log line."""
+        for mode in ("on", "strict"):
+            sglang_dsv4_guard.install(mode, load_entry_points=False)
+            for kind in ("meta", "sparse", "sparse_csr", "nested"):
+                for side in ("draft", "target", "both"):
+                    with self.subTest(mode=mode, kind=kind, side=side):
+                        target, draft = build_pair()
+                        if side != "target":
+                            draft.register_mapping(_exotic(kind))
+                        if side != "draft":
+                            target.register_mapping(_exotic(kind))
+                        with self.assertLogs("sglang_dsv4_guard", level="WARNING") as logs:
+                            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                        self.assertFalse([r for r in logs.output if "internal error" in r])
+                        self.assertEqual(str(guarded).splitlines()[0], _MAPPING_LINE)
+                        self.assertEqual(guarded.report.codes, ("DSV4G004",))
+                        self.assertIn("contents not comparable (", str(guarded))
+                        self.assertIn("same memory layout: no", str(guarded))
+
+    def test_strict_internal_failure_is_a_note_under_sglangs_error(self) -> None:
+        """A failure of ours in strict mode (injected into the snapshot) no longer replaces
+        SGLang's error: SGLang's exception rises with ours as a note."""
+        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        target, draft = build_pair(mapping="different")
+        _, host = outcome(UNWRAPPED, target, draft)
+        with guard_logs_off(), mock.patch("sglang_dsv4_guard.state.wrapper.snapshot_pair",
+                                          side_effect=RuntimeError("injected guard bug")):
+            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIs(type(guarded), RuntimeError)
+        self.assertEqual(str(guarded), str(host))
+        self.assertIn("sglang-dsv4-guard (strict mode) failed internally while checking the "
+                      "pools before setup_state_kv_args: RuntimeError: injected guard bug",
+                      "\n".join(guarded.__notes__))
+
+    def test_strict_internal_failure_still_blocks_a_pair_sglang_accepts(self) -> None:
+        """Strict mode on SGLang's pass path: our failure is raised after SGLang's call."""
+        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        with guard_logs_off(), mock.patch("sglang_dsv4_guard.state.wrapper.snapshot_pair",
+                                          side_effect=RuntimeError("injected guard bug")):
+            kind, guarded = outcome(utils.setup_state_kv_args, *build_pair())
+        self.assertEqual(kind, "raised")
+        self.assertIn("failed internally", str(guarded))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,83 @@
+"""Golden renderings: the text an operator reads for a fixed pair, compared with a committed
+file under ``tests/golden/``. Object ids, data pointers, the SGLang release and the calling
+module are normalised; everything else must match byte for byte."""
+
+from __future__ import annotations
+
+import re
+import unittest
+from pathlib import Path
+from typing import Any
+
+import sglang.srt.disaggregation.utils as utils
+from helpers import guard_logs_off, outcome
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.testing import PoolSpec, build_pair
+
+register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+
+GOLDEN = Path(__file__).parent / "golden"
+
+_NORMALISE = (
+    (re.compile(r"id=0x[0-9a-f]+"), "id=0x<id>"),
+    (re.compile(r"data_ptr=0x[0-9a-f]+"), "data_ptr=0x<ptr>"),
+    (re.compile(r"\(caller [^,]+, sglang [0-9.]+(\.post\d+)?,"), "(caller <caller>, sglang <release>,"),
+)
+
+
+def normalise(text: str) -> str:
+    """The rendering with run-dependent values replaced by placeholders."""
+    for pattern, placeholder in _NORMALISE:
+        text = pattern.sub(placeholder, text)
+    return text.rstrip("\n") + "\n"
+
+
+# name -> the pair; each pair's rendering is the same on every release in the matrix.
+CASES: dict[str, Any] = {
+    "g001_g002_unified_and_compressed_draft": lambda: build_pair(
+        PoolSpec(unified=True), PoolSpec(compression_ratios=(0, 4))),
+    "g004_mapping_differs": lambda: build_pair(mapping="different"),
+    "g001_twenty_layers_capped": lambda: build_pair(
+        draft=PoolSpec(compression_ratios=tuple([4] * 20))),
+}
+
+
+def render_case(name: str) -> str:
+    """The normalised error text SGLang's wrapped function raises for case ``name``."""
+    with guard_logs_off():
+        _, err = outcome(utils.setup_state_kv_args, *CASES[name]())
+    assert isinstance(err, DSV4GuardError), f"{name}: expected DSV4GuardError, got {err!r}"
+    return normalise(str(err))
+
+
+class TestGoldenRenderings(CustomTestCase):
+    """The rendered report for fixed pairs matches the committed golden files."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        sglang_dsv4_guard.install("on", load_entry_points=False)
+
+    def test_renderings_match_golden_files(self) -> None:
+        """Each case's full error text (SGLang's line, then the report) equals its golden
+        file; a change to wording, order, alignment or capping shows up here as a diff."""
+        for name in CASES:
+            with self.subTest(case=name):
+                golden = GOLDEN / f"{name}.txt"
+                self.assertTrue(golden.is_file(), f"missing {golden}")
+                self.assertEqual(render_case(name), golden.read_text())
+
+    def test_normalisation_keeps_what_matters(self) -> None:
+        """The placeholders replace only ids, pointers, caller and release: two renderings
+        of different pairs still differ after normalising."""
+        self.assertNotEqual(render_case("g004_mapping_differs"),
+                            render_case("g001_twenty_layers_capped"))
+        self.assertEqual(normalise("(caller x.y, sglang 0.5.16, mode on) id=0xabc"),
+                         "(caller <caller>, sglang <release>, mode on) id=0x<id>\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
