@@ -36,6 +36,7 @@ import importlib.metadata
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
 import pluggy
@@ -44,7 +45,7 @@ from sglang_dsv4_guard import hookspecs
 from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity, to_jsonable
 
-__all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "add_plugin", "build_plugins", "clean_finding",
+__all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "add_all", "add_plugin", "build_plugins", "clean_finding",
            "is_builtin", "operator_interrupt", "plugin_failure"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
@@ -343,3 +344,31 @@ def build_plugins(load_entry_points: bool = True, log_format: str = "text") -> G
     for problem in plugins.load_problems:
         logger.warning("%s: %s", problem.summary, "; ".join(problem.details))
     return plugins
+
+
+def _plugin_name(obj: object, taken: list[str]) -> str:
+    """A readable name: a module's own name, else its class's; ``#2``... when taken."""
+    base = obj.__name__ if isinstance(obj, ModuleType) else type(obj).__qualname__
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}#{n}"
+    return name
+
+
+def add_all(manager: GuardPlugins, plugins: tuple[object, ...]) -> list[object]:
+    """Register ``plugins`` as a server registers entry points; all or nothing.
+
+    Raises ``ValueError`` with the plug-in's ``DSV4G090`` details when one is refused
+    (the ones registered before it are unregistered again).
+    """
+    added: list[object] = []
+    for plugin in plugins:
+        failure = add_plugin(manager, plugin, _plugin_name(plugin, manager.names()))
+        if failure is not None:
+            manager.load_problems.remove(failure)
+            for done in added:
+                manager.pm.unregister(done)
+            raise ValueError(f"{failure.summary}: {'; '.join(failure.details)}")
+        added.append(plugin)
+    return added

@@ -11,7 +11,7 @@ from sglang_dsv4_guard.plugins import GuardPlugins
 from sglang_dsv4_guard.releases import HostProfile
 from sglang_dsv4_guard.settings import Mode, Settings
 
-__all__ = ["Runtime", "add_note"]
+__all__ = ["Runtime", "add_note", "standalone_runtime"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -55,3 +55,28 @@ def add_note(exc: BaseException, note: str) -> None:
         exc.add_note(note)
     else:  # pragma: no cover - Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+
+
+def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
+                       autoshare: bool = False, load_entry_points: bool = False) -> Runtime:
+    """A runtime that is not installed: the wrappers' machinery for ``check`` and tests.
+
+    The built-ins, then (with ``load_entry_points``) third-party entry points, then
+    ``plugins`` registered as a server registers entry points (a refused one raises
+    ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
+    (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
+    """
+    from sglang_dsv4_guard.lifecycle import settings_for
+    from sglang_dsv4_guard.plugins import add_all, build_plugins
+    from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
+
+    settings = settings_for(mode, autoshare, "text", None)
+    if settings.mode.value is Mode.OFF:
+        raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
+                         "there is nothing to check")
+    version = installed_sglang_version()
+    if version is None:
+        raise RuntimeError("the guard's checks need SGLang installed")
+    manager = build_plugins(load_entry_points=load_entry_points)
+    add_all(manager, plugins)
+    return Runtime(settings, manager, profile_for(version))

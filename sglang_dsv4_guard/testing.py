@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.findings import Report
@@ -27,8 +26,6 @@ from sglang_dsv4_guard.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.mori.snapshot import SendSnapshot
-    from sglang_dsv4_guard.plugins import GuardPlugins
-    from sglang_dsv4_guard.runtime import Runtime
 
 __all__ = [
     "PoolSpec",
@@ -190,55 +187,6 @@ class Recorder:
         return [code for r in self.reports for code in r.codes]
 
 
-def _plugin_name(obj: object, taken: list[str]) -> str:
-    """A readable name: a module's own name, else its class's; ``#2``... when taken."""
-    base = obj.__name__ if isinstance(obj, ModuleType) else type(obj).__qualname__
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        name = f"{base}#{n}"
-    return name
-
-
-def _add_all(manager: GuardPlugins, plugins: tuple[object, ...]) -> list[object]:
-    """Register ``plugins`` as a server registers entry points; all or nothing.
-
-    Raises ``ValueError`` with the plug-in's ``DSV4G090`` details when one is refused
-    (the ones registered before it are unregistered again).
-    """
-    from sglang_dsv4_guard.plugins import add_plugin
-
-    added: list[object] = []
-    for plugin in plugins:
-        failure = add_plugin(manager, plugin, _plugin_name(plugin, manager.names()))
-        if failure is not None:
-            manager.load_problems.remove(failure)
-            for done in added:
-                manager.pm.unregister(done)
-            raise ValueError(f"{failure.summary}: {'; '.join(failure.details)}")
-        added.append(plugin)
-    return added
-
-
-def _runtime(plugins: tuple[object, ...], mode: str, autoshare: bool) -> Runtime:
-    from sglang_dsv4_guard.lifecycle import settings_for
-    from sglang_dsv4_guard.plugins import build_plugins
-    from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
-    from sglang_dsv4_guard.runtime import Runtime
-    from sglang_dsv4_guard.settings import Mode
-
-    settings = settings_for(mode, autoshare, "text", None)
-    if settings.mode.value is Mode.OFF:
-        raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
-                         "there is nothing to check")
-    version = installed_sglang_version()
-    if version is None:
-        raise RuntimeError("sglang_dsv4_guard.testing needs SGLang installed")
-    manager = build_plugins(load_entry_points=False)
-    _add_all(manager, plugins)
-    return Runtime(settings, manager, profile_for(version))
-
-
 def check_pools(target_pool: object, draft_pool: object, *plugins: object, mode: str = "on",
                 autoshare: bool = False) -> Report:
     """Run the remediation and check hooks on a pool pair, as the wrapper does.
@@ -256,9 +204,10 @@ def check_pools(target_pool: object, draft_pool: object, *plugins: object, mode:
     pools (not both ``DeepSeekV4TokenToKVPool``, or an NPU release that skips it), so a
     test never passes for want of anything checked.
     """
+    from sglang_dsv4_guard.runtime import standalone_runtime
     from sglang_dsv4_guard.state.wrapper import check_pair, prepare_pair
 
-    rt = _runtime(plugins, mode, autoshare)
+    rt = standalone_runtime(plugins, mode, autoshare)
     prep = prepare_pair(rt, target_pool, draft_pool, "sglang_dsv4_guard.testing")
     if prep is None:
         raise ValueError(
@@ -281,7 +230,9 @@ def check_transfer(transfer: SendSnapshot, *plugins: object, phase: str = "send"
 
     if phase not in ("send", "register"):
         raise ValueError(f"phase must be 'send' or 'register' (got {phase!r})")
-    rt = _runtime(plugins, "on", False)
+    from sglang_dsv4_guard.runtime import standalone_runtime
+
+    rt = standalone_runtime(plugins)
     context = SendContext(rt.profile, "on", phase)
     findings = rt.plugins.collect("sglang_dsv4_guard_check_send",
                                   {"transfer": transfer, "context": context})
@@ -304,8 +255,10 @@ def register(*plugins: object) -> Callable[[], None]:
     current = installation()
     if current is None:
         raise RuntimeError("the guard is not installed: call sglang_dsv4_guard.install() first")
+    from sglang_dsv4_guard.plugins import add_all
+
     manager = current.runtime.plugins
-    added = _add_all(manager, plugins)
+    added = add_all(manager, plugins)
 
     def undo() -> None:
         for plugin in added:

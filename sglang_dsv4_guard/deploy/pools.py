@@ -111,8 +111,9 @@ def run_state_check(side: Side) -> PoolRun | None:
     from sglang.srt.disaggregation import utils
 
     from sglang_dsv4_guard.errors import DSV4GuardError
+    from sglang_dsv4_guard.runtime import standalone_runtime
     from sglang_dsv4_guard.state.wrapper import make_state_wrapper
-    from sglang_dsv4_guard.testing import Recorder, _runtime, new_kv_args
+    from sglang_dsv4_guard.testing import Recorder, new_kv_args
 
     if side.draft is None or not (side.model.is_dsv4 and side.draft.is_dsv4) \
             or side.unified_kv or side.page_size is None:
@@ -121,7 +122,8 @@ def run_state_check(side: Side) -> PoolRun | None:
     ratio, _ = draft_ratio()
     draft_ratios = (ratio,) * max(side.draft.nextn_layers, 1)
     recorder = Recorder()
-    runtime = _runtime((recorder,), "on", False)
+    # Third-party state checks run here too, as they would in the servers.
+    runtime = standalone_runtime((recorder,), load_entry_points=True)
     guarded = make_state_wrapper(runtime)(utils.setup_state_kv_args)
     host_error: str | None = None
     report: Report | None = None
