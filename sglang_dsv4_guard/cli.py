@@ -21,8 +21,9 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sglang_dsv4_guard.codes import CODES
@@ -50,7 +51,6 @@ def _release_line() -> tuple[str, bool]:
 
 
 def _doctor(_: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.plugins import build_plugins
     from sglang_dsv4_guard.settings import settings_from_env
 
     line, ok = _release_line()
@@ -73,52 +73,39 @@ def _doctor(_: argparse.Namespace) -> int:
     where = ("MORI installed; wrapped when SGLang imports it" if mori else
              "MORI not installed (only needed with --disaggregation-transfer-backend mori)")
     print(f"target MoriKVManager._send_swa_dsa_state: {where}")
-    plugins, stopped, output = _load_plugins_isolated(build_plugins)
-    if plugins is not None:
-        print(f"guard plug-ins: {', '.join(plugins.names())}")
-        for failure in plugins.load_problems:
-            ok = False
-            print(f"problem: {failure.summary}: {'; '.join(failure.details)}")
+    plugins, output = _load_plugins_quietly()
+    print(f"guard plug-ins: {', '.join(plugins.names())}")
+    for failure in plugins.load_problems:
+        ok = False
+        print(f"problem: {failure.summary}: {'; '.join(failure.details)}")
     from sglang_dsv4_guard.patchset import summary_line
 
     print(summary_line())
     last = output.strip().splitlines()[-1][:300] if output.strip() else ""
-    if stopped:
-        ok = False
-        print(f"problem: {stopped}" + (f"; its last output: {last}" if last else ""))
-    elif last:  # what plug-ins printed while loading: theirs, shown as theirs
+    if last:  # what plug-ins printed while loading: theirs, shown as theirs
         print(f"note: guard plug-ins printed while loading (last line): {last}")
     print("doctor: OK" if ok else "doctor: problems found")
     return 0 if ok else 1
 
 
-def _load_plugins_isolated(build: Callable[[], GuardPlugins]
-                           ) -> tuple[GuardPlugins | None, str, str]:
-    """Build the plug-in manager with the plug-ins' output captured and any exception held.
+def _load_plugins_quietly() -> tuple[GuardPlugins, str]:
+    """Build the plug-in manager with what plug-ins print captured and our log silenced.
 
-    A plug-in that calls argparse at import prints its usage and raises ``SystemExit``;
-    ``doctor`` must report that, not print the plug-in's usage and exit with its code.
-    Returns the manager (or ``None``), what stopped the build (naming the plug-in being
-    imported, found in the traceback) and the captured output. ``KeyboardInterrupt``
-    is the operator's and propagates.
+    A plug-in that calls argparse at import prints its usage and raises ``SystemExit``:
+    the loader turns that into a ``DSV4G090`` (a plug-in's failure never stops anything),
+    doctor prints the problem, and the plug-in's own output is shown as its own, not as
+    doctor's. ``KeyboardInterrupt`` is the operator's and propagates.
     """
+    from sglang_dsv4_guard.plugins import build_plugins
+
     captured = io.StringIO()
+    logger = logging.getLogger("sglang_dsv4_guard")
+    was_disabled, logger.disabled = logger.disabled, True  # doctor prints the problems
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            return build(), "", captured.getvalue()
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit from a plug-in's import, among others
-        where = "a guard plug-in"
-        tb = exc.__traceback__
-        while tb is not None:  # the entry point being loaded is build_plugins' `ep`
-            ep = tb.tb_frame.f_locals.get("ep") if tb.tb_frame.f_code.co_name == \
-                "build_plugins" else None
-            if ep is not None:
-                where = f"guard plug-in {getattr(ep, 'name', ep)!s} ({getattr(ep, 'value', '?')})"
-            tb = tb.tb_next
-        return None, (f"{where} stopped loading with {type(exc).__name__}({exc}); "
-                      "the guard's plug-ins could not be listed"), captured.getvalue()
+            return build_plugins(), captured.getvalue()
+    finally:
+        logger.disabled = was_disabled
 
 
 def _explain(args: argparse.Namespace) -> int:
