@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
+from sglang_dsv4_guard.host_hooks import StateHook, register_state_hook
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
 from sglang_dsv4_guard.plugins import build_plugins
@@ -45,6 +46,7 @@ class Installation:
     mori: MoriGuard
     hooks: PostImportHooks
     patches: list[AppliedPatch] = field(default_factory=list)
+    host_hook: StateHook | None = None  # registered with SGLang's HookRegistry (no undo)
 
 
 _lock = threading.RLock()
@@ -96,14 +98,17 @@ def _settings_for(mode: str | Mode, autoshare: bool, log_format: str,
 
 
 def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str = "text",
-            load_entry_points: bool = True,
-            settings: Settings | None = None) -> Callable[[], bool]:
+            load_entry_points: bool = True, settings: Settings | None = None,
+            via_sglang_registry: bool = False) -> Callable[[], bool]:
     """Install the guard; return the undo (``uninstall``).
 
     ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). Calling it again
     with the same settings is harmless; with other settings it reconfigures. Outside
     the supported SGLang range it warns and stays inert, or raises
-    :class:`DSV4GuardInstallError` in strict mode.
+    :class:`DSV4GuardInstallError` in strict mode. ``via_sglang_registry`` (set by the
+    entry point while SGLang's ``load_plugins()`` runs it) registers an ``AROUND`` hook on
+    ``setup_state_kv_args`` with SGLang's ``HookRegistry`` instead of patching it; see
+    :mod:`sglang_dsv4_guard.host_hooks`.
     """
     global _current
     chosen = _settings_for(mode, autoshare, log_format, settings)
@@ -136,7 +141,14 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
                           profile_for(version))
         current = Installation(runtime, MoriGuard(runtime), PostImportHooks())
         try:
-            current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
+            if via_sglang_registry:
+                current.host_hook = register_state_hook(
+                    make_state_wrapper(runtime), utils.setup_state_kv_args,
+                    lambda: runtime.active)
+                how = f"registered an AROUND hook on {STATE_TARGET} with SGLang's HookRegistry"
+            else:
+                current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
+                how = "patched " + ", ".join(current.patches[0].rebound)
         except DSV4GuardInstallError as exc:
             return _refuse(chosen, exc.reason, exc.target)
 
@@ -148,11 +160,10 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
         _current = current
         current.hooks.watch(MORI_MODULE, on_mori)
         logger.info(
-            "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; patched %s; "
-            "MORI connector %s",
-            chosen.mode.value.value, chosen.autoshare.value, version,
-            ", ".join(current.patches[0].rebound),
-            "wrapped" if len(current.patches) > 1 else "will be wrapped when SGLang imports it",
+            "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; MORI connector %s",
+            chosen.mode.value.value, chosen.autoshare.value, version, how,
+            "wrapped" if current.patches[-1:] and current.patches[-1].target != STATE_TARGET
+            else "will be wrapped when SGLang imports it",
         )
         return uninstall
 
@@ -173,5 +184,8 @@ def uninstall() -> bool:
         for patch in reversed(current.patches):
             for note in restore(patch):
                 logger.warning("sglang-dsv4-guard uninstall: %s", note)
+        if current.host_hook is not None:
+            logger.info("sglang-dsv4-guard: its AROUND hook stays in SGLang's HookRegistry, "
+                        "which has no undo; it now passes every call straight to SGLang")
         logger.info("sglang-dsv4-guard uninstalled; originals restored")
         return True

@@ -138,6 +138,19 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
                              report, render_report(report))
 
 
+_HOOK_LAYERS = ("sglang_dsv4_guard.host_hooks", "sglang.srt.plugins.hook_registry")
+
+
+def _caller(frame: Any) -> str:
+    """The module that called ``setup_state_kv_args``, past SGLang's hook wrappers and ours."""
+    while frame is not None:
+        name = str(frame.f_globals.get("__name__", "?"))
+        if not name.startswith(_HOOK_LAYERS):
+            return name
+        frame = frame.f_back
+    return "?"
+
+
 def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A factory for :func:`sglang_dsv4_guard.patching.apply`."""
 
@@ -148,7 +161,7 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
         def setup_state_kv_args(*args: Any, **kwargs: Any) -> Any:
             if not rt.active:
                 return original(*args, **kwargs)
-            caller = sys._getframe(1).f_globals.get("__name__", "?")
+            caller = _caller(sys._getframe(1))
             prep = None
             try:
                 prep = _prepare(rt, sig, caller, args, kwargs)
