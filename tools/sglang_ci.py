@@ -1,7 +1,9 @@
 """Run the test files the way SGLang's own CI runs them, with SGLang's own CI code.
 
-1. ``sglang.test.ci.ci_register.collect_tests`` parses every ``tests/test_*.py`` (the
-   ``register_cpu_ci`` call and the ``if __name__ == "__main__":`` block are required);
+1. ``sglang.test.ci.ci_register.collect_tests`` parses every ``tests/*.py`` but
+   ``conftest.py``, as SGLang's ``test/run_suite.py`` does for ``test/registered/`` (a
+   ``register_cpu_ci`` call is required in each, and an ``if __name__ == "__main__":``
+   block in each enabled one); the enabled files of the suite are kept;
 2. ``sglang.test.ci.ci_utils.run_unittest_files`` runs each registered file as
    ``python3 <cwd>/<file> -f`` (no pytest, no conftest), with the timeout SGLang derives
    from its ``est_time``.
@@ -35,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default=SUITE)
     args = parser.parse_args(argv)
     os.chdir(ROOT)
-    files = args.files or sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/test_*.py"))
+    files = args.files or sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/*.py")
+                                 if p.name not in ("conftest.py", "__init__.py"))
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent),
                                           os.environ.get("PATH", "")])
     os.environ.setdefault("SGLANG_TEST_MAX_RETRY", "1")
@@ -46,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     from sglang.test.ci.ci_register import HWBackend, collect_tests
 
     registered = collect_tests(files)  # raises ValueError naming a file it rejects
-    chosen = [r for r in registered
-              if r.backend is HWBackend.CPU and r.effective_suite == args.suite]
-    missing = sorted(set(files) - {r.filename for r in chosen})
+    chosen = [r for r in registered if r.backend is HWBackend.CPU
+              and r.effective_suite == args.suite and r.disabled is None and not r.nightly]
+    helpers = {r.filename for r in registered if r.disabled is not None}
+    missing = sorted(set(files) - helpers - {r.filename for r in chosen})
     if missing:
         print(f"sglang CI harness: not registered for CPU suite {args.suite}: "
               f"{', '.join(missing)}")
