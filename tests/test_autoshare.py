@@ -16,7 +16,7 @@ import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Severity
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record
 
-register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 
 def _mapping_line(exc: BaseException | None) -> bool:
