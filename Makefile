@@ -1,45 +1,70 @@
 # Quick start: `make demo` and `make test` set everything up on a fresh clone
 # (a .venv with torch from this machine's disk, sglang without its GPU
 # dependencies plus its CPU import closure, this project editable), then run.
+# Each step prints one line; what pip and the test runners print goes to a log file,
+# named (with its last lines) when a step fails.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # The base release: the one matrix.txt installs in the venv itself (its line says "-").
 SGLANG_VERSION ?= $(shell awk '$$1 !~ /^#/ && $$2 == "-" {print $$1}' matrix.txt)
 STAMP := $(VENV)/.setup-$(SGLANG_VERSION)
+SETUP_LOG := .setup.log
+REPORTS := .matrix/reports
 # `make test` runs the suite once per release in matrix.txt (tools/matrix.py), with the
-# CI hypothesis profile (2,000 examples per property). For a quicker local loop:
+# CI hypothesis profile (2,000 examples per property), then runs the files for the base
+# release as SGLang's own CI does (tools/sglang_ci.py). For a quicker local loop:
 #   make test HYPOTHESIS_PROFILE=dev RELEASES=0.5.23
 export HYPOTHESIS_PROFILE ?= ci
 RELEASES ?=
-PIP := $(PY) -m pip install -q --disable-pip-version-check
+RELEASES_ARG := $(if $(RELEASES),--releases $(RELEASES))
+PIP := $(PY) -m pip install --disable-pip-version-check --no-input --progress-bar off
+
+# $(call step,WHAT,LOG,COMMAND): print WHAT, append COMMAND's output to LOG; on failure
+# show LOG's last lines and name it.
+define step
+	@echo "$(1)"
+	@mkdir -p $(dir $(2)) && echo "===== $(1)" >> $(2)
+	@( $(3) ) >> $(2) 2>&1 || { status=$$?; echo "   failed (exit $$status); the last lines of $(2):"; \
+	  tail -n 25 $(2) | sed 's/^/   | /'; echo "   full output: $(2)"; exit $$status; }
+endef
 
 .PHONY: setup demo test lint bench clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml requirements/sglang-$(SGLANG_VERSION)-cpu.txt requirements/test.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.14.1 torchvision==0.29.1
-	$(PIP) --no-deps sglang==$(SGLANG_VERSION)
-	$(PIP) -r requirements/sglang-$(SGLANG_VERSION)-cpu.txt -r requirements/test.txt
-	$(PIP) --no-deps -e .
-	touch $(STAMP)
+	@: > $(SETUP_LOG)
+	$(call step,setup 1/5: virtual environment $(VENV),$(SETUP_LOG),test -x $(PY) || $(PYTHON) -m venv $(VENV))
+	$(call step,setup 2/5: torch 2.14.1 and torchvision 0.29.1,$(SETUP_LOG),$(PIP) torch==2.14.1 torchvision==0.29.1)
+	$(call step,setup 3/5: sglang $(SGLANG_VERSION) without its GPU dependencies,$(SETUP_LOG),$(PIP) --no-deps sglang==$(SGLANG_VERSION))
+	$(call step,setup 4/5: the CPU import closure of sglang and the test tools,$(SETUP_LOG),$(PIP) -r requirements/sglang-$(SGLANG_VERSION)-cpu.txt -r requirements/test.txt)
+	$(call step,setup 5/5: sglang-dsv4-guard itself (editable),$(SETUP_LOG),$(PIP) --no-deps -e .)
+	@touch $(STAMP)
+	@echo "setup: done (pip's output is in $(SETUP_LOG))"
 
 demo: $(STAMP)
-	$(VENV)/bin/sglang-dsv4-guard demo
+	@echo "demo: SGLang's real setup_state_kv_args on a built-in scenario"
+	@$(VENV)/bin/sglang-dsv4-guard demo
 
 test: $(STAMP)
-	$(PY) tools/matrix.py $(if $(RELEASES),--releases $(RELEASES))
+	$(call step,test 1/3: fetch the releases in matrix.txt,$(REPORTS)/prepare.log,$(PY) tools/matrix.py --prepare-only $(RELEASES_ARG))
+	@echo "test 2/3: the suite on every release (pytest; one log per release in $(REPORTS)/)"
+	@rm -f .matrix/summary.md; $(PY) tools/matrix.py $(RELEASES_ARG) > $(REPORTS)/matrix.log 2>&1; \
+	  status=$$?; if [ -s .matrix/summary.md ]; then cat .matrix/summary.md; \
+	  else tail -n 25 $(REPORTS)/matrix.log | sed 's/^/   | /'; fi; \
+	  [ $$status -eq 0 ] || { echo "   failed; full output: $(REPORTS)/matrix.log"; exit $$status; }
+	@echo "test 3/3: the files as SGLang's CI runs them (collect_tests, run_unittest_files) on $(SGLANG_VERSION)"
+	@DSV4_GUARD_MATRIX_RELEASE=$(SGLANG_VERSION) $(PY) tools/sglang_ci.py --log $(REPORTS)/sglang-ci.log
 
 lint: $(STAMP)
 	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks tools examples
 	$(PY) -m mypy
-	$(PY) -m mypy --strict tools/matrix.py tools/patched_tree.py tools/make_patches.py tools/patch_texts.py
+	$(PY) -m mypy --strict tools/matrix.py tools/patched_tree.py tools/make_patches.py tools/patch_texts.py tools/sglang_ci.py
 
 bench: $(STAMP)
-	$(PY) tools/matrix.py --script benchmarks/bench_overhead.py $(if $(RELEASES),--releases $(RELEASES))
+	$(PY) tools/matrix.py --script benchmarks/bench_overhead.py $(RELEASES_ARG)
 	$(PY) benchmarks/bench_memory.py
 
 clean:
-	rm -rf $(VENV) .matrix .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .matrix .pytest_cache .mypy_cache .ruff_cache .hypothesis $(SETUP_LOG)

@@ -73,6 +73,7 @@ def _doctor(_: argparse.Namespace) -> int:
     where = ("MORI installed; wrapped when SGLang imports it" if mori else
              "MORI not installed (only needed with --disaggregation-transfer-backend mori)")
     print(f"target MoriKVManager._send_swa_dsa_state: {where}")
+    ok &= _other_plugins_hooks()
     plugins, output = _load_plugins_quietly()
     print(f"guard plug-ins: {', '.join(plugins.names())}")
     for failure in plugins.load_problems:
@@ -106,6 +107,25 @@ def _load_plugins_quietly() -> tuple[GuardPlugins, str]:
             return build_plugins(), captured.getvalue()
     finally:
         logger.disabled = was_disabled
+
+
+def _other_plugins_hooks() -> bool:
+    """Print every other SGLang plug-in's hook on the guard's targets; False on a problem."""
+    if importlib.util.find_spec("sglang.srt.plugins.hook_registry") is None:
+        return True
+    from sglang_dsv4_guard.host_hooks import effect, other_plugins_hooks
+
+    records, failures = other_plugins_hooks()
+    ok = True
+    for record in records:
+        what, problem = effect(record)
+        ok &= not problem
+        print(f"{'problem' if problem else 'note'}: other plug-in hook: {record.describe()}: {what}")
+    if not records:
+        print("other SGLang plug-ins' hooks on the guard's targets: none")
+    for failure in failures:
+        print(f"note: {failure}")
+    return ok
 
 
 def _explain(args: argparse.Namespace) -> int:

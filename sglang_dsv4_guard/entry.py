@@ -16,6 +16,10 @@ logger = logging.getLogger("sglang_dsv4_guard")
 def activate() -> None:
     """Install the guard as the environment says; warn about every bad setting.
 
+    Called by SGLang's ``load_plugins()``, it registers the guard's hook on
+    ``setup_state_kv_args`` with SGLang's ``HookRegistry`` (applied right after all
+    plug-ins ran); called directly, it patches like :func:`~sglang_dsv4_guard.install`.
+
     In strict mode, a guard that cannot install raises
     :class:`~sglang_dsv4_guard.errors.DSV4GuardStartupRefused` (a ``SystemExit``),
     which SGLang's loader does not swallow.
@@ -29,9 +33,12 @@ def activate() -> None:
     if settings.mode.value is Mode.OFF:
         logger.debug("sglang-dsv4-guard is off (%s)", settings.mode.source)
         return
+    from sglang_dsv4_guard.host_hooks import loader_is_running
     from sglang_dsv4_guard.lifecycle import install
 
     try:
-        install(settings=settings)
+        # Run by SGLang's load_plugins(): take part in its HookRegistry, which applies
+        # every plug-in's hooks together once all plug-ins ran.
+        install(settings=settings, via_sglang_registry=loader_is_running())
     except DSV4GuardInstallError as error:
         raise DSV4GuardStartupRefused(error) from error

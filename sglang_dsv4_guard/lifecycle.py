@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
+from sglang_dsv4_guard.host_hooks import StateHook, register_state_hook
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
 from sglang_dsv4_guard.plugins import build_plugins
@@ -53,6 +54,7 @@ class Installation:
     patches: list[AppliedPatch] = field(default_factory=list)
     undo: Callable[[], bool] = field(default=lambda: False)
     ready: bool = False  # True once install() has returned it
+    host_hook: StateHook | None = None  # registered with SGLang's HookRegistry (no undo)
 
 
 _lock = threading.RLock()
@@ -129,8 +131,8 @@ def _failure_reason(stage: str, exc: Exception) -> tuple[str, str | None]:
 
 
 def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str = "text",
-            load_entry_points: bool = True,
-            settings: Settings | None = None) -> Callable[[], bool]:
+            load_entry_points: bool = True, settings: Settings | None = None,
+            via_sglang_registry: bool = False) -> Callable[[], bool]:
     """Install the guard; return this installation's own undo.
 
     ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). Calling it again
@@ -143,7 +145,10 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     All or nothing: when any patch cannot be applied, every patch already applied
     is restored. Outside the supported SGLang range, or when patching fails, it
     warns and leaves SGLang exactly as it was, or raises
-    :class:`DSV4GuardInstallError` in strict mode.
+    :class:`DSV4GuardInstallError` in strict mode. ``via_sglang_registry`` (set by the
+    entry point while SGLang's ``load_plugins()`` runs it) registers an ``AROUND`` hook on
+    ``setup_state_kv_args`` with SGLang's ``HookRegistry`` instead of patching it; see
+    :mod:`sglang_dsv4_guard.host_hooks`.
     """
     chosen = settings_for(mode, autoshare, log_format, settings)
     if chosen.mode.value is Mode.OFF:
@@ -182,7 +187,14 @@ def _install(chosen: Settings, load_entry_points: bool) -> Callable[[], bool]:
                           profile_for(version))
         current = Installation(runtime, MoriGuard(runtime), PostImportHooks())
         current.undo = _undo_for(current)
-        current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
+        if via_sglang_registry:
+            current.host_hook = register_state_hook(
+                make_state_wrapper(runtime), utils.setup_state_kv_args,
+                lambda: runtime.active)
+            how = f"registered an AROUND hook on {STATE_TARGET} with SGLang's HookRegistry"
+        else:
+            current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
+            how = "patched " + ", ".join(current.patches[0].rebound)
         _current = current
         current.hooks.watch(MORI_MODULE, functools.partial(_on_mori, current))
     except Exception as exc:
@@ -195,11 +207,10 @@ def _install(chosen: Settings, load_entry_points: bool) -> Callable[[], bool]:
         return _refuse(chosen, reason, target)
     current.ready = True
     logger.info(
-        "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; patched %s; "
-        "MORI connector %s",
-        chosen.mode.value.value, chosen.autoshare.value, version,
-        ", ".join(current.patches[0].rebound),
-        "wrapped" if len(current.patches) > 1 else "will be wrapped when SGLang imports it",
+        "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; MORI connector %s",
+        chosen.mode.value.value, chosen.autoshare.value, version, how,
+        "wrapped" if current.patches[-1:] and current.patches[-1].target != STATE_TARGET
+        else "will be wrapped when SGLang imports it",
     )
     return current.undo
 
@@ -254,5 +265,8 @@ def uninstall() -> bool:
         if current.mori.mismatches or _reported(current):
             logger.info("%s", summary(current))
         _dismantle(current, "uninstall")
+        if current.host_hook is not None:
+            logger.info("sglang-dsv4-guard: its AROUND hook stays in SGLang's HookRegistry, "
+                        "which has no undo; it now passes every call straight to SGLang")
         logger.info("sglang-dsv4-guard uninstalled; originals restored")
         return True

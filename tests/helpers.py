@@ -1,4 +1,10 @@
-"""Test helpers: a recording reporter and the unwrapped SGLang function."""
+"""Test helpers: the base test case, the unwrapped SGLang function, release facts.
+
+Every test file runs two ways: under pytest, and as SGLang's CI runs it
+(``python3 <file> -f`` from ``sglang.test.ci.ci_utils.run_unittest_files``), where no
+conftest runs. So everything a test needs around it lives here, in :class:`GuardTestCase`
+and at import: the hypothesis profiles, the clean-state checks, the retry isolation.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +14,119 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import sglang.srt.disaggregation.decode as decode
+import sglang.srt.disaggregation.prefill as prefill
 import sglang.srt.disaggregation.utils as utils
+from hypothesis import HealthCheck, settings
 from packaging.version import Version
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
 
+import sglang_dsv4_guard
+from sglang_dsv4_guard.patching import WRAPPER_MARK, PostImportHooks
 from sglang_dsv4_guard.releases import installed_sglang_version
 
-# Captured at import, before any test installs the guard (conftest asserts it is unpatched).
-# Kept inside a dict: the guard rebinds every *module global* that holds the original.
-_RAW = {"setup_state_kv_args": utils.setup_state_kv_args}
+# SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
+# each; a disabled one marks a helper module (listed as skipped, never run).
+register_cpu_ci(est_time=1, suite="stage-a-test-cpu",
+                disabled="helper module of the sglang-dsv4-guard tests, not a test")
+
+# Hypothesis profiles, registered on import so a file run on its own uses them too.
+settings.register_profile("dev", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=2000, deadline=None, derandomize=False,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# Captured at import, before any test installs the guard (GuardTestCase.setUp asserts that
+# nothing is patched). Kept inside a dict: the guard rebinds every *module global* that
+# holds the original.
+_RAW = {"setup_state_kv_args": getattr(utils.setup_state_kv_args, WRAPPER_MARK,
+                                       utils.setup_state_kv_args)}
+MORI_CONN = "sglang.srt.disaggregation.mori.conn"
+MORI_METHODS = ("_send_swa_dsa_state", "_add_remote_peer")
+
+
+def leftovers() -> list[str]:
+    """Everything of the guard's still in place in this process, in words (empty: clean)."""
+    left = []
+    if sglang_dsv4_guard.is_installed():
+        left.append("the guard is installed")
+    for module in (utils, prefill, decode):
+        if module.setup_state_kv_args is not _RAW["setup_state_kv_args"]:
+            left.append(f"{module.__name__}.setup_state_kv_args is not SGLang's function")
+    conn = sys.modules.get(MORI_CONN)
+    if conn is not None:
+        for name in MORI_METHODS:
+            if hasattr(vars(conn.MoriKVManager)[name], WRAPPER_MARK):
+                left.append(f"MoriKVManager.{name} is still wrapped")
+    finders = [f for f in sys.meta_path if isinstance(f, PostImportHooks)]
+    if finders:
+        left.append(f"{len(finders)} import hook(s) of the guard in sys.meta_path")
+    return left
+
+
+def reset_guard() -> None:
+    """Put SGLang back as it was, whatever a failed test left behind."""
+    sglang_dsv4_guard.uninstall()
+    for module in (utils, prefill, decode):
+        module.setup_state_kv_args = _RAW["setup_state_kv_args"]
+    conn = sys.modules.get(MORI_CONN)
+    if conn is not None:
+        for name in MORI_METHODS:
+            method = vars(conn.MoriKVManager)[name]
+            setattr(conn.MoriKVManager, name, getattr(method, WRAPPER_MARK, method))
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PostImportHooks)]
+
+
+class GuardTestCase(CustomTestCase):
+    """The base of every test: SGLang's ``CustomTestCase`` plus the guard's hygiene.
+
+    - ``setUp`` asserts that the test starts with nothing of the guard in place.
+    - After the test and its own clean-ups, it asserts first that nothing is left (SGLang's
+      functions are the originals, no import hook of ours in ``sys.meta_path``, the guard
+      uninstalled) and only then resets, so a leak fails the test that leaked.
+    - ``CustomTestCase`` retries a failed test method once in SGLang's CI, without running
+      ``setUp`` again. Here every retried attempt first runs the clean-ups of the failed
+      one and ``setUp`` again, so no state is carried from one attempt to the next.
+    - :meth:`install_guard` installs and registers the matching uninstall.
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        left = leftovers()
+        if left:
+            reset_guard()
+        self.assertEqual(left, [], "an earlier test left the guard in place")
+        self.addCleanup(self._assert_left_clean)  # registered first, so it runs last
+
+    def _assert_left_clean(self) -> None:
+        left = leftovers()
+        if left:
+            reset_guard()
+        self.assertEqual(left, [], "the test left the guard in place")
+
+    def install_guard(self, *args: Any, **kwargs: Any) -> Callable[[], bool]:
+        """``sglang_dsv4_guard.install(...)``, uninstalled again when the test ends."""
+        undo = sglang_dsv4_guard.install(*args, **kwargs)
+        self.addCleanup(sglang_dsv4_guard.uninstall)
+        return undo
+
+    def _callTestMethod(self, method: Callable[[], object]) -> None:
+        attempts = 0
+
+        def attempt() -> object:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1:  # a retry: undo the failed attempt, then set up afresh
+                self.doCleanups()
+                self.setUp()
+            return method()
+
+        super()._callTestMethod(attempt)
 
 
 def UNWRAPPED(*args: Any, **kwargs: Any) -> Any:

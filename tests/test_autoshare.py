@@ -5,21 +5,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import types
+import unittest
 from collections.abc import Iterator
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
-from helpers import UNWRAPPED, guard_logs_off, outcome
+from helpers import UNWRAPPED, GuardTestCase, guard_logs_off, outcome
 from hypothesis import given
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 from test_parity_property import pairs
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Severity
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record
 
-register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 
 @contextlib.contextmanager
@@ -40,12 +40,12 @@ def _mapping_line(exc: BaseException | None) -> bool:
         "DSV4 target and draft pools must share the SWA index mapping")
 
 
-class TestAutoshareRule(CustomTestCase):
+class TestAutoshareRule(GuardTestCase):
     """Each case of the rule, through the real function."""
 
     def setUp(self) -> None:
         super().setUp()
-        sglang_dsv4_guard.install("on", autoshare=True, load_entry_points=False)
+        self.install_guard("on", autoshare=True, load_entry_points=False)
         self.recorder = record()
 
     def test_g007_view_is_shared(self) -> None:
@@ -133,14 +133,14 @@ class TestAutoshareRule(CustomTestCase):
 
     def test_fix_line_offers_autoshare_only_when_it_would_share(self) -> None:
         """With auto-share off, DSV4G004 offers the variable for a view, not for a differing copy."""
-        sglang_dsv4_guard.install("on", autoshare=False, load_entry_points=False)
+        self.install_guard("on", autoshare=False, load_entry_points=False)
         _, view = outcome(utils.setup_state_kv_args, *build_pair(mapping="view"))
         _, diff = outcome(utils.setup_state_kv_args, *build_pair(mapping="different"))
         self.assertIn("SGLANG_DSV4_GUARD_AUTOSHARE=1", " ".join(view.findings[0].fixes))
         self.assertNotIn("SGLANG_DSV4_GUARD_AUTOSHARE=1", " ".join(diff.findings[0].fixes))
 
 
-class TestAutoshareHidesNothing(CustomTestCase):
+class TestAutoshareHidesNothing(GuardTestCase):
     """Auto-share changes only the mapping check's outcome."""
 
     @given(pair=pairs())
@@ -158,3 +158,7 @@ class TestAutoshareHidesNothing(CustomTestCase):
             self.assertEqual(str(guarded).splitlines()[0], str(host).splitlines()[0])
         if kind == "raised" and _mapping_line(guarded):
             self.assertTrue(_mapping_line(host))
+
+
+if __name__ == "__main__":
+    unittest.main()

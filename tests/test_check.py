@@ -16,10 +16,9 @@ from check_helpers import (
     run_cli,
     server,
 )
-from helpers import sglang_release
+from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
@@ -28,7 +27,7 @@ NEXTN = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative
          "--speculative-num-draft-tokens 4")
 
 
-class TestMoriTp(CustomTestCase):
+class TestMoriTp(GuardTestCase):
     """DSV4G006 only for MORI, a non-MLA model with swa state and differing attention TP."""
 
     def test_g006_gpt_oss_attention_tp_differs(self) -> None:
@@ -91,7 +90,7 @@ class TestMoriTp(CustomTestCase):
                             for u in doc["unknowns"]))
 
 
-class TestDeepSeekV4State(CustomTestCase):
+class TestDeepSeekV4State(GuardTestCase):
     """SGLang's real setup_state_kv_args on miniature real pools of each server."""
 
     def test_stock_nextn_is_accepted_and_unknowns_named(self) -> None:
@@ -123,7 +122,7 @@ class TestDeepSeekV4State(CustomTestCase):
         self.assertEqual((status, doc["state_check_runs"]), (0, []))
 
 
-class TestResolution(CustomTestCase):
+class TestResolution(GuardTestCase):
     """The release's own ServerArgs resolution runs on each server's flags."""
 
     def test_g026_nextn_refused_for_deepseek_v4(self) -> None:
@@ -147,7 +146,7 @@ class TestResolution(CustomTestCase):
                          "SGLang's resolution of the flags")
 
 
-class TestAsymmetries(CustomTestCase):
+class TestAsymmetries(GuardTestCase):
     """Prefill/decode differences the runtime checks never see: warnings, exit 0."""
 
     def test_g020_speculative_on_one_side_only(self) -> None:
@@ -203,7 +202,7 @@ class TestAsymmetries(CustomTestCase):
         self.assertEqual((status, codes(doc)), (0, []))
 
 
-class TestOutput(CustomTestCase):
+class TestOutput(GuardTestCase):
     """The text and JSON forms carry the derived values of both servers."""
 
     def test_json_derived_fields(self) -> None:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import unittest
 
 from check_helpers import DATA, GPT_OSS, LLAMA, run_cli, server
-from helpers import fresh_python
+from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
 
-class TestBadInput(CustomTestCase):
+class TestBadInput(GuardTestCase):
     """Each bad input exits 2 with a message naming the argument and the value."""
 
     def bad(self, prefill: str, decode: str | None = None, *more: str) -> str:

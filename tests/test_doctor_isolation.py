@@ -7,9 +7,8 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from helpers import fresh_python
+from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
@@ -38,7 +37,7 @@ def _site_with_plugin(directory: str) -> str:
     return str(site)
 
 
-class TestDoctorIsolatesPlugins(CustomTestCase):
+class TestDoctorIsolatesPlugins(GuardTestCase):
     """doctor keeps running when a plug-in raises SystemExit at import."""
 
     def test_doctor_reports_a_plugin_that_calls_argparse_at_import(self) -> None:

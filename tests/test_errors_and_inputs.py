@@ -18,12 +18,10 @@ import error_worker
 import mori_stub
 import sglang.srt.disaggregation.utils as utils
 import torch
-from helpers import UNWRAPPED, guard_logs_off, outcome
+from helpers import UNWRAPPED, GuardTestCase, guard_logs_off, outcome
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
-import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.testing import build_pair, record
 
@@ -41,7 +39,7 @@ def _fields(exc: BaseException) -> tuple[object, ...]:
             str(getattr(exc, "error", "")), str(getattr(exc, "host_error", "")))
 
 
-class TestErrorsTravel(CustomTestCase):
+class TestErrorsTravel(GuardTestCase):
     """Every guard exception survives pickle, copy, deepcopy and a process pool."""
 
     def test_errors_round_trip_pickle_copy_deepcopy(self) -> None:
@@ -80,7 +78,7 @@ class _NotImplementedPool(DeepSeekV4TokenToKVPool):  # type: ignore[misc]
         raise NotImplementedError(_NOT_IMPLEMENTED)
 
 
-class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(CustomTestCase):
+class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(GuardTestCase):
     """Only SGLang's exact RuntimeError becomes DSV4GuardError; subclasses rise as they are."""
 
     def test_not_implemented_error_stays_itself_in_setup_state(self) -> None:
@@ -90,7 +88,7 @@ class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(CustomTestCase):
         draft.__class__ = _NotImplementedPool
         _, host = outcome(UNWRAPPED, target, draft)
         self.assertIs(type(host), NotImplementedError)
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
         with guard_logs_off():
             _, guarded = outcome(utils.setup_state_kv_args, target, draft)
         self.assertIs(type(guarded), NotImplementedError)
@@ -114,7 +112,7 @@ class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(CustomTestCase):
         mgr = mori_stub.manager(conn, attn_tp=8)
         del mgr.__dict__["is_mla_backend"]
         mgr.__class__ = FirstReadFails
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
         args = mori_stub.send_args(conn, mori_stub.peer(conn, "decode-ni", decode_tp=2), "swa")
         with guard_logs_off(), self.assertRaises(NotImplementedError) as caught:
             conn.MoriKVManager._send_swa_dsa_state(mgr, *args)
@@ -122,12 +120,12 @@ class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(CustomTestCase):
         self.assertNotIsInstance(caught.exception, DSV4GuardError)
 
 
-class TestOddCompressionRatios(CustomTestCase):
+class TestOddCompressionRatios(GuardTestCase):
     """compression_ratios that are not a list: the real problem named, no false DSV4G099."""
 
     def setUp(self) -> None:
         super().setUp()
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
         self.recorder = record()
 
     def test_none_or_zero_ratios_name_the_value_not_a_missing_attribute(self) -> None:
@@ -181,7 +179,7 @@ class TestOddCompressionRatios(CustomTestCase):
         self.assertEqual(len(guarded.findings[0].value("draft pool")), 1_000_000)  # data kept
 
 
-class TestMappingComparisonMemory(CustomTestCase):
+class TestMappingComparisonMemory(GuardTestCase):
     """Comparing two big mappings costs little memory, whatever their differences."""
 
     def test_20m_entries_differing_everywhere_stay_under_an_eighth(self) -> None:
@@ -214,7 +212,7 @@ def _build_exotic(kind: str) -> Any:
 _MAPPING_LINE = "DSV4 target and draft pools must share the SWA index mapping"
 
 
-class TestExoticMappingTensors(CustomTestCase):
+class TestExoticMappingTensors(GuardTestCase):
     """Meta, sparse and nested mapping tensors never make the guard fail internally, and in
     strict mode SGLang's message always comes first."""
 
@@ -222,7 +220,7 @@ class TestExoticMappingTensors(CustomTestCase):
         """On either side or both, in modes on and strict: SGLang's own first line, a DSV4G004
         that says why the contents were not compared, and no internal-error log line."""
         for mode in ("on", "strict"):
-            sglang_dsv4_guard.install(mode, load_entry_points=False)
+            self.install_guard(mode, load_entry_points=False)
             for kind in ("meta", "sparse", "sparse_csr", "nested"):
                 for side in ("draft", "target", "both"):
                     with self.subTest(mode=mode, kind=kind, side=side):
@@ -242,7 +240,7 @@ class TestExoticMappingTensors(CustomTestCase):
     def test_strict_internal_failure_is_a_note_under_sglangs_error(self) -> None:
         """A failure of ours in strict mode (injected into the snapshot) no longer replaces
         SGLang's error: SGLang's exception rises with ours as a note."""
-        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        self.install_guard("strict", load_entry_points=False)
         target, draft = build_pair(mapping="different")
         _, host = outcome(UNWRAPPED, target, draft)
         with guard_logs_off(), mock.patch("sglang_dsv4_guard.state.wrapper.snapshot_pair",
@@ -256,7 +254,7 @@ class TestExoticMappingTensors(CustomTestCase):
 
     def test_strict_internal_failure_still_blocks_a_pair_sglang_accepts(self) -> None:
         """Strict mode on SGLang's pass path: our failure is raised after SGLang's call."""
-        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        self.install_guard("strict", load_entry_points=False)
         with guard_logs_off(), mock.patch("sglang_dsv4_guard.state.wrapper.snapshot_pair",
                                           side_effect=RuntimeError("injected guard bug")):
             kind, guarded = outcome(utils.setup_state_kv_args, *build_pair())

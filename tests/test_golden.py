@@ -10,11 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
-from helpers import guard_logs_off, outcome
+from helpers import GuardTestCase, guard_logs_off, outcome
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
-import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.testing import PoolSpec, build_pair
 
@@ -54,12 +52,12 @@ def render_case(name: str) -> str:
     return normalise(str(err))
 
 
-class TestGoldenRenderings(CustomTestCase):
+class TestGoldenRenderings(GuardTestCase):
     """The rendered report for fixed pairs matches the committed golden files."""
 
     def setUp(self) -> None:
         super().setUp()
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
 
     def test_renderings_match_golden_files(self) -> None:
         """Each case's full error text (SGLang's line, then the report) equals its golden

@@ -14,9 +14,8 @@ import os
 import tempfile
 import unittest
 
-from helpers import fresh_python
+from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
@@ -47,7 +46,7 @@ sglang_dsv4_guard.uninstall()
 """
 
 
-class TestJsonThroughSGLangLoggingConfig(CustomTestCase):
+class TestJsonThroughSGLangLoggingConfig(GuardTestCase):
     """A JSON formatter set up by SGLang's ``configure_logger`` from a config file."""
 
     def test_one_clean_json_object_per_report(self) -> None:

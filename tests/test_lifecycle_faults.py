@@ -16,9 +16,8 @@ from unittest import mock
 
 import mori_stub
 import sglang.srt.disaggregation.utils as utils
-from helpers import guard_logs_off, outcome, raw_setup_state_kv_args
+from helpers import GuardTestCase, guard_logs_off, outcome, raw_setup_state_kv_args
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, DSV4GuardStartupRefused
@@ -48,7 +47,7 @@ def guarded_send(mgr: Any, peer: Any, state_type: str) -> tuple[str, str]:
     return send(conn.MoriKVManager._send_swa_dsa_state, mgr, peer, state_type)
 
 
-class TestReconfigure(CustomTestCase):
+class TestReconfigure(GuardTestCase):
     """Items 1-3: a new install() leaves nothing of the earlier one behind."""
 
     def test_on_after_strict_lets_every_transfer_reach_sglang(self) -> None:
@@ -58,10 +57,10 @@ class TestReconfigure(CustomTestCase):
         peer = mori_stub.peer(conn, "decode-x", decode_tp=4)
         expected = {s: send(_RAW["_send_swa_dsa_state"], mgr, peer, s) for s in STATE_TYPES}
         with guard_logs_off():
-            sglang_dsv4_guard.install("strict", load_entry_points=False)
+            self.install_guard("strict", load_entry_points=False)
             mgr._add_remote_peer(peer)
             self.assertIn("transfer not attempted", guarded_send(mgr, peer, "swa")[1])
-            sglang_dsv4_guard.install("on", load_entry_points=False)
+            self.install_guard("on", load_entry_points=False)
             actual = {s: guarded_send(mgr, peer, s) for s in STATE_TYPES}
         self.assertEqual(actual, expected)
 
@@ -73,7 +72,7 @@ class TestReconfigure(CustomTestCase):
         expected = {s: send(_RAW["_send_swa_dsa_state"], mgr, peer, s)
                     for s in STATE_TYPES if s != "swa"}
         with guard_logs_off():
-            sglang_dsv4_guard.install("strict", load_entry_points=False)
+            self.install_guard("strict", load_entry_points=False)
             mgr._add_remote_peer(peer)
             actual = {s: guarded_send(mgr, peer, s) for s in STATE_TYPES if s != "swa"}
         self.assertEqual(actual, expected)
@@ -82,8 +81,8 @@ class TestReconfigure(CustomTestCase):
         """install(log_format="json") over a text install: the next report is on the record
         as JSON-ready data (the message stays readable text)."""
         pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
-        sglang_dsv4_guard.install("on", load_entry_points=False)
-        sglang_dsv4_guard.install("on", load_entry_points=False, log_format="json")
+        self.install_guard("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False, log_format="json")
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
             kind, _ = outcome(utils.setup_state_kv_args, *pair)
         self.assertEqual(kind, "raised")
@@ -95,9 +94,9 @@ class TestReconfigure(CustomTestCase):
     def test_each_install_returns_its_own_undo(self) -> None:
         """An old undo does nothing once a newer install replaced it; the newer undo
         uninstalls; an identical repeat install returns the same undo."""
-        first = sglang_dsv4_guard.install("on", load_entry_points=False)
+        first = self.install_guard("on", load_entry_points=False)
         self.assertIs(sglang_dsv4_guard.install("on", load_entry_points=False), first)
-        second = sglang_dsv4_guard.install("strict", load_entry_points=False)
+        second = self.install_guard("strict", load_entry_points=False)
         self.assertFalse(first())
         self.assertTrue(sglang_dsv4_guard.is_installed())
         self.assertTrue(second())
@@ -120,7 +119,7 @@ def connector_without_register() -> Iterator[type]:
         conn.MoriKVManager = real  # type: ignore[misc]
 
 
-class TestAllOrNothing(CustomTestCase):
+class TestAllOrNothing(GuardTestCase):
     """Item 4: a failure while installing rolls back every applied patch."""
 
     def test_missing_mori_target_rolls_back_every_patch_in_mode_on(self) -> None:
@@ -128,7 +127,7 @@ class TestAllOrNothing(CustomTestCase):
         method and setup_state_kv_args are SGLang's own, uninstall() has nothing to do."""
         with connector_without_register() as copy:
             with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
-                undo = sglang_dsv4_guard.install("on", load_entry_points=False)
+                undo = self.install_guard("on", load_entry_points=False)
             self.assertFalse(sglang_dsv4_guard.is_installed())
             self.assertIs(vars(copy)["_send_swa_dsa_state"], _RAW["_send_swa_dsa_state"])
             self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
@@ -177,14 +176,14 @@ def lazy_modules() -> Iterator[dict[str, types.ModuleType]]:
             sys.__dict__.pop("dsv4_lazy_ran", None)
 
 
-class TestBindingScan(CustomTestCase):
+class TestBindingScan(GuardTestCase):
     """Item 4: the stale-binding scan never forces a lazy module to load."""
 
     def test_scan_leaves_lazy_modules_unloaded(self) -> None:
         """install()/uninstall() with a healthy and a broken lazy module in sys.modules:
         both stay unloaded and install() guards as usual."""
         with lazy_modules() as modules:
-            sglang_dsv4_guard.install("on", load_entry_points=False)
+            self.install_guard("on", load_entry_points=False)
             self.assertTrue(sglang_dsv4_guard.is_installed())
             self.assertTrue(sglang_dsv4_guard.uninstall())
             for module in modules.values():
@@ -196,7 +195,7 @@ class TestBindingScan(CustomTestCase):
         its report."""
         pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
         with lazy_modules():
-            sglang_dsv4_guard.install("on", load_entry_points=False)
+            self.install_guard("on", load_entry_points=False)
             with guard_logs_off():
                 kind, error = outcome(utils.setup_state_kv_args, *pair)
         self.assertEqual(kind, "raised")

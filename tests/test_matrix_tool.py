@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import unittest
 from pathlib import Path
 
+from helpers import GuardTestCase
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 from sglang_dsv4_guard.releases import is_supported
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -47,7 +48,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 </testsuite></testsuites>"""
 
 
-class TestMatrixFile(CustomTestCase):
+class TestMatrixFile(GuardTestCase):
     """matrix.txt is read strictly and covers what the project promises."""
 
     def _matrix_file(self, text: str) -> Path:
@@ -86,7 +87,7 @@ class TestMatrixFile(CustomTestCase):
                 self.assertIn(message, str(caught.exception))
 
 
-class TestJudging(CustomTestCase):
+class TestJudging(GuardTestCase):
     """What the matrix reads back from pytest."""
 
     def test_examples_summed_over_phases(self) -> None:
@@ -101,3 +102,7 @@ class TestJudging(CustomTestCase):
             junit = Path(tmp, "r.xml")
             junit.write_text(JUNIT)
             self.assertEqual(matrix._passing_codes(junit), {"DSV4G001"})
+
+
+if __name__ == "__main__":
+    unittest.main()

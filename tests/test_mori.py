@@ -7,20 +7,20 @@ import json
 import logging
 import os
 import threading
+import unittest
 from typing import Any
 
 import mori_stub
-from helpers import fresh_python, guard_logs_off
+from helpers import GuardTestCase, fresh_python, guard_logs_off
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.lifecycle import installation
 
-register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 mori_stub.install_stub()
 import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402 - needs the stub first
@@ -45,7 +45,7 @@ def guarded(mgr: Any, p: Any, state_type: str) -> tuple[str, Any]:
     return call(conn.MoriKVManager._send_swa_dsa_state, mgr, p, state_type)
 
 
-class TestMoriParity(CustomTestCase):
+class TestMoriParity(GuardTestCase):
     """The wrapped send path reaches SGLang's verdict on every drawn configuration."""
 
     @given(state_type=st.one_of(st.sampled_from(STATE_TYPES), st.text(max_size=12)),
@@ -76,12 +76,12 @@ class TestMoriParity(CustomTestCase):
             self.assertEqual(actual[1], expected[1])
 
 
-class TestMoriReporting(CustomTestCase):
+class TestMoriReporting(GuardTestCase):
     """Once per peer, early at registration, strict blocking, threads."""
 
     def setUp(self) -> None:
         super().setUp()
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
         self.mgr = mori_stub.manager(conn, attn_tp=8)
 
     def test_wrapped_when_already_imported_and_restored(self) -> None:
@@ -129,7 +129,7 @@ class TestMoriReporting(CustomTestCase):
     def test_strict_blocks_peer_before_transfer(self) -> None:
         """Strict mode: after a mismatched registration, an ``swa`` transfer to the peer fails
         at once; a ``dsa`` transfer, which SGLang accepts, still goes through."""
-        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        self.install_guard("strict", load_entry_points=False)
         p = mori_stub.peer(conn, "decode-e", decode_tp=4)
         with guard_logs_off():
             self.mgr._add_remote_peer(p)
@@ -189,7 +189,7 @@ print(json.dumps({"before": before, "wrapped": wrapped, "restored": restored,
 """
 
 
-class TestLazyPatch(CustomTestCase):
+class TestLazyPatch(GuardTestCase):
     """The connector is wrapped the moment SGLang imports it, never imported by us."""
 
     def test_fresh_interpreter(self) -> None:
@@ -200,3 +200,7 @@ class TestLazyPatch(CustomTestCase):
         self.assertEqual(result, {"before": {"conn": False, "mori": False}, "wrapped": True,
                                   "restored": True, "hook_left": False})
         self.assertNotIn("Traceback", done.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

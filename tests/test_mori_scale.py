@@ -12,9 +12,8 @@ import unittest
 from typing import Any
 
 import mori_stub
-from helpers import fresh_install, guard_logs_off
+from helpers import GuardTestCase, fresh_install, guard_logs_off
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
@@ -47,7 +46,7 @@ def keyless_peer(endpoint: str | None, port: int | None, decode_tp: int) -> Any:
     return p
 
 
-class TestManyPeers(CustomTestCase):
+class TestManyPeers(GuardTestCase):
     """A prefill rank meeting 64 + 3 decode peers with two distinct mismatches."""
 
     def tearDown(self) -> None:
@@ -110,7 +109,7 @@ class TestManyPeers(CustomTestCase):
         json.dumps(data)  # plain data all the way down
 
 
-class TestPeerIdentity(CustomTestCase):
+class TestPeerIdentity(GuardTestCase):
     """Issue 10 item 17: peers without an engine key never share one cached report."""
 
     def tearDown(self) -> None:
@@ -135,7 +134,7 @@ class TestPeerIdentity(CustomTestCase):
         self.assertIn(("endpoint 10.0.0.2:17001", "swa"), current.mori.failures)
 
 
-class TestSparseFailures(CustomTestCase):
+class TestSparseFailures(GuardTestCase):
     """Issue 10 item 18: failures after the first are counted, not logged one by one."""
 
     def tearDown(self) -> None:
@@ -160,7 +159,7 @@ class TestSparseFailures(CustomTestCase):
         self.assertIn("failed transfers to decode-x (swa): 2000", sglang_dsv4_guard.summary())
 
 
-class TestStrictBlocksOnlySwa(CustomTestCase):
+class TestStrictBlocksOnlySwa(GuardTestCase):
     """Issue 10 item 19: strict mode blocks only the state type SGLang rejects."""
 
     def tearDown(self) -> None:

@@ -7,14 +7,14 @@ are not changed; and the guard's own prediction matches SGLang (no ``DSV4G099``)
 
 from __future__ import annotations
 
+import unittest
 from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
-from helpers import UNWRAPPED, outcome
+from helpers import UNWRAPPED, GuardTestCase, outcome
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard.testing import MAPPING_KINDS, PoolSpec, build_pair, record
@@ -59,7 +59,7 @@ def _state(pool: Any) -> dict[str, int]:
     return {name: id(value) for name, value in vars(pool).items()}
 
 
-class TestParity(CustomTestCase):
+class TestParity(GuardTestCase):
     """Guarded and unguarded SGLang agree on every configuration hypothesis draws."""
 
     @given(pair=pairs())
@@ -84,3 +84,7 @@ class TestParity(CustomTestCase):
             self.assertEqual(type(getattr(guarded, "host_error", guarded)), type(host))
         self.assertNotIn("DSV4G099", recorder.codes)
         self.assertNotIn("DSV4G090", recorder.codes)
+
+
+if __name__ == "__main__":
+    unittest.main()

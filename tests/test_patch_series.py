@@ -19,10 +19,9 @@ import unittest
 from pathlib import Path
 
 import tomllib
-from helpers import fresh_python, sglang_release
+from helpers import GuardTestCase, fresh_python, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 from sglang_dsv4_guard import cli, patchset
 from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN
@@ -41,7 +40,7 @@ def _digests(site: Path, files: list[str]) -> dict[str, str]:
     return {f: hashlib.sha256((site / f).read_bytes()).hexdigest() for f in files}
 
 
-class TestSeriesFiles(CustomTestCase):
+class TestSeriesFiles(GuardTestCase):
     """Every series is a git format-patch series in SGLang's upstream layout."""
 
     def test_every_supported_release_has_exactly_one_series(self) -> None:
@@ -84,7 +83,7 @@ class TestSeriesFiles(CustomTestCase):
         self.assertEqual(made, committed)
 
 
-class TestCheckSeries(CustomTestCase):
+class TestCheckSeries(GuardTestCase):
     """``check_series``: carried, applies, conflicts, always read-only."""
 
     def setUp(self) -> None:
@@ -132,7 +131,7 @@ class TestCheckSeries(CustomTestCase):
         self.assertIn("FAILED", statuses[0].reason)
 
 
-class TestPatchesCommand(CustomTestCase):
+class TestPatchesCommand(GuardTestCase):
     """``sglang-dsv4-guard patches`` and the ``doctor`` line."""
 
     def test_lists_the_series_and_each_state(self) -> None:
@@ -158,7 +157,7 @@ class TestPatchesCommand(CustomTestCase):
                                  "(sglang-dsv4-guard patches)"])
 
 
-class TestShippedInTheWheel(CustomTestCase):
+class TestShippedInTheWheel(GuardTestCase):
     """The series ship inside the package, found without the source checkout."""
 
     def test_package_list_names_every_subpackage(self) -> None:

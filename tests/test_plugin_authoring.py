@@ -7,10 +7,9 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
-import sglang_dsv4_guard
 from sglang_dsv4_guard import Finding, SettingError, Severity, hookimpl
 from sglang_dsv4_guard.plugins import build_plugins
 from sglang_dsv4_guard.testing import PoolSpec, Recorder, build_pair, check_pools, register
@@ -37,7 +36,7 @@ class Policy:
         return [Finding("ACME900", Severity.WARNING, "policy", "pair")]
 
 
-class TestEntryPointLoading(CustomTestCase):
+class TestEntryPointLoading(GuardTestCase):
     """A broken entry point becomes DSV4G090 at build time and is left out."""
 
     def setUp(self) -> None:
@@ -73,7 +72,7 @@ class TestEntryPointLoading(CustomTestCase):
         self.assertIn("builtin_state", plugins.names())
 
 
-class TestTestingApi(CustomTestCase):
+class TestTestingApi(GuardTestCase):
     """sglang_dsv4_guard.testing registers as a server does and refuses what checks nothing."""
 
     def test_check_pools_refuses_pools_it_would_not_check(self) -> None:
@@ -107,7 +106,7 @@ class TestTestingApi(CustomTestCase):
 
     def test_register_is_all_or_nothing_and_undoable(self) -> None:
         """A refused plug-in leaves none of the batch registered; the undo removes them."""
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
         policy = Policy()
         with self.assertRaises(ValueError):
             register(policy, policy)

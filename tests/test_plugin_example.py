@@ -10,11 +10,10 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from helpers import fresh_python
+from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "acme_guard_policy"
@@ -34,7 +33,7 @@ print(json.dumps({"passed": True}))
 """
 
 
-class TestExamplePlugin(CustomTestCase):
+class TestExamplePlugin(GuardTestCase):
     """examples/acme_guard_policy, as a third party would ship it."""
 
     def test_readme_shows_the_example_verbatim(self) -> None:

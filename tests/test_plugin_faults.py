@@ -14,9 +14,8 @@ from typing import Any
 
 import sglang.srt.disaggregation.utils as utils
 from check_helpers import GPT_OSS, server
-from helpers import UNWRAPPED, guard_logs_off, outcome
+from helpers import UNWRAPPED, GuardTestCase, guard_logs_off, outcome
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Finding, Observation, Severity, hookimpl
@@ -85,12 +84,13 @@ def manager(*named: tuple[str, object], load_entry_points: bool = False) -> Guar
     return plugins
 
 
-def rejected_pair_guarded(mode: str, plugin: object) -> tuple[Exception, Any]:
+def rejected_pair_guarded(test: GuardTestCase, mode: str, plugin: object
+                          ) -> tuple[Exception, Any]:
     """SGLang's error on a pair it rejects (a compressed draft layer), and what the guard
-    raises for it in ``mode`` with ``plugin`` registered."""
+    raises for it in ``mode`` with ``plugin`` registered (uninstalled when ``test`` ends)."""
     pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
     _, host = outcome(UNWRAPPED, *pair)
-    sglang_dsv4_guard.install(mode, load_entry_points=False)
+    test.install_guard(mode, load_entry_points=False)
     register(plugin)
     with guard_logs_off():
         _, guarded = outcome(utils.setup_state_kv_args, *pair)
@@ -134,7 +134,7 @@ class SiteRule:
                         host_message="ACME forbids this layout")]
 
 
-class TestBadFindings(CustomTestCase):
+class TestBadFindings(GuardTestCase):
     """Item 6: every third-party finding is validated at the plug-in boundary."""
 
     def assert_isolated(self, findings: Any, plugin: str) -> None:
@@ -152,7 +152,7 @@ class TestBadFindings(CustomTestCase):
     def test_g090_bad_finding_fields_keep_the_report_in_mode_on(self) -> None:
         """Mode on, a pair SGLang rejects: SGLang's line leads, DSV4G001 and the good
         third-party finding survive, each bad finding is a DSV4G090 naming the plug-in."""
-        host, guarded = rejected_pair_guarded("on", BadFields())
+        host, guarded = rejected_pair_guarded(self, "on", BadFields())
         self.assertIsInstance(guarded, DSV4GuardError)
         self.assertEqual(str(guarded).splitlines()[0], str(host))
         self.assertIn("DSV4G001", [f.code for f in guarded.findings])
@@ -161,7 +161,7 @@ class TestBadFindings(CustomTestCase):
     def test_g090_bad_finding_fields_in_strict_mode_keep_sglang_message(self) -> None:
         """Strict mode, a pair SGLang rejects: SGLang's own message, never "failed
         internally"."""
-        host, guarded = rejected_pair_guarded("strict", BadFields())
+        host, guarded = rejected_pair_guarded(self, "strict", BadFields())
         self.assertEqual(str(guarded).splitlines()[0], str(host))
         self.assertNotIn("failed internally", str(guarded))
         self.assert_isolated(guarded.findings, "BadFields")
@@ -197,7 +197,7 @@ class TestBadFindings(CustomTestCase):
         self.assertIn("repr raised RuntimeError: repr exploded", out.getvalue())
 
 
-class TestRemediationChangesPools(CustomTestCase):
+class TestRemediationChangesPools(GuardTestCase):
     """Item 7: a remediation that changes a pool silently is re-read and named."""
 
     def test_silent_remediation_is_named_not_blamed_on_the_guard(self) -> None:
@@ -211,7 +211,7 @@ class TestRemediationChangesPools(CustomTestCase):
                 self.assertEqual(outcome(UNWRAPPED, *pair)[0], "raised")
                 fixer = FixQuietly()
                 fixer.raises = raises
-                sglang_dsv4_guard.install("on", load_entry_points=False)
+                self.install_guard("on", load_entry_points=False)
                 register(fixer)
                 recorder = record()
                 with guard_logs_off():
@@ -257,7 +257,7 @@ class Wrapper:
         return (yield)
 
 
-class TestPluggyContract(CustomTestCase):
+class TestPluggyContract(GuardTestCase):
     """Item 8: pluggy's call order, and hook wrappers refused when registered."""
 
     def test_implementations_run_in_pluggy_call_order(self) -> None:
@@ -300,7 +300,7 @@ class Raising:
         raise ZeroDivisionError("plug-in bug")
 
 
-class TestStrictModeRule(CustomTestCase):
+class TestStrictModeRule(GuardTestCase):
     """Item 9: a plug-in's failure is reported and never blocks, in strict mode too."""
 
     def test_strict_plugin_failure_never_blocks_a_healthy_pair(self) -> None:
@@ -308,7 +308,7 @@ class TestStrictModeRule(CustomTestCase):
         the DSV4G090 is reported and its details say truly that it did not block."""
         pair = build_pair()
         expected = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("strict", load_entry_points=False)
+        self.install_guard("strict", load_entry_points=False)
         register(Raising())
         recorder = record()
         with guard_logs_off():
@@ -322,14 +322,14 @@ class TestStrictModeRule(CustomTestCase):
         load problem, as for a check that raises."""
         with entry_point_plugin("acme_import_fails", "raise ImportError('no numpy here')\n"), \
                 guard_logs_off():
-            sglang_dsv4_guard.install("strict")
+            self.install_guard("strict")
         current = installation()
         assert current is not None
         [problem] = g090(current.runtime.plugins.load_problems, "acme_import_fails")
         self.assertIn("ImportError: no numpy here", problem.details[0])
 
 
-class TestBaseExceptionPolicy(CustomTestCase):
+class TestBaseExceptionPolicy(GuardTestCase):
     """Item 10: SystemExit and friends are a plug-in's failure; Ctrl-C in the main thread
     is the operator's."""
 
@@ -339,7 +339,7 @@ class TestBaseExceptionPolicy(CustomTestCase):
         source = "import argparse\nargparse.ArgumentParser().parse_args(['--bogus'])\n"
         with entry_point_plugin("acme_argparse", source), guard_logs_off(), \
                 contextlib.redirect_stderr(io.StringIO()):
-            sglang_dsv4_guard.install("on")
+            self.install_guard("on")
         current = installation()
         assert current is not None
         [problem] = g090(current.runtime.plugins.load_problems, "acme_argparse")
@@ -348,7 +348,7 @@ class TestBaseExceptionPolicy(CustomTestCase):
     def test_systemexit_in_hook_keeps_sglang_verdict(self) -> None:
         """A check that calls sys.exit() on a pair SGLang rejects: SGLang's error, with the
         DSV4G090, not a SystemExit."""
-        host, guarded = rejected_pair_guarded("on", Exits())
+        host, guarded = rejected_pair_guarded(self, "on", Exits())
         self.assertEqual(str(guarded).splitlines()[0], str(host))
         self.assertIn("raised SystemExit: 3", g090(guarded.findings, "Exits")[0].details[0])
 
@@ -357,7 +357,7 @@ class TestBaseExceptionPolicy(CustomTestCase):
         failure, and the caller still gets SGLang's error."""
         pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
         _, host = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
         register(Interrupts())
         seen: list[tuple[str, Any]] = []
         with guard_logs_off():
@@ -378,13 +378,13 @@ class TestBaseExceptionPolicy(CustomTestCase):
             plugins.collect("sglang_dsv4_guard_check_state", {"pair": None, "context": None})
 
 
-class TestPluginErrorIsItsOwn(CustomTestCase):
+class TestPluginErrorIsItsOwn(GuardTestCase):
     """Item 11: a third-party ERROR finding on SGLang's pass path is not DSV4G099."""
 
     def test_plugin_error_finding_on_pass_path_is_not_g099(self) -> None:
         """A plug-in's ERROR finding carrying a host_message, on a pair SGLang accepts:
         the report holds the plug-in's finding and no DSV4G099."""
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
         register(SiteRule())
         recorder = record()
         with guard_logs_off():

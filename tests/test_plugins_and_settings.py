@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import sglang.srt.disaggregation.utils as utils
-from helpers import UNWRAPPED, outcome
-from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
+import unittest
 
-import sglang_dsv4_guard
+import sglang.srt.disaggregation.utils as utils
+from helpers import UNWRAPPED, GuardTestCase, outcome
+from sglang.test.ci.ci_register import register_cpu_ci
+
 from sglang_dsv4_guard import DSV4GuardError, Finding, Severity, hookimpl
 from sglang_dsv4_guard.settings import Mode, settings_from_env
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record, register
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 
 class Raising:
@@ -33,19 +33,18 @@ class Extra:
         return [Finding("ACME001", Severity.WARNING, "site policy", "draft pool")]
 
 
-def _install_with(*plugins: object) -> None:
-    sglang_dsv4_guard.install("on", load_entry_points=False)
-    register(*plugins)
-
-
-class TestThirdPartyPlugins(CustomTestCase):
+class TestThirdPartyPlugins(GuardTestCase):
     """A broken plug-in becomes a DSV4G090 finding; SGLang's verdict stands."""
+
+    def _install_with(self, *plugins: object) -> None:
+        self.install_guard("on", load_entry_points=False)
+        register(*plugins)
 
     def test_g090_raising_plugin_on_passing_pair(self) -> None:
         """A check that raises does not fail a pair SGLang accepts (mode on)."""
         pair = build_pair()
         expected = outcome(UNWRAPPED, *pair)
-        _install_with(Raising())
+        self._install_with(Raising())
         recorder = record()
         self.assertEqual(outcome(utils.setup_state_kv_args, *pair), expected)
         [failure] = [f for f in recorder.reports[0].findings if f.code == "DSV4G090"]
@@ -55,7 +54,7 @@ class TestThirdPartyPlugins(CustomTestCase):
         """Garbage is reported, a good plug-in's finding is kept, SGLang's line leads."""
         pair = build_pair(draft=PoolSpec(compression_ratios=(4,)))
         _, host = outcome(UNWRAPPED, *pair)
-        _install_with(Garbage(), Extra())
+        self._install_with(Garbage(), Extra())
         _, guarded = outcome(utils.setup_state_kv_args, *pair)
         self.assertIsInstance(guarded, DSV4GuardError)
         self.assertEqual(str(guarded).splitlines()[0], str(host))
@@ -65,7 +64,7 @@ class TestThirdPartyPlugins(CustomTestCase):
         self.assertIn("ACME001", codes)
 
 
-class TestSettings(CustomTestCase):
+class TestSettings(GuardTestCase):
     """Every setting records its source; bad values name variable, value, accepted values."""
 
     def test_modes(self) -> None:
@@ -88,3 +87,7 @@ class TestSettings(CustomTestCase):
         self.assertFalse(settings.autoshare.value)
         self.assertIn("(got 'xml')", str(problems[2]))
         self.assertIn("json", problems[2].accepted)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import tempfile
+import unittest
 from pathlib import Path
 from unittest import mock
 
@@ -21,6 +22,7 @@ import sglang._version as sglang_version
 import sglang.srt.disaggregation.utils as utils
 from helpers import (
     UNWRAPPED,
+    GuardTestCase,
     checks_request_rows,
     fresh_python,
     geometry_prefix,
@@ -35,7 +37,6 @@ from helpers import (
 from packaging.version import Version
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
@@ -43,7 +44,7 @@ from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, is_supported, profile_for
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record, three_mismatch_pair
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
 MATRIX_RELEASE = "DSV4_GUARD_MATRIX_RELEASE"
 
@@ -57,7 +58,7 @@ def _base_release() -> str:
     return base[0]
 
 
-class TestInstalledRelease(CustomTestCase):
+class TestInstalledRelease(GuardTestCase):
     """The process imports the release the matrix asked for, and the guard's table fits it."""
 
     def test_imported_release_is_the_one_asked_for(self) -> None:
@@ -92,12 +93,12 @@ class TestInstalledRelease(CustomTestCase):
         self.assertEqual(len(profile.paged_geometry), 3 if checks_request_rows() else 2)
 
 
-class TestReleaseBehaviour(CustomTestCase):
+class TestReleaseBehaviour(GuardTestCase):
     """Through the real function: what differs between releases is predicted right."""
 
     def setUp(self) -> None:
         super().setUp()
-        sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.install_guard("on", load_entry_points=False)
         self.recorder = record()
 
     def test_g005_request_rows_follow_release(self) -> None:
@@ -182,7 +183,7 @@ def _release_metadata(directory: str, version: str) -> str:
     return directory
 
 
-class TestOutsideTheRange(CustomTestCase):
+class TestOutsideTheRange(GuardTestCase):
     """Outside 0.5.16-0.5.23 the guard warns once and stays inert, or refuses in strict."""
 
     def test_warns_once_and_stays_inert(self) -> None:
@@ -228,3 +229,7 @@ class TestOutsideTheRange(CustomTestCase):
                          f"sglang-dsv4-guard {sglang_dsv4_guard.__version__}; SGLang: "
                          f"{sglang_release()} (supported; range {SUPPORTED_MIN} to "
                          f"{SUPPORTED_MAX})")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -19,9 +19,8 @@ import unittest
 
 import scheduler_child
 import sglang.srt.disaggregation.utils as utils
-from helpers import fresh_install
+from helpers import GuardTestCase, fresh_install
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
@@ -37,7 +36,7 @@ POINTER = re.compile(r"\[DSV4G001, DSV4G004, DSV4G005\]: same report as printed 
 
 
 
-class TestOneProcess(CustomTestCase):
+class TestOneProcess(GuardTestCase):
     """In one process: the log carries a report only when no exception does."""
 
     def tearDown(self) -> None:
@@ -69,7 +68,7 @@ class TestOneProcess(CustomTestCase):
         self.assertIn("fix:", record.getMessage())
 
 
-class TestFingerprintAndMarkers(CustomTestCase):
+class TestFingerprintAndMarkers(GuardTestCase):
     """The fingerprint ignores per-process noise; markers never suppress across launches."""
 
     def test_fingerprint_ignores_object_ids_and_pointers(self) -> None:
@@ -101,7 +100,7 @@ class TestFingerprintAndMarkers(CustomTestCase):
             self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)
 
 
-class TestCrashedLauncher(CustomTestCase):
+class TestCrashedLauncher(GuardTestCase):
     """Marker directories of launchers that are gone are removed, PID reuse included."""
 
     def test_sweep_removes_dead_and_reused_launchers_only(self) -> None:
@@ -139,7 +138,7 @@ def launch(pairs: list[str], out_dir: str, tag: str) -> str:
     return "\n".join(combined)
 
 
-class TestSpawnedSchedulers(CustomTestCase):
+class TestSpawnedSchedulers(GuardTestCase):
     """Real processes: a launch of four schedulers (three meet one failing pair, one
     another), then a second launch of one scheduler from the same parent."""
 

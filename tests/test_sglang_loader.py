@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
+import unittest
 
-from helpers import fresh_python
+from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 PROBE = r"""
 import json, logging, sys
@@ -35,7 +35,7 @@ def run_probe(**env: str) -> tuple[dict[str, bool], str]:
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
-class TestLoadPlugins(CustomTestCase):
+class TestLoadPlugins(GuardTestCase):
     """The entry point ``dsv4_guard`` in group ``sglang.srt.plugins``, run by SGLang itself."""
 
     def test_inert_without_variable(self) -> None:
@@ -66,3 +66,7 @@ class TestLoadPlugins(CustomTestCase):
         self.assertIn("SGLANG_DSV4_GUARD must be one of", stderr)
         self.assertIn("'yes please'", stderr)
         self.assertEqual(stderr.count("SGLANG_DSV4_GUARD must be one of"), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import unittest
 
 import sglang.srt.disaggregation.decode as decode
 import sglang.srt.disaggregation.prefill as prefill
 import sglang.srt.disaggregation.utils as utils
 from helpers import (
     UNWRAPPED,
+    GuardTestCase,
     geometry_prefix,
     mapping_set_in_init,
     outcome,
@@ -18,20 +20,19 @@ from helpers import (
 )
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Severity
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, new_kv_args, record, three_mismatch_pair
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
 
-class TestEveryCode(CustomTestCase):
+class TestEveryCode(GuardTestCase):
     """Each code, produced from real pool objects through the real SGLang function."""
 
     def setUp(self) -> None:
         super().setUp()
-        sglang_dsv4_guard.install("on")
+        self.install_guard("on")
         self.recorder = record()
 
     def assert_guarded(self, *pair: object, code: str) -> DSV4GuardError:
@@ -144,21 +145,21 @@ class TestEveryCode(CustomTestCase):
         self.assertIn("DSV4G004", guarded.dsv4_guard_report.codes)
 
 
-class TestVerdictAndModes(CustomTestCase):
+class TestVerdictAndModes(GuardTestCase):
     """The guard never changes SGLang's verdict in mode on; strict adds failures."""
 
     def test_passing_pair_identical_kv_args(self) -> None:
         """A healthy pair passes guarded, with kv_args identical to SGLang's own result."""
         pair = build_pair()
         expected = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("on")
+        self.install_guard("on")
         self.assertEqual(outcome(utils.setup_state_kv_args, *pair), expected)
         self.assertEqual(expected[0], "ok")
 
     def test_both_none_warns_but_passes_in_on(self) -> None:
         """Neither pool has a mapping: SGLang accepts, the guard warns (DSV4G004 warning)."""
         pair = build_pair(target_mapping="none", mapping="shared")
-        sglang_dsv4_guard.install("on")
+        self.install_guard("on")
         recorder = record()
         self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
         [finding] = recorder.reports[0].findings
@@ -167,7 +168,7 @@ class TestVerdictAndModes(CustomTestCase):
     def test_strict_turns_warnings_into_errors(self) -> None:
         """In strict mode the same warning fails the call."""
         pair = build_pair(target_mapping="none", mapping="shared")
-        sglang_dsv4_guard.install("strict")
+        self.install_guard("strict")
         with self.assertRaises(DSV4GuardError) as caught:
             utils.setup_state_kv_args(new_kv_args(), *pair)
         self.assertIn("[DSV4G004]", str(caught.exception).splitlines()[0])
@@ -176,7 +177,7 @@ class TestVerdictAndModes(CustomTestCase):
         """In strict mode an SGLang failure still leads with SGLang's message."""
         pair = three_mismatch_pair()
         _, host = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("strict")
+        self.install_guard("strict")
         _, guarded = outcome(utils.setup_state_kv_args, *pair)
         self.assertIsInstance(guarded, DSV4GuardError)
         self.assertEqual(str(guarded).splitlines()[0], str(host))
@@ -184,7 +185,7 @@ class TestVerdictAndModes(CustomTestCase):
     def test_json_log_format(self) -> None:
         """SGLANG_DSV4_GUARD_LOG_FORMAT=json puts the report on the record as data (a
         JSON-ready dict under ``sglang_dsv4_guard``); the message stays readable text."""
-        sglang_dsv4_guard.install("on", log_format="json")
+        self.install_guard("on", log_format="json")
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
             outcome(utils.setup_state_kv_args, *three_mismatch_pair())
         record = logs.records[-1]
@@ -197,7 +198,7 @@ class TestVerdictAndModes(CustomTestCase):
         """Without a draft pool the guard does nothing and SGLang's result is unchanged."""
         target, _ = build_pair()
         expected = outcome(UNWRAPPED, target)
-        sglang_dsv4_guard.install("on")
+        self.install_guard("on")
         recorder = record()
         self.assertEqual(outcome(utils.setup_state_kv_args, target), expected)
         self.assertEqual(recorder.reports, [])
@@ -207,7 +208,7 @@ class TestVerdictAndModes(CustomTestCase):
         reads, the guard says it predicted otherwise (DSV4G099) and SGLang's line leads."""
         target, draft = build_pair()
         draft.__class__ = _Drifting
-        sglang_dsv4_guard.install("on")
+        self.install_guard("on")
         _, guarded = outcome(utils.setup_state_kv_args, target, draft)
         self.assertIsInstance(guarded, DSV4GuardError)
         self.assertEqual(str(guarded).splitlines()[0],
@@ -226,14 +227,14 @@ class _Drifting(DeepSeekV4TokenToKVPool):  # type: ignore[misc]
         return [0] if self.reads == 1 else [0, 4]
 
 
-class TestInstallUninstall(CustomTestCase):
+class TestInstallUninstall(GuardTestCase):
     """install/uninstall are idempotent and restore the very original objects."""
 
     def test_rebinds_prefill_and_decode(self) -> None:
         """Install rebinds utils, prefill and decode to one wrapper. After the undo (whose
-        restoring the originals the autouse fixture checks), a wrapper somebody still holds
+        restoring the originals GuardTestCase checks), a wrapper somebody still holds
         passes straight through: SGLang's bare RuntimeError, no report."""
-        undo = sglang_dsv4_guard.install("on")
+        undo = self.install_guard("on")
         wrapper = utils.setup_state_kv_args
         self.assertIsNot(wrapper, raw_setup_state_kv_args())
         self.assertIs(prefill.setup_state_kv_args, wrapper)
@@ -248,9 +249,9 @@ class TestInstallUninstall(CustomTestCase):
 
     def test_idempotent_both_ways(self) -> None:
         """A second install and a second uninstall are harmless and say so."""
-        sglang_dsv4_guard.install("on")
+        self.install_guard("on")
         wrapper = utils.setup_state_kv_args
-        sglang_dsv4_guard.install("on")
+        self.install_guard("on")
         self.assertIs(utils.setup_state_kv_args, wrapper)
         self.assertTrue(sglang_dsv4_guard.uninstall())
         self.assertFalse(sglang_dsv4_guard.uninstall())
@@ -258,7 +259,7 @@ class TestInstallUninstall(CustomTestCase):
 
     def test_leaves_a_later_patch_alone(self) -> None:
         """If someone patched over us, uninstall keeps theirs and warns."""
-        sglang_dsv4_guard.install("on")
+        self.install_guard("on")
 
         def theirs(*args: object, **kwargs: object) -> None:
             return None
@@ -280,3 +281,7 @@ class TestInstallUninstall(CustomTestCase):
         self.assertEqual(caught.exception.variable, "install(mode=...)")
         self.assertIn("strict", str(caught.exception))
         self.assertFalse(sglang_dsv4_guard.is_installed())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -231,6 +231,19 @@ def _internal(rt: Runtime, stage: str, exc: Exception) -> DSV4GuardError | None:
     return None
 
 
+_HOOK_LAYERS = ("sglang_dsv4_guard.host_hooks", "sglang.srt.plugins.hook_registry")
+
+
+def _caller(frame: Any) -> str:
+    """The module that called ``setup_state_kv_args``, past SGLang's hook wrappers and ours."""
+    while frame is not None:
+        name = str(frame.f_globals.get("__name__", "?"))
+        if not name.startswith(_HOOK_LAYERS):
+            return name
+        frame = frame.f_back
+    return "?"
+
+
 def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A factory for :func:`sglang_dsv4_guard.patching.apply`."""
 
@@ -241,7 +254,7 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
         def setup_state_kv_args(*args: Any, **kwargs: Any) -> Any:
             if not rt.active:
                 return original(*args, **kwargs)
-            caller = sys._getframe(1).f_globals.get("__name__", "?")
+            caller = _caller(sys._getframe(1))
             prep = None
             ours: DSV4GuardError | None = None  # strict: our failure, raised after SGLang's verdict
             try:

@@ -1,0 +1,314 @@
+"""Taking part in SGLang's own ``HookRegistry`` (``sglang/srt/plugins/hook_registry.py``).
+
+When SGLang's ``load_plugins()`` runs the guard's entry point, the guard does not patch
+``setup_state_kv_args`` itself: it registers an ``AROUND`` hook with the registry, as
+every other plug-in does. ``load_plugins()`` applies all hooks after all plug-ins ran,
+``REPLACE`` hooks innermost, so another plug-in's ``REPLACE`` on the same target no
+longer removes the guard: the guard wraps it. SGLang logs "Applied N hook(s) ...
+(from: plugin=dsv4_guard)" and warns about conflicting hooks as it does for anyone.
+
+What can still take the guard out of the chain (a ``REPLACE`` on another name for the
+same function that is applied after ours, an ``AROUND`` hook that never calls
+``original_fn``, a direct assignment) is found right after ``apply_hooks()``: the guard
+observes the end of that one call (a one-shot wrapper that puts the registry's own
+method back on its first call), walks the chain SGLang will call, and logs a WARNING
+naming the plug-ins whose hooks are in the way.
+
+The registry has no undo, so this path is only for SGLang's loader. Programmatic
+``install()`` patches directly and restores on ``uninstall()``. MORI stays lazily
+patched on both paths: ``apply_hooks()`` imports every target's module, and the MORI
+connector's module imports ``mori``, which needs ROCm.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_dsv4_guard.patching import WRAPPER_MARK
+
+__all__ = [
+    "GUARD_TARGETS",
+    "HookRecord",
+    "StateHook",
+    "chain_blockers",
+    "effect",
+    "hooks_on",
+    "loader_is_running",
+    "other_plugins_hooks",
+    "register_state_hook",
+]
+
+logger = logging.getLogger("sglang_dsv4_guard")
+
+REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"
+STATE_PATH = "sglang.srt.disaggregation.utils.setup_state_kv_args"
+MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
+MORI_METHODS = ("_send_swa_dsa_state", "_add_remote_peer")
+STATE_HOLDERS = ("sglang.srt.disaggregation.utils", "sglang.srt.disaggregation.prefill",
+                 "sglang.srt.disaggregation.decode")
+#: The attribute names the guard wraps; a hook on any target ending in one of them is
+#: on the guard's target or on another name for it (``prefill.setup_state_kv_args``).
+GUARD_TARGETS = ("setup_state_kv_args", "MoriKVManager._send_swa_dsa_state",
+                 "MoriKVManager._add_remote_peer")
+
+
+@dataclass(frozen=True)
+class HookRecord:
+    """One hook in SGLang's registry: its target, type, plug-in and callable."""
+
+    target: str
+    kind: str
+    plugin: str
+    hook: str
+
+    def describe(self) -> str:
+        """``replace on <target> by <hook> (plugin=x, dist=y)``."""
+        return f"{self.kind} on {self.target} by {self.hook} ({self.plugin})"
+
+
+def _registry() -> Any | None:
+    module = sys.modules.get(REGISTRY_MODULE)
+    return getattr(module, "HookRegistry", None)
+
+
+def loader_is_running() -> bool:
+    """Whether SGLang's ``load_plugins()`` is running a plug-in right now and has not
+    applied the hooks for our target yet (then a registered hook will be applied)."""
+    module = sys.modules.get(REGISTRY_MODULE)
+    source = getattr(module, "_current_plugin_source", None)
+    registry = getattr(module, "HookRegistry", None)
+    if source is None or registry is None or source.get() is None:
+        return False
+    return STATE_PATH not in registry._patched
+
+
+def _source_text(source: Any) -> str:
+    if source is None:
+        return "unknown plug-in"
+    if getattr(source, "dist_name", None):
+        return f"plugin={source.plugin_name}, dist={source.dist_name}"
+    return f"plugin={source.plugin_name}"
+
+
+def _name(obj: object) -> str:
+    module = getattr(obj, "__module__", None) or "?"
+    return f"{module}.{getattr(obj, '__qualname__', None) or type(obj).__qualname__}"
+
+
+def hooks_on(names: Iterable[str] = GUARD_TARGETS, *,
+             exclude: object = None) -> list[tuple[HookRecord, object]]:
+    """Every hook in SGLang's registry whose target ends in one of ``names``, except
+    ``exclude``; with the hook object itself."""
+    registry = _registry()
+    if registry is None:
+        return []
+    found = []
+    for target, entries in list(registry._hooks.items()):
+        if not any(target == n or target.endswith("." + n) for n in names):
+            continue
+        for kind, hook, source in entries:
+            if hook is exclude:
+                continue
+            found.append((HookRecord(target, kind.value, _source_text(source), _name(hook)),
+                          hook))
+    return found
+
+
+def _closure(fn: object) -> dict[str, object]:
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return {}
+    values = {}
+    for name, cell in zip(code.co_freevars, cells, strict=False):
+        try:
+            values[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    return values
+
+
+def chain_blockers(fn: object, is_ours: Callable[[object], bool],
+                   records: list[tuple[HookRecord, object]]) -> list[str] | None:
+    """Walk the call chain from ``fn`` inwards; ``None`` when it reaches the guard, else
+    what stops it (a ``REPLACE`` hook, a function without ``__wrapped__``), in words.
+
+    SGLang's ``_wrap_fn`` keeps the hook in a closure cell ``hook`` and, except for
+    ``REPLACE``, the next function in ``original_fn``; ``__wrapped__`` points inwards.
+    """
+    seen: set[int] = set()
+    current: object = fn
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        cells = _closure(current)
+        hook = cells.get("hook")
+        if is_ours(current) or (hook is not None and is_ours(hook)):
+            return None
+        if hook is not None and "original_fn" not in cells:
+            named = [r.describe() for r, h in records if h is hook]
+            return named or [f"a REPLACE hook {_name(hook)}"]
+        inner = getattr(current, "__wrapped__", None)
+        if inner is None:
+            return [f"{_name(current)}, which the guard does not wrap"]
+        current = inner
+    return ["a call chain that never reaches the guard"]
+
+
+class StateHook:
+    """The guard's ``AROUND`` hook on ``setup_state_kv_args`` (one per installation)."""
+
+    def __init__(self, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]],
+                 sglang_function: Callable[..., Any], active: Callable[[], bool]) -> None:
+        self._make_wrapper = make_wrapper
+        self._sglang_function = sglang_function
+        self.active = active
+        self._wrappers: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+        self.calls = 0
+        self.__qualname__ = self.__name__ = "sglang_dsv4_guard_around_setup_state_kv_args"
+
+    def __call__(self, original_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self.active():
+            return original_fn(*args, **kwargs)
+        entry = self._wrappers.get(id(original_fn))
+        if entry is None or entry[0] is not original_fn:
+            entry = (original_fn, self._make_wrapper(original_fn))
+            self._wrappers[id(original_fn)] = entry
+            self._check_inner(original_fn)
+        self.calls += 1
+        return entry[1](*args, **kwargs)
+
+    def _check_inner(self, original_fn: Callable[..., Any]) -> None:
+        """Under the guard should be SGLang's function, or hooks that call it; name whoever
+        replaced it."""
+        records = hooks_on(("setup_state_kv_args",), exclude=self)
+        blockers = chain_blockers(original_fn, lambda f: f is self._sglang_function, records)
+        if blockers is None:
+            return
+        logger.warning(
+            "sglang-dsv4-guard: setup_state_kv_args under the guard is not SGLang's function "
+            "but %s; the guard checks the pools and calls it, and SGLang's own check runs only "
+            "if it does", "; ".join(blockers))
+
+
+def _bound_functions() -> list[tuple[str, object]]:
+    """Where SGLang looks the guard's targets up, and what it finds there now."""
+    found: list[tuple[str, object]] = []
+    for name in STATE_HOLDERS:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "setup_state_kv_args"):
+            found.append((f"{name}.setup_state_kv_args", module.setup_state_kv_args))
+    conn = sys.modules.get(MORI_MODULE)
+    manager = getattr(conn, "MoriKVManager", None)
+    for method in MORI_METHODS if manager is not None else ():
+        if method in vars(manager):
+            found.append((f"{MORI_MODULE}.MoriKVManager.{method}", vars(manager)[method]))
+    return found
+
+
+def _verify(hook: StateHook) -> None:
+    """After ``apply_hooks()``: is the guard in every chain SGLang calls?"""
+    if not hook.active():
+        return
+    records = hooks_on(exclude=hook)
+    out = {}
+    for where, fn in _bound_functions():
+        blockers = chain_blockers(fn, lambda f: f is hook or hasattr(f, WRAPPER_MARK), records)
+        if blockers:
+            out[where] = blockers
+    if not out:
+        logger.debug("sglang-dsv4-guard is in the call chain of everything it wraps")
+        return
+    blockers = sorted({b for found in out.values() for b in found})
+    logger.warning(
+        "sglang-dsv4-guard is NOT in the call chain of %s: another plug-in's hook takes its "
+        "place: %s. The guard stays installed but will not see those calls; remove that "
+        "hook, or make it an AROUND hook that calls original_fn",
+        ", ".join(out), "; ".join(blockers))
+
+
+def effect(record: HookRecord) -> tuple[str, bool]:
+    """What another plug-in's hook does to the guard, and whether that is a problem."""
+    if record.target.endswith(tuple("." + m for m in MORI_METHODS)):
+        if record.kind == "replace":
+            return ("applied after the guard wrapped the connector: takes the guard out of "
+                    "the MORI call chain", True)
+        return "wraps the guard's MORI wrapper", False
+    if record.kind == "replace":
+        if record.target == STATE_PATH or record.target < STATE_PATH:
+            return ("replaces SGLang's function under the guard: the guard wraps the "
+                    "replacement, and SGLang's own check runs only if the replacement "
+                    "calls it", False)
+        return ("applied after the guard's hook: takes the guard out of the call chain",
+                True)
+    if record.kind == "around":
+        return "wraps or is wrapped by the guard's hook; fine if it calls original_fn", False
+    return f"runs {record.kind} the function; the guard stays in the chain", False
+
+
+def other_plugins_hooks(own: str = "dsv4_guard") -> tuple[list[HookRecord], list[str]]:
+    """Run every other SGLang plug-in's function as ``load_plugins()`` does, but apply no
+    hook; return their hooks on the guard's targets and the plug-ins that failed.
+    The registry's records are put back as they were."""
+    import sglang.srt.plugins as host
+    from sglang.srt.plugins import hook_registry
+
+    registry = hook_registry.HookRegistry
+    saved = {target: list(entries) for target, entries in registry._hooks.items()}
+    problems = []
+    try:
+        found = host.load_plugins_by_group(host.GENERAL_PLUGINS_GROUP,
+                                           excluded_dists=host._get_excluded_dists())
+        for name, (func, dist) in found.items():
+            if name == own:
+                continue
+            token = hook_registry._current_plugin_source.set(
+                hook_registry.HookSource(plugin_name=name, dist_name=dist))
+            try:
+                func()
+            except (Exception, SystemExit) as exc:
+                problems.append(f"SGLang plug-in {name} failed: {type(exc).__name__}: {exc}")
+            finally:
+                hook_registry._current_plugin_source.reset(token)
+        return [record for record, _ in hooks_on()], problems
+    finally:
+        registry._hooks.clear()
+        registry._hooks.update(saved)
+
+
+def _after_apply_hooks(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once, right after the registry's next ``apply_hooks()``; the
+    registry's own method is put back on that call."""
+    registry = _registry()
+    assert registry is not None
+    own = vars(registry)["apply_hooks"]
+
+    def apply_hooks(cls: Any) -> None:
+        if vars(registry).get("apply_hooks") is ours:
+            registry.apply_hooks = own
+        try:
+            own.__get__(None, cls)()
+        finally:
+            try:
+                callback()
+            except Exception:
+                logger.warning("sglang-dsv4-guard could not check its place in SGLang's hook "
+                               "chain", exc_info=True)
+
+    ours = classmethod(apply_hooks)
+    registry.apply_hooks = ours
+
+
+def register_state_hook(make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]],
+                        sglang_function: Callable[..., Any],
+                        active: Callable[[], bool]) -> StateHook:
+    """Register the guard's ``AROUND`` hook with SGLang's registry (from ``activate()``,
+    while ``load_plugins()`` runs it) and check the chain after ``apply_hooks()``."""
+    module = sys.modules[REGISTRY_MODULE]
+    hook = StateHook(make_wrapper, sglang_function, active)
+    module.HookRegistry.register(STATE_PATH, hook, module.HookType.AROUND)
+    _after_apply_hooks(lambda: _verify(hook))
+    return hook

@@ -1,0 +1,146 @@
+"""The test base class keeps its promises: leaks fail, retried attempts start afresh, and a
+MORI connector import that fails can be retried under the guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import unittest
+from unittest import mock
+
+from helpers import GuardTestCase, fresh_python, leftovers
+from sglang.test.ci.ci_register import register_cpu_ci
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard.patching import PostImportHooks
+
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+
+
+def run_case(case: type[unittest.TestCase], name: str) -> unittest.TestResult:
+    """Run one test of ``case`` in this process and return its result."""
+    result = unittest.TestResult()
+    case(name).run(result)
+    return result
+
+
+class TestLeaksFail(GuardTestCase):
+    """A test that leaves anything of the guard behind fails, and the next one starts clean."""
+
+    def test_installed_guard_left_behind(self) -> None:
+        """A test that installs and never uninstalls fails in its clean-up, naming the leak."""
+
+        class Leaky(GuardTestCase):
+            def test_leak(self) -> None:
+                sglang_dsv4_guard.install("on", load_entry_points=False)
+
+        result = run_case(Leaky, "test_leak")
+        self.assertEqual(len(result.failures), 1, result.failures)
+        self.assertIn("the test left the guard in place", result.failures[0][1])
+        self.assertIn("the guard is installed", result.failures[0][1])
+        self.assertEqual(leftovers(), [])
+
+    def test_import_hook_left_behind(self) -> None:
+        """An import hook of ours left in sys.meta_path is a leak even with nothing patched."""
+
+        class LeakyFinder(GuardTestCase):
+            def test_leak(self) -> None:
+                PostImportHooks().watch("a_module_nobody_imports", lambda module: None)
+
+        result = run_case(LeakyFinder, "test_leak")
+        self.assertEqual(len(result.failures), 1, result.failures)
+        self.assertIn("1 import hook(s) of the guard in sys.meta_path", result.failures[0][1])
+        self.assertFalse(any(isinstance(f, PostImportHooks) for f in sys.meta_path))
+
+    def test_cleaned_up_install_passes(self) -> None:
+        """install_guard() registers the uninstall, so a tidy test passes."""
+
+        class Tidy(GuardTestCase):
+            def test_tidy(self) -> None:
+                self.install_guard("on", load_entry_points=False)
+                self.assertTrue(sglang_dsv4_guard.is_installed())
+
+        result = run_case(Tidy, "test_tidy")
+        self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+
+
+class TestRetriedAttempts(GuardTestCase):
+    """CustomTestCase's retry (as in SGLang's CI) runs each attempt from a fresh setUp."""
+
+    def test_second_attempt_starts_afresh(self) -> None:
+        """The first attempt installs and fails; the retry runs the clean-ups and setUp again,
+        starts uninstalled, and passes."""
+        seen: list[tuple[int, bool]] = []
+
+        class Flaky(GuardTestCase):
+            setups = 0
+
+            def setUp(self) -> None:
+                super().setUp()
+                type(self).setups += 1
+
+            def test_flaky(self) -> None:
+                seen.append((type(self).setups, sglang_dsv4_guard.is_installed()))
+                self.install_guard("strict", load_entry_points=False)
+                self.assertGreater(len(seen), 1, "first attempt fails on purpose")
+
+        with mock.patch.dict(os.environ, {"SGLANG_TEST_MAX_RETRY": "1"}), \
+                mock.patch("sglang.srt.utils.common.traceback.print_exc"):
+            result = run_case(Flaky, "test_flaky")
+        self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+        self.assertEqual(seen, [(1, False), (2, False)])
+        self.assertEqual(leftovers(), [])
+
+
+MORI_RETRY_PROBE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import sglang_dsv4_guard
+from sglang_dsv4_guard.patching import PostImportHooks
+sglang_dsv4_guard.install("on", load_entry_points=False)
+CONN = "sglang.srt.disaggregation.mori.conn"
+try:
+    import sglang.srt.disaggregation.mori.conn
+    first = "imported"
+except ImportError as exc:
+    first = f"ImportError: {exc}"
+after_failure = {"in_sys_modules": CONN in sys.modules,
+                 "still_waiting": any(isinstance(f, PostImportHooks) and CONN in f.pending
+                                      for f in sys.meta_path)}
+import mori_stub
+mori_stub.install_stub()
+import sglang.srt.disaggregation.mori.conn as conn
+wrapped = [hasattr(vars(conn.MoriKVManager)[m], "__sglang_dsv4_guard_original__")
+           for m in ("_send_swa_dsa_state", "_add_remote_peer")]
+sglang_dsv4_guard.uninstall()
+print(json.dumps({
+    "first": first, "after_failure": after_failure, "wrapped": wrapped,
+    "restored": [not hasattr(vars(conn.MoriKVManager)[m], "__sglang_dsv4_guard_original__")
+                 for m in ("_send_swa_dsa_state", "_add_remote_peer")],
+    "finders_left": sum(isinstance(f, PostImportHooks) for f in sys.meta_path)}))
+"""
+
+
+class TestMoriImportRetried(GuardTestCase):
+    """An import of the MORI connector that fails (no ``mori``) is SGLang's to report, and a
+    later import, once ``mori`` is there, is wrapped; nothing stays after uninstall."""
+
+    def test_failed_import_then_retry(self) -> None:
+        """Fresh interpreter: the first import raises SGLang's ImportError and leaves no module
+        and the guard still waiting; the retried import is wrapped; uninstall restores both
+        methods and leaves no import hook in sys.meta_path."""
+        done = fresh_python(MORI_RETRY_PROBE, os.path.dirname(__file__))
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        self.assertEqual(result["first"], "ImportError: No module named 'mori'")
+        self.assertEqual(result["after_failure"], {"in_sys_modules": False,
+                                                   "still_waiting": True})
+        self.assertEqual(result["wrapped"], [True, True])
+        self.assertEqual(result["restored"], [True, True])
+        self.assertEqual(result["finders_left"], 0)
+        self.assertNotIn("could not patch", done.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

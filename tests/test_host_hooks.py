@@ -1,0 +1,159 @@
+"""The guard inside SGLang's own HookRegistry, next to other plug-ins' hooks.
+
+Each test runs SGLang's real ``load_plugins()`` in a fresh interpreter, with fake plug-in
+distributions (a ``*.dist-info`` with ``entry_points.txt`` for ``sglang.srt.plugins``) on
+``PYTHONPATH`` next to the guard's own entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import textwrap
+import unittest
+from pathlib import Path
+
+from helpers import GuardTestCase, fresh_python
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=150, suite="stage-a-test-cpu")
+
+UTILS = "sglang.srt.disaggregation.utils.setup_state_kv_args"
+
+# Fake plug-ins: module name -> source. Each records its calls in CALLS.
+REPLACER = f"""
+import sglang.srt.disaggregation.utils as utils
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+CALLS = []
+_SGLANG = {{"fn": utils.setup_state_kv_args}}  # a module global would be rebound too
+
+def replacement(*args, **kwargs):
+    CALLS.append("replacement")
+    return _SGLANG["fn"](*args, **kwargs)
+
+def activate():
+    HookRegistry.register("{UTILS}", replacement, HookType.REPLACE)
+"""
+
+AROUNDER = f"""
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+CALLS = []
+
+def timer(original_fn, *args, **kwargs):
+    CALLS.append("timer")
+    return original_fn(*args, **kwargs)
+
+def activate():
+    HookRegistry.register("{UTILS}", timer, HookType.AROUND)
+"""
+
+# Another name for the same function, applied after the guard's target (its name sorts
+# after "sglang.srt..."): SGLang's _propagate_patch then rebinds every holder of the
+# guard's wrapper to the replacement.
+OUTSIDER = """
+from sglang.srt.disaggregation.utils import setup_state_kv_args
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+CALLS = []
+
+def replacement(*args, **kwargs):
+    CALLS.append("outsider")
+    return None
+
+def activate():
+    HookRegistry.register("zz_outsider.setup_state_kv_args", replacement, HookType.REPLACE)
+"""
+
+PROBE = r"""
+import contextlib, io, json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+import importlib
+doctor = io.StringIO()
+if "--doctor" in sys.argv:
+    from sglang_dsv4_guard.cli import main
+    with contextlib.redirect_stdout(doctor):
+        main(["doctor"])
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import sglang.srt.disaggregation.prefill as prefill
+from sglang_dsv4_guard.testing import new_kv_args, three_mismatch_pair
+try:
+    prefill.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
+    raised = None
+except Exception as exc:
+    raised = type(exc).__name__
+calls = {name: importlib.import_module(name).CALLS for name in sys.argv[1].split(",") if name}
+print(json.dumps({"raised": raised, "calls": calls, "doctor": doctor.getvalue()}))
+"""
+
+
+def run_with(plugins: dict[str, str], *argv: str) -> tuple[dict[str, object], str]:
+    """Run PROBE with the guard on and ``plugins`` installed as distributions."""
+    with tempfile.TemporaryDirectory() as site:
+        for name, source in plugins.items():
+            Path(site, f"{name}.py").write_text(textwrap.dedent(source))
+            dist = Path(site, f"{name}_fake-1.0.dist-info")
+            dist.mkdir()
+            (dist / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: {name}-fake\nVersion: 1.0\n")
+            (dist / "entry_points.txt").write_text(
+                f"[sglang.srt.plugins]\n{name} = {name}:activate\n")
+        done = fresh_python(PROBE, ",".join(plugins), *argv,
+                            env={"SGLANG_DSV4_GUARD": "1"}, path_first=site)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+class TestHookRegistry(GuardTestCase):
+    """The guard registers with SGLang's HookRegistry and says when another hook displaces it."""
+
+    def test_alone_the_guard_is_an_around_hook(self) -> None:
+        """SGLang applies the guard's AROUND hook and logs it under plugin=dsv4_guard; the
+        call goes through the guard (DSV4GuardError), with no warning about the chain."""
+        result, stderr = run_with({})
+        self.assertEqual(result["raised"], "DSV4GuardError")
+        self.assertIn(f"Applied 1 hook(s) to {UTILS} (from: plugin=dsv4_guard", stderr)
+        self.assertIn("registered an AROUND hook on", stderr)
+        self.assertNotIn("NOT in the call chain", stderr)
+
+    def test_another_around_hook_runs_with_the_guard(self) -> None:
+        """Another plug-in's AROUND hook: SGLang warns about two AROUND hooks naming both
+        plug-ins, both run, and the guard still reports (no warning from the guard)."""
+        result, stderr = run_with({"arounder": AROUNDER})
+        self.assertEqual(result["raised"], "DSV4GuardError")
+        self.assertEqual(result["calls"], {"arounder": ["timer"]})
+        self.assertIn(f"Multiple AROUND hooks on '{UTILS}' (2 hooks", stderr)
+        self.assertIn("plugin=arounder, dist=arounder-fake", stderr)
+        self.assertIn("plugin=dsv4_guard", stderr)
+        self.assertNotIn("NOT in the call chain", stderr)
+        self.assertNotIn("is not SGLang's function", stderr)
+
+    def test_replace_on_the_same_target_is_wrapped_and_named(self) -> None:
+        """A REPLACE on setup_state_kv_args goes under the guard: the guard still runs and
+        reports, and a WARNING names the plug-in whose replacement now sits under it."""
+        result, stderr = run_with({"replacer": REPLACER})
+        self.assertEqual(result["raised"], "DSV4GuardError")
+        self.assertEqual(result["calls"], {"replacer": ["replacement"]})
+        self.assertIn("setup_state_kv_args under the guard is not SGLang's function but "
+                      f"replace on {UTILS} by replacer.replacement "
+                      "(plugin=replacer, dist=replacer-fake)", stderr)
+
+    def test_replace_that_takes_the_guard_out_is_named(self) -> None:
+        """A REPLACE applied after the guard's hook takes it out of the chain: right after
+        apply_hooks() a WARNING names it, and doctor listed it as a problem beforehand."""
+        result, stderr = run_with({"zz_outsider": OUTSIDER}, "--doctor")
+        self.assertIsNone(result["raised"])
+        self.assertEqual(result["calls"], {"zz_outsider": ["outsider"]})
+        self.assertIn("sglang-dsv4-guard is NOT in the call chain of "
+                      "sglang.srt.disaggregation.utils.setup_state_kv_args", stderr)
+        self.assertIn("replace on zz_outsider.setup_state_kv_args by zz_outsider.replacement "
+                      "(plugin=zz_outsider, dist=zz_outsider-fake)", stderr)
+        doctor = str(result["doctor"])
+        self.assertIn("problem: other plug-in hook: replace on zz_outsider.setup_state_kv_args"
+                      " by zz_outsider.replacement (plugin=zz_outsider, dist=zz_outsider-fake):"
+                      " applied after the guard's hook: takes the guard out of the call chain",
+                      doctor)
+        self.assertIn("doctor: problems found", doctor)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,92 @@
+"""Run the test files the way SGLang's own CI runs them, with SGLang's own CI code.
+
+1. ``sglang.test.ci.ci_register.collect_tests`` parses every ``tests/*.py`` but
+   ``conftest.py``, as SGLang's ``test/run_suite.py`` does for ``test/registered/`` (a
+   ``register_cpu_ci`` call is required in each, and an ``if __name__ == "__main__":``
+   block in each enabled one); the enabled files of the suite are kept;
+2. ``sglang.test.ci.ci_utils.run_unittest_files`` runs each registered file as
+   ``python3 <cwd>/<file> -f`` (no pytest, no conftest), with the timeout SGLang derives
+   from its ``est_time``.
+
+As in SGLang's CI, ``CustomTestCase`` retries a failed test method once
+(``SGLANG_TEST_MAX_RETRY=1``; SGLang's CI gets the same from ``SGLANG_IS_IN_CI``, which
+here would also try to import SGLang's serving engine before every test class).
+``python3`` is this interpreter (its directory goes first on ``PATH``). The runner's
+output goes to ``--log``; one summary line is printed.
+
+Usage: ``python tools/sglang_ci.py [--log FILE] [--suite stage-a-test-cpu] [FILE ...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = "stage-a-test-cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Collect, run, summarise; 0 when every file passed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", help="test files relative to the project root")
+    parser.add_argument("--log", type=Path, default=ROOT / ".matrix" / "reports" / "sglang-ci.log")
+    parser.add_argument("--suite", default=SUITE)
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
+    files = args.files or sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/*.py")
+                                 if p.name not in ("conftest.py", "__init__.py"))
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent),
+                                          os.environ.get("PATH", "")])
+    os.environ.setdefault("SGLANG_TEST_MAX_RETRY", "1")
+    os.environ.setdefault("HYPOTHESIS_PROFILE", "dev")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
+                                                             os.environ.get("PYTHONPATH")]))
+
+    from sglang.test.ci.ci_register import HWBackend, collect_tests
+
+    registered = collect_tests(files)  # raises ValueError naming a file it rejects
+    chosen = [r for r in registered if r.backend is HWBackend.CPU
+              and r.effective_suite == args.suite and r.disabled is None and not r.nightly]
+    helpers = {r.filename for r in registered if r.disabled is not None}
+    missing = sorted(set(files) - helpers - {r.filename for r in chosen})
+    if missing:
+        print(f"sglang CI harness: not registered for CPU suite {args.suite}: "
+              f"{', '.join(missing)}")
+        return 1
+
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    summary = os.dup(1)
+    with open(args.log, "w") as log:  # the runner and its children write to fds 1 and 2
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved_err = os.dup(2)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            from sglang.test.ci.ci_utils import run_unittest_files
+
+            code = run_unittest_files(chosen, continue_on_error=True)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(summary, 1)
+            os.dup2(saved_err, 2)
+    verdict = "all passed" if code == 0 else "FAILED"
+    print(f"sglang CI harness: {len(chosen)} files collected by collect_tests, "
+          f"run by run_unittest_files: {verdict} in {time.monotonic() - start:.0f}s "
+          f"(log: {args.log.relative_to(ROOT) if args.log.is_relative_to(ROOT) else args.log})")
+    if code != 0:
+        failed = [line.strip() for line in args.log.read_text(errors="replace").splitlines()
+                  if "(exit code" in line or "(timeout" in line]
+        for line in failed:
+            print(f"  failed: {line}")
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
