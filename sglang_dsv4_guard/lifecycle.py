@@ -163,10 +163,11 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
                         "mode=%s autoshare=%s log_format=%s", chosen.mode.value.value,
                         chosen.autoshare.value, chosen.log_format.value)
             uninstall()
-        return _install(chosen, load_entry_points)
+        return _install(chosen, load_entry_points, via_sglang_registry)
 
 
-def _install(chosen: Settings, load_entry_points: bool) -> Callable[[], bool]:
+def _install(chosen: Settings, load_entry_points: bool,
+             via_sglang_registry: bool) -> Callable[[], bool]:
     global _current
     version = installed_sglang_version()
     if version is None:
