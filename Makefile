@@ -35,7 +35,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks tools
 	$(PY) -m mypy
-	$(PY) -m mypy --strict tools/matrix.py
+	$(PY) -m mypy --strict tools/matrix.py tools/fingerprint.py
 
 bench: $(STAMP)
 	$(PY) tools/matrix.py --script benchmarks/bench_overhead.py $(if $(RELEASES),--releases $(RELEASES))

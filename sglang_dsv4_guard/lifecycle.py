@@ -1,6 +1,6 @@
 """``install()`` / ``uninstall()`` / ``is_installed()``: idempotent both ways.
 
-``install`` checks the SGLang release against the supported range before patching,
+``install`` judges the imported SGLang by its code (``host.py``) before patching,
 wraps ``setup_state_kv_args`` (and every stale binding of it), and arranges for the
 MORI connector to be wrapped when SGLang imports it. ``uninstall`` restores every
 original object where our wrapper still stands and removes the pending import hook.
@@ -12,20 +12,15 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
+from sglang_dsv4_guard.host import judge_imported
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
 from sglang_dsv4_guard.plugins import build_plugins
-from sglang_dsv4_guard.releases import (
-    SUPPORTED_MAX,
-    SUPPORTED_MIN,
-    installed_sglang_version,
-    is_supported,
-    profile_for,
-)
+from sglang_dsv4_guard.releases import profile_for
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import LOG_FORMATS, Mode, Setting, Settings, parse_mode
 from sglang_dsv4_guard.state.wrapper import make_state_wrapper
@@ -101,9 +96,9 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     """Install the guard; return the undo (``uninstall``).
 
     ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). Calling it again
-    with the same settings is harmless; with other settings it reconfigures. Outside
-    the supported SGLang range it warns and stays inert, or raises
-    :class:`DSV4GuardInstallError` in strict mode.
+    with the same settings is harmless; with other settings it reconfigures. When the
+    imported SGLang's code matches no release the guard knows, it warns and stays
+    inert, or raises :class:`DSV4GuardInstallError` in strict mode.
     """
     global _current
     chosen = _settings_for(mode, autoshare, log_format, settings)
@@ -119,21 +114,20 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
                 logger.info("sglang-dsv4-guard reconfigured: mode=%s autoshare=%s",
                             chosen.mode.value.value, chosen.autoshare.value)
             return uninstall
-        version = installed_sglang_version()
-        if version is None:
-            return _refuse(chosen, "SGLang is not installed")
-        if not is_supported(version):
-            return _refuse(chosen, f"SGLang {version} is outside the supported range "
-                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX}; the guard does not know this "
-                           "release's checks (upgrade sglang-dsv4-guard, or run SGLang "
-                           f"{SUPPORTED_MIN} to {SUPPORTED_MAX})")
+        host = judge_imported()  # by the imported code, not the label (host.py)
+        if host.behaves_as is None:
+            return _refuse(chosen, host.message + "; the guard does not know these checks "
+                           "(upgrade sglang-dsv4-guard, or run a release it knows)")
+        if host.message:
+            logger.log(host.level, "sglang-dsv4-guard: %s", host.message)
+        version = host.version or host.behaves_as
         try:
             utils = importlib.import_module(STATE_TARGET.module)
         except Exception as exc:
             return _refuse(chosen, f"importing {STATE_TARGET.module} failed: {exc}",
                            str(STATE_TARGET))
         runtime = Runtime(chosen, build_plugins(load_entry_points, chosen.log_format.value),
-                          profile_for(version))
+                          replace(profile_for(host.behaves_as), version=version))
         current = Installation(runtime, MoriGuard(runtime), PostImportHooks())
         try:
             current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
