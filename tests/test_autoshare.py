@@ -87,18 +87,23 @@ class TestAutoshareRule(CustomTestCase):
 
 
 class TestAutoshareHidesNothing(CustomTestCase):
-    """Auto-share changes only the mapping check's outcome."""
+    """Auto-share changes only the mapping check's outcome (installed once per test;
+    every example builds its own pair)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        sglang_dsv4_guard.install("on", autoshare=True, load_entry_points=False)
+
+    def tearDown(self) -> None:
+        sglang_dsv4_guard.uninstall()
+        super().tearDown()
 
     @given(pair=pairs())
     def test_other_rejections_unchanged(self, pair: tuple[Any, Any]) -> None:
         """Every pair SGLang rejects for another reason is still rejected with the same line."""
         _, host = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("on", autoshare=True, load_entry_points=False)
-        try:
-            with guard_logs_off():
-                kind, guarded = outcome(utils.setup_state_kv_args, *pair)
-        finally:
-            sglang_dsv4_guard.uninstall()
+        with guard_logs_off():
+            kind, guarded = outcome(utils.setup_state_kv_args, *pair)
         if isinstance(host, Exception) and not _mapping_line(host):
             self.assertEqual(kind, "raised")
             self.assertEqual(str(guarded).splitlines()[0], str(host).splitlines()[0])
