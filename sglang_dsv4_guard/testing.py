@@ -203,17 +203,21 @@ def guard_plugins(*plugins: object, load_entry_points: bool = False) -> GuardPlu
 
 
 def _runtime(plugins: tuple[object, ...], mode: str, autoshare: bool) -> Runtime:
-    from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
+    from dataclasses import replace
+
+    from sglang_dsv4_guard.host import judge_imported
+    from sglang_dsv4_guard.releases import profile_for
     from sglang_dsv4_guard.runtime import Runtime
     from sglang_dsv4_guard.settings import Mode, Setting, Settings
 
-    version = installed_sglang_version()
-    if version is None:
-        raise RuntimeError("sglang_dsv4_guard.testing needs SGLang installed")
+    host = judge_imported()  # the checks of the imported code, as install() uses
+    if host.behaves_as is None:
+        raise RuntimeError(f"sglang_dsv4_guard.testing cannot model this SGLang: {host.message}")
     settings = Settings(Setting(Mode(mode), "sglang_dsv4_guard.testing"),
                         Setting(autoshare, "sglang_dsv4_guard.testing"),
                         Setting("text", "sglang_dsv4_guard.testing"))
-    return Runtime(settings, guard_plugins(*plugins), profile_for(version))
+    profile = replace(profile_for(host.behaves_as), version=host.version or host.behaves_as)
+    return Runtime(settings, guard_plugins(*plugins), profile)
 
 
 def check_pools(target_pool: object, draft_pool: object, *plugins: object, mode: str = "on",

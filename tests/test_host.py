@@ -6,7 +6,9 @@ links, with a bumped ``_version.py``, a changed check, or another release's meta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import logging
 import subprocess
@@ -20,6 +22,7 @@ from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
+from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.fingerprint import fingerprint_tree
 from sglang_dsv4_guard.host import judge, load_known
 from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, profile_for
@@ -48,7 +51,7 @@ current = installation()
 print(json.dumps({"installed": sglang_dsv4_guard.is_installed(), "file": sglang.__file__,
                   "profile": str(current.runtime.profile.version) if current else None}))
 """
-DOCTOR = "from sglang_dsv4_guard.cli import main; raise SystemExit(main(['doctor']))"
+DOCTOR = "from sglang_dsv4_guard.cli import main\nraise SystemExit(main(['doctor']))\n"
 NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -170,15 +173,19 @@ class TestHostInAFreshProcess(CustomTestCase):
         self.assertIn("has the same checks as known release", done.stderr)
 
     def test_changed_check_warns_once_and_stays_inert(self) -> None:
-        """A fake 0.5.24 with a changed check: SGLang untouched, one warning naming it."""
+        """A fake 0.5.24 with a changed check: SGLang untouched, one warning naming it;
+        ``doctor`` in the same process says NOT supported, names the change, exits 1."""
         with tempfile.TemporaryDirectory() as tmp:
             disguised_tree(Path(tmp), "0.5.24", metadata="0.5.24", edits=STATE_EDIT)
-            done = fresh_python(PROBE, env={"SGLANG_DSV4_GUARD": "1", **NO_BYTECODE},
+            done = fresh_python(PROBE + DOCTOR, env={"SGLANG_DSV4_GUARD": "1", **NO_BYTECODE},
                                 path_first=tmp)
-        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
-        self.assertFalse(json.loads(done.stdout.splitlines()[-1])["installed"])
+        self.assertEqual(done.returncode, 1, done.stderr[-3000:])
+        probe, doctor = done.stdout.split("\n", 1)
+        self.assertFalse(json.loads(probe)["installed"])
         self.assertEqual(done.stderr.count("stays inert: SGLang 0.5.24"), 1, done.stderr[-3000:])
         self.assertIn(STATE_CHANGE, done.stderr)
+        self.assertIn("SGLang: 0.5.24 (NOT supported: SGLang 0.5.24", doctor)
+        self.assertIn(STATE_CHANGE, doctor)
 
     def test_changed_check_strict_refuses_to_start(self) -> None:
         """Strict mode: SGLang's loader gets DSV4GuardStartupRefused naming the change."""
@@ -191,19 +198,14 @@ class TestHostInAFreshProcess(CustomTestCase):
         self.assertIn(STATE_CHANGE, done.stderr)
         self.assertNotIn('"installed"', done.stdout)
 
-    def test_doctor_shows_the_judgement(self) -> None:
-        """doctor: this release supported (exit 0); a changed 0.5.24 NOT supported, the
-        change named (exit 1)."""
-        inside = fresh_python(DOCTOR)
+    def test_doctor_says_supported(self) -> None:
+        """doctor on the imported release: supported, exit 0 (in-process)."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["doctor"])
         self.assertIn(f"SGLang: {sglang_release()} (supported; range {SUPPORTED_MIN} to "
-                      f"{SUPPORTED_MAX})", inside.stdout)
-        self.assertEqual(inside.returncode, 0, inside.stdout + inside.stderr[-2000:])
-        with tempfile.TemporaryDirectory() as tmp:
-            disguised_tree(Path(tmp), "0.5.24", metadata="0.5.24", edits=STATE_EDIT)
-            outside = fresh_python(DOCTOR, env=NO_BYTECODE, path_first=tmp)
-        self.assertIn("SGLang: 0.5.24 (NOT supported: SGLang 0.5.24", outside.stdout)
-        self.assertIn(STATE_CHANGE, outside.stdout)
-        self.assertEqual(outside.returncode, 1)
+                      f"{SUPPORTED_MAX})", out.getvalue())
+        self.assertEqual(code, 0, out.getvalue())
 
 
 if __name__ == "__main__":
