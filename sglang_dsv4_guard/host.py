@@ -116,7 +116,8 @@ def judge(package: Path, metadata: Version | None,
     changed = tuple(differences(found, known[closest]))
     text = (f"SGLang {label or 'of unknown version'} ({package}) differs from every release "
             f"the guard knows ({_span(known)}) in what the guard depends on; against the "
-            f"closest, {closest}: " + "; ".join(changed))
+            f"closest, {closest}: " + "; ".join(changed) + " (the guard does not know these "
+            "checks: upgrade sglang-dsv4-guard, or run a release it knows)")
     if disagree:
         text = f"{both}; {text}"
     return HostVerdict(metadata, code, None, logging.WARNING, text, changed)
@@ -133,4 +134,9 @@ def judge_imported() -> HostVerdict:
     package = imported_package_dir()
     if package is None:
         return HostVerdict(metadata, None, None, logging.WARNING, "SGLang is not installed")
-    return judge(package, metadata)
+    try:
+        return judge(package, metadata)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # our data file, not SGLang
+        return HostVerdict(metadata, None, None, logging.WARNING,
+                           f"cannot judge the SGLang at {package}: {FINGERPRINTS.name} is "
+                           f"unreadable ({type(exc).__name__}: {exc})")

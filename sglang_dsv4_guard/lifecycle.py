@@ -116,8 +116,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
             return uninstall
         host = judge_imported()  # by the imported code, not the label (host.py)
         if host.behaves_as is None:
-            return _refuse(chosen, host.message + "; the guard does not know these checks "
-                           "(upgrade sglang-dsv4-guard, or run a release it knows)")
+            return _refuse(chosen, host.message)
         if host.message:
             logger.log(host.level, "sglang-dsv4-guard: %s", host.message)
         version = host.version or host.behaves_as

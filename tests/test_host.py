@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 from helpers import fresh_python, sglang_release
 from host_trees import disguised_tree, real_package
@@ -22,6 +23,8 @@ from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
+import sglang_dsv4_guard
+from sglang_dsv4_guard import host
 from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.fingerprint import fingerprint_tree
 from sglang_dsv4_guard.host import judge, load_known
@@ -139,6 +142,17 @@ class TestJudgedByCode(CustomTestCase):
         self.assertIn("peer_info.decode_tp_size > self.attn_tp_size)): changed (was ",
                       verdict.changed[0])
         self.assertIn("peer_info.decode_tp_size != self.attn_tp_size", verdict.changed[0])
+
+
+    def test_unreadable_fingerprints_leave_sglang_alone(self) -> None:
+        """A broken fingerprints.json: install warns and stays inert, no traceback of ours."""
+        broken = json.JSONDecodeError("Expecting value", "", 0)
+        with mock.patch.object(host, "load_known", side_effect=broken), \
+                self.assertLogs("sglang_dsv4_guard", "WARNING") as logs:
+            sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+        self.assertIn("fingerprints.json is unreadable (JSONDecodeError: Expecting value",
+                      "\n".join(logs.output))
 
 
 class TestHostInAFreshProcess(CustomTestCase):
