@@ -2,7 +2,8 @@
 
 One environment serves every release: the venv holds the base release (installed by
 ``make setup``); each other release is its wheel unzipped into ``.matrix/<release>/site``
-plus an overlay of the libraries it pins, both put first on ``PYTHONPATH``. Each release
+plus an overlay of the libraries it pins (``.matrix/overlays/<hash>``, shared by releases
+with the same pins), both put first on ``PYTHONPATH``. Each release
 gets its own pytest process, JUnit report, log and codes file under ``.matrix/reports``;
 ``--jobs`` releases (default: one per CPU) are prepared and run at the same time, each
 output line prefixed with its release.
@@ -114,6 +115,7 @@ def is_base(release: Release) -> bool:
 
 
 _download_lock = threading.Lock()
+_overlay_locks: dict[str, threading.Lock] = {}
 
 
 def say(release: Release, line: str) -> None:
@@ -124,15 +126,21 @@ def say(release: Release, line: str) -> None:
 
 
 def prepare(release: Release) -> list[str]:
-    """The ``PYTHONPATH`` entries that make ``release`` the imported SGLang (built once)."""
+    """The ``PYTHONPATH`` entries that make ``release`` the imported SGLang (built once):
+    its overlay of pins, then its unzipped wheel."""
     if is_base(release):
         return []
     if not release.overlay and release.version != base_version():
         sys.exit(f"matrix.txt: {release.version} has no overlay ('-') but the venv holds "
                  f"sglang {base_version()}; give it an overlay line or make it the base release")
+    return [str(_overlay(release)), str(_site(release))]
+
+
+def _site(release: Release) -> Path:
+    """``.matrix/<release>/site``: the release's wheel, unzipped."""
     stamp = release.home / ".ready"
     digest = hashlib.sha256(release.line.encode()).hexdigest()
-    site, overlay = release.home / "site", release.home / "overlay"
+    site = release.home / "site"
     if not (stamp.exists() and stamp.read_text() == digest):
         say(release, f"preparing SGLang {release.version} in {release.home}")
         if release.home.is_symlink():  # never write through a link into another checkout
@@ -147,10 +155,23 @@ def prepare(release: Release) -> list[str]:
         [wheel] = sorted(wheels.glob(f"sglang-{release.version}-*.whl"))
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(site)
-        subprocess.run([*PIP, "install", "--no-deps", "--target", str(overlay),
-                        *release.overlay], check=True)
         stamp.write_text(digest)
-    return [str(overlay), str(site)]
+    return site
+
+
+def _overlay(release: Release) -> Path:
+    """``.matrix/overlays/<hash of the pins>``: shared by every release with the same pins
+    (0.5.16 to 0.5.20 share one), installed once."""
+    pins = " ".join(release.overlay)
+    home = WORK / "overlays" / hashlib.sha256(pins.encode()).hexdigest()[:12]
+    with _overlay_locks.setdefault(home.name, threading.Lock()):
+        if not (home / ".ready").exists():
+            say(release, f"installing {pins} into {home}")
+            shutil.rmtree(home, ignore_errors=True)
+            subprocess.run([*PIP, "install", "--no-deps", "--target", str(home),
+                            *release.overlay], check=True)
+            (home / ".ready").write_text(pins + "\n")
+    return home
 
 
 def release_env(release: Release, **extra: str) -> dict[str, str]:
