@@ -35,19 +35,21 @@ __all__ = ["main"]
 
 
 def _release_line() -> tuple[str, bool]:
-    """``SGLang: 0.5.20 (supported; range 0.5.16 to 0.5.23)`` and whether it is supported."""
-    from sglang_dsv4_guard.releases import (
-        SUPPORTED_MAX,
-        SUPPORTED_MIN,
-        installed_sglang_version,
-        is_supported,
-    )
+    """``SGLang: 0.5.20 (supported; range 0.5.16 to 0.5.23)`` and whether the guard can run.
 
-    version = installed_sglang_version()
-    supported = version is not None and is_supported(version)
-    return (f"SGLang: {version or 'not installed'} "
-            f"({'supported' if supported else 'NOT supported'}; range {SUPPORTED_MIN} to "
-            f"{SUPPORTED_MAX})"), supported
+    Judged by the imported code (``host.py``): what it matches or what changed."""
+    from sglang_dsv4_guard.host import judge_imported
+    from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN
+
+    host = judge_imported()
+    usable = host.behaves_as is not None
+    if usable and not host.message:
+        state = "supported"
+    else:
+        state = (f"guarded as {host.behaves_as}" if usable else "NOT supported") + \
+            (f": {host.message}" if host.message else "")
+    return (f"SGLang: {host.version or 'not installed'} ({state}; range {SUPPORTED_MIN} to "
+            f"{SUPPORTED_MAX})"), usable
 
 
 def _doctor(_: argparse.Namespace) -> int:

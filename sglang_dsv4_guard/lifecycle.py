@@ -1,6 +1,6 @@
 """``install()`` / ``uninstall()`` / ``is_installed()``: idempotent both ways.
 
-``install`` checks the SGLang release against the supported range before patching,
+``install`` judges the imported SGLang by its code (``host.py``) before patching,
 wraps ``setup_state_kv_args`` (and every stale binding of it), and arranges for the
 MORI connector to be wrapped when SGLang imports it. ``uninstall`` restores every
 original object where our wrapper still stands and removes the pending import hook.
@@ -17,17 +17,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
+from sglang_dsv4_guard.host import judge_imported
 from sglang_dsv4_guard.host_hooks import StateHook, register_state_hook
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
 from sglang_dsv4_guard.plugins import build_plugins
-from sglang_dsv4_guard.releases import (
-    SUPPORTED_MAX,
-    SUPPORTED_MIN,
-    installed_sglang_version,
-    is_supported,
-    profile_for,
-)
 from sglang_dsv4_guard.reporter import LogReporter, summary
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import LOG_FORMATS, Mode, Setting, Settings, parse_mode
@@ -143,8 +137,9 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     it, calling it does nothing and returns ``False``.
 
     All or nothing: when any patch cannot be applied, every patch already applied
-    is restored. Outside the supported SGLang range, or when patching fails, it
-    warns and leaves SGLang exactly as it was, or raises
+    is restored. When the imported SGLang's code matches no release the guard knows
+    (judged by the code, not the label: :mod:`sglang_dsv4_guard.host`), or when
+    patching fails, it warns and leaves SGLang exactly as it was, or raises
     :class:`DSV4GuardInstallError` in strict mode. ``via_sglang_registry`` (set by the
     entry point while SGLang's ``load_plugins()`` runs it) registers an ``AROUND`` hook on
     ``setup_state_kv_args`` with SGLang's ``HookRegistry`` instead of patching it; see
@@ -169,14 +164,12 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
 def _install(chosen: Settings, load_entry_points: bool,
              via_sglang_registry: bool) -> Callable[[], bool]:
     global _current
-    version = installed_sglang_version()
-    if version is None:
-        return _refuse(chosen, "SGLang is not installed")
-    if not is_supported(version):
-        return _refuse(chosen, f"SGLang {version} is outside the supported range "
-                       f"{SUPPORTED_MIN} to {SUPPORTED_MAX}; the guard does not know this "
-                       "release's checks (upgrade sglang-dsv4-guard, or run SGLang "
-                       f"{SUPPORTED_MIN} to {SUPPORTED_MAX})")
+    host = judge_imported()  # by the imported code, not the label (host.py)
+    if host.behaves_as is None:
+        return _refuse(chosen, host.message)
+    if host.message:
+        logger.log(host.level, "sglang-dsv4-guard: %s", host.message)
+    version = host.version or host.behaves_as
     try:
         utils = importlib.import_module(STATE_TARGET.module)
     except Exception as exc:
@@ -185,7 +178,7 @@ def _install(chosen: Settings, load_entry_points: bool,
     current: Installation | None = None
     try:
         runtime = Runtime(chosen, build_plugins(load_entry_points, chosen.log_format.value),
-                          profile_for(version))
+                          host.profile())
         current = Installation(runtime, MoriGuard(runtime), PostImportHooks())
         current.undo = _undo_for(current)
         if via_sglang_registry:

@@ -66,17 +66,17 @@ def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
     ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
     (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
     """
+    from sglang_dsv4_guard.host import judge_imported
     from sglang_dsv4_guard.lifecycle import settings_for
     from sglang_dsv4_guard.plugins import add_all, build_plugins
-    from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
 
     settings = settings_for(mode, autoshare, "text", None)
     if settings.mode.value is Mode.OFF:
         raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
                          "there is nothing to check")
-    version = installed_sglang_version()
-    if version is None:
-        raise RuntimeError("the guard's checks need SGLang installed")
+    host = judge_imported()  # the checks of the imported code, as install() uses
+    if host.behaves_as is None:
+        raise RuntimeError(f"the guard cannot model this SGLang: {host.message}")
     manager = build_plugins(load_entry_points=load_entry_points)
     add_all(manager, plugins)
-    return Runtime(settings, manager, profile_for(version))
+    return Runtime(settings, manager, host.profile())

@@ -13,6 +13,29 @@ import pytest
 collect_ignore = [] if os.environ.get("DSV4_GUARD_PATCHED_TREE") else ["patched_tree"]
 
 
+# tools/matrix.py names a file here; every code in a report the guard published during
+# a test that passed is appended to it ("<test id>\t<code>"), so the matrix counts the
+# codes tests produced, not test names.
+CODES_FILE = os.environ.get("DSV4_GUARD_CODES_FILE")
+_produced: list[str] = []
+
+
+def _record_published_codes() -> None:
+    from sglang_dsv4_guard.runtime import Runtime
+
+    publish = Runtime.publish
+
+    def recording_publish(self: Runtime, report: object) -> None:
+        _produced.extend(getattr(report, "codes", ()))
+        publish(self, report)  # type: ignore[arg-type]
+
+    Runtime.publish = recording_publish  # type: ignore[method-assign]
+
+
+if CODES_FILE:
+    _record_published_codes()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     """In CI a test that cannot run fails: a skip is turned into a failure there."""
@@ -20,4 +43,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, which counts as a failure: {report.longrepr}"
+    if CODES_FILE and report.when == "setup":
+        _produced.clear()
+    elif CODES_FILE and report.when == "call":
+        if report.passed and _produced:
+            with open(CODES_FILE, "a", encoding="utf-8") as out:
+                out.writelines(f"{item.nodeid}\t{code}\n" for code in sorted(set(_produced)))
+        _produced.clear()
     return report

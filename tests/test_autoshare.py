@@ -15,7 +15,6 @@ from hypothesis import given
 from sglang.test.ci.ci_register import register_cpu_ci
 from test_parity_property import pairs
 
-import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Severity
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record
 
@@ -141,18 +140,20 @@ class TestAutoshareRule(GuardTestCase):
 
 
 class TestAutoshareHidesNothing(GuardTestCase):
-    """Auto-share changes only the mapping check's outcome."""
+    """Auto-share changes only the mapping check's outcome (installed once per test;
+    every example builds its own pair)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", autoshare=True, load_entry_points=False)
+
 
     @given(pair=pairs())
     def test_other_rejections_unchanged(self, pair: tuple[Any, Any]) -> None:
         """Every pair SGLang rejects for another reason is still rejected with the same line."""
         _, host = outcome(UNWRAPPED, *pair)
-        sglang_dsv4_guard.install("on", autoshare=True, load_entry_points=False)
-        try:
-            with guard_logs_off():
-                kind, guarded = outcome(utils.setup_state_kv_args, *pair)
-        finally:
-            sglang_dsv4_guard.uninstall()
+        with guard_logs_off():
+            kind, guarded = outcome(utils.setup_state_kv_args, *pair)
         if isinstance(host, Exception) and not _mapping_line(host):
             self.assertEqual(kind, "raised")
             self.assertEqual(str(guarded).splitlines()[0], str(host).splitlines()[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import sys
 import tempfile
 import unittest
@@ -11,6 +12,7 @@ from helpers import GuardTestCase
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.host import load_known
 from sglang_dsv4_guard.releases import is_supported
 
 register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
@@ -59,11 +61,11 @@ class TestMatrixFile(GuardTestCase):
         return path
 
     def test_project_matrix_meets_the_bar(self) -> None:
-        """The matrix holds 0.5.16, 0.5.20 and 0.5.23, every release is in the supported
-        range, and exactly one is the venv's own ('-')."""
+        """The matrix holds every release the guard knows (fingerprints.json, 0.5.16 to
+        0.5.23), only those, and exactly one is the venv's own ('-')."""
         releases = matrix.read_matrix()
         versions = [r.version for r in releases]
-        self.assertTrue({"0.5.16", "0.5.20", "0.5.23"} <= set(versions), versions)
+        self.assertEqual([Version(v) for v in versions], list(load_known()), versions)
         self.assertTrue(all(is_supported(Version(v)) for v in versions), versions)
         self.assertEqual(len(versions), len(set(versions)))
         self.assertEqual(sum(not r.overlay for r in releases), 1)
@@ -96,13 +98,53 @@ class TestJudging(GuardTestCase):
                          {"test_mori::test_parity": 2000,
                           "test_autoshare::test_other_rejections_unchanged": 512})
 
-    def test_only_passing_gnnn_tests_count(self) -> None:
-        """A code counts as reproduced only through a passing test named test_gNNN_."""
-        with tempfile.TemporaryDirectory() as tmp:
-            junit = Path(tmp, "r.xml")
-            junit.write_text(JUNIT)
-            self.assertEqual(matrix._passing_codes(junit), {"DSV4G001"})
+    def _judge(self, log: str, codes: str, full: bool = True) -> matrix.Result:
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        junit, codes_file = Path(tmp.name, "r.xml"), Path(tmp.name, "r.codes")
+        junit.write_text(JUNIT)
+        codes_file.write_text(codes)
+        result = matrix.Result(matrix.Release("0.5.23", (), "0.5.23 -"))
+        matrix.judge(result, junit, log, codes_file, "ci", full=full)
+        return result
+
+    def test_codes_count_only_when_produced(self) -> None:
+        """A code counts when a passing test produced it (the codes file), whatever the
+        test names say: test_g002_/test_g003_ in the report add nothing."""
+        result = self._judge(STATISTICS, "tests/a.py::T::test_x\tDSV4G001\n"
+                                         "tests/a.py::T::test_y\tDSV4G006\n")
+        self.assertEqual(matrix._produced_codes(Path("/nonexistent")), set())
+        expected = sorted(set(matrix.catalogue()) - {"DSV4G001", "DSV4G006"})
+        self.assertEqual(result.codes_missing, expected)
+        self.assertIn("no passing test produced " + ", ".join(expected), result.problems)
+
+    def test_every_property_test_must_report_statistics(self) -> None:
+        """A full run missing a property test's statistics fails naming it; too few
+        examples fail too; a partial run judges neither statistics nor codes."""
+        result = self._judge(STATISTICS, "")
+        self.assertIn("test_parity_property::test_guard_agrees_with_sglang reported no "
+                      "hypothesis statistics", result.problems)
+        self.assertIn("test_autoshare::test_other_rejections_unchanged drew 512 examples, "
+                      "profile ci asks 2000", result.problems)
+        self.assertNotIn("test_mori::test_parity reported no hypothesis statistics",
+                         result.problems)
+        partial = self._judge(STATISTICS, "", full=False)
+        self.assertIsNone(partial.codes_missing)
+        self.assertFalse(any("no hypothesis statistics" in p for p in partial.problems))
+
+    def test_property_tests_listed_are_the_given_tests(self) -> None:
+        """PROPERTY_TESTS names exactly the tests decorated with hypothesis' @given."""
+        found = set()
+        for path in sorted((ROOT / "tests").glob("test_*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef) and any(
+                        "given" in ast.dump(d) for d in node.decorator_list):
+                    found.add(f"{path.stem}::{node.name}")
+        self.assertEqual(found, set(matrix.PROPERTY_TESTS))
 
 
 if __name__ == "__main__":
+    import unittest
+
     unittest.main()

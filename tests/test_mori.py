@@ -46,7 +46,16 @@ def guarded(mgr: Any, p: Any, state_type: str) -> tuple[str, Any]:
 
 
 class TestMoriParity(GuardTestCase):
-    """The wrapped send path reaches SGLang's verdict on every drawn configuration."""
+    """The wrapped send path reaches SGLang's verdict on every drawn configuration.
+
+    Installed once per test; each example's decode peer has its own engine key, so every
+    example is a first failure for its peer, as it would be on a fresh install."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+        self.peers = 0
+
 
     @given(state_type=st.one_of(st.sampled_from(STATE_TYPES), st.text(max_size=12)),
            mla=st.booleans(), attn_tp=st.integers(1, 64), decode_tp=st.integers(1, 64),
@@ -57,20 +66,20 @@ class TestMoriParity(GuardTestCase):
         type (known or not); DSV4G006 exactly when SGLang's TP check fires."""
         decode_tp = attn_tp if same_tp else decode_tp
         mgr = mori_stub.manager(conn, attn_tp=attn_tp, mla=mla, pp=pp)
-        p = mori_stub.peer(conn, decode_tp=decode_tp)
+        self.peers += 1
+        p = mori_stub.peer(conn, f"decode-{self.peers}", decode_tp=decode_tp)
         expected = call(_RAW["send"], mgr, p, state_type, by_keyword)
-        sglang_dsv4_guard.install("on", load_entry_points=False)
-        try:
-            with guard_logs_off():
-                actual = call(conn.MoriKVManager._send_swa_dsa_state, mgr, p, state_type,
-                              by_keyword)
-        finally:
-            sglang_dsv4_guard.uninstall()
+        with guard_logs_off():
+            actual = call(conn.MoriKVManager._send_swa_dsa_state, mgr, p, state_type,
+                          by_keyword)
         self.assertEqual(actual[0], expected[0])
         fires = state_type == "swa" and not mla and decode_tp != attn_tp
         if expected[0] == "raised":
             self.assertEqual(str(actual[1]).splitlines()[0], str(expected[1]))
             self.assertIs(type(actual[1]), DSV4GuardError if fires else type(expected[1]))
+            if fires:
+                self.assertEqual(actual[1].findings[0].value("decode", "decode_tp_size"),
+                                 decode_tp)
         else:
             self.assertFalse(fires)
             self.assertEqual(actual[1], expected[1])

@@ -2,15 +2,20 @@
 
 One environment serves every release: the venv holds the base release (installed by
 ``make setup``); each other release is its wheel unzipped into ``.matrix/<release>/site``
-plus an overlay of the libraries it pins, both put first on ``PYTHONPATH``. Each release
-gets its own pytest process, JUnit report and log under ``.matrix/``.
+plus an overlay of the libraries it pins (``.matrix/overlays/<hash>``, shared by releases
+with the same pins), both put first on ``PYTHONPATH``. Each release
+gets its own pytest process, JUnit report, log and codes file under ``.matrix/reports``;
+``--jobs`` releases (default: one per CPU) are prepared and run at the same time, each
+output line prefixed with its release.
 
 A release fails when a test fails, errors or skips (a test that cannot run is a failure
-here), when a property test drew fewer examples than the hypothesis profile asks for, or
-when some finding code in the guard's catalogue has no passing test on it. The summary
+here), when a property test in ``PROPERTY_TESTS`` reported no statistics or drew fewer
+examples than the hypothesis profile asks for, or when some finding code in the guard's
+catalogue was not produced by a passing test (tests/conftest.py writes every code the
+guard published during a passing test into ``DSV4_GUARD_CODES_FILE``). The summary
 table is printed and written to ``.matrix/summary.md``.
 
-Usage: ``python tools/matrix.py [--releases 0.5.16,0.5.23] [--prepare-only]
+Usage: ``python tools/matrix.py [--releases 0.5.16,0.5.23] [--jobs 2] [--prepare-only]
 [--script benchmarks/bench_overhead.py] [-- ARGS]``
 """
 
@@ -24,9 +29,11 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +43,12 @@ WORK = ROOT / ".matrix"
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 # The hypothesis profiles of tests/conftest.py and the examples each asks for.
 PROFILE_EXAMPLES = {"dev": 200, "ci": 2000}
+# Every property test (module::test): a full run without statistics from one of them fails.
+PROPERTY_TESTS = ("test_parity_property::test_guard_agrees_with_sglang",
+                  "test_mori::test_parity",
+                  "test_autoshare::test_other_rejections_unchanged")
+CODES_VARIABLE = "DSV4_GUARD_CODES_FILE"
+_print_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -101,29 +114,64 @@ def is_base(release: Release) -> bool:
     return not release.overlay and release.version == base_version()
 
 
+_download_lock = threading.Lock()
+_overlay_locks: dict[str, threading.Lock] = {}
+
+
+def say(release: Release, line: str) -> None:
+    """Print ``line`` prefixed with the release, whole, whatever the other jobs print."""
+    with _print_lock:
+        sys.stdout.write(f"[{release.version}] {line.rstrip()}\n")
+        sys.stdout.flush()
+
+
 def prepare(release: Release) -> list[str]:
-    """The ``PYTHONPATH`` entries that make ``release`` the imported SGLang (built once)."""
+    """The ``PYTHONPATH`` entries that make ``release`` the imported SGLang (built once):
+    its overlay of pins, then its unzipped wheel."""
     if is_base(release):
         return []
     if not release.overlay and release.version != base_version():
         sys.exit(f"matrix.txt: {release.version} has no overlay ('-') but the venv holds "
                  f"sglang {base_version()}; give it an overlay line or make it the base release")
+    return [str(_overlay(release)), str(_site(release))]
+
+
+def _site(release: Release) -> Path:
+    """``.matrix/<release>/site``: the release's wheel, unzipped."""
     stamp = release.home / ".ready"
     digest = hashlib.sha256(release.line.encode()).hexdigest()
-    site, overlay = release.home / "site", release.home / "overlay"
+    site = release.home / "site"
     if not (stamp.exists() and stamp.read_text() == digest):
-        print(f"matrix: preparing SGLang {release.version} in {release.home}", flush=True)
+        say(release, f"preparing SGLang {release.version} in {release.home}")
+        if release.home.is_symlink():  # never write through a link into another checkout
+            release.home.unlink()
         shutil.rmtree(release.home, ignore_errors=True)
         wheels = WORK / "wheels"
-        subprocess.run([*PIP, "download", "--no-deps", "--only-binary=:all:",
-                        f"sglang=={release.version}", "-d", str(wheels)], check=True)
+        wheels.mkdir(parents=True, exist_ok=True)
+        with _download_lock:
+            if not sorted(wheels.glob(f"sglang-{release.version}-*.whl")):
+                subprocess.run([*PIP, "download", "--no-deps", "--only-binary=:all:",
+                                f"sglang=={release.version}", "-d", str(wheels)], check=True)
         [wheel] = sorted(wheels.glob(f"sglang-{release.version}-*.whl"))
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(site)
-        subprocess.run([*PIP, "install", "--no-deps", "--target", str(overlay),
-                        *release.overlay], check=True)
         stamp.write_text(digest)
-    return [str(overlay), str(site)]
+    return site
+
+
+def _overlay(release: Release) -> Path:
+    """``.matrix/overlays/<hash of the pins>``: shared by every release with the same pins
+    (0.5.16 to 0.5.20 share one), installed once."""
+    pins = " ".join(release.overlay)
+    home = WORK / "overlays" / hashlib.sha256(pins.encode()).hexdigest()[:12]
+    with _overlay_locks.setdefault(home.name, threading.Lock()):
+        if not (home / ".ready").exists():
+            say(release, f"installing {pins} into {home}")
+            shutil.rmtree(home, ignore_errors=True)
+            subprocess.run([*PIP, "install", "--no-deps", "--target", str(home),
+                            *release.overlay], check=True)
+            (home / ".ready").write_text(pins + "\n")
+    return home
 
 
 def release_env(release: Release, **extra: str) -> dict[str, str]:
@@ -148,15 +196,12 @@ def _examples(log: str) -> dict[str, int]:
     return counts
 
 
-def _passing_codes(junit: Path) -> set[str]:
-    """Codes (``DSV4G006``) with at least one passing test named ``test_g006_...``."""
-    codes = set()
-    for case in ET.parse(junit).iter("testcase"):
-        if any(child.tag in ("failure", "error", "skipped") for child in case):
-            continue
-        if m := re.match(r"test_g(\d{3})_", case.get("name", "")):
-            codes.add(f"DSV4G{m.group(1)}")
-    return codes
+def _produced_codes(codes_file: Path) -> set[str]:
+    """Codes passing tests produced: the second column of ``codes_file`` (conftest.py)."""
+    if not codes_file.exists():
+        return set()
+    return {line.split("\t")[1].strip() for line in codes_file.read_text().splitlines()
+            if "\t" in line}
 
 
 def catalogue() -> list[str]:
@@ -166,16 +211,18 @@ def catalogue() -> list[str]:
 
 
 def run(release: Release, pytest_args: list[str], profile: str) -> Result:
-    """Run pytest for ``release`` in its own process and judge the outcome."""
+    """Prepare ``release``, run pytest for it in its own process and judge the outcome."""
     result = Result(release)
-    env = release_env(release, HYPOTHESIS_PROFILE=profile)
     out = WORK / "reports"
     out.mkdir(parents=True, exist_ok=True)
     junit, log_path = out / f"{release.version}.xml", out / f"{release.version}.log"
-    junit.unlink(missing_ok=True)  # never judge a run by an earlier run's report
+    codes_file = out / f"{release.version}.codes"
+    for stale in (junit, codes_file):  # never judge a run by an earlier run's files
+        stale.unlink(missing_ok=True)
+    env = release_env(release, HYPOTHESIS_PROFILE=profile, **{CODES_VARIABLE: str(codes_file)})
     command = [sys.executable, "-m", "pytest", f"--junitxml={junit}",
                "--hypothesis-show-statistics", *pytest_args]
-    print(f"\n===== SGLang {release.version}: {' '.join(command[2:])}", flush=True)
+    say(release, f"===== SGLang {release.version}: {' '.join(command[2:])}")
     start = time.monotonic()
     with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as proc, \
@@ -183,7 +230,7 @@ def run(release: Release, pytest_args: list[str], profile: str) -> Result:
         assert proc.stdout is not None
         captured = []
         for line in proc.stdout:
-            sys.stdout.write(line)
+            say(release, line)
             log.write(line)
             captured.append(line)
     result.seconds = time.monotonic() - start
@@ -192,6 +239,16 @@ def run(release: Release, pytest_args: list[str], profile: str) -> Result:
     if not junit.exists():
         result.problems.append("no JUnit report written")
         return result
+    judge(result, junit, "".join(captured), codes_file, profile, full=not pytest_args)
+    return result
+
+
+def judge(result: Result, junit: Path, log: str, codes_file: Path, profile: str,
+          full: bool) -> None:
+    """Fill ``result`` from one run's JUnit report, log and codes file.
+
+    A partial run (``-k``, a file) cannot be expected to run every property test or
+    produce every code, so those two are judged on full runs only."""
     for case in ET.parse(junit).iter("testcase"):
         outcomes = {child.tag for child in case}
         result.tests += 1
@@ -199,23 +256,26 @@ def run(release: Release, pytest_args: list[str], profile: str) -> Result:
         result.skipped += "skipped" in outcomes
     if result.skipped:
         result.problems.append(f"{result.skipped} test(s) skipped: a test that cannot run fails")
-    result.examples = _examples("".join(captured))
+    result.examples = _examples(log)
     wanted = PROFILE_EXAMPLES.get(profile)
     for test, count in result.examples.items():
         if wanted is not None and count < wanted:
             result.problems.append(f"{test} drew {count} examples, profile {profile} asks {wanted}")
-    if not pytest_args:  # a partial run (-k, a file) cannot be expected to cover every code
-        result.codes_missing = sorted(set(catalogue()) - _passing_codes(junit))
+    if full:
+        for test in PROPERTY_TESTS:
+            if test not in result.examples:
+                result.problems.append(f"{test} reported no hypothesis statistics")
+        result.codes_missing = sorted(set(catalogue()) - _produced_codes(codes_file))
         if result.codes_missing:
-            result.problems.append("no passing test reproduces " + ", ".join(result.codes_missing))
-    return result
+            result.problems.append("no passing test produced " + ", ".join(result.codes_missing))
 
 
 def summary(results: list[Result], profile: str, total: float) -> str:
     lines = [
         f"SGLang test matrix (hypothesis profile {profile}); {total:.0f} s in all",
         "",
-        "| release | tests | failed | skipped | property examples | codes | seconds | verdict |",
+        "| release | tests | failed | skipped | property examples | codes produced | seconds "
+        "| verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -232,6 +292,8 @@ def summary(results: list[Result], profile: str, total: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--releases", help="comma-separated subset of matrix.txt")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="releases prepared and run at the same time (default: %(default)s)")
     parser.add_argument("--prepare-only", action="store_true",
                         help="unzip wheels and build overlays, run nothing")
     parser.add_argument("--script", help="run this Python script per release instead of pytest")
@@ -245,9 +307,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--releases: {', '.join(unknown)} not in matrix.txt "
                          f"(listed: {', '.join(r.version for r in releases)})")
         releases = [r for r in releases if r.version in wanted]
+    if args.jobs < 1:
+        parser.error(f"--jobs: {args.jobs} is not a positive number of releases")
     if args.prepare_only:
-        for release in releases:
-            prepare(release)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(prepare, releases))
         return 0
     if args.script:
         failed = []
@@ -262,12 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failed else 0
     profile = os.environ.get("HYPOTHESIS_PROFILE", "dev")
     start = time.monotonic()
-    results = [run(release, args.pytest_args, profile) for release in releases]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda r: run(r, args.pytest_args, profile), releases))
     if not args.pytest_args:  # the whole suite: also the SGLang patch series (patches/)
         import patched_tree
 
-        for result in results:
-            patched_tree.run_series(result, profile)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda result: patched_tree.run_series(result, profile), results))
     table = summary(results, profile, time.monotonic() - start)
     (WORK / "summary.md").write_text(table + "\n")
     print("\n" + table)

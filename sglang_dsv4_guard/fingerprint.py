@@ -1,0 +1,250 @@
+"""Fingerprints of what the guard depends on in SGLang's code, from normalised source.
+
+The guard predicts SGLang's verdict from a model of SGLang's checks. That model is
+only right for code whose checks are the ones it was written against, so the code is
+fingerprinted, not the version label: each *part* below is a SHA-256 of ``ast.dump`` of
+the relevant nodes (no line numbers, comments or formatting; signatures by parameter
+names and kinds, not annotations). Files are parsed, never imported: the MORI connector
+imports ``mori``, which is absent on most machines.
+
+Parts (key: what it covers):
+
+- ``setup_state_kv_args.signature``: the wrapped function's parameters.
+- ``setup_state_kv_args.dsv4_gate``: the condition of the DeepSeek-V4 target+draft block
+  (0.5.16/0.5.17 add ``not is_npu()``).
+- ``setup_state_kv_args.dsv4_check.N``: the N-th check of that block (its condition and
+  what it raises), in source order.
+- ``setup_state_kv_args.dsv4_geometry``: the geometry tuples the checks compare.
+- ``MoriKVManager._send_swa_dsa_state.signature`` / ``.tp_check`` and
+  ``MoriKVManager._add_remote_peer.signature``.
+- ``DeepSeekV4TokenToKVPool.<attribute>``: which methods of the pool class assign each
+  attribute the guard reads (0.5.22 starts setting ``full_to_swa_index_mapping`` in
+  ``__init__``), and ``DeepSeekV4TokenToKVPool.register_mapping.signature``.
+
+A part that cannot be found has the digest ``"missing"``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MISSING", "POOL_ATTRIBUTES", "Part", "code_version", "differences",
+           "fingerprint_tree"]
+
+MISSING = "missing"
+UTILS = "srt/disaggregation/utils.py"
+POOL = "srt/mem_cache/deepseek_v4_memory_pool.py"
+MORI = "srt/disaggregation/mori/conn.py"
+# The pool attributes the state snapshot reads (state/snapshot.py).
+POOL_ATTRIBUTES = ("compression_ratios", "_unified_kv", "unified_swa_window",
+                   "unified_swa_ring_size", "unified_swa_pages", "full_to_swa_index_mapping",
+                   "page_size", "sliding_window", "request_window", "swa_req_ring_size")
+_GEOMETRY_NAMES = {"target_geometry", "draft_geometry", "request_window"}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One fingerprinted thing: a stable key, a digest and what it is, in words."""
+
+    key: str
+    digest: str
+    what: str
+
+
+def _digest(*nodes: ast.AST) -> str:
+    text = "\n".join(ast.dump(node, include_attributes=False) for node in nodes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _signature(fn: ast.FunctionDef) -> str:
+    """Parameter names, kinds and defaults; annotations left out."""
+    a = fn.args
+    shape = [
+        "posonly:" + ",".join(p.arg for p in a.posonlyargs),
+        "args:" + ",".join(p.arg for p in a.args),
+        "vararg:" + (a.vararg.arg if a.vararg else ""),
+        "kwonly:" + ",".join(p.arg for p in a.kwonlyargs),
+        "kwarg:" + (a.kwarg.arg if a.kwarg else ""),
+        "defaults:" + ";".join(ast.dump(d) for d in a.defaults),
+        "kwdefaults:" + ";".join(ast.dump(d) if d else "-" for d in a.kw_defaults),
+    ]
+    return hashlib.sha256("\n".join(shape).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module | None:
+    """``path`` parsed (cached by modification time and size); ``None`` if unreadable."""
+    del mtime_ns, size  # the cache key only
+    try:
+        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _module(package_dir: Path, relative: str) -> ast.Module | None:
+    path = package_dir / relative
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+def _find(body: list[ast.stmt], name: str) -> ast.FunctionDef | ast.ClassDef | None:
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+    return None
+
+
+def _in_order(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under ``node``, in source order (``ast.walk`` is breadth-first)."""
+    for child in ast.iter_child_nodes(node):
+        yield child
+        yield from _in_order(child)
+
+
+def _raising_ifs(node: ast.AST) -> list[tuple[ast.If, ast.Raise]]:
+    """``if`` statements whose own body raises, in source order."""
+    found = []
+    for child in _in_order(node):
+        if isinstance(child, ast.If):
+            raises = [s for s in child.body if isinstance(s, ast.Raise)]
+            if raises:
+                found.append((child, raises[0]))
+    return found
+
+
+def _message(raise_node: ast.Raise) -> str:
+    """The first words of what ``raise_node`` raises, for people."""
+    for node in _in_order(raise_node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip():
+            return node.value.split(":")[0].strip()
+    return ast.unparse(raise_node)[:80]
+
+
+def _state_parts(module: ast.Module | None) -> list[Part]:
+    name = "setup_state_kv_args"
+    fn = _find(module.body, name) if module else None
+    if not isinstance(fn, ast.FunctionDef):
+        return [Part(f"{name}.signature", MISSING, f"{name} ({UTILS})")]
+    parts = [Part(f"{name}.signature", _signature(fn), f"{name} parameters")]
+    block = next((s for s in fn.body if isinstance(s, ast.If)
+                  and "DeepSeekV4TokenToKVPool" in ast.dump(s.test)
+                  and "draft_token_to_kv_pool" in ast.dump(s.test)), None)
+    if block is None:
+        return [*parts, Part(f"{name}.dsv4_gate", MISSING, f"{name} DeepSeek-V4 draft block")]
+    parts.append(Part(f"{name}.dsv4_gate", _digest(block.test),
+                      f"{name} DeepSeek-V4 draft block condition "
+                      f"({ast.unparse(block.test)[:120]})"))
+    for number, (check, raised) in enumerate(_raising_ifs(block), 1):
+        parts.append(Part(f"{name}.dsv4_check.{number}", _digest(check.test, raised),
+                          f"{name} DSV4 check {number} ('{_message(raised)}')"))
+    geometry = [s for s in _in_order(block) if isinstance(s, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id in _GEOMETRY_NAMES for t in s.targets)]
+    parts.append(Part(f"{name}.dsv4_geometry", _digest(*geometry) if geometry else MISSING,
+                      f"{name} DSV4 geometry tuples (target_geometry / draft_geometry)"))
+    return parts
+
+
+def _mori_parts(module: ast.Module | None) -> list[Part]:
+    cls = _find(module.body, "MoriKVManager") if module else None
+    body = cls.body if isinstance(cls, ast.ClassDef) else []
+    send, register = _find(body, "_send_swa_dsa_state"), _find(body, "_add_remote_peer")
+    prefix = "MoriKVManager."
+    parts = []
+    for fn, method in ((send, "_send_swa_dsa_state"), (register, "_add_remote_peer")):
+        digest = _signature(fn) if isinstance(fn, ast.FunctionDef) else MISSING
+        parts.append(Part(f"{prefix}{method}.signature", digest,
+                          f"{prefix}{method} parameters ({MORI})"))
+    checks = _raising_ifs(send) if send is not None else []
+    tp = next(((c, r) for c, r in checks if "decode_tp_size" in ast.dump(c.test)), None)
+    parts.append(Part(f"{prefix}_send_swa_dsa_state.tp_check",
+                      _digest(*tp) if tp else MISSING,
+                      f"{prefix}_send_swa_dsa_state TP check "
+                      f"({ast.unparse(tp[0].test) if tp else 'not found'})"))
+    return parts
+
+
+def _assigned_attributes(cls: ast.ClassDef) -> dict[str, list[str]]:
+    """``self.<attr> = ...`` targets per attribute: the methods assigning each."""
+    where: dict[str, list[str]] = {}
+    for method in cls.body:
+        if not isinstance(method, ast.FunctionDef):
+            continue
+        for node in _in_order(method):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                targets = [node.target]
+            for target in targets:
+                for leaf in [target, *getattr(target, "elts", [])]:
+                    if (isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name)
+                            and leaf.value.id == "self"
+                            and method.name not in where.setdefault(leaf.attr, [])):
+                        where[leaf.attr].append(method.name)
+    return where
+
+
+def _pool_parts(module: ast.Module | None) -> list[Part]:
+    name = "DeepSeekV4TokenToKVPool"
+    cls = _find(module.body, name) if module else None
+    if not isinstance(cls, ast.ClassDef):
+        return [Part(f"{name}.class", MISSING, f"{name} ({POOL})")]
+    assigned = _assigned_attributes(cls)
+    parts = []
+    for attribute in POOL_ATTRIBUTES:
+        methods = sorted(assigned.get(attribute, []))
+        digest = hashlib.sha256(",".join(methods).encode()).hexdigest()[:16]
+        parts.append(Part(f"{name}.{attribute}", digest,
+                          f"{name}.{attribute} set in: {', '.join(methods) or 'no method'}"))
+    register = _find(cls.body, "register_mapping")
+    parts.append(Part(f"{name}.register_mapping.signature",
+                      _signature(register) if isinstance(register, ast.FunctionDef) else MISSING,
+                      f"{name}.register_mapping parameters"))
+    return parts
+
+
+def fingerprint_tree(package_dir: Path) -> dict[str, Part]:
+    """The parts of the ``sglang`` package at ``package_dir`` (the directory holding
+    ``srt/``), keyed by part key."""
+    parts = [*_state_parts(_module(package_dir, UTILS)),
+             *_mori_parts(_module(package_dir, MORI)),
+             *_pool_parts(_module(package_dir, POOL))]
+    return {part.key: part for part in parts}
+
+
+def differences(found: dict[str, Part], known: dict[str, Part]) -> list[str]:
+    """What differs between ``found`` and ``known``, in words (empty: they match)."""
+    notes = []
+    for key in [*known, *(k for k in found if k not in known)]:
+        mine, theirs = found.get(key), known.get(key)
+        if mine is None and theirs is not None:
+            notes.append(f"{theirs.what}: no longer present")
+        elif theirs is None and mine is not None:
+            notes.append(f"{mine.what}: new")
+        elif mine is not None and theirs is not None and mine.digest != theirs.digest:
+            if mine.digest == MISSING:
+                notes.append(f"{theirs.what}: not found")
+            else:
+                notes.append(f"{mine.what}: changed (was {theirs.what})"
+                             if mine.what != theirs.what else f"{mine.what}: changed")
+    return notes
+
+
+def code_version(package_dir: Path) -> str | None:
+    """The version written in the package's own ``_version.py`` (read, not imported)."""
+    module = _module(package_dir, "_version.py")
+    for node in module.body if module else []:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str) \
+                and any(isinstance(t, ast.Name) and t.id in ("__version__", "version")
+                        for t in node.targets):
+            return node.value.value
+    return None

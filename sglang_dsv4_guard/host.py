@@ -1,0 +1,149 @@
+"""Which SGLang is imported, judged by its code, not by the label on it.
+
+Three witnesses: the installed distribution metadata (``importlib.metadata``), the
+version the package's own ``_version.py`` names, and the code's fingerprints
+(:mod:`sglang_dsv4_guard.fingerprint`) compared with those stored for every known
+release in ``fingerprints.json``. They disagree when a source tree sits on
+``PYTHONPATH`` over another installed wheel, and for a release newer than the guard.
+
+- The code matches its own release's fingerprints: that release's profile. When the
+  metadata names another release, a WARNING names both.
+- The code matches another known release (an unknown 0.5.24 whose checks did not change,
+  or a patched tree): that release's checks, with an INFO (unknown release) or WARNING
+  (a known label on other code) naming the match.
+- The code matches no known release: no profile; the guard stays inert (strict refuses)
+  with a WARNING naming what changed against the closest known release.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from sglang_dsv4_guard.fingerprint import Part, code_version, differences, fingerprint_tree
+from sglang_dsv4_guard.releases import HostProfile, profile_for
+
+__all__ = ["FINGERPRINTS", "HostVerdict", "imported_package_dir", "judge", "judge_imported",
+           "load_known"]
+
+FINGERPRINTS = Path(__file__).with_name("fingerprints.json")
+
+
+@dataclass(frozen=True)
+class HostVerdict:
+    """What the guard concluded about the imported SGLang."""
+
+    metadata: Version | None  # what importlib.metadata says
+    code: Version | None  # what the package's own _version.py says
+    behaves_as: Version | None  # the known release whose checks apply; None: stay inert
+    level: int  # logging level of ``message``
+    message: str  # empty when everything agrees
+    changed: tuple[str, ...] = ()  # what differs from the closest known release
+
+    @property
+    def version(self) -> Version | None:
+        """The release to name in reports: the code's own, else the metadata's."""
+        return self.code or self.metadata
+
+    def profile(self) -> HostProfile:
+        """The checks of the release the code behaves as, named by :attr:`version`."""
+        if self.behaves_as is None:
+            raise ValueError(f"no known release's checks apply: {self.message}")
+        return replace(profile_for(self.behaves_as), version=self.version or self.behaves_as)
+
+
+def _version(text: str | None) -> Version | None:
+    try:
+        return Version(text) if text else None
+    except InvalidVersion:
+        return None
+
+
+def load_known(path: Path = FINGERPRINTS) -> dict[Version, dict[str, Part]]:
+    """The stored fingerprints of every known release, oldest first."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    known = {Version(release): {key: Part(key, digest, what)
+                                for key, (digest, what) in parts.items()}
+             for release, parts in data["releases"].items()}
+    return dict(sorted(known.items()))
+
+
+def imported_package_dir() -> Path | None:
+    """The directory of the ``sglang`` package ``import sglang`` would load (not imported)."""
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def _metadata_version() -> Version | None:
+    try:
+        return _version(importlib.metadata.version("sglang"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _span(known: dict[Version, dict[str, Part]]) -> str:
+    versions = list(known)
+    return f"{versions[0]} to {versions[-1]}" if versions else "none"
+
+
+def judge(package: Path, metadata: Version | None,
+          known: dict[Version, dict[str, Part]] | None = None) -> HostVerdict:
+    """Judge the ``sglang`` package at ``package`` whose metadata says ``metadata``."""
+    known = load_known() if known is None else known
+    code = _version(code_version(package))
+    label = code or metadata
+    found = fingerprint_tree(package)
+    matches = [v for v, parts in known.items() if not differences(found, parts)]
+    both = (f"installed metadata says SGLang {metadata}, the imported code "
+            f"({package}) says {code}")
+    disagree = metadata is not None and code is not None and metadata != code
+    if label in matches:
+        message = f"{both}; using the code's release {code}" if disagree else ""
+        return HostVerdict(metadata, code, label, logging.WARNING, message)
+    if matches:
+        twin = matches[-1]
+        text = (f"SGLang {label or 'of unknown version'} ({package}) has the same checks as "
+                f"known release {twin} (fingerprints match); guarding it as {twin}")
+        if disagree:
+            text = f"{both}; {text}"
+        unknown_label = label is None or label not in known
+        level = logging.INFO if unknown_label and not disagree else logging.WARNING
+        return HostVerdict(metadata, code, twin, level, text)
+    closest = min(known, key=lambda v: (len(differences(found, known[v])), -known_index(known, v)))
+    changed = tuple(differences(found, known[closest]))
+    text = (f"SGLang {label or 'of unknown version'} ({package}) differs from every release "
+            f"the guard knows ({_span(known)}) in what the guard depends on; against the "
+            f"closest, {closest}: " + "; ".join(changed) + " (the guard does not know these "
+            "checks: upgrade sglang-dsv4-guard, or run a release it knows)")
+    if disagree:
+        text = f"{both}; {text}"
+    return HostVerdict(metadata, code, None, logging.WARNING, text, changed)
+
+
+def known_index(known: dict[Version, dict[str, Part]], version: Version) -> int:
+    """Position of ``version`` among the known releases (newer ones win ties)."""
+    return list(known).index(version)
+
+
+def judge_imported() -> HostVerdict:
+    """Judge the SGLang that ``import sglang`` would load in this process."""
+    metadata = _metadata_version()
+    package = imported_package_dir()
+    if package is None:
+        return HostVerdict(metadata, None, None, logging.WARNING, "SGLang is not installed")
+    try:
+        return judge(package, metadata)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # our data file, not SGLang
+        return HostVerdict(metadata, None, None, logging.WARNING,
+                           f"cannot judge the SGLang at {package}: {FINGERPRINTS.name} is "
+                           f"unreadable ({type(exc).__name__}: {exc})")

@@ -1,0 +1,228 @@
+"""The imported SGLang is judged by its code, not by the label on it (issue 14).
+
+Disguised trees (``host_trees``) are the imported release's own files behind symbolic
+links, with a bumped ``_version.py``, a changed check, or another release's metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+from helpers import fresh_python, sglang_release
+from host_trees import disguised_tree, real_package
+from packaging.version import Version
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import host
+from sglang_dsv4_guard.cli import main
+from sglang_dsv4_guard.fingerprint import fingerprint_tree
+from sglang_dsv4_guard.host import judge, load_known
+from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, profile_for
+
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+
+ROOT = Path(__file__).resolve().parent.parent
+# Present, unchanged, in every release 0.5.16 - 0.5.23 (see the fingerprints).
+STATE_EDIT = {"srt/disaggregation/utils.py": (
+    "token_to_kv_pool._unified_kv != draft_token_to_kv_pool._unified_kv",
+    "bool(token_to_kv_pool._unified_kv) != bool(draft_token_to_kv_pool._unified_kv)")}
+STATE_CHANGE = ("setup_state_kv_args DSV4 check 2 ('DSV4 target and draft pools must use the "
+                "same unified-KV mode'): changed")
+MORI_EDIT = {"srt/disaggregation/mori/conn.py": (
+    "peer_info.decode_tp_size != self.attn_tp_size",
+    "peer_info.decode_tp_size > self.attn_tp_size")}
+PROBE = r"""
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from sglang.srt.plugins import load_plugins
+load_plugins()
+load_plugins()
+import sglang, sglang_dsv4_guard
+from sglang_dsv4_guard.lifecycle import installation
+current = installation()
+print(json.dumps({"installed": sglang_dsv4_guard.is_installed(), "file": sglang.__file__,
+                  "profile": str(current.runtime.profile.version) if current else None}))
+"""
+DOCTOR = "from sglang_dsv4_guard.cli import main\nraise SystemExit(main(['doctor']))\n"
+NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def twins() -> list[Version]:
+    """Known releases whose stored fingerprints equal this release's."""
+    known = load_known()
+    mine = known[sglang_release()]
+    return [v for v, parts in known.items() if parts == mine]
+
+
+def other_release() -> Version:
+    """A known release whose checks differ from the imported one's."""
+    return next(v for v in load_known() if v not in twins())
+
+
+class TestJudgedByCode(CustomTestCase):
+    """judge(): metadata, the code's own version and its fingerprints, cross-checked."""
+
+    def test_stored_fingerprints_are_this_release(self) -> None:
+        """fingerprints.json holds exactly what the imported release's code gives."""
+        self.assertEqual(fingerprint_tree(real_package()), load_known()[sglang_release()])
+
+    def test_tool_computes_the_stored_fingerprints(self) -> None:
+        """tools/fingerprint.py on the release's files prints the stored parts."""
+        done = subprocess.run([sys.executable, str(ROOT / "tools/fingerprint.py"),
+                               str(real_package())], capture_output=True, text=True,
+                              timeout=120, check=True)
+        printed = json.loads(done.stdout)[str(sglang_release())]
+        stored = load_known()[sglang_release()]
+        self.assertEqual(printed, {k: [p.digest, p.what] for k, p in stored.items()})
+
+    def test_same_fingerprints_same_profile(self) -> None:
+        """Releases the fingerprints cannot tell apart have one profile (bar the version),
+        so guarding one as its twin predicts the same verdicts."""
+        known = load_known()
+        for a in known:
+            for b in known:
+                if known[a] == known[b]:
+                    self.assertEqual(profile_for(a), dataclasses.replace(profile_for(b),
+                                                                         version=a))
+
+    def test_own_release_is_quiet(self) -> None:
+        """Metadata, code and fingerprints agree: this release's profile, nothing logged."""
+        verdict = judge(real_package(), sglang_release())
+        self.assertEqual((verdict.behaves_as, verdict.message), (sglang_release(), ""))
+
+    def test_metadata_of_another_release_loses_to_the_code(self) -> None:
+        """A source tree over another installed wheel: a warning names both; the code's
+        release's profile is used."""
+        other = other_release()
+        verdict = judge(real_package(), other)
+        self.assertEqual(verdict.behaves_as, sglang_release())
+        self.assertEqual(verdict.level, logging.WARNING)
+        self.assertIn(f"installed metadata says SGLang {other}, the imported code", verdict.message)
+        self.assertIn(f"says {sglang_release()}; using the code's release", verdict.message)
+
+    def test_unknown_release_with_known_checks_runs(self) -> None:
+        """A 0.5.24 whose checks equal a known release's: guarded as that release (INFO)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "0.5.24") / "sglang", None)
+        self.assertIn(verdict.behaves_as, twins())
+        self.assertEqual(verdict.level, logging.INFO)
+        self.assertIn(f"SGLang 0.5.24 ({tmp}/sglang) has the same checks as known release "
+                      f"{verdict.behaves_as}", verdict.message)
+
+    def test_changed_state_check_is_named(self) -> None:
+        """One changed condition in the DSV4 block: no profile; the check and range named."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=STATE_EDIT) / "sglang",
+                            None)
+        self.assertIsNone(verdict.behaves_as)
+        self.assertEqual(verdict.changed, (STATE_CHANGE,))
+        self.assertIn(f"differs from every release the guard knows ({SUPPORTED_MIN} to "
+                      f"{SUPPORTED_MAX})", verdict.message)
+
+    def test_changed_mori_check_is_named(self) -> None:
+        """A changed MORI TP check: no profile; the function and its check named."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=MORI_EDIT) / "sglang",
+                            None)
+        self.assertIsNone(verdict.behaves_as)
+        self.assertEqual(len(verdict.changed), 1, verdict.changed)
+        self.assertTrue(verdict.changed[0].startswith(
+            "MoriKVManager._send_swa_dsa_state TP check ("), verdict.changed)
+        self.assertIn("peer_info.decode_tp_size > self.attn_tp_size)): changed (was ",
+                      verdict.changed[0])
+        self.assertIn("peer_info.decode_tp_size != self.attn_tp_size", verdict.changed[0])
+
+
+    def test_unreadable_fingerprints_leave_sglang_alone(self) -> None:
+        """A broken fingerprints.json: install warns and stays inert, no traceback of ours."""
+        broken = json.JSONDecodeError("Expecting value", "", 0)
+        with mock.patch.object(host, "load_known", side_effect=broken), \
+                self.assertLogs("sglang_dsv4_guard", "WARNING") as logs:
+            sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+        self.assertIn("fingerprints.json is unreadable (JSONDecodeError: Expecting value",
+                      "\n".join(logs.output))
+
+
+class TestHostInAFreshProcess(CustomTestCase):
+    """Through SGLang's plug-in loader and the CLI, in fresh interpreters."""
+
+    def test_source_tree_over_another_wheel(self) -> None:
+        """This release's code under another release's metadata: installed with the code's
+        profile and one warning naming both."""
+        other = other_release()
+        with tempfile.TemporaryDirectory() as tmp:
+            disguised_tree(Path(tmp), metadata=str(other))
+            done = fresh_python(PROBE, env={"SGLANG_DSV4_GUARD": "1", **NO_BYTECODE},
+                                path_first=tmp)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        result = json.loads(done.stdout.splitlines()[-1])
+        self.assertTrue(result["file"].startswith(tmp), result)
+        self.assertEqual((result["installed"], result["profile"]), (True, str(sglang_release())))
+        self.assertEqual(done.stderr.count(f"installed metadata says SGLang {other}"), 1,
+                         done.stderr[-3000:])
+
+    def test_unknown_release_with_known_checks_is_guarded(self) -> None:
+        """A fake 0.5.24 (metadata and code) matching a known release: installed, INFO."""
+        with tempfile.TemporaryDirectory() as tmp:
+            disguised_tree(Path(tmp), "0.5.24", metadata="0.5.24")
+            done = fresh_python(PROBE, env={"SGLANG_DSV4_GUARD": "1", **NO_BYTECODE},
+                                path_first=tmp)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        result = json.loads(done.stdout.splitlines()[-1])
+        self.assertTrue(result["installed"], result)
+        self.assertEqual(result["profile"], "0.5.24")
+        self.assertIn("INFO:sglang_dsv4_guard:sglang-dsv4-guard: SGLang 0.5.24", done.stderr)
+        self.assertIn("has the same checks as known release", done.stderr)
+
+    def test_changed_check_warns_once_and_stays_inert(self) -> None:
+        """A fake 0.5.24 with a changed check: SGLang untouched, one warning naming it;
+        ``doctor`` in the same process says NOT supported, names the change, exits 1."""
+        with tempfile.TemporaryDirectory() as tmp:
+            disguised_tree(Path(tmp), "0.5.24", metadata="0.5.24", edits=STATE_EDIT)
+            done = fresh_python(PROBE + DOCTOR, env={"SGLANG_DSV4_GUARD": "1", **NO_BYTECODE},
+                                path_first=tmp)
+        self.assertEqual(done.returncode, 1, done.stderr[-3000:])
+        probe, doctor = done.stdout.split("\n", 1)
+        self.assertFalse(json.loads(probe)["installed"])
+        self.assertEqual(done.stderr.count("stays inert: SGLang 0.5.24"), 1, done.stderr[-3000:])
+        self.assertIn(STATE_CHANGE, done.stderr)
+        self.assertIn("SGLang: 0.5.24 (NOT supported: SGLang 0.5.24", doctor)
+        self.assertIn(STATE_CHANGE, doctor)
+
+    def test_changed_check_strict_refuses_to_start(self) -> None:
+        """Strict mode: SGLang's loader gets DSV4GuardStartupRefused naming the change."""
+        with tempfile.TemporaryDirectory() as tmp:
+            disguised_tree(Path(tmp), "0.5.24", metadata="0.5.24", edits=STATE_EDIT)
+            done = fresh_python(PROBE, env={"SGLANG_DSV4_GUARD": "strict", **NO_BYTECODE},
+                                path_first=tmp)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("sglang-dsv4-guard (strict mode) refused to start: SGLang 0.5.24", done.stderr)
+        self.assertIn(STATE_CHANGE, done.stderr)
+        self.assertNotIn('"installed"', done.stdout)
+
+    def test_doctor_says_supported(self) -> None:
+        """doctor on the imported release: supported, exit 0 (in-process)."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["doctor"])
+        self.assertIn(f"SGLang: {sglang_release()} (supported; range {SUPPORTED_MIN} to "
+                      f"{SUPPORTED_MAX})", out.getvalue())
+        self.assertEqual(code, 0, out.getvalue())
+
+
+if __name__ == "__main__":
+    import unittest
+
+    unittest.main()

@@ -1,0 +1,71 @@
+"""Compute the guard's fingerprints of an SGLang release and store them as data.
+
+Usage: ``python tools/fingerprint.py PATH [--release 0.5.24] [--write]``
+
+PATH is a wheel (``sglang-0.5.24-*.whl``), a site directory holding ``sglang/``, or the
+``sglang`` package directory itself. The release defaults to the one the code names in
+``sglang/_version.py``. Without ``--write`` the fingerprints are printed as JSON; with
+it they are added to ``sglang_dsv4_guard/fingerprints.json``. Adding a release to the
+guard is that, plus a line in ``matrix.txt`` (and a profile in ``releases.py`` only
+when its checks changed). Nothing is imported from the release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sglang_dsv4_guard.fingerprint import code_version, fingerprint_tree  # noqa: E402
+from sglang_dsv4_guard.host import FINGERPRINTS, load_known  # noqa: E402
+
+
+def package_dir(path: Path, scratch: Path) -> Path:
+    """The ``sglang`` package directory of a wheel, site directory or package."""
+    if path.suffix == ".whl":
+        with zipfile.ZipFile(path) as wheel:
+            members = [n for n in wheel.namelist() if n.startswith("sglang/")
+                       and (n.endswith(".py"))]
+            wheel.extractall(scratch, members)
+        return scratch / "sglang"
+    if (path / "sglang" / "srt").is_dir():
+        return path / "sglang"
+    if (path / "srt").is_dir():
+        return path
+    sys.exit(f"{path}: not a wheel, a site directory holding sglang/, or the sglang package")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--release", help="the release to store it as (default: from the code)")
+    parser.add_argument("--write", action="store_true", help=f"add it to {FINGERPRINTS.name}")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        package = package_dir(args.path, Path(scratch))
+        release = args.release or code_version(package)
+        if release is None:
+            parser.error(f"{args.path}: no sglang/_version.py; name the release with --release")
+        parts = {key: [p.digest, p.what] for key, p in fingerprint_tree(package).items()}
+    if not args.write:
+        print(json.dumps({release: parts}, indent=1))
+        return 0
+    data = {"releases": {str(v): {k: [p.digest, p.what] for k, p in known.items()}
+                         for v, known in load_known().items()}}
+    data["releases"][release] = parts
+    data["releases"] = dict(sorted(data["releases"].items(),
+                                   key=lambda item: [int(x) for x in item[0].split(".")
+                                                     if x.isdigit()]))
+    FINGERPRINTS.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    print(f"{FINGERPRINTS.relative_to(ROOT)}: stored {len(parts)} parts for SGLang {release}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
