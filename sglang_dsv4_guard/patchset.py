@@ -14,6 +14,7 @@ later patch is judged on top of the earlier ones. Nothing is written into site-p
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import re
 import shutil
@@ -178,23 +179,53 @@ def check_series(series: Series, site: Path) -> list[PatchStatus]:
     return statuses
 
 
-def _installed() -> tuple[str | None, Path | None]:
+_TREE_VERSION = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
+                           re.MULTILINE)
+
+
+def tree_version(site: Path) -> str | None:
+    """The release of the ``sglang`` tree under ``site``, read from that tree itself.
+
+    Its ``_version.py`` / ``version.py``, else a ``sglang-*.dist-info`` next to it;
+    never the first SGLang metadata on ``sys.path``, which may belong to another tree.
+    """
+    for name in ("_version.py", "version.py"):
+        source = site / "sglang" / name
+        found = _TREE_VERSION.search(source.read_text()) if source.is_file() else None
+        if found:
+            return found.group(1)
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        if (dist.metadata["Name"] or "").lower() == "sglang":
+            return str(dist.version)
+    return None
+
+
+def _installed() -> tuple[str | None, Path | None, str]:
+    """The importable tree's release, its site, and a note when the metadata disagrees."""
     from sglang_dsv4_guard.releases import installed_sglang_version
 
-    version = installed_sglang_version()
-    return (str(version) if version is not None else None), sglang_site()
+    site = sglang_site()
+    labelled = installed_sglang_version()
+    version = tree_version(site) if site is not None else None
+    if version is None:
+        return (str(labelled) if labelled is not None else None), site, ""
+    note = ""
+    if labelled is not None and str(labelled) != version:
+        note = (f"note: the SGLang tree imported from {site} is {version}, but the first "
+                f"SGLang metadata on sys.path says {labelled}; judging the tree ({version})")
+    return version, site, note
 
 
 def status_report() -> tuple[list[str], bool]:
     """The lines ``sglang-dsv4-guard patches`` prints, and whether all is well."""
-    version, site = _installed()
+    version, site, note = _installed()
     if version is None or site is None:
         return ["patches: SGLang is not installed; nothing to check"], False
     series = series_for(version)
     if series is None:
         known = ", ".join(f"{s.name} ({' '.join(s.releases)})" for s in all_series()) or "none"
         return [f"patches: no series for SGLang {version}; shipped: {known}"], False
-    lines = [f"SGLang {version} at {site / 'sglang'}",
+    lines = [f"SGLang {version} at {site / 'sglang'}", *([note] if note else []),
              f"series {series.name} (for {', '.join(series.releases)}): {series.directory}"]
     statuses = check_series(series, site)
     for status in statuses:
@@ -208,7 +239,7 @@ def status_report() -> tuple[list[str], bool]:
 
 def summary_line() -> str:
     """One line for ``doctor``: the series for the installed release and its state."""
-    version, site = _installed()
+    version, site, note = _installed()
     if version is None or site is None:
         return "patches: SGLang is not installed"
     series = series_for(version)
@@ -220,4 +251,4 @@ def summary_line() -> str:
         counts[status.state] = counts.get(status.state, 0) + 1
     shown = ", ".join(f"{n} {STATE_WORDS[state]}" for state, n in counts.items())
     return (f"patches: series {series.name}, {len(statuses)} patches: {shown} "
-            "(sglang-dsv4-guard patches)")
+            "(sglang-dsv4-guard patches)" + (f"; {note}" if note else ""))

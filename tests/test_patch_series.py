@@ -158,6 +158,38 @@ class TestPatchesCommand(CustomTestCase):
                                  "(sglang-dsv4-guard patches)"])
 
 
+class TestJudgesTheImportedTree(CustomTestCase):
+    """The release judged is the imported tree's own, not the first metadata on sys.path."""
+
+    def test_tree_without_metadata_over_another_release(self) -> None:
+        """An SGLang tree of another release, first on PYTHONPATH and without dist-info, over
+        the venv's SGLang: ``patches`` names the tree's release and series, and says that the
+        metadata disagrees."""
+        other = next(s for s in SERIES if str(sglang_release()) not in s.releases)
+        release = other.releases[-1]
+        site = patchset.sglang_site()
+        assert site is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = Path(tmp) / "sglang"
+            tree.mkdir()
+            (tree / "__init__.py").write_text("")
+            (tree / "_version.py").write_text(f"__version__ = version = '{release}'\n")
+            done = fresh_python("from sglang_dsv4_guard.cli import main; "
+                                "raise SystemExit(main(['patches']))", path_first=tmp)
+        lines = done.stdout.splitlines()
+        self.assertEqual(lines[0], f"SGLang {release} at {tree}", done.stdout + done.stderr)
+        self.assertEqual(lines[1], f"note: the SGLang tree imported from {Path(tmp)} is "
+                         f"{release}, but the first SGLang metadata on sys.path says "
+                         f"{sglang_release()}; judging the tree ({release})")
+        self.assertTrue(lines[2].startswith(f"series {other.name} "), lines[2])
+
+    def test_tree_version_reads_the_tree(self) -> None:
+        """``tree_version`` of the installed site is the installed release."""
+        site = patchset.sglang_site()
+        assert site is not None
+        self.assertEqual(patchset.tree_version(site), str(sglang_release()))
+
+
 class TestShippedInTheWheel(CustomTestCase):
     """The series ship inside the package, found without the source checkout."""
 
