@@ -111,6 +111,26 @@ def touched_files(patch: Path) -> list[str]:
     return [p.split("/", STRIP - 1)[-1] for p in _TARGET.findall(patch.read_text())]
 
 
+def _needs_gnu_patch() -> str:
+    """Empty when ``patch`` is GNU patch, else why the series cannot be checked.
+
+    BSD and busybox ``patch`` reject GNU options such as ``--no-backup-if-mismatch``;
+    with them every patch would wrongly read as "would not apply".
+    """
+    found = shutil.which("patch")
+    if found is None:
+        return "needs GNU patch; no patch on PATH"
+    try:
+        done = subprocess.run([found, "--version"], capture_output=True, text=True,
+                              check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"needs GNU patch; {found} --version failed: {error}"
+    first = (done.stdout + done.stderr).strip().splitlines()[:1]
+    if done.returncode == 0 and first and "GNU patch" in first[0]:
+        return ""
+    return f"needs GNU patch; {found} is {first[0] if first else 'not GNU patch'!r}"
+
+
 def _patch(cwd: Path, patch: Path, *flags: str) -> tuple[bool, str]:
     done = subprocess.run(["patch", f"-p{STRIP}", "--batch", "--forward", "--no-backup-if-mismatch",
                            "-r", "-", "-i", str(patch), *flags], cwd=cwd, capture_output=True,
@@ -152,9 +172,9 @@ def _carried(series: Series, work: Path) -> set[str]:
 
 def check_series(series: Series, site: Path) -> list[PatchStatus]:
     """Each patch of ``series`` judged against the ``sglang`` package under ``site``."""
-    if shutil.which("patch") is None:
-        return [PatchStatus(p.name, subject(p), "unknown", "GNU patch is not installed")
-                for p in series.patches]
+    missing = _needs_gnu_patch()
+    if missing:
+        return [PatchStatus(p.name, subject(p), "unknown", missing) for p in series.patches]
     statuses: list[PatchStatus] = []
     with tempfile.TemporaryDirectory(prefix="sglang-dsv4-guard-patches-") as tmp:
         work = Path(tmp)

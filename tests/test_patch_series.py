@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import unittest
+import unittest.mock
 from pathlib import Path
 
 import tomllib
@@ -130,6 +132,30 @@ class TestCheckSeries(CustomTestCase):
             statuses = patchset.check_series(INSTALLED, copy)
         self.assertEqual([s.state for s in statuses], ["conflicts", "applies", "conflicts"])
         self.assertIn("FAILED", statuses[0].reason)
+
+
+class TestNeedsGnuPatch(CustomTestCase):
+    """A ``patch`` that is not GNU patch leaves the series "not checked", not "would not
+    apply"."""
+
+    def test_bsd_patch_is_not_used(self) -> None:
+        """With a ``patch`` first on PATH that answers ``--version`` as BSD patch does and
+        rejects GNU options, every patch is "unknown", the reason saying GNU patch is needed."""
+        assert INSTALLED is not None
+        site = patchset.sglang_site()
+        assert site is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            fake = Path(tmp) / "patch"
+            fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'patch 2.0-12u11-FreeBSD'"
+                            " && exit 0\necho \"patch: unknown option -- $1\" >&2; exit 2\n")
+            fake.chmod(0o755)
+            path = os.pathsep.join([tmp, os.environ.get("PATH", "")])
+            with unittest.mock.patch.dict(os.environ, {"PATH": path}):
+                statuses = patchset.check_series(INSTALLED, site)
+        self.assertEqual([s.state for s in statuses], ["unknown"] * len(INSTALLED.patches))
+        for status in statuses:
+            self.assertIn("needs GNU patch", status.reason)
+            self.assertIn("FreeBSD", status.reason)
 
 
 class TestPatchesCommand(CustomTestCase):
