@@ -205,8 +205,12 @@ class TestPatchedMori(CustomTestCase):
         self.assertEqual(set(mgr.decode_kv_args_table), {"decode-a", "decode-b"})
 
     def test_silent_where_transfers_work(self) -> None:
-        """Equal TP, an MLA pool or no swa state: registration logs no warning."""
+        """Equal TP, an MLA pool, no swa state, or a decode-side manager (which sends no
+        state): registration logs no warning."""
+        decode = mori_stub.manager(conn, attn_tp=8)
+        decode.disaggregation_mode = conn.DisaggregationMode.DECODE
         with self.assertNoLogs(self.LOGGER, level=logging.WARNING):
+            decode._add_remote_peer(mori_stub.peer(conn, "d0", 4))
             mori_stub.manager(conn, attn_tp=8)._add_remote_peer(mori_stub.peer(conn, "d1", 8))
             mori_stub.manager(conn, attn_tp=8, mla=True)._add_remote_peer(
                 mori_stub.peer(conn, "d2", 4))
