@@ -34,6 +34,7 @@ register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import make_patches  # noqa: E402 - tools/ is not a package
+import patched_tree  # noqa: E402
 
 SERIES = patchset.all_series(ROOT / "patches")
 INSTALLED = patchset.series_for(str(sglang_release()), ROOT / "patches")
@@ -156,6 +157,35 @@ class TestNeedsGnuPatch(CustomTestCase):
         for status in statuses:
             self.assertIn("needs GNU patch", status.reason)
             self.assertIn("FreeBSD", status.reason)
+
+
+class TestPatchedCopyIsRebuilt(CustomTestCase):
+    """``tools/patched_tree.py`` rebuilds its patched copy when the released files change."""
+
+    def test_digest_follows_the_released_files(self) -> None:
+        """Same site path, same series: a touched file rewritten at the same size and
+        mtime, or another file of the tree rewritten, changes the digest."""
+        assert INSTALLED is not None
+        site = patchset.sglang_site()
+        assert site is not None
+        files = sorted({f for p in INSTALLED.patches for f in patchset.touched_files(p)})
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp)
+            for rel in [*files, "sglang/version.py"]:
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(site / rel, copy / rel)
+            first = patched_tree._digest(INSTALLED, copy)
+            self.assertEqual(patched_tree._digest(INSTALLED, copy), first)
+            touched = copy / files[0]
+            stat = touched.stat()
+            text = touched.read_bytes()
+            touched.write_bytes(text[:-1] + (b" " if text.endswith(b"\n") else b"\n"))
+            os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            second = patched_tree._digest(INSTALLED, copy)
+            self.assertNotEqual(second, first)
+            other = copy / "sglang/version.py"
+            other.write_bytes(other.read_bytes() + b"\n")
+            self.assertNotEqual(patched_tree._digest(INSTALLED, copy), second)
 
 
 class TestPatchesCommand(CustomTestCase):
