@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PatchStatus", "Series", "all_series", "check_series", "patches_root",
+__all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "check_series", "patches_root",
            "series_for", "sglang_site", "status_report", "summary_line"]
 
 # How each state reads in a sentence.
@@ -194,9 +194,45 @@ def check_series(series: Series, site: Path) -> list[PatchStatus]:
                 continue
             for copy, content in before.items():  # undo any hunk that did apply
                 copy.write_bytes(content)
-            statuses.append(PatchStatus(patch.name, subject(patch), "conflicts",
-                                        _reason(output)))
+            needs = [s.patch for s in statuses if s.state in ("conflicts", "unknown")
+                     and _builds_on(patch, series.directory / s.patch)]
+            reason = f"needs {', '.join(needs)}" if needs else _reason(output)
+            statuses.append(PatchStatus(patch.name, subject(patch), "conflicts", reason))
     return statuses
+
+
+def _hunk_lines(patch: Path) -> dict[str, tuple[set[str], set[str]]]:
+    """Per touched file: the lines the patch adds, and the lines it expects to find."""
+    lines: dict[str, tuple[set[str], set[str]]] = {}
+    current: tuple[set[str], set[str]] = (set(), set())
+    for line in patch.read_text().splitlines():
+        if line.startswith("+++ b/"):
+            current = lines.setdefault(line[6:], (set(), set()))
+        elif line.startswith(("---", "+++", "@@")) or len(line.strip()) < 12:
+            continue
+        elif line.startswith("+"):
+            current[0].add(line[1:])
+        elif line.startswith((" ", "-")):
+            current[1].add(line[1:])
+    return lines
+
+
+def _builds_on(later: Path, earlier: Path) -> bool:
+    """Whether ``later`` expects lines that only ``earlier`` adds (in the same file)."""
+    earlier_lines = _hunk_lines(earlier)
+    return any(expects & earlier_lines[path][0] for path, (_, expects)
+               in _hunk_lines(later).items() if path in earlier_lines)
+
+
+def apply_lines(series: Series, site: Path, statuses: list[PatchStatus]) -> list[str]:
+    """How to apply the patches ``statuses`` says are not carried yet, in order."""
+    needed = [series.directory / s.patch for s in statuses if s.state != "carried"]
+    if not needed:
+        return ["every patch is carried; nothing to apply"]
+    return ["to apply what is not carried yet, in this order:",
+            *(f"  patch -p{STRIP} --forward -d {site} -i {p}" for p in needed),
+            f"in an SGLang checkout: git am --keep-non-patch {' '.join(map(str, needed))}",
+            "(README, section 'Patches for SGLang')"]
 
 
 _TREE_VERSION = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
@@ -252,8 +288,7 @@ def status_report() -> tuple[list[str], bool]:
         lines.append(f"  {status.patch}: {STATE_WORDS[status.state]}"
                      + (f" ({status.reason})" if status.reason else ""))
         lines.append(f"      {status.subject}")
-    lines.append(f"to apply, in this order: patch -p2 -d {site} -i <file>; in an SGLang "
-                 "checkout: git am <files> (README, section 'Patches for SGLang')")
+    lines.extend(apply_lines(series, site, statuses))
     return lines, all(s.state in ("applies", "carried") for s in statuses)
 
 

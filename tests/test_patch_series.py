@@ -133,6 +133,24 @@ class TestCheckSeries(CustomTestCase):
             statuses = patchset.check_series(INSTALLED, copy)
         self.assertEqual([s.state for s in statuses], ["conflicts", "applies", "conflicts"])
         self.assertIn("FAILED", statuses[0].reason)
+        self.assertEqual(statuses[2].reason, f"needs {statuses[0].patch}")
+
+    def test_apply_lines_list_only_what_is_not_carried(self) -> None:
+        """A tree carrying patch 1 only: the apply lines name patches 2 and 3, with
+        ``--forward``, and ``git am --keep-non-patch`` for a checkout."""
+        assert INSTALLED is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = self._copy(tmp)
+            subprocess.run(["patch", "-p2", "--batch", "-s", "-d", str(copy), "-i",
+                            str(INSTALLED.patches[0])], check=True)
+            statuses = patchset.check_series(INSTALLED, copy)
+            lines = patchset.apply_lines(INSTALLED, copy, statuses)
+        self.assertEqual([s.state for s in statuses], ["carried", "applies", "applies"])
+        rest = INSTALLED.patches[1:]
+        self.assertEqual(lines[1:3], [f"  patch -p2 --forward -d {copy} -i {p}" for p in rest])
+        self.assertEqual(lines[3], "in an SGLang checkout: git am --keep-non-patch "
+                         + " ".join(map(str, rest)))
+        self.assertNotIn(INSTALLED.patches[0].name, "\n".join(lines))
 
 
 class TestNeedsGnuPatch(CustomTestCase):
@@ -202,7 +220,8 @@ class TestPatchesCommand(CustomTestCase):
         self.assertIn(f"series {INSTALLED.name}", text)
         for patch in INSTALLED.patches:
             self.assertIn(f"{patch.name}: would apply", text)
-        self.assertIn("patch -p2 -d", text)
+        self.assertIn("patch -p2 --forward -d", text)
+        self.assertIn("git am --keep-non-patch", text)
 
     def test_doctor_has_one_patches_line(self) -> None:
         """``doctor`` (in a fresh interpreter, as operators run it) prints exactly one line
