@@ -156,9 +156,22 @@ class TestPatchedStateParity(CustomTestCase):
         self.assertEqual(lines[1], "  draft compression_ratios=[0, 4] (NextN layers have ratio 0)")
         also = [line for line in lines if line.startswith("also: ")]
         self.assertEqual(len(also), 2)
-        self.assertIn("must share the SWA index mapping: target=Tensor(shape=(16,))", also[0])
+        self.assertIn("must share the SWA index mapping: target=Tensor(shape=(16,), "
+                      "dtype=torch.int64, device=cpu), draft=Tensor(shape=(16,), "
+                      "dtype=torch.int64, device=cpu); the draft's is a separate tensor",
+                      also[0])
         self.assertIn("the draft worker is handed that allocator", also[0])
         self.assertTrue(also[1].startswith("also: " + geometry_prefix() + "target=(256, 128"))
+
+    def test_mapping_lines_are_the_same_every_run(self) -> None:
+        """The mapping line names no memory address: two builds of the same pair give the
+        same message; a view of the target's mapping is named as one."""
+        messages = [str(outcome(PATCHED["setup_state_kv_args"],
+                                *build_pair(PoolSpec(), PoolSpec(), mapping=kind))[1])
+                    for kind in ("clone", "clone", "view")]
+        self.assertEqual(messages[0], messages[1])
+        self.assertNotRegex(messages[0], r"0x[0-9a-f]+")
+        self.assertIn("the draft's is a view of the target's storage", messages[2])
 
     def test_one_mismatch_keeps_the_released_message_as_its_first_line(self) -> None:
         """A pair failing one check: the released message, then only that check's values."""
