@@ -9,6 +9,8 @@ under another module name to compare against, over the same SGLang pool classes.
   outcome, the same first line, the same ``kv_args``; the patched message names every
   failing check the guard reports, one line each; with the guard installed over the
   patched tree there is no ``DSV4G099`` and no line of SGLang's message is said twice;
+- with any two attributes missing, patched and released raise the same first line (the
+  patch reads the pools in the released order until the first failure);
 - MORI logs one registration warning per mismatched peer, and ``_send_swa_dsa_state``
   is the released code, unchanged.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import logging
 import os
 import sys
@@ -85,6 +88,11 @@ def failing_lines(message: str) -> list[str]:
     return lines[:1] + [line for line in lines[1:] if line.startswith("also: ")]
 
 
+# Every attribute a missing read can name, in no particular order.
+MISSABLE = (*parity.DROPPABLE, "request_window", "unified_swa_window",
+            "full_to_swa_index_mapping")
+
+
 class TestPatchedTree(CustomTestCase):
     """The process imports the patched copy, and the released function from the release."""
 
@@ -144,6 +152,27 @@ class TestPatchedStateParity(CustomTestCase):
                             f"{finding.code} not named in:\n{message}")
         said = Counter(line for line in str(error).splitlines() if line.strip())
         self.assertEqual([line for line in message.splitlines() if said[line] != 1], [])
+
+    def test_missing_attributes_are_read_in_the_released_order(self) -> None:
+        """Accepted pairs of both KV modes with every two attributes removed, from one pool
+        or one each: the patched function raises what the released one raises, first line
+        included, so until the first failure it reads in the released order. (Exhaustive:
+        a random draw of two drops rarely hits the pairs whose order matters.)"""
+        for unified in (False, True):
+            for first, second in itertools.combinations(MISSABLE, 2):
+                for victims in itertools.product((0, 1), repeat=2):
+                    pair = build_pair(PoolSpec(unified=unified), PoolSpec(unified=unified))
+                    for drop, victim in zip((first, second), victims):
+                        if drop in vars(pair[victim]):
+                            delattr(pair[victim], drop)
+                    expected = outcome(RELEASED.setup_state_kv_args, *pair)
+                    actual = outcome(PATCHED["setup_state_kv_args"], *pair)
+                    case = f"unified={unified}, {first} from {victims[0]}, {second} from {victims[1]}"
+                    self.assertEqual(actual[0], expected[0], case)
+                    if expected[0] == "raised":
+                        self.assertIs(type(actual[1]), type(expected[1]), case)
+                        self.assertEqual(str(actual[1]).splitlines()[0],
+                                         str(expected[1]).splitlines()[0], case)
 
     def test_three_mismatches_in_one_error(self) -> None:
         """The demo's pair: SGLang's first line, then the mapping and geometry as also-lines."""
