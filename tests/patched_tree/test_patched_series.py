@@ -162,7 +162,7 @@ class TestPatchedStateParity(CustomTestCase):
             for first, second in itertools.combinations(MISSABLE, 2):
                 for victims in itertools.product((0, 1), repeat=2):
                     pair = build_pair(PoolSpec(unified=unified), PoolSpec(unified=unified))
-                    for drop, victim in zip((first, second), victims):
+                    for drop, victim in zip((first, second), victims, strict=True):
                         if drop in vars(pair[victim]):
                             delattr(pair[victim], drop)
                     expected = outcome(RELEASED.setup_state_kv_args, *pair)
