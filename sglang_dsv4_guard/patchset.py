@@ -14,6 +14,7 @@ later patch is judged on top of the earlier ones. Nothing is written into site-p
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import re
 import shutil
@@ -22,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PatchStatus", "Series", "all_series", "check_series", "patches_root",
+__all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "check_series", "patches_root",
            "series_for", "sglang_site", "status_report", "summary_line"]
 
 # How each state reads in a sentence.
@@ -110,6 +111,26 @@ def touched_files(patch: Path) -> list[str]:
     return [p.split("/", STRIP - 1)[-1] for p in _TARGET.findall(patch.read_text())]
 
 
+def _needs_gnu_patch() -> str:
+    """Empty when ``patch`` is GNU patch, else why the series cannot be checked.
+
+    BSD and busybox ``patch`` reject GNU options such as ``--no-backup-if-mismatch``;
+    with them every patch would wrongly read as "would not apply".
+    """
+    found = shutil.which("patch")
+    if found is None:
+        return "needs GNU patch; no patch on PATH"
+    try:
+        done = subprocess.run([found, "--version"], capture_output=True, text=True,
+                              check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"needs GNU patch; {found} --version failed: {error}"
+    first = (done.stdout + done.stderr).strip().splitlines()[:1]
+    if done.returncode == 0 and first and "GNU patch" in first[0]:
+        return ""
+    return f"needs GNU patch; {found} is {first[0] if first else 'not GNU patch'!r}"
+
+
 def _patch(cwd: Path, patch: Path, *flags: str) -> tuple[bool, str]:
     done = subprocess.run(["patch", f"-p{STRIP}", "--batch", "--forward", "--no-backup-if-mismatch",
                            "-r", "-", "-i", str(patch), *flags], cwd=cwd, capture_output=True,
@@ -151,9 +172,9 @@ def _carried(series: Series, work: Path) -> set[str]:
 
 def check_series(series: Series, site: Path) -> list[PatchStatus]:
     """Each patch of ``series`` judged against the ``sglang`` package under ``site``."""
-    if shutil.which("patch") is None:
-        return [PatchStatus(p.name, subject(p), "unknown", "GNU patch is not installed")
-                for p in series.patches]
+    missing = _needs_gnu_patch()
+    if missing:
+        return [PatchStatus(p.name, subject(p), "unknown", missing) for p in series.patches]
     statuses: list[PatchStatus] = []
     with tempfile.TemporaryDirectory(prefix="sglang-dsv4-guard-patches-") as tmp:
         work = Path(tmp)
@@ -173,42 +194,107 @@ def check_series(series: Series, site: Path) -> list[PatchStatus]:
                 continue
             for copy, content in before.items():  # undo any hunk that did apply
                 copy.write_bytes(content)
-            statuses.append(PatchStatus(patch.name, subject(patch), "conflicts",
-                                        _reason(output)))
+            needs = [s.patch for s in statuses if s.state in ("conflicts", "unknown")
+                     and _builds_on(patch, series.directory / s.patch)]
+            reason = f"needs {', '.join(needs)}" if needs else _reason(output)
+            statuses.append(PatchStatus(patch.name, subject(patch), "conflicts", reason))
     return statuses
 
 
-def _installed() -> tuple[str | None, Path | None]:
+def _hunk_lines(patch: Path) -> dict[str, tuple[set[str], set[str]]]:
+    """Per touched file: the lines the patch adds, and the lines it expects to find."""
+    lines: dict[str, tuple[set[str], set[str]]] = {}
+    current: tuple[set[str], set[str]] = (set(), set())
+    for line in patch.read_text().splitlines():
+        if line.startswith("+++ b/"):
+            current = lines.setdefault(line[6:], (set(), set()))
+        elif line.startswith(("---", "+++", "@@")) or len(line.strip()) < 12:
+            continue
+        elif line.startswith("+"):
+            current[0].add(line[1:])
+        elif line.startswith((" ", "-")):
+            current[1].add(line[1:])
+    return lines
+
+
+def _builds_on(later: Path, earlier: Path) -> bool:
+    """Whether ``later`` expects lines that only ``earlier`` adds (in the same file)."""
+    earlier_lines = _hunk_lines(earlier)
+    return any(expects & earlier_lines[path][0] for path, (_, expects)
+               in _hunk_lines(later).items() if path in earlier_lines)
+
+
+def apply_lines(series: Series, site: Path, statuses: list[PatchStatus]) -> list[str]:
+    """How to apply the patches ``statuses`` says are not carried yet, in order."""
+    needed = [series.directory / s.patch for s in statuses if s.state != "carried"]
+    if not needed:
+        return ["every patch is carried; nothing to apply"]
+    return ["to apply what is not carried yet, in this order:",
+            *(f"  patch -p{STRIP} --forward -d {site} -i {p}" for p in needed),
+            f"in an SGLang checkout: git am --keep-non-patch {' '.join(map(str, needed))}",
+            "(README, section 'Patches for SGLang')"]
+
+
+_TREE_VERSION = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
+                           re.MULTILINE)
+
+
+def tree_version(site: Path) -> str | None:
+    """The release of the ``sglang`` tree under ``site``, read from that tree itself.
+
+    Its ``_version.py`` / ``version.py``, else a ``sglang-*.dist-info`` next to it;
+    never the first SGLang metadata on ``sys.path``, which may belong to another tree.
+    """
+    for name in ("_version.py", "version.py"):
+        source = site / "sglang" / name
+        found = _TREE_VERSION.search(source.read_text()) if source.is_file() else None
+        if found:
+            return found.group(1)
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        if (dist.metadata["Name"] or "").lower() == "sglang":
+            return str(dist.version)
+    return None
+
+
+def _installed() -> tuple[str | None, Path | None, str]:
+    """The importable tree's release, its site, and a note when the metadata disagrees."""
     from sglang_dsv4_guard.releases import installed_sglang_version
 
-    version = installed_sglang_version()
-    return (str(version) if version is not None else None), sglang_site()
+    site = sglang_site()
+    labelled = installed_sglang_version()
+    version = tree_version(site) if site is not None else None
+    if version is None:
+        return (str(labelled) if labelled is not None else None), site, ""
+    note = ""
+    if labelled is not None and str(labelled) != version:
+        note = (f"note: the SGLang tree imported from {site} is {version}, but the first "
+                f"SGLang metadata on sys.path says {labelled}; judging the tree ({version})")
+    return version, site, note
 
 
 def status_report() -> tuple[list[str], bool]:
     """The lines ``sglang-dsv4-guard patches`` prints, and whether all is well."""
-    version, site = _installed()
+    version, site, note = _installed()
     if version is None or site is None:
         return ["patches: SGLang is not installed; nothing to check"], False
     series = series_for(version)
     if series is None:
         known = ", ".join(f"{s.name} ({' '.join(s.releases)})" for s in all_series()) or "none"
         return [f"patches: no series for SGLang {version}; shipped: {known}"], False
-    lines = [f"SGLang {version} at {site / 'sglang'}",
+    lines = [f"SGLang {version} at {site / 'sglang'}", *([note] if note else []),
              f"series {series.name} (for {', '.join(series.releases)}): {series.directory}"]
     statuses = check_series(series, site)
     for status in statuses:
         lines.append(f"  {status.patch}: {STATE_WORDS[status.state]}"
                      + (f" ({status.reason})" if status.reason else ""))
         lines.append(f"      {status.subject}")
-    lines.append(f"to apply, in this order: patch -p2 -d {site} -i <file>; in an SGLang "
-                 "checkout: git am <files> (README, section 'Patches for SGLang')")
+    lines.extend(apply_lines(series, site, statuses))
     return lines, all(s.state in ("applies", "carried") for s in statuses)
 
 
 def summary_line() -> str:
     """One line for ``doctor``: the series for the installed release and its state."""
-    version, site = _installed()
+    version, site, note = _installed()
     if version is None or site is None:
         return "patches: SGLang is not installed"
     series = series_for(version)
@@ -220,4 +306,4 @@ def summary_line() -> str:
         counts[status.state] = counts.get(status.state, 0) + 1
     shown = ", ".join(f"{n} {STATE_WORDS[state]}" for state, n in counts.items())
     return (f"patches: series {series.name}, {len(statuses)} patches: {shown} "
-            "(sglang-dsv4-guard patches)")
+            "(sglang-dsv4-guard patches)" + (f"; {note}" if note else ""))

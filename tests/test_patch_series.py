@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import unittest
+import unittest.mock
 from pathlib import Path
 
 import tomllib
@@ -31,6 +33,7 @@ register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import make_patches  # noqa: E402 - tools/ is not a package
+import patched_tree  # noqa: E402
 
 SERIES = patchset.all_series(ROOT / "patches")
 INSTALLED = patchset.series_for(str(sglang_release()), ROOT / "patches")
@@ -129,6 +132,77 @@ class TestCheckSeries(GuardTestCase):
             statuses = patchset.check_series(INSTALLED, copy)
         self.assertEqual([s.state for s in statuses], ["conflicts", "applies", "conflicts"])
         self.assertIn("FAILED", statuses[0].reason)
+        self.assertEqual(statuses[2].reason, f"needs {statuses[0].patch}")
+
+    def test_apply_lines_list_only_what_is_not_carried(self) -> None:
+        """A tree carrying patch 1 only: the apply lines name patches 2 and 3, with
+        ``--forward``, and ``git am --keep-non-patch`` for a checkout."""
+        assert INSTALLED is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = self._copy(tmp)
+            subprocess.run(["patch", "-p2", "--batch", "-s", "-d", str(copy), "-i",
+                            str(INSTALLED.patches[0])], check=True)
+            statuses = patchset.check_series(INSTALLED, copy)
+            lines = patchset.apply_lines(INSTALLED, copy, statuses)
+        self.assertEqual([s.state for s in statuses], ["carried", "applies", "applies"])
+        rest = INSTALLED.patches[1:]
+        self.assertEqual(lines[1:3], [f"  patch -p2 --forward -d {copy} -i {p}" for p in rest])
+        self.assertEqual(lines[3], "in an SGLang checkout: git am --keep-non-patch "
+                         + " ".join(map(str, rest)))
+        self.assertNotIn(INSTALLED.patches[0].name, "\n".join(lines))
+
+
+class TestNeedsGnuPatch(GuardTestCase):
+    """A ``patch`` that is not GNU patch leaves the series "not checked", not "would not
+    apply"."""
+
+    def test_bsd_patch_is_not_used(self) -> None:
+        """With a ``patch`` first on PATH that answers ``--version`` as BSD patch does and
+        rejects GNU options, every patch is "unknown", the reason saying GNU patch is needed."""
+        assert INSTALLED is not None
+        site = patchset.sglang_site()
+        assert site is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            fake = Path(tmp) / "patch"
+            fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'patch 2.0-12u11-FreeBSD'"
+                            " && exit 0\necho \"patch: unknown option -- $1\" >&2; exit 2\n")
+            fake.chmod(0o755)
+            path = os.pathsep.join([tmp, os.environ.get("PATH", "")])
+            with unittest.mock.patch.dict(os.environ, {"PATH": path}):
+                statuses = patchset.check_series(INSTALLED, site)
+        self.assertEqual([s.state for s in statuses], ["unknown"] * len(INSTALLED.patches))
+        for status in statuses:
+            self.assertIn("needs GNU patch", status.reason)
+            self.assertIn("FreeBSD", status.reason)
+
+
+class TestPatchedCopyIsRebuilt(GuardTestCase):
+    """``tools/patched_tree.py`` rebuilds its patched copy when the released files change."""
+
+    def test_digest_follows_the_released_files(self) -> None:
+        """Same site path, same series: a touched file rewritten at the same size and
+        mtime, or another file of the tree rewritten, changes the digest."""
+        assert INSTALLED is not None
+        site = patchset.sglang_site()
+        assert site is not None
+        files = sorted({f for p in INSTALLED.patches for f in patchset.touched_files(p)})
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp)
+            for rel in [*files, "sglang/version.py"]:
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(site / rel, copy / rel)
+            first = patched_tree._digest(INSTALLED, copy)
+            self.assertEqual(patched_tree._digest(INSTALLED, copy), first)
+            touched = copy / files[0]
+            stat = touched.stat()
+            text = touched.read_bytes()
+            touched.write_bytes(text[:-1] + (b" " if text.endswith(b"\n") else b"\n"))
+            os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            second = patched_tree._digest(INSTALLED, copy)
+            self.assertNotEqual(second, first)
+            other = copy / "sglang/version.py"
+            other.write_bytes(other.read_bytes() + b"\n")
+            self.assertNotEqual(patched_tree._digest(INSTALLED, copy), second)
 
 
 class TestPatchesCommand(GuardTestCase):
@@ -145,7 +219,8 @@ class TestPatchesCommand(GuardTestCase):
         self.assertIn(f"series {INSTALLED.name}", text)
         for patch in INSTALLED.patches:
             self.assertIn(f"{patch.name}: would apply", text)
-        self.assertIn("patch -p2 -d", text)
+        self.assertIn("patch -p2 --forward -d", text)
+        self.assertIn("git am --keep-non-patch", text)
 
     def test_doctor_has_one_patches_line(self) -> None:
         """``doctor`` (in a fresh interpreter, as operators run it) prints exactly one line
@@ -155,6 +230,38 @@ class TestPatchesCommand(GuardTestCase):
         assert INSTALLED is not None
         self.assertEqual(lines, [f"patches: series {INSTALLED.name}, 3 patches: 3 would apply "
                                  "(sglang-dsv4-guard patches)"])
+
+
+class TestJudgesTheImportedTree(GuardTestCase):
+    """The release judged is the imported tree's own, not the first metadata on sys.path."""
+
+    def test_tree_without_metadata_over_another_release(self) -> None:
+        """An SGLang tree of another release, first on PYTHONPATH and without dist-info, over
+        the venv's SGLang: ``patches`` names the tree's release and series, and says that the
+        metadata disagrees."""
+        other = next(s for s in SERIES if str(sglang_release()) not in s.releases)
+        release = other.releases[-1]
+        site = patchset.sglang_site()
+        assert site is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = Path(tmp) / "sglang"
+            tree.mkdir()
+            (tree / "__init__.py").write_text("")
+            (tree / "_version.py").write_text(f"__version__ = version = '{release}'\n")
+            done = fresh_python("from sglang_dsv4_guard.cli import main; "
+                                "raise SystemExit(main(['patches']))", path_first=tmp)
+        lines = done.stdout.splitlines()
+        self.assertEqual(lines[0], f"SGLang {release} at {tree}", done.stdout + done.stderr)
+        self.assertEqual(lines[1], f"note: the SGLang tree imported from {Path(tmp)} is "
+                         f"{release}, but the first SGLang metadata on sys.path says "
+                         f"{sglang_release()}; judging the tree ({release})")
+        self.assertTrue(lines[2].startswith(f"series {other.name} "), lines[2])
+
+    def test_tree_version_reads_the_tree(self) -> None:
+        """``tree_version`` of the installed site is the installed release."""
+        site = patchset.sglang_site()
+        assert site is not None
+        self.assertEqual(patchset.tree_version(site), str(sglang_release()))
 
 
 class TestShippedInTheWheel(GuardTestCase):

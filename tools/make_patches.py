@@ -66,6 +66,19 @@ def _replace_once(text: str, old: str, new: str, where: str) -> str:
     return text.replace(old, new)
 
 
+def _comment_before(block: str, code: str) -> str:
+    """SGLang's comment lines right above the line starting with ``code``, kept verbatim
+    so the check they explain carries them into the helper."""
+    lines = block.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith(code):
+            start = index
+            while start and lines[start - 1].lstrip().startswith("#"):
+                start -= 1
+            return "".join(lines[start:index])
+    return ""
+
+
 def patch_1(text: str, release: str) -> str:
     start, end = text.find(CHECKS_START), text.find(CHECKS_END)
     if start < 0 or end < start or text.count(CHECKS_START) != 1:
@@ -74,6 +87,7 @@ def patch_1(text: str, release: str) -> str:
     if "must share the SWA index mapping" not in block:
         sys.exit(f"{UTILS}: unexpected DSV4 draft block in {release}")
     paged = PAGED_0523 if "request_window" in block else PAGED_BEFORE_0523
+    paged = _comment_before(block, "request_window = ") + paged
     text = text[:start] + CALL_SITE + text[end + len(CHECKS_END):]
     helper = HELPER_HEAD + paged + HELPER_TAIL
     return _replace_once(text, "def setup_state_kv_args(", helper + "def setup_state_kv_args(",

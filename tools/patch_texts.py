@@ -43,8 +43,21 @@ class _DSV4DraftChecks:
             return "never registered"
         if mapping is None:
             return "None"
-        shape = tuple(getattr(mapping, "shape", ()))
-        return f"{type(mapping).__name__}(shape={shape}) at {id(mapping):#x}"
+        fields = [f"shape={tuple(getattr(mapping, 'shape', ()))}"]
+        for name in ("dtype", "device"):
+            if hasattr(mapping, name):
+                fields.append(f"{name}={getattr(mapping, name)}")
+        return f"{type(mapping).__name__}({', '.join(fields)})"
+
+    def relation(self, target, draft) -> str:
+        """How two different mapping tensors relate, without memory addresses."""
+        try:
+            same = target.untyped_storage().data_ptr() == draft.untyped_storage().data_ptr()
+        except (AttributeError, TypeError, RuntimeError):
+            return ""
+        if same:
+            return "; the draft's is a view of the target's storage, not the tensor itself"
+        return "; the draft's is a separate tensor (a copy or its own mapping)"
 
     def fail(self, message: str, values: str = "") -> None:
         if not self.lines:
@@ -94,7 +107,8 @@ def _dsv4_draft_mismatches(target, draft) -> list[str]:
                 check.fail(
                     "DSV4 target and draft pools must share the SWA index mapping",
                     f"target={check.describe(mappings[0])}, "
-                    f"draft={check.describe(mappings[1])}",
+                    f"draft={check.describe(mappings[1])}"
+                    + check.relation(*mappings),
                 )
 '''
 
@@ -176,7 +190,7 @@ needs three relaunches of a many-GPU prefill/decode pair to find them all.
 What stays the same:
 - the first line of the error is exactly the message the first failing check
   raised before, so existing `except` clauses, tests and alerts still match;
-  a pair failing one check gets exactly the old message;
+  with one failing check, that first line is unchanged;
 - each further line starts with "also: " and names one more failing check
   with both pools' values;
 - the checks, their order and their verdict are unchanged: a pair that was
@@ -265,15 +279,17 @@ RATIO_NEW = '''\
 '''
 MAPPING_OLD = '''\
                     f"target={check.describe(mappings[0])}, "
-                    f"draft={check.describe(mappings[1])}",
+                    f"draft={check.describe(mappings[1])}"
+                    + check.relation(*mappings),
                 )
 '''
 MAPPING_NEW = '''\
                     f"target={check.describe(mappings[0])}, "
-                    f"draft={check.describe(mappings[1])}; the draft must hold "
-                    "the very tensor the target's SWATokenToKVPoolAllocator "
-                    "registered, which it gets when the draft worker is handed "
-                    "that allocator",
+                    f"draft={check.describe(mappings[1])}"
+                    + check.relation(*mappings)
+                    + "; the draft must hold the very tensor the target's "
+                    "SWATokenToKVPoolAllocator registered, which it gets when the "
+                    "draft worker is handed that allocator",
                 )
 '''
 
@@ -290,7 +306,9 @@ identity test that says neither which side is wrong nor where the shared
 tensor should come from. The causes are few: a draft worker that built its
 own SWA allocator instead of being handed the target's, a copy or view of
 the target's tensor, or a mapping registered on one side only. Naming each
-side's mapping (None, never registered, or a tensor with its shape) and the
+side's mapping (None, never registered, or a tensor with its shape, dtype
+and device, and whether the draft's is a view of the target's storage or a
+separate tensor) and the
 place the shared one is registered lets an operator tell them apart without
 a debugger.
 

@@ -32,7 +32,12 @@ TESTS = "tests/patched_tree"
 PATCHED = matrix.WORK / "patched"
 
 sys.path.insert(0, str(ROOT))
-from sglang_dsv4_guard.patchset import Series, series_for, sglang_site  # noqa: E402
+from sglang_dsv4_guard.patchset import (  # noqa: E402
+    Series,
+    series_for,
+    sglang_site,
+    touched_files,
+)
 
 
 def released_site(release: matrix.Release) -> Path:
@@ -47,9 +52,22 @@ def released_site(release: matrix.Release) -> Path:
 
 
 def _digest(series: Series, site: Path) -> str:
+    """What the patched copy was built from: the site, the patches, the released files.
+
+    Every released file counts by path, size and mtime (a reinstall of the same version
+    at the same place rewrites them), the files the series touches by their content.
+    """
     digest = hashlib.sha256(str(site).encode())
     for patch in series.patches:
         digest.update(patch.read_bytes())
+    for rel in sorted({f for p in series.patches for f in touched_files(p)}):
+        digest.update(rel.encode() + b"\0" + (site / rel).read_bytes())
+    for root, dirs, files in os.walk(site / "sglang"):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            info = (Path(root) / name).stat()
+            digest.update(f"{Path(root, name).relative_to(site)}\0{info.st_size}\0"
+                          f"{info.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 

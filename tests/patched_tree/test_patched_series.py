@@ -9,6 +9,8 @@ under another module name to compare against, over the same SGLang pool classes.
   outcome, the same first line, the same ``kv_args``; the patched message names every
   failing check the guard reports, one line each; with the guard installed over the
   patched tree there is no ``DSV4G099`` and no line of SGLang's message is said twice;
+- with any two attributes missing, patched and released raise the same first line (the
+  patch reads the pools in the released order until the first failure);
 - MORI logs one registration warning per mismatched peer, and ``_send_swa_dsa_state``
   is the released code, unchanged.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import logging
 import os
 import sys
@@ -85,6 +88,11 @@ def failing_lines(message: str) -> list[str]:
     return lines[:1] + [line for line in lines[1:] if line.startswith("also: ")]
 
 
+# Every attribute a missing read can name, in no particular order.
+MISSABLE = (*parity.DROPPABLE, "request_window", "unified_swa_window",
+            "full_to_swa_index_mapping")
+
+
 class TestPatchedTree(CustomTestCase):
     """The process imports the patched copy, and the released function from the release."""
 
@@ -145,6 +153,27 @@ class TestPatchedStateParity(CustomTestCase):
         said = Counter(line for line in str(error).splitlines() if line.strip())
         self.assertEqual([line for line in message.splitlines() if said[line] != 1], [])
 
+    def test_missing_attributes_are_read_in_the_released_order(self) -> None:
+        """Accepted pairs of both KV modes with every two attributes removed, from one pool
+        or one each: the patched function raises what the released one raises, first line
+        included, so until the first failure it reads in the released order. (Exhaustive:
+        a random draw of two drops rarely hits the pairs whose order matters.)"""
+        for unified in (False, True):
+            for first, second in itertools.combinations(MISSABLE, 2):
+                for victims in itertools.product((0, 1), repeat=2):
+                    pair = build_pair(PoolSpec(unified=unified), PoolSpec(unified=unified))
+                    for drop, victim in zip((first, second), victims, strict=True):
+                        if drop in vars(pair[victim]):
+                            delattr(pair[victim], drop)
+                    expected = outcome(RELEASED.setup_state_kv_args, *pair)
+                    actual = outcome(PATCHED["setup_state_kv_args"], *pair)
+                    case = f"unified={unified}, {first} from {victims[0]}, {second} from {victims[1]}"
+                    self.assertEqual(actual[0], expected[0], case)
+                    if expected[0] == "raised":
+                        self.assertIs(type(actual[1]), type(expected[1]), case)
+                        self.assertEqual(str(actual[1]).splitlines()[0],
+                                         str(expected[1]).splitlines()[0], case)
+
     def test_three_mismatches_in_one_error(self) -> None:
         """The demo's pair: SGLang's first line, then the mapping and geometry as also-lines."""
         target, draft = PoolSpec(), PoolSpec(compression_ratios=(0, 4), page_size=128)
@@ -156,9 +185,22 @@ class TestPatchedStateParity(CustomTestCase):
         self.assertEqual(lines[1], "  draft compression_ratios=[0, 4] (NextN layers have ratio 0)")
         also = [line for line in lines if line.startswith("also: ")]
         self.assertEqual(len(also), 2)
-        self.assertIn("must share the SWA index mapping: target=Tensor(shape=(16,))", also[0])
+        self.assertIn("must share the SWA index mapping: target=Tensor(shape=(16,), "
+                      "dtype=torch.int64, device=cpu), draft=Tensor(shape=(16,), "
+                      "dtype=torch.int64, device=cpu); the draft's is a separate tensor",
+                      also[0])
         self.assertIn("the draft worker is handed that allocator", also[0])
         self.assertTrue(also[1].startswith("also: " + geometry_prefix() + "target=(256, 128"))
+
+    def test_mapping_lines_are_the_same_every_run(self) -> None:
+        """The mapping line names no memory address: two builds of the same pair give the
+        same message; a view of the target's mapping is named as one."""
+        messages = [str(outcome(PATCHED["setup_state_kv_args"],
+                                *build_pair(PoolSpec(), PoolSpec(), mapping=kind))[1])
+                    for kind in ("clone", "clone", "view")]
+        self.assertEqual(messages[0], messages[1])
+        self.assertNotRegex(messages[0], r"0x[0-9a-f]+")
+        self.assertIn("the draft's is a view of the target's storage", messages[2])
 
     def test_one_mismatch_keeps_the_released_message_as_its_first_line(self) -> None:
         """A pair failing one check: the released message, then only that check's values."""
@@ -205,8 +247,12 @@ class TestPatchedMori(CustomTestCase):
         self.assertEqual(set(mgr.decode_kv_args_table), {"decode-a", "decode-b"})
 
     def test_silent_where_transfers_work(self) -> None:
-        """Equal TP, an MLA pool or no swa state: registration logs no warning."""
+        """Equal TP, an MLA pool, no swa state, or a decode-side manager (which sends no
+        state): registration logs no warning."""
+        decode = mori_stub.manager(conn, attn_tp=8)
+        decode.disaggregation_mode = conn.DisaggregationMode.DECODE
         with self.assertNoLogs(self.LOGGER, level=logging.WARNING):
+            decode._add_remote_peer(mori_stub.peer(conn, "d0", 4))
             mori_stub.manager(conn, attn_tp=8)._add_remote_peer(mori_stub.peer(conn, "d1", 8))
             mori_stub.manager(conn, attn_tp=8, mla=True)._add_remote_peer(
                 mori_stub.peer(conn, "d2", 4))
