@@ -13,27 +13,29 @@ import pytest
 collect_ignore = [] if os.environ.get("DSV4_GUARD_PATCHED_TREE") else ["patched_tree"]
 
 
-# tools/matrix.py names a file here; every code in a report the guard published during
-# a test that passed is appended to it ("<test id>\t<code>"), so the matrix counts the
-# codes tests produced, not test names.
+# tools/matrix.py names a file here; every code in a report the guard built during a
+# test that passed is appended to it ("<test id>\t<code>"), so the matrix counts the
+# codes tests produced, not test names. Every report (a wrapper's, check's, testing's)
+# is built by Report.of.
 CODES_FILE = os.environ.get("DSV4_GUARD_CODES_FILE")
 _produced: list[str] = []
 
 
-def _record_published_codes() -> None:
-    from sglang_dsv4_guard.runtime import Runtime
+def _record_produced_codes() -> None:
+    from sglang_dsv4_guard.findings import Report
 
-    publish = Runtime.publish
+    build = Report.of.__func__  # type: ignore[attr-defined]
 
-    def recording_publish(self: Runtime, report: object) -> None:
-        _produced.extend(getattr(report, "codes", ()))
-        publish(self, report)  # type: ignore[arg-type]
+    def recording_of(cls: type[Report], *args: object, **kwargs: object) -> Report:
+        report: Report = build(cls, *args, **kwargs)
+        _produced.extend(report.codes)
+        return report
 
-    Runtime.publish = recording_publish  # type: ignore[method-assign]
+    Report.of = classmethod(recording_of)  # type: ignore[method-assign, assignment]
 
 
 if CODES_FILE:
-    _record_published_codes()
+    _record_produced_codes()
 
 
 @pytest.hookimpl(wrapper=True)
