@@ -147,6 +147,18 @@ class TestResolution(CustomTestCase):
                          "SGLang's resolution of the flags")
 
 
+    def test_device_refusal_is_no_g026(self) -> None:
+        """DSpark refuses a CPU device during resolution ("only supports CUDA, NPU or XPU"):
+        the refusal is this machine's, so no DSV4G026; the check says so in ``unknowns``."""
+        dspark = f"--speculative-algorithm DSPARK --speculative-draft-model-path {DSV4}"
+        status, doc = check_json(server("prefill", DSV4, dspark), server("decode", DSV4, dspark))
+        self.assertNotIn("DSV4G026", codes(doc))
+        self.assertEqual(status, 0, doc["findings"])
+        device_notes = [u for u in doc["unknowns"] if "device" in u and "refused" in u]
+        self.assertEqual(len(device_notes), 2, doc["unknowns"])
+        self.assertIn("CUDA", device_notes[0])
+
+
 class TestAsymmetries(CustomTestCase):
     """Prefill/decode differences the runtime checks never see: warnings, exit 0."""
 

@@ -170,7 +170,7 @@ def derive_side(args: SideArgs) -> Side:
         draft = load_model(option, draft_path, draft=True, algorithm=str(algorithm))
     attn_tp, attn_dp = attention_tp(args)
     page = args.get("page_size")
-    source = ("SGLang's resolution of the flags" if args.resolution_error is None
+    source = ("SGLang's resolution of the flags" if args.resolved
               else "server flag --page-size")
     if page is None and model.is_dsv4:
         page, source = DSV4_PAGE_SIZE, "SGLang's DeepSeek-V4 default (no --page-size)"

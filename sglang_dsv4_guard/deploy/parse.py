@@ -18,13 +18,15 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-__all__ = ["CheckInputError", "SideArgs", "offline_env", "parse_env", "parse_side"]
+__all__ = ["CheckInputError", "Resolution", "SideArgs", "is_device_refusal", "offline_env",
+           "parse_env", "parse_side"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -64,6 +66,16 @@ class SideArgs:
     deprecated: tuple[str, ...]
     resolved_by: str
     resolution_error: str | None = None
+    # The resolved ServerArgs (None when resolution did not complete) and the device it ran as.
+    server_args: Any = None
+    resolved_device: str = "cpu"
+    # A refusal about the device or platform: this machine's, reported as an unknown.
+    device_refusal: str | None = None
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the release's full resolution completed for these flags."""
+        return self.server_args is not None
 
     def get(self, name: str) -> Any:
         """A parsed field, ``None`` when the release has no such field."""
@@ -145,13 +157,34 @@ def _view(server_args: Any) -> Any:
     return resolving_view(server_args)
 
 
-def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]
-             ) -> tuple[dict[str, Any] | None, str | None]:
-    """The release's full resolution: the resolved fields, or ``None`` and its refusal."""
+# A refusal naming an accelerator or the device: caused by resolving on this CPU machine.
+_DEVICE_REFUSAL = re.compile(r"\b(CUDA|HIP|ROCm|NPU|XPU|MPS|GPU|device|platform)s?\b",
+                             re.IGNORECASE)
+
+
+def is_device_refusal(message: str) -> bool:
+    """Whether SGLang's refusal is about the device or platform (this machine's, not the
+    server's flags)."""
+    return bool(_DEVICE_REFUSAL.search(message))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The release's resolution of one server's flags: the fields, or its refusal."""
+
+    values: dict[str, Any] | None
+    refusal: str | None
+    device: str
+    server_args: Any = None
+    device_refusal: str | None = None
+
+
+def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str
+                ) -> tuple[Any, str | None]:
     from sglang.srt.server_args import ServerArgs
 
     ns = copy.copy(namespace)
-    ns.device = "cpu"  # any other device is probed, and fails on a machine without it
+    ns.device = device
     try:
         with offline_env(env):
             server_args = ServerArgs.from_cli_args(ns)  # resolves here up to 0.5.21
@@ -161,8 +194,28 @@ def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]
     except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: DSV4G026
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return None, f"{type(exc).__name__}: {first}"
+    return server_args, None
+
+
+def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]) -> Resolution:
+    """The release's full resolution, first with ``--device cpu`` (any other device is
+    probed). A refusal about the device is retried as ``--device cuda`` (resolution does not
+    touch the GPU); a device refusal there too is kept apart (``device_refusal``), never
+    taken for the server's own."""
+    server_args, refusal = _resolve_on(namespace, env, "cpu")
+    device, device_refusal = "cpu", None
+    if refusal is not None and is_device_refusal(refusal):
+        device_refusal = refusal
+        server_args, refusal = _resolve_on(namespace, env, "cuda")
+        device = "cuda"
+        if refusal is not None and is_device_refusal(refusal):
+            return Resolution(None, None, device, None, f"{device_refusal}; with --device "
+                                                          f"cuda: {refusal}")
+    if server_args is None:
+        return Resolution(None, refusal, device, None, device_refusal)
     view = _view(server_args)
-    return {name: getattr(view, name, None) for name in FIELDS}, None
+    return Resolution({name: getattr(view, name, None) for name in FIELDS}, None, device,
+                      server_args, device_refusal)
 
 
 def _resolve_deprecated_dp(namespace: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -222,10 +275,11 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     namespace = parser.parse_args(argv)
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
-    resolved, refusal = _resolve(namespace, env)
-    if resolved is not None:
-        values, resolved_by = resolved, "the release's parser and its full resolution " \
-                                         "(run with --device cpu)"
+    resolution = _resolve(namespace, env)
+    if resolution.values is not None:
+        values = resolution.values
+        resolved_by = ("the release's parser and its full resolution (run with --device "
+                       f"{resolution.device})")
     else:
         values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)
@@ -234,4 +288,5 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
         raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
                                       f"needs {role!r}")
     return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
-                    resolved_by, refusal)
+                    resolved_by, resolution.refusal, resolution.server_args,
+                    resolution.device, resolution.device_refusal)

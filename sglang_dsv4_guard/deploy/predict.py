@@ -138,6 +138,18 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
                      "model; this backend's own rules for sliced SWA state apply (Mooncake "
                      "and NIXL reject it before SGLang 0.5.22, slice it by heads from 0.5.22); "
                      "DSV4G006 is MORI's check only")
+    for side in (prefill, decode):
+        a = side.args
+        if a.device_refusal is not None and a.resolved:
+            notes.append(f"{side.role}: SGLang's resolution refused the CPU device this check "
+                         f"runs on ({a.device_refusal}); resolved again as --device "
+                         f"{a.resolved_device}, whose other device-specific defaults may "
+                         "differ from the server's")
+        elif a.device_refusal is not None:
+            notes.append(f"{side.role}: SGLang's resolution refused the device this check runs "
+                         f"on ({a.device_refusal}); a refusal about the device is this "
+                         "machine's, not the server's, so the flags are used as parsed, "
+                         "without SGLang's model defaults and validations")
     notes.append("the model paths are compared as typed; whether they hold the same "
                  "checkpoint on their hosts is not known here")
     notes.append("both servers are assumed to run the SGLang release installed here; "
