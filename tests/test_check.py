@@ -117,6 +117,19 @@ class TestDeepSeekV4State(CustomTestCase):
             self.assertTrue(run["sglang_error"].startswith("DSV4 target and draft pools must "
                                                            "share"), run)
 
+    def test_pools_get_the_resolved_draft_token_count(self) -> None:
+        """Each server's pools are built under its own resolved ServerArgs and get
+        ``online_mtp_max_draft_tokens`` as SGLang's KV-cache configurator passes it: 4 on the
+        prefill, 2 on the decode (not the constructor's default 0)."""
+        two = NEXTN.replace("--speculative-num-draft-tokens 4",
+                            "--speculative-num-draft-tokens 2").replace(
+            "--speculative-num-steps 3", "--speculative-num-steps 1")
+        _, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4, two))
+        counts = {r["server"]: r["online_mtp_max_draft_tokens"]
+                  for r in doc["state_check_runs"]}
+        self.assertEqual(counts, {"prefill": 4, "decode": 2})
+        self.assertEqual([r["sglang_error"] for r in doc["state_check_runs"]], [None, None])
+
     def test_no_draft_no_state_check(self) -> None:
         """Without speculative decoding SGLang's DSV4 block does not run, nor do the pools."""
         status, doc = check_json(server("prefill", DSV4), server("decode", DSV4))

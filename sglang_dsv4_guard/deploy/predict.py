@@ -54,6 +54,7 @@ class CheckResult:
             "state_check_runs": [
                 {"server": r.role, "target_compress_ratios": list(r.target_ratios),
                  "draft_compress_ratios": list(r.draft_ratios),
+                 "online_mtp_max_draft_tokens": r.online_mtp_max_draft_tokens,
                  "sglang_error": r.host_error, "pool_build_error": r.build_error}
                 for r in self.pool_runs],
             "unknowns": list(self.unknowns),
