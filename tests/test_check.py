@@ -172,6 +172,19 @@ class TestResolution(CustomTestCase):
         self.assertIn("CUDA", device_notes[0])
 
 
+    def test_launcher_prefixes_are_dropped(self) -> None:
+        """``python3``, ``/usr/bin/python3.11 -m sglang.launch_server`` and ``sglang serve``
+        prefixes are stripped whole: the servers read as without them."""
+        for prefix in ("python -m sglang.launch_server", "python3 -m sglang.launch_server",
+                       "/usr/bin/python3.11 -m sglang.launch_server", "-m sglang.launch_server",
+                       "sglang serve", "/opt/venv/bin/sglang serve"):
+            with self.subTest(prefix=prefix):
+                status, doc = check_json(f"{prefix} {server('prefill', GPT_OSS, '--tp-size 8')}",
+                                         server("decode", GPT_OSS, "--tp-size 4"))
+                self.assertEqual((status, codes(doc)), (1, ["DSV4G006"]))
+                self.assertEqual(doc["derived"]["prefill"]["attn_tp_size"], 8)
+
+
 class TestAsymmetries(CustomTestCase):
     """Prefill/decode differences the runtime checks never see: warnings, exit 0."""
 

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-__all__ = ["CheckInputError", "Resolution", "SideArgs", "is_device_refusal", "offline_env",
-           "parse_env", "parse_side"]
+__all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
+           "is_device_refusal", "offline_env", "parse_env", "parse_side"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -105,17 +105,48 @@ def parse_env(option: str, items: Sequence[str]) -> dict[str, str]:
     return env
 
 
+# Bounds on one server's ARGS: splitting is quadratic in shlex, and no launch line is near.
+MAX_ARGS_CHARS = 64 * 1024
+MAX_ARGS_TOKENS = 4096
+_PYTHON = re.compile(r"python[0-9.]*")
+_LAUNCHERS = "python[3[.x]] -m sglang.launch_server, or sglang serve"
+
+
+def _strip_launcher(option: str, argv: list[str]) -> list[str]:
+    """Drop a launcher prefix: ``[/path/]python[3[.x]] -m sglang.launch_server``,
+    ``-m sglang.launch_server`` or ``[/path/]sglang serve``."""
+    head = os.path.basename(argv[0])
+    if _PYTHON.fullmatch(head):
+        if argv[1:3] != ["-m", "sglang.launch_server"]:
+            raise CheckInputError(option, f"starts with {argv[0]!r} but not with "
+                                          f"'-m sglang.launch_server' after it; give the "
+                                          f"server's arguments (a launcher prefix accepted: "
+                                          f"{_LAUNCHERS})")
+        return argv[3:]
+    if argv[:2] == ["-m", "sglang.launch_server"]:
+        return argv[2:]
+    if head == "sglang" and argv[1:2] == ["serve"]:
+        return argv[2:]
+    return argv
+
+
 def _split(option: str, text: str) -> list[str]:
+    if len(text) > MAX_ARGS_CHARS:
+        raise CheckInputError(option, f"{len(text)} characters; at most {MAX_ARGS_CHARS} are "
+                                      "read (one server's launch arguments)")
     try:
         argv = shlex.split(text)
     except ValueError as exc:
-        raise CheckInputError(option, f"cannot split the command line: {exc} (got {text!r})") \
+        shown = text if len(text) <= 200 else text[:200] + "..."
+        raise CheckInputError(option, f"cannot split the command line: {exc} (got {shown!r})") \
             from None
+    if len(argv) > MAX_ARGS_TOKENS:
+        raise CheckInputError(option, f"{len(argv)} arguments; at most {MAX_ARGS_TOKENS} are "
+                                      "read (one server's launch arguments)")
+    if argv:
+        argv = _strip_launcher(option, argv)
     if not argv:
         raise CheckInputError(option, "empty; give the server's launch arguments")
-    if argv[:3] == ["python", "-m", "sglang.launch_server"] or argv[:2] == ["-m",
-                                                                          "sglang.launch_server"]:
-        argv = argv[3:] if argv[0] == "python" else argv[2:]
     for token in argv:
         if token in ("-h", "--help"):
             raise CheckInputError(option, f"{token} is not a server setting")
