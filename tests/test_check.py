@@ -186,7 +186,8 @@ class TestResolution(CustomTestCase):
 
 
 class TestAsymmetries(CustomTestCase):
-    """Prefill/decode differences the runtime checks never see: warnings, exit 0."""
+    """Prefill/decode differences the runtime checks never see: warnings, exit 0 (but
+    different transfer backends, an error)."""
 
     def test_g020_speculative_on_one_side_only(self) -> None:
         """NEXTN on the prefill only is DSV4G020."""
@@ -211,10 +212,11 @@ class TestAsymmetries(CustomTestCase):
         self.assertEqual((status, codes(doc)), (0, ["DSV4G022"]))
 
     def test_g023_transfer_backends_differ(self) -> None:
-        """Mooncake against NIXL is DSV4G023."""
+        """Mooncake against NIXL is DSV4G023, an error (the pair cannot connect): exit 1."""
         status, doc = check_json(server("prefill", LLAMA, backend="mooncake"),
                                  server("decode", LLAMA, backend="nixl"))
-        self.assertEqual((status, codes(doc)), (0, ["DSV4G023"]))
+        self.assertEqual((status, codes(doc)), (1, ["DSV4G023"]))
+        self.assertEqual(doc["findings"][0]["severity"], "error")
 
     def test_g024_models_differ(self) -> None:
         """Llama on the prefill and gpt-oss on the decode is DSV4G024 naming both."""
