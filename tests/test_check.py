@@ -235,6 +235,17 @@ class TestAsymmetries(CustomTestCase):
         self.assertEqual(doc["derived"]["decode"]["unified_kv"], True)
         self.assertTrue(any(u.startswith("DSV4G003 (decode)") for u in doc["unknowns"]))
 
+    def test_unified_kv_env_without_mori_is_an_unknown(self) -> None:
+        """SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton over Mooncake: the check cannot tell
+        ROCm from flags, so it says in ``unknowns`` that it built paged pools."""
+        env = "SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton"
+        _, doc = check_json(server("prefill", DSV4, NEXTN, backend="mooncake"),
+                            server("decode", DSV4, NEXTN, backend="mooncake"),
+                            "--prefill-env", env, "--decode-env", env)
+        notes = [u for u in doc["unknowns"] if "unified_kv_triton selects" in u]
+        self.assertEqual([n.split(":")[0] for n in notes], ["prefill", "decode"])
+        self.assertIn("mooncake", notes[0])
+
     def test_same_env_both_sides_no_g025(self) -> None:
         """The same unified-KV setting on both servers is no finding."""
         env = "SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton"

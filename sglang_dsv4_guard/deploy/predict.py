@@ -128,6 +128,14 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
                          "on this machine; its ring geometry is not predicted (target window "
                          f"{side.model.sliding_window}, draft window "
                          f"{side.draft.sliding_window})")
+    for side in (prefill, decode):
+        if side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND") == "unified_kv_triton" \
+                and not side.unified_kv and side.model.is_dsv4:
+            notes.append(f"{side.role}: SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton selects "
+                         "the unified-KV pool on ROCm only; with the "
+                         f"{side.transfer_backend} transfer backend this check cannot tell "
+                         "whether the server runs on ROCm, so it built paged pools: if it "
+                         "does, the unified-KV layout and its ring geometry are not predicted")
     for run in runs:
         if run.build_error:
             notes.append(f"{run.role}: SGLang's DeepSeekV4TokenToKVPool refused the values the "
