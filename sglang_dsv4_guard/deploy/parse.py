@@ -34,8 +34,7 @@ FIELDS = (
     "enable_dp_attention", "page_size", "disaggregation_mode",
     "disaggregation_transfer_backend", "speculative_algorithm",
     "speculative_draft_model_path", "speculative_num_draft_tokens",
-    "speculative_num_steps", "speculative_eagle_topk", "kv_cache_dtype",
-    "disable_hybrid_swa_memory",
+    "speculative_num_steps", "disable_hybrid_swa_memory",
 )
 # Positive integers, with the flag that sets each.
 _POSITIVE = (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
