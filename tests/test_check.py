@@ -172,6 +172,19 @@ class TestResolution(CustomTestCase):
         self.assertIn("CUDA", device_notes[0])
 
 
+    def test_model_config_from_the_resolved_flags(self) -> None:
+        """``--json-model-override-args`` reaches the model as SGLang builds it
+        (``ModelConfig.from_server_args``): a sliding window overridden to 64 is what the
+        check derives for the target and the draft."""
+        override = "--json-model-override-args '{\"sliding_window\": 64}'"
+        _, doc = check_json(server("prefill", DSV4, f"{NEXTN} {override}"),
+                            server("decode", DSV4, NEXTN))
+        prefill = doc["derived"]["prefill"]
+        self.assertEqual((prefill["model"]["sliding_window"],
+                          prefill["draft_model"]["sliding_window"]), (64, 64))
+        self.assertEqual(doc["derived"]["decode"]["model"]["sliding_window"], 128)
+        self.assertTrue(prefill["model"]["dsv4"])
+
     def test_launcher_prefixes_are_dropped(self) -> None:
         """``python3``, ``/usr/bin/python3.11 -m sglang.launch_server`` and ``sglang serve``
         prefixes are stripped whole: the servers read as without them."""
