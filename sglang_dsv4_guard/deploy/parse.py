@@ -279,6 +279,8 @@ def _validate(option: str, values: Mapping[str, Any]) -> None:
     if values.get("enable_dp_attention") and attn_dp == 1:
         attn_dp = values.get("dp_size") or 1
     cp = values.get("attn_cp_size") or 1
+    # Kept although resolution refuses this too: there it is a bare AssertionError with no
+    # message (0.5.23), and attention TP cannot be computed from the flags as parsed.
     if tp % (attn_dp * cp):
         raise CheckInputError(option, f"--tp-size {tp} is not divisible by the attention DP "
                                       f"size {attn_dp} times the attention CP size {cp}")
