@@ -209,7 +209,9 @@ def _parser() -> argparse.ArgumentParser:
                     "1: errors; 2: input that cannot be read.")
     check.add_argument("--prefill", required=True, metavar="ARGS",
                        help="the prefill server's arguments, as typed after "
-                            "'python -m sglang.launch_server' (one quoted string)")
+                            "'python -m sglang.launch_server' (one quoted string, at most "
+                            "64 KiB); a leading '[/path/]python[3[.x]] -m "
+                            "sglang.launch_server' or 'sglang serve' is dropped")
     check.add_argument("--decode", required=True, metavar="ARGS",
                        help="the decode server's arguments (one quoted string)")
     for role in ("prefill", "decode"):

@@ -150,8 +150,10 @@ CODES: dict[str, CodeInfo] = {
             None,
             "`sglang-dsv4-guard check`: both servers decode speculatively but with a "
             "different --speculative-algorithm or --speculative-num-draft-tokens. The "
-            "draft-token count sizes the DeepSeek-V4 SWA ring (window + draft tokens - 1), "
-            "so the state the prefill sends does not fit the decode's layout.",
+            "prefill hands the decode a request whose draft state was produced under its "
+            "own settings; the decode continues it under others (for DeepSeek-V4 the "
+            "draft-token count also sizes the SWA ring, so the state sent does not fit "
+            "the decode's layout).",
             ("use one --speculative-algorithm and one --speculative-num-draft-tokens on "
              "both servers",),
         ),
@@ -160,9 +162,10 @@ CODES: dict[str, CodeInfo] = {
             "prefill and decode use different KV page sizes",
             None,
             "`sglang-dsv4-guard check`: the servers' page sizes (--page-size, or the "
-            "model's default) differ. KV is transferred page by page; DeepSeek-V4's paged "
-            "SWA mode requires page size 256 on both.",
-            ("launch both servers with the same --page-size (256 for DeepSeek-V4)",),
+            "model's default) differ. KV is transferred page by page, so both servers "
+            "need the same page size.",
+            ("launch both servers with the same --page-size (the page size SGLang resolves "
+             "for the model, 256 for DeepSeek-V4 on GPU)",),
         ),
         CodeInfo(
             "DSV4G023",
@@ -170,7 +173,7 @@ CODES: dict[str, CodeInfo] = {
             None,
             "`sglang-dsv4-guard check`: --disaggregation-transfer-backend differs between "
             "the servers. Both ends of a KV transfer must speak the same engine; the pair "
-            "cannot connect.",
+            "cannot connect, so this is an error (exit 1).",
             ("launch both servers with the same --disaggregation-transfer-backend",),
         ),
         CodeInfo(

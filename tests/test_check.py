@@ -116,6 +116,19 @@ class TestDeepSeekV4State(GuardTestCase):
             self.assertTrue(run["sglang_error"].startswith("DSV4 target and draft pools must "
                                                            "share"), run)
 
+    def test_pools_get_the_resolved_draft_token_count(self) -> None:
+        """Each server's pools are built under its own resolved ServerArgs and get
+        ``online_mtp_max_draft_tokens`` as SGLang's KV-cache configurator passes it: 4 on the
+        prefill, 2 on the decode (not the constructor's default 0)."""
+        two = NEXTN.replace("--speculative-num-draft-tokens 4",
+                            "--speculative-num-draft-tokens 2").replace(
+            "--speculative-num-steps 3", "--speculative-num-steps 1")
+        _, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4, two))
+        counts = {r["server"]: r["online_mtp_max_draft_tokens"]
+                  for r in doc["state_check_runs"]}
+        self.assertEqual(counts, {"prefill": 4, "decode": 2})
+        self.assertEqual([r["sglang_error"] for r in doc["state_check_runs"]], [None, None])
+
     def test_no_draft_no_state_check(self) -> None:
         """Without speculative decoding SGLang's DSV4 block does not run, nor do the pools."""
         status, doc = check_json(server("prefill", DSV4), server("decode", DSV4))
@@ -146,6 +159,49 @@ class TestResolution(GuardTestCase):
                          "SGLang's resolution of the flags")
 
 
+    def test_device_refusal_is_no_g026(self) -> None:
+        """DSpark refuses a CPU device during resolution ("only supports CUDA, NPU or XPU"):
+        the refusal is this machine's, so no DSV4G026; the check says so in ``unknowns``."""
+        dspark = f"--speculative-algorithm DSPARK --speculative-draft-model-path {DSV4}"
+        status, doc = check_json(server("prefill", DSV4, dspark), server("decode", DSV4, dspark))
+        self.assertNotIn("DSV4G026", codes(doc))
+        self.assertEqual(status, 0, doc["findings"])
+        device_notes = [u for u in doc["unknowns"] if "device" in u and "refused" in u]
+        self.assertEqual(len(device_notes), 2, doc["unknowns"])
+        self.assertIn("CUDA", device_notes[0])
+
+
+    def test_model_config_from_the_resolved_flags(self) -> None:
+        """``--json-model-override-args`` reaches the model as SGLang builds it
+        (``ModelConfig.from_server_args``): a sliding window overridden to 64 is what the
+        check derives for the target and the draft."""
+        override = "--json-model-override-args '{\"sliding_window\": 64}'"
+        _, doc = check_json(server("prefill", DSV4, f"{NEXTN} {override}"),
+                            server("decode", DSV4, NEXTN))
+        prefill = doc["derived"]["prefill"]
+        self.assertEqual((prefill["model"]["sliding_window"],
+                          prefill["draft_model"]["sliding_window"]), (64, 64))
+        self.assertEqual(doc["derived"]["decode"]["model"]["sliding_window"], 128)
+        self.assertTrue(prefill["model"]["dsv4"])
+
+    def test_launcher_prefixes_are_dropped(self) -> None:
+        """``python3``, ``/usr/bin/python3.11 -m sglang.launch_server`` and ``sglang serve``
+        prefixes are stripped whole: the servers read as without them."""
+        for prefix in ("python -m sglang.launch_server", "python3 -m sglang.launch_server",
+                       "/usr/bin/python3.11 -m sglang.launch_server", "-m sglang.launch_server",
+                       "sglang serve", "/opt/venv/bin/sglang serve"):
+            with self.subTest(prefix=prefix):
+                status, doc = check_json(f"{prefix} {server('prefill', GPT_OSS, '--tp-size 8')}",
+                                         server("decode", GPT_OSS, "--tp-size 4"))
+                self.assertEqual((status, codes(doc)), (1, ["DSV4G006"]))
+                self.assertEqual(doc["derived"]["prefill"]["attn_tp_size"], 8)
+
+
+class TestAsymmetries(GuardTestCase):
+    """Prefill/decode differences the runtime checks never see: warnings, exit 0 (but
+    different transfer backends, an error)."""
+
+
 class TestAsymmetries(GuardTestCase):
     """Prefill/decode differences the runtime checks never see: warnings, exit 0."""
 
@@ -172,10 +228,11 @@ class TestAsymmetries(GuardTestCase):
         self.assertEqual((status, codes(doc)), (0, ["DSV4G022"]))
 
     def test_g023_transfer_backends_differ(self) -> None:
-        """Mooncake against NIXL is DSV4G023."""
+        """Mooncake against NIXL is DSV4G023, an error (the pair cannot connect): exit 1."""
         status, doc = check_json(server("prefill", LLAMA, backend="mooncake"),
                                  server("decode", LLAMA, backend="nixl"))
-        self.assertEqual((status, codes(doc)), (0, ["DSV4G023"]))
+        self.assertEqual((status, codes(doc)), (1, ["DSV4G023"]))
+        self.assertEqual(doc["findings"][0]["severity"], "error")
 
     def test_g024_models_differ(self) -> None:
         """Llama on the prefill and gpt-oss on the decode is DSV4G024 naming both."""
@@ -193,6 +250,17 @@ class TestAsymmetries(GuardTestCase):
         self.assertEqual((status, codes(doc)), (0, ["DSV4G025"]))
         self.assertEqual(doc["derived"]["decode"]["unified_kv"], True)
         self.assertTrue(any(u.startswith("DSV4G003 (decode)") for u in doc["unknowns"]))
+
+    def test_unified_kv_env_without_mori_is_an_unknown(self) -> None:
+        """SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton over Mooncake: the check cannot tell
+        ROCm from flags, so it says in ``unknowns`` that it built paged pools."""
+        env = "SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton"
+        _, doc = check_json(server("prefill", DSV4, NEXTN, backend="mooncake"),
+                            server("decode", DSV4, NEXTN, backend="mooncake"),
+                            "--prefill-env", env, "--decode-env", env)
+        notes = [u for u in doc["unknowns"] if "unified_kv_triton selects" in u]
+        self.assertEqual([n.split(":")[0] for n in notes], ["prefill", "decode"])
+        self.assertIn("mooncake", notes[0])
 
     def test_same_env_both_sides_no_g025(self) -> None:
         """The same unified-KV setting on both servers is no finding."""

@@ -56,6 +56,22 @@ class TestBadInput(GuardTestCase):
         err = self.bad(server("prefill", LLAMA, "--tp-size 6 --dp-size 4 --enable-dp-attention"))
         self.assertIn("--tp-size 6 is not divisible", err)
 
+    def test_huge_args_refused_quickly(self) -> None:
+        """1 MB of ARGS (shlex is quadratic: ~70 s) is refused at once, naming the argument,
+        the size and the cap; so are more tokens than the cap."""
+        err = self.bad(server("prefill", LLAMA, "--tp-size 1 " * 90_000))
+        self.assertIn("--prefill: ", err)
+        self.assertIn("characters; at most 65536 are read", err)
+        err = self.bad(server("prefill", LLAMA), "a " * 5000)
+        self.assertIn("--decode: 5000 arguments; at most 4096 are read", err)
+
+    def test_python_launcher_without_module(self) -> None:
+        """``python3 --model-path ...`` (a launcher without ``-m sglang.launch_server``) is
+        named, with the prefixes accepted."""
+        err = self.bad("python3 " + server("prefill", LLAMA))
+        self.assertIn("--prefill: starts with 'python3' but not with '-m "
+                      "sglang.launch_server'", err)
+
     def test_model_without_config_json(self) -> None:
         """A model path without config.json is named with the path."""
         err = self.bad(server("prefill", DATA))

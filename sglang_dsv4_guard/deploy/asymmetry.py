@@ -1,4 +1,7 @@
-"""PD asymmetries no runtime check sees (DSV4G020-DSV4G025): pure functions of two sides."""
+"""PD asymmetries no runtime check sees (DSV4G020-DSV4G025): pure functions of two sides.
+
+Warnings, except DSV4G023 (different transfer backends cannot connect): an error.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +32,9 @@ class SideView:
 
 
 def _finding(code: str, subject: str, observations: list[Observation],
-             details: tuple[str, ...] = ()) -> Finding:
+             details: tuple[str, ...] = (), severity: Severity = Severity.WARNING) -> Finding:
     info = CODES[code]
-    return Finding(code=code, severity=Severity.WARNING, summary=info.title, subject=subject,
+    return Finding(code=code, severity=severity, summary=info.title, subject=subject,
                    observations=tuple(observations), details=details, fixes=info.fixes,
                    docs=docs_url(code))
 
@@ -59,7 +62,7 @@ def _speculative(p: SideView, d: SideView) -> list[Finding]:
 
 
 def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
-    """Every prefill/decode asymmetry between ``p`` and ``d``, as warnings."""
+    """Every prefill/decode asymmetry between ``p`` and ``d`` (DSV4G023 an error)."""
     findings = _speculative(p, d)
     if p.page_size != d.page_size:
         findings.append(_finding("DSV4G022", "KV page size", _both(
@@ -67,7 +70,7 @@ def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
     if p.transfer_backend != d.transfer_backend:
         findings.append(_finding("DSV4G023", "transfer backend", _both(
             "transfer_backend", "server flag --disaggregation-transfer-backend",
-            lambda s: s.transfer_backend, p, d)))
+            lambda s: s.transfer_backend, p, d), severity=Severity.ERROR))
     models = []
     if p.model_path != d.model_path or p.architecture != d.architecture:
         models += _both("model_path", "server flag --model-path", lambda s: s.model_path, p, d)

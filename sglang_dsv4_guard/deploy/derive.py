@@ -1,6 +1,8 @@
 """What one server will be, derived with the installed release's own code.
 
-- the model: ``ModelConfig`` on the local ``config.json`` (attention architecture,
+- the model: ``ModelConfig.from_server_args`` on the resolved flags (the bare
+  ``ModelConfig`` when resolution refused them) and the local ``config.json`` (attention
+  architecture,
   hybrid SWA layers, the DeepSeek-V4 fields); the draft model with ``is_draft_model=True``
   as the draft worker loads it (a DeepSeek-V4 draft becomes its NextN architecture);
 - attention TP: the release's ``compute_dp_attention_world_info`` (called for rank 0 with
@@ -15,19 +17,18 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sglang_dsv4_guard.deploy.parse import CheckInputError, SideArgs, offline_env
 
-__all__ = ["DSV4_ARCHITECTURES", "ModelFacts", "Side", "derive_side", "load_model"]
+__all__ = ["ModelFacts", "Side", "derive_side", "load_model"]
 
 log = logging.getLogger("sglang_dsv4_guard")
 
-DSV4_ARCHITECTURES = ("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
-                      "DeepseekV4ForCausalLMDSpark")
 # The page size SGLang's DeepSeek-V4 model override sets when --page-size is not given
-# (arg_groups/model_overrides/deepseek_v4.py); paged SWA mode asserts it.
+# (arg_groups/model_overrides/deepseek_v4.py); used only when resolution did not complete.
 DSV4_PAGE_SIZE = 256
 
 
@@ -105,33 +106,49 @@ def _kwargs_for(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in candidates.items() if k in params}
 
 
-def load_model(option: str, path: str, draft: bool = False,
-               algorithm: str | None = None) -> ModelFacts:
-    """``ModelConfig`` on ``path``/config.json; a missing or unreadable one names ``option``."""
+def _model_config(option: str, path: str, draft: bool, algorithm: str | None,
+                  server_args: Any, env: Mapping[str, str]) -> Any:
     from sglang.srt.configs.model_config import ModelConfig
+
+    try:
+        with offline_env(env):
+            if server_args is not None:  # as the server builds it: overrides, revision, quant
+                return ModelConfig.from_server_args(server_args, model_path=path,
+                                                    is_draft_model=draft)
+            kwargs = _kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
+                                                        "speculative_algorithm": algorithm})
+            return ModelConfig(path, **kwargs)
+    except Exception as exc:  # SGLang's and transformers' errors on a bad config.json
+        raise CheckInputError(option, f"SGLang's ModelConfig cannot read {path}/config.json: "
+                                      f"{type(exc).__name__}: {exc}") from None
+
+
+def load_model(option: str, path: str, draft: bool = False, algorithm: str | None = None,
+               server_args: Any = None, env: Mapping[str, str] | None = None) -> ModelFacts:
+    """``ModelConfig`` on ``path``/config.json, built once, from the server's resolved
+    ``ServerArgs`` when there is one (``ModelConfig.from_server_args``, so
+    --json-model-override-args, --revision and quantization apply); a missing or
+    unreadable config names ``option``."""
+    from sglang.srt.configs.model_config import is_deepseek_v4
 
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise CheckInputError(option, f"no config.json in {path!r} (give a local directory; "
                                       "weights are not needed)")
-    kwargs = _kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
-                                                "speculative_algorithm": algorithm})
-    try:
-        with offline_env():
-            config = ModelConfig(path, **kwargs)
-    except Exception as exc:  # SGLang's and transformers' errors on a bad config.json
-        raise CheckInputError(option, f"SGLang's ModelConfig cannot read {path}/config.json: "
-                                      f"{type(exc).__name__}: {exc}") from None
+    config = _model_config(option, path, draft, algorithm, server_args, env or {})
     hf = config.hf_config
     arch = (getattr(hf, "architectures", None) or ["?"])[0]
     attn = getattr(config.attention_arch, "name", str(config.attention_arch))
-    ratios = tuple(int(r) for r in (getattr(hf, "compress_ratios", None) or ()))
-    window = getattr(hf, "sliding_window", None)
+    # DeepSeek-V4's window and ratios as SGLang passes them to its pool (ModelConfig's own).
+    ratios = getattr(config, "compress_ratios", None) or getattr(hf, "compress_ratios", None)
+    window = getattr(config, "window_size", None)
+    if not isinstance(window, int):
+        window = getattr(hf, "sliding_window", None)
     return ModelFacts(
         path=path, architecture=arch, attention_arch=attn,
         is_hybrid_swa=bool(getattr(config, "is_hybrid_swa", False)),
-        is_dsv4=arch in DSV4_ARCHITECTURES,
+        is_dsv4=bool(is_deepseek_v4(hf)),
         sliding_window=int(window) if isinstance(window, int) else None,
-        compress_ratios=ratios,
+        compress_ratios=tuple(int(r) for r in (ratios or ())),
         nextn_layers=int(getattr(hf, "num_nextn_predict_layers", 0) or 0),
         num_layers=int(getattr(hf, "num_hidden_layers", 0) or 0),
     )
@@ -162,17 +179,19 @@ def derive_side(args: SideArgs) -> Side:
     """Everything the predictions need about one server."""
     option = f"--{args.role}"
     model_path = str(args.get("model_path"))
-    model = load_model(option, model_path)
+    model = load_model(option, model_path, server_args=args.server_args, env=args.env)
     algorithm = args.get("speculative_algorithm")
     draft = None
     if algorithm:
         draft_path = str(args.get("speculative_draft_model_path") or model_path)
-        draft = load_model(option, draft_path, draft=True, algorithm=str(algorithm))
+        draft = load_model(option, draft_path, draft=True, algorithm=str(algorithm),
+                           server_args=args.server_args, env=args.env)
     attn_tp, attn_dp = attention_tp(args)
     page = args.get("page_size")
-    source = ("SGLang's resolution of the flags" if args.resolution_error is None
+    source = ("SGLang's resolution of the flags" if args.resolved
               else "server flag --page-size")
-    if page is None and model.is_dsv4:
+    if page is None and model.is_dsv4 and not args.resolved:
+        # Resolution did not complete, so its DeepSeek-V4 default was not applied.
         page, source = DSV4_PAGE_SIZE, "SGLang's DeepSeek-V4 default (no --page-size)"
     elif page is None:
         source = "SGLang's platform default (no --page-size)"

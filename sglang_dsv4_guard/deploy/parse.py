@@ -18,13 +18,15 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-__all__ = ["CheckInputError", "SideArgs", "offline_env", "parse_env", "parse_side"]
+__all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
+           "is_device_refusal", "offline_env", "parse_env", "parse_side"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -32,8 +34,7 @@ FIELDS = (
     "enable_dp_attention", "page_size", "disaggregation_mode",
     "disaggregation_transfer_backend", "speculative_algorithm",
     "speculative_draft_model_path", "speculative_num_draft_tokens",
-    "speculative_num_steps", "speculative_eagle_topk", "kv_cache_dtype",
-    "disable_hybrid_swa_memory",
+    "speculative_num_steps", "disable_hybrid_swa_memory",
 )
 # Positive integers, with the flag that sets each.
 _POSITIVE = (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
@@ -64,6 +65,16 @@ class SideArgs:
     deprecated: tuple[str, ...]
     resolved_by: str
     resolution_error: str | None = None
+    # The resolved ServerArgs (None when resolution did not complete) and the device it ran as.
+    server_args: Any = None
+    resolved_device: str = "cpu"
+    # A refusal about the device or platform: this machine's, reported as an unknown.
+    device_refusal: str | None = None
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the release's full resolution completed for these flags."""
+        return self.server_args is not None
 
     def get(self, name: str) -> Any:
         """A parsed field, ``None`` when the release has no such field."""
@@ -93,17 +104,48 @@ def parse_env(option: str, items: Sequence[str]) -> dict[str, str]:
     return env
 
 
+# Bounds on one server's ARGS: splitting is quadratic in shlex, and no launch line is near.
+MAX_ARGS_CHARS = 64 * 1024
+MAX_ARGS_TOKENS = 4096
+_PYTHON = re.compile(r"python[0-9.]*")
+_LAUNCHERS = "python[3[.x]] -m sglang.launch_server, or sglang serve"
+
+
+def _strip_launcher(option: str, argv: list[str]) -> list[str]:
+    """Drop a launcher prefix: ``[/path/]python[3[.x]] -m sglang.launch_server``,
+    ``-m sglang.launch_server`` or ``[/path/]sglang serve``."""
+    head = os.path.basename(argv[0])
+    if _PYTHON.fullmatch(head):
+        if argv[1:3] != ["-m", "sglang.launch_server"]:
+            raise CheckInputError(option, f"starts with {argv[0]!r} but not with "
+                                          f"'-m sglang.launch_server' after it; give the "
+                                          f"server's arguments (a launcher prefix accepted: "
+                                          f"{_LAUNCHERS})")
+        return argv[3:]
+    if argv[:2] == ["-m", "sglang.launch_server"]:
+        return argv[2:]
+    if head == "sglang" and argv[1:2] == ["serve"]:
+        return argv[2:]
+    return argv
+
+
 def _split(option: str, text: str) -> list[str]:
+    if len(text) > MAX_ARGS_CHARS:
+        raise CheckInputError(option, f"{len(text)} characters; at most {MAX_ARGS_CHARS} are "
+                                      "read (one server's launch arguments)")
     try:
         argv = shlex.split(text)
     except ValueError as exc:
-        raise CheckInputError(option, f"cannot split the command line: {exc} (got {text!r})") \
+        shown = text if len(text) <= 200 else text[:200] + "..."
+        raise CheckInputError(option, f"cannot split the command line: {exc} (got {shown!r})") \
             from None
+    if len(argv) > MAX_ARGS_TOKENS:
+        raise CheckInputError(option, f"{len(argv)} arguments; at most {MAX_ARGS_TOKENS} are "
+                                      "read (one server's launch arguments)")
+    if argv:
+        argv = _strip_launcher(option, argv)
     if not argv:
         raise CheckInputError(option, "empty; give the server's launch arguments")
-    if argv[:3] == ["python", "-m", "sglang.launch_server"] or argv[:2] == ["-m",
-                                                                          "sglang.launch_server"]:
-        argv = argv[3:] if argv[0] == "python" else argv[2:]
     for token in argv:
         if token in ("-h", "--help"):
             raise CheckInputError(option, f"{token} is not a server setting")
@@ -145,13 +187,34 @@ def _view(server_args: Any) -> Any:
     return resolving_view(server_args)
 
 
-def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]
-             ) -> tuple[dict[str, Any] | None, str | None]:
-    """The release's full resolution: the resolved fields, or ``None`` and its refusal."""
+# A refusal naming an accelerator or the device: caused by resolving on this CPU machine.
+_DEVICE_REFUSAL = re.compile(r"\b(CUDA|HIP|ROCm|NPU|XPU|MPS|GPU|device|platform)s?\b",
+                             re.IGNORECASE)
+
+
+def is_device_refusal(message: str) -> bool:
+    """Whether SGLang's refusal is about the device or platform (this machine's, not the
+    server's flags)."""
+    return bool(_DEVICE_REFUSAL.search(message))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The release's resolution of one server's flags: the fields, or its refusal."""
+
+    values: dict[str, Any] | None
+    refusal: str | None
+    device: str
+    server_args: Any = None
+    device_refusal: str | None = None
+
+
+def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str
+                ) -> tuple[Any, str | None]:
     from sglang.srt.server_args import ServerArgs
 
     ns = copy.copy(namespace)
-    ns.device = "cpu"  # any other device is probed, and fails on a machine without it
+    ns.device = device
     try:
         with offline_env(env):
             server_args = ServerArgs.from_cli_args(ns)  # resolves here up to 0.5.21
@@ -161,8 +224,28 @@ def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]
     except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: DSV4G026
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return None, f"{type(exc).__name__}: {first}"
+    return server_args, None
+
+
+def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]) -> Resolution:
+    """The release's full resolution, first with ``--device cpu`` (any other device is
+    probed). A refusal about the device is retried as ``--device cuda`` (resolution does not
+    touch the GPU); a device refusal there too is kept apart (``device_refusal``), never
+    taken for the server's own."""
+    server_args, refusal = _resolve_on(namespace, env, "cpu")
+    device, device_refusal = "cpu", None
+    if refusal is not None and is_device_refusal(refusal):
+        device_refusal = refusal
+        server_args, refusal = _resolve_on(namespace, env, "cuda")
+        device = "cuda"
+        if refusal is not None and is_device_refusal(refusal):
+            return Resolution(None, None, device, None, f"{device_refusal}; with --device "
+                                                          f"cuda: {refusal}")
+    if server_args is None:
+        return Resolution(None, refusal, device, None, device_refusal)
     view = _view(server_args)
-    return {name: getattr(view, name, None) for name in FIELDS}, None
+    return Resolution({name: getattr(view, name, None) for name in FIELDS}, None, device,
+                      server_args, device_refusal)
 
 
 def _resolve_deprecated_dp(namespace: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -196,6 +279,8 @@ def _validate(option: str, values: Mapping[str, Any]) -> None:
     if values.get("enable_dp_attention") and attn_dp == 1:
         attn_dp = values.get("dp_size") or 1
     cp = values.get("attn_cp_size") or 1
+    # Kept although resolution refuses this too: there it is a bare AssertionError with no
+    # message (0.5.23), and attention TP cannot be computed from the flags as parsed.
     if tp % (attn_dp * cp):
         raise CheckInputError(option, f"--tp-size {tp} is not divisible by the attention DP "
                                       f"size {attn_dp} times the attention CP size {cp}")
@@ -222,10 +307,11 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     namespace = parser.parse_args(argv)
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
-    resolved, refusal = _resolve(namespace, env)
-    if resolved is not None:
-        values, resolved_by = resolved, "the release's parser and its full resolution " \
-                                         "(run with --device cpu)"
+    resolution = _resolve(namespace, env)
+    if resolution.values is not None:
+        values = resolution.values
+        resolved_by = ("the release's parser and its full resolution (run with --device "
+                       f"{resolution.device})")
     else:
         values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)
@@ -234,4 +320,5 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
         raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
                                       f"needs {role!r}")
     return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
-                    resolved_by, refusal)
+                    resolved_by, resolution.refusal, resolution.server_args,
+                    resolution.device, resolution.device_refusal)

@@ -1,9 +1,11 @@
 """Miniature real DeepSeek-V4 pools for one server, and SGLang's real check on them.
 
 The target and draft pools are built with the installed release's
-``DeepSeekV4TokenToKVPool.__init__`` (keyword arguments filtered by its signature, a dummy
-runtime context published for the duration, FP8 KV dtype, tiny sizes) from the values
-the server's flags and configs imply; the draft's layers get the ratio the release's
+``DeepSeekV4TokenToKVPool.__init__`` (keyword arguments filtered by its signature, the
+server's resolved ``ServerArgs`` published in the runtime context and its environment
+applied for the duration, ``online_mtp_max_draft_tokens`` as the release's KV-cache
+configurator passes it, FP8 KV dtype, tiny sizes) from the values the server's flags and
+configs imply; the draft's layers get the ratio the release's
 ``KVCacheConfigurator`` gives a draft worker (``COMPRESS_RATIO_NEXTN_LAYER``). Then the
 release's ``setup_state_kv_args`` runs on them, wrapped by the guard's own state wrapper
 (not installed globally), and the guard's report is returned.
@@ -23,9 +25,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sglang_dsv4_guard.deploy.derive import Side
+from sglang_dsv4_guard.deploy.parse import offline_env
 from sglang_dsv4_guard.findings import Finding, Report
 
-__all__ = ["PoolRun", "draft_ratio", "run_state_check"]
+__all__ = ["PoolRun", "draft_ratio", "max_draft_tokens", "run_state_check"]
 
 log = logging.getLogger("sglang_dsv4_guard")
 _POOL_ROWS = 1024  # SWA slots of a miniature pool; page sizes must divide it
@@ -41,6 +44,7 @@ class PoolRun:
     host_error: str | None
     findings: tuple[Finding, ...]
     build_error: str | None = None
+    online_mtp_max_draft_tokens: int = 0
 
 
 def draft_ratio() -> tuple[int, str]:
@@ -55,15 +59,34 @@ def draft_ratio() -> tuple[int, str]:
 
 
 @contextmanager
-def _dummy_runtime_context() -> Iterator[None]:
+def _published(server_args: Any) -> Iterator[None]:
+    """The server's resolved ``ServerArgs`` published in the runtime context for the block
+    (the release's test override saves and restores the previous context); a dummy one
+    when resolution did not complete."""
     from sglang.srt.runtime_context import get_context
 
-    override = get_context().override_server_args()
+    context = get_context()
+    override = context.override_server_args()
     override.install()
     try:
+        if server_args is not None:
+            context.set_server_args(server_args)
         yield
     finally:
         override.restore()
+
+
+def max_draft_tokens(server_args: Any) -> int:
+    """What the release's KV-cache configurator passes as ``online_mtp_max_draft_tokens``:
+    ``runtime_context.max_speculative_num_draft_tokens()`` (0.5.20+), the published
+    ``ServerArgs.max_speculative_num_draft_tokens`` before; 0 when there is none."""
+    try:
+        from sglang.srt.runtime_context import max_speculative_num_draft_tokens
+    except ImportError:
+        value = getattr(server_args, "max_speculative_num_draft_tokens", None)
+    else:
+        value = max_speculative_num_draft_tokens()
+    return int(value or 0)
 
 
 @contextmanager
@@ -78,7 +101,7 @@ def _quiet_guard_log() -> Iterator[None]:
         logger.disabled = was
 
 
-def _pool(ratios: Sequence[int], window: int, page: int, draft: bool) -> Any:
+def _pool(ratios: Sequence[int], window: int, page: int, draft: bool, mtp: int) -> Any:
     import torch
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
@@ -89,7 +112,7 @@ def _pool(ratios: Sequence[int], window: int, page: int, draft: bool) -> Any:
         c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64,
         indexer_head_dim=128, layer_num=len(ratios), device="cpu",
         enable_memory_saver=False, compression_ratios=list(ratios), sliding_window=window,
-        is_draft_worker=draft,
+        is_draft_worker=draft, online_mtp_max_draft_tokens=mtp,
     )
     params = inspect.signature(DeepSeekV4TokenToKVPool.__init__).parameters
     return DeepSeekV4TokenToKVPool(**{k: v for k, v in wanted.items() if k in params})
@@ -127,14 +150,16 @@ def run_state_check(side: Side) -> PoolRun | None:
     guarded = make_state_wrapper(runtime)(utils.setup_state_kv_args)
     host_error: str | None = None
     report: Report | None = None
-    with _dummy_runtime_context(), _quiet_guard_log():
+    with offline_env(side.args.env), _published(side.args.server_args), _quiet_guard_log():
+        mtp = max_draft_tokens(side.args.server_args)
         try:
             target = _pool(target_ratios, side.model.sliding_window or 128, side.page_size,
-                           False)
-            draft = _pool(draft_ratios, side.draft.sliding_window or 128, side.page_size, True)
+                           False, mtp)
+            draft = _pool(draft_ratios, side.draft.sliding_window or 128, side.page_size, True,
+                          mtp)
         except Exception as exc:  # the release's constructor refuses these values
             return PoolRun(side.role, target_ratios, draft_ratios, None, (),
-                           f"{type(exc).__name__}: {exc}")
+                           f"{type(exc).__name__}: {exc}", mtp)
         mapping = torch.arange(_POOL_ROWS + 1, dtype=torch.int64)
         target.register_mapping(mapping)
         draft.register_mapping(mapping)
@@ -147,4 +172,4 @@ def run_state_check(side: Side) -> PoolRun | None:
     if report is None and recorder.reports:
         report = recorder.reports[-1]
     findings = tuple(_for_side(side.role, f) for f in (report.findings if report else ()))
-    return PoolRun(side.role, target_ratios, draft_ratios, host_error, findings)
+    return PoolRun(side.role, target_ratios, draft_ratios, host_error, findings, None, mtp)

@@ -54,6 +54,7 @@ class CheckResult:
             "state_check_runs": [
                 {"server": r.role, "target_compress_ratios": list(r.target_ratios),
                  "draft_compress_ratios": list(r.draft_ratios),
+                 "online_mtp_max_draft_tokens": r.online_mtp_max_draft_tokens,
                  "sglang_error": r.host_error, "pool_build_error": r.build_error}
                 for r in self.pool_runs],
             "unknowns": list(self.unknowns),
@@ -127,6 +128,14 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
                          "on this machine; its ring geometry is not predicted (target window "
                          f"{side.model.sliding_window}, draft window "
                          f"{side.draft.sliding_window})")
+    for side in (prefill, decode):
+        if side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND") == "unified_kv_triton" \
+                and not side.unified_kv and side.model.is_dsv4:
+            notes.append(f"{side.role}: SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton selects "
+                         "the unified-KV pool on ROCm only; with the "
+                         f"{side.transfer_backend} transfer backend this check cannot tell "
+                         "whether the server runs on ROCm, so it built paged pools: if it "
+                         "does, the unified-KV layout and its ring geometry are not predicted")
     for run in runs:
         if run.build_error:
             notes.append(f"{run.role}: SGLang's DeepSeekV4TokenToKVPool refused the values the "
@@ -138,6 +147,18 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
                      "model; this backend's own rules for sliced SWA state apply (Mooncake "
                      "and NIXL reject it before SGLang 0.5.22, slice it by heads from 0.5.22); "
                      "DSV4G006 is MORI's check only")
+    for side in (prefill, decode):
+        a = side.args
+        if a.device_refusal is not None and a.resolved:
+            notes.append(f"{side.role}: SGLang's resolution refused the CPU device this check "
+                         f"runs on ({a.device_refusal}); resolved again as --device "
+                         f"{a.resolved_device}, whose other device-specific defaults may "
+                         "differ from the server's")
+        elif a.device_refusal is not None:
+            notes.append(f"{side.role}: SGLang's resolution refused the device this check runs "
+                         f"on ({a.device_refusal}); a refusal about the device is this "
+                         "machine's, not the server's, so the flags are used as parsed, "
+                         "without SGLang's model defaults and validations")
     notes.append("the model paths are compared as typed; whether they hold the same "
                  "checkpoint on their hosts is not known here")
     notes.append("both servers are assumed to run the SGLang release installed here; "
