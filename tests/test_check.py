@@ -201,10 +201,6 @@ class TestAsymmetries(GuardTestCase):
     """Prefill/decode differences the runtime checks never see: warnings, exit 0 (but
     different transfer backends, an error)."""
 
-
-class TestAsymmetries(GuardTestCase):
-    """Prefill/decode differences the runtime checks never see: warnings, exit 0."""
-
     def test_g020_speculative_on_one_side_only(self) -> None:
         """NEXTN on the prefill only is DSV4G020."""
         status, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4))
