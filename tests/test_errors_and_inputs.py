@@ -237,6 +237,23 @@ class TestExoticMappingTensors(GuardTestCase):
                         self.assertIn("contents not comparable (", str(guarded))
                         self.assertIn("same memory layout: no", str(guarded))
 
+    def test_strict_passes_one_sparse_mapping_object_shared_by_both_pools(self) -> None:
+        """SGLang accepts a pair whose pools hold the very same sparse mapping object; strict
+        mode must pass it too (the re-snapshot fingerprint cannot read a sparse data pointer),
+        and nothing is logged as an internal error."""
+        for kind in ("sparse", "sparse_csr"):
+            with self.subTest(kind=kind):
+                self.install_guard("strict", load_entry_points=False)
+                target, draft = build_pair()
+                shared = _exotic(kind)
+                target.register_mapping(shared)
+                draft.register_mapping(shared)
+                host_kind, _ = outcome(UNWRAPPED, target, draft)
+                self.assertEqual(host_kind, "ok")
+                with self.assertNoLogs("sglang_dsv4_guard", level="ERROR"):
+                    kind_seen, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertEqual(kind_seen, "ok", guarded)
+
     def test_strict_internal_failure_is_a_note_under_sglangs_error(self) -> None:
         """A failure of ours in strict mode (injected into the snapshot) no longer replaces
         SGLang's error: SGLang's exception rises with ours as a note."""

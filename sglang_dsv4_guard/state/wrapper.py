@@ -41,6 +41,7 @@ from sglang_dsv4_guard.state.snapshot import (
     snapshot_pair,
 )
 from sglang_dsv4_guard.state.snapshot import _read as read_attr
+from sglang_dsv4_guard.state.tensors import _attempt
 
 __all__ = ["Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
 
@@ -79,7 +80,12 @@ def _fingerprint(pool: object) -> tuple[object, ...]:
     mapping = getattr(pool, "full_to_swa_index_mapping", MISSING)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(mapping, torch.Tensor):
-        parts.append((id(mapping), int(mapping.data_ptr()), int(mapping._version)))
+        # Sparse, meta and nested tensors refuse data_ptr() or _version: such a read is
+        # recorded as its failure text, which is stable, so the token still compares.
+        failures: list[str] = []
+        parts.append((id(mapping), _attempt("data_ptr", lambda: int(mapping.data_ptr()), failures),
+                      _attempt("_version", lambda: int(mapping._version), failures),
+                      tuple(failures)))
     else:
         parts.append(id(mapping))
     return tuple(parts)
