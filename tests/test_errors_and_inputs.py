@@ -144,6 +144,28 @@ class TestOddCompressionRatios(GuardTestCase):
                 self.assertIn(f"compression_ratios is {text}, not a list",
                               guarded.findings[0].summary)
 
+    def test_one_element_arrays_and_early_nonzero_match_sglangs_verdict(self) -> None:
+        """np.array([0]) and torch.tensor([0]): SGLang's `not ratios` is True, so it raises
+        its SWA-only error; [4, torch.tensor([0, 0])]: SGLang's all() stops at 4 and raises
+        the same error before the ambiguous tensor. The guard predicts each (DSV4G001 under
+        SGLang's line) and reports no false DSV4G099."""
+        import numpy as np
+
+        for label, make in (("np.array([0])", lambda: np.array([0])),
+                            ("torch.tensor([0])", lambda: torch.tensor([0])),
+                            ("[4, tensor([0, 0])]", lambda: [4, torch.tensor([0, 0])])):
+            with self.subTest(ratios=label):
+                target, draft = build_pair()
+                draft.compression_ratios = make()
+                _, host = outcome(UNWRAPPED, target, draft)
+                self.assertEqual(str(host), "DSV4 draft state transfer expects SWA-only NextN layers")
+                self.recorder.reports.clear()
+                with guard_logs_off():
+                    _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertIsInstance(guarded, DSV4GuardError)
+                self.assertEqual(str(guarded).splitlines()[0], str(host))
+                self.assertEqual(guarded.report.codes, ("DSV4G001",))
+
     def test_generator_ratios_are_not_consumed_and_give_no_g099(self) -> None:
         """A generator: the guard does not consume it before SGLang (whose check iterates it),
         so SGLang's verdict stands either way, and no false DSV4G099 appears."""
