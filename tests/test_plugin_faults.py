@@ -229,6 +229,32 @@ class TestThirdPartyFindingsAreCapped(GuardTestCase):
         self.assertLess(len(guarded.report.to_json()), 400_000)
 
 
+class _CountingTuple(tuple):  # type: ignore[type-arg]
+    """A tuple that counts how often it is iterated in Python."""
+
+    walks = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        type(self).walks += 1
+        return super().__iter__()
+
+
+class TestRemediationFingerprintIsCheap(GuardTestCase):
+    """Item 15, pass path: the re-snapshot fingerprint never walks a ratio sequence."""
+
+    def test_fingerprint_does_not_iterate_a_million_ratios(self) -> None:
+        """A draft pool with a million ratios: the fingerprint reads them by identity and
+        length (never iterating them), and still changes when the sequence is replaced."""
+        from sglang_dsv4_guard.state.wrapper import _fingerprint
+
+        _, draft = build_pair()
+        draft.compression_ratios = _CountingTuple((0,) * 1_000_000)
+        before = _fingerprint(draft)
+        self.assertEqual(_CountingTuple.walks, 0)
+        draft.compression_ratios = (0,) * 999_999
+        self.assertNotEqual(_fingerprint(draft), before)
+
+
 class TestRemediationChangesPools(GuardTestCase):
     """Item 7: a remediation that changes a pool silently is re-read and named."""
 

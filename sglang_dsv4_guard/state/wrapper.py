@@ -27,7 +27,7 @@ from typing import Any
 from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.dedup import Seen
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
+from sglang_dsv4_guard.findings import LIST_CAP, Finding, Report, Severity, first_host_message
 from sglang_dsv4_guard.plugins import is_builtin, plugin_failure
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import Delivery, delivering, pointer
@@ -61,18 +61,30 @@ class Prepared:
     remediation: tuple[Finding, ...]
 
 
+def _short_hash(value: tuple[object, ...] | list[object]) -> int | None:
+    if not isinstance(value, tuple) or len(value) > LIST_CAP:
+        return None
+    try:
+        return hash(value)
+    except Exception:  # an unhashable item: identity and length stand alone
+        return None
+
+
 def _fingerprint(pool: object) -> tuple[object, ...]:
     """A cheap token of what SGLang reads from ``pool``; it changes when a read would.
 
-    Scalars by value, lists by their items, other objects by identity; the mapping
+    Scalars by value, sequences by identity and length (short tuples also by hash),
+    other objects by identity; the mapping
     tensor by identity, data pointer and torch's in-place version counter. No
     tensor data is read.
     """
     parts: list[object] = [id(pool), type(pool)]
     for name in POOL_ATTRS:
         value = read_attr(pool, name)
-        if isinstance(value, tuple):
-            parts.append(tuple(v if isinstance(v, int | str) else id(v) for v in value))
+        if isinstance(value, tuple | list):
+            # By identity and length, never walked: a million-layer ratio list costs nothing.
+            # A short tuple is also hashed, so an equal replacement compares equal.
+            parts.append((id(value), len(value), _short_hash(value)))
         elif value is None or isinstance(value, bool | int | float | str | Unreadable):
             parts.append(value)
         else:
