@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import threading
 import unittest
 import warnings
 from typing import Any
@@ -22,8 +23,8 @@ from helpers import UNWRAPPED, GuardTestCase, guard_logs_off, outcome
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard import DSV4GuardError
-from sglang_dsv4_guard.testing import build_pair, record
+from sglang_dsv4_guard import DSV4GuardError, Finding, Observation, Severity, hookimpl
+from sglang_dsv4_guard.testing import build_pair, record, register
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
@@ -65,6 +66,40 @@ class TestErrorsTravel(GuardTestCase):
                     assert back is not None
                     self.assertEqual(_fields(back), _fields(expected[name]))
         self.assertEqual(expected["DSV4GuardError"].findings[0].value("draft pool"), 64)
+
+
+class _LockObserver:
+    """A plug-in whose finding observes an unpicklable value (a threading.Lock)."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_state(self, pair: Any, context: Any) -> list[Finding]:
+        return [Finding("ACME200", Severity.WARNING, "lock", "draft pool", observations=(
+            Observation("draft pool", "lock", threading.Lock(), "a plug-in"),))]
+
+
+class TestUnpicklablePluginValueTravels(GuardTestCase):
+    """Item 12: a real wrapper error carrying a plug-in's unpicklable value still travels."""
+
+    def test_error_with_a_lock_observation_crosses_a_spawn_pool(self) -> None:
+        """The real wrapper's DSV4GuardError, with a plug-in observation holding a Lock:
+        pickle, deepcopy and a spawn pool give back the same type and message, the lock
+        reduced to its repr, instead of a TypeError."""
+        self.install_guard("on", load_entry_points=False)
+        register(_LockObserver())
+        target, draft = build_pair(mapping="different")
+        with guard_logs_off():
+            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIsInstance(guarded, DSV4GuardError)
+        for back in (pickle.loads(pickle.dumps(guarded)), copy.deepcopy(guarded)):
+            self.assertIs(type(back), DSV4GuardError)
+            self.assertEqual(str(back), str(guarded))
+            self.assertEqual(back.report.codes, guarded.report.codes)
+            self.assertIn("lock", str(back.findings[-1].value("draft pool")))
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            back = pool.submit(error_worker.raise_given, guarded).exception(timeout=120)
+        self.assertIs(type(back), DSV4GuardError)
+        self.assertEqual(str(back), str(guarded))
 
 
 _NOT_IMPLEMENTED = "DSV4 draft pools are not implemented on this backend"
