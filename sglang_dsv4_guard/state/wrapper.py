@@ -82,9 +82,11 @@ def _fingerprint(pool: object) -> tuple[object, ...]:
     for name in POOL_ATTRS:
         value = read_attr(pool, name)
         if isinstance(value, tuple | list):
-            # By identity and length, never walked: a million-layer ratio list costs nothing.
-            # A short tuple is also hashed, so an equal replacement compares equal.
-            parts.append((id(value), len(value), _short_hash(value)))
+            # Never walked in Python: a million-layer ratio list costs nothing.
+            # A short hashable tuple by value alone: a property may build a fresh one on
+            # every read (0.5.16), whose id() then differs although nothing changed.
+            digest = _short_hash(value)
+            parts.append((len(value), digest) if digest is not None else (id(value), len(value)))
         elif value is None or isinstance(value, bool | int | float | str | Unreadable):
             parts.append(value)
         else:
