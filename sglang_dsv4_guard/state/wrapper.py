@@ -27,7 +27,7 @@ from typing import Any
 from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.dedup import Seen
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import LIST_CAP, Finding, Report, Severity, first_host_message
+from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
 from sglang_dsv4_guard.plugins import is_builtin, plugin_failure
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import Delivery, delivering, pointer
@@ -62,7 +62,7 @@ class Prepared:
 
 
 def _short_hash(value: tuple[object, ...] | list[object]) -> int | None:
-    if not isinstance(value, tuple) or len(value) > LIST_CAP:
+    if not isinstance(value, tuple):  # hash() of a tuple runs in C: no Python-level walk
         return None
     try:
         return hash(value)
@@ -83,7 +83,7 @@ def _fingerprint(pool: object) -> tuple[object, ...]:
         value = read_attr(pool, name)
         if isinstance(value, tuple | list):
             # Never walked in Python: a million-layer ratio list costs nothing.
-            # A short hashable tuple by value alone: a property may build a fresh one on
+            # A hashable tuple by value alone: a property may build a fresh one on
             # every read (0.5.16), whose id() then differs although nothing changed.
             digest = _short_hash(value)
             parts.append((len(value), digest) if digest is not None else (id(value), len(value)))
