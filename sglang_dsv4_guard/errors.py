@@ -8,9 +8,14 @@ notes, ``dsv4_guard_report`` and anything else set on it after construction).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import pickle
 from typing import Any
 
-from sglang_dsv4_guard.findings import Finding, Report
+from sglang_dsv4_guard.findings import Finding, Report, to_jsonable
+
+_log = logging.getLogger("sglang_dsv4_guard")
 
 __all__ = ["DSV4GuardError", "DSV4GuardInstallError", "DSV4GuardStartupRefused", "SettingError"]
 
@@ -33,13 +38,37 @@ class DSV4GuardError(RuntimeError):
         self.host_error = host_error
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.first_line, self.report, self.rendered, self.host_error),
-                dict(self.__dict__))
+        report, host_error = self.report, self.host_error
+        try:
+            pickle.dumps((report, host_error))
+        except Exception as exc:  # a plug-in's value (a lock, a handle) that cannot travel
+            _log.debug("sglang-dsv4-guard: report not picklable (%s); observation values "
+                       "are reduced to their capped JSON form", type(exc).__name__)
+            report, host_error = _portable(report), _portable_error(host_error)
+        state = dict(self.__dict__)
+        state.update(report=report, host_error=host_error)
+        return (type(self), (self.first_line, report, self.rendered, host_error), state)
 
     @property
     def findings(self) -> tuple[Finding, ...]:
         """The report's findings."""
         return self.report.findings
+
+
+def _portable(report: Report) -> Report:
+    """``report`` with every observation value in its capped JSON form (always picklable)."""
+    return dataclasses.replace(report, context=dict(report.context), findings=tuple(
+        dataclasses.replace(f, observations=tuple(
+            dataclasses.replace(o, value=to_jsonable(o.value)) for o in f.observations))
+        for f in report.findings))
+
+
+def _portable_error(error: BaseException | None) -> BaseException | None:
+    try:
+        pickle.dumps(error)
+    except Exception:  # SGLang's own exception carrying something unpicklable
+        return RuntimeError(str(error))
+    return error
 
 
 class DSV4GuardInstallError(RuntimeError):

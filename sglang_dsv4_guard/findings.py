@@ -14,13 +14,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LIST_CAP", "Finding", "Observation", "Report", "Severity", "capped_repr",
-           "to_jsonable"]
+__all__ = [
+    "LIST_CAP",
+    "STRING_CAP",
+    "Finding",
+    "Observation",
+    "Report",
+    "Severity",
+    "capped_lines",
+    "capped_repr",
+    "cut_text",
+    "to_jsonable",
+]
 
 # Every rendered list (text or JSON) shows its first LIST_CAP items and a count: a pool
 # with a million layers must not make a megabyte message.
 LIST_CAP = 16
 _TEXT_CAP = 2000  # characters of any one rendered value
+STRING_CAP = 4096  # characters of any one string field of a finding (summary, detail, fix, ...)
 
 
 class Severity(str, enum.Enum):
@@ -102,6 +113,18 @@ class Finding:
 
 def _more(n: int) -> str:
     return f"... +{n - LIST_CAP} more ({n} in all)"
+
+
+def cut_text(text: str) -> str:
+    """``text`` cut to :data:`STRING_CAP` characters, saying how long it was."""
+    return text if len(text) <= STRING_CAP else (
+        f"{text[:STRING_CAP]}... ({len(text)} characters)")
+
+
+def capped_lines(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """The first :data:`LIST_CAP` lines, each cut, and a count of the rest."""
+    shown = tuple(cut_text(line) for line in lines[:LIST_CAP])
+    return (*shown, _more(len(lines))) if len(lines) > LIST_CAP else shown
 
 
 def _safe_repr(value: object) -> str:

@@ -43,7 +43,16 @@ import pluggy
 
 from sglang_dsv4_guard import hookspecs
 from sglang_dsv4_guard.codes import docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity, to_jsonable
+from sglang_dsv4_guard.findings import (
+    LIST_CAP,
+    Finding,
+    Observation,
+    Report,
+    Severity,
+    capped_lines,
+    cut_text,
+    to_jsonable,
+)
 
 __all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "add_all", "add_plugin", "build_plugins", "clean_finding",
            "is_builtin", "operator_interrupt", "plugin_failure"]
@@ -142,7 +151,7 @@ def _observation(obs: object, index: int) -> Observation:
     if not isinstance(shown, str):
         raise TypeError(f"observations[{index}].value's repr returned "
                         f"{type(shown).__name__}, not str")
-    return Observation(obs.role, obs.name, obs.value, obs.source)
+    return Observation(cut_text(obs.role), cut_text(obs.name), obs.value, cut_text(obs.source))
 
 
 def clean_finding(finding: object, origin: str) -> Finding:
@@ -170,13 +179,20 @@ def clean_finding(finding: object, origin: str) -> Finding:
     if not isinstance(observations, tuple | list):
         raise TypeError(f"observations must be a tuple of Observation "
                         f"(got {type(observations).__name__})")
+    # A plug-in's finding is capped here, once: LIST_CAP observations, details and fixes
+    # (plus a count of the rest), every string cut to STRING_CAP characters.
+    details = capped_lines(_strings(fields["details"], "details"))
+    if len(observations) > LIST_CAP:
+        details = (f"... +{len(observations) - LIST_CAP} more observations "
+                   f"({len(observations)} in all) not kept by the guard", *details)
+    host_message = fields["host_message"]
     return Finding(
-        code=fields["code"], severity=fields["severity"], summary=fields["summary"],
-        subject=fields["subject"],
-        observations=tuple(_observation(o, i) for i, o in enumerate(observations)),
-        details=_strings(fields["details"], "details"),
-        fixes=_strings(fields["fixes"], "fixes"), docs=fields["docs"],
-        host_message=fields["host_message"], origin=origin,
+        code=cut_text(fields["code"]), severity=fields["severity"],
+        summary=cut_text(fields["summary"]), subject=cut_text(fields["subject"]),
+        observations=tuple(_observation(o, i) for i, o in enumerate(observations[:LIST_CAP])),
+        details=details, fixes=capped_lines(_strings(fields["fixes"], "fixes")),
+        docs=cut_text(fields["docs"]),
+        host_message=None if host_message is None else cut_text(host_message), origin=origin,
     )
 
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from sglang_dsv4_guard.findings import Finding, Report, Severity, capped_repr
+from sglang_dsv4_guard.findings import (
+    LIST_CAP,
+    Finding,
+    Report,
+    Severity,
+    capped_lines,
+    capped_repr,
+    cut_text,
+)
 
 __all__ = ["render_finding", "render_report"]
 
@@ -18,15 +26,19 @@ def _plural(n: int, word: str) -> str:
 
 def render_finding(finding: Finding) -> str:
     """One finding: headline, per-role values with their sources, details, fixes, docs."""
-    lines = [f"[{finding.code}] {finding.severity.value}: {finding.summary}"]
-    width = max((len(f"{o.role} {o.name}") for o in finding.observations), default=0)
-    for obs in finding.observations:
-        label = f"{obs.role} {obs.name}".ljust(width)
+    lines = [cut_text(f"[{finding.code}] {finding.severity.value}: {finding.summary}")]
+    observations = finding.observations[:LIST_CAP]
+    width = min(max((len(f"{o.role} {o.name}") for o in observations), default=0), 80)
+    for obs in observations:
+        label = cut_text(f"{obs.role} {obs.name}").ljust(width)
         shown = capped_repr(obs.value)
         lines.append(f"    {label} = {shown}")
-        lines.append(f"    {' ' * width}   from: {obs.source}")
-    lines += [f"    {detail}" for detail in finding.details]
-    lines += [f"    fix: {fix}" for fix in finding.fixes]
+        lines.append(f"    {' ' * width}   from: {cut_text(obs.source)}")
+    if len(finding.observations) > LIST_CAP:
+        lines.append(f"    ... +{len(finding.observations) - LIST_CAP} more observations "
+                     f"({len(finding.observations)} in all)")
+    lines += [f"    {detail}" for detail in capped_lines(finding.details)]
+    lines += [f"    fix: {fix}" for fix in capped_lines(finding.fixes)]
     if finding.origin and not finding.origin.startswith("builtin"):
         lines.append(f"    reported by plug-in: {finding.origin}")
     if finding.docs:

@@ -38,3 +38,8 @@ def sample_errors() -> dict[str, BaseException]:
 def raise_sample(name: str) -> None:
     """Raise the sample exception ``name`` (run in a worker process)."""
     raise sample_errors()[name]
+
+
+def raise_given(exc: BaseException) -> None:
+    """Raise ``exc`` (sent from the parent, so it crosses the process boundary twice)."""
+    raise exc

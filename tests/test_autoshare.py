@@ -22,15 +22,21 @@ register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 
 @contextlib.contextmanager
-def cuda_graphs(disabled: bool | None) -> Iterator[None]:
-    """SGLang's own runtime context with ``disable_cuda_graph`` set, as a scheduler publishes
-    it; ``None`` publishes nothing (the value is then unknown to the guard)."""
+def cuda_graphs(disabled: bool | None, legacy: bool | None = None) -> Iterator[None]:
+    """SGLang's own runtime context as a scheduler publishes it: a resolved
+    ``cuda_graph_config`` whose phases are all ``disabled`` (or decode ``full``), and the
+    legacy ``disable_cuda_graph`` (``legacy``, by default the same as ``disabled``);
+    ``None`` publishes nothing (the value is then unknown to the guard)."""
     if disabled is None:
         yield
         return
+    from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig, PhaseConfig
     from sglang.srt.runtime_context import get_context
 
-    with get_context().override_server_args(disable_cuda_graph=disabled):
+    config = CudaGraphConfig(decode=PhaseConfig(backend="disabled" if disabled else "full"),
+                             prefill=PhaseConfig(backend="disabled"))
+    with get_context().override_server_args(
+            disable_cuda_graph=disabled if legacy is None else legacy, cuda_graph_config=config):
         yield
 
 
@@ -68,7 +74,7 @@ class TestAutoshareRule(GuardTestCase):
         self.assertIs(draft.full_to_swa_index_mapping, target.full_to_swa_index_mapping)
         [shared] = self.recorder.reports[0].findings
         self.assertEqual((shared.code, shared.severity), ("DSV4G007", Severity.WARNING))
-        self.assertIn("CUDA graphs are disabled (server args disable_cuda_graph=True",
+        self.assertIn("CUDA graphs are disabled (SGLang's cuda_graph_fully_disabled() is True",
                       shared.details[0])
         [line] = [r for r in logs.records
                   if r.getMessage().startswith("sglang-dsv4-guard auto-share: draft pool now "
@@ -92,6 +98,21 @@ class TestAutoshareRule(GuardTestCase):
                 self.assertIn("auto-share would not help:", details)
                 self.assertIn("a CUDA graph captured on the draft may hold its old tensor's "
                               "pointer", details)
+
+    def test_equal_copy_refused_when_cuda_graph_config_reenables_graphs(self) -> None:
+        """The deprecated disable_cuda_graph=True, but the resolved cuda_graph_config (what
+        --cuda-graph-backend-decode / --cuda-graph-config set, and what SGLang obeys)
+        captures decode graphs: SGLang's cuda_graph_fully_disabled() is False, so the equal
+        copy is not shared and the report says why."""
+        target, draft = build_pair(mapping="clone")
+        before = draft.full_to_swa_index_mapping
+        with cuda_graphs(disabled=False, legacy=True):
+            _, err = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertTrue(_mapping_line(err), err)
+        self.assertIs(draft.full_to_swa_index_mapping, before)
+        self.assertNotIn("DSV4G007", err.report.codes)
+        self.assertIn("SGLang's cuda_graph_fully_disabled() is False",
+                      " ".join(err.findings[0].details))
 
     def test_equal_copy_refused_when_the_old_tensor_has_another_holder(self) -> None:
         """CUDA graphs off, but something else (here a stand-in for the draft's own allocator)

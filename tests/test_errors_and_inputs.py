@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import threading
 import unittest
 import warnings
 from typing import Any
@@ -22,8 +23,8 @@ from helpers import UNWRAPPED, GuardTestCase, guard_logs_off, outcome
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard import DSV4GuardError
-from sglang_dsv4_guard.testing import build_pair, record
+from sglang_dsv4_guard import DSV4GuardError, Finding, Observation, Severity, hookimpl
+from sglang_dsv4_guard.testing import build_pair, record, register
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
@@ -65,6 +66,40 @@ class TestErrorsTravel(GuardTestCase):
                     assert back is not None
                     self.assertEqual(_fields(back), _fields(expected[name]))
         self.assertEqual(expected["DSV4GuardError"].findings[0].value("draft pool"), 64)
+
+
+class _LockObserver:
+    """A plug-in whose finding observes an unpicklable value (a threading.Lock)."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_state(self, pair: Any, context: Any) -> list[Finding]:
+        return [Finding("ACME200", Severity.WARNING, "lock", "draft pool", observations=(
+            Observation("draft pool", "lock", threading.Lock(), "a plug-in"),))]
+
+
+class TestUnpicklablePluginValueTravels(GuardTestCase):
+    """Item 12: a real wrapper error carrying a plug-in's unpicklable value still travels."""
+
+    def test_error_with_a_lock_observation_crosses_a_spawn_pool(self) -> None:
+        """The real wrapper's DSV4GuardError, with a plug-in observation holding a Lock:
+        pickle, deepcopy and a spawn pool give back the same type and message, the lock
+        reduced to its repr, instead of a TypeError."""
+        self.install_guard("on", load_entry_points=False)
+        register(_LockObserver())
+        target, draft = build_pair(mapping="different")
+        with guard_logs_off():
+            _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertIsInstance(guarded, DSV4GuardError)
+        for back in (pickle.loads(pickle.dumps(guarded)), copy.deepcopy(guarded)):
+            self.assertIs(type(back), DSV4GuardError)
+            self.assertEqual(str(back), str(guarded))
+            self.assertEqual(back.report.codes, guarded.report.codes)
+            self.assertIn("lock", str(back.findings[-1].value("draft pool")))
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            back = pool.submit(error_worker.raise_given, guarded).exception(timeout=120)
+        self.assertIs(type(back), DSV4GuardError)
+        self.assertEqual(str(back), str(guarded))
 
 
 _NOT_IMPLEMENTED = "DSV4 draft pools are not implemented on this backend"
@@ -143,6 +178,28 @@ class TestOddCompressionRatios(GuardTestCase):
                 self.assertEqual(guarded.report.codes, ("DSV4G001",))
                 self.assertIn(f"compression_ratios is {text}, not a list",
                               guarded.findings[0].summary)
+
+    def test_one_element_arrays_and_early_nonzero_match_sglangs_verdict(self) -> None:
+        """np.array([0]) and torch.tensor([0]): SGLang's `not ratios` is True, so it raises
+        its SWA-only error; [4, torch.tensor([0, 0])]: SGLang's all() stops at 4 and raises
+        the same error before the ambiguous tensor. The guard predicts each (DSV4G001 under
+        SGLang's line) and reports no false DSV4G099."""
+        import numpy as np
+
+        for label, make in (("np.array([0])", lambda: np.array([0])),
+                            ("torch.tensor([0])", lambda: torch.tensor([0])),
+                            ("[4, tensor([0, 0])]", lambda: [4, torch.tensor([0, 0])])):
+            with self.subTest(ratios=label):
+                target, draft = build_pair()
+                draft.compression_ratios = make()
+                _, host = outcome(UNWRAPPED, target, draft)
+                self.assertEqual(str(host), "DSV4 draft state transfer expects SWA-only NextN layers")
+                self.recorder.reports.clear()
+                with guard_logs_off():
+                    _, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertIsInstance(guarded, DSV4GuardError)
+                self.assertEqual(str(guarded).splitlines()[0], str(host))
+                self.assertEqual(guarded.report.codes, ("DSV4G001",))
 
     def test_generator_ratios_are_not_consumed_and_give_no_g099(self) -> None:
         """A generator: the guard does not consume it before SGLang (whose check iterates it),
@@ -236,6 +293,23 @@ class TestExoticMappingTensors(GuardTestCase):
                         self.assertEqual(guarded.report.codes, ("DSV4G004",))
                         self.assertIn("contents not comparable (", str(guarded))
                         self.assertIn("same memory layout: no", str(guarded))
+
+    def test_strict_passes_one_sparse_mapping_object_shared_by_both_pools(self) -> None:
+        """SGLang accepts a pair whose pools hold the very same sparse mapping object; strict
+        mode must pass it too (the re-snapshot fingerprint cannot read a sparse data pointer),
+        and nothing is logged as an internal error."""
+        for kind in ("sparse", "sparse_csr"):
+            with self.subTest(kind=kind):
+                self.install_guard("strict", load_entry_points=False)
+                target, draft = build_pair()
+                shared = _exotic(kind)
+                target.register_mapping(shared)
+                draft.register_mapping(shared)
+                host_kind, _ = outcome(UNWRAPPED, target, draft)
+                self.assertEqual(host_kind, "ok")
+                with self.assertNoLogs("sglang_dsv4_guard", level="ERROR"):
+                    kind_seen, guarded = outcome(utils.setup_state_kv_args, target, draft)
+                self.assertEqual(kind_seen, "ok", guarded)
 
     def test_strict_internal_failure_is_a_note_under_sglangs_error(self) -> None:
         """A failure of ours in strict mode (injected into the snapshot) no longer replaces

@@ -197,6 +197,64 @@ class TestBadFindings(GuardTestCase):
         self.assertIn("repr raised RuntimeError: repr exploded", out.getvalue())
 
 
+class _Flood:
+    """A plug-in whose one finding has 1000 observations, 10,000 details and fixes, and
+    million-character strings."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_state(self, pair: Any, context: Any) -> list[Finding]:
+        big = "x" * 1_000_000
+        return [Finding(
+            "ACME100", Severity.WARNING, big, big,
+            observations=tuple(Observation(big, big, i, big) for i in range(1000)),
+            details=(big,) * 10_000, fixes=(big,) * 10_000, docs=big)]
+
+
+class TestThirdPartyFindingsAreCapped(GuardTestCase):
+    """Item 15: a plug-in's finding is capped at the plug-in boundary and in rendering."""
+
+    def test_flooding_finding_renders_a_bounded_message(self) -> None:
+        """Mode on, a pair SGLang rejects: the flooding finding keeps its first 16
+        observations, details and fixes plus a count, every string cut to 4 KiB, so the
+        message and the JSON report stay well under a megabyte."""
+        _, guarded = rejected_pair_guarded(self, "on", _Flood())
+        self.assertIsInstance(guarded, DSV4GuardError)
+        [flood] = [f for f in guarded.findings if f.code == "ACME100"]
+        self.assertEqual(len(flood.observations), 16)
+        self.assertEqual(len(flood.fixes), 17)
+        self.assertIn("... +9984 more (10000 in all)", flood.fixes[-1])
+        self.assertIn("+984 more observations (1000 in all)", flood.details[0])
+        self.assertLessEqual(max(len(flood.summary), len(flood.docs)), 4096 + 40)
+        self.assertLess(len(str(guarded)), 400_000)
+        self.assertLess(len(guarded.report.to_json()), 400_000)
+
+
+class _CountingTuple(tuple):  # type: ignore[type-arg]
+    """A tuple that counts how often it is iterated in Python."""
+
+    walks = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        type(self).walks += 1
+        return super().__iter__()
+
+
+class TestRemediationFingerprintIsCheap(GuardTestCase):
+    """Item 15, pass path: the re-snapshot fingerprint never walks a ratio sequence."""
+
+    def test_fingerprint_does_not_iterate_a_million_ratios(self) -> None:
+        """A draft pool with a million ratios: the fingerprint reads them by identity and
+        length (never iterating them), and still changes when the sequence is replaced."""
+        from sglang_dsv4_guard.state.wrapper import _fingerprint
+
+        _, draft = build_pair()
+        draft.compression_ratios = _CountingTuple((0,) * 1_000_000)
+        before = _fingerprint(draft)
+        self.assertEqual(_CountingTuple.walks, 0)
+        draft.compression_ratios = (0,) * 999_999
+        self.assertNotEqual(_fingerprint(draft), before)
+
+
 class TestRemediationChangesPools(GuardTestCase):
     """Item 7: a remediation that changes a pool silently is re-read and named."""
 

@@ -125,13 +125,13 @@ def _check_ratios(pair: StatePair) -> list[Finding]:
     offending: list[tuple[int, object]] = []
     try:
         count = len(ratios) - ratios.count(0)
-        for i, r in enumerate(ratios):
-            if len(offending) >= min(count, LIST_CAP):
-                break
-            if not r == 0:  # noqa: SIM201 - SGLang compares with ==
-                offending.append((i, r))
-    except Exception:  # an element whose comparison raises: SGLang raises there too
-        return [_incomplete(draft, "compression_ratios")]
+    except Exception:  # some element's == raises: SGLang's all() may stop before it
+        return _ordered_scan(pair, ratios)
+    for i, r in enumerate(ratios):
+        if len(offending) >= min(count, LIST_CAP):
+            break
+        if not r == 0:  # noqa: SIM201 - SGLang compares with ==
+            offending.append((i, r))
     if ratios and not count:
         return []
     if offending:
@@ -143,6 +143,25 @@ def _check_ratios(pair: StatePair) -> list[Finding]:
     return [_finding("DSV4G001", CODES["DSV4G001"].title, "draft pool compression_ratios",
                      observations=_ratio_observations(pair), details=details,
                      host_message=CODES["DSV4G001"].sglang_message)]
+
+
+def _ordered_scan(pair: StatePair, ratios: tuple[object, ...]) -> list[Finding]:
+    """SGLang's ``all(ratio == 0 ...)`` step by step, for ratios whose comparison can raise:
+    an element that raises before any non-zero ratio raises in SGLang too (incomplete);
+    the first non-zero one decides SGLang's SWA-only error, as all() stops there."""
+    for i, r in enumerate(ratios):
+        try:
+            zero = bool(r == 0)
+        except Exception:  # SGLang's all() raises at this very element
+            return [_incomplete(pair.draft, "compression_ratios")]
+        if not zero:
+            return [_finding(
+                "DSV4G001", CODES["DSV4G001"].title, "draft pool compression_ratios",
+                observations=_ratio_observations(pair),
+                details=(f"draft layer {i} is not SWA-only: ratio {r} (SGLang's all() stops "
+                         "here; later layers were not compared)",),
+                host_message=CODES["DSV4G001"].sglang_message)]
+    return []
 
 
 def _check_unified(pair: StatePair) -> tuple[list[Finding], bool]:

@@ -209,7 +209,11 @@ def _read_sequence(pool: object, name: str) -> object:
         iterable, one_shot = True, iterator is value
     except TypeError:
         iterable, one_shot = False, False
-    if iterable and not one_shot and truthy is not None:
+    # SGLang tests `not value` first: a non-empty container it finds false (a one-element
+    # array of 0) fails there, whatever it holds, so only a truthy one (or an empty list or
+    # tuple, whose falseness a tuple keeps) becomes a tuple for the all() check.
+    truth_kept = truthy is True or (truthy is False and isinstance(value, list))
+    if iterable and not one_shot and truth_kept:
         try:
             return tuple(value)  # type: ignore[arg-type]
         except Exception as exc:

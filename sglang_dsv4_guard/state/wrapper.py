@@ -41,6 +41,7 @@ from sglang_dsv4_guard.state.snapshot import (
     snapshot_pair,
 )
 from sglang_dsv4_guard.state.snapshot import _read as read_attr
+from sglang_dsv4_guard.state.tensors import _attempt
 
 __all__ = ["Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
 
@@ -60,18 +61,32 @@ class Prepared:
     remediation: tuple[Finding, ...]
 
 
+def _short_hash(value: tuple[object, ...] | list[object]) -> int | None:
+    if not isinstance(value, tuple):  # hash() of a tuple runs in C: no Python-level walk
+        return None
+    try:
+        return hash(value)
+    except Exception:  # an unhashable item: identity and length stand alone
+        return None
+
+
 def _fingerprint(pool: object) -> tuple[object, ...]:
     """A cheap token of what SGLang reads from ``pool``; it changes when a read would.
 
-    Scalars by value, lists by their items, other objects by identity; the mapping
+    Scalars by value, sequences by identity and length (short tuples also by hash),
+    other objects by identity; the mapping
     tensor by identity, data pointer and torch's in-place version counter. No
     tensor data is read.
     """
     parts: list[object] = [id(pool), type(pool)]
     for name in POOL_ATTRS:
         value = read_attr(pool, name)
-        if isinstance(value, tuple):
-            parts.append(tuple(v if isinstance(v, int | str) else id(v) for v in value))
+        if isinstance(value, tuple | list):
+            # Never walked in Python: a million-layer ratio list costs nothing.
+            # A hashable tuple by value alone: a property may build a fresh one on
+            # every read (0.5.16), whose id() then differs although nothing changed.
+            digest = _short_hash(value)
+            parts.append((len(value), digest) if digest is not None else (id(value), len(value)))
         elif value is None or isinstance(value, bool | int | float | str | Unreadable):
             parts.append(value)
         else:
@@ -79,7 +94,12 @@ def _fingerprint(pool: object) -> tuple[object, ...]:
     mapping = getattr(pool, "full_to_swa_index_mapping", MISSING)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(mapping, torch.Tensor):
-        parts.append((id(mapping), int(mapping.data_ptr()), int(mapping._version)))
+        # Sparse, meta and nested tensors refuse data_ptr() or _version: such a read is
+        # recorded as its failure text, which is stable, so the token still compares.
+        failures: list[str] = []
+        parts.append((id(mapping), _attempt("data_ptr", lambda: int(mapping.data_ptr()), failures),
+                      _attempt("_version", lambda: int(mapping._version), failures),
+                      tuple(failures)))
     else:
         parts.append(id(mapping))
     return tuple(parts)
