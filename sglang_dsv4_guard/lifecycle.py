@@ -233,6 +233,7 @@ def _on_mori(current: Installation, module: ModuleType) -> None:
 
 def _dismantle(current: Installation, what: str) -> None:
     current.runtime.active = False
+    current.mori.blocked.clear()  # a wrapper held by someone else must refuse nothing
     current.hooks.unwatch_all()
     for patch in reversed(current.patches):
         for note in restore(patch):

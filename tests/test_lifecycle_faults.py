@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -63,6 +64,33 @@ class TestReconfigure(GuardTestCase):
             self.install_guard("on", load_entry_points=False)
             actual = {s: guarded_send(mgr, peer, s) for s in STATE_TYPES}
         self.assertEqual(actual, expected)
+
+    def test_old_strict_block_ends_when_another_wrapper_holds_ours(self) -> None:
+        """Another plug-in wraps our send wrapper (so uninstall cannot restore it): after
+        install("on"), and after uninstall(), the old strict-mode block refuses nothing;
+        every transfer has SGLang's own outcome."""
+        mgr = mori_stub.manager(conn, attn_tp=8)
+        peer = mori_stub.peer(conn, "decode-held", decode_tp=4)
+        expected = {s: send(_RAW["_send_swa_dsa_state"], mgr, peer, s) for s in STATE_TYPES}
+        self.addCleanup(setattr, conn.MoriKVManager, "_send_swa_dsa_state",
+                        _RAW["_send_swa_dsa_state"])
+        with guard_logs_off():
+            self.install_guard("strict", load_entry_points=False)
+            mgr._add_remote_peer(peer)
+            ours = vars(conn.MoriKVManager)["_send_swa_dsa_state"]
+
+            def other(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return ours(self, *args, **kwargs)
+
+            other.__signature__ = inspect.signature(ours)  # type: ignore[attr-defined]
+            conn.MoriKVManager._send_swa_dsa_state = other  # type: ignore[method-assign]
+            self.assertIn("transfer not attempted", guarded_send(mgr, peer, "swa")[1])
+            self.install_guard("on", load_entry_points=False)
+            after_on = {s: guarded_send(mgr, peer, s) for s in STATE_TYPES}
+            sglang_dsv4_guard.uninstall()
+            after_uninstall = {s: guarded_send(mgr, peer, s) for s in STATE_TYPES}
+        self.assertEqual(after_on, expected)
+        self.assertEqual(after_uninstall, expected)
 
     def test_strict_blocks_only_the_state_type_sglang_rejects(self) -> None:
         """Strict mode, a mismatched peer registered: only ``swa`` is refused early; every
