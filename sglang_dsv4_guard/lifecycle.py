@@ -191,11 +191,13 @@ def _install(chosen: Settings, load_entry_points: bool,
             how = "patched " + ", ".join(current.patches[0].rebound)
         _current = current
         current.hooks.watch(MORI_MODULE, functools.partial(_on_mori, current))
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt included: roll back, then let it rise
         if current is not None:
             if _current is current:
                 _current = None
             _dismantle(current, "rollback")
+        if not isinstance(exc, Exception):
+            raise
         reason, target = _failure_reason("installing failed, every patch was rolled back",
                                          exc)
         return _refuse(chosen, reason, target)

@@ -120,10 +120,18 @@ def apply(target: PatchTarget, module: ModuleType,
     setattr(wrapper, WRAPPER_MARK, original)
     setattr(owner, attr, wrapper)
     patch = AppliedPatch(target, owner, attr, original, wrapper, [str(target)])
-    if isinstance(owner, ModuleType):
-        for key, namespace, name in _modules_holding(original):
-            namespace[name] = wrapper
-            patch.rebound.append(f"{key}.{name}")
+    rebound: list[tuple[dict[str, Any], str]] = []
+    try:
+        if isinstance(owner, ModuleType):
+            for key, namespace, name in _modules_holding(original):
+                namespace[name] = wrapper
+                rebound.append((namespace, name))
+                patch.rebound.append(f"{key}.{name}")
+    except BaseException:  # KeyboardInterrupt included: never leave a half-applied patch
+        for namespace, name in rebound:
+            namespace[name] = original
+        setattr(owner, attr, original)
+        raise
     return patch
 
 

@@ -176,6 +176,34 @@ class TestAllOrNothing(GuardTestCase):
         self.assertFalse(sglang_dsv4_guard.is_installed())
         self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
 
+    def test_base_exception_in_binding_scan_leaves_sglang_as_it_was(self) -> None:
+        """A BaseException raised while the stale-binding scan reads a module in
+        sys.modules rises out of install() and leaves nothing patched, not installed."""
+
+        class Boom(BaseException):
+            pass
+
+        class Odd(types.ModuleType):
+            @property  # type: ignore[misc]
+            def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+                raise Boom("the module's __dict__")
+
+        with mock.patch.dict(sys.modules, {"dsv4_odd_module": Odd("dsv4_odd_module")}):
+            with self.assertRaises(Boom):
+                sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+        self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
+
+    def test_base_exception_after_a_patch_rolls_it_back(self) -> None:
+        """A KeyboardInterrupt while the MORI connector is wrapped, after
+        setup_state_kv_args was patched, rolls that patch back and rises unchanged."""
+        with mock.patch("sglang_dsv4_guard.lifecycle.patch_module",
+                        side_effect=KeyboardInterrupt):
+            with self.assertRaises(KeyboardInterrupt):
+                sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+        self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
+
 
 @contextmanager
 def lazy_modules() -> Iterator[dict[str, types.ModuleType]]:
