@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -26,11 +27,25 @@ from typing import Any
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
 
-__all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "apply_all", "restore"]
+__all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "apply_all", "is_ours",
+           "restore"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
 WRAPPER_MARK = "__sglang_dsv4_guard_original__"
+
+# Our wrappers whose patch is applied and not yet restored. Only these count as ours:
+# WRAPPER_MARK alone cannot tell, because functools.wraps copies it onto another
+# plug-in's wrapper of ours.
+_LIVE: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+
+
+def is_ours(fn: object) -> bool:
+    """Whether ``fn`` is a wrapper of ours that is applied and not yet restored."""
+    try:
+        return fn in _LIVE
+    except TypeError:  # unhashable or not weak-referenceable: not one of our functions
+        return False
 
 
 @dataclass(frozen=True)
@@ -113,12 +128,13 @@ def apply(target: PatchTarget, module: ModuleType,
           make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> AppliedPatch:
     """Wrap ``target`` in ``module``; for a module-level function, rebind stale imports too."""
     owner, attr, original = resolve(target, module)
-    if hasattr(original, WRAPPER_MARK):
+    if is_ours(original):
         raise DSV4GuardInstallError(f"{target} is already wrapped by sglang-dsv4-guard",
                                     str(target))
     wrapper = make_wrapper(original)
     setattr(wrapper, WRAPPER_MARK, original)
     setattr(owner, attr, wrapper)
+    _LIVE.add(wrapper)
     patch = AppliedPatch(target, owner, attr, original, wrapper, [str(target)])
     rebound: list[tuple[dict[str, Any], str]] = []
     try:
@@ -131,6 +147,7 @@ def apply(target: PatchTarget, module: ModuleType,
         for namespace, name in rebound:
             namespace[name] = original
         setattr(owner, attr, original)
+        _LIVE.discard(wrapper)
         raise
     return patch
 
@@ -153,6 +170,7 @@ def apply_all(module: ModuleType, targets: Sequence[tuple[
 def restore(patch: AppliedPatch) -> list[str]:
     """Undo ``patch`` wherever our wrapper still stands; return what was left alone."""
     left: list[str] = []
+    _LIVE.discard(patch.wrapper)
     if vars(patch.owner).get(patch.attr) is patch.wrapper:
         setattr(patch.owner, patch.attr, patch.original)
     else:

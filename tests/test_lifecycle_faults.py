@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import json
@@ -130,6 +131,26 @@ class TestReconfigure(GuardTestCase):
         self.assertTrue(second())
         self.assertFalse(sglang_dsv4_guard.is_installed())
         self.assertFalse(second())
+
+    def test_reinstall_over_another_plugins_functools_wraps_wrapper(self) -> None:
+        """Another plug-in wraps our setup_state_kv_args with functools.wraps (which copies
+        our marker attribute): a reconfiguring install() still installs, over that
+        wrapper, and uninstall() puts that wrapper back."""
+        self.addCleanup(setattr, utils, "setup_state_kv_args", raw_setup_state_kv_args())
+        with guard_logs_off():
+            self.install_guard("on", load_entry_points=False)
+            ours = utils.setup_state_kv_args
+
+            @functools.wraps(ours)
+            def other(*args: Any, **kwargs: Any) -> Any:
+                return ours(*args, **kwargs)
+
+            utils.setup_state_kv_args = other
+            self.install_guard("strict", load_entry_points=False)
+            self.assertTrue(sglang_dsv4_guard.is_installed())
+            self.assertIsNot(utils.setup_state_kv_args, other)
+            self.assertTrue(sglang_dsv4_guard.uninstall())
+        self.assertIs(utils.setup_state_kv_args, other)
 
 
 @contextmanager
