@@ -152,6 +152,35 @@ class TestReconfigure(GuardTestCase):
             self.assertTrue(sglang_dsv4_guard.uninstall())
         self.assertIs(utils.setup_state_kv_args, other)
 
+    def test_plugin_calling_install_at_import_is_refused_and_named(self) -> None:
+        """A third-party entry point whose import calls install("strict") while the
+        operator's install("on") loads plug-ins: the operator's install stands (mode on),
+        and the nested call is a DSV4G090 load problem naming that plug-in."""
+        site = tempfile.TemporaryDirectory()
+        self.addCleanup(site.cleanup)
+        module = "acme_reenter"
+        with open(os.path.join(site.name, f"{module}.py"), "w") as handle:
+            handle.write("import sglang_dsv4_guard\n"
+                         "sglang_dsv4_guard.install('strict', load_entry_points=False)\n")
+        dist = os.path.join(site.name, f"{module}-0.1.dist-info")
+        os.mkdir(dist)
+        with open(os.path.join(dist, "METADATA"), "w") as handle:
+            handle.write(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        with open(os.path.join(dist, "entry_points.txt"), "w") as handle:
+            handle.write(f"[sglang_dsv4_guard]\n{module} = {module}\n")
+        sys.path.insert(0, site.name)
+        self.addCleanup(sys.path.remove, site.name)
+        self.addCleanup(sys.modules.pop, module, None)
+        with guard_logs_off():
+            self.install_guard("on")
+        current = sglang_dsv4_guard.lifecycle.installation()
+        assert current is not None
+        self.assertEqual(current.runtime.settings.mode.value.value, "on")
+        problems = [f for f in current.runtime.plugins.load_problems if f.origin == module]
+        self.assertEqual([f.code for f in problems], ["DSV4G090"])
+        self.assertIn("install() was called while the guard is installing",
+                      " ".join(problems[0].details))
+
 
 @contextmanager
 def connector_without_register() -> Iterator[type]:
