@@ -238,9 +238,9 @@ class TestAllOrNothing(GuardTestCase):
             def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
                 raise Boom("the module's __dict__")
 
-        with mock.patch.dict(sys.modules, {"dsv4_odd_module": Odd("dsv4_odd_module")}):
-            with self.assertRaises(Boom):
-                sglang_dsv4_guard.install("on", load_entry_points=False)
+        odd = {"dsv4_odd_module": Odd("dsv4_odd_module")}
+        with mock.patch.dict(sys.modules, odd), self.assertRaises(Boom):
+            sglang_dsv4_guard.install("on", load_entry_points=False)
         self.assertFalse(sglang_dsv4_guard.is_installed())
         self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
 
@@ -248,9 +248,8 @@ class TestAllOrNothing(GuardTestCase):
         """A KeyboardInterrupt while the MORI connector is wrapped, after
         setup_state_kv_args was patched, rolls that patch back and rises unchanged."""
         with mock.patch("sglang_dsv4_guard.lifecycle.patch_module",
-                        side_effect=KeyboardInterrupt):
-            with self.assertRaises(KeyboardInterrupt):
-                sglang_dsv4_guard.install("on", load_entry_points=False)
+                        side_effect=KeyboardInterrupt), self.assertRaises(KeyboardInterrupt):
+            sglang_dsv4_guard.install("on", load_entry_points=False)
         self.assertFalse(sglang_dsv4_guard.is_installed())
         self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
 
