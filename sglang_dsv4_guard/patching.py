@@ -87,26 +87,20 @@ def resolve(target: PatchTarget, module: ModuleType) -> tuple[Any, str, Callable
     raise DSV4GuardInstallError(f"{target} does not exist in the installed SGLang", str(target))
 
 
-_LAZY_MODULE: type | None = getattr(importlib.util, "_LazyModule", None)
-
-
 def _namespace(module: object) -> dict[str, Any] | None:
     """``module.__dict__`` read without running any of the module's code, or ``None``.
 
-    Only real module objects are scanned. A module still waiting for
-    :class:`importlib.util.LazyLoader` is skipped: any attribute access (``__dict__``
-    included) would execute it, and it cannot hold a binding before it has run.
-    ``type()`` and ``object.__getattribute__`` bypass the module's own attribute hooks.
+    Only real module objects are scanned. ``type()`` and ``object.__getattribute__``
+    bypass the module's own attribute hooks, so a module still waiting for
+    :class:`importlib.util.LazyLoader` is read as it stands and never forced to load
+    (it cannot hold a binding before it has run).
     """
-    kind = type(module)
-    if not issubclass(kind, ModuleType):
-        return None
-    if _LAZY_MODULE is not None and issubclass(kind, _LAZY_MODULE):
+    if not issubclass(type(module), ModuleType):
         return None
     try:
         namespace = object.__getattribute__(module, "__dict__")
     except Exception as exc:  # an exotic module type: nothing of ours can be bound there
-        logger.debug("sglang-dsv4-guard skipped sys.modules entry %r: %s", kind, exc)
+        logger.debug("sglang-dsv4-guard skipped sys.modules entry %r: %s", type(module), exc)
         return None
     return namespace if isinstance(namespace, dict) else None
 
