@@ -52,6 +52,9 @@ class Installation:
 
 
 _lock = threading.RLock()
+# Set while this thread runs _install(): a nested install() (a plug-in calling it while
+# build_plugins imports it, under the re-entrant lock) is refused, so it cannot take over.
+_installing = threading.local()
 _current: Installation | None = None
 
 
@@ -143,8 +146,14 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     :class:`DSV4GuardInstallError` in strict mode. ``via_sglang_registry`` (set by the
     entry point while SGLang's ``load_plugins()`` runs it) registers an ``AROUND`` hook on
     ``setup_state_kv_args`` with SGLang's ``HookRegistry`` instead of patching it; see
-    :mod:`sglang_dsv4_guard.host_hooks`.
+    :mod:`sglang_dsv4_guard.host_hooks`. A nested call (a plug-in calling ``install()``
+    while this one imports it) raises :class:`DSV4GuardInstallError`, which the plug-in
+    loader reports as that plug-in's ``DSV4G090`` load problem.
     """
+    if getattr(_installing, "active", False):
+        raise DSV4GuardInstallError(
+            "install() was called while the guard is installing (a plug-in calling it at "
+            "import?); the operator's install() goes on, this call changed nothing")
     chosen = settings_for(mode, autoshare, log_format, settings)
     if chosen.mode.value is Mode.OFF:
         uninstall()
@@ -158,7 +167,11 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
                         "mode=%s autoshare=%s log_format=%s", chosen.mode.value.value,
                         chosen.autoshare.value, chosen.log_format.value)
             uninstall()
-        return _install(chosen, load_entry_points, via_sglang_registry)
+        _installing.active = True
+        try:
+            return _install(chosen, load_entry_points, via_sglang_registry)
+        finally:
+            _installing.active = False
 
 
 def _install(chosen: Settings, load_entry_points: bool,
@@ -191,11 +204,13 @@ def _install(chosen: Settings, load_entry_points: bool,
             how = "patched " + ", ".join(current.patches[0].rebound)
         _current = current
         current.hooks.watch(MORI_MODULE, functools.partial(_on_mori, current))
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt included: roll back, then let it rise
         if current is not None:
             if _current is current:
                 _current = None
             _dismantle(current, "rollback")
+        if not isinstance(exc, Exception):
+            raise
         reason, target = _failure_reason("installing failed, every patch was rolled back",
                                          exc)
         return _refuse(chosen, reason, target)
@@ -233,6 +248,7 @@ def _on_mori(current: Installation, module: ModuleType) -> None:
 
 def _dismantle(current: Installation, what: str) -> None:
     current.runtime.active = False
+    current.mori.blocked.clear()  # a wrapper held by someone else must refuse nothing
     current.hooks.unwatch_all()
     for patch in reversed(current.patches):
         for note in restore(patch):

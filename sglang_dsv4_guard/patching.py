@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -26,11 +27,25 @@ from typing import Any
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
 
-__all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "apply_all", "restore"]
+__all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "apply_all", "is_ours",
+           "restore"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
 WRAPPER_MARK = "__sglang_dsv4_guard_original__"
+
+# Our wrappers whose patch is applied and not yet restored. Only these count as ours:
+# WRAPPER_MARK alone cannot tell, because functools.wraps copies it onto another
+# plug-in's wrapper of ours.
+_LIVE: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+
+
+def is_ours(fn: object) -> bool:
+    """Whether ``fn`` is a wrapper of ours that is applied and not yet restored."""
+    try:
+        return fn in _LIVE
+    except TypeError:  # unhashable or not weak-referenceable: not one of our functions
+        return False
 
 
 @dataclass(frozen=True)
@@ -72,26 +87,20 @@ def resolve(target: PatchTarget, module: ModuleType) -> tuple[Any, str, Callable
     raise DSV4GuardInstallError(f"{target} does not exist in the installed SGLang", str(target))
 
 
-_LAZY_MODULE: type | None = getattr(importlib.util, "_LazyModule", None)
-
-
 def _namespace(module: object) -> dict[str, Any] | None:
     """``module.__dict__`` read without running any of the module's code, or ``None``.
 
-    Only real module objects are scanned. A module still waiting for
-    :class:`importlib.util.LazyLoader` is skipped: any attribute access (``__dict__``
-    included) would execute it, and it cannot hold a binding before it has run.
-    ``type()`` and ``object.__getattribute__`` bypass the module's own attribute hooks.
+    Only real module objects are scanned. ``type()`` and ``object.__getattribute__``
+    bypass the module's own attribute hooks, so a module still waiting for
+    :class:`importlib.util.LazyLoader` is read as it stands and never forced to load
+    (it cannot hold a binding before it has run).
     """
-    kind = type(module)
-    if not issubclass(kind, ModuleType):
-        return None
-    if _LAZY_MODULE is not None and issubclass(kind, _LAZY_MODULE):
+    if not issubclass(type(module), ModuleType):
         return None
     try:
         namespace = object.__getattribute__(module, "__dict__")
     except Exception as exc:  # an exotic module type: nothing of ours can be bound there
-        logger.debug("sglang-dsv4-guard skipped sys.modules entry %r: %s", kind, exc)
+        logger.debug("sglang-dsv4-guard skipped sys.modules entry %r: %s", type(module), exc)
         return None
     return namespace if isinstance(namespace, dict) else None
 
@@ -113,17 +122,27 @@ def apply(target: PatchTarget, module: ModuleType,
           make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> AppliedPatch:
     """Wrap ``target`` in ``module``; for a module-level function, rebind stale imports too."""
     owner, attr, original = resolve(target, module)
-    if hasattr(original, WRAPPER_MARK):
+    if is_ours(original):
         raise DSV4GuardInstallError(f"{target} is already wrapped by sglang-dsv4-guard",
                                     str(target))
     wrapper = make_wrapper(original)
     setattr(wrapper, WRAPPER_MARK, original)
     setattr(owner, attr, wrapper)
+    _LIVE.add(wrapper)
     patch = AppliedPatch(target, owner, attr, original, wrapper, [str(target)])
-    if isinstance(owner, ModuleType):
-        for key, namespace, name in _modules_holding(original):
-            namespace[name] = wrapper
-            patch.rebound.append(f"{key}.{name}")
+    rebound: list[tuple[dict[str, Any], str]] = []
+    try:
+        if isinstance(owner, ModuleType):
+            for key, namespace, name in _modules_holding(original):
+                namespace[name] = wrapper
+                rebound.append((namespace, name))
+                patch.rebound.append(f"{key}.{name}")
+    except BaseException:  # KeyboardInterrupt included: never leave a half-applied patch
+        for namespace, name in rebound:
+            namespace[name] = original
+        setattr(owner, attr, original)
+        _LIVE.discard(wrapper)
+        raise
     return patch
 
 
@@ -145,6 +164,7 @@ def apply_all(module: ModuleType, targets: Sequence[tuple[
 def restore(patch: AppliedPatch) -> list[str]:
     """Undo ``patch`` wherever our wrapper still stands; return what was left alone."""
     left: list[str] = []
+    _LIVE.discard(patch.wrapper)
     if vars(patch.owner).get(patch.attr) is patch.wrapper:
         setattr(patch.owner, patch.attr, patch.original)
     else:

@@ -51,7 +51,6 @@ from sglang_dsv4_guard.findings import (
     Severity,
     capped_lines,
     cut_text,
-    to_jsonable,
 )
 
 __all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "add_all", "add_plugin", "build_plugins", "clean_finding",
@@ -128,30 +127,55 @@ def plugin_failure(name: str, stage: str, problem: str, effect: str | None = Non
     )
 
 
+_VALUE_CAP = 4096  # characters of a plug-in's observed value kept as its repr
+
+
+def _text(value: object, field: str) -> str:
+    """``value`` as an exact ``str``: a ``str`` subclass's own ``__str__``/``__format__``
+    /``__len__`` would otherwise run (and may raise) whenever the report is rendered."""
+    text = str.__str__(value) if isinstance(value, str) else None
+    if type(text) is not str:
+        raise TypeError(f"{field} must be a str (got {type(value).__name__})")
+    return text
+
+
 def _strings(value: object, field: str) -> tuple[str, ...]:
-    if not isinstance(value, tuple | list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, tuple | list):
         raise TypeError(f"{field} must be a tuple of str (got {_safe(repr, value)})")
-    return tuple(value)
+    return tuple(_text(v, f"{field}[{i}]") for i, v in enumerate(value))
+
+
+def _plain(value: object, depth: int = 0) -> bool:
+    """A value kept as it is: ``None``, exact bool/int/float/str, or a tuple of them."""
+    if value is None or type(value) in (bool, int, float, str):
+        return True
+    return (type(value) is tuple and depth < 4
+            and all(_plain(v, depth + 1) for v in value))
+
+
+def _shown(value: object, field: str) -> object:
+    """A plain value as it is; anything else its ``repr``, taken once here and capped at
+    :data:`_VALUE_CAP` characters, so rendering never runs the plug-in's code again."""
+    if _plain(value):
+        return value
+    try:
+        shown = repr(value)
+    except Exception as exc:
+        raise TypeError(f"{field} cannot be shown: repr {_raised(exc)}") from exc
+    if not isinstance(shown, str):
+        raise TypeError(f"{field}'s repr returned {type(shown).__name__}, not str")
+    text = _text(shown, f"{field}'s repr")
+    return text if len(text) <= _VALUE_CAP else (
+        f"{text[:_VALUE_CAP]}... ({len(text)} characters)")
 
 
 def _observation(obs: object, index: int) -> Observation:
     if not isinstance(obs, Observation):
         raise TypeError(f"observations[{index}] must be an Observation "
                         f"(got {type(obs).__name__} {_safe(repr, obs, 80)})")
-    for field in ("role", "name", "source"):
-        if not isinstance(getattr(obs, field), str):
-            raise TypeError(f"observations[{index}].{field} must be a str "
-                            f"(got {type(getattr(obs, field)).__name__})")
-    try:
-        shown = repr(obs.value)
-        to_jsonable(obs.value)
-    except Exception as exc:
-        raise TypeError(f"observations[{index}].value cannot be shown: repr "
-                        f"{_raised(exc)}") from exc
-    if not isinstance(shown, str):
-        raise TypeError(f"observations[{index}].value's repr returned "
-                        f"{type(shown).__name__}, not str")
-    return Observation(cut_text(obs.role), cut_text(obs.name), obs.value, cut_text(obs.source))
+    role, name, source = (cut_text(_text(getattr(obs, field), f"observations[{index}].{field}"))
+                          for field in ("role", "name", "source"))
+    return Observation(role, name, _shown(obs.value, f"observations[{index}].value"), source)
 
 
 def clean_finding(finding: object, origin: str) -> Finding:
@@ -166,15 +190,13 @@ def clean_finding(finding: object, origin: str) -> Finding:
     except Exception as exc:
         raise TypeError(f"reading its fields {_raised(exc)}") from exc
     for name in ("code", "summary", "subject", "docs"):
-        if not isinstance(fields[name], str):
-            raise TypeError(f"{name} must be a str (got {type(fields[name]).__name__})")
+        fields[name] = _text(fields[name], name)
     if not isinstance(fields["severity"], Severity):
         raise TypeError(f"severity must be a sglang_dsv4_guard.Severity (got "
                         f"{type(fields['severity']).__name__} "
                         f"{_safe(repr, fields['severity'], 80)})")
-    if fields["host_message"] is not None and not isinstance(fields["host_message"], str):
-        raise TypeError("host_message must be a str or None "
-                        f"(got {type(fields['host_message']).__name__})")
+    if fields["host_message"] is not None:
+        fields["host_message"] = _text(fields["host_message"], "host_message (or None)")
     observations = fields["observations"]
     if not isinstance(observations, tuple | list):
         raise TypeError(f"observations must be a tuple of Observation "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -64,6 +66,33 @@ class TestReconfigure(GuardTestCase):
             actual = {s: guarded_send(mgr, peer, s) for s in STATE_TYPES}
         self.assertEqual(actual, expected)
 
+    def test_old_strict_block_ends_when_another_wrapper_holds_ours(self) -> None:
+        """Another plug-in wraps our send wrapper (so uninstall cannot restore it): after
+        install("on"), and after uninstall(), the old strict-mode block refuses nothing;
+        every transfer has SGLang's own outcome."""
+        mgr = mori_stub.manager(conn, attn_tp=8)
+        peer = mori_stub.peer(conn, "decode-held", decode_tp=4)
+        expected = {s: send(_RAW["_send_swa_dsa_state"], mgr, peer, s) for s in STATE_TYPES}
+        self.addCleanup(setattr, conn.MoriKVManager, "_send_swa_dsa_state",
+                        _RAW["_send_swa_dsa_state"])
+        with guard_logs_off():
+            self.install_guard("strict", load_entry_points=False)
+            mgr._add_remote_peer(peer)
+            ours = vars(conn.MoriKVManager)["_send_swa_dsa_state"]
+
+            def other(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return ours(self, *args, **kwargs)
+
+            other.__signature__ = inspect.signature(ours)  # type: ignore[attr-defined]
+            conn.MoriKVManager._send_swa_dsa_state = other  # type: ignore[method-assign]
+            self.assertIn("transfer not attempted", guarded_send(mgr, peer, "swa")[1])
+            self.install_guard("on", load_entry_points=False)
+            after_on = {s: guarded_send(mgr, peer, s) for s in STATE_TYPES}
+            sglang_dsv4_guard.uninstall()
+            after_uninstall = {s: guarded_send(mgr, peer, s) for s in STATE_TYPES}
+        self.assertEqual(after_on, expected)
+        self.assertEqual(after_uninstall, expected)
+
     def test_strict_blocks_only_the_state_type_sglang_rejects(self) -> None:
         """Strict mode, a mismatched peer registered: only ``swa`` is refused early; every
         other state type gets SGLang's own outcome."""
@@ -102,6 +131,55 @@ class TestReconfigure(GuardTestCase):
         self.assertTrue(second())
         self.assertFalse(sglang_dsv4_guard.is_installed())
         self.assertFalse(second())
+
+    def test_reinstall_over_another_plugins_functools_wraps_wrapper(self) -> None:
+        """Another plug-in wraps our setup_state_kv_args with functools.wraps (which copies
+        our marker attribute): a reconfiguring install() still installs, over that
+        wrapper, and uninstall() puts that wrapper back."""
+        self.addCleanup(setattr, utils, "setup_state_kv_args", raw_setup_state_kv_args())
+        with guard_logs_off():
+            self.install_guard("on", load_entry_points=False)
+            ours = utils.setup_state_kv_args
+
+            @functools.wraps(ours)
+            def other(*args: Any, **kwargs: Any) -> Any:
+                return ours(*args, **kwargs)
+
+            utils.setup_state_kv_args = other
+            self.install_guard("strict", load_entry_points=False)
+            self.assertTrue(sglang_dsv4_guard.is_installed())
+            self.assertIsNot(utils.setup_state_kv_args, other)
+            self.assertTrue(sglang_dsv4_guard.uninstall())
+        self.assertIs(utils.setup_state_kv_args, other)
+
+    def test_plugin_calling_install_at_import_is_refused_and_named(self) -> None:
+        """A third-party entry point whose import calls install("strict") while the
+        operator's install("on") loads plug-ins: the operator's install stands (mode on),
+        and the nested call is a DSV4G090 load problem naming that plug-in."""
+        site = tempfile.TemporaryDirectory()
+        self.addCleanup(site.cleanup)
+        module = "acme_reenter"
+        with open(os.path.join(site.name, f"{module}.py"), "w") as handle:
+            handle.write("import sglang_dsv4_guard\n"
+                         "sglang_dsv4_guard.install('strict', load_entry_points=False)\n")
+        dist = os.path.join(site.name, f"{module}-0.1.dist-info")
+        os.mkdir(dist)
+        with open(os.path.join(dist, "METADATA"), "w") as handle:
+            handle.write(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        with open(os.path.join(dist, "entry_points.txt"), "w") as handle:
+            handle.write(f"[sglang_dsv4_guard]\n{module} = {module}\n")
+        sys.path.insert(0, site.name)
+        self.addCleanup(sys.path.remove, site.name)
+        self.addCleanup(sys.modules.pop, module, None)
+        with guard_logs_off():
+            self.install_guard("on")
+        current = sglang_dsv4_guard.lifecycle.installation()
+        assert current is not None
+        self.assertEqual(current.runtime.settings.mode.value.value, "on")
+        problems = [f for f in current.runtime.plugins.load_problems if f.origin == module]
+        self.assertEqual([f.code for f in problems], ["DSV4G090"])
+        self.assertIn("install() was called while the guard is installing",
+                      " ".join(problems[0].details))
 
 
 @contextmanager
@@ -145,6 +223,33 @@ class TestAllOrNothing(GuardTestCase):
                 activate()
             self.assertIs(vars(copy)["_send_swa_dsa_state"], _RAW["_send_swa_dsa_state"])
         self.assertIn("_add_remote_peer", str(caught.exception))
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+        self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
+
+    def test_base_exception_in_binding_scan_leaves_sglang_as_it_was(self) -> None:
+        """A BaseException raised while the stale-binding scan reads a module in
+        sys.modules rises out of install() and leaves nothing patched, not installed."""
+
+        class Boom(BaseException):
+            pass
+
+        class Odd(types.ModuleType):
+            @property  # type: ignore[misc]
+            def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+                raise Boom("the module's __dict__")
+
+        odd = {"dsv4_odd_module": Odd("dsv4_odd_module")}
+        with mock.patch.dict(sys.modules, odd), self.assertRaises(Boom):
+            sglang_dsv4_guard.install("on", load_entry_points=False)
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+        self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
+
+    def test_base_exception_after_a_patch_rolls_it_back(self) -> None:
+        """A KeyboardInterrupt while the MORI connector is wrapped, after
+        setup_state_kv_args was patched, rolls that patch back and rises unchanged."""
+        with mock.patch("sglang_dsv4_guard.lifecycle.patch_module",
+                        side_effect=KeyboardInterrupt), self.assertRaises(KeyboardInterrupt):
+            sglang_dsv4_guard.install("on", load_entry_points=False)
         self.assertFalse(sglang_dsv4_guard.is_installed())
         self.assertIs(utils.setup_state_kv_args, raw_setup_state_kv_args())
 

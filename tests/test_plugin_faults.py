@@ -255,6 +255,89 @@ class TestRemediationFingerprintIsCheap(GuardTestCase):
         self.assertNotEqual(_fingerprint(draft), before)
 
 
+class FormatBoom(str):
+    def __format__(self, spec: str) -> str:
+        raise ValueError("format boom")
+
+
+class StrBoom(str):
+    def __str__(self) -> str:
+        raise ValueError("str boom")
+
+
+class LenBoom(str):
+    def __len__(self) -> int:
+        raise ValueError("len boom")
+
+
+class FlakyRepr:
+    """Its repr works once, then raises."""
+
+    calls = 0
+
+    def __repr__(self) -> str:
+        FlakyRepr.calls += 1
+        if FlakyRepr.calls > 1:
+            raise RuntimeError("second repr")
+        return "flaky-ok"
+
+
+class StrSubclassFields:
+    """Findings whose text fields are ``str`` subclasses that break formatting, and values
+    whose ``str`` or later ``repr`` raise."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_state(self) -> list[Finding]:
+        return [
+            Finding(FormatBoom("ACME010"), Severity.WARNING, FormatBoom("fmt summary"), "x",
+                    details=(FormatBoom("fmt detail"),), fixes=(StrBoom("str fix"),)),
+            Finding("ACME011", Severity.WARNING, "odd observations", StrBoom("subject"),
+                    observations=(
+                        Observation(LenBoom("draft pool"), "a", StrBoom("str value"), "src"),
+                        Observation("draft pool", FormatBoom("b"), FlakyRepr(), "src"),
+                    )),
+        ]
+
+
+class TestStrSubclassFields(GuardTestCase):
+    """Item 4 of the review: the boundary stores exact ``str`` and shown values, so a
+    plug-in's ``str`` subclass or flaky ``repr`` cannot break rendering later."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        FlakyRepr.calls = 0
+
+    def test_g090_str_subclass_fields_keep_the_report_in_mode_on(self) -> None:
+        """Mode on, a pair SGLang rejects: SGLang's line leads, DSV4G001 and both plug-in
+        findings are in the report, every text field an exact str, rendered."""
+        host, guarded = rejected_pair_guarded(self, "on", StrSubclassFields())
+        self.assertIsInstance(guarded, DSV4GuardError)
+        self.assertEqual(str(guarded).splitlines()[0], str(host))
+        codes = [f.code for f in guarded.findings]
+        self.assertIn("DSV4G001", codes)
+        self.assertIn("ACME010", codes)
+        self.assertIn("ACME011", codes)
+        for f in guarded.findings:
+            texts = [f.code, f.summary, f.subject, *f.details, *f.fixes]
+            texts += [t for o in f.observations for t in (o.role, o.name, o.source)]
+            self.assertEqual({type(t) for t in texts}, {str}, f.code)
+        rendered = render_report(guarded.report) or ""
+        self.assertIn("fmt summary", rendered)
+        self.assertIn("flaky-ok", rendered)
+
+    def test_str_subclass_fields_in_strict_are_the_plugins_findings(self) -> None:
+        """Strict mode, a pair SGLang accepts: strict escalates the plug-in's warnings as
+        its findings, never as the guard "failing internally"."""
+        self.install_guard("strict", load_entry_points=False)
+        register(StrSubclassFields())
+        with guard_logs_off():
+            kind, result = outcome(utils.setup_state_kv_args, *build_pair())
+        self.assertEqual(kind, "raised")
+        self.assertNotIn("failed internally", str(result))
+        self.assertEqual(str(result).splitlines()[0],
+                         "sglang-dsv4-guard (strict mode): [ACME010] fmt summary")
+
+
 class TestRemediationChangesPools(GuardTestCase):
     """Item 7: a remediation that changes a pool silently is re-read and named."""
 

@@ -252,7 +252,10 @@ def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[.
         def _send_swa_dsa_state(*args: Any, **kwargs: Any) -> Any:
             # The pass path: one truth test and a try. `self` stays inside *args so
             # the call is forwarded without building a new tuple.
-            if blocked:  # empty unless strict mode found a mismatched peer
+            # `blocked` first: empty unless strict mode found a mismatched peer. Once this
+            # installation is gone (reconfigured, uninstalled) it refuses nothing, even
+            # when another plug-in's wrapper still holds this one.
+            if blocked and guard.rt.active:
                 error = guard.blocked_error(sig, args, kwargs)
                 if error is not None:
                     raise error
