@@ -50,6 +50,8 @@ logger = logging.getLogger("sglang_dsv4_guard")
 # Per-process or per-peer values: the same problem must give the same fingerprint in
 # every scheduler and for every decode peer.
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+# Each TP rank's tensors live on its own device (``cuda:3``): the index is per-process.
+_DEVICE_INDEX = re.compile(r"\b(cuda|npu|xpu|hpu|mlu|musa):\d+\b")
 _NOISY_CONTEXT = frozenset({"peer"})
 _NOISY_DETAILS = ("decode peer:",)
 
@@ -57,14 +59,16 @@ _NOISY_DETAILS = ("decode peer:",)
 def fingerprint(report: Report) -> str:
     """A stable 12-hex-digit hash of what the report says, without per-process noise.
 
-    Left out: object ids and pointers (any ``0x...`` number), the context's ``peer``
-    and the finding details naming the decode peer.
+    Left out: object ids and pointers (any ``0x...`` number), device indices
+    (``cuda:3`` counts as ``cuda``: every TP rank has its own), the context's ``peer``
+    and the finding details naming the decode peer. The report's text keeps them.
     """
     data = report.to_dict()
     data["context"] = {k: v for k, v in data["context"].items() if k not in _NOISY_CONTEXT}
     for finding in data["findings"]:
         finding["details"] = [d for d in finding["details"] if not d.startswith(_NOISY_DETAILS)]
     text = _ADDRESS.sub("0x?", json.dumps(data, sort_keys=True, default=repr))
+    text = _DEVICE_INDEX.sub(r"\1", text)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

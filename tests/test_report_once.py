@@ -8,6 +8,7 @@ fingerprint; a second launch prints it in full again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -25,6 +26,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.dedup import Seen, ServerDedup, fingerprint, process_start
+from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.testing import build_pair, check_pools, new_kv_args, three_mismatch_pair
 
 register_cpu_ci(est_time=400, suite="stage-a-test-cpu")
@@ -79,6 +81,25 @@ class TestFingerprintAndMarkers(GuardTestCase):
         self.assertEqual(fingerprint(first), fingerprint(second))
         other = check_pools(*build_pair(mapping="different"))
         self.assertNotEqual(fingerprint(first), fingerprint(other))
+
+    def test_fingerprint_ignores_device_index(self) -> None:
+        """On a GPU each TP rank's mapping names its own device (``device=cuda:<rank>``):
+        two reports differing only in that index give one fingerprint, while the text
+        still names the device; another device type is another report."""
+        report = check_pools(*three_mismatch_pair())
+        self.assertIn("device=cpu", report.to_json())
+
+        def on(device: str) -> Report:
+            return dataclasses.replace(report, findings=tuple(
+                dataclasses.replace(f, observations=tuple(
+                    dataclasses.replace(o, value=o.value.replace("device=cpu", device))
+                    if isinstance(o.value, str) else o for o in f.observations))
+                for f in report.findings))
+
+        rank0, rank1 = on("device=cuda:0"), on("device=cuda:1")
+        self.assertIn("device=cuda:1", rank1.to_json())
+        self.assertEqual(fingerprint(rank0), fingerprint(rank1))
+        self.assertNotEqual(fingerprint(rank0), fingerprint(report))
 
     def test_marker_older_than_this_process_does_not_suppress(self) -> None:
         """A marker another process wrote before this one started (an earlier launch
