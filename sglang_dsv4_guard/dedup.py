@@ -8,7 +8,8 @@ is first met.
 How processes agree (Linux; anywhere else every process prints in full):
 
 - **The launch** is the scheduler's parent process (SGLang spawns every scheduler of
-  a server from one process: the engine, or its data-parallel controller), named by
+  a server from one process: the engine, or its data-parallel controller; taken from
+  ``multiprocessing.parent_process()``, so it may be PID 1 in a container), named by
   its PID *and its start time* (``/proc/<pid>/stat``), so a reused PID is another
   launch. Markers live in ``/dev/shm/sglang-dsv4-guard-<uid>/<pid>-<start>/`` (or the
   temporary directory when ``/dev/shm`` is missing), one file per fingerprint, claimed
@@ -33,6 +34,7 @@ import enum
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import re
 import shutil
@@ -95,11 +97,24 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+def _launcher_pid() -> int | None:
+    """The launching process' PID: ``multiprocessing``'s parent when this process was
+    started by it (as SGLang starts schedulers), else the OS parent; ``None`` when the
+    launcher is gone (this process was re-parented)."""
+    parent = multiprocessing.parent_process()
+    ppid = os.getppid()
+    if parent is not None and parent.pid is not None:
+        # The launcher may be PID 1 (a container's server without --init): that is
+        # still our launcher as long as we were not re-parented away from it.
+        return parent.pid if ppid == parent.pid else None
+    return ppid if ppid > 1 else None
+
+
 def launcher_key() -> str | None:
     """``<pid>-<start>`` of the process that launched this one, or ``None``."""
-    parent = os.getppid()
-    start = process_start(parent)
-    return None if start is None or parent <= 1 else f"{parent}-{start}"
+    parent = _launcher_pid()
+    start = None if parent is None else process_start(parent)
+    return None if parent is None or start is None else f"{parent}-{start}"
 
 
 def _base_dir() -> str:

@@ -17,6 +17,7 @@ import re
 import tempfile
 import time
 import unittest
+from unittest import mock
 
 import scheduler_child
 import sglang.srt.disaggregation.utils as utils
@@ -119,6 +120,42 @@ class TestFingerprintAndMarkers(GuardTestCase):
                 json.dump({"pid": parent, "start": process_start(parent),
                            "written": time.clock_gettime(time.CLOCK_BOOTTIME)}, marker)
             self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)
+
+
+class TestLauncherIsPid1(GuardTestCase):
+    """In a container without ``--init`` the server itself is PID 1 and spawns the
+    schedulers: PID 1 is then their launcher, not a sign of being orphaned."""
+
+    def test_launcher_pid1_is_a_launcher(self) -> None:
+        """``multiprocessing`` names PID 1 as the parent and the OS agrees: the key is
+        PID 1's, so the schedulers share one marker directory."""
+        from sglang_dsv4_guard import dedup
+
+        with mock.patch.object(dedup.multiprocessing, "parent_process",
+                               return_value=mock.Mock(pid=1)), \
+                mock.patch.object(dedup.os, "getppid", return_value=1):
+            self.assertEqual(dedup.launcher_key(), f"1-{process_start(1)}")
+
+    def test_orphaned_scheduler_has_no_launcher(self) -> None:
+        """The ``multiprocessing`` parent is gone (the OS re-parented us to PID 1): no
+        key, so the process prints in full rather than sharing a dead launch's markers."""
+        from sglang_dsv4_guard import dedup
+
+        with mock.patch.object(dedup.multiprocessing, "parent_process",
+                               return_value=mock.Mock(pid=os.getpid())), \
+                mock.patch.object(dedup.os, "getppid", return_value=1):
+            self.assertIsNone(dedup.launcher_key())
+
+    def test_not_started_by_multiprocessing_uses_the_os_parent(self) -> None:
+        """Without a ``multiprocessing`` parent the OS parent is the launcher, unless it
+        is PID 1 (nothing tells a launcher from a re-parenting init then)."""
+        from sglang_dsv4_guard import dedup
+
+        parent = os.getppid()
+        with mock.patch.object(dedup.multiprocessing, "parent_process", return_value=None):
+            self.assertEqual(dedup.launcher_key(), f"{parent}-{process_start(parent)}")
+            with mock.patch.object(dedup.os, "getppid", return_value=1):
+                self.assertIsNone(dedup.launcher_key())
 
 
 class TestCrashedLauncher(GuardTestCase):
