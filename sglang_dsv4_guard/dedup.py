@@ -24,12 +24,18 @@ How processes agree (Linux; anywhere else every process prints in full):
   time), so a crashed launcher leaves files behind only until the next guarded
   process on that host starts. Nothing ever depends on those files being gone.
 
-Any failure here (read-only file system, no ``/proc``) is logged once at DEBUG and the
+- **Trust**: the per-user directory and the launch's directory must be this user's
+  own real directories (not links), closed to group and others, or nothing is
+  deduplicated. Markers are read without following links or blocking (a FIFO under
+  the name is ignored) and written through a fresh ``O_EXCL`` temporary file.
+
+Any failure here (read-only file system, no ``/proc``, an untrusted directory) is logged once at DEBUG and the
 report is printed in full: deduplication may fail open, never closed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import json
@@ -38,6 +44,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -123,6 +130,25 @@ def _base_dir() -> str:
     return os.path.join(root, f"sglang-dsv4-guard-{os.getuid()}")
 
 
+_MARKER_MAX = 4096  # bytes; a marker is a small JSON object
+
+
+def _private_dir(path: str) -> str:
+    """Create ``path`` (mode 0700) or accept it only if it is this user's own directory,
+    not a symbolic link, and closed to group and others; otherwise ``OSError`` (the
+    caller then prints in full: another user could plant or read markers there)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(f"{path} is not a directory (a symbolic link or a file)")
+    if info.st_uid != os.getuid():
+        raise OSError(f"{path} belongs to uid {info.st_uid}, not to this user")
+    if info.st_mode & 0o077:
+        raise OSError(f"{path} is open to group or others (mode {info.st_mode & 0o777:o})")
+    return path
+
+
 def _boot_seconds() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
@@ -170,54 +196,81 @@ class ServerDedup:
         if self._opened:
             return self._directory
         self._opened = True
+        given, self._directory = self._directory, None  # until checked: fail open
         self._me = _me()
         if self._me is None:
-            self._directory = None
             return None
-        if self._directory is None:
+        directory = given
+        if directory is None:
             key = launcher_key()
             if key is None:
                 return None
-            base = _base_dir()
-            os.makedirs(base, mode=0o700, exist_ok=True)
+            base = _private_dir(_base_dir())
             _sweep(base, key)
-            self._directory = os.path.join(base, key)
-        os.makedirs(self._directory, mode=0o700, exist_ok=True)
+            directory = os.path.join(base, key)
+        self._directory = _private_dir(directory)
         return self._directory
 
     def _counts(self, path: str) -> bool:
-        """Whether the marker at ``path`` was written by another, contemporary process."""
+        """Whether the marker at ``path`` was written by another, contemporary process.
+
+        Read without following a symbolic link and without blocking (a FIFO planted
+        under the name is not read); only a small regular file counts.
+        """
         me = self._me
         assert me is not None
         try:
-            with open(path, encoding="utf-8") as marker:
-                data = json.load(marker)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return False
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > _MARKER_MAX:
+                return False
+            data = json.loads(os.read(fd, _MARKER_MAX + 1))
             pid, start, written = int(data["pid"]), int(data["start"]), float(data["written"])
         except (OSError, ValueError, KeyError, TypeError):
             return False
+        finally:
+            os.close(fd)
         return (pid, start) != (me.pid, me.start) and written >= me.started
+
+    def _write_temp(self, tmp: str) -> None:
+        """Write this process' marker to ``tmp``, a name nobody else uses; removed on error."""
+        me = self._me
+        assert me is not None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a leftover of ours (the directory is ours alone)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as marker:
+                json.dump({"pid": me.pid, "start": me.start, "written": _boot_seconds()},
+                          marker)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def _claim(self, fp: str) -> Seen:
         directory = self._session()
         if directory is None or self._me is None:
             return Seen.FIRST
         path = os.path.join(directory, fp)
-        if os.path.exists(path) and self._counts(path):
+        if self._counts(path):
             return Seen.ELSEWHERE
         tmp = os.path.join(directory, f".{fp}.{self._me.pid}")
-        with open(tmp, "w", encoding="utf-8") as marker:
-            json.dump({"pid": self._me.pid, "start": self._me.start,
-                       "written": _boot_seconds()}, marker)
+        self._write_temp(tmp)
         try:
-            os.link(tmp, path)  # atomic: exactly one process creates the marker
-        except FileExistsError:
-            if self._counts(path):
-                os.unlink(tmp)
-                return Seen.ELSEWHERE
-            os.replace(tmp, path)  # stale (an earlier launch, or ours): take it over
+            try:
+                os.link(tmp, path)  # atomic: exactly one process creates the marker
+            except FileExistsError:
+                if self._counts(path):
+                    return Seen.ELSEWHERE
+                os.replace(tmp, path)  # stale (an earlier launch, ours, not a file): take it
             return Seen.FIRST
-        os.unlink(tmp)
-        return Seen.FIRST
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
     def seen(self, fp: str) -> Seen:
         """Where the report ``fp`` was printed before; the first call claims it."""

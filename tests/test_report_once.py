@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import re
 import tempfile
+import threading
 import time
 import unittest
 from unittest import mock
@@ -156,6 +157,81 @@ class TestLauncherIsPid1(GuardTestCase):
             self.assertEqual(dedup.launcher_key(), f"{parent}-{process_start(parent)}")
             with mock.patch.object(dedup.os, "getppid", return_value=1):
                 self.assertIsNone(dedup.launcher_key())
+
+
+def contemporary_marker(path: str) -> None:
+    """Write at ``path`` a marker that would suppress: by a live process (our parent),
+    written now."""
+    parent = os.getppid()
+    with open(path, "w", encoding="utf-8") as marker:
+        json.dump({"pid": parent, "start": process_start(parent),
+                   "written": time.clock_gettime(time.CLOCK_BOOTTIME)}, marker)
+
+
+class TestHostileMarkerDirectory(GuardTestCase):
+    """Another user on the host must not suppress, read or redirect the guard's markers:
+    a directory that is not privately ours fails open, and marker names are never
+    followed or blocked on."""
+
+    def test_group_writable_directory_fails_open(self) -> None:
+        """A marker directory open to group or others is not trusted: a suppressing
+        marker in it is ignored and the report prints in full."""
+        with tempfile.TemporaryDirectory() as directory:
+            os.chmod(directory, 0o770)
+            contemporary_marker(os.path.join(directory, "abc"))
+            self.assertIs(ServerDedup(directory).seen("abc"), Seen.FIRST)
+
+    def test_directory_of_another_user_fails_open(self) -> None:
+        """A marker directory owned by another uid is not trusted either."""
+        from sglang_dsv4_guard import dedup
+
+        with tempfile.TemporaryDirectory() as directory:
+            contemporary_marker(os.path.join(directory, "abc"))
+            with mock.patch.object(dedup.os, "getuid", return_value=os.getuid() + 1):
+                self.assertIs(ServerDedup(directory).seen("abc"), Seen.FIRST)
+            self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)  # ours: trusted
+
+    def test_symlinked_directory_fails_open(self) -> None:
+        """A symbolic link planted as the marker directory is not followed."""
+        with tempfile.TemporaryDirectory() as real, tempfile.TemporaryDirectory() as base:
+            contemporary_marker(os.path.join(real, "abc"))
+            link = os.path.join(base, "launch")
+            os.symlink(real, link)
+            self.assertIs(ServerDedup(link).seen("abc"), Seen.FIRST)
+
+    def test_symlinks_planted_as_marker_and_temp_file_are_not_followed(self) -> None:
+        """A link named like the marker (to a suppressing marker) does not suppress, and a
+        link named like this process' temporary file does not make it write elsewhere."""
+        with tempfile.TemporaryDirectory() as directory, \
+                tempfile.TemporaryDirectory() as elsewhere:
+            target = os.path.join(elsewhere, "marker")
+            contemporary_marker(target)
+            os.symlink(target, os.path.join(directory, "abc"))
+            precious = os.path.join(elsewhere, "precious")
+            with open(precious, "w", encoding="utf-8") as out:
+                out.write("precious data\n")
+            os.symlink(precious, os.path.join(directory, f".def.{os.getpid()}"))
+            dedup = ServerDedup(directory)
+            self.assertIs(dedup.seen("abc"), Seen.FIRST)
+            self.assertIs(dedup.seen("def"), Seen.FIRST)
+            with open(precious, encoding="utf-8") as out:
+                self.assertEqual(out.read(), "precious data\n")
+            self.assertFalse(os.path.islink(os.path.join(directory, "abc")))
+
+    def test_fifo_planted_as_marker_does_not_block(self) -> None:
+        """A FIFO with the fingerprint's name is never opened for a blocking read: the
+        claim returns at once and the report prints in full."""
+        with tempfile.TemporaryDirectory() as directory:
+            os.mkfifo(os.path.join(directory, "abc"))
+            result: list[Seen] = []
+            worker = threading.Thread(
+                target=lambda: result.append(ServerDedup(directory).seen("abc")), daemon=True)
+            worker.start()
+            worker.join(20)
+            if worker.is_alive():  # unblock the stuck reader so the test process can end
+                fd = os.open(os.path.join(directory, "abc"), os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+            self.assertEqual(result, [Seen.FIRST])
 
 
 class TestCrashedLauncher(GuardTestCase):
