@@ -47,18 +47,41 @@ class TestOneProcess(GuardTestCase):
         sglang_dsv4_guard.uninstall()
         super().tearDown()
 
-    def test_raised_report_is_logged_as_one_line(self) -> None:
-        """SGLang's error with three problems: the exception carries the full report, the
-        log one line with the codes and where the report is."""
+    def test_raised_report_is_logged_in_full_by_the_claimant(self) -> None:
+        """SGLang's error with three problems: the process claiming the report logs it in
+        full before raising (SGLang may kill the process group before its traceback
+        prints), and the exception carries it too; a repeat logs and carries one line."""
         fresh_install("on", load_entry_points=False)
         with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs, \
                 self.assertRaises(DSV4GuardError) as caught:
             utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
         self.assertIn(FULL_THREE, str(caught.exception))
         [record] = logs.records
+        self.assertIn(FULL_THREE, record.getMessage())
+        self.assertIn("also carried by the DSV4GuardError raised to SGLang", record.getMessage())
+        with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs, \
+                self.assertRaises(DSV4GuardError) as caught:
+            utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
+        self.assertNotIn(FULL_THREE, str(caught.exception))
+        [record] = logs.records
         self.assertEqual(len(record.getMessage().splitlines()), 1)
-        self.assertIn("[DSV4G001, DSV4G004, DSV4G005]: full report in the DSV4GuardError",
-                      record.getMessage())
+        self.assertIn("printed in full earlier by this process", record.getMessage())
+
+    def test_note_path_logs_the_report_and_names_the_note(self) -> None:
+        """SGLang's own AttributeError (the report rides as a PEP 678 note, which Python
+        3.10 never prints): the log carries the full report and names the note, not a
+        DSV4GuardError."""
+        fresh_install("on", load_entry_points=False)
+        target, draft = build_pair()
+        del draft.page_size
+        with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs, \
+                self.assertRaises(AttributeError):
+            utils.setup_state_kv_args(new_kv_args(), target, draft)
+        [record] = logs.records
+        self.assertIn("[DSV4G010]", record.getMessage())
+        self.assertIn("fix:", record.getMessage())
+        self.assertIn("also carried by a note on SGLang's AttributeError", record.getMessage())
+        self.assertNotIn("DSV4GuardError", record.getMessage())
 
     def test_warning_report_is_logged_in_full(self) -> None:
         """SGLang accepts a pair the guard warns about: nothing is raised, so the log
@@ -297,25 +320,25 @@ class TestSpawnedSchedulers(GuardTestCase):
                     os.environ[k] = v
 
     def test_same_report_printed_in_full_by_one_process(self) -> None:
-        """Three schedulers meet the same failing pair: one full report in the combined
-        output, and two one-line pointers in the others' exceptions, all naming the
-        same fingerprint and codes."""
-        self.assertEqual(self.first.count(FULL_THREE), 1, self.first)
+        """Three schedulers meet the same failing pair: the full report only in the
+        claimant's output (its log and its traceback), and one-line pointers in the two
+        others' logs and exceptions, all naming the same fingerprint and codes."""
+        # The claimant's log and its traceback: both in one process, no other.
+        self.assertEqual(self.first.count(FULL_THREE), 2, self.first)
         pointers = POINTER.findall(self.first)
-        self.assertEqual(len(pointers), 2, self.first)
+        self.assertEqual(len(pointers), 4, self.first)  # two processes: log + exception
         self.assertEqual(len(set(pointers)), 1)
-        owner = re.findall(r"\[DSV4G001, DSV4G004, DSV4G005\]: full report in the "
-                           r"DSV4GuardError raised to SGLang \(its traceback\) \(fingerprint "
-                           r"([0-9a-f]{12})\)", self.first)
+        owner = re.findall(r"\(fingerprint ([0-9a-f]{12}); also carried by the DSV4GuardError",
+                           self.first)
         self.assertEqual(owner, pointers[:1])
 
     def test_different_report_printed_in_full(self) -> None:
         """The scheduler meeting another pair prints its own report in full."""
-        self.assertEqual(self.first.count(FULL_UNIFIED), 1, self.first)
+        self.assertEqual(self.first.count(FULL_UNIFIED), 2, self.first)  # log + traceback
 
     def test_second_launch_prints_in_full_again(self) -> None:
         """A later launch from the same parent is not suppressed by the first's markers."""
-        self.assertEqual(self.second.count(FULL_THREE), 1, self.second)
+        self.assertEqual(self.second.count(FULL_THREE), 2, self.second)  # log + traceback
         self.assertIsNone(POINTER.search(self.second))
 
 
