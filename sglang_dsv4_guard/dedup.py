@@ -19,10 +19,14 @@ How processes agree (Linux; anywhere else every process prints in full):
   report, so their markers count; a marker left by an earlier launch from the same
   parent (``sglang.Engine`` started twice in one script) or a crashed one is older
   than this process and never suppresses anything.
-- **Clean-up**: each process, when it first claims, removes the marker directories
-  whose launcher is gone (dead PID, or the PID now names a process with another start
-  time), so a crashed launcher leaves files behind only until the next guarded
-  process on that host starts. Nothing ever depends on those files being gone.
+- **Clean-up**: at exit (:func:`cleanup_at_exit`, registered by ``install()``) a
+  process removes the marker directory of the launch it started itself (it is the
+  launcher), and that of its own launch once the launcher is gone (the last survivors
+  of a crashed launcher). Besides, each process, when it first *claims* a marker (not
+  at start-up), removes the directories whose launcher is gone (dead PID, or the PID
+  now names a process with another start time), so a launcher killed with its
+  schedulers leaves files behind only until a guarded process on that host next
+  claims a report. Nothing ever depends on those files being gone.
 
 - **Trust**: the per-user directory and the launch's directory must be this user's
   own real directories (not links), closed to group and others, or nothing is
@@ -52,7 +56,8 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.findings import Report
 
-__all__ = ["Seen", "ServerDedup", "fingerprint", "launcher_key", "process_start"]
+__all__ = ["Seen", "ServerDedup", "cleanup_at_exit", "fingerprint", "launcher_key",
+           "process_start"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -175,6 +180,38 @@ def _sweep(base: str, keep: str) -> None:
         pid, _, start = name.partition("-")
         if not (pid.isdigit() and start.isdigit()) or process_start(int(pid)) != int(start):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def _remove_private(path: str) -> None:
+    """Remove the marker directory ``path`` if it exists and is privately ours."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(_private_dir(path))
+
+
+def cleanup_at_exit() -> None:
+    """Remove the marker directories this process is the last user of (see the module
+    docstring); never another live launch's. Failures are logged at DEBUG."""
+    try:
+        me = _me()
+        if me is None:
+            return
+        base = _base_dir()
+        _remove_private(os.path.join(base, f"{me.pid}-{me.start}"))  # I am its launcher
+        parent = _launcher_pid()
+        key = launcher_key()
+        if parent is None or key is None:  # orphaned: the launcher is gone
+            ppid = multiprocessing.parent_process()
+            if ppid is not None and ppid.pid is not None:
+                for name in os.listdir(base):
+                    pid, _, start = name.partition("-")
+                    if pid == str(ppid.pid) and start.isdigit() \
+                            and process_start(ppid.pid) != int(start):
+                        _remove_private(os.path.join(base, name))
+    except OSError as exc:
+        logger.debug("sglang-dsv4-guard: marker clean-up at exit skipped (%s)", exc)
 
 
 class ServerDedup:

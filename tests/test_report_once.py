@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -22,7 +23,7 @@ from unittest import mock
 
 import scheduler_child
 import sglang.srt.disaggregation.utils as utils
-from helpers import GuardTestCase, fresh_install
+from helpers import GuardTestCase, fresh_install, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
 import sglang_dsv4_guard
@@ -274,6 +275,60 @@ class TestCrashedLauncher(GuardTestCase):
                 os.makedirs(os.path.join(base, name, "fp"))
             _sweep(base, keep="mine")
             self.assertEqual(sorted(os.listdir(base)), sorted([live, "mine"]))
+
+
+_EXIT_CHILD = """
+import logging, os, sys
+logging.basicConfig(level=logging.INFO, format="LOG %(message)s")
+import sglang_dsv4_guard
+from sglang_dsv4_guard import dedup
+sglang_dsv4_guard.install("on", load_entry_points=False)
+me = dedup._me()
+mine = dedup._private_dir(os.path.join(dedup._private_dir(dedup._base_dir()),
+                                       f"{me.pid}-{me.start}"))
+open(os.path.join(mine, "abcdefabcdef"), "w").close()
+print("LAUNCH-DIR", mine)
+if sys.argv[1] == "fail":
+    import sglang.srt.disaggregation.utils as utils
+    from sglang_dsv4_guard.testing import new_kv_args, three_mismatch_pair
+    try:
+        utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
+    except RuntimeError:
+        pass
+"""
+
+
+class TestAtExit(GuardTestCase):
+    """Schedulers never call ``uninstall()``: the counts and the clean-up run at exit."""
+
+    def run_child(self, what: str) -> tuple[str, str]:
+        result = fresh_python(_EXIT_CHILD, what)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        [line] = [ln for ln in result.stdout.splitlines() if ln.startswith("LAUNCH-DIR ")]
+        return result.stderr, line.split(" ", 1)[1]
+
+    def test_summary_at_exit_when_something_was_reported(self) -> None:
+        """A process that met a report and exits without ``uninstall()`` logs the exact
+        counts; one that met nothing logs no summary."""
+        stderr, _ = self.run_child("fail")
+        self.assertIn("sglang-dsv4-guard summary (this process):", stderr)
+        self.assertIn("1 occurrence(s) in this process", stderr)
+        stderr, _ = self.run_child("pass")
+        self.assertNotIn("sglang-dsv4-guard summary", stderr)
+
+    def test_launcher_removes_its_launch_directory_only(self) -> None:
+        """A process exiting removes the marker directory of the launch it started, and
+        leaves another live launcher's directory alone."""
+        from sglang_dsv4_guard import dedup
+
+        me = dedup._me()
+        assert me is not None
+        other = dedup._private_dir(os.path.join(dedup._private_dir(dedup._base_dir()),
+                                                f"{me.pid}-{me.start}"))
+        self.addCleanup(shutil.rmtree, other, True)
+        _, launch_dir = self.run_child("pass")
+        self.assertFalse(os.path.lexists(launch_dir), launch_dir)
+        self.assertTrue(os.path.isdir(other))
 
 
 def launch(pairs: list[str], out_dir: str, tag: str) -> str:
