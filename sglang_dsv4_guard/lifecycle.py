@@ -8,6 +8,7 @@ original object where our wrapper still stands and removes the pending import ho
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
 import logging
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from sglang_dsv4_guard.dedup import cleanup_at_exit
 from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
 from sglang_dsv4_guard.host import judge_imported
 from sglang_dsv4_guard.host_hooks import StateHook, register_state_hook
@@ -49,6 +51,7 @@ class Installation:
     undo: Callable[[], bool] = field(default=lambda: False)
     ready: bool = False  # True once install() has returned it
     host_hook: StateHook | None = None  # registered with SGLang's HookRegistry (no undo)
+    at_exit: Callable[[], None] | None = None  # registered with atexit until uninstall()
 
 
 _lock = threading.RLock()
@@ -215,6 +218,8 @@ def _install(chosen: Settings, load_entry_points: bool,
                                          exc)
         return _refuse(chosen, reason, target)
     current.ready = True
+    current.at_exit = functools.partial(_at_exit, current)
+    atexit.register(current.at_exit)
     logger.info(
         "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; MORI connector %s",
         chosen.mode.value.value, chosen.autoshare.value, version, how,
@@ -256,6 +261,17 @@ def _dismantle(current: Installation, what: str) -> None:
     current.patches.clear()
 
 
+def _at_exit(current: Installation) -> None:
+    """At interpreter exit (schedulers never call ``uninstall()``): the exact counts, if
+    there was anything to count, and this process' marker clean-up."""
+    try:
+        if current.mori.mismatches or _reported(current):
+            logger.info("%s", summary(current))
+    except Exception as exc:
+        logger.debug("sglang-dsv4-guard: no summary at exit (%s: %s)", type(exc).__name__, exc)
+    cleanup_at_exit()
+
+
 def _reported(current: Installation) -> bool:
     reporter = current.runtime.plugins.pm.get_plugin("builtin_log_reporter")
     return isinstance(reporter, LogReporter) and bool(reporter.counts)
@@ -272,6 +288,8 @@ def uninstall() -> bool:
         if current is None:
             logger.debug("sglang-dsv4-guard is not installed; nothing to uninstall")
             return False
+        if current.at_exit is not None:
+            atexit.unregister(current.at_exit)
         if current.mori.mismatches or _reported(current):
             logger.info("%s", summary(current))
         _dismantle(current, "uninstall")

@@ -2,11 +2,13 @@
 
 What the text log shows for one occurrence of a report:
 
-- the guard **raises** it (``DSV4GuardError``, which SGLang prints with its traceback):
-  one line with the codes, saying the full report is in that exception;
-- otherwise, the first time in this server (see :mod:`sglang_dsv4_guard.dedup`): the
-  full report; again in this process, or already printed by another process of the
-  server: one line naming the fingerprint and the codes;
+- the first time in this server (see :mod:`sglang_dsv4_guard.dedup`): the full
+  report, also when it is raised. The process that claims a report is the only one
+  that prints it in full, and SGLang may kill it (its process group, on another
+  scheduler's exception) before its traceback prints, so the claimant's log always
+  carries one full copy; the exception (or note) carries it too, as the API;
+- again in this process, or already printed by another process of the server: one
+  line naming the fingerprint and the codes (raised or not);
 - a repeat the caller marks ``quiet`` (a MORI peer with a mismatch already reported):
   nothing above DEBUG; the caller logs a running count sparsely.
 
@@ -45,13 +47,15 @@ EXTRA_KEY = "sglang_dsv4_guard"
 class Delivery:
     """How one occurrence travels, set by the caller; the log reporter fills in the rest.
 
-    ``raised``: the report rides in an exception SGLang prints. ``quiet``: a repeat the
+    ``raised``: the report rides in an exception SGLang prints; ``carrier`` names it (the
+    DSV4GuardError, or a note on SGLang's own exception). ``quiet``: a repeat the
     text log need not show. ``note``: a line added to the text. ``extra``: more
     structured data for the JSON record (counts). ``fingerprint`` and ``seen`` are set
     by :class:`LogReporter` (``None`` if it did not run).
     """
 
     raised: bool = False
+    carrier: str = "the DSV4GuardError raised to SGLang"
     quiet: bool = False
     note: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -118,14 +122,10 @@ class LogReporter:
         self.counts: dict[str, _Count] = {}
 
     def _text(self, report: Report, fp: str, d: Delivery) -> str:
-        if d.raised:
-            where = ("in the DSV4GuardError raised to SGLang (its traceback)"
-                     if d.seen is Seen.FIRST else
-                     "by another process of this server" if d.seen is Seen.ELSEWHERE
-                     else "earlier by this process")
-            text = f"{headline(report)}: full report {where} (fingerprint {fp})"
-        elif d.seen is Seen.FIRST and not d.quiet:
-            text = f"{render_report(report)}\n    (fingerprint {fp})"
+        if d.seen is Seen.FIRST and not d.quiet:
+            # Logged even when raised: the traceback may never print (see the docstring).
+            also = f"; also carried by {d.carrier}" if d.raised else ""
+            text = f"{render_report(report)}\n    (fingerprint {fp}{also})"
         else:
             text = pointer(report, fp, d.seen)
         return f"{text}\n    {d.note}" if d.note else text

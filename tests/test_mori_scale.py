@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import unittest
 from typing import Any
 
@@ -17,8 +18,10 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.reporter import EXTRA_KEY
+from sglang_dsv4_guard.testing import register
 
 register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
 
@@ -157,6 +160,57 @@ class TestSparseFailures(GuardTestCase):
         assert current is not None
         self.assertEqual(current.mori.failures, {("decode-x", "swa"): 2000})
         self.assertIn("failed transfers to decode-x (swa): 2000", sglang_dsv4_guard.summary())
+
+
+class _SecondFailureDuringFirst:
+    """A reporter that, while the first failure's report is being published, lets a
+    second failure to another peer of the same mismatch run (for up to one second)."""
+
+    def __init__(self, second: Any) -> None:
+        self.second = second
+        self.calls = 0
+        self.worker: threading.Thread | None = None
+
+    @hookimpl
+    def sglang_dsv4_guard_report(self, report: Any) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            self.worker = threading.Thread(target=self.second, daemon=True)
+            self.worker.start()
+            self.worker.join(1.0)
+
+
+class TestConcurrentFirstFailures(GuardTestCase):
+    """Two transfer threads fail at once on the same mismatch: the one that is not
+    printing the report names the right fingerprint in its pointer."""
+
+    def tearDown(self) -> None:
+        sglang_dsv4_guard.uninstall()
+        super().tearDown()
+
+    def test_g006_concurrent_pointer_names_the_fingerprint(self) -> None:
+        """The second failure happens while the first is still being published: its
+        exception's pointer names the first one's fingerprint, never ``?``."""
+        fresh_install("on", load_entry_points=False)
+        mgr = mori_stub.manager(conn, attn_tp=8)
+        first, second = (mori_stub.peer(conn, f"decode-{i}", decode_tp=4) for i in (1, 2))
+        results: list[tuple[str, Any]] = []
+        during = _SecondFailureDuringFirst(lambda: results.append(send(mgr, second, "swa")))
+        register(during)
+        with guard_logs_off():
+            kind, error = send(mgr, first, "swa")
+            assert during.worker is not None
+            during.worker.join(30)
+        self.assertEqual(kind, "raised")
+        self.assertIn(FULL, str(error))
+        [(kind2, error2)] = results
+        self.assertEqual(kind2, "raised")
+        current = installation()
+        assert current is not None
+        [m] = current.mori.mismatches.values()
+        self.assertRegex(m.fingerprint, r"^[0-9a-f]{12}$")
+        self.assertNotIn("fingerprint ?", str(error2))
+        self.assertIn(f"(fingerprint {m.fingerprint})", str(error2))
 
 
 class TestStrictBlocksOnlySwa(GuardTestCase):

@@ -8,23 +8,28 @@ fingerprint; a second launch prints it in full again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing
 import os
 import re
+import shutil
 import tempfile
+import threading
 import time
 import unittest
+from unittest import mock
 
 import scheduler_child
 import sglang.srt.disaggregation.utils as utils
-from helpers import GuardTestCase, fresh_install
+from helpers import GuardTestCase, fresh_install, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.dedup import Seen, ServerDedup, fingerprint, process_start
+from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.testing import build_pair, check_pools, new_kv_args, three_mismatch_pair
 
 register_cpu_ci(est_time=400, suite="stage-a-test-cpu")
@@ -43,18 +48,41 @@ class TestOneProcess(GuardTestCase):
         sglang_dsv4_guard.uninstall()
         super().tearDown()
 
-    def test_raised_report_is_logged_as_one_line(self) -> None:
-        """SGLang's error with three problems: the exception carries the full report, the
-        log one line with the codes and where the report is."""
+    def test_raised_report_is_logged_in_full_by_the_claimant(self) -> None:
+        """SGLang's error with three problems: the process claiming the report logs it in
+        full before raising (SGLang may kill the process group before its traceback
+        prints), and the exception carries it too; a repeat logs and carries one line."""
         fresh_install("on", load_entry_points=False)
         with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs, \
                 self.assertRaises(DSV4GuardError) as caught:
             utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
         self.assertIn(FULL_THREE, str(caught.exception))
         [record] = logs.records
+        self.assertIn(FULL_THREE, record.getMessage())
+        self.assertIn("also carried by the DSV4GuardError raised to SGLang", record.getMessage())
+        with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs, \
+                self.assertRaises(DSV4GuardError) as caught:
+            utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
+        self.assertNotIn(FULL_THREE, str(caught.exception))
+        [record] = logs.records
         self.assertEqual(len(record.getMessage().splitlines()), 1)
-        self.assertIn("[DSV4G001, DSV4G004, DSV4G005]: full report in the DSV4GuardError",
-                      record.getMessage())
+        self.assertIn("printed in full earlier by this process", record.getMessage())
+
+    def test_note_path_logs_the_report_and_names_the_note(self) -> None:
+        """SGLang's own AttributeError (the report rides as a PEP 678 note, which Python
+        3.10 never prints): the log carries the full report and names the note, not a
+        DSV4GuardError."""
+        fresh_install("on", load_entry_points=False)
+        target, draft = build_pair()
+        del draft.page_size
+        with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs, \
+                self.assertRaises(AttributeError):
+            utils.setup_state_kv_args(new_kv_args(), target, draft)
+        [record] = logs.records
+        self.assertIn("[DSV4G010]", record.getMessage())
+        self.assertIn("fix:", record.getMessage())
+        self.assertIn("also carried by a note on SGLang's AttributeError", record.getMessage())
+        self.assertNotIn("DSV4GuardError", record.getMessage())
 
     def test_warning_report_is_logged_in_full(self) -> None:
         """SGLang accepts a pair the guard warns about: nothing is raised, so the log
@@ -80,6 +108,25 @@ class TestFingerprintAndMarkers(GuardTestCase):
         other = check_pools(*build_pair(mapping="different"))
         self.assertNotEqual(fingerprint(first), fingerprint(other))
 
+    def test_fingerprint_ignores_device_index(self) -> None:
+        """On a GPU each TP rank's mapping names its own device (``device=cuda:<rank>``):
+        two reports differing only in that index give one fingerprint, while the text
+        still names the device; another device type is another report."""
+        report = check_pools(*three_mismatch_pair())
+        self.assertIn("device=cpu", report.to_json())
+
+        def on(device: str) -> Report:
+            return dataclasses.replace(report, findings=tuple(
+                dataclasses.replace(f, observations=tuple(
+                    dataclasses.replace(o, value=o.value.replace("device=cpu", device))
+                    if isinstance(o.value, str) else o for o in f.observations))
+                for f in report.findings))
+
+        rank0, rank1 = on("device=cuda:0"), on("device=cuda:1")
+        self.assertIn("device=cuda:1", rank1.to_json())
+        self.assertEqual(fingerprint(rank0), fingerprint(rank1))
+        self.assertNotEqual(fingerprint(rank0), fingerprint(report))
+
     def test_marker_older_than_this_process_does_not_suppress(self) -> None:
         """A marker another process wrote before this one started (an earlier launch
         from the same launcher) is taken over: the report prints in full."""
@@ -100,6 +147,117 @@ class TestFingerprintAndMarkers(GuardTestCase):
             self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)
 
 
+class TestLauncherIsPid1(GuardTestCase):
+    """In a container without ``--init`` the server itself is PID 1 and spawns the
+    schedulers: PID 1 is then their launcher, not a sign of being orphaned."""
+
+    def test_launcher_pid1_is_a_launcher(self) -> None:
+        """``multiprocessing`` names PID 1 as the parent and the OS agrees: the key is
+        PID 1's, so the schedulers share one marker directory."""
+        from sglang_dsv4_guard import dedup
+
+        with mock.patch.object(dedup.multiprocessing, "parent_process",
+                               return_value=mock.Mock(pid=1)), \
+                mock.patch.object(dedup.os, "getppid", return_value=1):
+            self.assertEqual(dedup.launcher_key(), f"1-{process_start(1)}")
+
+    def test_orphaned_scheduler_has_no_launcher(self) -> None:
+        """The ``multiprocessing`` parent is gone (the OS re-parented us to PID 1): no
+        key, so the process prints in full rather than sharing a dead launch's markers."""
+        from sglang_dsv4_guard import dedup
+
+        with mock.patch.object(dedup.multiprocessing, "parent_process",
+                               return_value=mock.Mock(pid=os.getpid())), \
+                mock.patch.object(dedup.os, "getppid", return_value=1):
+            self.assertIsNone(dedup.launcher_key())
+
+    def test_not_started_by_multiprocessing_uses_the_os_parent(self) -> None:
+        """Without a ``multiprocessing`` parent the OS parent is the launcher, unless it
+        is PID 1 (nothing tells a launcher from a re-parenting init then)."""
+        from sglang_dsv4_guard import dedup
+
+        parent = os.getppid()
+        with mock.patch.object(dedup.multiprocessing, "parent_process", return_value=None):
+            self.assertEqual(dedup.launcher_key(), f"{parent}-{process_start(parent)}")
+            with mock.patch.object(dedup.os, "getppid", return_value=1):
+                self.assertIsNone(dedup.launcher_key())
+
+
+def contemporary_marker(path: str) -> None:
+    """Write at ``path`` a marker that would suppress: by a live process (our parent),
+    written now."""
+    parent = os.getppid()
+    with open(path, "w", encoding="utf-8") as marker:
+        json.dump({"pid": parent, "start": process_start(parent),
+                   "written": time.clock_gettime(time.CLOCK_BOOTTIME)}, marker)
+
+
+class TestHostileMarkerDirectory(GuardTestCase):
+    """Another user on the host must not suppress, read or redirect the guard's markers:
+    a directory that is not privately ours fails open, and marker names are never
+    followed or blocked on."""
+
+    def test_group_writable_directory_fails_open(self) -> None:
+        """A marker directory open to group or others is not trusted: a suppressing
+        marker in it is ignored and the report prints in full."""
+        with tempfile.TemporaryDirectory() as directory:
+            os.chmod(directory, 0o770)
+            contemporary_marker(os.path.join(directory, "abc"))
+            self.assertIs(ServerDedup(directory).seen("abc"), Seen.FIRST)
+
+    def test_directory_of_another_user_fails_open(self) -> None:
+        """A marker directory owned by another uid is not trusted either."""
+        from sglang_dsv4_guard import dedup
+
+        with tempfile.TemporaryDirectory() as directory:
+            contemporary_marker(os.path.join(directory, "abc"))
+            with mock.patch.object(dedup.os, "getuid", return_value=os.getuid() + 1):
+                self.assertIs(ServerDedup(directory).seen("abc"), Seen.FIRST)
+            self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)  # ours: trusted
+
+    def test_symlinked_directory_fails_open(self) -> None:
+        """A symbolic link planted as the marker directory is not followed."""
+        with tempfile.TemporaryDirectory() as real, tempfile.TemporaryDirectory() as base:
+            contemporary_marker(os.path.join(real, "abc"))
+            link = os.path.join(base, "launch")
+            os.symlink(real, link)
+            self.assertIs(ServerDedup(link).seen("abc"), Seen.FIRST)
+
+    def test_symlinks_planted_as_marker_and_temp_file_are_not_followed(self) -> None:
+        """A link named like the marker (to a suppressing marker) does not suppress, and a
+        link named like this process' temporary file does not make it write elsewhere."""
+        with tempfile.TemporaryDirectory() as directory, \
+                tempfile.TemporaryDirectory() as elsewhere:
+            target = os.path.join(elsewhere, "marker")
+            contemporary_marker(target)
+            os.symlink(target, os.path.join(directory, "abc"))
+            precious = os.path.join(elsewhere, "precious")
+            with open(precious, "w", encoding="utf-8") as out:
+                out.write("precious data\n")
+            os.symlink(precious, os.path.join(directory, f".def.{os.getpid()}"))
+            dedup = ServerDedup(directory)
+            self.assertIs(dedup.seen("abc"), Seen.FIRST)
+            self.assertIs(dedup.seen("def"), Seen.FIRST)
+            with open(precious, encoding="utf-8") as out:
+                self.assertEqual(out.read(), "precious data\n")
+            self.assertFalse(os.path.islink(os.path.join(directory, "abc")))
+
+    def test_fifo_planted_as_marker_does_not_block(self) -> None:
+        """A FIFO with the fingerprint's name is never opened for a blocking read: the
+        claim returns at once and the report prints in full."""
+        with tempfile.TemporaryDirectory() as directory:
+            os.mkfifo(os.path.join(directory, "abc"))
+            result: list[Seen] = []
+            worker = threading.Thread(
+                target=lambda: result.append(ServerDedup(directory).seen("abc")), daemon=True)
+            worker.start()
+            worker.join(20)
+            if worker.is_alive():  # unblock the stuck reader so the test process can end
+                fd = os.open(os.path.join(directory, "abc"), os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+            self.assertEqual(result, [Seen.FIRST])
+
+
 class TestCrashedLauncher(GuardTestCase):
     """Marker directories of launchers that are gone are removed, PID reuse included."""
 
@@ -117,6 +275,60 @@ class TestCrashedLauncher(GuardTestCase):
                 os.makedirs(os.path.join(base, name, "fp"))
             _sweep(base, keep="mine")
             self.assertEqual(sorted(os.listdir(base)), sorted([live, "mine"]))
+
+
+_EXIT_CHILD = """
+import logging, os, sys
+logging.basicConfig(level=logging.INFO, format="LOG %(message)s")
+import sglang_dsv4_guard
+from sglang_dsv4_guard import dedup
+sglang_dsv4_guard.install("on", load_entry_points=False)
+me = dedup._me()
+mine = dedup._private_dir(os.path.join(dedup._private_dir(dedup._base_dir()),
+                                       f"{me.pid}-{me.start}"))
+open(os.path.join(mine, "abcdefabcdef"), "w").close()
+print("LAUNCH-DIR", mine)
+if sys.argv[1] == "fail":
+    import sglang.srt.disaggregation.utils as utils
+    from sglang_dsv4_guard.testing import new_kv_args, three_mismatch_pair
+    try:
+        utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())
+    except RuntimeError:
+        pass
+"""
+
+
+class TestAtExit(GuardTestCase):
+    """Schedulers never call ``uninstall()``: the counts and the clean-up run at exit."""
+
+    def run_child(self, what: str) -> tuple[str, str]:
+        result = fresh_python(_EXIT_CHILD, what)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        [line] = [ln for ln in result.stdout.splitlines() if ln.startswith("LAUNCH-DIR ")]
+        return result.stderr, line.split(" ", 1)[1]
+
+    def test_summary_at_exit_when_something_was_reported(self) -> None:
+        """A process that met a report and exits without ``uninstall()`` logs the exact
+        counts; one that met nothing logs no summary."""
+        stderr, _ = self.run_child("fail")
+        self.assertIn("sglang-dsv4-guard summary (this process):", stderr)
+        self.assertIn("1 occurrence(s) in this process", stderr)
+        stderr, _ = self.run_child("pass")
+        self.assertNotIn("sglang-dsv4-guard summary", stderr)
+
+    def test_launcher_removes_its_launch_directory_only(self) -> None:
+        """A process exiting removes the marker directory of the launch it started, and
+        leaves another live launcher's directory alone."""
+        from sglang_dsv4_guard import dedup
+
+        me = dedup._me()
+        assert me is not None
+        other = dedup._private_dir(os.path.join(dedup._private_dir(dedup._base_dir()),
+                                                f"{me.pid}-{me.start}"))
+        self.addCleanup(shutil.rmtree, other, True)
+        _, launch_dir = self.run_child("pass")
+        self.assertFalse(os.path.lexists(launch_dir), launch_dir)
+        self.assertTrue(os.path.isdir(other))
 
 
 def launch(pairs: list[str], out_dir: str, tag: str) -> str:
@@ -163,25 +375,26 @@ class TestSpawnedSchedulers(GuardTestCase):
                     os.environ[k] = v
 
     def test_same_report_printed_in_full_by_one_process(self) -> None:
-        """Three schedulers meet the same failing pair: one full report in the combined
-        output, and two one-line pointers in the others' exceptions, all naming the
-        same fingerprint and codes."""
-        self.assertEqual(self.first.count(FULL_THREE), 1, self.first)
+        """Three schedulers meet the same failing pair: the full report only in the
+        claimant's output (its log and its traceback), and one-line pointers in the two
+        others' logs and exceptions, all naming the same fingerprint and codes."""
+        # The claimant's log and its traceback: both in one process, no other.
+        self.assertEqual(self.first.count(FULL_THREE), 2, self.first)
         pointers = POINTER.findall(self.first)
-        self.assertEqual(len(pointers), 2, self.first)
+        self.assertEqual(len(pointers), 4, self.first)  # two processes: log + exception
         self.assertEqual(len(set(pointers)), 1)
-        owner = re.findall(r"\[DSV4G001, DSV4G004, DSV4G005\]: full report in the "
-                           r"DSV4GuardError raised to SGLang \(its traceback\) \(fingerprint "
-                           r"([0-9a-f]{12})\)", self.first)
-        self.assertEqual(owner, pointers[:1])
+        owner = re.findall(r"\(fingerprint ([0-9a-f]{12}); also carried by the DSV4GuardError",
+                           self.first)
+        self.assertEqual(len(owner), 2, self.first)  # the claimants of "three" and "unified"
+        self.assertIn(pointers[0], owner)
 
     def test_different_report_printed_in_full(self) -> None:
         """The scheduler meeting another pair prints its own report in full."""
-        self.assertEqual(self.first.count(FULL_UNIFIED), 1, self.first)
+        self.assertEqual(self.first.count(FULL_UNIFIED), 2, self.first)  # log + traceback
 
     def test_second_launch_prints_in_full_again(self) -> None:
         """A later launch from the same parent is not suppressed by the first's markers."""
-        self.assertEqual(self.second.count(FULL_THREE), 1, self.second)
+        self.assertEqual(self.second.count(FULL_THREE), 2, self.second)  # log + traceback
         self.assertIsNone(POINTER.search(self.second))
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from sglang_dsv4_guard.dedup import Seen
+from sglang_dsv4_guard.dedup import Seen, fingerprint
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.mori.checks import violates
@@ -61,6 +61,7 @@ MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
 SEND_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._send_swa_dsa_state")
 REGISTER_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
 _FUNCTION = "MoriKVManager._send_swa_dsa_state"
+_PLACED_WAIT = 5.0  # seconds a concurrent failure waits for the first one's log line
 
 
 MismatchKey = tuple[int | None, int | None, tuple[str, ...], bool]
@@ -83,8 +84,10 @@ class Mismatch:
     peers: set[str] = field(default_factory=set)
     failures: int = 0
     shown: bool = False  # its full report went to the log or into an exception
-    fingerprint: str = "?"
+    fingerprint: str = "?"  # set with ``shown``, under the guard's lock
     where: Seen | None = None  # where that full report was printed
+    # Set once ``where`` is known: a concurrent failure waits for it to name its pointer.
+    placed: threading.Event = field(default_factory=threading.Event)
 
     def describe(self, key: MismatchKey) -> str:
         """``prefill attention TP 8, decode TP 4, state layout swa``."""
@@ -128,16 +131,18 @@ class MoriGuard:
             self.rt.publish(report)
         return delivery
 
-    def _count_line(self, key: MismatchKey, m: Mismatch, what: str) -> None:
+    def _count_line(self, key: MismatchKey, m: Mismatch, what: str, peers: int,
+                    failures: int) -> None:
+        """The running count; ``peers`` and ``failures`` as captured under the lock."""
         logger.log(logging.ERROR if what == "failures" else logging.WARNING,
                    "[DSV4G006] MORI mismatch (%s): %d decode peer(s), %d failed state "
                    "transfer(s) so far (fingerprint %s); the full report was printed once; "
                    "counts are logged at 1, 10, 100, ...; exact ones: "
-                   "sglang_dsv4_guard.summary()", m.describe(key), len(m.peers), m.failures,
+                   "sglang_dsv4_guard.summary()", m.describe(key), peers, failures,
                    m.fingerprint, extra={EXTRA_KEY: {
                        "codes": ["DSV4G006"], "fingerprint": m.fingerprint, "count": what,
-                       "mismatch": m.describe(key), "peers": len(m.peers),
-                       "failures": m.failures}})
+                       "mismatch": m.describe(key), "peers": peers,
+                       "failures": failures}})
 
     def on_send_error(self, sig: inspect.Signature, args: tuple[Any, ...],
                       kwargs: dict[str, Any], error: RuntimeError) -> DSV4GuardError | None:
@@ -162,19 +167,25 @@ class MoriGuard:
             m.peers.add(ident)
             m.failures += 1
             total, show_full, m.shown = m.failures, not m.shown, True
+            peers = len(m.peers)
+            if show_full:  # pure: concurrent failures name it in their pointers
+                m.fingerprint = fingerprint(cached[0])
         report, rendered = cached
         seen: Seen | None = Seen.HERE
         if count == 1:  # a new (peer, state type): an occurrence for every reporter
             d = self._publish(report, Delivery(raised=True, quiet=not show_full, extra={
                 "mismatch": m.describe(mkey), "peer": ident, "failures": count}))
             seen = d.seen
-            if show_full:
-                m.fingerprint, m.where = d.fingerprint or m.fingerprint, seen
+        if show_full:
+            m.where = seen
+            m.placed.set()
         if sparse(total) and not (show_full and total == 1):
-            self._count_line(mkey, m, "failures")
+            self._count_line(mkey, m, "failures", peers, total)
         if show_full and seen in (Seen.FIRST, None):
             text = rendered
         else:
+            if not show_full:
+                m.placed.wait(_PLACED_WAIT)  # the first failure is being published now
             where = seen if show_full else m.where
             text = (f"{pointer(report, m.fingerprint, where)}; {count} failure(s) to this "
                     "peer so far")
@@ -197,6 +208,9 @@ class MoriGuard:
             m = self.mismatches.setdefault(mkey, Mismatch())
             m.peers.add(ident)
             peers, quiet, m.shown = len(m.peers), m.shown, True
+            failures = m.failures
+            if not quiet:
+                m.fingerprint = fingerprint(report)
         note = None if quiet else (
             f"this mismatch covers {peers} decode peer(s) so far; later peers with the same "
             "mismatch are counted, not reported again (count logged at 10, 100, ... peers; "
@@ -204,9 +218,10 @@ class MoriGuard:
         d = self._publish(report, Delivery(quiet=quiet, note=note, extra={
             "mismatch": m.describe(mkey), "peer": ident, "peers": peers}))
         if not quiet:
-            m.fingerprint, m.where = d.fingerprint or m.fingerprint, d.seen
+            m.where = d.seen
+            m.placed.set()
         elif sparse(peers):
-            self._count_line(mkey, m, "peers")
+            self._count_line(mkey, m, "peers", peers, failures)
 
     def blocked_error(self, sig: inspect.Signature, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> DSV4GuardError | None:

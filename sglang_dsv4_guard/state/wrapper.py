@@ -197,14 +197,16 @@ def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
     return Report.of(findings, prep.context.describe(), host_error=host_line), mirrored
 
 
-def _publish(rt: Runtime, report: Report, raised: bool) -> str | None:
+def _publish(rt: Runtime, report: Report, raised: bool,
+             carrier: str = "the DSV4GuardError raised to SGLang") -> str | None:
     """Publish ``report``; when it is ``raised``, return the text the exception carries.
 
-    A raised report is printed by SGLang (its traceback), so the log gets one line;
-    the exception carries the full report unless another process of this server (or
-    this one) printed the same report already: then SGLang's line and a pointer.
+    The first occurrence in the server is logged in full here even when raised (the
+    traceback may never print) and the exception carries it too; when another process
+    of this server (or this one) printed the same report already, the log and the
+    exception carry a one-line pointer.
     """
-    with delivering(Delivery(raised=raised)) as delivery:
+    with delivering(Delivery(raised=raised, carrier=carrier)) as delivery:
         rt.publish(report)
     if delivery.seen in (None, Seen.FIRST) or delivery.fingerprint is None:
         return render_report(report)
@@ -219,7 +221,10 @@ def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Except
     report, mirrored = _findings(rt, prep, host_line, type(host_error) is RuntimeError)
     if not report.findings:
         return None
-    rendered = _publish(rt, report, raised=True)
+    rendered = _publish(rt, report, raised=True, carrier=(
+        "the DSV4GuardError raised to SGLang" if mirrored else
+        f"a note on SGLang's {type(host_error).__name__}"
+        + ("" if sys.version_info >= (3, 11) else " (Python < 3.11 does not print notes)")))
     if mirrored:
         return DSV4GuardError(text, report, rendered, host_error)
     add_note(host_error, rendered or "")
