@@ -1,0 +1,132 @@
+"""The plug-in boundary: a third-party finding checked, made plain and capped, once.
+
+Every finding a plug-in returns passes :func:`clean_finding` before the guard keeps it:
+each field must have the accepted type (exact ``str`` for text, so a ``str`` subclass's
+own methods never run at render time), an observed value that is not plain is kept as
+its ``repr``, taken once here and capped, and lists are cut to the first
+:data:`~sglang_dsv4_guard.findings.LIST_CAP` items plus a count. A finding that fails
+becomes the plug-in's ``DSV4G090`` (:mod:`sglang_dsv4_guard.plugins`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from sglang_dsv4_guard.findings import (
+    LIST_CAP,
+    Finding,
+    Observation,
+    Severity,
+    capped_lines,
+    cut_text,
+)
+
+__all__ = ["clean_finding", "raised_text", "safe_text"]
+
+
+def safe_text(show: Callable[[Any], Any], obj: object, limit: int = 300) -> str:
+    """``show(obj)`` (``str`` or ``repr``) that cannot raise, cut at ``limit`` characters."""
+    try:
+        shown = show(obj)
+        if not isinstance(shown, str):
+            raise TypeError(f"returned {type(shown).__name__}, not str")
+    except Exception as exc:
+        shown = f"<unprintable: {type(exc).__name__}>"
+    return shown if len(shown) <= limit else f"{shown[:limit]}..."
+
+
+def raised_text(exc: BaseException) -> str:
+    return f"raised {type(exc).__name__}: {safe_text(str, exc)}"
+
+
+_VALUE_CAP = 4096  # characters of a plug-in's observed value kept as its repr
+
+
+def _text(value: object, field: str) -> str:
+    """``value`` as an exact ``str``: a ``str`` subclass's own ``__str__``/``__format__``
+    /``__len__`` would otherwise run (and may raise) whenever the report is rendered."""
+    text = str.__str__(value) if isinstance(value, str) else None
+    if type(text) is not str:
+        raise TypeError(f"{field} must be a str (got {type(value).__name__})")
+    return text
+
+
+def _strings(value: object, field: str) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list):
+        raise TypeError(f"{field} must be a tuple of str (got {safe_text(repr, value)})")
+    return tuple(_text(v, f"{field}[{i}]") for i, v in enumerate(value))
+
+
+def _plain(value: object, depth: int = 0) -> bool:
+    """A value kept as it is: ``None``, exact bool/int/float/str, or a tuple of them."""
+    if value is None or type(value) in (bool, int, float, str):
+        return True
+    return (type(value) is tuple and depth < 4
+            and all(_plain(v, depth + 1) for v in value))
+
+
+def _shown(value: object, field: str) -> object:
+    """A plain value as it is; anything else its ``repr``, taken once here and capped at
+    :data:`_VALUE_CAP` characters, so rendering never runs the plug-in's code again."""
+    if _plain(value):
+        return value
+    try:
+        shown = repr(value)
+    except Exception as exc:
+        raise TypeError(f"{field} cannot be shown: repr {raised_text(exc)}") from exc
+    if not isinstance(shown, str):
+        raise TypeError(f"{field}'s repr returned {type(shown).__name__}, not str")
+    text = _text(shown, f"{field}'s repr")
+    return text if len(text) <= _VALUE_CAP else (
+        f"{text[:_VALUE_CAP]}... ({len(text)} characters)")
+
+
+def _observation(obs: object, index: int) -> Observation:
+    if not isinstance(obs, Observation):
+        raise TypeError(f"observations[{index}] must be an Observation "
+                        f"(got {type(obs).__name__} {safe_text(repr, obs, 80)})")
+    role, name, source = (cut_text(_text(getattr(obs, field), f"observations[{index}].{field}"))
+                          for field in ("role", "name", "source"))
+    return Observation(role, name, _shown(obs.value, f"observations[{index}].value"), source)
+
+
+def clean_finding(finding: object, origin: str) -> Finding:
+    """A plain :class:`Finding` with every field checked, ``origin`` set to the plug-in.
+
+    Raises ``TypeError`` saying which field is wrong, what it holds and what is accepted.
+    """
+    if not isinstance(finding, Finding):
+        raise TypeError(f"must be a sglang_dsv4_guard.Finding (got {type(finding).__name__})")
+    try:
+        fields = {f.name: getattr(finding, f.name) for f in dataclasses.fields(Finding)}
+    except Exception as exc:
+        raise TypeError(f"reading its fields {raised_text(exc)}") from exc
+    for name in ("code", "summary", "subject", "docs"):
+        fields[name] = _text(fields[name], name)
+    if not isinstance(fields["severity"], Severity):
+        raise TypeError(f"severity must be a sglang_dsv4_guard.Severity (got "
+                        f"{type(fields['severity']).__name__} "
+                        f"{safe_text(repr, fields['severity'], 80)})")
+    if fields["host_message"] is not None:
+        fields["host_message"] = _text(fields["host_message"], "host_message (or None)")
+    observations = fields["observations"]
+    if not isinstance(observations, tuple | list):
+        raise TypeError(f"observations must be a tuple of Observation "
+                        f"(got {type(observations).__name__})")
+    # A plug-in's finding is capped here, once: LIST_CAP observations, details and fixes
+    # (plus a count of the rest), every string cut to STRING_CAP characters.
+    details = capped_lines(_strings(fields["details"], "details"))
+    if len(observations) > LIST_CAP:
+        details = (f"... +{len(observations) - LIST_CAP} more observations "
+                   f"({len(observations)} in all) not kept by the guard", *details)
+    host_message = fields["host_message"]
+    return Finding(
+        code=cut_text(fields["code"]), severity=fields["severity"],
+        summary=cut_text(fields["summary"]), subject=cut_text(fields["subject"]),
+        observations=tuple(_observation(o, i) for i, o in enumerate(observations[:LIST_CAP])),
+        details=details, fixes=capped_lines(_strings(fields["fixes"], "fixes")),
+        docs=cut_text(fields["docs"]),
+        host_message=None if host_message is None else cut_text(host_message), origin=origin,
+    )
