@@ -39,6 +39,15 @@ STATE_EDIT = {"srt/disaggregation/utils.py": (
     "bool(token_to_kv_pool._unified_kv) != bool(draft_token_to_kv_pool._unified_kv)")}
 STATE_CHANGE = ("setup_state_kv_args DSV4 check 2 ('DSV4 target and draft pools must use the "
                 "same unified-KV mode'): changed")
+# The same check under a new enclosing condition (its own test and raise unchanged).
+WRAP_EDIT = {"srt/disaggregation/utils.py": (
+    "\n        if token_to_kv_pool._unified_kv != draft_token_to_kv_pool._unified_kv:",
+    "\n        if draft_token_to_kv_pool.page_size > 1:"
+    "\n         if token_to_kv_pool._unified_kv != draft_token_to_kv_pool._unified_kv:")}
+# The unified and paged branches swapped: every check in them now runs in the other mode.
+BRANCH_EDIT = {"srt/disaggregation/utils.py": (
+    "\n        if token_to_kv_pool._unified_kv:",
+    "\n        if not token_to_kv_pool._unified_kv:")}
 MORI_EDIT = {"srt/disaggregation/mori/conn.py": (
     "peer_info.decode_tp_size != self.attn_tp_size",
     "peer_info.decode_tp_size > self.attn_tp_size")}
@@ -130,19 +139,38 @@ class TestJudgedByCode(CustomTestCase):
         self.assertIn(f"differs from every release the guard knows ({SUPPORTED_MIN} to "
                       f"{SUPPORTED_MAX})", verdict.message)
 
+    def test_check_wrapped_in_a_new_condition_is_changed(self) -> None:
+        """A check whose own test and raise stay but that now sits under an added ``if``
+        runs less often: judged changed, the check named."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=WRAP_EDIT) / "sglang",
+                            None)
+        self.assertIsNone(verdict.behaves_as)
+        self.assertEqual(verdict.changed, (STATE_CHANGE,))
+
+    def test_swapped_branch_is_changed(self) -> None:
+        """Negating the unified/paged branch condition moves the geometry checks to the
+        other mode: no profile, and the checks under that branch are named."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=BRANCH_EDIT) / "sglang",
+                            None)
+        self.assertIsNone(verdict.behaves_as)
+        self.assertGreaterEqual(len(verdict.changed), 2, verdict.changed)
+        self.assertTrue(all(c.startswith("setup_state_kv_args DSV4 check ")
+                            for c in verdict.changed), verdict.changed)
+
     def test_changed_mori_check_is_named(self) -> None:
         """A changed MORI TP check: no profile; the function and its check named."""
         with tempfile.TemporaryDirectory() as tmp:
             verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=MORI_EDIT) / "sglang",
                             None)
         self.assertIsNone(verdict.behaves_as)
-        self.assertEqual(len(verdict.changed), 1, verdict.changed)
-        self.assertTrue(verdict.changed[0].startswith(
-            "MoriKVManager._send_swa_dsa_state TP check ("), verdict.changed)
-        self.assertIn("peer_info.decode_tp_size > self.attn_tp_size)): changed (was ",
-                      verdict.changed[0])
+        self.assertTrue(verdict.changed, verdict.message)
+        self.assertTrue(all(c.startswith("MoriKVManager._send_swa_dsa_state check ")
+                            for c in verdict.changed), verdict.changed)
+        self.assertIn("peer_info.decode_tp_size > self.attn_tp_size", verdict.changed[0])
+        self.assertIn("): changed (was ", verdict.changed[0])
         self.assertIn("peer_info.decode_tp_size != self.attn_tp_size", verdict.changed[0])
-
 
     def test_unreadable_fingerprints_leave_sglang_alone(self) -> None:
         """A broken fingerprints.json: install warns and stays inert, no traceback of ours."""
