@@ -64,6 +64,7 @@ print(json.dumps({"installed": sglang_dsv4_guard.is_installed(), "file": sglang.
                   "profile": str(current.runtime.profile.version) if current else None}))
 """
 DOCTOR = "from sglang_dsv4_guard.cli import main\nraise SystemExit(main(['doctor']))\n"
+CLI = "import sys\nfrom sglang_dsv4_guard.cli import main\nraise SystemExit(main(sys.argv[1:]))\n"
 NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -213,6 +214,25 @@ class TestHostInAFreshProcess(CustomTestCase):
         self.assertEqual(result["profile"], "0.5.24")
         self.assertIn("INFO:sglang_dsv4_guard:sglang-dsv4-guard: SGLang 0.5.24", done.stderr)
         self.assertIn("has the same checks as known release", done.stderr)
+
+    def test_check_and_patches_judge_the_code(self) -> None:
+        """A fake 0.5.24 with unchanged checks: ``check`` predicts with its twin's checks
+        (exit 0, not a refusal of the label) and ``patches`` picks its twin's series."""
+        llama = str(ROOT / "tests/data/llama")
+        args = ("--model-path", llama, "--disaggregation-transfer-backend", "mori")
+        with tempfile.TemporaryDirectory() as tmp:
+            disguised_tree(Path(tmp), "0.5.24", metadata="0.5.24")
+            check = fresh_python(CLI, "check", "--prefill",
+                                 " ".join([*args, "--disaggregation-mode", "prefill"]),
+                                 "--decode", " ".join([*args, "--disaggregation-mode", "decode"]),
+                                 env=NO_BYTECODE, path_first=tmp)
+            patches = fresh_python(CLI, "patches", env=NO_BYTECODE, path_first=tmp)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr[-3000:])
+        self.assertNotIn("check supports", check.stderr)
+        first = patches.stdout.splitlines()[0]
+        self.assertTrue(any(first.startswith(f"SGLang {twin} at ") for twin in twins()),
+                        patches.stdout + patches.stderr[-3000:])
+        self.assertIn("has the same checks as known release", patches.stdout)
 
     def test_changed_check_warns_once_and_stays_inert(self) -> None:
         """A fake 0.5.24 with a changed check: SGLang untouched, one warning naming it;
