@@ -27,7 +27,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from sglang_dsv4_guard.fingerprint import Part, code_version, differences, fingerprint_tree
-from sglang_dsv4_guard.releases import HostProfile, profile_for
+from sglang_dsv4_guard.releases import HostProfile, is_supported, profile_for
 
 __all__ = ["FINGERPRINTS", "HostVerdict", "imported_package_dir", "judge", "judge_imported",
            "load_known"]
@@ -48,14 +48,30 @@ class HostVerdict:
 
     @property
     def version(self) -> Version | None:
-        """The release to name in reports: the code's own, else the metadata's."""
+        """The host's own label: the code's version, else the metadata's."""
         return self.code or self.metadata
 
+    @property
+    def name(self) -> str:
+        """The release as reports name it. A label that is a known release but not the
+        one the code matches (``_version.py`` missing, metadata of another release) is
+        not trusted: ``code matching 0.5.17 (labelled 0.5.23)``."""
+        label, match = self.version, self.behaves_as
+        if match is None or label == match:
+            return str(label or match or "unknown")
+        if label is None:
+            return f"code matching {match}"
+        if is_supported(label):
+            return f"code matching {match} (labelled {label})"
+        return str(label)  # a new release with a known release's checks
+
     def profile(self) -> HostProfile:
-        """The checks of the release the code behaves as, named by :attr:`version`."""
+        """The checks of the release the code behaves as (its ``version``), named by
+        :attr:`name` in reports."""
         if self.behaves_as is None:
             raise ValueError(f"no known release's checks apply: {self.message}")
-        return replace(profile_for(self.behaves_as), version=self.version or self.behaves_as)
+        profile = profile_for(self.behaves_as)
+        return replace(profile, label="" if self.name == str(profile.version) else self.name)
 
 
 def _version(text: str | None) -> Version | None:

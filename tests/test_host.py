@@ -61,7 +61,8 @@ import sglang, sglang_dsv4_guard
 from sglang_dsv4_guard.lifecycle import installation
 current = installation()
 print(json.dumps({"installed": sglang_dsv4_guard.is_installed(), "file": sglang.__file__,
-                  "profile": str(current.runtime.profile.version) if current else None}))
+                  "profile": current.runtime.profile.name if current else None,
+                  "checks_of": str(current.runtime.profile.version) if current else None}))
 """
 DOCTOR = "from sglang_dsv4_guard.cli import main\nraise SystemExit(main(['doctor']))\n"
 CLI = "import sys\nfrom sglang_dsv4_guard.cli import main\nraise SystemExit(main(sys.argv[1:]))\n"
@@ -129,6 +130,19 @@ class TestJudgedByCode(CustomTestCase):
         self.assertEqual(verdict.level, logging.INFO)
         self.assertIn(f"SGLang 0.5.24 ({tmp}/sglang) has the same checks as known release "
                       f"{verdict.behaves_as}", verdict.message)
+
+    def test_garbage_version_file_names_the_code_match(self) -> None:
+        """``_version.py`` unreadable and metadata of a release with other checks: reports
+        name the code's match with the label beside it, never the label alone; the
+        profile's version is the matched release."""
+        other = other_release()
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "not a version") / "sglang", other)
+        mine = sglang_release()
+        self.assertEqual(verdict.behaves_as, mine)
+        self.assertEqual(verdict.name, f"code matching {mine} (labelled {other})")
+        profile = verdict.profile()
+        self.assertEqual((profile.version, profile.name), (mine, verdict.name))
 
     def test_changed_state_check_is_named(self) -> None:
         """One changed condition in the DSV4 block: no profile; the check and range named."""
@@ -212,6 +226,7 @@ class TestHostInAFreshProcess(CustomTestCase):
         result = json.loads(done.stdout.splitlines()[-1])
         self.assertTrue(result["installed"], result)
         self.assertEqual(result["profile"], "0.5.24")
+        self.assertIn(Version(result["checks_of"]), twins())
         self.assertIn("INFO:sglang_dsv4_guard:sglang-dsv4-guard: SGLang 0.5.24", done.stderr)
         self.assertIn("has the same checks as known release", done.stderr)
 

@@ -185,7 +185,7 @@ def run_check(prefill_args: str, decode_args: str,
                                         f"check supports {SUPPORTED_MIN} to {SUPPORTED_MAX} "
                                         "and releases with the same checks")
     profile = host.profile()
-    version = host.version or host.behaves_as
+    version = host.name
     prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
     decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
     findings: list[Finding] = [_refused(s) for s in (prefill, decode)
