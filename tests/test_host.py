@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import json
 import logging
@@ -96,6 +97,32 @@ class TestJudgedByCode(CustomTestCase):
         printed = json.loads(done.stdout)[str(sglang_release())]
         stored = load_known()[sglang_release()]
         self.assertEqual(printed, {k: [p.digest, p.what] for k, p in stored.items()})
+
+    def test_tool_refuses_changed_checks_without_new_profile(self) -> None:
+        """``--write`` of a release whose checks match no known release is refused (the
+        data file untouched) unless ``--new-profile``; releases sort as versions, so
+        0.5.24rc1 lands before 0.5.24."""
+        spec = importlib.util.spec_from_file_location("fingerprint_tool",
+                                                      ROOT / "tools/fingerprint.py")
+        assert spec is not None and spec.loader is not None
+        tool = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tool)
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(tmp) / "fingerprints.json"
+            data.write_text(host.FINGERPRINTS.read_text())
+            changed = disguised_tree(Path(tmp) / "changed", "0.5.24", edits=WRAP_EDIT)
+            same = disguised_tree(Path(tmp) / "same", "0.5.24rc1")
+            with mock.patch.object(tool, "FINGERPRINTS", data), \
+                    contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()) as err:
+                refused = tool.main([str(changed), "--write"])
+                untouched = data.read_text() == host.FINGERPRINTS.read_text()
+                forced = tool.main([str(changed), "--write", "--new-profile"])
+                twin = tool.main([str(same), "--write"])
+            self.assertEqual((refused, untouched, forced, twin), (1, True, 0, 0))
+            self.assertIn("match no known release", err.getvalue())
+            stored = list(json.loads(data.read_text())["releases"])
+        self.assertEqual(stored[-2:], ["0.5.24rc1", "0.5.24"])
 
     def test_same_fingerprints_same_profile(self) -> None:
         """Releases the fingerprints cannot tell apart have one profile (bar the version),
