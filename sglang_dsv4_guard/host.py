@@ -26,10 +26,19 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from sglang_dsv4_guard.fingerprint import Part, code_version, differences, fingerprint_tree
+from sglang_dsv4_guard.fingerprint import (
+    MORI,
+    POOL,
+    UTILS,
+    Part,
+    code_version,
+    differences,
+    fingerprint_tree,
+)
 from sglang_dsv4_guard.releases import HostProfile, is_supported, profile_for
 
-__all__ = ["FINGERPRINTS", "HostVerdict", "imported_package_dir", "judge", "judge_imported",
+__all__ = ["FINGERPRINTS", "HostVerdict", "forget_verdicts", "imported_package_dir", "judge",
+           "judge_imported",
            "load_known"]
 
 FINGERPRINTS = Path(__file__).with_name("fingerprints.json")
@@ -151,14 +160,39 @@ def known_index(known: dict[Version, dict[str, Part]], version: Version) -> int:
     return list(known).index(version)
 
 
+# judge_imported() verdicts of this process, by package path, metadata and the mtimes
+# of every file read: install, doctor, check and patches judge once, not each time.
+_VERDICTS: dict[tuple[object, ...], HostVerdict] = {}
+_READ = (UTILS, MORI, POOL, "_version.py")
+
+
+def _mtimes(package: Path) -> tuple[int, ...]:
+    stamps = []
+    for path in [*(package / rel for rel in _READ), FINGERPRINTS]:
+        try:
+            stamps.append(path.stat().st_mtime_ns)
+        except OSError:
+            stamps.append(-1)
+    return tuple(stamps)
+
+
+def forget_verdicts() -> None:
+    """Drop the memoised :func:`judge_imported` verdicts (tests that fake the data)."""
+    _VERDICTS.clear()
+
+
 def judge_imported() -> HostVerdict:
-    """Judge the SGLang that ``import sglang`` would load in this process."""
+    """Judge the SGLang that ``import sglang`` would load in this process (memoised by
+    package path, metadata and the mtimes of the files judged)."""
     metadata = _metadata_version()
     package = imported_package_dir()
     if package is None:
         return HostVerdict(metadata, None, None, logging.WARNING, "SGLang is not installed")
     try:
-        return judge(package, metadata)
+        key = (str(package), metadata, _mtimes(package))
+        if key not in _VERDICTS:
+            _VERDICTS[key] = judge(package, metadata)
+        return _VERDICTS[key]
     except (OSError, ValueError, KeyError, TypeError) as exc:  # our data file, not SGLang
         return HostVerdict(metadata, None, None, logging.WARNING,
                            f"cannot judge the SGLang at {package}: {FINGERPRINTS.name} is "

@@ -12,6 +12,7 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -214,9 +215,27 @@ class TestJudgedByCode(CustomTestCase):
         self.assertIn("): changed (was ", verdict.changed[0])
         self.assertIn("peer_info.decode_tp_size != self.attn_tp_size", verdict.changed[0])
 
+    def test_judge_imported_is_memoised_until_a_file_changes(self) -> None:
+        """Judged once per process for the same files; a changed file's new mtime makes
+        it judged again."""
+        with tempfile.TemporaryDirectory() as tmp:
+            package = disguised_tree(Path(tmp), "0.5.24") / "sglang"
+            host.forget_verdicts()
+            with mock.patch.object(host, "imported_package_dir", return_value=package), \
+                    mock.patch.object(host, "judge", wraps=host.judge) as judged:
+                first, second = host.judge_imported(), host.judge_imported()
+                self.assertIs(first, second)
+                self.assertEqual(judged.call_count, 1)
+                (package / "_version.py").write_text("__version__ = version = '0.5.25'\n")
+                os.utime(package / "_version.py", ns=(1, 1))
+                self.assertEqual(host.judge_imported().code, Version("0.5.25"))
+                self.assertEqual(judged.call_count, 2)
+        host.forget_verdicts()
+
     def test_unreadable_fingerprints_leave_sglang_alone(self) -> None:
         """A broken fingerprints.json: install warns and stays inert, no traceback of ours."""
         broken = json.JSONDecodeError("Expecting value", "", 0)
+        host.forget_verdicts()  # judge afresh, with the broken data
         with mock.patch.object(host, "load_known", side_effect=broken), \
                 self.assertLogs("sglang_dsv4_guard", "WARNING") as logs:
             sglang_dsv4_guard.install("on", load_entry_points=False)
