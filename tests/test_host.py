@@ -166,8 +166,8 @@ class TestJudgedByCode(CustomTestCase):
         other = other_release()
         with tempfile.TemporaryDirectory() as tmp:
             verdict = judge(disguised_tree(Path(tmp), "not a version") / "sglang", other)
-        mine = sglang_release()
-        self.assertEqual(verdict.behaves_as, mine)
+        mine = verdict.behaves_as
+        self.assertIn(mine, twins())  # 0.5.16's code matches 0.5.17's too
         self.assertEqual(verdict.name, f"code matching {mine} (labelled {other})")
         profile = verdict.profile()
         self.assertEqual((profile.version, profile.name), (mine, verdict.name))
