@@ -48,8 +48,8 @@ def _release_line() -> tuple[str, bool]:
     else:
         state = (f"guarded as {host.behaves_as}" if usable else "NOT supported") + \
             (f": {host.message}" if host.message else "")
-    return (f"SGLang: {host.version or 'not installed'} ({state}; range {SUPPORTED_MIN} to "
-            f"{SUPPORTED_MAX})"), usable
+    name = host.name if host.version or host.behaves_as else "not installed"
+    return f"SGLang: {name} ({state}; range {SUPPORTED_MIN} to {SUPPORTED_MAX})", usable
 
 
 def _doctor(_: argparse.Namespace) -> int:

@@ -12,10 +12,13 @@ Parts (key: what it covers):
 - ``setup_state_kv_args.signature``: the wrapped function's parameters.
 - ``setup_state_kv_args.dsv4_gate``: the condition of the DeepSeek-V4 target+draft block
   (0.5.16/0.5.17 add ``not is_npu()``).
-- ``setup_state_kv_args.dsv4_check.N``: the N-th check of that block (its condition and
-  what it raises), in source order.
+- ``setup_state_kv_args.dsv4_check.N``: the N-th check of that block (a ``raise`` or an
+  ``assert``) in source order, with the tests of every enclosing ``if`` and which branch
+  it is in (``else: raise`` included), so a new wrapper condition or a swapped
+  unified/paged branch changes it.
 - ``setup_state_kv_args.dsv4_geometry``: the geometry tuples the checks compare.
-- ``MoriKVManager._send_swa_dsa_state.signature`` / ``.tp_check`` and
+- ``MoriKVManager._send_swa_dsa_state.signature`` / ``.check.N`` (every check of the
+  function, hashed the same way) and
   ``MoriKVManager._add_remote_peer.signature``.
 - ``DeepSeekV4TokenToKVPool.<attribute>``: which methods of the pool class assign each
   attribute the guard reads (0.5.22 starts setting ``full_to_swa_index_mapping`` in
@@ -109,19 +112,59 @@ def _in_order(node: ast.AST) -> Iterator[ast.AST]:
         yield from _in_order(child)
 
 
-def _raising_ifs(node: ast.AST) -> list[tuple[ast.If, ast.Raise]]:
-    """``if`` statements whose own body raises, in source order."""
-    found = []
-    for child in _in_order(node):
-        if isinstance(child, ast.If):
-            raises = [s for s in child.body if isinstance(s, ast.Raise)]
-            if raises:
-                found.append((child, raises[0]))
-    return found
+@dataclass(frozen=True)
+class _Check:
+    """A raise or an assert, with the chain of conditions it sits under."""
+
+    node: ast.Raise | ast.Assert
+    context: tuple[ast.AST, ...]  # enclosing statements' headers and branch markers
+    condition: str  # the innermost enclosing condition (or the assert's test), for people
 
 
-def _message(raise_node: ast.Raise) -> str:
-    """The first words of what ``raise_node`` raises, for people."""
+def _headers(node: ast.AST) -> list[ast.AST]:
+    """What of a compound statement decides whether its body runs (not its body)."""
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return [node.target, node.iter]
+    if isinstance(node, ast.While):
+        return [node.test]
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return list(node.items)
+    if isinstance(node, ast.ExceptHandler):
+        return [node.type] if node.type else []
+    return []
+
+
+def _checks(root: ast.AST, context: tuple[ast.AST, ...] = (), condition: str = "",
+            ) -> Iterator[_Check]:
+    """Every ``raise`` and ``assert`` under ``root``, in source order, each with the
+    tests of every enclosing ``if`` (and which branch it is in), loop and ``with``: an
+    added wrapper condition or a moved branch changes the check."""
+    for child in ast.iter_child_nodes(root):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue  # a nested definition's checks run when it is called, not here
+        if isinstance(child, ast.Raise):
+            yield _Check(child, context, condition)
+        elif isinstance(child, ast.Assert):
+            yield _Check(child, context, ast.unparse(child.test))
+        elif isinstance(child, ast.If):
+            text = ast.unparse(child.test)
+            for branch, body in (("if", child.body), ("else", child.orelse)):
+                marked = (*context, child.test, ast.Constant(branch))
+                shown = text if branch == "if" else f"not ({text})"
+                for statement in body:
+                    yield from _checks(ast.Module(body=[statement], type_ignores=[]),
+                                       marked, shown)
+        elif not isinstance(child, ast.expr):  # try, loops, with, handlers, match
+            inner = (*context, ast.Constant(type(child).__name__), *_headers(child))
+            yield from _checks(child, inner, condition)
+
+
+def _check_digest(check: _Check) -> str:
+    return _digest(*check.context, check.node)
+
+
+def _message(raise_node: ast.Raise | ast.Assert) -> str:
+    """The first words of what ``raise_node`` raises (or asserts), for people."""
     for node in _in_order(raise_node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip():
             return node.value.split(":")[0].strip()
@@ -142,9 +185,9 @@ def _state_parts(module: ast.Module | None) -> list[Part]:
     parts.append(Part(f"{name}.dsv4_gate", _digest(block.test),
                       f"{name} DeepSeek-V4 draft block condition "
                       f"({ast.unparse(block.test)[:120]})"))
-    for number, (check, raised) in enumerate(_raising_ifs(block), 1):
-        parts.append(Part(f"{name}.dsv4_check.{number}", _digest(check.test, raised),
-                          f"{name} DSV4 check {number} ('{_message(raised)}')"))
+    for number, check in enumerate(_checks(block), 1):
+        parts.append(Part(f"{name}.dsv4_check.{number}", _check_digest(check),
+                          f"{name} DSV4 check {number} ('{_message(check.node)}')"))
     geometry = [s for s in _in_order(block) if isinstance(s, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id in _GEOMETRY_NAMES for t in s.targets)]
     parts.append(Part(f"{name}.dsv4_geometry", _digest(*geometry) if geometry else MISSING,
@@ -162,12 +205,10 @@ def _mori_parts(module: ast.Module | None) -> list[Part]:
         digest = _signature(fn) if isinstance(fn, ast.FunctionDef) else MISSING
         parts.append(Part(f"{prefix}{method}.signature", digest,
                           f"{prefix}{method} parameters ({MORI})"))
-    checks = _raising_ifs(send) if send is not None else []
-    tp = next(((c, r) for c, r in checks if "decode_tp_size" in ast.dump(c.test)), None)
-    parts.append(Part(f"{prefix}_send_swa_dsa_state.tp_check",
-                      _digest(*tp) if tp else MISSING,
-                      f"{prefix}_send_swa_dsa_state TP check "
-                      f"({ast.unparse(tp[0].test) if tp else 'not found'})"))
+    for number, check in enumerate(_checks(send) if send is not None else [], 1):
+        parts.append(Part(f"{prefix}_send_swa_dsa_state.check.{number}", _check_digest(check),
+                          f"{prefix}_send_swa_dsa_state check {number} "
+                          f"({check.condition or 'unconditional'})"))
     return parts
 
 

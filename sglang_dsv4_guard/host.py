@@ -26,10 +26,19 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from sglang_dsv4_guard.fingerprint import Part, code_version, differences, fingerprint_tree
-from sglang_dsv4_guard.releases import HostProfile, profile_for
+from sglang_dsv4_guard.fingerprint import (
+    MORI,
+    POOL,
+    UTILS,
+    Part,
+    code_version,
+    differences,
+    fingerprint_tree,
+)
+from sglang_dsv4_guard.releases import HostProfile, is_supported, profile_for
 
-__all__ = ["FINGERPRINTS", "HostVerdict", "imported_package_dir", "judge", "judge_imported",
+__all__ = ["FINGERPRINTS", "HostVerdict", "forget_verdicts", "imported_package_dir", "judge",
+           "judge_imported",
            "load_known"]
 
 FINGERPRINTS = Path(__file__).with_name("fingerprints.json")
@@ -48,14 +57,30 @@ class HostVerdict:
 
     @property
     def version(self) -> Version | None:
-        """The release to name in reports: the code's own, else the metadata's."""
+        """The host's own label: the code's version, else the metadata's."""
         return self.code or self.metadata
 
+    @property
+    def name(self) -> str:
+        """The release as reports name it. A label that is a known release but not the
+        one the code matches (``_version.py`` missing, metadata of another release) is
+        not trusted: ``code matching 0.5.17 (labelled 0.5.23)``."""
+        label, match = self.version, self.behaves_as
+        if match is None or label == match:
+            return str(label or match or "unknown")
+        if label is None:
+            return f"code matching {match}"
+        if is_supported(label):
+            return f"code matching {match} (labelled {label})"
+        return str(label)  # a new release with a known release's checks
+
     def profile(self) -> HostProfile:
-        """The checks of the release the code behaves as, named by :attr:`version`."""
+        """The checks of the release the code behaves as (its ``version``), named by
+        :attr:`name` in reports."""
         if self.behaves_as is None:
             raise ValueError(f"no known release's checks apply: {self.message}")
-        return replace(profile_for(self.behaves_as), version=self.version or self.behaves_as)
+        profile = profile_for(self.behaves_as)
+        return replace(profile, label="" if self.name == str(profile.version) else self.name)
 
 
 def _version(text: str | None) -> Version | None:
@@ -135,14 +160,39 @@ def known_index(known: dict[Version, dict[str, Part]], version: Version) -> int:
     return list(known).index(version)
 
 
+# judge_imported() verdicts of this process, by package path, metadata and the mtimes
+# of every file read: install, doctor, check and patches judge once, not each time.
+_VERDICTS: dict[tuple[object, ...], HostVerdict] = {}
+_READ = (UTILS, MORI, POOL, "_version.py")
+
+
+def _mtimes(package: Path) -> tuple[int, ...]:
+    stamps = []
+    for path in [*(package / rel for rel in _READ), FINGERPRINTS]:
+        try:
+            stamps.append(path.stat().st_mtime_ns)
+        except OSError:
+            stamps.append(-1)
+    return tuple(stamps)
+
+
+def forget_verdicts() -> None:
+    """Drop the memoised :func:`judge_imported` verdicts (tests that fake the data)."""
+    _VERDICTS.clear()
+
+
 def judge_imported() -> HostVerdict:
-    """Judge the SGLang that ``import sglang`` would load in this process."""
+    """Judge the SGLang that ``import sglang`` would load in this process (memoised by
+    package path, metadata and the mtimes of the files judged)."""
     metadata = _metadata_version()
     package = imported_package_dir()
     if package is None:
         return HostVerdict(metadata, None, None, logging.WARNING, "SGLang is not installed")
     try:
-        return judge(package, metadata)
+        key = (str(package), metadata, _mtimes(package))
+        if key not in _VERDICTS:
+            _VERDICTS[key] = judge(package, metadata)
+        return _VERDICTS[key]
     except (OSError, ValueError, KeyError, TypeError) as exc:  # our data file, not SGLang
         return HostVerdict(metadata, None, None, logging.WARNING,
                            f"cannot judge the SGLang at {package}: {FINGERPRINTS.name} is "

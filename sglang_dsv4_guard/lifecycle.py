@@ -185,7 +185,7 @@ def _install(chosen: Settings, load_entry_points: bool,
         return _refuse(chosen, host.message)
     if host.message:
         logger.log(host.level, "sglang-dsv4-guard: %s", host.message)
-    version = host.version or host.behaves_as
+    version = host.name
     try:
         utils = importlib.import_module(STATE_TARGET.module)
     except Exception as exc:

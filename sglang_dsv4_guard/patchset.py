@@ -257,11 +257,17 @@ def tree_version(site: Path) -> str | None:
 
 
 def _installed() -> tuple[str | None, Path | None, str]:
-    """The importable tree's release, its site, and a note when the metadata disagrees."""
-    from sglang_dsv4_guard.releases import installed_sglang_version
+    """The release whose series applies to the importable tree, its site, and a note
+    when the labels and the code disagree. Judged by the code (``host.py``), as
+    ``install()`` judges it, so a new release with known checks gets its twin's series;
+    code matching no known release falls back to the tree's own label."""
+    from sglang_dsv4_guard.host import judge_imported
 
     site = sglang_site()
-    labelled = installed_sglang_version()
+    host = judge_imported()
+    if host.behaves_as is not None:
+        return str(host.behaves_as), site, (f"note: {host.message}" if host.message else "")
+    labelled = host.metadata
     version = tree_version(site) if site is not None else None
     if version is None:
         return (str(labelled) if labelled is not None else None), site, ""

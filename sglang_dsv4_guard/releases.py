@@ -54,6 +54,14 @@ class HostProfile:
     paged_geometry: tuple[GeometryField, ...]
     paged_geometry_prefix: str
     mapping_always_set: bool
+    # How reports name the host when it is not simply ``version`` (a new release, or a
+    # label on other code: "code matching 0.5.17 (labelled 0.5.23)"); empty: ``version``.
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        """The release as reports name it."""
+        return self.label or str(self.version)
 
 
 _PAGE = GeometryField("page_size", "page_size", "page_size", "server flag --page-size")

@@ -238,7 +238,7 @@ def check_transfer(transfer: SendSnapshot, *plugins: object, phase: str = "send"
                                   {"transfer": transfer, "context": context})
     report = Report.of(findings, {"function": "MoriKVManager._send_swa_dsa_state",
                                   "peer": transfer.engine_key or "?",
-                                  "sglang": str(rt.profile.version), "mode": context.mode})
+                                  "sglang": rt.profile.name, "mode": context.mode})
     rt.publish(report)
     return report
 

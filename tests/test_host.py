@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -39,6 +41,15 @@ STATE_EDIT = {"srt/disaggregation/utils.py": (
     "bool(token_to_kv_pool._unified_kv) != bool(draft_token_to_kv_pool._unified_kv)")}
 STATE_CHANGE = ("setup_state_kv_args DSV4 check 2 ('DSV4 target and draft pools must use the "
                 "same unified-KV mode'): changed")
+# The same check under a new enclosing condition (its own test and raise unchanged).
+WRAP_EDIT = {"srt/disaggregation/utils.py": (
+    "\n        if token_to_kv_pool._unified_kv != draft_token_to_kv_pool._unified_kv:",
+    "\n        if draft_token_to_kv_pool.page_size > 1:"
+    "\n         if token_to_kv_pool._unified_kv != draft_token_to_kv_pool._unified_kv:")}
+# The unified and paged branches swapped: every check in them now runs in the other mode.
+BRANCH_EDIT = {"srt/disaggregation/utils.py": (
+    "\n        if token_to_kv_pool._unified_kv:",
+    "\n        if not token_to_kv_pool._unified_kv:")}
 MORI_EDIT = {"srt/disaggregation/mori/conn.py": (
     "peer_info.decode_tp_size != self.attn_tp_size",
     "peer_info.decode_tp_size > self.attn_tp_size")}
@@ -52,9 +63,11 @@ import sglang, sglang_dsv4_guard
 from sglang_dsv4_guard.lifecycle import installation
 current = installation()
 print(json.dumps({"installed": sglang_dsv4_guard.is_installed(), "file": sglang.__file__,
-                  "profile": str(current.runtime.profile.version) if current else None}))
+                  "profile": current.runtime.profile.name if current else None,
+                  "checks_of": str(current.runtime.profile.version) if current else None}))
 """
 DOCTOR = "from sglang_dsv4_guard.cli import main\nraise SystemExit(main(['doctor']))\n"
+CLI = "import sys\nfrom sglang_dsv4_guard.cli import main\nraise SystemExit(main(sys.argv[1:]))\n"
 NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -85,6 +98,32 @@ class TestJudgedByCode(CustomTestCase):
         printed = json.loads(done.stdout)[str(sglang_release())]
         stored = load_known()[sglang_release()]
         self.assertEqual(printed, {k: [p.digest, p.what] for k, p in stored.items()})
+
+    def test_tool_refuses_changed_checks_without_new_profile(self) -> None:
+        """``--write`` of a release whose checks match no known release is refused (the
+        data file untouched) unless ``--new-profile``; releases sort as versions, so
+        0.5.24rc1 lands before 0.5.24."""
+        spec = importlib.util.spec_from_file_location("fingerprint_tool",
+                                                      ROOT / "tools/fingerprint.py")
+        assert spec is not None and spec.loader is not None
+        tool = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tool)
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(tmp) / "fingerprints.json"
+            data.write_text(host.FINGERPRINTS.read_text())
+            changed = disguised_tree(Path(tmp) / "changed", "0.5.24", edits=WRAP_EDIT)
+            same = disguised_tree(Path(tmp) / "same", "0.5.24rc1")
+            with mock.patch.object(tool, "FINGERPRINTS", data), \
+                    contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()) as err:
+                refused = tool.main([str(changed), "--write"])
+                untouched = data.read_text() == host.FINGERPRINTS.read_text()
+                forced = tool.main([str(changed), "--write", "--new-profile"])
+                twin = tool.main([str(same), "--write"])
+            self.assertEqual((refused, untouched, forced, twin), (1, True, 0, 0))
+            self.assertIn("match no known release", err.getvalue())
+            stored = list(json.loads(data.read_text())["releases"])
+        self.assertEqual(stored[-2:], ["0.5.24rc1", "0.5.24"])
 
     def test_same_fingerprints_same_profile(self) -> None:
         """Releases the fingerprints cannot tell apart have one profile (bar the version),
@@ -120,6 +159,19 @@ class TestJudgedByCode(CustomTestCase):
         self.assertIn(f"SGLang 0.5.24 ({tmp}/sglang) has the same checks as known release "
                       f"{verdict.behaves_as}", verdict.message)
 
+    def test_garbage_version_file_names_the_code_match(self) -> None:
+        """``_version.py`` unreadable and metadata of a release with other checks: reports
+        name the code's match with the label beside it, never the label alone; the
+        profile's version is the matched release."""
+        other = other_release()
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "not a version") / "sglang", other)
+        mine = verdict.behaves_as
+        self.assertIn(mine, twins())  # 0.5.16's code matches 0.5.17's too
+        self.assertEqual(verdict.name, f"code matching {mine} (labelled {other})")
+        profile = verdict.profile()
+        self.assertEqual((profile.version, profile.name), (mine, verdict.name))
+
     def test_changed_state_check_is_named(self) -> None:
         """One changed condition in the DSV4 block: no profile; the check and range named."""
         with tempfile.TemporaryDirectory() as tmp:
@@ -130,23 +182,60 @@ class TestJudgedByCode(CustomTestCase):
         self.assertIn(f"differs from every release the guard knows ({SUPPORTED_MIN} to "
                       f"{SUPPORTED_MAX})", verdict.message)
 
+    def test_check_wrapped_in_a_new_condition_is_changed(self) -> None:
+        """A check whose own test and raise stay but that now sits under an added ``if``
+        runs less often: judged changed, the check named."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=WRAP_EDIT) / "sglang",
+                            None)
+        self.assertIsNone(verdict.behaves_as)
+        self.assertEqual(verdict.changed, (STATE_CHANGE,))
+
+    def test_swapped_branch_is_changed(self) -> None:
+        """Negating the unified/paged branch condition moves the geometry checks to the
+        other mode: no profile, and the checks under that branch are named."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=BRANCH_EDIT) / "sglang",
+                            None)
+        self.assertIsNone(verdict.behaves_as)
+        self.assertGreaterEqual(len(verdict.changed), 2, verdict.changed)
+        self.assertTrue(all(c.startswith("setup_state_kv_args DSV4 check ")
+                            for c in verdict.changed), verdict.changed)
+
     def test_changed_mori_check_is_named(self) -> None:
         """A changed MORI TP check: no profile; the function and its check named."""
         with tempfile.TemporaryDirectory() as tmp:
             verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=MORI_EDIT) / "sglang",
                             None)
         self.assertIsNone(verdict.behaves_as)
-        self.assertEqual(len(verdict.changed), 1, verdict.changed)
-        self.assertTrue(verdict.changed[0].startswith(
-            "MoriKVManager._send_swa_dsa_state TP check ("), verdict.changed)
-        self.assertIn("peer_info.decode_tp_size > self.attn_tp_size)): changed (was ",
-                      verdict.changed[0])
+        self.assertTrue(verdict.changed, verdict.message)
+        self.assertTrue(all(c.startswith("MoriKVManager._send_swa_dsa_state check ")
+                            for c in verdict.changed), verdict.changed)
+        self.assertIn("peer_info.decode_tp_size > self.attn_tp_size", verdict.changed[0])
+        self.assertIn("): changed (was ", verdict.changed[0])
         self.assertIn("peer_info.decode_tp_size != self.attn_tp_size", verdict.changed[0])
 
+    def test_judge_imported_is_memoised_until_a_file_changes(self) -> None:
+        """Judged once per process for the same files; a changed file's new mtime makes
+        it judged again."""
+        with tempfile.TemporaryDirectory() as tmp:
+            package = disguised_tree(Path(tmp), "0.5.24") / "sglang"
+            host.forget_verdicts()
+            with mock.patch.object(host, "imported_package_dir", return_value=package), \
+                    mock.patch.object(host, "judge", wraps=host.judge) as judged:
+                first, second = host.judge_imported(), host.judge_imported()
+                self.assertIs(first, second)
+                self.assertEqual(judged.call_count, 1)
+                (package / "_version.py").write_text("__version__ = version = '0.5.25'\n")
+                os.utime(package / "_version.py", ns=(1, 1))
+                self.assertEqual(host.judge_imported().code, Version("0.5.25"))
+                self.assertEqual(judged.call_count, 2)
+        host.forget_verdicts()
 
     def test_unreadable_fingerprints_leave_sglang_alone(self) -> None:
         """A broken fingerprints.json: install warns and stays inert, no traceback of ours."""
         broken = json.JSONDecodeError("Expecting value", "", 0)
+        host.forget_verdicts()  # judge afresh, with the broken data
         with mock.patch.object(host, "load_known", side_effect=broken), \
                 self.assertLogs("sglang_dsv4_guard", "WARNING") as logs:
             sglang_dsv4_guard.install("on", load_entry_points=False)
@@ -183,8 +272,28 @@ class TestHostInAFreshProcess(CustomTestCase):
         result = json.loads(done.stdout.splitlines()[-1])
         self.assertTrue(result["installed"], result)
         self.assertEqual(result["profile"], "0.5.24")
+        self.assertIn(Version(result["checks_of"]), twins())
         self.assertIn("INFO:sglang_dsv4_guard:sglang-dsv4-guard: SGLang 0.5.24", done.stderr)
         self.assertIn("has the same checks as known release", done.stderr)
+
+    def test_check_and_patches_judge_the_code(self) -> None:
+        """A fake 0.5.24 with unchanged checks: ``check`` predicts with its twin's checks
+        (exit 0, not a refusal of the label) and ``patches`` picks its twin's series."""
+        llama = str(ROOT / "tests/data/llama")
+        args = ("--model-path", llama, "--disaggregation-transfer-backend", "mori")
+        with tempfile.TemporaryDirectory() as tmp:
+            disguised_tree(Path(tmp), "0.5.24", metadata="0.5.24")
+            check = fresh_python(CLI, "check", "--prefill",
+                                 " ".join([*args, "--disaggregation-mode", "prefill"]),
+                                 "--decode", " ".join([*args, "--disaggregation-mode", "decode"]),
+                                 env=NO_BYTECODE, path_first=tmp)
+            patches = fresh_python(CLI, "patches", env=NO_BYTECODE, path_first=tmp)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr[-3000:])
+        self.assertNotIn("check supports", check.stderr)
+        first = patches.stdout.splitlines()[0]
+        self.assertTrue(any(first.startswith(f"SGLang {twin} at ") for twin in twins()),
+                        patches.stdout + patches.stderr[-3000:])
+        self.assertIn("has the same checks as known release", patches.stdout)
 
     def test_changed_check_warns_once_and_stays_inert(self) -> None:
         """A fake 0.5.24 with a changed check: SGLang untouched, one warning naming it;

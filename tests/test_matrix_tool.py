@@ -95,8 +95,18 @@ class TestJudging(GuardTestCase):
     def test_examples_summed_over_phases(self) -> None:
         """Passing examples are summed per test over reuse and generate phases."""
         self.assertEqual(matrix._examples(STATISTICS),
-                         {"test_mori::test_parity": 2000,
-                          "test_autoshare::test_other_rejections_unchanged": 512})
+                         {"test_mori::TestMoriParity::test_parity": 2000,
+                          "test_autoshare::TestAutoshareHidesNothing::"
+                          "test_other_rejections_unchanged": 512})
+
+    def test_same_test_name_in_two_classes_kept_apart(self) -> None:
+        """Two classes' same-named property tests are counted separately, not the later
+        one overwriting the earlier."""
+        twice = STATISTICS + STATISTICS.replace("TestMoriParity", "TestMoriOther").replace(
+            "1997 passing", "10 passing")
+        counts = matrix._examples(twice)
+        self.assertEqual((counts["test_mori::TestMoriParity::test_parity"],
+                          counts["test_mori::TestMoriOther::test_parity"]), (2000, 13))
 
     def _judge(self, log: str, codes: str, full: bool = True) -> matrix.Result:
         tmp = tempfile.TemporaryDirectory()
@@ -122,12 +132,13 @@ class TestJudging(GuardTestCase):
         """A full run missing a property test's statistics fails naming it; too few
         examples fail too; a partial run judges neither statistics nor codes."""
         result = self._judge(STATISTICS, "")
-        self.assertIn("test_parity_property::test_guard_agrees_with_sglang reported no "
-                      "hypothesis statistics", result.problems)
-        self.assertIn("test_autoshare::test_other_rejections_unchanged drew 512 examples, "
+        self.assertIn("test_parity_property::TestParity::test_guard_agrees_with_sglang "
+                      "reported no hypothesis statistics", result.problems)
+        self.assertIn("test_autoshare::TestAutoshareHidesNothing::"
+                      "test_other_rejections_unchanged drew 512 examples, "
                       "profile ci asks 2000", result.problems)
-        self.assertNotIn("test_mori::test_parity reported no hypothesis statistics",
-                         result.problems)
+        self.assertNotIn("test_mori::TestMoriParity::test_parity reported no hypothesis "
+                         "statistics", result.problems)
         partial = self._judge(STATISTICS, "", full=False)
         self.assertIsNone(partial.codes_missing)
         self.assertFalse(any("no hypothesis statistics" in p for p in partial.problems))
@@ -137,10 +148,11 @@ class TestJudging(GuardTestCase):
         found = set()
         for path in sorted((ROOT / "tests").glob("test_*.py")):
             tree = ast.parse(path.read_text())
-            for node in ast.walk(tree):
-                if isinstance(node, ast.FunctionDef) and any(
-                        "given" in ast.dump(d) for d in node.decorator_list):
-                    found.add(f"{path.stem}::{node.name}")
+            for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+                for node in cls.body:
+                    if isinstance(node, ast.FunctionDef) and any(
+                            "given" in ast.dump(d) for d in node.decorator_list):
+                        found.add(f"{path.stem}::{cls.name}::{node.name}")
         self.assertEqual(found, set(matrix.PROPERTY_TESTS))
 
 

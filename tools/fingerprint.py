@@ -5,7 +5,8 @@ Usage: ``python tools/fingerprint.py PATH [--release 0.5.24] [--write]``
 PATH is a wheel (``sglang-0.5.24-*.whl``), a site directory holding ``sglang/``, or the
 ``sglang`` package directory itself. The release defaults to the one the code names in
 ``sglang/_version.py``. Without ``--write`` the fingerprints are printed as JSON; with
-it they are added to ``sglang_dsv4_guard/fingerprints.json``. Adding a release to the
+it they are added to ``sglang_dsv4_guard/fingerprints.json``, only when they equal a
+known release's, or with ``--new-profile`` (a release whose checks changed). Adding a release to the
 guard is that, plus a line in ``matrix.txt`` (and a profile in ``releases.py`` only
 when its checks changed). Nothing is imported from the release.
 """
@@ -18,6 +19,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", type=Path)
     parser.add_argument("--release", help="the release to store it as (default: from the code)")
     parser.add_argument("--write", action="store_true", help=f"add it to {FINGERPRINTS.name}")
+    parser.add_argument("--new-profile", action="store_true",
+                        help="store it although its checks match no known release (then "
+                             "releases.py needs a profile for it)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         package = package_dir(args.path, Path(scratch))
@@ -56,14 +62,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args.write:
         print(json.dumps({release: parts}, indent=1))
         return 0
-    data = {"releases": {str(v): {k: [p.digest, p.what] for k, p in known.items()}
-                         for v, known in load_known().items()}}
+    known = load_known(FINGERPRINTS)
+    twins = [v for v, stored in known.items()
+             if {k: [p.digest, p.what] for k, p in stored.items()} == parts
+             and str(v) != release]
+    if not twins and not args.new_profile:
+        print(f"refused: SGLang {release}'s checks match no known release's; the guard "
+              "would run it with checks it does not have. Write a profile for it in "
+              "sglang_dsv4_guard/releases.py and rerun with --new-profile", file=sys.stderr)
+        return 1
+    data = {"releases": {str(v): {k: [p.digest, p.what] for k, p in stored.items()}
+                         for v, stored in known.items()}}
     data["releases"][release] = parts
-    data["releases"] = dict(sorted(data["releases"].items(),
-                                   key=lambda item: [int(x) for x in item[0].split(".")
-                                                     if x.isdigit()]))
+    data["releases"] = dict(sorted(data["releases"].items(), key=lambda item: Version(item[0])))
     FINGERPRINTS.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
-    print(f"{FINGERPRINTS.relative_to(ROOT)}: stored {len(parts)} parts for SGLang {release}")
+    print(f"{FINGERPRINTS.name}: stored {len(parts)} parts for SGLang {release}"
+          + (f" (same checks as {', '.join(map(str, twins))})" if twins else
+             "; releases.py needs a profile for it (profile_for)"))
     return 0
 
 

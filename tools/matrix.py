@@ -44,9 +44,9 @@ PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 # The hypothesis profiles of tests/conftest.py and the examples each asks for.
 PROFILE_EXAMPLES = {"dev": 200, "ci": 2000}
 # Every property test (module::test): a full run without statistics from one of them fails.
-PROPERTY_TESTS = ("test_parity_property::test_guard_agrees_with_sglang",
-                  "test_mori::test_parity",
-                  "test_autoshare::test_other_rejections_unchanged")
+PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sglang",
+                  "test_mori::TestMoriParity::test_parity",
+                  "test_autoshare::TestAutoshareHidesNothing::test_other_rejections_unchanged")
 CODES_VARIABLE = "DSV4_GUARD_CODES_FILE"
 _print_lock = threading.Lock()
 
@@ -189,7 +189,8 @@ def _examples(log: str) -> dict[str, int]:
     for line in log.splitlines():
         if line.startswith("tests/") and line.rstrip().endswith(":"):
             parts = line.strip()[:-1].split("::")  # tests/test_mori.py::Class::test_x
-            test = f"{Path(parts[0]).stem}::{parts[-1]}"
+            # module::Class::test: same-named tests in two classes stay apart
+            test = "::".join([Path(parts[0]).stem, *parts[1:]])
             counts[test] = 0
         elif test is not None and (m := re.search(r"- (\d+) passing", line)):
             counts[test] += int(m.group(1))

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.deploy.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.deploy.derive import Side, derive_side
 from sglang_dsv4_guard.deploy.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.deploy.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+
+if TYPE_CHECKING:
+    from sglang_dsv4_guard.releases import HostProfile
 
 __all__ = ["CheckResult", "run_check"]
 
@@ -91,14 +94,11 @@ def _refused(side: Side) -> Finding:
         fixes=info.fixes, docs=docs_url("DSV4G026"))
 
 
-def _mori(prefill: Side, decode: Side) -> list[Finding]:
+def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
     """The guard's send checks on the transfer the two servers imply (phase register)."""
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
     from sglang_dsv4_guard.plugins import build_plugins
-    from sglang_dsv4_guard.releases import installed_sglang_version, profile_for
 
-    version = installed_sglang_version()
-    assert version is not None  # run_check refused an absent SGLang already
     a = prefill.args
     snap = SendSnapshot(
         state_type="swa" if prefill.swa_state else "none",
@@ -108,7 +108,7 @@ def _mori(prefill: Side, decode: Side) -> list[Finding]:
         dp_size=a.typed.get("dp_size"), enable_dp_attention=a.typed.get("enable_dp_attention"),
         pp_size=a.get("pp_size"), engine_key="planned decode server")
     return build_plugins().collect("sglang_dsv4_guard_check_send", {
-        "transfer": snap, "context": SendContext(profile_for(version), "on", "register")})
+        "transfer": snap, "context": SendContext(profile, "on", "register")})
 
 
 def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
@@ -175,17 +175,17 @@ def run_check(prefill_args: str, decode_args: str,
               prefill_env: Mapping[str, str] | None = None,
               decode_env: Mapping[str, str] | None = None) -> CheckResult:
     """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input."""
-    from sglang_dsv4_guard.releases import (
-        SUPPORTED_MAX,
-        SUPPORTED_MIN,
-        installed_sglang_version,
-        is_supported,
-    )
+    from sglang_dsv4_guard.host import judge_imported
+    from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN
 
-    version = installed_sglang_version()
-    if version is None or not is_supported(version):
-        raise CheckInputError("sglang", f"the installed SGLang release is {version or 'absent'}; "
-                                        f"check supports {SUPPORTED_MIN} to {SUPPORTED_MAX}")
+    host = judge_imported()  # by the imported code, as install() judges it, not the label
+    if host.behaves_as is None:
+        raise CheckInputError("sglang", f"the imported SGLang ({host.version or 'absent'}) "
+                                        f"has checks this guard does not know ({host.message}); "
+                                        f"check supports {SUPPORTED_MIN} to {SUPPORTED_MAX} "
+                                        "and releases with the same checks")
+    profile = host.profile()
+    version = host.name
     prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
     decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
     findings: list[Finding] = [_refused(s) for s in (prefill, decode)
@@ -194,7 +194,7 @@ def run_check(prefill_args: str, decode_args: str,
     for run in runs:
         findings.extend(run.findings)
     if prefill.transfer_backend == decode.transfer_backend == "mori":
-        findings.extend(_mori(prefill, decode))
+        findings.extend(_mori(prefill, decode, profile))
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
     report = Report.of(findings, {"function": "sglang-dsv4-guard check",
                                   "sglang": str(version)})

@@ -122,7 +122,7 @@ class MoriGuard:
                                            {"transfer": snap, "context": context})
         report = Report.of(findings, {
             "function": _FUNCTION, "peer": peer,
-            "sglang": str(self.rt.profile.version), "mode": context.mode,
+            "sglang": self.rt.profile.name, "mode": context.mode,
         })
         return report, render_report(report) or ""
 

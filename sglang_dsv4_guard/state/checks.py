@@ -224,10 +224,10 @@ def _never_registered(roles: list[str], profile: HostProfile) -> str:
     where = ", ".join(roles)
     if profile.mapping_always_set:
         return (f"no attribute full_to_swa_index_mapping on: {where}; SGLang "
-                f"{profile.version} sets it to None in __init__, so this pool was not built "
+                f"{profile.name} sets it to None in __init__, so this pool was not built "
                 "by DeepSeekV4TokenToKVPool.__init__ (half-built or foreign); SGLang raises "
                 "AttributeError reading it")
-    return (f"never registered on: {where}; SGLang {profile.version} creates "
+    return (f"never registered on: {where}; SGLang {profile.name} creates "
             "full_to_swa_index_mapping only in register_mapping(), so SGLang raises "
             "AttributeError reading it")
 

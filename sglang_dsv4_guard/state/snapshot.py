@@ -161,7 +161,7 @@ class StateContext:
         return {
             "function": "sglang.srt.disaggregation.utils.setup_state_kv_args",
             "caller": self.caller,
-            "sglang": str(self.profile.version),
+            "sglang": self.profile.name,
             "mode": self.mode,
             "autoshare": "on" if self.autoshare else "off",
         }
