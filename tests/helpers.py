@@ -14,8 +14,10 @@ import logging
 import os
 import subprocess
 import sys
+import unittest
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import SkipTest, TestResult
 
 import sglang.srt.disaggregation.decode as decode
 import sglang.srt.disaggregation.prefill as prefill
@@ -82,6 +84,29 @@ def reset_guard() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PostImportHooks)]
 
 
+def in_ci() -> bool:
+    """Whether this runs in CI (``CI`` set, as GitHub Actions and SGLang's runners set it)."""
+    return bool(os.environ.get("CI"))
+
+
+def _skipped_in_ci(reason: str) -> AssertionError:
+    return AssertionError(f"skipped in CI, which counts as a failure: {reason}")
+
+
+def _fail_skips_in_ci(setup: Any) -> Any:
+    """``setUpClass`` whose ``SkipTest`` is a failure in CI."""
+    def setUpClass(klass: type) -> None:
+        try:
+            setup(klass)
+        except SkipTest as skip:
+            if in_ci():
+                raise _skipped_in_ci(str(skip)) from skip
+            raise
+    setUpClass._safe_setup_wrapped = getattr(setup, "_safe_setup_wrapped", False)  # type: ignore[attr-defined]
+    setUpClass._dsv4_no_skip = True  # type: ignore[attr-defined]
+    return setUpClass
+
+
 class GuardTestCase(CustomTestCase):
     """The base of every test: SGLang's ``CustomTestCase`` plus the guard's hygiene.
 
@@ -93,7 +118,34 @@ class GuardTestCase(CustomTestCase):
       ``setUp`` again. Here every retried attempt first runs the clean-ups of the failed
       one and ``setUp`` again, so no state is carried from one attempt to the next.
     - :meth:`install_guard` installs and registers the matching uninstall.
+    - In CI (``CI`` set) a skip is a failure, also where no conftest runs (SGLang's runner,
+      ``python3 <file>``): a skipped method, a skipped class, a ``setUpClass`` that skips.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        setup = vars(cls).get("setUpClass")
+        func = getattr(setup, "__func__", None)
+        if func is not None and not getattr(func, "_dsv4_no_skip", False):
+            cls.setUpClass = classmethod(_fail_skips_in_ci(func))  # type: ignore[assignment]
+
+    def run(self, result: TestResult | None = None) -> TestResult | None:
+        """``unittest``'s run; in CI every skip it reports is recorded as a failure."""
+        if result is None or not in_ci():
+            return super().run(result)
+        add_skip = result.addSkip
+
+        def skip_fails(test: unittest.TestCase, reason: str) -> None:
+            try:
+                raise _skipped_in_ci(reason)
+            except AssertionError:
+                result.addFailure(test, sys.exc_info())
+
+        result.addSkip = skip_fails  # type: ignore[method-assign]
+        try:
+            return super().run(result)
+        finally:
+            result.addSkip = add_skip  # type: ignore[method-assign]
 
     def setUp(self) -> None:
         super().setUp()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
+import textwrap
 import unittest
 from unittest import mock
 
@@ -91,6 +94,71 @@ class TestRetriedAttempts(GuardTestCase):
         self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
         self.assertEqual(seen, [(1, False), (2, False)])
         self.assertEqual(leftovers(), [])
+
+
+SKIPPING_FILE = textwrap.dedent("""\
+    import unittest
+    from helpers import GuardTestCase
+
+    class Skips(GuardTestCase):
+        def test_skip_test(self):
+            self.skipTest("no GPU")
+
+        @unittest.skip("decorated")
+        def test_decorated(self):
+            pass
+
+    @unittest.skip("whole class")
+    class SkippedClass(GuardTestCase):
+        def test_never(self):
+            pass
+
+    class SkipsInSetUpClass(GuardTestCase):
+        @classmethod
+        def setUpClass(cls):
+            raise unittest.SkipTest("no ROCm")
+
+        def test_never(self):
+            pass
+
+    if __name__ == "__main__":
+        unittest.main()
+    """)
+
+
+def run_file_as_sglang_ci(text: str, ci: bool) -> subprocess.CompletedProcess[str]:
+    """``python3 <file>`` as SGLang's runner does (no conftest), ``CI`` set or not."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+    if ci:
+        env["CI"] = "true"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "test_skips.py")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+        return subprocess.run([sys.executable, path], env=env, capture_output=True, text=True,
+                              timeout=300, check=False, cwd=folder)
+
+
+class TestSkipsFailInCi(GuardTestCase):
+    """Without conftest (SGLang's runner), a skip of any kind fails when ``CI`` is set."""
+
+    def test_skips_fail_with_ci(self) -> None:
+        """CI=true: a skipTest(), a skipped method, a skipped class and a skipping setUpClass
+        fail (a failed setUpClass is an error), each saying it was skipped in CI; the file
+        exits non-zero."""
+        done = run_file_as_sglang_ci(SKIPPING_FILE, ci=True)
+        self.assertNotEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("FAILED (failures=3, errors=1)", done.stderr, done.stderr[-3000:])
+        self.assertEqual(done.stderr.count("skipped in CI, which counts as a failure"), 4,
+                         done.stderr[-3000:])
+
+    def test_skips_stay_skips_outside_ci(self) -> None:
+        """Without CI the same file passes with its four skips."""
+        done = run_file_as_sglang_ci(SKIPPING_FILE, ci=False)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("OK (skipped=4)", done.stderr, done.stderr[-3000:])
 
 
 MORI_RETRY_PROBE = r"""
