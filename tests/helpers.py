@@ -28,6 +28,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
+from sglang_dsv4_guard.host_hooks import StateHook
 from sglang_dsv4_guard.patching import WRAPPER_MARK, PostImportHooks
 from sglang_dsv4_guard.releases import installed_sglang_version
 
@@ -68,7 +69,26 @@ def leftovers() -> list[str]:
     finders = [f for f in sys.meta_path if isinstance(f, PostImportHooks)]
     if finders:
         left.append(f"{len(finders)} import hook(s) of the guard in sys.meta_path")
+    registry = _host_registry()
+    if registry is not None:
+        ours = [t for t, entries in registry._hooks.items()
+                for _, hook, _ in entries if isinstance(hook, StateHook)]
+        if ours:
+            left.append(f"{len(ours)} hook(s) of the guard in SGLang's HookRegistry")
+        if _guard_apply_hooks(registry) is not None:
+            left.append("HookRegistry.apply_hooks is the guard's one-shot wrapper")
     return left
+
+
+def _guard_apply_hooks(registry: Any) -> Any:
+    """The guard's one-shot ``apply_hooks`` wrapper on ``registry``, or ``None``."""
+    func = getattr(vars(registry).get("apply_hooks"), "__func__", None)
+    return func if getattr(func, "__module__", None) == "sglang_dsv4_guard.host_hooks" else None
+
+
+def _host_registry() -> Any:
+    module = sys.modules.get("sglang.srt.plugins.hook_registry")
+    return getattr(module, "HookRegistry", None)
 
 
 def reset_guard() -> None:
@@ -82,6 +102,17 @@ def reset_guard() -> None:
             method = vars(conn.MoriKVManager)[name]
             setattr(conn.MoriKVManager, name, getattr(method, WRAPPER_MARK, method))
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PostImportHooks)]
+    registry = _host_registry()
+    if registry is not None:
+        for target, entries in list(registry._hooks.items()):
+            entries[:] = [e for e in entries if not isinstance(e[1], StateHook)]
+            if not entries:
+                del registry._hooks[target]
+        wrapper = _guard_apply_hooks(registry)
+        if wrapper is not None:  # put back the registry's own method, held in "own"
+            cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or (),
+                             strict=False))
+            registry.apply_hooks = cells["own"].cell_contents
 
 
 def in_ci() -> bool:

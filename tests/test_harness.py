@@ -161,6 +161,36 @@ class TestSkipsFailInCi(GuardTestCase):
         self.assertIn("OK (skipped=4)", done.stderr, done.stderr[-3000:])
 
 
+class TestRegistryLeftovers(GuardTestCase):
+    """The guard's hook in SGLang's HookRegistry, and its one-shot apply_hooks wrapper, are
+    leftovers; the public install() cannot put them there outside SGLang's loader."""
+
+    def test_registry_hook_and_apply_hooks_wrapper_are_leftovers(self) -> None:
+        """A StateHook registered in the registry and the guard's apply_hooks wrapper are both
+        named by leftovers() and removed by the test's clean-up (which fails the test)."""
+        from sglang_dsv4_guard.host_hooks import register_state_hook
+
+        class LeakyRegistry(GuardTestCase):
+            def test_leak(self) -> None:
+                import sglang.srt.plugins.hook_registry  # noqa: F401
+
+                register_state_hook(lambda fn: fn, lambda *a: None, lambda: False)
+
+        result = run_case(LeakyRegistry, "test_leak")
+        self.assertEqual(len(result.failures), 1, result.failures + result.errors)
+        self.assertIn("1 hook(s) of the guard in SGLang's HookRegistry", result.failures[0][1])
+        self.assertIn("HookRegistry.apply_hooks is the guard's one-shot wrapper",
+                      result.failures[0][1])
+        self.assertEqual(leftovers(), [])
+
+    def test_public_install_has_no_registry_option(self) -> None:
+        """install(via_sglang_registry=True) is refused: outside SGLang's loader the registry
+        would never apply the hook while the log said "installed"."""
+        with self.assertRaises(TypeError):
+            sglang_dsv4_guard.install(via_sglang_registry=True)  # type: ignore[call-arg]
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+
+
 MORI_RETRY_PROBE = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
