@@ -8,8 +8,8 @@ longer removes the guard: the guard wraps it. SGLang logs "Applied N hook(s) ...
 (from: plugin=dsv4_guard)" and warns about conflicting hooks as it does for anyone.
 
 What can still take the guard out of the chain (a ``REPLACE`` on another name for the
-same function that is applied after ours, an ``AROUND`` hook that never calls
-``original_fn``, a direct assignment) is found right after ``apply_hooks()``: the guard
+same function that is applied after ours, a direct assignment) is found right after
+``apply_hooks()``: the guard
 observes the end of that one call (a one-shot wrapper that puts the registry's own
 method back on its first call), walks the chain SGLang will call, and logs a WARNING
 naming the plug-ins whose hooks are in the way.
