@@ -191,6 +191,23 @@ class TestRegistryLeftovers(GuardTestCase):
         self.assertFalse(sglang_dsv4_guard.is_installed())
 
 
+class TestEstTimes(GuardTestCase):
+    """Every test file starts at least one interpreter (``python3 <file>`` in SGLang's CI,
+    importing SGLang and torch cold), so no ``est_time`` is below one cold start."""
+
+    def test_every_file_allows_a_cold_start(self) -> None:
+        """SGLang's own collect_tests reads each file's est_time; none is under 30 s."""
+        from sglang.test.ci.ci_register import collect_tests
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        files = sorted(os.path.join(here, f) for f in os.listdir(here)
+                       if f.startswith("test_") and f.endswith(".py"))
+        short = {os.path.basename(r.filename): r.est_time for r in collect_tests(files)
+                 if r.est_time < 30}
+        self.assertGreater(len(files), 5)
+        self.assertEqual(short, {}, "est_time below one interpreter's cold start (30 s)")
+
+
 MORI_RETRY_PROBE = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
