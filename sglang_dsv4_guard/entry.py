@@ -33,12 +33,11 @@ def activate() -> None:
     if settings.mode.value is Mode.OFF:
         logger.debug("sglang-dsv4-guard is off (%s)", settings.mode.source)
         return
-    from sglang_dsv4_guard.host_hooks import loader_is_running
-    from sglang_dsv4_guard.lifecycle import install
+    from sglang_dsv4_guard.lifecycle import install_from_sglang_loader
 
     try:
         # Run by SGLang's load_plugins(): take part in its HookRegistry, which applies
         # every plug-in's hooks together once all plug-ins ran.
-        install(settings=settings, via_sglang_registry=loader_is_running())
+        install_from_sglang_loader(settings)
     except DSV4GuardInstallError as error:
         raise DSV4GuardStartupRefused(error) from error

@@ -8,8 +8,8 @@ longer removes the guard: the guard wraps it. SGLang logs "Applied N hook(s) ...
 (from: plugin=dsv4_guard)" and warns about conflicting hooks as it does for anyone.
 
 What can still take the guard out of the chain (a ``REPLACE`` on another name for the
-same function that is applied after ours, an ``AROUND`` hook that never calls
-``original_fn``, a direct assignment) is found right after ``apply_hooks()``: the guard
+same function that is applied after ours, a direct assignment) is found right after
+``apply_hooks()``: the guard
 observes the end of that one call (a one-shot wrapper that puts the registry's own
 method back on its first call), walks the chain SGLang will call, and logs a WARNING
 naming the plug-ins whose hooks are in the way.
@@ -40,6 +40,7 @@ __all__ = [
     "loader_is_running",
     "other_plugins_hooks",
     "register_state_hook",
+    "verify_after_apply_hooks",
 ]
 
 logger = logging.getLogger("sglang_dsv4_guard")
@@ -209,14 +210,24 @@ def _bound_functions() -> list[tuple[str, object]]:
     return found
 
 
-def _verify(hook: StateHook) -> None:
-    """After ``apply_hooks()``: is the guard in every chain SGLang calls?"""
-    if not hook.active():
+def _is_guard_wrapper(fn: object) -> bool:
+    """One of the guard's patched wrappers. ``functools.wraps`` in SGLang's ``_wrap_fn``
+    copies our mark onto a hook wrapped around ours, so the mark alone is not enough: ours
+    wraps the very function its mark names."""
+    marked = getattr(fn, WRAPPER_MARK, None)
+    return marked is not None and getattr(fn, "__wrapped__", None) is marked
+
+
+def _verify(hook: StateHook | None, active: Callable[[], bool]) -> None:
+    """After ``apply_hooks()``: is the guard (its ``hook``, or its patched wrappers) in every
+    chain SGLang calls?"""
+    if not active():
         return
     records = hooks_on(exclude=hook)
     out = {}
     for where, fn in _bound_functions():
-        blockers = chain_blockers(fn, lambda f: f is hook or hasattr(f, WRAPPER_MARK), records)
+        blockers = chain_blockers(fn, lambda f: (hook is not None and f is hook)
+                                  or _is_guard_wrapper(f), records)
         if blockers:
             out[where] = blockers
     if not out:
@@ -310,5 +321,12 @@ def register_state_hook(make_wrapper: Callable[[Callable[..., Any]], Callable[..
     module = sys.modules[REGISTRY_MODULE]
     hook = StateHook(make_wrapper, sglang_function, active)
     module.HookRegistry.register(STATE_PATH, hook, module.HookType.AROUND)
-    _after_apply_hooks(lambda: _verify(hook))
+    _after_apply_hooks(lambda: _verify(hook, hook.active))
     return hook
+
+
+def verify_after_apply_hooks(active: Callable[[], bool]) -> None:
+    """A guard installed by patching before ``load_plugins()``: check after ``apply_hooks()``
+    that no other plug-in's hook took its wrappers out of the chain."""
+    if _registry() is not None:
+        _after_apply_hooks(lambda: _verify(None, active))

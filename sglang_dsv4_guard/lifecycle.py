@@ -20,7 +20,12 @@ from types import ModuleType
 from sglang_dsv4_guard.dedup import cleanup_at_exit
 from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
 from sglang_dsv4_guard.host import judge_imported
-from sglang_dsv4_guard.host_hooks import StateHook, register_state_hook
+from sglang_dsv4_guard.host_hooks import (
+    StateHook,
+    loader_is_running,
+    register_state_hook,
+    verify_after_apply_hooks,
+)
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
 from sglang_dsv4_guard.plugins import build_plugins
@@ -29,7 +34,7 @@ from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import LOG_FORMATS, Mode, Setting, Settings, parse_mode
 from sglang_dsv4_guard.state.wrapper import make_state_wrapper
 
-__all__ = ["install", "installation", "is_installed", "uninstall"]
+__all__ = ["install", "install_from_sglang_loader", "installation", "is_installed", "uninstall"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -131,8 +136,8 @@ def _failure_reason(stage: str, exc: Exception) -> tuple[str, str | None]:
 
 
 def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str = "text",
-            load_entry_points: bool = True, settings: Settings | None = None,
-            via_sglang_registry: bool = False) -> Callable[[], bool]:
+            load_entry_points: bool = True, settings: Settings | None = None
+            ) -> Callable[[], bool]:
     """Install the guard; return this installation's own undo.
 
     ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). Calling it again
@@ -146,18 +151,37 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     is restored. When the imported SGLang's code matches no release the guard knows
     (judged by the code, not the label: :mod:`sglang_dsv4_guard.host`), or when
     patching fails, it warns and leaves SGLang exactly as it was, or raises
-    :class:`DSV4GuardInstallError` in strict mode. ``via_sglang_registry`` (set by the
-    entry point while SGLang's ``load_plugins()`` runs it) registers an ``AROUND`` hook on
-    ``setup_state_kv_args`` with SGLang's ``HookRegistry`` instead of patching it; see
-    :mod:`sglang_dsv4_guard.host_hooks`. A nested call (a plug-in calling ``install()``
-    while this one imports it) raises :class:`DSV4GuardInstallError`, which the plug-in
-    loader reports as that plug-in's ``DSV4G090`` load problem.
+    :class:`DSV4GuardInstallError` in strict mode. (Run by SGLang's ``load_plugins()``,
+    the entry point uses :func:`install_from_sglang_loader` instead.) A nested call (a
+    plug-in calling ``install()`` while this one imports it) raises
+    :class:`DSV4GuardInstallError`, which the plug-in loader reports as that plug-in's
+    ``DSV4G090`` load problem.
     """
     if getattr(_installing, "active", False):
         raise DSV4GuardInstallError(
             "install() was called while the guard is installing (a plug-in calling it at "
             "import?); the operator's install() goes on, this call changed nothing")
     chosen = settings_for(mode, autoshare, log_format, settings)
+    return _install_or_reuse(chosen, load_entry_points, via_sglang_registry=False)
+
+
+def install_from_sglang_loader(settings: Settings) -> Callable[[], bool]:
+    """The entry point's install: while SGLang's ``load_plugins()`` runs the guard, register
+    an ``AROUND`` hook with SGLang's ``HookRegistry`` instead of patching (see
+    :mod:`sglang_dsv4_guard.host_hooks`); otherwise (the registry would never apply the
+    hook) patch as :func:`install` does. A guard already installed by patching with the same
+    settings stays so, and its place in the chain is checked after ``apply_hooks()``."""
+    running = loader_is_running()
+    with _lock:
+        same = _current is not None and _current.runtime.settings == settings
+        if same and running and _current is not None and _current.host_hook is None:
+            runtime = _current.runtime
+            verify_after_apply_hooks(lambda: runtime.active)
+        return _install_or_reuse(settings, True, via_sglang_registry=running)
+
+
+def _install_or_reuse(chosen: Settings, load_entry_points: bool,
+                      via_sglang_registry: bool) -> Callable[[], bool]:
     if chosen.mode.value is Mode.OFF:
         uninstall()
         return _nothing_to_undo

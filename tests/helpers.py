@@ -14,8 +14,10 @@ import logging
 import os
 import subprocess
 import sys
+import unittest
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import SkipTest, TestResult
 
 import sglang.srt.disaggregation.decode as decode
 import sglang.srt.disaggregation.prefill as prefill
@@ -26,6 +28,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
+from sglang_dsv4_guard.host_hooks import StateHook
 from sglang_dsv4_guard.patching import WRAPPER_MARK, PostImportHooks
 from sglang_dsv4_guard.releases import installed_sglang_version
 
@@ -66,7 +69,26 @@ def leftovers() -> list[str]:
     finders = [f for f in sys.meta_path if isinstance(f, PostImportHooks)]
     if finders:
         left.append(f"{len(finders)} import hook(s) of the guard in sys.meta_path")
+    registry = _host_registry()
+    if registry is not None:
+        ours = [t for t, entries in registry._hooks.items()
+                for _, hook, _ in entries if isinstance(hook, StateHook)]
+        if ours:
+            left.append(f"{len(ours)} hook(s) of the guard in SGLang's HookRegistry")
+        if _guard_apply_hooks(registry) is not None:
+            left.append("HookRegistry.apply_hooks is the guard's one-shot wrapper")
     return left
+
+
+def _guard_apply_hooks(registry: Any) -> Any:
+    """The guard's one-shot ``apply_hooks`` wrapper on ``registry``, or ``None``."""
+    func = getattr(vars(registry).get("apply_hooks"), "__func__", None)
+    return func if getattr(func, "__module__", None) == "sglang_dsv4_guard.host_hooks" else None
+
+
+def _host_registry() -> Any:
+    module = sys.modules.get("sglang.srt.plugins.hook_registry")
+    return getattr(module, "HookRegistry", None)
 
 
 def reset_guard() -> None:
@@ -80,6 +102,40 @@ def reset_guard() -> None:
             method = vars(conn.MoriKVManager)[name]
             setattr(conn.MoriKVManager, name, getattr(method, WRAPPER_MARK, method))
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PostImportHooks)]
+    registry = _host_registry()
+    if registry is not None:
+        for target, entries in list(registry._hooks.items()):
+            entries[:] = [e for e in entries if not isinstance(e[1], StateHook)]
+            if not entries:
+                del registry._hooks[target]
+        wrapper = _guard_apply_hooks(registry)
+        if wrapper is not None:  # put back the registry's own method, held in "own"
+            cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or (),
+                             strict=False))
+            registry.apply_hooks = cells["own"].cell_contents
+
+
+def in_ci() -> bool:
+    """Whether this runs in CI (``CI`` set, as GitHub Actions and SGLang's runners set it)."""
+    return bool(os.environ.get("CI"))
+
+
+def _skipped_in_ci(reason: str) -> AssertionError:
+    return AssertionError(f"skipped in CI, which counts as a failure: {reason}")
+
+
+def _fail_skips_in_ci(setup: Any) -> Any:
+    """``setUpClass`` whose ``SkipTest`` is a failure in CI."""
+    def setUpClass(klass: type) -> None:
+        try:
+            setup(klass)
+        except SkipTest as skip:
+            if in_ci():
+                raise _skipped_in_ci(str(skip)) from skip
+            raise
+    setUpClass._safe_setup_wrapped = getattr(setup, "_safe_setup_wrapped", False)  # type: ignore[attr-defined]
+    setUpClass._dsv4_no_skip = True  # type: ignore[attr-defined]
+    return setUpClass
 
 
 class GuardTestCase(CustomTestCase):
@@ -93,7 +149,34 @@ class GuardTestCase(CustomTestCase):
       ``setUp`` again. Here every retried attempt first runs the clean-ups of the failed
       one and ``setUp`` again, so no state is carried from one attempt to the next.
     - :meth:`install_guard` installs and registers the matching uninstall.
+    - In CI (``CI`` set) a skip is a failure, also where no conftest runs (SGLang's runner,
+      ``python3 <file>``): a skipped method, a skipped class, a ``setUpClass`` that skips.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        setup = vars(cls).get("setUpClass")
+        func = getattr(setup, "__func__", None)
+        if func is not None and not getattr(func, "_dsv4_no_skip", False):
+            cls.setUpClass = classmethod(_fail_skips_in_ci(func))  # type: ignore[assignment]
+
+    def run(self, result: TestResult | None = None) -> TestResult | None:
+        """``unittest``'s run; in CI every skip it reports is recorded as a failure."""
+        if result is None or not in_ci():
+            return super().run(result)
+        add_skip = result.addSkip
+
+        def skip_fails(test: unittest.TestCase, reason: str) -> None:
+            try:
+                raise _skipped_in_ci(reason)
+            except AssertionError:
+                result.addFailure(test, sys.exc_info())
+
+        result.addSkip = skip_fails  # type: ignore[method-assign]
+        try:
+            return super().run(result)
+        finally:
+            result.addSkip = add_skip  # type: ignore[method-assign]
 
     def setUp(self) -> None:
         super().setUp()

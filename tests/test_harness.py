@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
+import textwrap
 import unittest
 from unittest import mock
 
@@ -91,6 +94,118 @@ class TestRetriedAttempts(GuardTestCase):
         self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
         self.assertEqual(seen, [(1, False), (2, False)])
         self.assertEqual(leftovers(), [])
+
+
+SKIPPING_FILE = textwrap.dedent("""\
+    import unittest
+    from helpers import GuardTestCase
+
+    class Skips(GuardTestCase):
+        def test_skip_test(self):
+            self.skipTest("no GPU")
+
+        @unittest.skip("decorated")
+        def test_decorated(self):
+            pass
+
+    @unittest.skip("whole class")
+    class SkippedClass(GuardTestCase):
+        def test_never(self):
+            pass
+
+    class SkipsInSetUpClass(GuardTestCase):
+        @classmethod
+        def setUpClass(cls):
+            raise unittest.SkipTest("no ROCm")
+
+        def test_never(self):
+            pass
+
+    if __name__ == "__main__":
+        unittest.main()
+    """)
+
+
+def run_file_as_sglang_ci(text: str, ci: bool) -> subprocess.CompletedProcess[str]:
+    """``python3 <file>`` as SGLang's runner does (no conftest), ``CI`` set or not."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+    if ci:
+        env["CI"] = "true"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "test_skips.py")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+        return subprocess.run([sys.executable, path], env=env, capture_output=True, text=True,
+                              timeout=300, check=False, cwd=folder)
+
+
+class TestSkipsFailInCi(GuardTestCase):
+    """Without conftest (SGLang's runner), a skip of any kind fails when ``CI`` is set."""
+
+    def test_skips_fail_with_ci(self) -> None:
+        """CI=true: a skipTest(), a skipped method, a skipped class and a skipping setUpClass
+        fail (a failed setUpClass is an error), each saying it was skipped in CI; the file
+        exits non-zero."""
+        done = run_file_as_sglang_ci(SKIPPING_FILE, ci=True)
+        self.assertNotEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("FAILED (failures=3, errors=1)", done.stderr, done.stderr[-3000:])
+        self.assertEqual(done.stderr.count("skipped in CI, which counts as a failure"), 4,
+                         done.stderr[-3000:])
+
+    def test_skips_stay_skips_outside_ci(self) -> None:
+        """Without CI the same file passes with its four skips."""
+        done = run_file_as_sglang_ci(SKIPPING_FILE, ci=False)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("OK (skipped=4)", done.stderr, done.stderr[-3000:])
+
+
+class TestRegistryLeftovers(GuardTestCase):
+    """The guard's hook in SGLang's HookRegistry, and its one-shot apply_hooks wrapper, are
+    leftovers; the public install() cannot put them there outside SGLang's loader."""
+
+    def test_registry_hook_and_apply_hooks_wrapper_are_leftovers(self) -> None:
+        """A StateHook registered in the registry and the guard's apply_hooks wrapper are both
+        named by leftovers() and removed by the test's clean-up (which fails the test)."""
+        from sglang_dsv4_guard.host_hooks import register_state_hook
+
+        class LeakyRegistry(GuardTestCase):
+            def test_leak(self) -> None:
+                import sglang.srt.plugins.hook_registry  # noqa: F401
+
+                register_state_hook(lambda fn: fn, lambda *a: None, lambda: False)
+
+        result = run_case(LeakyRegistry, "test_leak")
+        self.assertEqual(len(result.failures), 1, result.failures + result.errors)
+        self.assertIn("1 hook(s) of the guard in SGLang's HookRegistry", result.failures[0][1])
+        self.assertIn("HookRegistry.apply_hooks is the guard's one-shot wrapper",
+                      result.failures[0][1])
+        self.assertEqual(leftovers(), [])
+
+    def test_public_install_has_no_registry_option(self) -> None:
+        """install(via_sglang_registry=True) is refused: outside SGLang's loader the registry
+        would never apply the hook while the log said "installed"."""
+        with self.assertRaises(TypeError):
+            sglang_dsv4_guard.install(via_sglang_registry=True)  # type: ignore[call-arg]
+        self.assertFalse(sglang_dsv4_guard.is_installed())
+
+
+class TestEstTimes(GuardTestCase):
+    """Every test file starts at least one interpreter (``python3 <file>`` in SGLang's CI,
+    importing SGLang and torch cold), so no ``est_time`` is below one cold start."""
+
+    def test_every_file_allows_a_cold_start(self) -> None:
+        """SGLang's own collect_tests reads each file's est_time; none is under 30 s."""
+        from sglang.test.ci.ci_register import collect_tests
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        files = sorted(os.path.join(here, f) for f in os.listdir(here)
+                       if f.startswith("test_") and f.endswith(".py"))
+        short = {os.path.basename(r.filename): r.est_time for r in collect_tests(files)
+                 if r.est_time < 30}
+        self.assertGreater(len(files), 5)
+        self.assertEqual(short, {}, "est_time below one interpreter's cold start (30 s)")
 
 
 MORI_RETRY_PROBE = r"""

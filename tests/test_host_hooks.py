@@ -63,6 +63,19 @@ def activate():
     HookRegistry.register("zz_outsider.setup_state_kv_args", replacement, HookType.REPLACE)
 """
 
+# A REPLACE on the guard's own target that never calls SGLang's function.
+DISPLACER = f"""
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+CALLS = []
+
+def replacement(*args, **kwargs):
+    CALLS.append("displacer")
+    return None
+
+def activate():
+    HookRegistry.register("{UTILS}", replacement, HookType.REPLACE)
+"""
+
 PROBE = r"""
 import contextlib, io, json, logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -72,6 +85,9 @@ if "--doctor" in sys.argv:
     from sglang_dsv4_guard.cli import main
     with contextlib.redirect_stdout(doctor):
         main(["doctor"])
+if "--early" in sys.argv:
+    from sglang_dsv4_guard.entry import activate
+    activate()
 from sglang.srt.plugins import load_plugins
 load_plugins()
 import sglang.srt.disaggregation.prefill as prefill
@@ -153,6 +169,19 @@ class TestHookRegistry(GuardTestCase):
                       " applied after the guard's hook: takes the guard out of the call chain",
                       doctor)
         self.assertIn("doctor: problems found", doctor)
+
+
+    def test_guard_installed_before_the_loader_is_still_checked(self) -> None:
+        """activate() before load_plugins() patches; when the loader runs it again with the
+        same settings and another plug-in's REPLACE takes the patched guard out, a WARNING
+        after apply_hooks() says so and names it."""
+        result, stderr = run_with({"displacer": DISPLACER}, "--early")
+        self.assertIsNone(result["raised"])
+        self.assertEqual(result["calls"], {"displacer": ["displacer"]})
+        self.assertIn("sglang-dsv4-guard is NOT in the call chain of "
+                      "sglang.srt.disaggregation.utils.setup_state_kv_args", stderr)
+        self.assertIn(f"replace on {UTILS} by displacer.replacement "
+                      "(plugin=displacer, dist=displacer-fake)", stderr)
 
 
 if __name__ == "__main__":
