@@ -154,6 +154,30 @@ class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(GuardTestCase):
         self.assertIs(type(caught.exception), NotImplementedError)
         self.assertNotIsInstance(caught.exception, DSV4GuardError)
 
+    def test_strict_internal_failure_on_the_mori_path_is_a_note_under_sglangs_error(self) -> None:
+        """Strict mode, SGLang's own TP error in a transfer, and the guard fails while reading
+        the manager: SGLang's exact RuntimeError rises with its own message first; the
+        guard's failure is a note on it, never a replacement."""
+        mori_stub.install_stub()
+        import sglang.srt.disaggregation.mori.conn as conn
+
+        class BrokenServerArgs(conn.MoriKVManager):  # type: ignore[misc,name-defined]
+            @property
+            def server_args(self) -> Any:  # read by the guard's snapshot, never by SGLang here
+                raise ValueError("server args unreadable")
+
+        mgr = mori_stub.manager(conn, attn_tp=8)
+        del mgr.__dict__["server_args"]
+        mgr.__class__ = BrokenServerArgs
+        self.install_guard("strict", load_entry_points=False)
+        args = mori_stub.send_args(conn, mori_stub.peer(conn, "decode-sa", decode_tp=2), "swa")
+        with guard_logs_off(), self.assertRaises(RuntimeError) as caught:
+            conn.MoriKVManager._send_swa_dsa_state(mgr, *args)
+        self.assertIs(type(caught.exception), RuntimeError)
+        self.assertTrue(str(caught.exception).startswith(
+            "PD state transfer does not support TP-mismatched non-MLA SWA models"))
+        self.assertIn("failed internally", "\n".join(getattr(caught.exception, "__notes__", [])))
+
 
 class TestOddCompressionRatios(GuardTestCase):
     """compression_ratios that are not a list: the real problem named, no false DSV4G099."""

@@ -51,7 +51,7 @@ from sglang_dsv4_guard.mori.snapshot import (
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply_all
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, delivering, pointer
-from sglang_dsv4_guard.runtime import Runtime
+from sglang_dsv4_guard.runtime import Runtime, add_note
 
 __all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
 
@@ -282,7 +282,10 @@ def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[.
                     try:
                         replacement = guard.on_send_error(sig, args, kwargs, error)
                     except Exception as exc:
-                        guard.rt.internal_error("reporting a MORI state-transfer error", exc)
+                        try:
+                            guard.rt.internal_error("reporting a MORI state-transfer error", exc)
+                        except DSV4GuardError as ours:  # strict: SGLang's error leads, ours a note
+                            add_note(error, str(ours))
                 if replacement is not None:
                     raise replacement from error
                 raise
