@@ -34,6 +34,18 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
+def _importable(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it. A module already in
+    ``sys.modules`` without a spec (a stub, an injected module) makes ``find_spec`` raise
+    ``ValueError``: it is importable, since it is there."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:
+        return name in sys.modules
+    except ImportError:  # a parent package that cannot be imported
+        return False
+
+
 def _release_line() -> tuple[str, bool]:
     """``SGLang: 0.5.20 (supported; range 0.5.16 to 0.5.23)`` and whether the guard can run.
 
@@ -69,9 +81,9 @@ def _doctor(_: argparse.Namespace) -> int:
            if ep.name == "dsv4_guard"]
     print(f"SGLang entry point dsv4_guard: {eps[0].value if eps else 'MISSING'}")
     ok &= bool(eps)
-    state = importlib.util.find_spec("sglang.srt.disaggregation.utils") is not None
+    state = _importable("sglang.srt.disaggregation.utils")
     print(f"target setup_state_kv_args: {'found' if state else 'MISSING'}")
-    mori = importlib.util.find_spec("mori") is not None
+    mori = _importable("mori")
     where = ("MORI installed; wrapped when SGLang imports it" if mori else
              "MORI not installed (only needed with --disaggregation-transfer-backend mori)")
     print(f"target MoriKVManager._send_swa_dsa_state: {where}")
@@ -113,7 +125,7 @@ def _load_plugins_quietly() -> tuple[GuardPlugins, str]:
 
 def _other_plugins_hooks() -> bool:
     """Print every other SGLang plug-in's hook on the guard's targets; False on a problem."""
-    if importlib.util.find_spec("sglang.srt.plugins.hook_registry") is None:
+    if not _importable("sglang.srt.plugins.hook_registry"):
         return True
     from sglang_dsv4_guard.host_hooks import effect, other_plugins_hooks
 

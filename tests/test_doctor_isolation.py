@@ -55,5 +55,27 @@ class TestDoctorIsolatesPlugins(GuardTestCase):
         self.assertEqual(done.stdout.splitlines()[-1], "doctor: problems found")
 
 
+class TestDoctorWithStubModules(GuardTestCase):
+    """doctor never crashes on what another import put in sys.modules."""
+
+    def test_doctor_with_a_spec_less_mori_module(self) -> None:
+        """A ``mori`` module without a spec in ``sys.modules`` (a stub, an injected module)
+        made ``find_spec`` raise ValueError inside doctor; it is reported as installed."""
+        import contextlib
+        import io
+
+        import mori_stub
+
+        from sglang_dsv4_guard.cli import main
+
+        mori_stub.install_stub()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["doctor"])
+        self.assertIn("MORI installed", out.getvalue())
+        self.assertEqual(out.getvalue().splitlines()[-1], "doctor: OK", out.getvalue())
+        self.assertEqual(code, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
