@@ -113,6 +113,16 @@ class _NotImplementedPool(DeepSeekV4TokenToKVPool):  # type: ignore[misc]
         raise NotImplementedError(_NOT_IMPLEMENTED)
 
 
+def _send_to_mismatched_peer(conn: Any, manager_class: type, attribute: str) -> None:
+    """An swa transfer from a TP-8 prefill manager of ``manager_class`` (whose property
+    ``attribute`` replaces the stub's plain value) to a TP-2 decode peer."""
+    mgr = mori_stub.manager(conn, attn_tp=8)
+    del mgr.__dict__[attribute]
+    mgr.__class__ = manager_class
+    args = mori_stub.send_args(conn, mori_stub.peer(conn, "decode-x", decode_tp=2), "swa")
+    conn.MoriKVManager._send_swa_dsa_state(mgr, *args)
+
+
 class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(GuardTestCase):
     """Only SGLang's exact RuntimeError becomes DSV4GuardError; subclasses rise as they are."""
 
@@ -144,13 +154,9 @@ class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(GuardTestCase):
                     raise NotImplementedError(_NOT_IMPLEMENTED)
                 return False
 
-        mgr = mori_stub.manager(conn, attn_tp=8)
-        del mgr.__dict__["is_mla_backend"]
-        mgr.__class__ = FirstReadFails
         self.install_guard("on", load_entry_points=False)
-        args = mori_stub.send_args(conn, mori_stub.peer(conn, "decode-ni", decode_tp=2), "swa")
         with guard_logs_off(), self.assertRaises(NotImplementedError) as caught:
-            conn.MoriKVManager._send_swa_dsa_state(mgr, *args)
+            _send_to_mismatched_peer(conn, FirstReadFails, "is_mla_backend")
         self.assertIs(type(caught.exception), NotImplementedError)
         self.assertNotIsInstance(caught.exception, DSV4GuardError)
 
@@ -166,13 +172,9 @@ class TestOnlySGLangsOwnRuntimeErrorIsUpgraded(GuardTestCase):
             def server_args(self) -> Any:  # read by the guard's snapshot, never by SGLang here
                 raise ValueError("server args unreadable")
 
-        mgr = mori_stub.manager(conn, attn_tp=8)
-        del mgr.__dict__["server_args"]
-        mgr.__class__ = BrokenServerArgs
         self.install_guard("strict", load_entry_points=False)
-        args = mori_stub.send_args(conn, mori_stub.peer(conn, "decode-sa", decode_tp=2), "swa")
         with guard_logs_off(), self.assertRaises(RuntimeError) as caught:
-            conn.MoriKVManager._send_swa_dsa_state(mgr, *args)
+            _send_to_mismatched_peer(conn, BrokenServerArgs, "server_args")
         self.assertIs(type(caught.exception), RuntimeError)
         self.assertTrue(str(caught.exception).startswith(
             "PD state transfer does not support TP-mismatched non-MLA SWA models"))
