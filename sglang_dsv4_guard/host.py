@@ -8,9 +8,13 @@ release in ``fingerprints.json``. They disagree when a source tree sits on
 
 - The code matches its own release's fingerprints: that release's profile. When the
   metadata names another release, a WARNING names both.
-- The code matches another known release (an unknown 0.5.24 whose checks did not change,
-  or a patched tree): that release's checks, with an INFO (unknown release) or WARNING
-  (a known label on other code) naming the match.
+- The code matches another known release (an unknown 0.5.24 whose checks did not change):
+  that release's checks, with an INFO (unknown release) or WARNING (a known label on
+  other code) naming the match.
+- The code is a known release with the guard's own patch series (``patches/``) applied:
+  its checks now report every mismatch, and the guard, which predicts them from the
+  released checks, guards it as that release (INFO). Those fingerprints are stored too,
+  under ``"patched"``.
 - The code matches no known release: no profile; the guard stays inert (strict refuses)
   with a WARNING naming what changed against the closest known release.
 """
@@ -90,12 +94,14 @@ def _version(text: str | None) -> Version | None:
         return None
 
 
-def load_known(path: Path = FINGERPRINTS) -> dict[Version, dict[str, Part]]:
-    """The stored fingerprints of every known release, oldest first."""
+def load_known(path: Path = FINGERPRINTS,
+               section: str = "releases") -> dict[Version, dict[str, Part]]:
+    """The stored fingerprints of every known release, oldest first; with ``section``
+    ``"patched"``, of every release with the guard's patch series applied."""
     data = json.loads(path.read_text(encoding="utf-8"))
     known = {Version(release): {key: Part(key, digest, what)
                                 for key, (digest, what) in parts.items()}
-             for release, parts in data["releases"].items()}
+             for release, parts in data.get(section, {}).items()}
     return dict(sorted(known.items()))
 
 
@@ -122,9 +128,12 @@ def _span(known: dict[Version, dict[str, Part]]) -> str:
 
 
 def judge(package: Path, metadata: Version | None,
-          known: dict[Version, dict[str, Part]] | None = None) -> HostVerdict:
-    """Judge the ``sglang`` package at ``package`` whose metadata says ``metadata``."""
+          known: dict[Version, dict[str, Part]] | None = None,
+          patched: dict[Version, dict[str, Part]] | None = None) -> HostVerdict:
+    """Judge the ``sglang`` package at ``package`` whose metadata says ``metadata``
+    (``known``, ``patched``: the stored fingerprints, by default from the data file)."""
     known = load_known() if known is None else known
+    patched = load_known(section="patched") if patched is None else patched
     code = _version(code_version(package))
     label = code or metadata
     found = fingerprint_tree(package)
@@ -144,6 +153,17 @@ def judge(package: Path, metadata: Version | None,
         unknown_label = label is None or label not in known
         level = logging.INFO if unknown_label and not disagree else logging.WARNING
         return HostVerdict(metadata, code, twin, level, text)
+    carried = [v for v, parts in patched.items() if not differences(found, parts)]
+    if carried:
+        # Several releases can share a patched text; the label picks among them.
+        base = label if label in carried else carried[-1]
+        text = (f"SGLang {label or 'of unknown version'} ({package}) carries "
+                f"sglang-dsv4-guard's patch series for {base} (patches/); guarding it as {base}")
+        if disagree:
+            text = f"{both}; {text}"
+        mislabelled = label is not None and label != base and label in known
+        level = logging.WARNING if disagree or mislabelled else logging.INFO
+        return HostVerdict(metadata, code, base, level, text)
     closest = min(known, key=lambda v: (len(differences(found, known[v])), -known_index(known, v)))
     changed = tuple(differences(found, known[closest]))
     text = (f"SGLang {label or 'of unknown version'} ({package}) differs from every release "

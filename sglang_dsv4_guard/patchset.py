@@ -23,7 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "check_series", "patches_root",
+__all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "apply_series", "check_series",
+           "patches_root",
            "series_for", "sglang_site", "status_report", "summary_line"]
 
 # How each state reads in a sentence.
@@ -199,6 +200,19 @@ def check_series(series: Series, site: Path) -> list[PatchStatus]:
             reason = f"needs {', '.join(needs)}" if needs else _reason(output)
             statuses.append(PatchStatus(patch.name, subject(patch), "conflicts", reason))
     return statuses
+
+
+def apply_series(series: Series, work: Path) -> None:
+    """Apply ``series`` to the ``sglang`` tree under ``work``, in place; ``RuntimeError``
+    naming the patch that does not apply."""
+    missing = _needs_gnu_patch()
+    if missing:
+        raise RuntimeError(f"cannot apply {series.name}: {missing}")
+    for patch in series.patches:
+        applied, output = _patch(work, patch)
+        if not applied:
+            raise RuntimeError(f"{series.name}/{patch.name} does not apply to {work}: "
+                               f"{_reason(output)}")
 
 
 def _hunk_lines(patch: Path) -> dict[str, tuple[set[str], set[str]]]:

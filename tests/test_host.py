@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,8 +29,9 @@ from sglang.test.test_utils import CustomTestCase
 import sglang_dsv4_guard
 from sglang_dsv4_guard import host
 from sglang_dsv4_guard.cli import main
-from sglang_dsv4_guard.fingerprint import fingerprint_tree
+from sglang_dsv4_guard.fingerprint import MORI, POOL, UTILS, fingerprint_tree
 from sglang_dsv4_guard.host import judge, load_known
+from sglang_dsv4_guard.patchset import apply_series, series_for
 from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, profile_for
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
@@ -242,6 +244,54 @@ class TestJudgedByCode(CustomTestCase):
         self.assertFalse(sglang_dsv4_guard.is_installed())
         self.assertIn("fingerprints.json is unreadable (JSONDecodeError: Expecting value",
                       "\n".join(logs.output))
+
+
+def patched_tree(root: Path, mori_edit: bool = False) -> Path:
+    """``root/sglang``: the files the fingerprints read, from the imported release, with
+    its series from ``patches/`` applied (and ``MORI_EDIT`` on top when asked)."""
+    package = real_package()
+    for rel in (UTILS, MORI, POOL, "_version.py"):
+        (root / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(package / rel, root / "sglang" / rel)
+    series = series_for(str(sglang_release()), ROOT / "patches")
+    assert series is not None, f"patches/ has no series for SGLang {sglang_release()}"
+    apply_series(series, root)
+    if mori_edit:
+        old, new = MORI_EDIT[MORI]
+        conn = root / "sglang" / MORI
+        conn.write_text(conn.read_text().replace(old, new))
+    return root / "sglang"
+
+
+class TestPatchedTreeJudged(CustomTestCase):
+    """A release carrying the guard's own patch series is recognised as that release."""
+
+    def test_patched_release_is_guarded_as_itself(self) -> None:
+        """The patched checks report every mismatch; the guard still knows them: the
+        release's profile, an INFO naming the series."""
+        with tempfile.TemporaryDirectory() as tmp:
+            package = patched_tree(Path(tmp))
+            verdict = judge(package, sglang_release())
+        self.assertEqual((verdict.behaves_as, verdict.level), (sglang_release(), logging.INFO))
+        self.assertIn(f"carries sglang-dsv4-guard's patch series for {sglang_release()}",
+                      verdict.message)
+
+    def test_patched_release_changed_elsewhere_stays_inert(self) -> None:
+        """The series plus any other change to what the guard depends on: no profile."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(patched_tree(Path(tmp), mori_edit=True), sglang_release())
+        self.assertIsNone(verdict.behaves_as)
+        self.assertEqual(verdict.level, logging.WARNING)
+
+    def test_tool_computes_the_stored_patched_fingerprints(self) -> None:
+        """tools/fingerprint.py --patched on the release prints the stored parts."""
+        done = subprocess.run([sys.executable, str(ROOT / "tools/fingerprint.py"),
+                               str(real_package()), "--patched"], capture_output=True,
+                              text=True, timeout=120, check=True)
+        printed = json.loads(done.stdout)[str(sglang_release())]
+        stored = load_known(section="patched")[sglang_release()]
+        self.assertEqual(printed, {k: [p.digest, p.what] for k, p in stored.items()})
+        self.assertNotEqual(stored, load_known()[sglang_release()])
 
 
 class TestHostInAFreshProcess(CustomTestCase):

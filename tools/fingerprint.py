@@ -1,6 +1,6 @@
 """Compute the guard's fingerprints of an SGLang release and store them as data.
 
-Usage: ``python tools/fingerprint.py PATH [--release 0.5.24] [--write]``
+Usage: ``python tools/fingerprint.py PATH [--release 0.5.24] [--write] [--patched]``
 
 PATH is a wheel (``sglang-0.5.24-*.whl``), a site directory holding ``sglang/``, or the
 ``sglang`` package directory itself. The release defaults to the one the code names in
@@ -8,13 +8,17 @@ PATH is a wheel (``sglang-0.5.24-*.whl``), a site directory holding ``sglang/``,
 it they are added to ``sglang_dsv4_guard/fingerprints.json``, only when they equal a
 known release's, or with ``--new-profile`` (a release whose checks changed). Adding a release to the
 guard is that, plus a line in ``matrix.txt`` (and a profile in ``releases.py`` only
-when its checks changed). Nothing is imported from the release.
+when its checks changed). With ``--patched`` the release's series from ``patches/`` is
+applied to a scratch copy first and the result is stored under ``"patched"``: the guard
+then recognises (and guards as that release) a tree that carries its own patches. Nothing
+is imported from the release.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -25,8 +29,15 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sglang_dsv4_guard.fingerprint import code_version, fingerprint_tree  # noqa: E402
+from sglang_dsv4_guard.fingerprint import (  # noqa: E402
+    MORI,
+    POOL,
+    UTILS,
+    code_version,
+    fingerprint_tree,
+)
 from sglang_dsv4_guard.host import FINGERPRINTS, load_known  # noqa: E402
+from sglang_dsv4_guard.patchset import apply_series, series_for  # noqa: E402
 
 
 def package_dir(path: Path, scratch: Path) -> Path:
@@ -44,6 +55,29 @@ def package_dir(path: Path, scratch: Path) -> Path:
     sys.exit(f"{path}: not a wheel, a site directory holding sglang/, or the sglang package")
 
 
+def patched_package(package: Path, release: str, scratch: Path) -> Path:
+    """A copy of what the fingerprints read from ``package``, with ``release``'s series
+    from ``patches/`` applied."""
+    series = series_for(release, ROOT / "patches")
+    if series is None:
+        sys.exit(f"--patched: patches/ has no series for SGLang {release}")
+    site = scratch / "patched"
+    for rel in (UTILS, MORI, POOL, "_version.py"):
+        if (package / rel).is_file():
+            (site / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(package / rel, site / "sglang" / rel)
+    try:
+        apply_series(series, site)
+    except RuntimeError as error:
+        sys.exit(f"--patched: {error}")
+    return site / "sglang"
+
+
+def _stored(section: str) -> dict[str, dict[str, list[str]]]:
+    return {str(v): {k: [p.digest, p.what] for k, p in stored.items()}
+            for v, stored in load_known(FINGERPRINTS, section).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path)
@@ -52,27 +86,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-profile", action="store_true",
                         help="store it although its checks match no known release (then "
                              "releases.py needs a profile for it)")
+    parser.add_argument("--patched", action="store_true",
+                        help="fingerprint the release with its series from patches/ applied")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         package = package_dir(args.path, Path(scratch))
         release = args.release or code_version(package)
         if release is None:
             parser.error(f"{args.path}: no sglang/_version.py; name the release with --release")
+        if args.patched:
+            package = patched_package(package, release, Path(scratch))
         parts = {key: [p.digest, p.what] for key, p in fingerprint_tree(package).items()}
     if not args.write:
         print(json.dumps({release: parts}, indent=1))
         return 0
-    known = load_known(FINGERPRINTS)
-    twins = [v for v, stored in known.items()
-             if {k: [p.digest, p.what] for k, p in stored.items()} == parts
-             and str(v) != release]
+    data = {"releases": _stored("releases"), "patched": _stored("patched")}
+    if args.patched:
+        if release not in data["releases"]:
+            print(f"refused: SGLang {release} is not a known release; store its own "
+                  "fingerprints first", file=sys.stderr)
+            return 1
+        data["patched"][release] = parts
+        data["patched"] = dict(sorted(data["patched"].items(), key=lambda i: Version(i[0])))
+        FINGERPRINTS.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"{FINGERPRINTS.name}: stored {len(parts)} parts for SGLang {release} "
+              "with its patch series")
+        return 0
+    twins = [v for v, stored in data["releases"].items() if stored == parts and v != release]
     if not twins and not args.new_profile:
         print(f"refused: SGLang {release}'s checks match no known release's; the guard "
               "would run it with checks it does not have. Write a profile for it in "
               "sglang_dsv4_guard/releases.py and rerun with --new-profile", file=sys.stderr)
         return 1
-    data = {"releases": {str(v): {k: [p.digest, p.what] for k, p in stored.items()}
-                         for v, stored in known.items()}}
     data["releases"][release] = parts
     data["releases"] = dict(sorted(data["releases"].items(), key=lambda item: Version(item[0])))
     FINGERPRINTS.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
