@@ -6,6 +6,7 @@ import ast
 import sys
 import tempfile
 import unittest
+import unittest.mock
 from pathlib import Path
 
 from helpers import GuardTestCase
@@ -156,6 +157,64 @@ class TestJudging(GuardTestCase):
                         found.add(f"{path.stem}::{cls.name}::{node.name}")
         self.assertEqual(found, set(matrix.PROPERTY_TESTS))
 
+
+
+class TestProcessTestPlan(GuardTestCase):
+    """Process tests run once per distinct version of the SGLang code they drive."""
+
+    def _tree(self, root: Path, common: str, loader: str) -> Path:
+        package = root / "sglang"
+        (package / "srt/plugins").mkdir(parents=True)
+        (package / "srt/utils").mkdir(parents=True)
+        (package / "srt/plugins/__init__.py").write_text(loader)
+        (package / "srt/utils/common.py").write_text(common)
+        return package
+
+    def test_same_code_runs_once_changed_code_again(self) -> None:
+        """Oldest first: a test runs on the first release of each digest and is skipped,
+        naming that release, on the others; a one-definition entry ignores the rest of
+        its file."""
+        releases = [matrix.Release(v, ("x",), v) for v in ("0.5.16", "0.5.9", "0.5.22")]
+        with tempfile.TemporaryDirectory() as tmp:
+            packages = {
+                "0.5.9": self._tree(Path(tmp, "a"), "def configure_logger(): pass\nX = 1\n", "A"),
+                "0.5.16": self._tree(Path(tmp, "b"), "def configure_logger(): pass\nX = 2\n", "A"),
+                "0.5.22": self._tree(Path(tmp, "c"), "def configure_logger(): return 1\n", "B"),
+            }
+            tests = {"tests/t_loader.py": ("srt/plugins/__init__.py",),
+                     "tests/t_logs.py::TestJson": ("srt/utils/common.py::configure_logger",),
+                     "tests/t_own.py::TestSpawn": (),
+                     "tests/t_gone.py": ("srt/plugins/absent.py",)}
+            with unittest.mock.patch.object(matrix, "PROCESS_TESTS", tests):
+                skips = matrix.plan(releases, packages)
+        self.assertEqual(skips["0.5.9"], {})
+        self.assertEqual(skips["0.5.16"], {"tests/t_loader.py": "0.5.9",
+                                           "tests/t_logs.py::TestJson": "0.5.9",
+                                           "tests/t_own.py::TestSpawn": "0.5.9",
+                                           "tests/t_gone.py": "0.5.9"})
+        self.assertEqual(skips["0.5.22"], {"tests/t_own.py::TestSpawn": "0.5.9",
+                                           "tests/t_gone.py": "0.5.9"})
+
+    def test_every_process_test_exists(self) -> None:
+        """Each key names a test file (and class) of the suite: a renamed one would be run
+        everywhere silently, or an --ignore of nothing."""
+        for test in matrix.PROCESS_TESTS:
+            path, _, cls = test.partition("::")
+            source = ROOT / path
+            self.assertTrue(source.is_file(), test)
+            if cls:
+                classes = {node.name for node in ast.parse(source.read_text()).body
+                           if isinstance(node, ast.ClassDef)}
+                self.assertIn(cls, classes, test)
+
+    def test_release_sensitive_files_are_never_left_out(self) -> None:
+        """The files that compare the guard with each release's real functions are not
+        process tests: every release runs them whole."""
+        listed_files = {t.partition("::")[0] for t in matrix.PROCESS_TESTS}
+        for name in ("tests/test_parity_property.py", "tests/test_state_guard.py",
+                     "tests/test_mori_scale.py", "tests/test_autoshare.py",
+                     "tests/test_check.py"):
+            self.assertNotIn(name, listed_files)
 
 if __name__ == "__main__":
     import unittest

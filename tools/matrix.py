@@ -8,6 +8,14 @@ gets its own pytest process, JUnit report, log and codes file under ``.matrix/re
 ``--jobs`` releases (default: one per CPU) are prepared and run at the same time, each
 output line prefixed with its release.
 
+Tests that spawn fresh SGLang interpreters (``PROCESS_TESTS``) exercise process machinery:
+SGLang's plug-in loader, its hook registry, its CI harness, logging, spawn pools. What the
+wrapped functions do on each release is tested in-process on every release; a process
+test runs on the first release (oldest first) of each distinct version of the SGLang code
+it drives, digested from that release's files, and is skipped, named in the table, on
+releases with the same code. ``--sglang-ci`` also runs every file on the base release
+with SGLang's own CI harness (``tools/sglang_ci.py``), as one more job of the pool.
+
 A release fails when a test fails, errors or skips (a test that cannot run is a failure
 here), when a property test in ``PROPERTY_TESTS`` reported no statistics or drew fewer
 examples than the hypothesis profile asks for, or when some finding code in the guard's
@@ -16,12 +24,13 @@ guard published during a passing test into ``DSV4_GUARD_CODES_FILE``). The summa
 table is printed and written to ``.matrix/summary.md``.
 
 Usage: ``python tools/matrix.py [--releases 0.5.16,0.5.23] [--jobs 2] [--prepare-only]
-[--script benchmarks/bench_overhead.py] [-- ARGS]``
+[--sglang-ci] [--script benchmarks/bench_overhead.py] [-- ARGS]``
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import importlib.metadata
 import os
@@ -48,6 +57,22 @@ PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sgla
                   "test_mori::TestMoriParity::test_parity",
                   "test_autoshare::TestAutoshareHidesNothing::test_other_rejections_unchanged")
 CODES_VARIABLE = "DSV4_GUARD_CODES_FILE"
+# Tests that spawn fresh SGLang interpreters (a file, or file::Class), by the SGLang code
+# their process machinery drives: a path under the ``sglang`` package, or
+# ``path::name`` for one top-level function or class of it (SGLang's big modules change
+# every release; the function used may not). An empty tuple: only the guard's own code.
+PROCESS_TESTS: dict[str, tuple[str, ...]] = {
+    "tests/test_sglang_loader.py": ("srt/plugins/__init__.py",),
+    "tests/test_report_once.py": ("srt/plugins/__init__.py",),
+    "tests/test_plugin_example.py": ("srt/plugins/__init__.py",),
+    "tests/test_host_hooks.py": ("srt/plugins/__init__.py", "srt/plugins/hook_registry.py"),
+    "tests/test_harness.py": ("test/ci/ci_utils.py", "test/ci/ci_register.py"),
+    "tests/test_json_logs.py": ("srt/utils/common.py::configure_logger",),
+    "tests/test_host.py::TestHostInAFreshProcess": ("srt/plugins/__init__.py",),
+    "tests/test_mori.py::TestLazyPatch": ("srt/disaggregation/mori/conn.py",),
+    "tests/test_errors_and_inputs.py::TestErrorsTravel": (),
+    "tests/test_errors_and_inputs.py::TestUnpicklablePluginValueTravels": (),
+}
 _print_lock = threading.Lock()
 
 
@@ -76,6 +101,8 @@ class Result:
     examples: dict[str, int] = field(default_factory=dict)
     codes_missing: list[str] | None = None  # None: not checked (a partial run)
     problems: list[str] = field(default_factory=list)
+    label: str = ""  # the row's name when it is not the release alone
+    covered: dict[str, str] = field(default_factory=dict)  # process test -> where it ran
 
     @property
     def ok(self) -> bool:
@@ -174,6 +201,60 @@ def _overlay(release: Release) -> Path:
     return home
 
 
+def sglang_package(release: Release) -> Path:
+    """The directory of ``release``'s ``sglang`` package (prepared, never imported)."""
+    if is_base(release):
+        from sglang_dsv4_guard.host import imported_package_dir
+
+        package = imported_package_dir()
+        if package is None:
+            sys.exit("matrix: sglang is not installed in this interpreter")
+        return package
+    prepare(release)
+    return _site(release) / "sglang"
+
+
+def code_digest(package: Path, drives: tuple[str, ...]) -> str:
+    """A digest of the code ``drives`` names in ``package`` (see ``PROCESS_TESTS``): file
+    bytes, or ``ast.dump`` of one top-level definition; absent ones count as absent."""
+    digest = hashlib.sha256()
+    for item in drives:
+        rel, _, name = item.partition("::")
+        path = package / rel
+        if not path.is_file():
+            digest.update(f"{item}\0absent\n".encode())
+            continue
+        if not name:
+            digest.update(item.encode() + b"\0" + path.read_bytes())
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found = [ast.dump(node) for node in tree.body if getattr(node, "name", None) == name]
+        digest.update(f"{item}\0{found[-1] if found else 'absent'}\n".encode())
+    return digest.hexdigest()
+
+
+def plan(releases: list[Release], packages: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """Per release, the process tests it skips and the release that runs the same code.
+
+    Releases are taken oldest first; each process test runs on the first release with
+    each distinct digest of the code it drives (``packages``: release -> its ``sglang``).
+    """
+    skips: dict[str, dict[str, str]] = {r.version: {} for r in releases}
+    for test, drives in PROCESS_TESTS.items():
+        first: dict[str, str] = {}
+        for release in sorted(releases, key=lambda r: _version_key(r.version)):
+            key = code_digest(packages[release.version], drives)
+            if key in first:
+                skips[release.version][test] = first[key]
+            else:
+                first[key] = release.version
+    return skips
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
 def release_env(release: Release, **extra: str) -> dict[str, str]:
     """This process's environment, with ``release`` first on ``PYTHONPATH``."""
     paths = prepare(release)
@@ -211,9 +292,13 @@ def catalogue() -> list[str]:
     return sorted(CODES)
 
 
-def run(release: Release, pytest_args: list[str], profile: str) -> Result:
-    """Prepare ``release``, run pytest for it in its own process and judge the outcome."""
-    result = Result(release)
+def run(release: Release, pytest_args: list[str], profile: str,
+        skips: dict[str, str] | None = None) -> Result:
+    """Prepare ``release``, run pytest for it in its own process and judge the outcome;
+    ``skips``: the process tests left out (each ran on the named release, same code)."""
+    result = Result(release, covered=dict(skips or {}))
+    leave_out = [f"--ignore={t}" if "::" not in t else f"--deselect={t}"
+                 for t in result.covered]
     out = WORK / "reports"
     out.mkdir(parents=True, exist_ok=True)
     junit, log_path = out / f"{release.version}.xml", out / f"{release.version}.log"
@@ -222,7 +307,7 @@ def run(release: Release, pytest_args: list[str], profile: str) -> Result:
         stale.unlink(missing_ok=True)
     env = release_env(release, HYPOTHESIS_PROFILE=profile, **{CODES_VARIABLE: str(codes_file)})
     command = [sys.executable, "-m", "pytest", f"--junitxml={junit}",
-               "--hypothesis-show-statistics", *pytest_args]
+               "--hypothesis-show-statistics", *leave_out, *pytest_args]
     say(release, f"===== SGLang {release.version}: {' '.join(command[2:])}")
     start = time.monotonic()
     with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -271,23 +356,67 @@ def judge(result: Result, junit: Path, log: str, codes_file: Path, profile: str,
             result.problems.append("no passing test produced " + ", ".join(result.codes_missing))
 
 
+def _examples_cell(examples: dict[str, int]) -> str:
+    if not examples:
+        return "-"
+    counts = sorted(set(examples.values()))
+    if len(counts) == 1:
+        return f"{len(examples)} properties, {counts[0]} each"
+    return ", ".join(f"{name} {n}" for name, n in examples.items())
+
+
+def _process_cell(r: Result) -> str:
+    if r.label:
+        return "all (SGLang's runner)"
+    if not r.covered:
+        return f"all {len(PROCESS_TESTS)}"
+    by: dict[str, list[str]] = {}
+    for test, where in r.covered.items():
+        by.setdefault(where, []).append(test.removeprefix("tests/"))
+    ran = len(PROCESS_TESTS) - len(r.covered)
+    return f"{ran} of {len(PROCESS_TESTS)}; same code ran on " + "; ".join(
+        f"{where}: {', '.join(sorted(tests))}" for where, tests in sorted(by.items()))
+
+
 def summary(results: list[Result], profile: str, total: float) -> str:
     lines = [
         f"SGLang test matrix (hypothesis profile {profile}); {total:.0f} s in all",
         "",
-        "| release | tests | failed | skipped | property examples | codes produced | seconds "
-        "| verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| release | tests | failed | skipped | property examples | codes produced "
+        "| process tests run | seconds | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        examples = ", ".join(f"{name} {n}" for name, n in r.examples.items()) or "-"
         codes = ("not checked (partial run)" if r.codes_missing is None
                  else "missing " + ", ".join(r.codes_missing) if r.codes_missing
                  else f"all {len(catalogue())}")
         verdict = "ok" if r.ok else "FAILED: " + "; ".join(r.problems)
-        lines.append(f"| {r.release.version} | {r.tests} | {r.failed} | {r.skipped} | "
-                     f"{examples} | {codes} | {r.seconds:.0f} | {verdict} |")
+        lines.append(f"| {r.label or r.release.version} | {r.tests} | {r.failed} | {r.skipped} "
+                     f"| {_examples_cell(r.examples)} | {codes} | {_process_cell(r)} "
+                     f"| {r.seconds:.0f} | {verdict} |")
     return "\n".join(lines)
+
+
+def run_sglang_ci(release: Release) -> Result:
+    """Every test file on ``release`` (the base) under SGLang's own CI harness."""
+    result = Result(release, label=f"{release.version}, SGLang's CI harness")
+    log = WORK / "reports" / "sglang-ci.log"
+    say(release, "===== SGLang's CI harness: tools/sglang_ci.py (collect_tests, "
+                 "run_unittest_files)")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "sglang_ci.py"), "--log",
+                           str(log)], cwd=ROOT, env=release_env(release), capture_output=True,
+                          text=True, check=False)
+    result.seconds = time.monotonic() - start
+    for line in (done.stdout + done.stderr).splitlines():
+        say(release, line)
+    found = re.search(r"(\d+) files collected", done.stdout)
+    result.tests = int(found.group(1)) if found else 0
+    result.failed = done.stdout.count("  failed: ")
+    if done.returncode:
+        result.problems.append(f"tools/sglang_ci.py exited with {done.returncode} "
+                               f"(log: {log.relative_to(ROOT)})")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare-only", action="store_true",
                         help="unzip wheels and build overlays, run nothing")
     parser.add_argument("--script", help="run this Python script per release instead of pytest")
+    parser.add_argument("--sglang-ci", action="store_true",
+                        help="also run every file on the base release under SGLang's CI "
+                             "harness (tools/sglang_ci.py), as one more job")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest or --script (after --)")
     args = parser.parse_args(argv)
     releases = read_matrix()
@@ -327,13 +459,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failed else 0
     profile = os.environ.get("HYPOTHESIS_PROFILE", "dev")
     start = time.monotonic()
-    with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda r: run(r, args.pytest_args, profile), releases))
-    if not args.pytest_args:  # the whole suite: also the SGLang patch series (patches/)
-        import patched_tree
+    whole = not args.pytest_args  # the whole suite: also the patch series (patches/)
+    skips = (plan(releases, {r.version: sglang_package(r) for r in releases}) if whole
+             else {r.version: {} for r in releases})
 
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda result: patched_tree.run_series(result, profile), results))
+    import patched_tree  # imports this module: not at the top
+
+    def job(release: Release) -> Result:
+        result = run(release, args.pytest_args, profile, skips[release.version])
+        if whole:
+            patched_tree.run_series(result, profile)
+        return result
+
+    base = next((r for r in read_matrix() if is_base(r)), None)
+    if args.sglang_ci and base is None:
+        parser.error(f"--sglang-ci: the venv's sglang {base_version()} is not in matrix.txt")
+    # The longest jobs first: SGLang's harness, then the releases that run every test.
+    order = sorted(releases, key=lambda r: len(skips[r.version]))
+    with ThreadPoolExecutor(args.jobs) as pool:
+        harness = pool.submit(run_sglang_ci, base) if args.sglang_ci and base else None
+        futures = {r.version: pool.submit(job, r) for r in order}
+        results = [futures[r.version].result() for r in releases]
+        if harness is not None:
+            results.append(harness.result())
     table = summary(results, profile, time.monotonic() - start)
     (WORK / "summary.md").write_text(table + "\n")
     print("\n" + table)
