@@ -187,6 +187,7 @@ class TestProcessTestPlan(GuardTestCase):
                      "tests/t_gone.py": ("srt/plugins/absent.py",)}
             with unittest.mock.patch.object(matrix, "PROCESS_TESTS", tests):
                 skips = matrix.plan(releases, packages)
+                with_harness = matrix.plan(releases, packages, harness=releases[2])
         self.assertEqual(skips["0.5.9"], {})
         self.assertEqual(skips["0.5.16"], {"tests/t_loader.py": "0.5.9",
                                            "tests/t_logs.py::TestJson": "0.5.9",
@@ -194,6 +195,14 @@ class TestProcessTestPlan(GuardTestCase):
                                            "tests/t_gone.py": "0.5.9"})
         self.assertEqual(skips["0.5.22"], {"tests/t_own.py::TestSpawn": "0.5.9",
                                            "tests/t_gone.py": "0.5.9"})
+        # The harness on 0.5.22 ran every file: pytest runs only what it did not cover.
+        by_harness = "0.5.22 (SGLang's CI harness)"
+        self.assertEqual(with_harness["0.5.9"], {"tests/t_own.py::TestSpawn": by_harness,
+                                                 "tests/t_gone.py": by_harness})
+        self.assertEqual(with_harness["0.5.16"], {**with_harness["0.5.9"],
+                                                  "tests/t_loader.py": "0.5.9",
+                                                  "tests/t_logs.py::TestJson": "0.5.9"})
+        self.assertEqual(with_harness["0.5.22"], {t: by_harness for t in tests})
 
     def test_every_process_test_exists(self) -> None:
         """Each key names a test file (and class) of the suite: a renamed one would be run

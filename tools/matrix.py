@@ -11,10 +11,11 @@ output line prefixed with its release.
 Tests that spawn fresh SGLang interpreters (``PROCESS_TESTS``) exercise process machinery:
 SGLang's plug-in loader, its hook registry, its CI harness, logging, spawn pools. What the
 wrapped functions do on each release is tested in-process on every release; a process
-test runs on the first release (oldest first) of each distinct version of the SGLang code
-it drives, digested from that release's files, and is skipped, named in the table, on
-releases with the same code. ``--sglang-ci`` also runs every file on the base release
-with SGLang's own CI harness (``tools/sglang_ci.py``), as one more job of the pool.
+test runs once per distinct version of the SGLang code it drives (digested from each
+release's files) and is left out, named in the table, on releases with the same code.
+``--sglang-ci`` runs every file on the base release with SGLang's own CI harness
+(``tools/sglang_ci.py``) as one more job of the pool; that run counts for the base's
+code, and pytest takes the rest, oldest release first.
 
 A release fails when a test fails, errors or skips (a test that cannot run is a failure
 here), when a property test in ``PROPERTY_TESTS`` reported no statistics or drew fewer
@@ -72,6 +73,7 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
     "tests/test_mori.py::TestLazyPatch": ("srt/disaggregation/mori/conn.py",),
     "tests/test_errors_and_inputs.py::TestErrorsTravel": (),
     "tests/test_errors_and_inputs.py::TestUnpicklablePluginValueTravels": (),
+    "tests/test_doctor_isolation.py": (),
 }
 _print_lock = threading.Lock()
 
@@ -233,15 +235,21 @@ def code_digest(package: Path, drives: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-def plan(releases: list[Release], packages: dict[str, Path]) -> dict[str, dict[str, str]]:
-    """Per release, the process tests it skips and the release that runs the same code.
+def plan(releases: list[Release], packages: dict[str, Path],
+         harness: Release | None = None) -> dict[str, dict[str, str]]:
+    """Per release, the process tests it skips and where the same code runs.
 
     Releases are taken oldest first; each process test runs on the first release with
     each distinct digest of the code it drives (``packages``: release -> its ``sglang``).
+    With ``harness`` (the base release, every file run by SGLang's CI harness), that
+    run counts first: pytest runs a process test only on code the harness did not.
     """
     skips: dict[str, dict[str, str]] = {r.version: {} for r in releases}
     for test, drives in PROCESS_TESTS.items():
         first: dict[str, str] = {}
+        if harness is not None:
+            first[code_digest(packages[harness.version], drives)] = f"{harness.version} " \
+                "(SGLang's CI harness)"
         for release in sorted(releases, key=lambda r: _version_key(r.version)):
             key = code_digest(packages[release.version], drives)
             if key in first:
@@ -460,7 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     profile = os.environ.get("HYPOTHESIS_PROFILE", "dev")
     start = time.monotonic()
     whole = not args.pytest_args  # the whole suite: also the patch series (patches/)
-    skips = (plan(releases, {r.version: sglang_package(r) for r in releases}) if whole
+    base = next((r for r in read_matrix() if is_base(r)), None)
+    if args.sglang_ci and base is None:
+        parser.error(f"--sglang-ci: the venv's sglang {base_version()} is not in matrix.txt")
+    harness = base if args.sglang_ci else None
+    packages = {r.version: sglang_package(r) for r in {*releases, *filter(None, [harness])}}
+    skips = (plan(releases, packages, harness) if whole
              else {r.version: {} for r in releases})
 
     import patched_tree  # imports this module: not at the top
@@ -471,17 +484,14 @@ def main(argv: list[str] | None = None) -> int:
             patched_tree.run_series(result, profile)
         return result
 
-    base = next((r for r in read_matrix() if is_base(r)), None)
-    if args.sglang_ci and base is None:
-        parser.error(f"--sglang-ci: the venv's sglang {base_version()} is not in matrix.txt")
     # The longest jobs first: SGLang's harness, then the releases that run every test.
     order = sorted(releases, key=lambda r: len(skips[r.version]))
     with ThreadPoolExecutor(args.jobs) as pool:
-        harness = pool.submit(run_sglang_ci, base) if args.sglang_ci and base else None
+        harness_run = pool.submit(run_sglang_ci, harness) if harness else None
         futures = {r.version: pool.submit(job, r) for r in order}
         results = [futures[r.version].result() for r in releases]
-        if harness is not None:
-            results.append(harness.result())
+        if harness_run is not None:
+            results.append(harness_run.result())
     table = summary(results, profile, time.monotonic() - start)
     (WORK / "summary.md").write_text(table + "\n")
     print("\n" + table)
