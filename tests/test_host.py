@@ -283,6 +283,16 @@ class TestPatchedTreeJudged(CustomTestCase):
         self.assertIsNone(verdict.behaves_as)
         self.assertEqual(verdict.level, logging.WARNING)
 
+    def test_patched_release_changed_elsewhere_names_only_that_change(self) -> None:
+        """The series plus one MORI edit: the warning names that one change, against the
+        release with its series, not the series' own rewrite of setup_state_kv_args as if
+        SGLang had changed it (an operator would then 'upgrade sglang-dsv4-guard')."""
+        with tempfile.TemporaryDirectory() as tmp:
+            verdict = judge(patched_tree(Path(tmp), mori_edit=True), sglang_release())
+        self.assertEqual(len(verdict.changed), 1, verdict.changed)
+        self.assertIn("MoriKVManager._send_swa_dsa_state check 1", verdict.changed[0])
+        self.assertNotIn("setup_state_kv_args", verdict.message)
+
     def test_tool_computes_the_stored_patched_fingerprints(self) -> None:
         """tools/fingerprint.py --patched on the release prints the stored parts."""
         done = subprocess.run([sys.executable, str(ROOT / "tools/fingerprint.py"),
