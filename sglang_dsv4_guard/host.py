@@ -164,20 +164,22 @@ def judge(package: Path, metadata: Version | None,
         mislabelled = label is not None and label != base and label in known
         level = logging.WARNING if disagree or mislabelled else logging.INFO
         return HostVerdict(metadata, code, base, level, text)
-    closest = min(known, key=lambda v: (len(differences(found, known[v])), -known_index(known, v)))
-    changed = tuple(differences(found, known[closest]))
+    # The closest of the releases and of the releases with our series (a patched tree
+    # changed further is named against its patched release, not our own rewrite).
+    candidates = [(v, "", parts) for v, parts in known.items()]
+    candidates += [(v, " with sglang-dsv4-guard's patch series", parts)
+                   for v, parts in patched.items()]
+    order = {v: i for i, v in enumerate(known)}
+    closest, suffix, parts = min(candidates, key=lambda c: (
+        len(differences(found, c[2])), -order.get(c[0], -1), c[1] != ""))
+    changed = tuple(differences(found, parts))
     text = (f"SGLang {label or 'of unknown version'} ({package}) differs from every release "
             f"the guard knows ({_span(known)}) in what the guard depends on; against the "
-            f"closest, {closest}: " + "; ".join(changed) + " (the guard does not know these "
+            f"closest, {closest}{suffix}: " + "; ".join(changed) + " (the guard does not know these "
             "checks: upgrade sglang-dsv4-guard, or run a release it knows)")
     if disagree:
         text = f"{both}; {text}"
     return HostVerdict(metadata, code, None, logging.WARNING, text, changed)
-
-
-def known_index(known: dict[Version, dict[str, Part]], version: Version) -> int:
-    """Position of ``version`` among the known releases (newer ones win ties)."""
-    return list(known).index(version)
 
 
 # judge_imported() verdicts of this process, by package path, metadata and the mtimes
