@@ -50,7 +50,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(call step,test 1/2: fetch the releases in matrix.txt,$(REPORTS)/prepare.log,$(PY) tools/matrix.py --prepare-only $(RELEASES_ARG))
-	@echo "test 2/2: the suite on every release (pytest), and on $(SGLANG_VERSION) with SGLang's CI harness (collect_tests, run_unittest_files); logs in $(REPORTS)/"
+	@echo "test 2/2: the suite on every release (pytest), and on $(SGLANG_VERSION) with SGLang's CI harness (collect_tests, run_unittest_files) when it is among them; logs in $(REPORTS)/"
 	@rm -f .matrix/summary.md; $(PY) tools/matrix.py --sglang-ci $(RELEASES_ARG) > $(REPORTS)/matrix.log 2>&1; \
 	  status=$$?; if [ -s .matrix/summary.md ]; then cat .matrix/summary.md; \
 	  else tail -n 25 $(REPORTS)/matrix.log | sed 's/^/   | /'; fi; \

@@ -134,7 +134,8 @@ def _needs_gnu_patch() -> str:
 
 def _patch(cwd: Path, patch: Path, *flags: str) -> tuple[bool, str]:
     done = subprocess.run(["patch", f"-p{STRIP}", "--batch", "--forward", "--no-backup-if-mismatch",
-                           "-r", "-", "-i", str(patch), *flags], cwd=cwd, capture_output=True,
+                           "-r", "-", "-i", str(patch.resolve()), *flags], cwd=cwd,
+                          capture_output=True,
                           text=True, check=False)
     return done.returncode == 0, (done.stdout + done.stderr).strip()
 

@@ -128,14 +128,17 @@ class TestJudgedByCode(CustomTestCase):
         self.assertEqual(stored[-2:], ["0.5.24rc1", "0.5.24"])
 
     def test_same_fingerprints_same_profile(self) -> None:
-        """Releases the fingerprints cannot tell apart have one profile (bar the version),
-        so guarding one as its twin predicts the same verdicts."""
-        known = load_known()
-        for a in known:
-            for b in known:
-                if known[a] == known[b]:
-                    self.assertEqual(profile_for(a), dataclasses.replace(profile_for(b),
-                                                                         version=a))
+        """Releases the fingerprints cannot tell apart, released or with the patch series,
+        have one profile (bar the version), so guarding one as its twin predicts the same
+        verdicts."""
+        for section in ("releases", "patched"):
+            known = load_known(section=section)
+            self.assertTrue(known, section)
+            for a in known:
+                for b in known:
+                    if known[a] == known[b]:
+                        self.assertEqual(profile_for(a), dataclasses.replace(profile_for(b),
+                                                                             version=a))
 
     def test_own_release_is_quiet(self) -> None:
         """Metadata, code and fingerprints agree: this release's profile, nothing logged."""

@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patched", action="store_true",
                         help="fingerprint the release with its series from patches/ applied")
     args = parser.parse_args(argv)
+    if not args.path.exists():
+        parser.error(f"{args.path}: no such wheel or directory")
+    if args.release is not None:
+        try:
+            Version(args.release)
+        except InvalidVersion:
+            parser.error(f"--release: {args.release!r} is not a release number like 0.5.24")
     with tempfile.TemporaryDirectory() as scratch:
         package = package_dir(args.path, Path(scratch))
         release = args.release or code_version(package)
