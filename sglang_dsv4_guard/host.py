@@ -170,8 +170,9 @@ def judge(package: Path, metadata: Version | None,
     candidates += [(v, " with sglang-dsv4-guard's patch series", parts)
                    for v, parts in patched.items()]
     order = {v: i for i, v in enumerate(known)}
+    # Fewest differences; among equals the release the code names, then the newest.
     closest, suffix, parts = min(candidates, key=lambda c: (
-        len(differences(found, c[2])), -order.get(c[0], -1), c[1] != ""))
+        len(differences(found, c[2])), c[0] != label, -order.get(c[0], -1), c[1] != ""))
     changed = tuple(differences(found, parts))
     text = (f"SGLang {label or 'of unknown version'} ({package}) differs from every release "
             f"the guard knows ({_span(known)}) in what the guard depends on; against the "

@@ -292,9 +292,16 @@ class TestPatchedTreeJudged(CustomTestCase):
         SGLang had changed it (an operator would then 'upgrade sglang-dsv4-guard')."""
         with tempfile.TemporaryDirectory() as tmp:
             verdict = judge(patched_tree(Path(tmp), mori_edit=True), sglang_release())
-        self.assertEqual(len(verdict.changed), 1, verdict.changed)
+        # The edit changes every MORI check that compares the TP sizes (one or two,
+        # by release), and nothing else.
+        self.assertTrue(verdict.changed, verdict.message)
         self.assertIn("MoriKVManager._send_swa_dsa_state check 1", verdict.changed[0])
+        for change in verdict.changed:
+            self.assertTrue(change.startswith("MoriKVManager._send_swa_dsa_state check "),
+                            change)
         self.assertNotIn("setup_state_kv_args", verdict.message)
+        self.assertIn(f"closest, {sglang_release()} with sglang-dsv4-guard's patch series",
+                      verdict.message)
 
     def test_tool_computes_the_stored_patched_fingerprints(self) -> None:
         """tools/fingerprint.py --patched on the release prints the stored parts."""
