@@ -78,6 +78,9 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
     "tests/test_json_logs.py::TestJsonThroughSGLangLoggingConfig": (
         "srt/utils/common.py::configure_logger",),
     "tests/test_harness.py::TestMoriImportRetried": ("srt/disaggregation/mori/conn.py",),
+    "tests/test_mori.py::TestLazyPatch": ("srt/disaggregation/mori/conn.py",),
+    "tests/test_harness.py::TestSkipsFailInCi": ("test/test_utils.py::CustomTestCase",
+                                                 "srt/utils/common.py::retry"),
     "tests/test_errors_and_inputs.py::TestErrorsTravel": (),
     "tests/test_errors_and_inputs.py::TestUnpicklablePluginValueTravels": (),
     "tests/test_doctor_isolation.py::TestDoctorIsolatesPlugins": (),
@@ -224,8 +227,9 @@ def sglang_package(release: Release) -> Path:
 
 
 def code_digest(package: Path, drives: tuple[str, ...]) -> str:
-    """A digest of the code ``drives`` names in ``package`` (see ``PROCESS_TESTS``): file
-    bytes, or ``ast.dump`` of one top-level definition; absent ones count as absent."""
+    """A digest of the code ``drives`` names in ``package`` (see ``PROCESS_TESTS``):
+    ``ast.dump`` of the file or of one top-level definition (comments and formatting do
+    not count); absent ones count as absent."""
     digest = hashlib.sha256()
     for item in drives:
         rel, _, name = item.partition("::")
@@ -233,10 +237,10 @@ def code_digest(package: Path, drives: tuple[str, ...]) -> str:
         if not path.is_file():
             digest.update(f"{item}\0absent\n".encode())
             continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))  # code, not its formatting
         if not name:
-            digest.update(item.encode() + b"\0" + path.read_bytes())
+            digest.update(f"{item}\0{ast.dump(tree)}\n".encode())
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
         found = [ast.dump(node) for node in tree.body if getattr(node, "name", None) == name]
         digest.update(f"{item}\0{found[-1] if found else 'absent'}\n".encode())
     return digest.hexdigest()
