@@ -13,11 +13,11 @@ import io
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 from unittest import mock
 
 from helpers import fresh_python, sglang_release
@@ -29,9 +29,8 @@ from sglang.test.test_utils import CustomTestCase
 import sglang_dsv4_guard
 from sglang_dsv4_guard import host
 from sglang_dsv4_guard.cli import main
-from sglang_dsv4_guard.fingerprint import MORI, POOL, UTILS, fingerprint_tree
+from sglang_dsv4_guard.fingerprint import MORI, fingerprint_tree
 from sglang_dsv4_guard.host import judge, load_known
-from sglang_dsv4_guard.patchset import apply_series, series_for
 from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, profile_for
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
@@ -105,11 +104,7 @@ class TestJudgedByCode(CustomTestCase):
         """``--write`` of a release whose checks match no known release is refused (the
         data file untouched) unless ``--new-profile``; releases sort as versions, so
         0.5.24rc1 lands before 0.5.24."""
-        spec = importlib.util.spec_from_file_location("fingerprint_tool",
-                                                      ROOT / "tools/fingerprint.py")
-        assert spec is not None and spec.loader is not None
-        tool = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(tool)
+        tool = fingerprint_tool()
         with tempfile.TemporaryDirectory() as tmp:
             data = Path(tmp) / "fingerprints.json"
             data.write_text(host.FINGERPRINTS.read_text())
@@ -249,21 +244,26 @@ class TestJudgedByCode(CustomTestCase):
                       "\n".join(logs.output))
 
 
+def fingerprint_tool() -> ModuleType:
+    """``tools/fingerprint.py`` as a module (``tools/`` is not a package)."""
+    spec = importlib.util.spec_from_file_location("fingerprint_tool",
+                                                  ROOT / "tools/fingerprint.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
 def patched_tree(root: Path, mori_edit: bool = False) -> Path:
-    """``root/sglang``: the files the fingerprints read, from the imported release, with
-    its series from ``patches/`` applied (and ``MORI_EDIT`` on top when asked)."""
-    package = real_package()
-    for rel in (UTILS, MORI, POOL, "_version.py"):
-        (root / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(package / rel, root / "sglang" / rel)
-    series = series_for(str(sglang_release()), ROOT / "patches")
-    assert series is not None, f"patches/ has no series for SGLang {sglang_release()}"
-    apply_series(series, root)
+    """The files the fingerprints read, from the imported release, with its series from
+    ``patches/`` applied by the tool that stores them (and ``MORI_EDIT`` on top)."""
+    package: Path = fingerprint_tool().patched_package(real_package(),
+                                                       str(sglang_release()), root)
     if mori_edit:
         old, new = MORI_EDIT[MORI]
-        conn = root / "sglang" / MORI
+        conn = package / MORI
         conn.write_text(conn.read_text().replace(old, new))
-    return root / "sglang"
+    return package
 
 
 class TestPatchedTreeJudged(CustomTestCase):

@@ -47,6 +47,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import Version
+
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX_FILE = ROOT / "matrix.txt"
 WORK = ROOT / ".matrix"
@@ -261,17 +263,13 @@ def plan(releases: list[Release], packages: dict[str, Path],
         if harness is not None:
             first[code_digest(packages[harness.version], drives)] = f"{harness.version} " \
                 "(SGLang's CI harness)"
-        for release in sorted(releases, key=lambda r: _version_key(r.version)):
+        for release in sorted(releases, key=lambda r: Version(r.version)):
             key = code_digest(packages[release.version], drives)
             if key in first:
                 skips[release.version][test] = first[key]
             else:
                 first[key] = release.version
     return skips
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", version))
 
 
 def release_env(release: Release, **extra: str) -> dict[str, str]:
