@@ -7,10 +7,10 @@
 - ``demo``: SGLang's real ``setup_state_kv_args`` on a built-in pair with several
   mismatches, unguarded, then guarded, then a passing pair.
 - ``check``: a PD deployment's failures predicted from the two servers' launch flags,
-  with the installed release's own parser, model config and checks (``deploy/``);
+  with the installed release's own parser, model config and checks (``launch/``);
   ``preflight`` was replaced by it.
 - ``patches``: the SGLang patch series for the installed release, and for each patch
-  whether SGLang carries it, would take it, or why not (:mod:`sglang_dsv4_guard.patchset`).
+  whether SGLang carries it, would take it, or why not (:mod:`sglang_dsv4_guard.host.patchset`).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def _release_line() -> tuple[str, bool]:
     """``SGLang: 0.5.20 (supported; range 0.5.16 to 0.5.23)`` and whether the guard can run.
 
     Judged by the imported code (``host.py``): what it matches or what changed."""
-    from sglang_dsv4_guard.host import judge_imported
-    from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN
+    from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
+    from sglang_dsv4_guard.host.verdict import judge_imported
 
     host = judge_imported()
     usable = host.behaves_as is not None
@@ -93,7 +93,7 @@ def _doctor(_: argparse.Namespace) -> int:
     for failure in plugins.load_problems:
         ok = False
         print(f"problem: {failure.summary}: {'; '.join(failure.details)}")
-    from sglang_dsv4_guard.patchset import summary_line
+    from sglang_dsv4_guard.host.patchset import summary_line
 
     print(summary_line())
     last = output.strip().splitlines()[-1][:300] if output.strip() else ""
@@ -127,7 +127,7 @@ def _other_plugins_hooks() -> bool:
     """Print every other SGLang plug-in's hook on the guard's targets; False on a problem."""
     if not _importable("sglang.srt.plugins.hook_registry"):
         return True
-    from sglang_dsv4_guard.host_hooks import effect, other_plugins_hooks
+    from sglang_dsv4_guard.host.registry import effect, other_plugins_hooks
 
     records, failures = other_plugins_hooks()
     ok = True
@@ -164,11 +164,11 @@ def _demo(_: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.deploy.parse import CheckInputError, parse_env
+    from sglang_dsv4_guard.launch.parse import CheckInputError, parse_env
 
     try:
-        from sglang_dsv4_guard.deploy.predict import run_check
-        from sglang_dsv4_guard.deploy.text import render_check
+        from sglang_dsv4_guard.launch.predict import run_check
+        from sglang_dsv4_guard.launch.text import render_check
 
         result = run_check(args.prefill, args.decode,
                            parse_env("--prefill-env", args.prefill_env),
@@ -195,7 +195,7 @@ def _preflight() -> int:
 
 
 def _patches(_: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.patchset import status_report
+    from sglang_dsv4_guard.host.patchset import status_report
 
     lines, ok = status_report()
     print("\n".join(lines))

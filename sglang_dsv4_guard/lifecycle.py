@@ -19,13 +19,13 @@ from types import ModuleType
 
 from sglang_dsv4_guard.dedup import cleanup_at_exit
 from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
-from sglang_dsv4_guard.host import judge_imported
-from sglang_dsv4_guard.host_hooks import (
+from sglang_dsv4_guard.host.registry import (
     StateHook,
     loader_is_running,
     register_state_hook,
     verify_after_apply_hooks,
 )
+from sglang_dsv4_guard.host.verdict import judge_imported
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
 from sglang_dsv4_guard.plugins import build_plugins
@@ -149,7 +149,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
 
     All or nothing: when any patch cannot be applied, every patch already applied
     is restored. When the imported SGLang's code matches no release the guard knows
-    (judged by the code, not the label: :mod:`sglang_dsv4_guard.host`), or when
+    (judged by the code, not the label: :mod:`sglang_dsv4_guard.host.verdict`), or when
     patching fails, it warns and leaves SGLang exactly as it was, or raises
     :class:`DSV4GuardInstallError` in strict mode. (Run by SGLang's ``load_plugins()``,
     the entry point uses :func:`install_from_sglang_loader` instead.) A nested call (a
@@ -168,7 +168,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
 def install_from_sglang_loader(settings: Settings) -> Callable[[], bool]:
     """The entry point's install: while SGLang's ``load_plugins()`` runs the guard, register
     an ``AROUND`` hook with SGLang's ``HookRegistry`` instead of patching (see
-    :mod:`sglang_dsv4_guard.host_hooks`); otherwise (the registry would never apply the
+    :mod:`sglang_dsv4_guard.host.registry`); otherwise (the registry would never apply the
     hook) patch as :func:`install` does. A guard already installed by patching with the same
     settings stays so, and its place in the chain is checked after ``apply_hooks()``."""
     running = loader_is_running()

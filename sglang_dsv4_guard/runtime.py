@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.plugins import GuardPlugins
-from sglang_dsv4_guard.releases import HostProfile
 from sglang_dsv4_guard.settings import Mode, Settings
 
 __all__ = ["Runtime", "add_note", "standalone_runtime"]
@@ -66,7 +66,7 @@ def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
     ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
     (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
     """
-    from sglang_dsv4_guard.host import judge_imported
+    from sglang_dsv4_guard.host.verdict import judge_imported
     from sglang_dsv4_guard.lifecycle import settings_for
     from sglang_dsv4_guard.plugins import add_all, build_plugins
 

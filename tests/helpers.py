@@ -28,9 +28,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
-from sglang_dsv4_guard.host_hooks import StateHook
+from sglang_dsv4_guard.host.registry import StateHook
+from sglang_dsv4_guard.host.releases import installed_sglang_version
 from sglang_dsv4_guard.patching import WRAPPER_MARK, PostImportHooks
-from sglang_dsv4_guard.releases import installed_sglang_version
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).
@@ -83,7 +83,7 @@ def leftovers() -> list[str]:
 def _guard_apply_hooks(registry: Any) -> Any:
     """The guard's one-shot ``apply_hooks`` wrapper on ``registry``, or ``None``."""
     func = getattr(vars(registry).get("apply_hooks"), "__func__", None)
-    return func if getattr(func, "__module__", None) == "sglang_dsv4_guard.host_hooks" else None
+    return func if getattr(func, "__module__", None) == "sglang_dsv4_guard.host.registry" else None
 
 
 def _host_registry() -> Any:
@@ -249,7 +249,7 @@ def fresh_python(code: str, *argv: str, env: dict[str, str] | None = None,
 
 
 # What each SGLang release does, written down from its sources independently of
-# sglang_dsv4_guard.releases, so the matrix checks that module rather than trusting it.
+# sglang_dsv4_guard.host.releases, so the matrix checks that module rather than trusting it.
 def sglang_release() -> Version:
     """The SGLang release this test process imports."""
     version = installed_sglang_version()

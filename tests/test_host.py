@@ -27,11 +27,11 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
-from sglang_dsv4_guard import host
 from sglang_dsv4_guard.cli import main
-from sglang_dsv4_guard.fingerprint import MORI, fingerprint_tree
-from sglang_dsv4_guard.host import judge, load_known
-from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, profile_for
+from sglang_dsv4_guard.host import verdict as host
+from sglang_dsv4_guard.host.digests import MORI, digest_tree
+from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN, profile_for
+from sglang_dsv4_guard.host.verdict import judge, load_known
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
@@ -88,12 +88,12 @@ class TestJudgedByCode(CustomTestCase):
     """judge(): metadata, the code's own version and its fingerprints, cross-checked."""
 
     def test_stored_fingerprints_are_this_release(self) -> None:
-        """fingerprints.json holds exactly what the imported release's code gives."""
-        self.assertEqual(fingerprint_tree(real_package()), load_known()[sglang_release()])
+        """digests.json holds exactly what the imported release's code gives."""
+        self.assertEqual(digest_tree(real_package()), load_known()[sglang_release()])
 
     def test_tool_computes_the_stored_fingerprints(self) -> None:
-        """tools/fingerprint.py on the release's files prints the stored parts."""
-        done = subprocess.run([sys.executable, str(ROOT / "tools/fingerprint.py"),
+        """tools/digests.py on the release's files prints the stored parts."""
+        done = subprocess.run([sys.executable, str(ROOT / "tools/digests.py"),
                                str(real_package())], capture_output=True, text=True,
                               timeout=120, check=True)
         printed = json.loads(done.stdout)[str(sglang_release())]
@@ -106,15 +106,15 @@ class TestJudgedByCode(CustomTestCase):
         0.5.24rc1 lands before 0.5.24."""
         tool = fingerprint_tool()
         with tempfile.TemporaryDirectory() as tmp:
-            data = Path(tmp) / "fingerprints.json"
-            data.write_text(host.FINGERPRINTS.read_text())
+            data = Path(tmp) / "digests.json"
+            data.write_text(host.DIGESTS_FILE.read_text())
             changed = disguised_tree(Path(tmp) / "changed", "0.5.24", edits=WRAP_EDIT)
             same = disguised_tree(Path(tmp) / "same", "0.5.24rc1")
-            with mock.patch.object(tool, "FINGERPRINTS", data), \
+            with mock.patch.object(tool, "DIGESTS_FILE", data), \
                     contextlib.redirect_stdout(io.StringIO()), \
                     contextlib.redirect_stderr(io.StringIO()) as err:
                 refused = tool.main([str(changed), "--write"])
-                untouched = data.read_text() == host.FINGERPRINTS.read_text()
+                untouched = data.read_text() == host.DIGESTS_FILE.read_text()
                 forced = tool.main([str(changed), "--write", "--new-profile"])
                 twin = tool.main([str(same), "--write"])
             self.assertEqual((refused, untouched, forced, twin), (1, True, 0, 0))
@@ -233,21 +233,21 @@ class TestJudgedByCode(CustomTestCase):
         host.forget_verdicts()
 
     def test_unreadable_fingerprints_leave_sglang_alone(self) -> None:
-        """A broken fingerprints.json: install warns and stays inert, no traceback of ours."""
+        """A broken digests.json: install warns and stays inert, no traceback of ours."""
         broken = json.JSONDecodeError("Expecting value", "", 0)
         host.forget_verdicts()  # judge afresh, with the broken data
         with mock.patch.object(host, "load_known", side_effect=broken), \
                 self.assertLogs("sglang_dsv4_guard", "WARNING") as logs:
             sglang_dsv4_guard.install("on", load_entry_points=False)
         self.assertFalse(sglang_dsv4_guard.is_installed())
-        self.assertIn("fingerprints.json is unreadable (JSONDecodeError: Expecting value",
+        self.assertIn("digests.json is unreadable (JSONDecodeError: Expecting value",
                       "\n".join(logs.output))
 
 
 def fingerprint_tool() -> ModuleType:
-    """``tools/fingerprint.py`` as a module (``tools/`` is not a package)."""
+    """``tools/digests.py`` as a module (``tools/`` is not a package)."""
     spec = importlib.util.spec_from_file_location("fingerprint_tool",
-                                                  ROOT / "tools/fingerprint.py")
+                                                  ROOT / "tools/digests.py")
     assert spec is not None and spec.loader is not None
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
@@ -304,8 +304,8 @@ class TestPatchedTreeJudged(CustomTestCase):
                       verdict.message)
 
     def test_tool_computes_the_stored_patched_fingerprints(self) -> None:
-        """tools/fingerprint.py --patched on the release prints the stored parts."""
-        done = subprocess.run([sys.executable, str(ROOT / "tools/fingerprint.py"),
+        """tools/digests.py --patched on the release prints the stored parts."""
+        done = subprocess.run([sys.executable, str(ROOT / "tools/digests.py"),
                                str(real_package()), "--patched"], capture_output=True,
                               text=True, timeout=120, check=True)
         printed = json.loads(done.stdout)[str(sglang_release())]

@@ -13,8 +13,8 @@ from helpers import GuardTestCase
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.host import load_known
-from sglang_dsv4_guard.releases import is_supported
+from sglang_dsv4_guard.host.releases import is_supported
+from sglang_dsv4_guard.host.verdict import load_known
 
 register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
@@ -62,7 +62,7 @@ class TestMatrixFile(GuardTestCase):
         return path
 
     def test_project_matrix_meets_the_bar(self) -> None:
-        """The matrix holds every release the guard knows (fingerprints.json, 0.5.16 to
+        """The matrix holds every release the guard knows (digests.json, 0.5.16 to
         0.5.23), only those, and exactly one is the venv's own ('-')."""
         releases = matrix.read_matrix()
         versions = [r.version for r in releases]

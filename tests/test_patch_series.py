@@ -25,8 +25,9 @@ from helpers import GuardTestCase, fresh_python, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard import cli, patchset
-from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN
+from sglang_dsv4_guard import cli
+from sglang_dsv4_guard.host import patchset
+from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
@@ -291,7 +292,7 @@ class TestShippedInTheWheel(GuardTestCase):
                             "--target", str(target), str(src)], check=True,
                            capture_output=True, cwd=tmp)
             done = fresh_python(
-                "import sglang_dsv4_guard.patchset as p; print(p.__file__); "
+                "import sglang_dsv4_guard.host.patchset as p; print(p.__file__); "
                 "print(p.patches_root()); print(' '.join(s.name for s in p.all_series()))",
                 path_first=str(target), env={"PYTHONSAFEPATH": "1"})
         self.assertEqual(done.returncode, 0, done.stderr)

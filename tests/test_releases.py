@@ -38,7 +38,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.cli import main
-from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN, is_supported, profile_for
+from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN, is_supported, profile_for
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record, three_mismatch_pair
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")

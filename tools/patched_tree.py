@@ -32,7 +32,7 @@ TESTS = "tests/patched_tree"
 PATCHED = matrix.WORK / "patched"
 
 sys.path.insert(0, str(ROOT))
-from sglang_dsv4_guard.patchset import (  # noqa: E402
+from sglang_dsv4_guard.host.patchset import (  # noqa: E402
     Series,
     series_for,
     sglang_site,

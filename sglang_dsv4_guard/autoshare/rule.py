@@ -2,7 +2,7 @@
 
 Same memory (equal data_ptr, shape, stride, dtype, device): always safe. An equal
 *copy*: safe only when no captured CUDA graph can hold the old tensor's pointer (SGLang's
-``disable_cuda_graph`` is True, :mod:`sglang_dsv4_guard.state.host`) and nothing but the
+``disable_cuda_graph`` is True, :mod:`sglang_dsv4_guard.state.cuda_graphs`) and nothing but the
 draft pool references the old tensor (``TensorInfo.other_references == 0``: the
 ``sys.getrefcount`` surplus over a singly held object; anything else, or unknown, refuses).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_dsv4_guard.releases import HostProfile
+from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.state.snapshot import StatePair
 
 __all__ = ["ShareDecision", "decide"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_dsv4_guard.releases import HostProfile
+from sglang_dsv4_guard.host.releases import HostProfile
 
 __all__ = ["SendContext", "SendSnapshot", "engine_key", "peer_identity", "snapshot_send"]
 

@@ -13,7 +13,7 @@ from sglang_dsv4_guard.autoshare.rule import decide
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import LIST_CAP, Finding, Observation, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
-from sglang_dsv4_guard.releases import HostProfile
+from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.state.snapshot import (
     NotASequence,
     PoolSnapshot,

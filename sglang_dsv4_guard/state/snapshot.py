@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from sglang_dsv4_guard.releases import HostProfile
-from sglang_dsv4_guard.state.host import CudaGraphs, read_cuda_graphs
+from sglang_dsv4_guard.host.releases import HostProfile
+from sglang_dsv4_guard.state.cuda_graphs import CudaGraphs, read_cuda_graphs
 from sglang_dsv4_guard.state.tensors import (
     MappingComparison,
     TensorInfo,

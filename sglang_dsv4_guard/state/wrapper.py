@@ -256,7 +256,7 @@ def _internal(rt: Runtime, stage: str, exc: Exception) -> DSV4GuardError | None:
     return None
 
 
-_HOOK_LAYERS = ("sglang_dsv4_guard.host_hooks", "sglang.srt.plugins.hook_registry")
+_HOOK_LAYERS = ("sglang_dsv4_guard.host.registry", "sglang.srt.plugins.hook_registry")
 
 
 def _caller(frame: Any) -> str:

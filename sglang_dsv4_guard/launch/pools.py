@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sglang_dsv4_guard.deploy.derive import Side
-from sglang_dsv4_guard.deploy.parse import offline_env
 from sglang_dsv4_guard.findings import Finding, Report
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.parse import offline_env
 
 __all__ = ["PoolRun", "draft_ratio", "max_draft_tokens", "run_state_check"]
 

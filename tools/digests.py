@@ -1,11 +1,11 @@
 """Compute the guard's fingerprints of an SGLang release and store them as data.
 
-Usage: ``python tools/fingerprint.py PATH [--release 0.5.24] [--write] [--patched]``
+Usage: ``python tools/digests.py PATH [--release 0.5.24] [--write] [--patched]``
 
 PATH is a wheel (``sglang-0.5.24-*.whl``), a site directory holding ``sglang/``, or the
 ``sglang`` package directory itself. The release defaults to the one the code names in
 ``sglang/_version.py``. Without ``--write`` the fingerprints are printed as JSON; with
-it they are added to ``sglang_dsv4_guard/fingerprints.json``, only when they equal a
+it they are added to ``sglang_dsv4_guard/digests.json``, only when they equal a
 known release's, or with ``--new-profile`` (a release whose checks changed). Adding a release to the
 guard is that, plus a line in ``matrix.txt`` (and a profile in ``releases.py`` only
 when its checks changed). With ``--patched`` the release's series from ``patches/`` is
@@ -29,15 +29,15 @@ from packaging.version import InvalidVersion, Version
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sglang_dsv4_guard.fingerprint import (  # noqa: E402
+from sglang_dsv4_guard.host.digests import (  # noqa: E402
     MORI,
     POOL,
     UTILS,
     code_version,
-    fingerprint_tree,
+    digest_tree,
 )
-from sglang_dsv4_guard.host import FINGERPRINTS, load_known  # noqa: E402
-from sglang_dsv4_guard.patchset import apply_series, series_for  # noqa: E402
+from sglang_dsv4_guard.host.patchset import apply_series, series_for  # noqa: E402
+from sglang_dsv4_guard.host.verdict import DIGESTS_FILE, load_known  # noqa: E402
 
 
 def package_dir(path: Path, scratch: Path) -> Path:
@@ -75,14 +75,14 @@ def patched_package(package: Path, release: str, scratch: Path) -> Path:
 
 def _stored(section: str) -> dict[str, dict[str, list[str]]]:
     return {str(v): {k: [p.digest, p.what] for k, p in stored.items()}
-            for v, stored in load_known(FINGERPRINTS, section).items()}
+            for v, stored in load_known(DIGESTS_FILE, section).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path)
     parser.add_argument("--release", help="the release to store it as (default: from the code)")
-    parser.add_argument("--write", action="store_true", help=f"add it to {FINGERPRINTS.name}")
+    parser.add_argument("--write", action="store_true", help=f"add it to {DIGESTS_FILE.name}")
     parser.add_argument("--new-profile", action="store_true",
                         help="store it although its checks match no known release (then "
                              "releases.py needs a profile for it)")
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.path}: no sglang/_version.py; name the release with --release")
         if args.patched:
             package = patched_package(package, release, Path(scratch))
-        parts = {key: [p.digest, p.what] for key, p in fingerprint_tree(package).items()}
+        parts = {key: [p.digest, p.what] for key, p in digest_tree(package).items()}
     if not args.write:
         print(json.dumps({release: parts}, indent=1))
         return 0
@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         data["patched"][release] = parts
         data["patched"] = dict(sorted(data["patched"].items(), key=lambda i: Version(i[0])))
-        FINGERPRINTS.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"{FINGERPRINTS.name}: stored {len(parts)} parts for SGLang {release} "
+        DIGESTS_FILE.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"{DIGESTS_FILE.name}: stored {len(parts)} parts for SGLang {release} "
               "with its patch series")
         return 0
     twins = [v for v, stored in data["releases"].items() if stored == parts and v != release]
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     data["releases"][release] = parts
     data["releases"] = dict(sorted(data["releases"].items(), key=lambda item: Version(item[0])))
-    FINGERPRINTS.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
-    print(f"{FINGERPRINTS.name}: stored {len(parts)} parts for SGLang {release}"
+    DIGESTS_FILE.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    print(f"{DIGESTS_FILE.name}: stored {len(parts)} parts for SGLang {release}"
           + (f" (same checks as {', '.join(map(str, twins))})" if twins else
              "; releases.py needs a profile for it (profile_for)"))
     return 0

@@ -1,4 +1,4 @@
-"""Rendering a :class:`~sglang_dsv4_guard.deploy.predict.CheckResult` as text (pure)."""
+"""Rendering a :class:`~sglang_dsv4_guard.launch.predict.CheckResult` as text (pure)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from sglang_dsv4_guard.findings import Severity
 from sglang_dsv4_guard.render import render_finding
 
 if TYPE_CHECKING:
-    from sglang_dsv4_guard.deploy.derive import Side
-    from sglang_dsv4_guard.deploy.predict import CheckResult
+    from sglang_dsv4_guard.launch.derive import Side
+    from sglang_dsv4_guard.launch.predict import CheckResult
 
 __all__ = ["render_check"]
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_dsv4_guard.deploy.parse import CheckInputError, SideArgs, offline_env
+from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, offline_env
 
 __all__ = ["ModelFacts", "Side", "derive_side", "load_model"]
 

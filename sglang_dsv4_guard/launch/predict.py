@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sglang_dsv4_guard.deploy.asymmetry import SideView, asymmetry_findings
-from sglang_dsv4_guard.deploy.derive import Side, derive_side
-from sglang_dsv4_guard.deploy.parse import CheckInputError, parse_side
-from sglang_dsv4_guard.deploy.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
+from sglang_dsv4_guard.launch.derive import Side, derive_side
+from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
+from sglang_dsv4_guard.launch.pools import PoolRun, draft_ratio, run_state_check
 
 if TYPE_CHECKING:
-    from sglang_dsv4_guard.releases import HostProfile
+    from sglang_dsv4_guard.host.releases import HostProfile
 
 __all__ = ["CheckResult", "run_check"]
 
@@ -175,8 +175,8 @@ def run_check(prefill_args: str, decode_args: str,
               prefill_env: Mapping[str, str] | None = None,
               decode_env: Mapping[str, str] | None = None) -> CheckResult:
     """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input."""
-    from sglang_dsv4_guard.host import judge_imported
-    from sglang_dsv4_guard.releases import SUPPORTED_MAX, SUPPORTED_MIN
+    from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
+    from sglang_dsv4_guard.host.verdict import judge_imported
 
     host = judge_imported()  # by the imported code, as install() judges it, not the label
     if host.behaves_as is None:

@@ -65,7 +65,7 @@ class PatchStatus:
 def patches_root() -> Path | None:
     """The directory of series: in the wheel, else the source checkout's ``patches/``."""
     here = Path(__file__).resolve().parent
-    for candidate in (here / "patches", here.parent / "patches"):
+    for candidate in (here.parent / "patches", here.parent.parent / "patches"):
         if any(candidate.glob("sglang-*/series")):
             return candidate
     return None
@@ -276,7 +276,7 @@ def _installed() -> tuple[str | None, Path | None, str]:
     when the labels and the code disagree. Judged by the code (``host.py``), as
     ``install()`` judges it, so a new release with known checks gets its twin's series;
     code matching no known release falls back to the tree's own label."""
-    from sglang_dsv4_guard.host import judge_imported
+    from sglang_dsv4_guard.host.verdict import judge_imported
 
     site = sglang_site()
     host = judge_imported()

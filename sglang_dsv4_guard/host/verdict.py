@@ -2,8 +2,8 @@
 
 Three witnesses: the installed distribution metadata (``importlib.metadata``), the
 version the package's own ``_version.py`` names, and the code's fingerprints
-(:mod:`sglang_dsv4_guard.fingerprint`) compared with those stored for every known
-release in ``fingerprints.json``. They disagree when a source tree sits on
+(:mod:`sglang_dsv4_guard.host.digests`) compared with those stored for every known
+release in ``digests.json``. They disagree when a source tree sits on
 ``PYTHONPATH`` over another installed wheel, and for a release newer than the guard.
 
 - The code matches its own release's fingerprints: that release's profile. When the
@@ -30,22 +30,22 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from sglang_dsv4_guard.fingerprint import (
+from sglang_dsv4_guard.host.digests import (
     MORI,
     POOL,
     UTILS,
     Part,
     code_version,
     differences,
-    fingerprint_tree,
+    digest_tree,
 )
-from sglang_dsv4_guard.releases import HostProfile, is_supported, profile_for
+from sglang_dsv4_guard.host.releases import HostProfile, is_supported, profile_for
 
-__all__ = ["FINGERPRINTS", "HostVerdict", "forget_verdicts", "imported_package_dir", "judge",
+__all__ = ["DIGESTS_FILE", "HostVerdict", "forget_verdicts", "imported_package_dir", "judge",
            "judge_imported",
            "load_known"]
 
-FINGERPRINTS = Path(__file__).with_name("fingerprints.json")
+DIGESTS_FILE = Path(__file__).with_name("digests.json")
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def _version(text: str | None) -> Version | None:
         return None
 
 
-def load_known(path: Path = FINGERPRINTS,
+def load_known(path: Path = DIGESTS_FILE,
                section: str = "releases") -> dict[Version, dict[str, Part]]:
     """The stored fingerprints of every known release, oldest first; with ``section``
     ``"patched"``, of every release with the guard's patch series applied."""
@@ -136,7 +136,7 @@ def judge(package: Path, metadata: Version | None,
     patched = load_known(section="patched") if patched is None else patched
     code = _version(code_version(package))
     label = code or metadata
-    found = fingerprint_tree(package)
+    found = digest_tree(package)
     matches = [v for v, parts in known.items() if not differences(found, parts)]
     both = (f"installed metadata says SGLang {metadata}, the imported code "
             f"({package}) says {code}")
@@ -191,7 +191,7 @@ _READ = (UTILS, MORI, POOL, "_version.py")
 
 def _mtimes(package: Path) -> tuple[int, ...]:
     stamps = []
-    for path in [*(package / rel for rel in _READ), FINGERPRINTS]:
+    for path in [*(package / rel for rel in _READ), DIGESTS_FILE]:
         try:
             stamps.append(path.stat().st_mtime_ns)
         except OSError:
@@ -218,5 +218,5 @@ def judge_imported() -> HostVerdict:
         return _VERDICTS[key]
     except (OSError, ValueError, KeyError, TypeError) as exc:  # our data file, not SGLang
         return HostVerdict(metadata, None, None, logging.WARNING,
-                           f"cannot judge the SGLang at {package}: {FINGERPRINTS.name} is "
+                           f"cannot judge the SGLang at {package}: {DIGESTS_FILE.name} is "
                            f"unreadable ({type(exc).__name__}: {exc})")

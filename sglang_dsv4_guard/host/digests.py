@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["MISSING", "POOL_ATTRIBUTES", "Part", "code_version", "differences",
-           "fingerprint_tree"]
+           "digest_tree"]
 
 MISSING = "missing"
 UTILS = "srt/disaggregation/utils.py"
@@ -252,7 +252,7 @@ def _pool_parts(module: ast.Module | None) -> list[Part]:
     return parts
 
 
-def fingerprint_tree(package_dir: Path) -> dict[str, Part]:
+def digest_tree(package_dir: Path) -> dict[str, Part]:
     """The parts of the ``sglang`` package at ``package_dir`` (the directory holding
     ``srt/``), keyed by part key."""
     parts = [*_state_parts(_module(package_dir, UTILS)),
