@@ -53,7 +53,7 @@ _LAZY = {
     "install": "sglang_dsv4_guard.lifecycle",
     "is_installed": "sglang_dsv4_guard.lifecycle",
     "uninstall": "sglang_dsv4_guard.lifecycle",
-    "summary": "sglang_dsv4_guard.reporter",
+    "summary": "sglang_dsv4_guard.lifecycle",
 }
 
 if TYPE_CHECKING:
@@ -65,9 +65,8 @@ if TYPE_CHECKING:
     )
     from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
     from sglang_dsv4_guard.hookspecs import hookimpl
-    from sglang_dsv4_guard.lifecycle import install, is_installed, uninstall
+    from sglang_dsv4_guard.lifecycle import install, is_installed, summary, uninstall
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
-    from sglang_dsv4_guard.reporter import summary
     from sglang_dsv4_guard.state.snapshot import PoolSnapshot, StateContext, StatePair
 
 

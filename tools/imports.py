@@ -51,7 +51,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("snapshots of SGLang's objects, sample objects",
      ("state", "mori", "samples")),
     ("patching and what the guard knows of SGLang", ("patching", "host")),
-    ("values: findings, codes, settings, errors", ("findings", "codes", "settings", "errors")),
+    ("values: findings, codes, settings, errors, undo",
+     ("findings", "codes", "settings", "errors", "undo")),
 )
 KINDS = ("top", "deferred", "typing", "dynamic")
 _SUBPACKAGES = frozenset(path.parent.name for path in PACKAGE_DIR.glob("*/__init__.py"))
@@ -166,9 +167,9 @@ def layer_of(module: str) -> int | None:
     best: tuple[int, int] | None = None  # (length of the matching name, layer)
     for index, (_, names) in enumerate(LAYERS):
         for name in names:
-            if module == name or module.startswith(name + "."):
-                if best is None or len(name) > best[0]:
-                    best = (len(name), index)
+            covers = module == name or module.startswith(name + ".")
+            if covers and (best is None or len(name) > best[0]):
+                best = (len(name), index)
     return None if best is None else best[1]
 
 
