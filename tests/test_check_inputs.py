@@ -101,16 +101,6 @@ class TestBadInput(GuardTestCase):
         err = self.bad(server("prefill", LLAMA, "--served-model-name 'x"))
         self.assertIn("--prefill: cannot split the command line", err)
 
-    def test_preflight_was_replaced(self) -> None:
-        """``preflight`` with its old inputs exits 2 and points at ``check``."""
-        for argv in (("--prefill-tp", "8", "--prefill-dp", "0", "--prefill-dp-attention",
-                      "--decode-tp", "4"), ("--prefill-tp", "-8", "--decode-tp", "4"),
-                     ("--transfer-backend", "MORI", "--prefill-tp", "8", "--decode-tp", "8")):
-            with self.subTest(argv=argv):
-                status, out, err = run_cli("preflight", *argv)
-                self.assertEqual((status, out), (2, ""))
-                self.assertIn("preflight was replaced by check", err)
-
     def test_no_traceback_in_a_fresh_process(self) -> None:
         """The installed command, in its own interpreter: exit 2, one message, no traceback."""
         proc = fresh_python("import sys; from sglang_dsv4_guard.cli import main; "
