@@ -291,7 +291,7 @@ def _at_exit(current: Installation) -> None:
     there was anything to count, and this process' marker clean-up."""
     try:
         if current.mori.mismatches or _reported(current):
-            logger.info("%s", summary(current))
+            logger.info("%s", _summary_of(current))
     except Exception as exc:
         logger.debug("sglang-dsv4-guard: no summary at exit (%s: %s)", type(exc).__name__, exc)
     cleanup_at_exit()
@@ -302,13 +302,13 @@ def _reported(current: Installation) -> bool:
     return reporter is not None and bool(reporter.counts)
 
 
-def summary(current: Installation | None = None) -> str:
-    """Exact counts of this process' reports, MORI peers and failed transfers, as text.
+def summary() -> str:
+    """Exact counts of this process' reports, MORI peers and failed transfers, as text
+    (``uninstall()`` logs them for the installation it removes)."""
+    return _summary_of(_current)
 
-    ``current`` defaults to the installed guard; ``uninstall()`` logs it for the
-    installation it removes.
-    """
-    current = _current if current is None else current
+
+def _summary_of(current: Installation | None) -> str:
     if current is None:
         return "sglang-dsv4-guard: not installed"
     reporter = current.runtime.plugins.log_reporter
@@ -332,7 +332,7 @@ def uninstall() -> bool:
         if current.at_exit is not None:
             atexit.unregister(current.at_exit)
         if current.mori.mismatches or _reported(current):
-            logger.info("%s", summary(current))
+            logger.info("%s", _summary_of(current))
         _dismantle(current, "uninstall")
         if current.host_hook is not None:
             logger.info("sglang-dsv4-guard: its AROUND hook stays in SGLang's HookRegistry, "

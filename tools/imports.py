@@ -55,7 +55,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("findings", "codes", "settings", "errors", "undo")),
 )
 KINDS = ("top", "deferred", "typing", "dynamic")
-_SUBPACKAGES = frozenset(path.parent.name for path in PACKAGE_DIR.glob("*/__init__.py"))
 
 
 @dataclass(frozen=True)
@@ -192,12 +191,14 @@ def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
     no module is on one. (A sub-package is a vertical slice, snapshot to wrapper, so its
     modules sit in several layers; through top-level modules it may be reached again.)
     """
+    edges = list(edges)
+    subpackages = _subpackages(edges)
     graph: dict[str, set[str]] = {}
     for edge in edges:
         source, target = edge.source, edge.target
         if collapse:
             source, target = source.split(".")[0], target.split(".")[0]
-            if source == target or not {source, target} <= _SUBPACKAGES:
+            if source == target or not {source, target} <= subpackages:
                 continue
         graph.setdefault(source, set()).add(target)
         graph.setdefault(target, set())
@@ -231,12 +232,18 @@ def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
     return sorted(found)
 
 
+def _subpackages(edges: Iterable[Edge]) -> set[str]:
+    """The sub-packages the edges name (``state`` of ``state.checks``)."""
+    return {name.split(".")[0] for e in edges for name in (e.source, e.target) if "." in name}
+
+
 def _cycle_edges(edges: list[Edge], group: list[str], collapse: bool) -> list[Edge]:
     def node(name: str) -> str:
         return name.split(".")[0] if collapse else name
+    subpackages = _subpackages(edges)
     return [e for e in edges if node(e.source) in group and node(e.target) in group
             and node(e.source) != node(e.target)
-            and (not collapse or {node(e.source), node(e.target)} <= _SUBPACKAGES)]
+            and (not collapse or {node(e.source), node(e.target)} <= subpackages)]
 
 
 def report(edges: list[Edge], modules: Iterable[str], layered: bool) -> tuple[list[str], bool]:
