@@ -45,19 +45,26 @@ def _classes_in(hint: object) -> Iterator[type]:
 
 def _hints(obj: object) -> dict[str, object]:
     """The resolved annotations of a function or class (``from __future__`` strings too)."""
-    target = obj.fget if isinstance(obj, property) else obj
-    if isinstance(target, staticmethod | classmethod):
-        target = target.__func__
-    return typing.get_type_hints(target)
+    return typing.get_type_hints(_function(obj))
+
+
+def _function(member: object) -> object:
+    if isinstance(member, property):
+        return member.fget
+    return member.__func__ if isinstance(member, staticmethod | classmethod) else member
 
 
 def _members(kind: type) -> Iterator[tuple[str, object]]:
-    """A class's own annotations, and its public methods and properties (``__init__`` too)."""
+    """A class's own annotations, and its public methods and properties (``__init__`` too).
+
+    A method put on the class from outside the package (the matrix's conftest wraps
+    ``Report.of`` to count codes) is not part of the surface and is left out."""
     yield kind.__qualname__, kind
     for name, member in vars(kind).items():
         if (name == "__init__" or not name.startswith("_")) and (
                 inspect.isfunction(member) or isinstance(member, property | staticmethod
-                                                         | classmethod)):
+                                                         | classmethod)) and \
+                getattr(_function(member), "__module__", "").split(".")[0] == PACKAGE:
             yield f"{kind.__qualname__}.{name}", member
 
 
