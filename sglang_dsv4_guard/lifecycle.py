@@ -37,7 +37,7 @@ from sglang_dsv4_guard.plugins import add_all, build_plugins
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import Mode, Settings, settings_for
 from sglang_dsv4_guard.state.wrapper import make_state_wrapper
-from sglang_dsv4_guard.undo import Undo
+from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 
 __all__ = ["Installation", "install", "install_from_sglang_loader", "installation",
            "is_installed", "reset", "standalone_runtime", "summary", "uninstall"]
@@ -59,7 +59,7 @@ class Installation:
     mori: MoriGuard
     hooks: PostImportHooks
     patches: list[AppliedPatch] = field(default_factory=list)
-    undo: Undo = field(default=lambda: False)
+    undo: Undo = field(default=nothing_to_undo)
     ready: bool = False  # True once install() has returned it
     host_hook: StateHook | None = None  # registered with SGLang's HookRegistry (no undo)
     at_exit: Callable[[], None] | None = None  # registered with atexit until uninstall()
