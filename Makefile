@@ -59,7 +59,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks tools examples
 	$(PY) -m mypy
-	$(PY) -m mypy --strict tools/matrix.py tools/patched_tree.py tools/make_patches.py tools/patch_texts.py tools/sglang_ci.py tools/digests.py
+	$(PY) -m mypy --strict tools/matrix.py tools/release_env.py tools/imports.py tools/patched_tree.py tools/make_patches.py tools/patch_texts.py tools/sglang_ci.py tools/digests.py
 
 bench: $(STAMP)
 	$(PY) tools/matrix.py --script benchmarks/bench_overhead.py $(RELEASES_ARG)

@@ -1,10 +1,12 @@
 """sglang-dsv4-guard: every DeepSeek-V4 PD/NextN KV-pool mismatch, reported at once.
 
 Importing this package has no side effects: it imports neither sglang nor torch,
-reads no environment and builds no plug-in manager. The public surface is
-``__all__``: install/uninstall, the exceptions, and the types a plug-in author meets
-(hook arguments and results). :mod:`sglang_dsv4_guard.testing` helps test a plug-in.
-Everything else is private.
+reads no environment and builds no plug-in manager (each name below is imported when
+first used). The public surface is ``__all__``: install/uninstall and their settings and
+undo, the exceptions, and every type a plug-in author meets (hook arguments, the values
+their snapshots hold, findings and reports); ``tests/test_public_surface.py`` checks that
+every type reachable from it is in it. :mod:`sglang_dsv4_guard.testing` helps test a
+plug-in. Everything else is private.
 """
 
 from __future__ import annotations
@@ -14,19 +16,31 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "MISSING",
+    "CudaGraphs",
     "DSV4GuardError",
     "DSV4GuardInstallError",
     "DSV4GuardStartupRefused",
     "Finding",
+    "GeometryField",
+    "HostProfile",
+    "MappingComparison",
+    "Mode",
+    "NotASequence",
     "Observation",
     "PoolSnapshot",
     "Report",
     "SendContext",
     "SendSnapshot",
+    "Setting",
     "SettingError",
+    "Settings",
     "Severity",
     "StateContext",
     "StatePair",
+    "TensorInfo",
+    "Undo",
+    "Unreadable",
     "__version__",
     "hookimpl",
     "install",
@@ -44,16 +58,28 @@ _LAZY = {
     "Observation": "sglang_dsv4_guard.findings",
     "Report": "sglang_dsv4_guard.findings",
     "Severity": "sglang_dsv4_guard.findings",
+    "GeometryField": "sglang_dsv4_guard.host.releases",
+    "HostProfile": "sglang_dsv4_guard.host.releases",
+    "Mode": "sglang_dsv4_guard.settings",
+    "Setting": "sglang_dsv4_guard.settings",
+    "Settings": "sglang_dsv4_guard.settings",
+    "MISSING": "sglang_dsv4_guard.state.snapshot",
+    "NotASequence": "sglang_dsv4_guard.state.snapshot",
     "PoolSnapshot": "sglang_dsv4_guard.state.snapshot",
     "StateContext": "sglang_dsv4_guard.state.snapshot",
     "StatePair": "sglang_dsv4_guard.state.snapshot",
+    "Unreadable": "sglang_dsv4_guard.state.snapshot",
+    "CudaGraphs": "sglang_dsv4_guard.state.cuda_graphs",
+    "MappingComparison": "sglang_dsv4_guard.state.tensors",
+    "TensorInfo": "sglang_dsv4_guard.state.tensors",
     "SendContext": "sglang_dsv4_guard.mori.snapshot",
     "SendSnapshot": "sglang_dsv4_guard.mori.snapshot",
     "hookimpl": "sglang_dsv4_guard.hookspecs",
     "install": "sglang_dsv4_guard.lifecycle",
     "is_installed": "sglang_dsv4_guard.lifecycle",
+    "summary": "sglang_dsv4_guard.lifecycle",
     "uninstall": "sglang_dsv4_guard.lifecycle",
-    "summary": "sglang_dsv4_guard.reporter",
+    "Undo": "sglang_dsv4_guard.undo",
 }
 
 if TYPE_CHECKING:
@@ -65,16 +91,27 @@ if TYPE_CHECKING:
     )
     from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
     from sglang_dsv4_guard.hookspecs import hookimpl
-    from sglang_dsv4_guard.lifecycle import install, is_installed, uninstall
+    from sglang_dsv4_guard.host.releases import GeometryField, HostProfile
+    from sglang_dsv4_guard.lifecycle import install, is_installed, summary, uninstall
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
-    from sglang_dsv4_guard.reporter import summary
-    from sglang_dsv4_guard.state.snapshot import PoolSnapshot, StateContext, StatePair
+    from sglang_dsv4_guard.settings import Mode, Setting, Settings
+    from sglang_dsv4_guard.state.cuda_graphs import CudaGraphs
+    from sglang_dsv4_guard.state.snapshot import (
+        MISSING,
+        NotASequence,
+        PoolSnapshot,
+        StateContext,
+        StatePair,
+        Unreadable,
+    )
+    from sglang_dsv4_guard.state.tensors import MappingComparison, TensorInfo
+    from sglang_dsv4_guard.undo import Undo
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'sglang_dsv4_guard' has no attribute {name!r}")
-    import importlib
+    import importlib  # deferred: the package imports nothing until a name is used
 
     return getattr(importlib.import_module(module), name)

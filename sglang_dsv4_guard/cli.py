@@ -7,8 +7,7 @@
 - ``demo``: SGLang's real ``setup_state_kv_args`` on a built-in pair with several
   mismatches, unguarded, then guarded, then a passing pair.
 - ``check``: a PD deployment's failures predicted from the two servers' launch flags,
-  with the installed release's own parser, model config and checks (``launch/``);
-  ``preflight`` was replaced by it.
+  with the installed release's own parser, model config and checks (``launch/``).
 - ``patches``: the SGLang patch series for the installed release, and for each patch
   whether SGLang carries it, would take it, or why not (:mod:`sglang_dsv4_guard.host.patchset`).
 """
@@ -28,6 +27,9 @@ from typing import TYPE_CHECKING
 
 from sglang_dsv4_guard.codes import CODES
 
+# Each command imports what it needs inside its function (deferred on purpose, for
+# start-up cost): ``explain`` and ``--help`` import neither SGLang nor torch nor the
+# plug-in manager, and only ``check`` loads the release's parser and model config.
 if TYPE_CHECKING:
     from sglang_dsv4_guard.plugins import GuardPlugins
 
@@ -49,7 +51,8 @@ def _importable(name: str) -> bool:
 def _release_line() -> tuple[str, bool]:
     """``SGLang: 0.5.20 (supported; range 0.5.16 to 0.5.23)`` and whether the guard can run.
 
-    Judged by the imported code (``host.py``): what it matches or what changed."""
+    Judged by the imported code (:mod:`sglang_dsv4_guard.host.verdict`): what it matches
+    or what changed."""
     from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
     from sglang_dsv4_guard.host.verdict import judge_imported
 
@@ -187,13 +190,6 @@ def _check(args: argparse.Namespace) -> int:
     return result.exit_status
 
 
-def _preflight() -> int:
-    print("sglang-dsv4-guard preflight: error: preflight was replaced by check, which reads "
-          "the two servers' own launch flags: sglang-dsv4-guard check --prefill \"ARGS\" "
-          "--decode \"ARGS\"", file=sys.stderr)
-    return 2
-
-
 def _patches(_: argparse.Namespace) -> int:
     from sglang_dsv4_guard.host.patchset import status_report
 
@@ -233,16 +229,12 @@ def _parser() -> argparse.ArgumentParser:
     check.set_defaults(run=_check)
     sub.add_parser("patches", help="list the SGLang patch series for the installed release "
                    "and whether each patch applies (read-only)").set_defaults(run=_patches)
-    # Listed in --help; main() answers it before argparse sees its old options.
-    sub.add_parser("preflight", help="replaced by check", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sglang-dsv4-guard`` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["preflight"]:
-        return _preflight()
     parser = _parser()
     args = parser.parse_args(argv)
     if args.version:

@@ -1,9 +1,14 @@
-"""``install()`` / ``uninstall()`` / ``is_installed()``: idempotent both ways.
+"""The composition root: ``install()`` / ``uninstall()`` / ``is_installed()``, idempotent
+both ways, ``summary()``, and :func:`standalone_runtime` for ``check`` and tests.
 
-``install`` judges the imported SGLang by its code (``host.py``) before patching,
-wraps ``setup_state_kv_args`` (and every stale binding of it), and arranges for the
-MORI connector to be wrapped when SGLang imports it. ``uninstall`` restores every
-original object where our wrapper still stands and removes the pending import hook.
+``install`` judges the imported SGLang by its code (:mod:`sglang_dsv4_guard.host.verdict`)
+before patching, builds the runtime (settings, plug-in manager, release profile), hands it
+to the wrappers, wraps ``setup_state_kv_args`` (and every stale binding of it), and
+arranges for the MORI connector to be wrapped when SGLang imports it. ``uninstall``
+restores every original object where our wrapper still stands and removes the pending
+import hook. Every module below this one receives what it needs as arguments; none
+imports this one. :func:`reset` forgets what the process remembers between
+installations (for tests).
 """
 
 from __future__ import annotations
@@ -18,23 +23,24 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from sglang_dsv4_guard.dedup import cleanup_at_exit
-from sglang_dsv4_guard.errors import DSV4GuardInstallError, SettingError
+from sglang_dsv4_guard.errors import DSV4GuardInstallError
 from sglang_dsv4_guard.host.registry import (
     StateHook,
     loader_is_running,
     register_state_hook,
     verify_after_apply_hooks,
 )
-from sglang_dsv4_guard.host.verdict import judge_imported
+from sglang_dsv4_guard.host.verdict import forget_verdicts, judge_imported
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
-from sglang_dsv4_guard.plugins import build_plugins
-from sglang_dsv4_guard.reporter import LogReporter, summary
+from sglang_dsv4_guard.plugins import add_all, build_plugins
 from sglang_dsv4_guard.runtime import Runtime
-from sglang_dsv4_guard.settings import LOG_FORMATS, Mode, Setting, Settings, parse_mode
+from sglang_dsv4_guard.settings import Mode, Settings, settings_for
 from sglang_dsv4_guard.state.wrapper import make_state_wrapper
+from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 
-__all__ = ["install", "install_from_sglang_loader", "installation", "is_installed", "uninstall"]
+__all__ = ["Installation", "install", "install_from_sglang_loader", "installation",
+           "is_installed", "reset", "standalone_runtime", "summary", "uninstall"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -53,7 +59,7 @@ class Installation:
     mori: MoriGuard
     hooks: PostImportHooks
     patches: list[AppliedPatch] = field(default_factory=list)
-    undo: Callable[[], bool] = field(default=lambda: False)
+    undo: Undo = field(default=nothing_to_undo)
     ready: bool = False  # True once install() has returned it
     host_hook: StateHook | None = None  # registered with SGLang's HookRegistry (no undo)
     at_exit: Callable[[], None] | None = None  # registered with atexit until uninstall()
@@ -82,7 +88,7 @@ def _nothing_to_undo() -> bool:
     return False
 
 
-def _undo_for(current: Installation) -> Callable[[], bool]:
+def _undo_for(current: Installation) -> Undo:
     def undo() -> bool:
         """Uninstall the installation this ``install()`` made, if it is still the current one."""
         with _lock:
@@ -94,10 +100,22 @@ def _undo_for(current: Installation) -> Callable[[], bool]:
     return undo
 
 
-_warned: set[str] = set()
+_warned: set[str] = set()  # reasons already warned about in this process (reset() clears)
 
 
-def _refuse(settings: Settings, reason: str, target: str | None = None) -> Callable[[], bool]:
+def reset() -> None:
+    """Put the process back as a fresh import of the guard left it, as structlog's
+    ``reset_defaults`` does: uninstall (if installed), forget the warnings already given
+    (each is given once per process) and the memoised verdicts on the imported SGLang.
+    Run by the project's test case before and after every test, so that whether a warning
+    appears never depends on which test ran before."""
+    uninstall()
+    with _lock:
+        _warned.clear()
+    forget_verdicts()
+
+
+def _refuse(settings: Settings, reason: str, target: str | None = None) -> Undo:
     """Strict: raise. Otherwise warn (once per reason and process) and stay inert."""
     error = DSV4GuardInstallError(reason, target)
     if settings.mode.value is Mode.STRICT:
@@ -112,23 +130,6 @@ def _refuse(settings: Settings, reason: str, target: str | None = None) -> Calla
     return _nothing_to_undo
 
 
-def settings_for(mode: str | Mode, autoshare: bool, log_format: str,
-                 settings: Settings | None) -> Settings:
-    """``settings`` if given, else the keywords checked (``SettingError`` names a bad one)."""
-    if settings is not None:
-        return settings
-    chosen = parse_mode(mode.value if isinstance(mode, Mode) else str(mode), "install(mode=...)")
-    if not isinstance(autoshare, bool):
-        raise SettingError("install(autoshare=...)", autoshare, ("True", "False"),
-                           "nothing was installed")
-    if log_format not in LOG_FORMATS:
-        raise SettingError("install(log_format=...)", log_format, LOG_FORMATS,
-                           "nothing was installed")
-    return Settings(Setting(chosen, f"install(mode={mode!r})"),
-                    Setting(autoshare, f"install(autoshare={autoshare!r})"),
-                    Setting(log_format, f"install(log_format={log_format!r})"))
-
-
 def _failure_reason(stage: str, exc: Exception) -> tuple[str, str | None]:
     if isinstance(exc, DSV4GuardInstallError):
         return f"{stage}: {exc.reason}", exc.target
@@ -137,7 +138,7 @@ def _failure_reason(stage: str, exc: Exception) -> tuple[str, str | None]:
 
 def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str = "text",
             load_entry_points: bool = True, settings: Settings | None = None
-            ) -> Callable[[], bool]:
+            ) -> Undo:
     """Install the guard; return this installation's own undo.
 
     ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). Calling it again
@@ -165,7 +166,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     return _install_or_reuse(chosen, load_entry_points, via_sglang_registry=False)
 
 
-def install_from_sglang_loader(settings: Settings) -> Callable[[], bool]:
+def install_from_sglang_loader(settings: Settings) -> Undo:
     """The entry point's install: while SGLang's ``load_plugins()`` runs the guard, register
     an ``AROUND`` hook with SGLang's ``HookRegistry`` instead of patching (see
     :mod:`sglang_dsv4_guard.host.registry`); otherwise (the registry would never apply the
@@ -181,7 +182,7 @@ def install_from_sglang_loader(settings: Settings) -> Callable[[], bool]:
 
 
 def _install_or_reuse(chosen: Settings, load_entry_points: bool,
-                      via_sglang_registry: bool) -> Callable[[], bool]:
+                      via_sglang_registry: bool) -> Undo:
     if chosen.mode.value is Mode.OFF:
         uninstall()
         return _nothing_to_undo
@@ -202,9 +203,9 @@ def _install_or_reuse(chosen: Settings, load_entry_points: bool,
 
 
 def _install(chosen: Settings, load_entry_points: bool,
-             via_sglang_registry: bool) -> Callable[[], bool]:
+             via_sglang_registry: bool) -> Undo:
     global _current
-    host = judge_imported()  # by the imported code, not the label (host.py)
+    host = judge_imported()  # by the imported code, not the label
     if host.behaves_as is None:
         return _refuse(chosen, host.message)
     if host.message:
@@ -290,15 +291,31 @@ def _at_exit(current: Installation) -> None:
     there was anything to count, and this process' marker clean-up."""
     try:
         if current.mori.mismatches or _reported(current):
-            logger.info("%s", summary(current))
+            logger.info("%s", _summary_of(current))
     except Exception as exc:
         logger.debug("sglang-dsv4-guard: no summary at exit (%s: %s)", type(exc).__name__, exc)
     cleanup_at_exit()
 
 
 def _reported(current: Installation) -> bool:
-    reporter = current.runtime.plugins.pm.get_plugin("builtin_log_reporter")
-    return isinstance(reporter, LogReporter) and bool(reporter.counts)
+    reporter = current.runtime.plugins.log_reporter
+    return reporter is not None and bool(reporter.counts)
+
+
+def summary() -> str:
+    """Exact counts of this process' reports, MORI peers and failed transfers, as text
+    (``uninstall()`` logs them for the installation it removes)."""
+    return _summary_of(_current)
+
+
+def _summary_of(current: Installation | None) -> str:
+    if current is None:
+        return "sglang-dsv4-guard: not installed"
+    reporter = current.runtime.plugins.log_reporter
+    lines = reporter.summary_lines() if reporter is not None else []
+    lines += current.mori.summary_lines()
+    return "\n".join(["sglang-dsv4-guard summary (this process):",
+                      *(f"  {line}" for line in lines or ["no reports"])])
 
 
 def uninstall() -> bool:
@@ -315,10 +332,31 @@ def uninstall() -> bool:
         if current.at_exit is not None:
             atexit.unregister(current.at_exit)
         if current.mori.mismatches or _reported(current):
-            logger.info("%s", summary(current))
+            logger.info("%s", _summary_of(current))
         _dismantle(current, "uninstall")
         if current.host_hook is not None:
             logger.info("sglang-dsv4-guard: its AROUND hook stays in SGLang's HookRegistry, "
                         "which has no undo; it now passes every call straight to SGLang")
         logger.info("sglang-dsv4-guard uninstalled; originals restored")
         return True
+
+
+def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
+                       autoshare: bool = False, load_entry_points: bool = False) -> Runtime:
+    """A runtime that is not installed: the wrappers' machinery for ``check`` and tests.
+
+    The built-ins, then (with ``load_entry_points``) third-party entry points, then
+    ``plugins`` registered as a server registers entry points (a refused one raises
+    ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
+    (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
+    """
+    settings = settings_for(mode, autoshare, "text", None)
+    if settings.mode.value is Mode.OFF:
+        raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
+                         "there is nothing to check")
+    host = judge_imported()  # the checks of the imported code, as install() uses
+    if host.behaves_as is None:
+        raise RuntimeError(f"the guard cannot model this SGLang: {host.message}")
+    manager = build_plugins(load_entry_points=load_entry_points)
+    add_all(manager, plugins)
+    return Runtime(settings, manager, host.profile())

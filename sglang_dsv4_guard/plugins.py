@@ -31,7 +31,6 @@ plug-in's failure like any other.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.metadata
 import logging
 import threading
@@ -42,6 +41,7 @@ from typing import Any
 import pluggy
 
 from sglang_dsv4_guard import hookspecs
+from sglang_dsv4_guard.autoshare import remedy as autoshare_remedy
 from sglang_dsv4_guard.boundary import clean_finding, raised_text, safe_text
 from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.findings import (
@@ -49,18 +49,24 @@ from sglang_dsv4_guard.findings import (
     Report,
     Severity,
 )
+from sglang_dsv4_guard.mori import checks as mori_checks
+from sglang_dsv4_guard.reporter import LogReporter
+from sglang_dsv4_guard.state import checks as state_checks
 
-__all__ = ["BUILTIN_PLUGINS", "GuardPlugins", "add_all", "add_plugin", "build_plugins", "clean_finding",
-           "is_builtin", "operator_interrupt", "plugin_failure"]
+__all__ = ["BUILTIN_PLUGINS", "LOG_REPORTER", "GuardPlugins", "add_all", "add_plugin",
+           "build_plugins", "is_builtin", "operator_interrupt", "plugin_failure"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
-BUILTIN_PLUGINS = (
-    ("builtin_autoshare", "sglang_dsv4_guard.autoshare.remedy"),
-    ("builtin_state", "sglang_dsv4_guard.state.checks"),
-    ("builtin_mori", "sglang_dsv4_guard.mori.checks"),
+# The built-in hook implementations, registered first as ordinary plug-ins (so, in
+# pluggy's order, they run after third-party ones), then the log reporter.
+BUILTIN_PLUGINS: tuple[tuple[str, ModuleType], ...] = (
+    ("builtin_autoshare", autoshare_remedy),
+    ("builtin_state", state_checks),
+    ("builtin_mori", mori_checks),
 )
-_BUILTIN_NAMES = frozenset(name for name, _ in BUILTIN_PLUGINS) | {"builtin_log_reporter"}
+LOG_REPORTER = "builtin_log_reporter"
+_BUILTIN_NAMES = frozenset(name for name, _ in BUILTIN_PLUGINS) | {LOG_REPORTER}
 
 _NEVER_BLOCKS = "a plug-in's failure never blocks, in strict mode either"
 _UNAFFECTED = "SGLang's verdict is not affected; " + _NEVER_BLOCKS
@@ -119,6 +125,12 @@ class GuardPlugins:
     def names(self) -> list[str]:
         """The registered plug-ins' names, built-ins first."""
         return [name for name, _ in self.pm.list_name_plugin()]
+
+    @property
+    def log_reporter(self) -> LogReporter | None:
+        """The built-in log reporter (``None`` if it could not be registered)."""
+        reporter = self.pm.get_plugin(LOG_REPORTER)
+        return reporter if isinstance(reporter, LogReporter) else None
 
     def _call_each(self, hook: str, kwargs: Mapping[str, Any]
                    ) -> Iterator[tuple[str, object, Finding | None]]:
@@ -248,17 +260,18 @@ _HOOK_NAMES = tuple(name for name in vars(hookspecs) if name.startswith("sglang_
 
 
 def build_plugins(load_entry_points: bool = True, log_format: str = "text") -> GuardPlugins:
-    """Build a manager with the built-ins and, unless told not to, third-party plug-ins."""
-    from sglang_dsv4_guard.reporter import LogReporter
+    """Build a manager with the built-ins and, unless told not to, third-party plug-ins.
 
+    ``log_format`` (``"text"`` or ``"json"``) is the built-in log reporter's.
+    """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     plugins = GuardPlugins(pm, [])
     for name, module in BUILTIN_PLUGINS:
-        error = _register(pm, importlib.import_module(module), name)
+        error = _register(pm, module, name)
         if error:  # a bug of ours: say so loudly, but carry on
             plugins.load_problems.append(plugin_failure(name, "register", error))
-    _register(pm, LogReporter(log_format), "builtin_log_reporter")
+    _register(pm, LogReporter(log_format), LOG_REPORTER)
     if load_entry_points:
         for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
             try:

@@ -15,7 +15,7 @@ What the text log shows for one occurrence of a report:
 With ``log_format="json"`` every occurrence, quiet ones included, is one record whose
 message is that same readable text and whose ``extra`` carries the whole report as
 structured data under ``record.sglang_dsv4_guard``. Exact counts:
-:func:`summary`.
+:meth:`LogReporter.summary_lines`, shown by :func:`sglang_dsv4_guard.summary`.
 """
 
 from __future__ import annotations
@@ -27,17 +27,16 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sglang_dsv4_guard.dedup import Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.render import render_report
+from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 
-if TYPE_CHECKING:
-    from sglang_dsv4_guard.lifecycle import Installation
-
-__all__ = ["Delivery", "LogReporter", "delivering", "headline", "summary"]
+__all__ = ["EXTRA_KEY", "Delivery", "LogReporter", "Recorder", "delivering", "headline",
+           "pointer"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 EXTRA_KEY = "sglang_dsv4_guard"
@@ -158,20 +157,24 @@ class LogReporter:
                     f"{c.headline}" for fp, c in self.counts.items()]
 
 
-def summary(current: Installation | None = None) -> str:
-    """Exact counts of this process' reports, MORI peers and failed transfers, as text.
 
-    ``current`` defaults to the installed guard; ``uninstall()`` logs it for the
-    installation it removes.
+class Recorder:
+    """A reporter plug-in that keeps every report it is handed.
+
+    ``undo`` unregisters it from the guard it was registered on by
+    :func:`sglang_dsv4_guard.testing.record` (``False``: nothing to undo).
     """
-    if current is None:
-        from sglang_dsv4_guard.lifecycle import installation
 
-        current = installation()
-    if current is None:
-        return "sglang-dsv4-guard: not installed"
-    reporter = current.runtime.plugins.pm.get_plugin("builtin_log_reporter")
-    lines = reporter.summary_lines() if isinstance(reporter, LogReporter) else []
-    lines += current.mori.summary_lines()
-    return "\n".join(["sglang-dsv4-guard summary (this process):",
-                      *(f"  {line}" for line in lines or ["no reports"])])
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+        self.undo: Undo = nothing_to_undo
+
+    @hookimpl
+    def sglang_dsv4_guard_report(self, report: Report) -> None:
+        """Keep ``report``."""
+        self.reports.append(report)
+
+    @property
+    def codes(self) -> list[str]:
+        """Every code of every report received, in order."""
+        return [code for r in self.reports for code in r.codes]

@@ -1,4 +1,8 @@
-"""The installed guard's state, shared by the wrappers: settings, plug-ins, release."""
+"""The installed guard's state, shared by the wrappers: settings, plug-ins, release.
+
+Built by :mod:`sglang_dsv4_guard.lifecycle` (``install()``, or ``standalone_runtime()``
+for ``check`` and tests) and handed to the wrappers.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.plugins import GuardPlugins
 from sglang_dsv4_guard.settings import Mode, Settings
 
-__all__ = ["Runtime", "add_note", "standalone_runtime"]
+__all__ = ["Runtime", "add_note"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -56,27 +60,3 @@ def add_note(exc: BaseException, note: str) -> None:
     else:  # pragma: no cover - Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]
 
-
-def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
-                       autoshare: bool = False, load_entry_points: bool = False) -> Runtime:
-    """A runtime that is not installed: the wrappers' machinery for ``check`` and tests.
-
-    The built-ins, then (with ``load_entry_points``) third-party entry points, then
-    ``plugins`` registered as a server registers entry points (a refused one raises
-    ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
-    (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
-    """
-    from sglang_dsv4_guard.host.verdict import judge_imported
-    from sglang_dsv4_guard.lifecycle import settings_for
-    from sglang_dsv4_guard.plugins import add_all, build_plugins
-
-    settings = settings_for(mode, autoshare, "text", None)
-    if settings.mode.value is Mode.OFF:
-        raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
-                         "there is nothing to check")
-    host = judge_imported()  # the checks of the imported code, as install() uses
-    if host.behaves_as is None:
-        raise RuntimeError(f"the guard cannot model this SGLang: {host.message}")
-    manager = build_plugins(load_entry_points=load_entry_points)
-    add_all(manager, plugins)
-    return Runtime(settings, manager, host.profile())

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 from sglang_dsv4_guard.errors import SettingError
 
 __all__ = ["ENV_AUTOSHARE", "ENV_LOG_FORMAT", "ENV_MODE", "LOG_FORMATS", "MODE_ACCEPTED", "Mode",
-           "Setting", "Settings", "parse_mode", "settings_from_env"]
+           "Setting", "Settings", "parse_mode", "settings_for", "settings_from_env"]
 
 ENV_MODE = "SGLANG_DSV4_GUARD"
 ENV_AUTOSHARE = "SGLANG_DSV4_GUARD_AUTOSHARE"
@@ -92,3 +92,21 @@ def settings_from_env(environ: Mapping[str, str] | None = None
     log_format = _from_env(env, ENV_LOG_FORMAT, {f: f for f in LOG_FORMATS}, "text",
                            ("unset", *LOG_FORMATS), "reports are logged as text", problems)
     return Settings(mode, autoshare, log_format), problems
+
+
+def settings_for(mode: str | Mode, autoshare: bool, log_format: str,
+                 settings: Settings | None) -> Settings:
+    """``settings`` if given, else ``install()``'s keywords checked (a
+    :class:`SettingError` names a bad one and says nothing was installed)."""
+    if settings is not None:
+        return settings
+    chosen = parse_mode(mode.value if isinstance(mode, Mode) else str(mode), "install(mode=...)")
+    if not isinstance(autoshare, bool):
+        raise SettingError("install(autoshare=...)", autoshare, ("True", "False"),
+                           "nothing was installed")
+    if log_format not in LOG_FORMATS:
+        raise SettingError("install(log_format=...)", log_format, LOG_FORMATS,
+                           "nothing was installed")
+    return Settings(Setting(chosen, f"install(mode={mode!r})"),
+                    Setting(autoshare, f"install(autoshare={autoshare!r})"),
+                    Setting(log_format, f"install(log_format={log_format!r})"))

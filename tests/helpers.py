@@ -26,11 +26,12 @@ from hypothesis import HealthCheck, settings
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
+from sglang.version import __version__ as sglang_version_label
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard.host.registry import StateHook
-from sglang_dsv4_guard.host.releases import installed_sglang_version
 from sglang_dsv4_guard.patching import WRAPPER_MARK, PostImportHooks
+from sglang_dsv4_guard.testing import reset
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).
@@ -141,10 +142,12 @@ def _fail_skips_in_ci(setup: Any) -> Any:
 class GuardTestCase(CustomTestCase):
     """The base of every test: SGLang's ``CustomTestCase`` plus the guard's hygiene.
 
-    - ``setUp`` asserts that the test starts with nothing of the guard in place.
+    - ``setUp`` asserts that the test starts with nothing of the guard in place, then
+      runs :func:`sglang_dsv4_guard.testing.reset`: no warning already given, no verdict
+      memoised by an earlier test, so what a test sees never depends on test order.
     - After the test and its own clean-ups, it asserts first that nothing is left (SGLang's
       functions are the originals, no import hook of ours in ``sys.meta_path``, the guard
-      uninstalled) and only then resets, so a leak fails the test that leaked.
+      uninstalled) and only then resets (both ways), so a leak fails the test that leaked.
     - ``CustomTestCase`` retries a failed test method once in SGLang's CI, without running
       ``setUp`` again. Here every retried attempt first runs the clean-ups of the failed
       one and ``setUp`` again, so no state is carried from one attempt to the next.
@@ -184,12 +187,14 @@ class GuardTestCase(CustomTestCase):
         if left:
             reset_guard()
         self.assertEqual(left, [], "an earlier test left the guard in place")
+        reset()
         self.addCleanup(self._assert_left_clean)  # registered first, so it runs last
 
     def _assert_left_clean(self) -> None:
         left = leftovers()
         if left:
             reset_guard()
+        reset()
         self.assertEqual(left, [], "the test left the guard in place")
 
     def install_guard(self, *args: Any, **kwargs: Any) -> Callable[[], bool]:
@@ -251,10 +256,8 @@ def fresh_python(code: str, *argv: str, env: dict[str, str] | None = None,
 # What each SGLang release does, written down from its sources independently of
 # sglang_dsv4_guard.host.releases, so the matrix checks that module rather than trusting it.
 def sglang_release() -> Version:
-    """The SGLang release this test process imports."""
-    version = installed_sglang_version()
-    assert version is not None, "SGLang is not installed"
-    return version
+    """The SGLang release this test process imports, as SGLang itself reads it."""
+    return Version(sglang_version_label)
 
 
 def checks_request_rows() -> bool:

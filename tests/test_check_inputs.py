@@ -1,6 +1,6 @@
 """``sglang-dsv4-guard check`` on input it cannot read: exit 2, the argument named, no
-traceback (issue 10 item 21: the old preflight's ZeroDivisionError, TP 0 or -8 passing,
-MORI in capitals "nothing to check")."""
+traceback: a DP size of 0 with DP attention (no division by zero), a TP size of 0 or -8,
+a transfer backend in capitals."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ class TestBadInput(GuardTestCase):
         return err
 
     def test_dp_size_zero_with_dp_attention(self) -> None:
-        """``--dp-size 0 --enable-dp-attention`` (preflight's ZeroDivisionError) names --dp-size."""
+        """``--dp-size 0 --enable-dp-attention`` names --dp-size (no ZeroDivisionError)."""
         err = self.bad(server("prefill", LLAMA, "--tp-size 8 --dp-size 0 --enable-dp-attention"))
         self.assertIn("--prefill: --dp-size must be a positive integer (got 0)", err)
 
     def test_tp_size_zero_and_negative(self) -> None:
-        """``--tp-size 0`` and ``--tp-size -8`` (preflight printed OK) name --tp-size."""
+        """``--tp-size 0`` and ``--tp-size -8`` are refused, naming --tp-size."""
         for value in ("0", "-8"):
             with self.subTest(value=value):
                 err = self.bad(server("prefill", LLAMA), server("decode", LLAMA,
@@ -39,8 +39,8 @@ class TestBadInput(GuardTestCase):
                               err)
 
     def test_transfer_backend_in_capitals(self) -> None:
-        """``MORI`` (preflight said "nothing to check", exit 0) is refused by SGLang's own
-        parser, naming the flag and the value."""
+        """``MORI`` in capitals is refused by SGLang's own parser, naming the flag and the
+        value (never "nothing to check")."""
         err = self.bad(server("prefill", GPT_OSS, backend="MORI"))
         self.assertIn("--prefill: SGLang's parser: argument --disaggregation-transfer-backend",
                       err)
@@ -100,16 +100,6 @@ class TestBadInput(GuardTestCase):
         self.assertIn("--decode-env: expected K=V", err)
         err = self.bad(server("prefill", LLAMA, "--served-model-name 'x"))
         self.assertIn("--prefill: cannot split the command line", err)
-
-    def test_preflight_was_replaced(self) -> None:
-        """``preflight`` with its old inputs exits 2 and points at ``check``."""
-        for argv in (("--prefill-tp", "8", "--prefill-dp", "0", "--prefill-dp-attention",
-                      "--decode-tp", "4"), ("--prefill-tp", "-8", "--decode-tp", "4"),
-                     ("--transfer-backend", "MORI", "--prefill-tp", "8", "--decode-tp", "8")):
-            with self.subTest(argv=argv):
-                status, out, err = run_cli("preflight", *argv)
-                self.assertEqual((status, out), (2, ""))
-                self.assertIn("preflight was replaced by check", err)
 
     def test_no_traceback_in_a_fresh_process(self) -> None:
         """The installed command, in its own interpreter: exit 2, one message, no traceback."""

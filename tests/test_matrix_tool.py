@@ -95,7 +95,7 @@ class TestJudging(GuardTestCase):
 
     def test_examples_summed_over_phases(self) -> None:
         """Passing examples are summed per test over reuse and generate phases."""
-        self.assertEqual(matrix._examples(STATISTICS),
+        self.assertEqual(matrix.examples_drawn(STATISTICS),
                          {"test_mori::TestMoriParity::test_parity": 2000,
                           "test_autoshare::TestAutoshareHidesNothing::"
                           "test_other_rejections_unchanged": 512})
@@ -105,7 +105,7 @@ class TestJudging(GuardTestCase):
         one overwriting the earlier."""
         twice = STATISTICS + STATISTICS.replace("TestMoriParity", "TestMoriOther").replace(
             "1997 passing", "10 passing")
-        counts = matrix._examples(twice)
+        counts = matrix.examples_drawn(twice)
         self.assertEqual((counts["test_mori::TestMoriParity::test_parity"],
                           counts["test_mori::TestMoriOther::test_parity"]), (2000, 13))
 

@@ -33,28 +33,33 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import importlib.metadata
 import os
 import re
-import shutil
 import subprocess
 import sys
-import threading
 import time
 import xml.etree.ElementTree as ET
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import patched_tree
 from packaging.version import Version
+from release_env import (
+    PROFILE_EXAMPLES,
+    ROOT,
+    WORK,
+    Release,
+    Result,
+    base_version,
+    examples_drawn,
+    is_base,
+    prepare,
+    read_matrix,
+    release_env,
+    say,
+    sglang_package,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-MATRIX_FILE = ROOT / "matrix.txt"
-WORK = ROOT / ".matrix"
-PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-# The hypothesis profiles of tests/conftest.py and the examples each asks for.
-PROFILE_EXAMPLES = {"dev": 200, "ci": 2000}
 # Every property test (module::test): a full run without statistics from one of them fails.
 PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sglang",
                   "test_mori::TestMoriParity::test_parity",
@@ -87,145 +92,6 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
     "tests/test_errors_and_inputs.py::TestUnpicklablePluginValueTravels": (),
     "tests/test_doctor_isolation.py::TestDoctorIsolatesPlugins": (),
 }
-_print_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Release:
-    """One line of matrix.txt."""
-
-    version: str
-    overlay: tuple[str, ...]
-    line: str
-
-    @property
-    def home(self) -> Path:
-        return WORK / self.version
-
-
-@dataclass
-class Result:
-    """What one release's pytest run produced."""
-
-    release: Release
-    tests: int = 0
-    failed: int = 0
-    skipped: int = 0
-    seconds: float = 0.0
-    examples: dict[str, int] = field(default_factory=dict)
-    codes_missing: list[str] | None = None  # None: not checked (a partial run)
-    problems: list[str] = field(default_factory=list)
-    label: str = ""  # the row's name when it is not the release alone
-    covered: dict[str, str] = field(default_factory=dict)  # process test -> where it ran
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def read_matrix(path: Path = MATRIX_FILE) -> list[Release]:
-    """The releases of ``path``; a malformed line stops the run and names the line."""
-    releases = []
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        version, *overlay = line.split()
-        if not re.fullmatch(r"\d+(\.\d+)+(\.post\d+)?", version):
-            sys.exit(f"{path.name}:{number}: {version!r} is not a release number like 0.5.23")
-        if overlay == ["-"]:
-            overlay = []
-        elif "-" in overlay:
-            sys.exit(f"{path.name}:{number}: '-' (no overlay) cannot be mixed with requirements")
-        releases.append(Release(version, tuple(overlay), line))
-    if not releases:
-        sys.exit(f"{path.name}: no releases listed")
-    return releases
-
-
-def base_version() -> str | None:
-    """The SGLang release installed in this interpreter's own environment."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def is_base(release: Release) -> bool:
-    return not release.overlay and release.version == base_version()
-
-
-_download_lock = threading.Lock()
-_overlay_locks: dict[str, threading.Lock] = {}
-
-
-def say(release: Release, line: str) -> None:
-    """Print ``line`` prefixed with the release, whole, whatever the other jobs print."""
-    with _print_lock:
-        sys.stdout.write(f"[{release.version}] {line.rstrip()}\n")
-        sys.stdout.flush()
-
-
-def prepare(release: Release) -> list[str]:
-    """The ``PYTHONPATH`` entries that make ``release`` the imported SGLang (built once):
-    its overlay of pins, then its unzipped wheel."""
-    if is_base(release):
-        return []
-    if not release.overlay and release.version != base_version():
-        sys.exit(f"matrix.txt: {release.version} has no overlay ('-') but the venv holds "
-                 f"sglang {base_version()}; give it an overlay line or make it the base release")
-    return [str(_overlay(release)), str(_site(release))]
-
-
-def _site(release: Release) -> Path:
-    """``.matrix/<release>/site``: the release's wheel, unzipped."""
-    stamp = release.home / ".ready"
-    digest = hashlib.sha256(release.line.encode()).hexdigest()
-    site = release.home / "site"
-    if not (stamp.exists() and stamp.read_text() == digest):
-        say(release, f"preparing SGLang {release.version} in {release.home}")
-        if release.home.is_symlink():  # never write through a link into another checkout
-            release.home.unlink()
-        shutil.rmtree(release.home, ignore_errors=True)
-        wheels = WORK / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
-        with _download_lock:
-            if not sorted(wheels.glob(f"sglang-{release.version}-*.whl")):
-                subprocess.run([*PIP, "download", "--no-deps", "--only-binary=:all:",
-                                f"sglang=={release.version}", "-d", str(wheels)], check=True)
-        [wheel] = sorted(wheels.glob(f"sglang-{release.version}-*.whl"))
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(site)
-        stamp.write_text(digest)
-    return site
-
-
-def _overlay(release: Release) -> Path:
-    """``.matrix/overlays/<hash of the pins>``: shared by every release with the same pins
-    (0.5.16 to 0.5.20 share one), installed once."""
-    pins = " ".join(release.overlay)
-    home = WORK / "overlays" / hashlib.sha256(pins.encode()).hexdigest()[:12]
-    with _overlay_locks.setdefault(home.name, threading.Lock()):
-        if not (home / ".ready").exists():
-            say(release, f"installing {pins} into {home}")
-            shutil.rmtree(home, ignore_errors=True)
-            subprocess.run([*PIP, "install", "--no-deps", "--target", str(home),
-                            *release.overlay], check=True)
-            (home / ".ready").write_text(pins + "\n")
-    return home
-
-
-def sglang_package(release: Release) -> Path:
-    """The directory of ``release``'s ``sglang`` package (prepared, never imported)."""
-    if is_base(release):
-        from sglang_dsv4_guard.host.verdict import imported_package_dir
-
-        package = imported_package_dir()
-        if package is None:
-            sys.exit("matrix: sglang is not installed in this interpreter")
-        return package
-    prepare(release)
-    return _site(release) / "sglang"
 
 
 def code_digest(package: Path, drives: tuple[str, ...]) -> str:
@@ -270,29 +136,6 @@ def plan(releases: list[Release], packages: dict[str, Path],
             else:
                 first[key] = release.version
     return skips
-
-
-def release_env(release: Release, **extra: str) -> dict[str, str]:
-    """This process's environment, with ``release`` first on ``PYTHONPATH``."""
-    paths = prepare(release)
-    env = dict(os.environ, DSV4_GUARD_MATRIX_RELEASE=release.version, **extra)
-    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
-def _examples(log: str) -> dict[str, int]:
-    """Passing examples per property test, from ``--hypothesis-show-statistics`` output."""
-    counts: dict[str, int] = {}
-    test = None
-    for line in log.splitlines():
-        if line.startswith("tests/") and line.rstrip().endswith(":"):
-            parts = line.strip()[:-1].split("::")  # tests/test_mori.py::Class::test_x
-            # module::Class::test: same-named tests in two classes stay apart
-            test = "::".join([Path(parts[0]).stem, *parts[1:]])
-            counts[test] = 0
-        elif test is not None and (m := re.search(r"- (\d+) passing", line)):
-            counts[test] += int(m.group(1))
-    return counts
 
 
 def _produced_codes(codes_file: Path) -> set[str]:
@@ -360,7 +203,7 @@ def judge(result: Result, junit: Path, log: str, codes_file: Path, profile: str,
         result.skipped += "skipped" in outcomes
     if result.skipped:
         result.problems.append(f"{result.skipped} test(s) skipped: a test that cannot run fails")
-    result.examples = _examples(log)
+    result.examples = examples_drawn(log)
     wanted = PROFILE_EXAMPLES.get(profile)
     for test, count in result.examples.items():
         if wanted is not None and count < wanted:
@@ -490,9 +333,6 @@ def main(argv: list[str] | None = None) -> int:
     packages = {r.version: sglang_package(r) for r in {*releases, *filter(None, [harness])}}
     skips = (plan(releases, packages, harness) if whole
              else {r.version: {} for r in releases})
-
-    import patched_tree  # imports this module: not at the top
-
     def job(release: Release) -> Result:
         result = run(release, args.pytest_args, profile, skips[release.version])
         if whole:

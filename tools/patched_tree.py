@@ -25,11 +25,11 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import matrix
+import release_env
 
-ROOT = matrix.ROOT
+ROOT = release_env.ROOT
 TESTS = "tests/patched_tree"
-PATCHED = matrix.WORK / "patched"
+PATCHED = release_env.WORK / "patched"
 
 sys.path.insert(0, str(ROOT))
 from sglang_dsv4_guard.host.patchset import (  # noqa: E402
@@ -40,14 +40,14 @@ from sglang_dsv4_guard.host.patchset import (  # noqa: E402
 )
 
 
-def released_site(release: matrix.Release) -> Path:
+def released_site(release: release_env.Release) -> Path:
     """The directory holding ``release``'s unpatched ``sglang`` package."""
-    if matrix.is_base(release):
+    if release_env.is_base(release):
         site = sglang_site()
         if site is None:
             sys.exit("patched_tree: sglang is not installed in this interpreter")
         return site
-    matrix.prepare(release)
+    release_env.prepare(release)
     return release.home / "site"
 
 
@@ -71,7 +71,7 @@ def _digest(series: Series, site: Path) -> str:
     return digest.hexdigest()
 
 
-def prepare_patched(release: matrix.Release) -> tuple[Path, Path]:
+def prepare_patched(release: release_env.Release) -> tuple[Path, Path]:
     """The patched copy of ``release`` (built once per series) and the released tree."""
     site = released_site(release)
     series = series_for(release.version, ROOT / "patches")
@@ -99,19 +99,19 @@ def prepare_patched(release: matrix.Release) -> tuple[Path, Path]:
     return home, site
 
 
-def patched_env(release: matrix.Release, **extra: str) -> dict[str, str]:
+def patched_env(release: release_env.Release, **extra: str) -> dict[str, str]:
     """``release``'s matrix environment with its patched copy first on ``PYTHONPATH``."""
     patched, site = prepare_patched(release)
-    env = matrix.release_env(release, DSV4_GUARD_PATCHED_TREE=str(patched),
+    env = release_env.release_env(release, DSV4_GUARD_PATCHED_TREE=str(patched),
                              DSV4_GUARD_RELEASED_TREE=str(site), **extra)
     env["PYTHONPATH"] = os.pathsep.join([str(patched), env["PYTHONPATH"]])
     return env
 
 
-def run_series(result: matrix.Result, profile: str, pytest_args: list[str] | None = None) -> None:
+def run_series(result: release_env.Result, profile: str, pytest_args: list[str] | None = None) -> None:
     """Run ``tests/patched_tree`` on ``result``'s release, patched; fold the outcome in."""
     release = result.release
-    out = matrix.WORK / "reports"
+    out = release_env.WORK / "reports"
     out.mkdir(parents=True, exist_ok=True)
     junit = out / f"{release.version}-patched.xml"
     junit.unlink(missing_ok=True)
@@ -139,8 +139,8 @@ def run_series(result: matrix.Result, profile: str, pytest_args: list[str] | Non
         result.problems.append("patched tree: no tests ran")
     if skipped:
         result.problems.append(f"patched tree: {skipped} test(s) skipped")
-    wanted = matrix.PROFILE_EXAMPLES.get(profile)
-    for test, count in matrix._examples(log).items():
+    wanted = release_env.PROFILE_EXAMPLES.get(profile)
+    for test, count in release_env.examples_drawn(log).items():
         result.examples[f"patched {test}"] = count
         if wanted is not None and count < wanted:
             result.problems.append(f"patched {test} drew {count} examples, profile {profile} "
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="build the patched copy and print its directory")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     args = parser.parse_args(argv)
-    releases = {r.version: r for r in matrix.read_matrix()}
+    releases = {r.version: r for r in release_env.read_matrix()}
     if args.release not in releases:
         parser.error(f"--release: {args.release} not in matrix.txt "
                      f"(listed: {', '.join(releases)})")
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_only:
         print(prepare_patched(release)[0])
         return 0
-    result = matrix.Result(release)
+    result = release_env.Result(release)
     run_series(result, os.environ.get("HYPOTHESIS_PROFILE", "dev"), args.pytest_args or None)
     print(f"\npatched SGLang {release.version}: {result.tests} tests, {result.failed} failed, "
           f"{result.skipped} skipped; " + ("; ".join(result.problems) or "ok"))

@@ -1,7 +1,7 @@
 """Built-in remediation: auto-share the draft pool's SWA index mapping (``DSV4G007``).
 
 Acts only with auto-share on, and only on a ``share=True`` decision of
-:func:`sglang_dsv4_guard.autoshare.rule.decide`. Sharing always goes through
+:func:`sglang_dsv4_guard.state.sharing.decide`. Sharing always goes through
 ``draft_pool.register_mapping(target_mapping)``, SGLang's own registration call.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from sglang_dsv4_guard.autoshare.rule import decide
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.state.sharing import decide
 from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 
 logger = logging.getLogger("sglang_dsv4_guard")

@@ -17,16 +17,14 @@ that difference needs no entry here.
 
 from __future__ import annotations
 
-import importlib.metadata
 from dataclasses import dataclass
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 __all__ = [
     "SUPPORTED_MAX",
     "SUPPORTED_MIN",
     "HostProfile",
-    "installed_sglang_version",
     "is_supported",
     "profile_for",
 ]
@@ -101,21 +99,3 @@ def is_supported(version: Version) -> bool:
     """Whether the guard knows ``version``'s checks (0.5.16 to 0.5.23 inclusive)."""
     return SUPPORTED_MIN <= Version(version.base_version) <= SUPPORTED_MAX
 
-
-def installed_sglang_version() -> Version | None:
-    """The installed SGLang release, read from its distribution metadata.
-
-    Falls back to ``sglang.version.__version__`` (an unzipped wheel without
-    metadata); ``None`` when SGLang is not installed or its version is unreadable.
-    """
-    try:
-        text = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        try:
-            from sglang.version import __version__ as text  # type: ignore[no-redef]
-        except ImportError:
-            return None
-    try:
-        return Version(str(text))
-    except InvalidVersion:
-        return None

@@ -134,9 +134,10 @@ def run_state_check(side: Side) -> PoolRun | None:
     from sglang.srt.disaggregation import utils
 
     from sglang_dsv4_guard.errors import DSV4GuardError
-    from sglang_dsv4_guard.runtime import standalone_runtime
+    from sglang_dsv4_guard.lifecycle import standalone_runtime
+    from sglang_dsv4_guard.reporter import Recorder
+    from sglang_dsv4_guard.samples import new_kv_args
     from sglang_dsv4_guard.state.wrapper import make_state_wrapper
-    from sglang_dsv4_guard.testing import Recorder, new_kv_args
 
     if side.draft is None or not (side.model.is_dsv4 and side.draft.is_dsv4) \
             or side.unified_kv or side.page_size is None:

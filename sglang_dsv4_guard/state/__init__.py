@@ -7,6 +7,8 @@ in ``sglang.srt.disaggregation.prefill`` and ``.decode``). Codes: ``DSV4G001`` t
 - :mod:`~sglang_dsv4_guard.state.snapshot`: plain values read from the target and
   draft pools (the only module here that touches SGLang objects);
 - :mod:`~sglang_dsv4_guard.state.checks`: the built-in ``check_state`` hook, pure;
+- :mod:`~sglang_dsv4_guard.state.sharing`: the auto-share rule the checks and the
+  remedy (:mod:`sglang_dsv4_guard.autoshare`) both follow, pure;
 - :mod:`~sglang_dsv4_guard.state.wrapper`: the wrapper that runs SGLang's function once,
   then the hooks, and reports.
 

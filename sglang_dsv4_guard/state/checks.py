@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_dsv4_guard.autoshare.rule import decide
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import LIST_CAP, Finding, Observation, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.host.releases import HostProfile
+from sglang_dsv4_guard.state.sharing import decide
 from sglang_dsv4_guard.state.snapshot import (
     NotASequence,
     PoolSnapshot,

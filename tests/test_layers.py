@@ -1,0 +1,115 @@
+"""Layers point down: no import cycle in the package or in tools/, and no import that
+points up a layer of ``tools/imports.py``'s ``LAYERS``, counting deferred and type-only
+imports too (a deferred import never hides a cycle)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import textwrap
+import unittest
+from pathlib import Path
+
+from helpers import GuardTestCase
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import imports  # noqa: E402 - tools/ is not a package
+
+
+def _tree(files: dict[str, str]) -> tempfile.TemporaryDirectory[str]:
+    """A throw-away package ``sglang_dsv4_guard`` made of ``files`` (path -> source)."""
+    tmp = tempfile.TemporaryDirectory()
+    for rel, text in files.items():
+        path = Path(tmp.name, rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp
+
+
+class TestPackageLayers(GuardTestCase):
+    """The package as it is keeps the rules."""
+
+    def test_every_module_is_in_a_layer(self) -> None:
+        """Each module of the package belongs to a layer of ``LAYERS``."""
+        loose = [m for m in imports.package_modules() if imports.layer_of(m) is None]
+        self.assertEqual(loose, [])
+
+    def test_no_module_cycle(self) -> None:
+        """No cycle between modules, with deferred and type-only imports counted."""
+        self.assertEqual(imports.cycles(imports.package_graph()), [])
+
+    def test_no_cycle_between_sub_packages(self) -> None:
+        """Sub-packages import each other one way only."""
+        self.assertEqual(imports.cycles(imports.package_graph(), collapse=True), [])
+
+    def test_no_import_points_up(self) -> None:
+        """Every import points down a layer or stays within its own."""
+        self.assertEqual([e.describe() for e in imports.upward(imports.package_graph())], [])
+
+    def test_the_graph_sees_the_imports(self) -> None:
+        """The scan finds the composition root's imports of each kind (so the tests above
+        would see a fault): lifecycle imports the wrappers at import time, the CLI imports
+        its commands in functions, the package root names its exports for type checkers."""
+        kinds = {(e.source, e.target, e.kind) for e in imports.package_graph()}
+        self.assertIn(("lifecycle", "state.wrapper", "top"), kinds)
+        self.assertIn(("cli", "launch.predict", "deferred"), kinds)
+        self.assertIn(("(package)", "lifecycle", "typing"), kinds)
+
+    def test_no_tools_cycle(self) -> None:
+        """``tools/`` scripts do not import their importers (a script run as ``__main__``
+        that is imported back is loaded twice)."""
+        self.assertEqual(imports.cycles(imports.tools_graph()), [])
+
+    def test_tool_exits_zero(self) -> None:
+        """``python tools/imports.py`` reports no fault and exits 0."""
+        self.assertEqual(imports.main([]), 0)
+
+
+class TestRulesCatchFaults(GuardTestCase):
+    """The rules fail on the faults they exist for, on a throw-away package."""
+
+    def test_a_deferred_import_back_is_a_cycle(self) -> None:
+        """``reporter`` importing ``lifecycle`` inside a function, while ``lifecycle``
+        imports ``reporter`` at the top, is a cycle and an upward import."""
+        with _tree({"__init__.py": "",
+                    "lifecycle.py": "from sglang_dsv4_guard.reporter import X\n",
+                    "reporter.py": """\
+                        def summary():
+                            from sglang_dsv4_guard.lifecycle import installation
+                        """}) as tmp:
+            edges = imports.package_graph(Path(tmp))
+        self.assertEqual(imports.cycles(edges), [["lifecycle", "reporter"]])
+        self.assertEqual([(e.source, e.target, e.kind) for e in imports.upward(edges)],
+                         [("reporter", "lifecycle", "deferred")])
+
+    def test_a_type_only_import_back_is_a_cycle(self) -> None:
+        """An import under ``if TYPE_CHECKING:`` counts too."""
+        with _tree({"__init__.py": "",
+                    "plugins.py": "import sglang_dsv4_guard.reporter\n",
+                    "reporter.py": """\
+                        from typing import TYPE_CHECKING
+                        if TYPE_CHECKING:
+                            from sglang_dsv4_guard import plugins
+                        """}) as tmp:
+            edges = imports.package_graph(Path(tmp))
+        self.assertEqual(imports.cycles(edges), [["plugins", "reporter"]])
+
+    def test_sub_packages_importing_each_other_is_a_cycle(self) -> None:
+        """``state.checks`` -> ``autoshare.rule`` -> ``state.snapshot``: no module is on a
+        cycle, but the two sub-packages import each other."""
+        with _tree({"__init__.py": "", "state/__init__.py": "", "autoshare/__init__.py": "",
+                    "state/snapshot.py": "",
+                    "state/checks.py": "from sglang_dsv4_guard.autoshare.rule import decide\n",
+                    "autoshare/rule.py": "from sglang_dsv4_guard.state.snapshot import P\n",
+                    }) as tmp:
+            edges = imports.package_graph(Path(tmp))
+        self.assertEqual(imports.cycles(edges), [])
+        self.assertEqual(imports.cycles(edges, collapse=True), [["autoshare", "state"]])
+
+
+if __name__ == "__main__":
+    unittest.main()

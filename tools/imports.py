@@ -1,0 +1,318 @@
+"""The import graph of ``sglang_dsv4_guard`` (and of ``tools/``), by layer, and its faults.
+
+Usage: ``python tools/imports.py`` prints every module's imports of the package's own
+modules, grouped by :data:`LAYERS` (top first), in three kinds: ``top`` (at import),
+``deferred`` (inside a function) and ``typing`` (under ``if TYPE_CHECKING:``), plus
+``importlib.import_module("...")`` calls with a literal name (``dynamic``). It then lists
+every cycle and every import that points up a layer, and exits 1 if there is one.
+
+The rules (``tests/test_layers.py`` holds the package to them):
+
+- an import points down or stays within its layer; never up;
+- no cycle between modules, nor between sub-packages (``state`` -> ``autoshare`` ->
+  ``state`` is one), counting every kind of import: a deferred or type-only import is
+  never a way around a cycle. Deferred imports remain for start-up cost (SGLang, torch,
+  the commands' heavy pieces), each with a comment saying so;
+- every module of the package belongs to a layer.
+
+``tools/`` scripts import each other by bare name (``import release_env``); their graph
+is checked for cycles too (a script that imports its own importer is loaded twice when
+run as ``__main__``, with two sets of globals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "sglang_dsv4_guard"
+PACKAGE_DIR = ROOT / PACKAGE
+TOOLS_DIR = ROOT / "tools"
+ROOT_MODULE = "(package)"  # sglang_dsv4_guard/__init__.py: the public surface
+
+# Top to bottom. A name covers the module and, for a sub-package, everything in it; the
+# longest name that covers a module decides its layer.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("test support for plug-in authors", ("testing",)),
+    ("commands and the public surface", ("cli", "demo", "entry", ROOT_MODULE)),
+    ("the check command", ("launch",)),
+    ("composition root: install, uninstall, summary, standalone runtime", ("lifecycle",)),
+    ("wrappers of SGLang's functions", ("state.wrapper", "mori.wrapper", "host.registry")),
+    ("runtime and plug-in manager", ("runtime", "plugins")),
+    ("built-in hook implementations", ("reporter", "state.checks", "state.sharing",
+                                       "mori.checks", "autoshare")),
+    ("hook specs, rendering, deduplication, plug-in boundary",
+     ("hookspecs", "render", "dedup", "boundary")),
+    ("snapshots of SGLang's objects, sample objects",
+     ("state", "mori", "samples")),
+    ("patching and what the guard knows of SGLang", ("patching", "host")),
+    ("values: findings, codes, settings, errors, undo",
+     ("findings", "codes", "settings", "errors", "undo")),
+)
+KINDS = ("top", "deferred", "typing", "dynamic")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import of a module by another."""
+
+    source: str
+    target: str
+    kind: str  # one of KINDS
+    line: int
+
+    def describe(self) -> str:
+        return f"{self.source} -> {self.target} ({self.kind}, line {self.line})"
+
+
+def _module_name(path: Path, base: Path) -> str:
+    parts = list(path.relative_to(base).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts) or ROOT_MODULE
+
+
+def package_modules(base: Path = PACKAGE_DIR) -> dict[str, Path]:
+    """Every module of the package by its name without the ``sglang_dsv4_guard.`` prefix."""
+    return {_module_name(path, base): path for path in sorted(base.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _walk(nodes: Iterable[ast.AST], kind: str) -> Iterator[tuple[ast.AST, str]]:
+    """Every node under ``nodes`` with the kind of import it would be."""
+    for node in nodes:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _walk(node.body, "typing")
+            yield from _walk(node.orelse, kind)
+            continue
+        yield node, kind
+        inner = "deferred" if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef
+                                         | ast.Lambda) else kind
+        yield from _walk(ast.iter_child_nodes(node), inner)
+
+
+def _resolve(name: str, modules: dict[str, Path], prefix: str) -> str | None:
+    """``name`` as a module of the graph (``None``: not one of ours)."""
+    if name == prefix.rstrip("."):
+        return ROOT_MODULE
+    if prefix and not name.startswith(prefix):
+        return None
+    short = name[len(prefix):]
+    while short and short not in modules:  # an attribute: take its module
+        short = short.rpartition(".")[0]
+    return short or None
+
+
+def imports_of(path: Path, module: str, modules: dict[str, Path], prefix: str) -> list[Edge]:
+    """The imports of ``module`` (at ``path``) that name modules of the graph."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    edges: list[Edge] = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def add(name: str, kind: str, line: int) -> None:
+        target = _resolve(name, modules, prefix)
+        if target is not None and target != module:
+            edges.append(Edge(module, target, kind, line))
+
+    for node, kind in _walk(tree.body, "top"):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, kind, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package and package != ROOT_MODULE else []
+                base = base[:len(base) - node.level + 1]
+                origin = prefix + ".".join([*base, *filter(None, [node.module])])
+            else:
+                origin = node.module or ""
+            for alias in node.names:  # ``from pkg import submodule`` imports the submodule
+                add(f"{origin}.{alias.name}", kind, node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name)
+              and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            add(node.args[0].value, "dynamic", node.lineno)
+    return edges
+
+
+def package_graph(base: Path = PACKAGE_DIR) -> list[Edge]:
+    """Every import between the package's modules."""
+    modules = package_modules(base)
+    edges = [edge for name, path in modules.items()
+             for edge in imports_of(path, name, modules, PACKAGE + ".")]
+    return list(dict.fromkeys(edges))  # ``from m import a, b``: one import of m
+
+
+def tools_graph(base: Path = TOOLS_DIR) -> list[Edge]:
+    """Every import between the scripts of ``tools/`` (imported by bare name)."""
+    modules = {path.stem: path for path in sorted(base.glob("*.py"))}
+    edges = [edge for name, path in modules.items()
+             for edge in imports_of(path, name, modules, "")]
+    return list(dict.fromkeys(edges))
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module`` (0 is the top), or ``None``."""
+    best: tuple[int, int] | None = None  # (length of the matching name, layer)
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            covers = module == name or module.startswith(name + ".")
+            if covers and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def upward(edges: Iterable[Edge]) -> list[Edge]:
+    """The imports that point up a layer (or to or from a module in no layer)."""
+    bad = []
+    for edge in edges:
+        source, target = layer_of(edge.source), layer_of(edge.target)
+        if source is None or target is None or target < source:
+            bad.append(edge)
+    return bad
+
+
+def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan), sorted.
+
+    With ``collapse``, only imports from one sub-package into another count, each module
+    as its sub-package (``state.checks`` as ``state``): sub-packages import each other one
+    way, so ``state.checks`` -> ``autoshare.rule`` -> ``state.snapshot`` is a cycle though
+    no module is on one. (A sub-package is a vertical slice, snapshot to wrapper, so its
+    modules sit in several layers; through top-level modules it may be reached again.)
+    """
+    edges = list(edges)
+    subpackages = _subpackages(edges)
+    graph: dict[str, set[str]] = {}
+    for edge in edges:
+        source, target = edge.source, edge.target
+        if collapse:
+            source, target = source.split(".")[0], target.split(".")[0]
+            if source == target or not {source, target} <= subpackages:
+                continue
+        graph.setdefault(source, set()).add(target)
+        graph.setdefault(target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def _subpackages(edges: Iterable[Edge]) -> set[str]:
+    """The sub-packages the edges name (``state`` of ``state.checks``)."""
+    return {name.split(".")[0] for e in edges for name in (e.source, e.target) if "." in name}
+
+
+def _cycle_edges(edges: list[Edge], group: list[str], collapse: bool) -> list[Edge]:
+    def node(name: str) -> str:
+        return name.split(".")[0] if collapse else name
+    subpackages = _subpackages(edges)
+    return [e for e in edges if node(e.source) in group and node(e.target) in group
+            and node(e.source) != node(e.target)
+            and (not collapse or {node(e.source), node(e.target)} <= subpackages)]
+
+
+def report(edges: list[Edge], modules: Iterable[str], layered: bool) -> tuple[list[str], bool]:
+    """The printed graph and whether it keeps the rules."""
+    lines: list[str] = []
+    by_source: dict[str, list[Edge]] = {}
+    for edge in edges:
+        by_source.setdefault(edge.source, []).append(edge)
+
+    def module_lines(module: str) -> Iterator[str]:
+        parts = []
+        for kind in KINDS:
+            targets = sorted({e.target for e in by_source.get(module, []) if e.kind == kind})
+            if targets:
+                parts.append(f"{kind}: {', '.join(targets)}")
+        yield f"    {module}" + (f"  ->  {'; '.join(parts)}" if parts else "")
+
+    ordered = sorted(modules)
+    if layered:
+        for index, (title, _) in enumerate(LAYERS):
+            lines.append(f"  layer {index + 1}: {title}")
+            for module in ordered:
+                if layer_of(module) == index:
+                    lines.extend(module_lines(module))
+        loose = [m for m in ordered if layer_of(m) is None]
+        if loose:
+            lines.append("  in no layer:")
+            for module in loose:
+                lines.extend(module_lines(module))
+    else:
+        for module in ordered:
+            lines.extend(module_lines(module))
+    ok = True
+    for collapse, what in ((False, "module"), (True, "sub-package"))[:2 if layered else 1]:
+        groups = cycles(edges, collapse)
+        ok &= not groups
+        lines.append(f"  {what} cycles: " + ("none" if not groups else str(len(groups))))
+        for group in groups:
+            lines.append(f"    {' <-> '.join(group)}:")
+            lines.extend(f"      {e.describe()}" for e in _cycle_edges(edges, group, collapse))
+    if layered:
+        bad = upward(edges)
+        ok &= not bad
+        lines.append("  imports pointing up a layer: " + ("none" if not bad else str(len(bad))))
+        for edge in bad:
+            source, target = layer_of(edge.source), layer_of(edge.target)
+            lines.append(f"    {edge.describe()}: layer {_number(source)} imports layer "
+                         f"{_number(target)}")
+    return lines, ok
+
+
+def _number(layer: int | None) -> str:
+    return "(none)" if layer is None else str(layer + 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args(argv)
+    edges = package_graph()
+    lines, ok = report(edges, package_modules(), layered=True)
+    print(f"{PACKAGE} (top layer first; an import may only point down or within its layer)")
+    print("\n".join(lines))
+    tool_edges = tools_graph()
+    tool_lines, tools_ok = report(tool_edges, [p.stem for p in TOOLS_DIR.glob("*.py")],
+                                  layered=False)
+    print("tools/ (scripts importing each other by bare name)")
+    print("\n".join(tool_lines))
+    return 0 if ok and tools_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
