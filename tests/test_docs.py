@@ -243,12 +243,14 @@ class TestTablesMirrorTheCode(GuardTestCase):
         """docs/codes.md has one row per catalogued code, in order, with its title and
         SGLang's line word for word."""
         page = ROOT / "docs" / "codes.md"
-        rows = [(r[0].strip("`"), r[1], r[2].strip("`")) for r in table(page, r"`DSV4G\d+`")]
-        expected = [(c, i.title, i.sglang_message or "—") for c, i in CODES.items()]
-        differences = [f"docs: {got}\ncode: {want}" for got, want in zip(rows, expected)
-                       if got != want]
+        rows = table(page, r"`DSV4G\d+`")
+        shown = {r[0].strip("`"): (r[1], r[2].strip("`")) for r in rows}
+        catalogue = {c: (i.title, i.sglang_message or "—") for c, i in CODES.items()}
+        differences = [f"{code}: docs {shown.get(code)} / codes.py {catalogue.get(code)}"
+                       for code in sorted(shown.keys() | catalogue.keys())
+                       if shown.get(code) != catalogue.get(code)]
         self.assertEqual(differences, [])
-        self.assertEqual([r[0] for r in rows], list(CODES))
+        self.assertEqual([r[0].strip("`") for r in rows], list(CODES), "one row each, in order")
 
     def test_environment_table_is_the_settings(self) -> None:
         """The README's environment variables are the settings' variables, each with
