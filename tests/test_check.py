@@ -293,17 +293,13 @@ class TestOutput(GuardTestCase):
         self.assertIn("fix: ", out)
         self.assertTrue(out.rstrip().endswith("check: 1 error(s), 0 warning(s)"))
 
-    def test_every_code_documented(self) -> None:
-        """Every catalogued code, the new check codes included, has a README row and an
-        ``explain`` entry with a fix."""
-        from pathlib import Path
-
+    def test_every_code_explained(self) -> None:
+        """Every catalogued code, the new check codes included, has an ``explain`` entry
+        with a fix (its row in docs/codes.md is checked by test_docs)."""
         from sglang_dsv4_guard.codes import CODES
 
-        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
         for code in CODES:
             with self.subTest(code=code):
-                self.assertIn(f'<a id="{code.lower()}"></a>`{code}`', readme)
                 status, out, _ = run_cli("explain", code)
                 self.assertEqual(status, 0)
                 self.assertIn("fix: ", out)

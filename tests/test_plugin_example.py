@@ -1,4 +1,4 @@
-"""The README's example plug-in is real: its own tests pass and it loads by entry point."""
+"""The docs' example plug-in is real: its own tests pass and it loads by entry point."""
 
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ print(json.dumps({"passed": True}))
 class TestExamplePlugin(GuardTestCase):
     """examples/acme_guard_policy, as a third party would ship it."""
 
-    def test_readme_shows_the_example_verbatim(self) -> None:
-        """The README quotes the plug-in, its entry point and its test exactly as they are."""
-        readme = (ROOT / "README.md").read_text()
+    def test_docs_show_the_example_verbatim(self) -> None:
+        """docs/plugins.md quotes the plug-in, its entry point and its test exactly as they are."""
+        page = (ROOT / "docs" / "plugins.md").read_text()
         for name in ("acme_guard_policy.py", "test_acme_guard_policy.py"):
-            self.assertIn((EXAMPLE / name).read_text(), readme, name)
+            self.assertIn((EXAMPLE / name).read_text(), page, name)
         self.assertIn('[project.entry-points.sglang_dsv4_guard]\nacme_policy = "acme_guard_policy"',
-                      readme)
+                      page)
 
     def test_example_tests_pass(self) -> None:
         """The example's own test, written with sglang_dsv4_guard.testing, passes."""
