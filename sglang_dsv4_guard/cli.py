@@ -1,8 +1,10 @@
 """``sglang-dsv4-guard``: doctor, explain, demo, check, patches.
 
 - ``doctor``: the installed SGLang release and whether it is supported, the settings
-  read from the environment (and what is wrong with them), the SGLang entry point,
-  the patch targets, the guard's plug-ins. Exit 1 when something would stop the guard.
+  read from the environment (and what is wrong with them), the SGLang entry point and
+  whether SGLang's ``load_plugins()`` will run it (``SGLANG_PLUGINS``), the release's
+  scheduler entry points that never call ``load_plugins()``, the patch targets, the
+  guard's plug-ins. Exit 1 when something would stop the guard.
 - ``explain CODE``: what a code means and how to fix it.
 - ``demo``: SGLang's real ``setup_state_kv_args`` on a built-in pair with several
   mismatches, unguarded, then guarded, then a passing pair.

@@ -131,6 +131,12 @@ class TestDoctorReadsSglangPlugins(GuardTestCase):
                 self.assertEqual(result.code == 0, result.installed, result)
 
 
+def entries_after(edits: dict[str, tuple[str, str]]) -> list[SchedulerEntry]:
+    """The scheduler entry points of a copy of the release with ``edits`` applied."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return scheduler_entry_points(disguised_tree(Path(tmp), edits=edits) / "sglang")
+
+
 class TestSchedulerEntryPoints(GuardTestCase):
     """Which functions of the release construct the Scheduler without load_plugins()."""
 
@@ -151,10 +157,7 @@ class TestSchedulerEntryPoints(GuardTestCase):
     def test_removed_call_is_seen(self) -> None:
         """A release whose scheduler process no longer calls load_plugins(): named."""
         edit = {"srt/managers/scheduler.py": ("\n    load_plugins()\n", "\n    pass\n")}
-        with tempfile.TemporaryDirectory() as tmp:
-            package = disguised_tree(Path(tmp), edits=edit) / "sglang"
-            entries = scheduler_entry_points(package)
-        self.assertIn(SchedulerEntry(FORKED, False), entries)
+        self.assertIn(SchedulerEntry(FORKED, False), entries_after(edit))
 
     def test_added_call_is_seen(self) -> None:
         """A release whose Ray actor calls load_plugins() before building the Scheduler:
@@ -163,10 +166,7 @@ class TestSchedulerEntryPoints(GuardTestCase):
             "        self.scheduler = Scheduler(",
             "        from sglang.srt.plugins import load_plugins\n        load_plugins()\n"
             "        self.scheduler = Scheduler(")}
-        with tempfile.TemporaryDirectory() as tmp:
-            package = disguised_tree(Path(tmp), edits=edit) / "sglang"
-            entries = scheduler_entry_points(package)
-        self.assertIn(SchedulerEntry(RAY, True), entries)
+        self.assertIn(SchedulerEntry(RAY, True), entries_after(edit))
 
     def test_call_after_the_scheduler_does_not_count(self) -> None:
         """load_plugins() moved after the Scheduler is built is too late: named."""
@@ -174,10 +174,7 @@ class TestSchedulerEntryPoints(GuardTestCase):
             "        self._tp_rank = tp_rank\n",
             "        from sglang.srt.plugins import load_plugins\n        load_plugins()\n"
             "        self._tp_rank = tp_rank\n")}
-        with tempfile.TemporaryDirectory() as tmp:
-            package = disguised_tree(Path(tmp), edits=edit) / "sglang"
-            entries = scheduler_entry_points(package)
-        self.assertIn(SchedulerEntry(RAY, False), entries)
+        self.assertIn(SchedulerEntry(RAY, False), entries_after(edit))
 
 
 if __name__ == "__main__":
