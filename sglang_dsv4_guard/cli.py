@@ -1,8 +1,10 @@
 """``sglang-dsv4-guard``: doctor, explain, demo, check, patches.
 
 - ``doctor``: the installed SGLang release and whether it is supported, the settings
-  read from the environment (and what is wrong with them), the SGLang entry point,
-  the patch targets, the guard's plug-ins. Exit 1 when something would stop the guard.
+  read from the environment (and what is wrong with them), the SGLang entry point and
+  whether SGLang's ``load_plugins()`` will run it (``SGLANG_PLUGINS``), the release's
+  scheduler entry points that never call ``load_plugins()``, the patch targets, the
+  guard's plug-ins. Exit 1 when something would stop the guard.
 - ``explain CODE``: what a code means and how to fix it.
 - ``demo``: SGLang's real ``setup_state_kv_args`` on a built-in pair with several
   mismatches, unguarded, then guarded, then a passing pair.
@@ -80,10 +82,9 @@ def _doctor(_: argparse.Namespace) -> int:
     for problem in problems:
         ok = False
         print(f"problem: {problem}")
-    eps = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")
-           if ep.name == "dsv4_guard"]
-    print(f"SGLang entry point dsv4_guard: {eps[0].value if eps else 'MISSING'}")
-    ok &= bool(eps)
+    from sglang_dsv4_guard.settings import Mode
+
+    ok &= _sglang_loader(settings.mode.value is not Mode.OFF)
     state = _importable("sglang.srt.disaggregation.utils")
     print(f"target setup_state_kv_args: {'found' if state else 'MISSING'}")
     mori = _importable("mori")
@@ -104,6 +105,43 @@ def _doctor(_: argparse.Namespace) -> int:
         print(f"note: guard plug-ins printed while loading (last line): {last}")
     print("doctor: OK" if ok else "doctor: problems found")
     return 0 if ok else 1
+
+
+def _sglang_loader(guard_on: bool) -> bool:
+    """Print whether SGLang's ``load_plugins()`` runs the guard's entry point here, and
+    which of the release's scheduler entry points call it; False when the guard is asked
+    for and SGLang will not run it."""
+    from sglang_dsv4_guard.host.loader import GROUP, loader_verdict, scheduler_entry_points
+    from sglang_dsv4_guard.host.verdict import imported_package_dir
+
+    loader = loader_verdict()
+    eps = [ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name == loader.name]
+    print(f"SGLang entry point {loader.name or '(none)'}: "
+          f"{eps[0].value if eps and loader.name else 'MISSING'}")
+    ok = bool(eps and loader.name)
+    if loader.runs:
+        which = f"SGLANG_PLUGINS={loader.plugins!r} names it" if loader.plugins else \
+            "SGLANG_PLUGINS unset: every plug-in"
+        print(f"SGLang's load_plugins() runs {loader.name} ({which})")
+    else:
+        off = "" if guard_on else " (SGLANG_DSV4_GUARD leaves the guard off: nothing lost)"
+        print(f"{'problem' if guard_on else 'note'}: SGLang's load_plugins() will not run "
+              f"{loader.name or 'the guard'}: {loader.reason}{off}")
+        if loader.fix:
+            print(f"fix: {loader.fix}")
+        ok &= not guard_on
+    package = imported_package_dir()
+    entries = scheduler_entry_points(package) if package is not None else []
+    loading = [entry.where for entry in entries if entry.loads_plugins]
+    if loading:
+        print(f"scheduler entry points calling load_plugins() first: {', '.join(loading)}")
+    for entry in entries:
+        if not entry.loads_plugins:
+            print(f"note: {entry.where} constructs SGLang's Scheduler without calling "
+                  f"load_plugins() first: the guard never runs in the schedulers it starts")
+    if package is not None and not entries:
+        print("note: doctor found no function of SGLang that constructs its Scheduler")
+    return ok
 
 
 def _load_plugins_quietly() -> tuple[GuardPlugins, str]:

@@ -26,7 +26,7 @@ def real_package() -> Path:
     return package.resolve()
 
 
-def _farm(source: Path, target: Path, replacements: dict[str, str]) -> None:
+def _farm(source: Path, target: Path, replacements: dict[str, str | bytes]) -> None:
     target.mkdir(parents=True)
     for child in source.iterdir():
         if child.name == "__pycache__":
@@ -38,17 +38,21 @@ def _farm(source: Path, target: Path, replacements: dict[str, str]) -> None:
         elif child.name not in replacements:
             (target / child.name).symlink_to(child)
     for rel, text in replacements.items():
-        if "/" not in rel:
+        if "/" not in rel and isinstance(text, bytes):
+            (target / rel).write_bytes(text)
+        elif "/" not in rel:
             (target / rel).write_text(text)
 
 
 def disguised_tree(root: Path, version: str | None = None, metadata: str | None = None,
-                   edits: dict[str, tuple[str, str]] | None = None) -> Path:
+                   edits: dict[str, tuple[str, str]] | None = None,
+                   files: dict[str, bytes] | None = None) -> Path:
     """``root/sglang``: the imported package, its ``_version.py`` saying ``version`` (if
-    given), each ``edits[relative path] = (old, new)`` applied (``old`` must occur), and
+    given), each ``edits[relative path] = (old, new)`` applied (``old`` must occur), each
+    ``files[relative path]`` written as those bytes, and
     ``root/sglang-<metadata>.dist-info`` when ``metadata`` is given. Returns ``root``."""
     package = real_package()
-    replacements = {}
+    replacements: dict[str, str | bytes] = dict(files or {})
     if version is not None:
         replacements["_version.py"] = f"__version__ = version = {version!r}\n"
     for rel, (old, new) in (edits or {}).items():

@@ -79,23 +79,53 @@ def _signature(fn: ast.FunctionDef) -> str:
     return hashlib.sha256("\n".join(shape).encode()).hexdigest()[:16]
 
 
+class UnreadableSource(Exception):
+    """A source file of SGLang the guard reads is there but cannot be read, or Python
+    could not compile it; ``relative`` (under the package) and ``reason`` say which and
+    why."""
+
+    def __init__(self, relative: str, reason: str) -> None:
+        super().__init__(f"{relative} {reason}")
+        self.relative = relative
+        self.reason = reason
+
+    @classmethod
+    def of(cls, relative: str, error: OSError) -> UnreadableSource:
+        """The file at ``relative`` could not be read: ``error`` says why."""
+        return cls(relative, f"cannot be read ({type(error).__name__}: "
+                             f"{error.strerror or error})")
+
+
 @functools.lru_cache(maxsize=32)
-def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module | None:
-    """``path`` parsed (cached by modification time and size); ``None`` if unreadable."""
+def _parse(path: Path, relative: str, mtime_ns: int, size: int) -> ast.Module:
+    """``path`` parsed as Python compiles it on import, from its bytes (a UTF-8 byte-order
+    mark and a PEP 263 coding declaration honoured); cached by modification time and
+    size. Raises :class:`UnreadableSource` naming ``relative``."""
     del mtime_ns, size  # the cache key only
     try:
-        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return None
+        source = path.read_bytes()
+    except OSError as exc:
+        raise UnreadableSource.of(relative, exc) from exc
+    try:
+        return ast.parse(source, filename=str(path))
+    except (SyntaxError, ValueError) as exc:  # ValueError: null bytes, on older Pythons
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        raise UnreadableSource(relative, f"cannot be parsed by Python: {text}{where}") from exc
 
 
 def _module(package_dir: Path, relative: str) -> ast.Module | None:
+    """The module at ``package_dir / relative``; ``None`` if there is no such file.
+    Raises :class:`UnreadableSource` for a file that is there but cannot be read or
+    parsed: that is not a change of SGLang's checks."""
     path = package_dir / relative
     try:
         stat = path.stat()
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return _parse(path, stat.st_mtime_ns, stat.st_size)
+    except OSError as exc:  # permission on a directory, a symbolic-link loop
+        raise UnreadableSource.of(relative, exc) from exc
+    return _parse(path, relative, stat.st_mtime_ns, stat.st_size)
 
 
 def _find(body: list[ast.stmt], name: str) -> ast.FunctionDef | ast.ClassDef | None:

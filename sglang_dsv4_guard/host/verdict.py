@@ -17,6 +17,9 @@ release in ``digests.json``. They disagree when a source tree sits on
   under ``"patched"``.
 - The code matches no known release: no profile; the guard stays inert (strict refuses)
   with a WARNING naming what changed against the closest known release.
+- A file the fingerprints read is there but cannot be read, or Python could not compile
+  it (sources are read as Python imports them, from bytes with their declared encoding):
+  no profile, and the WARNING names the file and why, not a change of SGLang's checks.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from sglang_dsv4_guard.host.digests import (
     POOL,
     UTILS,
     Part,
+    UnreadableSource,
     code_version,
     differences,
     digest_tree,
@@ -58,6 +62,7 @@ class HostVerdict:
     level: int  # logging level of ``message``
     message: str  # empty when everything agrees
     changed: tuple[str, ...] = ()  # what differs from the closest known release
+    unreadable: str = ""  # a file judged that cannot be read or parsed, and why
 
     @property
     def version(self) -> Version | None:
@@ -134,9 +139,17 @@ def judge(package: Path, metadata: Version | None,
     (``known``, ``patched``: the stored fingerprints, by default from the data file)."""
     known = load_known() if known is None else known
     patched = load_known(section="patched") if patched is None else patched
-    code = _version(code_version(package))
+    try:
+        code = _version(code_version(package))
+    except UnreadableSource:  # only the label: the code's fingerprints still decide
+        code = None
     label = code or metadata
-    found = digest_tree(package)
+    try:
+        found = digest_tree(package)
+    except UnreadableSource as exc:
+        text = (f"SGLang {label or 'of unknown version'} ({package}): {exc} (the guard reads "
+                f"it as Python imports it, to know SGLang's checks; they are not known)")
+        return HostVerdict(metadata, code, None, logging.WARNING, text, unreadable=str(exc))
     matches = [v for v, parts in known.items() if not differences(found, parts)]
     both = (f"installed metadata says SGLang {metadata}, the imported code "
             f"({package}) says {code}")

@@ -1,0 +1,195 @@
+"""Whether SGLang's plug-in loader will run the guard, read from the installed release.
+
+SGLang runs the guard only through ``load_plugins()``: the guard's entry point must pass
+SGLang's own filter (``SGLANG_PLUGINS``, ``SGLANG_PLATFORM``), and the process that builds
+the scheduler must call ``load_plugins()`` before it does.
+
+- :func:`loader_verdict` asks SGLang's own ``load_plugins_by_group`` (what
+  ``load_plugins()`` runs) whether it yields the guard's entry point, named from this
+  distribution's metadata; when not, it says why and derives the fix.
+- :func:`scheduler_entry_points` reads the release's sources (never imports them) for
+  every function that constructs SGLang's ``Scheduler``, and whether it, or every caller
+  of it in its module, calls ``load_plugins()`` first. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.metadata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_dsv4_guard.host.digests import UnreadableSource, _module
+
+__all__ = ["GROUP", "LoaderVerdict", "SchedulerEntry", "loader_verdict",
+           "scheduler_entry_points"]
+
+GROUP = "sglang.srt.plugins"
+_SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+_DISTRIBUTION = "sglang-dsv4-guard"
+
+
+@dataclass(frozen=True)
+class LoaderVerdict:
+    """What SGLang's ``load_plugins()`` will do with the guard's entry point."""
+
+    name: str  # the guard's entry point, from the distribution's metadata ("" if none)
+    runs: bool  # load_plugins() would call it
+    plugins: str  # SGLANG_PLUGINS as SGLang reads it ("": every plug-in)
+    reason: str = ""  # why it would not, empty when it would
+    fix: str = ""  # what to set, when that is known
+
+
+def _own_entry_point() -> importlib.metadata.EntryPoint | None:
+    try:
+        dist = importlib.metadata.distribution(_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return next((ep for ep in dist.entry_points if ep.group == GROUP), None)
+
+
+def _listed(plugins: str) -> list[str]:
+    """The names in ``SGLANG_PLUGINS``, split as SGLang's loader splits them (for the
+    message and the fix; the verdict is SGLang's own function's)."""
+    return [name.strip() for name in plugins.split(",") if name.strip()]
+
+
+def _why_not(name: str, plugins: str, excluded: set[str],
+             ep: importlib.metadata.EntryPoint) -> tuple[str, str]:
+    listed = _listed(plugins)
+    if plugins and name not in listed:
+        close = difflib.get_close_matches(name, listed, n=1, cutoff=0.6)
+        if close:
+            kept = [name if item == close[0] else item for item in listed]
+            return (f"SGLANG_PLUGINS={plugins!r} does not name {name} ({close[0]!r} is the "
+                    f"closest: a misspelling?)", "SGLANG_PLUGINS=" + ",".join(kept))
+        return (f"SGLANG_PLUGINS={plugins!r} does not name {name} (SGLang loads only the "
+                f"plug-ins it names)", "SGLANG_PLUGINS=" + ",".join([*listed, name]))
+    if _DISTRIBUTION in excluded:
+        return (f"SGLANG_PLATFORM excludes the distribution {_DISTRIBUTION}",
+                "unset SGLANG_PLATFORM or select a platform this distribution provides")
+    try:
+        ep.load()
+    except Exception as exc:
+        return f"SGLang cannot load {ep.value}: {type(exc).__name__}: {exc}", ""
+    return "SGLang's loader did not yield it", ""
+
+
+def loader_verdict() -> LoaderVerdict:
+    """Whether ``load_plugins()`` in a process with this environment runs the guard."""
+    ep = _own_entry_point()
+    if ep is None:
+        return LoaderVerdict("", False, "", f"{_DISTRIBUTION} declares no entry point in "
+                             f"group {GROUP}", "reinstall sglang-dsv4-guard")
+    try:
+        import sglang.srt.plugins as host
+        from sglang.srt.environ import envs
+
+        plugins = envs.SGLANG_PLUGINS.get() or ""
+        excluded = host._get_excluded_dists()
+        found = host.load_plugins_by_group(host.GENERAL_PLUGINS_GROUP, excluded_dists=excluded)
+    except (Exception, SystemExit) as exc:  # a plug-in's import ends SGLang's loader too
+        return LoaderVerdict(ep.name, False, "", f"SGLang's plug-in loader fails: "
+                             f"{type(exc).__name__}: {exc}")
+    if ep.name in found:
+        return LoaderVerdict(ep.name, True, plugins)
+    reason, fix = _why_not(ep.name, plugins, excluded, ep)
+    return LoaderVerdict(ep.name, False, plugins, reason, fix)
+
+
+@dataclass(frozen=True)
+class SchedulerEntry:
+    """A function of SGLang that constructs its ``Scheduler``."""
+
+    where: str  # "srt/ray/scheduler_actor.py SchedulerActor.__init__"
+    loads_plugins: bool  # it, or every caller of it in its module, calls load_plugins() first
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function of ``tree`` with its qualified name (``Class.method``)."""
+    def walk(body: list[ast.stmt], prefix: str) -> Iterator[
+            tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + node.name, node
+                yield from walk(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, ast.ClassDef):
+                yield from walk(node.body, f"{prefix}{node.name}.")
+    yield from walk(tree.body, "")
+
+
+def _own_calls(fn: ast.AST) -> Iterator[ast.Call]:
+    """The calls ``fn`` itself makes (not those of functions defined inside it)."""
+    for child in ast.iter_child_nodes(fn):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(child, ast.Call):
+            yield child
+        yield from _own_calls(child)
+
+
+def _called(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else \
+        func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _scheduler_names(tree: ast.Module, module: str) -> set[str]:
+    """The names under which ``module`` binds SGLang's ``Scheduler`` class."""
+    names = {"Scheduler"} if module == _SCHEDULER_MODULE else set()
+    package = module.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            if base == _SCHEDULER_MODULE:
+                names |= {a.asname or a.name for a in node.names if a.name == "Scheduler"}
+    return names
+
+
+def _loads_first(name: str, fn: ast.AST, before: int,
+                 functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef],
+                 seen: frozenset[str] = frozenset()) -> bool:
+    """Whether ``fn`` calls ``load_plugins()`` before line ``before``, or has callers in
+    its module and every one of them calls ``fn`` after loading the plug-ins."""
+    calls = list(_own_calls(fn))
+    if any(_called(c) == "load_plugins" and c.lineno < before for c in calls):
+        return True
+    simple = name.rsplit(".", 1)[-1]
+    if simple.startswith("__"):  # a special method is called by Python or a framework
+        return False
+    callers = [(n, f, c.lineno) for n, f in functions.items() if n not in seen | {name}
+               for c in _own_calls(f) if _called(c) == simple]
+    return bool(callers) and all(_loads_first(n, f, line, functions, seen | {name})
+                                 for n, f, line in callers)
+
+
+def scheduler_entry_points(package: Path) -> list[SchedulerEntry]:
+    """Every function under ``package/srt`` (the ``sglang`` package directory) that
+    constructs SGLang's ``Scheduler``, in path order. Files that cannot be read are
+    skipped (the host verdict names those it depends on)."""
+    entries = []
+    for path in sorted((package / "srt").rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        try:
+            if b"Scheduler" not in path.read_bytes():
+                continue
+            tree = _module(package, relative)
+        except (OSError, UnreadableSource):
+            continue
+        if tree is None:
+            continue
+        module = "sglang." + relative.removesuffix(".py").replace("/", ".")
+        names = _scheduler_names(tree, module)
+        functions = dict(_functions(tree))
+        for qualified, fn in functions.items():
+            builds = [c.lineno for c in _own_calls(fn)
+                      if isinstance(c.func, ast.Name) and c.func.id in names]
+            if builds:
+                entries.append(SchedulerEntry(f"{relative} {qualified}", _loads_first(
+                    qualified, fn, min(builds), functions)))
+    return entries
