@@ -82,6 +82,9 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
     "tests/test_host_hooks.py::TestHookRegistry": _LOADER,
     "tests/test_plugin_example.py::TestExamplePlugin": _LOADER,
     "tests/test_host.py::TestHostInAFreshProcess": _LOADER,
+    "tests/test_host_sources.py::TestUnreadableSourceInAFreshProcess": _LOADER,
+    # SGLANG_PLUGINS is read by the loader (the same code in every release).
+    "tests/test_doctor_plugins.py::TestDoctorReadsSglangPlugins": _LOADER,
     "tests/test_json_logs.py::TestJsonThroughSGLangLoggingConfig": (
         "srt/utils/common.py::configure_logger",),
     "tests/test_harness.py::TestMoriImportRetried": ("srt/disaggregation/mori/conn.py",),
