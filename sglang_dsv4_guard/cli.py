@@ -164,27 +164,16 @@ def _demo(_: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.launch.parse import CheckInputError, parse_env
+    # SGLang is imported only in the child, started with the environment check controls.
+    from sglang_dsv4_guard.launch.child import answer_in_child, print_answer, request_of
+    from sglang_dsv4_guard.launch.parse import CheckInputError
 
     try:
-        from sglang_dsv4_guard.launch.predict import run_check
-        from sglang_dsv4_guard.launch.text import render_check
-
-        result = run_check(args.prefill, args.decode,
-                           parse_env("--prefill-env", args.prefill_env),
-                           parse_env("--decode-env", args.decode_env))
+        request = request_of(args)
     except CheckInputError as exc:
         print(f"sglang-dsv4-guard check: error: {exc}", file=sys.stderr)
         return 2
-    except ImportError as exc:
-        print(f"sglang-dsv4-guard check: error: sglang: cannot import the installed release "
-              f"({exc})", file=sys.stderr)
-        return 2
-    if args.format == "json":
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(render_check(result))
-    return result.exit_status
+    return print_answer(answer_in_child(request), args.format)
 
 
 def _preflight() -> int:
