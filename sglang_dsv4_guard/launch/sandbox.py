@@ -21,12 +21,14 @@ __all__ = ["NetworkRefused", "WriteRefused", "install", "refusals"]
 
 _NETWORK_EVENTS = frozenset({"socket.connect", "socket.getaddrinfo", "socket.gethostbyname",
                              "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg"})
-# Events whose path arguments are written (created, removed, renamed, linked, changed).
-_PATH_EVENTS: dict[str, tuple[int, ...]] = {
-    "os.mkdir": (0,), "os.rmdir": (0,), "os.remove": (0,), "os.rename": (0, 1),
-    "os.symlink": (1,), "os.link": (1,), "os.truncate": (0,), "os.chmod": (0,),
-    "os.chown": (0,), "os.utime": (0,), "shutil.rmtree": (0,), "shutil.copyfile": (1,),
-    "shutil.copytree": (1,), "shutil.move": (0, 1),
+# Events whose path arguments are written (created, removed, renamed, linked, changed):
+# (index of the path, index of its ``dir_fd`` or None).
+_PATH_EVENTS: dict[str, tuple[tuple[int, int | None], ...]] = {
+    "os.mkdir": ((0, 2),), "os.rmdir": ((0, 1),), "os.remove": ((0, 1),),
+    "os.rename": ((0, 2), (1, 3)), "os.symlink": ((1, 2),), "os.link": ((1, 3),),
+    "os.truncate": ((0, None),), "os.chmod": ((0, 2),), "os.chown": ((0, 3),),
+    "os.utime": ((0, 3),), "shutil.rmtree": ((0, 1),), "shutil.copyfile": ((1, None),),
+    "shutil.copytree": ((1, None),), "shutil.move": ((0, None), (1, None)),
 }
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _ALLOWED_FILES = frozenset({os.devnull})
@@ -47,12 +49,14 @@ def refusals() -> tuple[str, ...]:
     return tuple(_refused)
 
 
-def _path(value: Any) -> str | None:
+def _path(value: Any, dir_fd: Any = None) -> str | None:
     if isinstance(value, int) or value is None:  # a descriptor: no new name is written
         return None
     try:
         path = os.fsdecode(os.fspath(value))
-    except TypeError:
+        if isinstance(dir_fd, int) and dir_fd >= 0 and not os.path.isabs(path):
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+    except (TypeError, OSError):
         return None
     return os.path.normpath(os.path.abspath(path))
 
@@ -81,8 +85,9 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
             _refuse(f"write {path}", WriteRefused(
                 errno.EACCES, "sglang-dsv4-guard check writes nothing (refused)", path))
     elif event in _PATH_EVENTS:
-        for index in _PATH_EVENTS[event]:
-            path = _path(args[index]) if len(args) > index else None
+        for index, fd_index in _PATH_EVENTS[event]:
+            dir_fd = args[fd_index] if fd_index is not None and len(args) > fd_index else None
+            path = _path(args[index], dir_fd) if len(args) > index else None
             if path is not None and not _allowed(path):
                 _refuse(f"{event.split('.')[-1]} {path}", WriteRefused(
                     errno.EACCES, "sglang-dsv4-guard check writes nothing (refused)", path))
