@@ -20,7 +20,6 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import io
-import json
 import logging
 import sys
 from collections.abc import Sequence

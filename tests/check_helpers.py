@@ -42,10 +42,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     itself (environment, walls, no network, no writes) is tested by test_check_process.py."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        if argv[:1] == ("check",):
-            status = _check_here(list(argv))
-        else:
-            status = main(list(argv))
+        status = _check_here(list(argv)) if argv[:1] == ("check",) else main(list(argv))
     return status, out.getvalue(), err.getvalue()
 
 
