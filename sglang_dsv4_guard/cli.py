@@ -164,15 +164,9 @@ def _demo(_: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     # SGLang is imported only in the child, started with the environment check controls.
-    from sglang_dsv4_guard.launch.child import answer_in_child, print_answer, request_of
-    from sglang_dsv4_guard.launch.parse import CheckInputError
+    from sglang_dsv4_guard.launch.child import run_command
 
-    try:
-        request = request_of(args)
-    except CheckInputError as exc:
-        print(f"sglang-dsv4-guard check: error: {exc}", file=sys.stderr)
-        return 2
-    return print_answer(answer_in_child(request), args.format)
+    return run_command(args)
 
 
 def _preflight() -> int:

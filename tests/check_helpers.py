@@ -6,14 +6,12 @@ import contextlib
 import io
 import json
 import os
-import sys
 from typing import Any
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.cli import _parser, main
-from sglang_dsv4_guard.launch.child import answer, print_answer, request_of
-from sglang_dsv4_guard.launch.parse import CheckInputError
+from sglang_dsv4_guard.launch.child import answer, run_command
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).
@@ -47,13 +45,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 
 
 def _check_here(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        request = request_of(args)
-    except CheckInputError as exc:
-        print(f"sglang-dsv4-guard check: error: {exc}", file=sys.stderr)
-        return 2
-    return print_answer(answer(request), args.format)
+    return run_command(_parser().parse_args(argv), answer)
 
 
 def check_json(prefill: str, decode: str, *more: str) -> tuple[int, dict[str, Any]]:

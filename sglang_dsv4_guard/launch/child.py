@@ -6,6 +6,7 @@ must be in the environment before the interpreter that imports SGLang starts. Th
 parent (the ``check`` command) never imports SGLang: it starts one child for both
 servers (``python -m sglang_dsv4_guard.launch.child``) with
 
+- this process's ``sys.path`` as ``PYTHONPATH`` (the same SGLang, guard and plug-ins);
 - ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``HF_DATASETS_OFFLINE`` set to 1 (and the
   telemetry switches off), so the Hub and remote code are never fetched;
 - ``HOME``, ``XDG_CACHE_HOME``, ``TMPDIR``, SGLang's and its libraries' cache directories
@@ -32,7 +33,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["answer", "answer_in_child", "child_environment", "print_answer", "request_of"]
+__all__ = ["answer", "answer_in_child", "child_environment", "print_answer", "request_of",
+           "run_command"]
 
 # Set in the child's environment before it starts (and so before SGLang is imported).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -78,6 +80,20 @@ def answer(request: Mapping[str, Any],
             "text": render_check(result)}
 
 
+def run_command(args: argparse.Namespace,
+                answerer: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None) -> int:
+    """``check``: the request from ``args``, answered (by :func:`answer_in_child` unless
+    ``answerer`` is given), printed; the exit status."""
+    from sglang_dsv4_guard.launch.parse import CheckInputError
+
+    try:
+        request = request_of(args)
+    except CheckInputError as exc:
+        print(f"sglang-dsv4-guard check: error: {exc}", file=sys.stderr)
+        return 2
+    return print_answer((answerer or answer_in_child)(request), args.format)
+
+
 def print_answer(reply: Mapping[str, Any], output_format: str) -> int:
     """Print the child's answer as ``check`` does; the exit status."""
     if reply.get("error") is not None:
@@ -96,6 +112,8 @@ def child_environment(scratch: str, base: Mapping[str, str] | None = None) -> di
         env["HF_HOME"] = os.path.join(cache, "huggingface")
     env.update(OFFLINE)
     env["HOME"] = env["TMPDIR"] = scratch
+    # The child imports what this process imports (its sys.path, plug-ins added at run time).
+    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
     for name in _SCRATCH_CACHES:
         env[name] = os.path.join(scratch, name.lower())
     return env
