@@ -123,11 +123,16 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     """``answer`` in one child process started with :func:`child_environment`; the scratch
     directory is removed when it ends. A child that dies without answering is reported
     as an error line with its last line of output, exit 2."""
-    with tempfile.TemporaryDirectory(prefix="sglang-dsv4-guard-check-") as scratch:
-        proc = subprocess.run(
-            [sys.executable, "-m", "sglang_dsv4_guard.launch.child", scratch],
-            input=json.dumps(request), capture_output=True, text=True,
-            env=child_environment(scratch), check=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="sglang-dsv4-guard-check-") as scratch:
+            proc = subprocess.run(
+                [sys.executable, "-m", "sglang_dsv4_guard.launch.child", scratch],
+                input=json.dumps(request), capture_output=True, text=True,
+                env=child_environment(scratch), check=False)
+    except OSError as exc:  # no usable temporary directory, or the interpreter cannot start
+        return {"exit_status": 2, "error": f"cannot start the check process: "
+                                           f"{type(exc).__name__}: {exc} (TMPDIR="
+                                           f"{os.environ.get('TMPDIR', 'unset')})"}
     try:
         reply: dict[str, Any] = json.loads(proc.stdout)
     except ValueError:
