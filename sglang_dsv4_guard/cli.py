@@ -21,7 +21,6 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import io
-import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -205,27 +204,10 @@ def _demo(_: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from sglang_dsv4_guard.launch.parse import CheckInputError, parse_env
+    # SGLang is imported only in the child, started with the environment check controls.
+    from sglang_dsv4_guard.launch.child import run_command
 
-    try:
-        from sglang_dsv4_guard.launch.predict import run_check
-        from sglang_dsv4_guard.launch.text import render_check
-
-        result = run_check(args.prefill, args.decode,
-                           parse_env("--prefill-env", args.prefill_env),
-                           parse_env("--decode-env", args.decode_env))
-    except CheckInputError as exc:
-        print(f"sglang-dsv4-guard check: error: {exc}", file=sys.stderr)
-        return 2
-    except ImportError as exc:
-        print(f"sglang-dsv4-guard check: error: sglang: cannot import the installed release "
-              f"({exc})", file=sys.stderr)
-        return 2
-    if args.format == "json":
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(render_check(result))
-    return result.exit_status
+    return run_command(args)
 
 
 def _patches(_: argparse.Namespace) -> int:

@@ -10,7 +10,8 @@ from typing import Any
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.cli import main
+from sglang_dsv4_guard.cli import _parser, main
+from sglang_dsv4_guard.launch.child import answer, run_command
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).
@@ -32,11 +33,19 @@ def server(role: str, model: str, extra: str = "", backend: str = "mori") -> str
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
-    """``sglang-dsv4-guard argv...`` in this process: exit status, stdout, stderr."""
+    """``sglang-dsv4-guard argv...`` in this process: exit status, stdout, stderr.
+
+    ``check`` does its child's work (``launch.child.answer``, the same code) here, so the
+    installed release's answers are tested in-process on every release; the child process
+    itself (environment, walls, no network, no writes) is tested by test_check_process.py."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(list(argv))
+        status = _check_here(list(argv)) if argv[:1] == ("check",) else main(list(argv))
     return status, out.getvalue(), err.getvalue()
+
+
+def _check_here(argv: list[str]) -> int:
+    return run_command(_parser().parse_args(argv), answer)
 
 
 def check_json(prefill: str, decode: str, *more: str) -> tuple[int, dict[str, Any]]:

@@ -159,17 +159,62 @@ class TestResolution(GuardTestCase):
                          "SGLang's resolution of the flags")
 
 
-    def test_device_refusal_is_no_g026(self) -> None:
-        """DSpark refuses a CPU device during resolution ("only supports CUDA, NPU or XPU"):
-        the refusal is this machine's, so no DSV4G026; the check says so in ``unknowns``."""
+    def test_resolved_as_a_gpu_by_default(self) -> None:
+        """DSpark refuses any device but CUDA, NPU or XPU during resolution; a line without
+        --device is resolved as cuda (a PD server's GPU), so the pair is accepted, with no
+        DSV4G026 and no refusal in ``unknowns``."""
         dspark = f"--speculative-algorithm DSPARK --speculative-draft-model-path {DSV4}"
         status, doc = check_json(server("prefill", DSV4, dspark), server("decode", DSV4, dspark))
-        self.assertNotIn("DSV4G026", codes(doc))
-        self.assertEqual(status, 0, doc["findings"])
-        device_notes = [u for u in doc["unknowns"] if "device" in u and "refused" in u]
-        self.assertEqual(len(device_notes), 2, doc["unknowns"])
-        self.assertIn("CUDA", device_notes[0])
+        self.assertEqual((status, codes(doc)), (0, []))
+        self.assertEqual([u for u in doc["unknowns"] if "failed on this machine" in u], [])
+        self.assertIn("as --device cuda", doc["derived"]["prefill"]["parsed_by"])
 
+    def test_refusal_on_the_servers_own_device_is_g026(self) -> None:
+        """The same DSpark servers launched with ``--device cpu`` are refused by SGLang on
+        that device: DSV4G026 for each, quoting SGLang's message."""
+        dspark = (f"--speculative-algorithm DSPARK --speculative-draft-model-path {DSV4} "
+                  "--device cpu")
+        status, doc = check_json(server("prefill", DSV4, dspark), server("decode", DSV4, dspark))
+        self.assertEqual((status, codes(doc)), (1, ["DSV4G026", "DSV4G026"]))
+        self.assertIn("CUDA", doc["findings"][0]["observations"][0]["value"])
+
+    def test_cpu_defaults_never_make_a_gpu_pair_broken(self) -> None:
+        """A Llama pair with ``--enable-deterministic-inference`` (on CPU SGLang picks
+        intel_amx and then refuses it) is healthy on the servers' GPU: exit 0, no DSV4G026."""
+        flags = "--enable-deterministic-inference"
+        status, doc = check_json(server("prefill", LLAMA, flags, "mooncake"),
+                                 server("decode", LLAMA, flags, "mooncake"))
+        self.assertEqual((status, codes(doc)), (0, []))
+
+    def test_modelscope_path_is_an_unknown_not_a_download(self) -> None:
+        """``SGLANG_USE_MODELSCOPE=1`` with a Hub-style ``--tokenizer-path`` would make SGLang
+        download it from ModelScope (a package missing here, too): not DSV4G026; an
+        ``unknowns`` line names the flag, the path and the variable."""
+        status, doc = check_json(
+            server("prefill", LLAMA, "--tokenizer-path someorg/some-tokenizer", "mooncake"),
+            server("decode", LLAMA, backend="mooncake"),
+            "--prefill-env", "SGLANG_USE_MODELSCOPE=1")
+        self.assertEqual((status, codes(doc)), (0, []))
+        notes = [u for u in doc["unknowns"] if "SGLANG_USE_MODELSCOPE" in u]
+        self.assertEqual(len(notes), 1, doc["unknowns"])
+        self.assertTrue(notes[0].startswith("prefill: --tokenizer-path 'someorg/some-tokenizer'"),
+                        notes[0])
+
+    def test_machine_cause_names_what_this_machine_lacks(self) -> None:
+        """A refusal this machine caused is told apart from the flags' own: a missing package
+        (named), the network, a GPU probe on a GPU server; a refusal about the flags, or a
+        device refusal for a CPU server, is the server's."""
+        from sglang_dsv4_guard.launch.parse import machine_cause
+
+        missing = ModuleNotFoundError("No module named 'modelscope'", name="modelscope")
+        self.assertIn("'modelscope' is not installed", machine_cause(missing, "cuda") or "")
+        offline = OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+        self.assertIn("network", machine_cause(offline, "cuda") or "")
+        probe = RuntimeError("Found no NVIDIA driver on your system.")
+        self.assertIn("GPU probe", machine_cause(probe, "cuda") or "")
+        self.assertIsNone(machine_cause(probe, "cpu"))
+        self.assertIsNone(machine_cause(ValueError("speculative algorithm NEXTN is not "
+                                                   "supported"), "cuda"))
 
     def test_model_config_from_the_resolved_flags(self) -> None:
         """``--json-model-override-args`` reaches the model as SGLang builds it

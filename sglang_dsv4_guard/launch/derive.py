@@ -10,10 +10,14 @@
   0.5.21, ``attn_dp_size`` from 0.5.22, ``attn_cp_size`` everywhere).
 
 Hugging Face hub look-ups are switched off (``HF_HUB_OFFLINE=1``) while configs load.
+With ``--trust-remote-code``, a config whose code is not on this machine (its ``auto_map``
+names a Hub repository) is read again without remote code, with the release's class for
+its ``model_type``, and a note says so: ``check`` fetches nothing.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import os
@@ -21,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, offline_env
+from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, machine_cause, offline_env
 
 __all__ = ["ModelFacts", "Side", "derive_side", "load_model"]
 
@@ -77,6 +81,7 @@ class Side:
     num_draft_tokens: int | None
     swa_state: bool
     unified_kv: bool
+    notes: tuple[str, ...] = ()
 
     @property
     def role(self) -> str:
@@ -106,35 +111,58 @@ def _kwargs_for(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in candidates.items() if k in params}
 
 
-def _model_config(option: str, path: str, draft: bool, algorithm: str | None,
-                  server_args: Any, env: Mapping[str, str]) -> Any:
+def _build_config(path: str, draft: bool, algorithm: str | None, server_args: Any,
+                  env: Mapping[str, str], remote_code: bool) -> Any:
     from sglang.srt.configs.model_config import ModelConfig
 
+    with offline_env(env):
+        if server_args is not None:  # as the server builds it: overrides, revision, quant
+            if remote_code != bool(getattr(server_args, "trust_remote_code", False)):
+                server_args = copy.copy(server_args)
+                server_args.trust_remote_code = remote_code
+            return ModelConfig.from_server_args(server_args, model_path=path,
+                                                is_draft_model=draft)
+        kwargs = _kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
+                                                    "speculative_algorithm": algorithm,
+                                                    "trust_remote_code": remote_code})
+        return ModelConfig(path, **kwargs)
+
+
+def _model_config(option: str, path: str, draft: bool, algorithm: str | None,
+                  server_args: Any, env: Mapping[str, str], remote_code: bool
+                  ) -> tuple[Any, str | None]:
+    """The release's ``ModelConfig``, and a note when remote code had to be left out."""
     try:
-        with offline_env(env):
-            if server_args is not None:  # as the server builds it: overrides, revision, quant
-                return ModelConfig.from_server_args(server_args, model_path=path,
-                                                    is_draft_model=draft)
-            kwargs = _kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
-                                                        "speculative_algorithm": algorithm})
-            return ModelConfig(path, **kwargs)
+        try:
+            return _build_config(path, draft, algorithm, server_args, env, remote_code), None
+        except Exception as exc:
+            cause = machine_cause(exc, "cpu")
+            if not remote_code or cause is None or "network" not in cause:
+                raise
+            note = (f"--trust-remote-code: {path}/config.json names code that is not on this "
+                    f"machine ({type(exc).__name__}), and check downloads nothing; the model "
+                    "was read without remote code, with the release's class for its "
+                    "model_type")
+            return _build_config(path, draft, algorithm, server_args, env, False), note
     except Exception as exc:  # SGLang's and transformers' errors on a bad config.json
         raise CheckInputError(option, f"SGLang's ModelConfig cannot read {path}/config.json: "
                                       f"{type(exc).__name__}: {exc}") from None
 
 
 def load_model(option: str, path: str, draft: bool = False, algorithm: str | None = None,
-               server_args: Any = None, env: Mapping[str, str] | None = None) -> ModelFacts:
+               server_args: Any = None, env: Mapping[str, str] | None = None,
+               remote_code: bool = False) -> tuple[ModelFacts, str | None]:
     """``ModelConfig`` on ``path``/config.json, built once, from the server's resolved
     ``ServerArgs`` when there is one (``ModelConfig.from_server_args``, so
     --json-model-override-args, --revision and quantization apply); a missing or
-    unreadable config names ``option``."""
+    unreadable config names ``option``. With the note of :func:`_model_config`."""
     from sglang.srt.configs.model_config import is_deepseek_v4
 
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise CheckInputError(option, f"no config.json in {path!r} (give a local directory; "
                                       "weights are not needed)")
-    config = _model_config(option, path, draft, algorithm, server_args, env or {})
+    config, note = _model_config(option, path, draft, algorithm, server_args, env or {},
+                                 remote_code)
     hf = config.hf_config
     arch = (getattr(hf, "architectures", None) or ["?"])[0]
     attn = getattr(config.attention_arch, "name", str(config.attention_arch))
@@ -151,7 +179,7 @@ def load_model(option: str, path: str, draft: bool = False, algorithm: str | Non
         compress_ratios=tuple(int(r) for r in (ratios or ())),
         nextn_layers=int(getattr(hf, "num_nextn_predict_layers", 0) or 0),
         num_layers=int(getattr(hf, "num_hidden_layers", 0) or 0),
-    )
+    ), note
 
 
 def attention_tp(args: SideArgs) -> tuple[int, int]:
@@ -179,13 +207,18 @@ def derive_side(args: SideArgs) -> Side:
     """Everything the predictions need about one server."""
     option = f"--{args.role}"
     model_path = str(args.get("model_path"))
-    model = load_model(option, model_path, server_args=args.server_args, env=args.env)
+    remote_code = bool(args.get("trust_remote_code"))
+    model, note = load_model(option, model_path, server_args=args.server_args, env=args.env,
+                             remote_code=remote_code)
+    notes = args.notes + ((note,) if note else ())
     algorithm = args.get("speculative_algorithm")
     draft = None
     if algorithm:
         draft_path = str(args.get("speculative_draft_model_path") or model_path)
-        draft = load_model(option, draft_path, draft=True, algorithm=str(algorithm),
-                           server_args=args.server_args, env=args.env)
+        draft, note = load_model(option, draft_path, draft=True, algorithm=str(algorithm),
+                                 server_args=args.server_args, env=args.env,
+                                 remote_code=remote_code)
+        notes += (note,) if note and note not in notes else ()
     attn_tp, attn_dp = attention_tp(args)
     page = args.get("page_size")
     source = ("SGLang's resolution of the flags" if args.resolved
@@ -203,4 +236,4 @@ def derive_side(args: SideArgs) -> Side:
                 transfer_backend=backend,
                 speculative_algorithm=str(algorithm) if algorithm else None,
                 num_draft_tokens=args.get("speculative_num_draft_tokens"),
-                swa_state=swa_state, unified_kv=_unified(args, backend, model))
+                swa_state=swa_state, unified_kv=_unified(args, backend, model), notes=notes)

@@ -4,13 +4,18 @@
 defaults and deprecated spellings). Then the release's own resolution runs
 (``ServerArgs.__post_init__`` up to 0.5.21, ``ServerArgs.resolve_once`` from 0.5.22:
 model defaults such as DeepSeek-V4's page size, speculative defaults, deprecated
-spellings, its validations) with ``--device cpu`` (it probes the accelerator
-otherwise), the server's environment applied and the process environment restored
-afterwards; device-specific defaults (NPU's page size) are therefore not applied.
-When resolution refuses the flags, that refusal is kept (``resolution_error``) and
-only the release's rewrite of the deprecated ``--dp-size N --enable-dp-attention`` is
-applied, where the release has it (``arg_groups.parallel_hook.
-handle_deprecated_dp_attention``).
+spellings, its validations) as the server's device: the line's ``--device``, else
+``cuda`` (a PD deployment runs on GPUs; resolution as ``cuda`` does not need one), with
+the server's environment applied and the process environment restored afterwards.
+
+A refusal is the server's (``resolution_error``, DSV4G026) unless this machine caused it
+(:func:`machine_cause`: a package missing here, a network fetch, a GPU probe, a write):
+then it is ``machine_refusal``, an ``unknowns`` line. Either way the flags are then used
+as parsed, with only the release's rewrite of the deprecated ``--dp-size N
+--enable-dp-attention`` applied, where the release has it (``arg_groups.parallel_hook.
+handle_deprecated_dp_attention``). A path that ``SGLANG_USE_MODELSCOPE`` would fetch
+from ModelScope is not fetched: resolution runs without that variable, and ``notes``
+says so.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
-           "is_device_refusal", "offline_env", "parse_env", "parse_side"]
+           "machine_cause", "offline_env", "one_line", "parse_env", "parse_side"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -34,7 +39,7 @@ FIELDS = (
     "enable_dp_attention", "page_size", "disaggregation_mode",
     "disaggregation_transfer_backend", "speculative_algorithm",
     "speculative_draft_model_path", "speculative_num_draft_tokens",
-    "speculative_num_steps", "disable_hybrid_swa_memory",
+    "speculative_num_steps", "disable_hybrid_swa_memory", "trust_remote_code",
 )
 # Positive integers, with the flag that sets each.
 _POSITIVE = (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
@@ -44,11 +49,17 @@ _POSITIVE = (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
              ("speculative_num_steps", "--speculative-num-steps"))
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: its lines joined by single spaces (SGLang's and transformers'
+    messages can span several)."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 class CheckInputError(ValueError):
     """Input ``check`` cannot read: the argument at fault, its value and what is accepted."""
 
     def __init__(self, argument: str, message: str) -> None:
-        super().__init__(f"{argument}: {message}")
+        super().__init__(f"{argument}: {one_line(message)}")
         self.argument = argument
 
 
@@ -67,9 +78,11 @@ class SideArgs:
     resolution_error: str | None = None
     # The resolved ServerArgs (None when resolution did not complete) and the device it ran as.
     server_args: Any = None
-    resolved_device: str = "cpu"
-    # A refusal about the device or platform: this machine's, reported as an unknown.
-    device_refusal: str | None = None
+    resolved_device: str = "cuda"
+    # A refusal this machine caused (a missing package, the network, a GPU probe): an unknown.
+    machine_refusal: str | None = None
+    # What the check did not do for these flags (a ModelScope fetch), said in ``unknowns``.
+    notes: tuple[str, ...] = ()
 
     @property
     def resolved(self) -> bool:
@@ -171,7 +184,7 @@ def offline_env(env: Mapping[str, str] | None = None) -> Iterator[None]:
     (SGLang's resolution writes environment variables)."""
     saved = dict(os.environ)
     os.environ.update(env or {})
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     try:
         yield
     finally:
@@ -187,30 +200,60 @@ def _view(server_args: Any) -> Any:
     return resolving_view(server_args)
 
 
-# A refusal naming an accelerator or the device: caused by resolving on this CPU machine.
-_DEVICE_REFUSAL = re.compile(r"\b(CUDA|HIP|ROCm|NPU|XPU|MPS|GPU|device|platform)s?\b",
-                             re.IGNORECASE)
+# A failure of a GPU probe on this machine, by the message (the frames are checked too).
+_GPU_PROBE = re.compile(r"nvidia-smi|rocm-smi|npu-smi|NVIDIA driver|not compiled with (CUDA|ROCm)|"
+                        r"No CUDA GPUs|CUDA driver|libcuda|cuInit|no GPU|"
+                        r"Torch not compiled|device count", re.IGNORECASE)
+_NETWORK = re.compile(r"couldn't connect to|offline mode|HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|"
+                      r"Name or service not known|makes no network call", re.IGNORECASE)
+_NETWORK_TYPES = ("OfflineModeIsEnabled", "LocalEntryNotFoundError", "NetworkRefused",
+                  "ConnectionError", "ConnectTimeout", "MaxRetryError")
 
 
-def is_device_refusal(message: str) -> bool:
-    """Whether SGLang's refusal is about the device or platform (this machine's, not the
-    server's flags)."""
-    return bool(_DEVICE_REFUSAL.search(message))
+def _frames(exc: BaseException) -> Iterator[str]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            yield tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+
+
+def machine_cause(exc: BaseException, device: str) -> str | None:
+    """What on this machine made SGLang's resolution fail, or ``None`` when the refusal is
+    the flags' own: a package missing here, a network fetch (``check`` makes none), a
+    write (``check`` writes none), a GPU probe (this machine need not have the servers'
+    GPU; not when the servers run on ``cpu``)."""
+    chain = [type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None]
+    if isinstance(exc, ImportError):
+        return f"the package {exc.name or str(exc)!r} is not installed on this machine"
+    if any(name in _NETWORK_TYPES for name in chain) or _NETWORK.search(str(exc)):
+        return "it needs the network, and check makes no network call"
+    if "WriteRefused" in chain:
+        return "it writes a file, and check writes nothing"
+    if device != "cpu" and (_GPU_PROBE.search(str(exc)) or any(
+            "/torch/cuda/" in name or "/torch/_C" in name for name in _frames(exc))):
+        return "a GPU probe, which fails on this machine (it has no GPU of the servers')"
+    return None
 
 
 @dataclass(frozen=True)
 class Resolution:
-    """The release's resolution of one server's flags: the fields, or its refusal."""
+    """The release's resolution of one server's flags: the fields, or its refusal (the
+    flags', or this machine's)."""
 
     values: dict[str, Any] | None
     refusal: str | None
     device: str
     server_args: Any = None
-    device_refusal: str | None = None
+    machine_refusal: str | None = None
 
 
 def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str
-                ) -> tuple[Any, str | None]:
+                ) -> tuple[Any, str | None, str | None]:
     from sglang.srt.server_args import ServerArgs
 
     ns = copy.copy(namespace)
@@ -223,29 +266,50 @@ def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: s
                 resolve()
     except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: DSV4G026
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return None, f"{type(exc).__name__}: {first}"
-    return server_args, None
+        cause = machine_cause(exc, device) if isinstance(exc, Exception) else None
+        return None, f"{type(exc).__name__}: {first}", cause
+    return server_args, None, None
 
 
 def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]) -> Resolution:
-    """The release's full resolution, first with ``--device cpu`` (any other device is
-    probed). A refusal about the device is retried as ``--device cuda`` (resolution does not
-    touch the GPU); a device refusal there too is kept apart (``device_refusal``), never
+    """The release's full resolution as the server's device (its ``--device``, else
+    ``cuda``); a refusal this machine caused is kept apart (``machine_refusal``), never
     taken for the server's own."""
-    server_args, refusal = _resolve_on(namespace, env, "cpu")
-    device, device_refusal = "cpu", None
-    if refusal is not None and is_device_refusal(refusal):
-        device_refusal = refusal
-        server_args, refusal = _resolve_on(namespace, env, "cuda")
-        device = "cuda"
-        if refusal is not None and is_device_refusal(refusal):
-            return Resolution(None, None, device, None, f"{device_refusal}; with --device "
-                                                          f"cuda: {refusal}")
+    device = str(getattr(namespace, "device", None) or "cuda")
+    server_args, refusal, cause = _resolve_on(namespace, env, device)
+    if server_args is None and cause is not None:
+        return Resolution(None, None, device, None, f"{refusal}: {cause}")
     if server_args is None:
-        return Resolution(None, refusal, device, None, device_refusal)
+        return Resolution(None, refusal, device)
     view = _view(server_args)
     return Resolution({name: getattr(view, name, None) for name in FIELDS}, None, device,
-                      server_args, device_refusal)
+                      server_args)
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _without_modelscope(namespace: argparse.Namespace, env: Mapping[str, str]
+                        ) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``env`` for resolution, and notes: a path that is not on this machine, under
+    ``SGLANG_USE_MODELSCOPE``, would be fetched from ModelScope (``snapshot_download``);
+    check fetches nothing, so resolution runs without the variable and the note names it."""
+    value = env.get("SGLANG_USE_MODELSCOPE", os.environ.get("SGLANG_USE_MODELSCOPE", ""))
+    if value.strip().lower() not in _TRUE:
+        return dict(env), ()
+    remote = [(flag, path) for flag, path in (
+        ("--model-path", getattr(namespace, "model_path", None)),
+        ("--tokenizer-path", getattr(namespace, "tokenizer_path", None)),
+        ("--speculative-draft-model-path",
+         getattr(namespace, "speculative_draft_model_path", None)))
+        if path and not os.path.exists(str(path))]
+    if not remote:
+        return dict(env), ()
+    named = ", ".join(f"{flag} {path!r}" for flag, path in remote)
+    return {**env, "SGLANG_USE_MODELSCOPE": "false"}, (
+        f"{named} is not on this machine, and SGLANG_USE_MODELSCOPE={value} makes SGLang "
+        "download it from ModelScope; check downloads nothing, so SGLang's resolution ran "
+        "without SGLANG_USE_MODELSCOPE",)
 
 
 def _resolve_deprecated_dp(namespace: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -307,10 +371,11 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     namespace = parser.parse_args(argv)
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
-    resolution = _resolve(namespace, env)
+    resolve_env, notes = _without_modelscope(namespace, env)
+    resolution = _resolve(namespace, resolve_env)
     if resolution.values is not None:
         values = resolution.values
-        resolved_by = ("the release's parser and its full resolution (run with --device "
+        resolved_by = ("the release's parser and its full resolution (as --device "
                        f"{resolution.device})")
     else:
         values, resolved_by = _resolve_deprecated_dp(namespace)
@@ -321,4 +386,4 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
                                       f"needs {role!r}")
     return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
                     resolved_by, resolution.refusal, resolution.server_args,
-                    resolution.device, resolution.device_refusal)
+                    resolution.device, resolution.machine_refusal, notes)

@@ -13,7 +13,7 @@ own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +27,6 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.host.releases import HostProfile
 
 __all__ = ["CheckResult", "run_check"]
-
-_MORI_SOURCE = "MoriKVManager._send_swa_dsa_state"
-
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -148,22 +145,19 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
                      "and NIXL reject it before SGLang 0.5.22, slice it by heads from 0.5.22); "
                      "DSV4G006 is MORI's check only")
     for side in (prefill, decode):
-        a = side.args
-        if a.device_refusal is not None and a.resolved:
-            notes.append(f"{side.role}: SGLang's resolution refused the CPU device this check "
-                         f"runs on ({a.device_refusal}); resolved again as --device "
-                         f"{a.resolved_device}, whose other device-specific defaults may "
-                         "differ from the server's")
-        elif a.device_refusal is not None:
-            notes.append(f"{side.role}: SGLang's resolution refused the device this check runs "
-                         f"on ({a.device_refusal}); a refusal about the device is this "
-                         "machine's, not the server's, so the flags are used as parsed, "
-                         "without SGLang's model defaults and validations")
+        if side.args.machine_refusal is not None:
+            notes.append(f"{side.role}: SGLang's resolution of these flags failed on this "
+                         f"machine, not on the server's ({side.args.machine_refusal}); the "
+                         "flags are used as parsed, without SGLang's model defaults and "
+                         "validations")
+        notes.extend(f"{side.role}: {note}" for note in side.notes)
     notes.append("the model paths are compared as typed; whether they hold the same "
                  "checkpoint on their hosts is not known here")
+    devices = sorted({s.args.resolved_device for s in (prefill, decode)})
     notes.append("both servers are assumed to run the SGLang release installed here; "
-                 "SGLang's resolution ran with --device cpu, so device-specific defaults "
-                 "(e.g. DeepSeek-V4's page size 128 on NPU) are not applied")
+                 f"SGLang's resolution ran as --device {' and '.join(devices)} (the line's "
+                 "--device, else cuda), without that device present: what SGLang reads "
+                 "from the GPU itself (its memory, its compute capability) is not known here")
     if prefill.unified_kv or decode.unified_kv:
         notes.append("DSV4G002 (target and draft pools in different unified-KV modes) cannot "
                      "come from the environment: both pools of one server read "
@@ -171,10 +165,22 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
     return notes
 
 
+def _refused_lines(refused: tuple[str, ...]) -> list[str]:
+    if not refused:
+        return []
+    shown = "; ".join(refused[:8]) + (f"; ... ({len(refused)} in all)" if len(refused) > 8
+                                      else "")
+    return [f"this check refused what SGLang tried while it ran ({shown}): check makes no "
+            "network call and writes nothing; the servers will do these themselves"]
+
+
 def run_check(prefill_args: str, decode_args: str,
               prefill_env: Mapping[str, str] | None = None,
-              decode_env: Mapping[str, str] | None = None) -> CheckResult:
-    """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input."""
+              decode_env: Mapping[str, str] | None = None,
+              refusals: Callable[[], tuple[str, ...]] = tuple) -> CheckResult:
+    """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input.
+
+    ``refusals`` gives what the child's walls refused (:mod:`.sandbox`), read at the end."""
     from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
     from sglang_dsv4_guard.host.verdict import judge_imported
 
@@ -199,4 +205,4 @@ def run_check(prefill_args: str, decode_args: str,
     report = Report.of(findings, {"function": "sglang-dsv4-guard check",
                                   "sglang": str(version)})
     return CheckResult(str(version), prefill, decode, report, tuple(runs),
-                       tuple(_unknowns(prefill, decode, runs)))
+                       tuple(_unknowns(prefill, decode, runs) + _refused_lines(refusals())))

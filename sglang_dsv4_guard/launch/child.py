@@ -1,0 +1,163 @@
+"""``check`` runs SGLang in a child process whose environment it controls.
+
+Importing SGLang imports ``huggingface_hub`` and ``transformers``, which read
+``HF_HUB_OFFLINE`` and their cache locations once, at import; so the offline switches
+must be in the environment before the interpreter that imports SGLang starts. The
+parent (the ``check`` command) never imports SGLang: it starts one child for both
+servers (``python -m sglang_dsv4_guard.launch.child``) with
+
+- this process's ``sys.path`` as ``PYTHONPATH`` (the same SGLang, guard and plug-ins);
+- ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``HF_DATASETS_OFFLINE`` set to 1 (and the
+  telemetry switches off), so the Hub and remote code are never fetched;
+- ``HOME``, ``XDG_CACHE_HOME``, ``TMPDIR``, SGLang's and its libraries' cache directories
+  and ``HF_MODULES_CACHE`` in a scratch directory the parent removes when the child ends
+  (``HF_HOME`` stays where it was, so a cached file is still read), and
+  ``PYTHONDONTWRITEBYTECODE=1``;
+- the child's audit hook (:mod:`.sandbox`) refusing any network call and any write
+  outside that scratch directory.
+
+The request (both launch lines and environments) goes to the child as JSON on stdin;
+the answer (the JSON document, its text rendering, the exit status, or the one-line
+input error) comes back as JSON on the child's own stdout descriptor (what SGLang
+prints goes to stderr). ``answer`` is the child's work and can run in any process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["answer", "answer_in_child", "child_environment", "print_answer", "request_of",
+           "run_command"]
+
+# Set in the child's environment before it starts (and so before SGLang is imported).
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+# Caches pointed into the scratch directory (SGLang's import sets the first five from
+# SGLANG_CACHE_DIR when they are unset).
+_SCRATCH_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH",
+                   "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR",
+                   "HF_MODULES_CACHE", "XDG_CACHE_HOME", "MPLCONFIGDIR")
+
+
+def request_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The child's request from ``check``'s parsed arguments; a malformed ``--*-env`` item
+    raises :class:`~.parse.CheckInputError` naming it."""
+    from sglang_dsv4_guard.launch.parse import parse_env
+
+    return {"prefill": args.prefill, "decode": args.decode,
+            "prefill_env": parse_env("--prefill-env", args.prefill_env),
+            "decode_env": parse_env("--decode-env", args.decode_env)}
+
+
+def answer(request: Mapping[str, Any],
+           refusals: Callable[[], tuple[str, ...]] = tuple) -> dict[str, Any]:
+    """``run_check`` on ``request`` in this process: ``{"exit_status", "document", "text"}``,
+    or ``{"exit_status": 2, "error": one line}`` for input it cannot read. ``refusals``
+    (what the child's walls refused, read when the check ends) go into ``unknowns``."""
+    from sglang_dsv4_guard.launch.parse import CheckInputError, one_line
+
+    try:
+        from sglang_dsv4_guard.launch.predict import run_check
+        from sglang_dsv4_guard.launch.text import render_check
+
+        result = run_check(request["prefill"], request["decode"],
+                           request.get("prefill_env") or {}, request.get("decode_env") or {},
+                           refusals=refusals)
+    except CheckInputError as exc:
+        return {"exit_status": 2, "error": one_line(str(exc))}
+    except ImportError as exc:
+        return {"exit_status": 2, "error": f"sglang: cannot import the installed release "
+                                           f"({one_line(str(exc))})"}
+    return {"exit_status": result.exit_status, "document": result.to_dict(),
+            "text": render_check(result)}
+
+
+def run_command(args: argparse.Namespace,
+                answerer: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None) -> int:
+    """``check``: the request from ``args``, answered (by :func:`answer_in_child` unless
+    ``answerer`` is given), printed; the exit status."""
+    from sglang_dsv4_guard.launch.parse import CheckInputError
+
+    try:
+        request = request_of(args)
+    except CheckInputError as exc:
+        print(f"sglang-dsv4-guard check: error: {exc}", file=sys.stderr)
+        return 2
+    return print_answer((answerer or answer_in_child)(request), args.format)
+
+
+def print_answer(reply: Mapping[str, Any], output_format: str) -> int:
+    """Print the child's answer as ``check`` does; the exit status."""
+    if reply.get("error") is not None:
+        print(f"sglang-dsv4-guard check: error: {reply['error']}", file=sys.stderr)
+        return int(reply.get("exit_status", 2))
+    print(json.dumps(reply["document"], indent=2) if output_format == "json" else reply["text"])
+    return int(reply["exit_status"])
+
+
+def child_environment(scratch: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: ``base`` (this process's) with the offline switches and
+    every home, temporary and cache directory in ``scratch``."""
+    env = dict(os.environ if base is None else base)
+    if "HF_HOME" not in env:  # where the Hub cache is now, read (never written) there
+        cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        env["HF_HOME"] = os.path.join(cache, "huggingface")
+    env.update(OFFLINE)
+    env["HOME"] = env["TMPDIR"] = scratch
+    # The child imports what this process imports (its sys.path, plug-ins added at run time).
+    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
+    for name in _SCRATCH_CACHES:
+        env[name] = os.path.join(scratch, name.lower())
+    return env
+
+
+def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``answer`` in one child process started with :func:`child_environment`; the scratch
+    directory is removed when it ends. A child that dies without answering is reported
+    as an error line with its last line of output, exit 2."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="sglang-dsv4-guard-check-") as scratch:
+            proc = subprocess.run(
+                [sys.executable, "-m", "sglang_dsv4_guard.launch.child", scratch],
+                input=json.dumps(request), capture_output=True, text=True,
+                env=child_environment(scratch), check=False)
+    except OSError as exc:  # no usable temporary directory, or the interpreter cannot start
+        return {"exit_status": 2, "error": f"cannot start the check process: "
+                                           f"{type(exc).__name__}: {exc} (TMPDIR="
+                                           f"{os.environ.get('TMPDIR', 'unset')})"}
+    try:
+        reply: dict[str, Any] = json.loads(proc.stdout)
+    except ValueError:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        last = lines[-1][:500] if lines else "no output"
+        return {"exit_status": 2, "error": f"the check process (which imports SGLang) ended "
+                                           f"with status {proc.returncode} without an answer: "
+                                           f"{last}"}
+    return reply
+
+
+def main() -> int:
+    """The child: walls up, one request from stdin, one answer to the original stdout."""
+    from sglang_dsv4_guard.launch import sandbox
+
+    sandbox.install(sys.argv[1])
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what SGLang prints (Python or C) goes to stderr, not into the answer
+    sys.stdout = sys.stderr
+    request = json.loads(sys.stdin.read())
+    reply = answer(request, sandbox.refusals)
+    out.write(json.dumps(reply))
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""``sglang-dsv4-guard check`` as the installed command, in fresh interpreters: it makes no
+network call and writes nothing, in its own process and in the child it starts, on
+hostile inputs; its input errors are one line.
+
+Every Python process the command starts gets an audit hook (a ``sitecustomize`` put
+first on ``PYTHONPATH``) that records each socket look-up or connection, and each
+write outside the run's private temporary directory, into a file the test reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import unittest
+from pathlib import Path
+
+from check_helpers import LLAMA, server
+from helpers import GuardTestCase, fresh_python
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=150, suite="stage-a-test-cpu")
+
+# Recorded, never refused: the test sees what the command tried, before any wall of ours.
+_SITECUSTOMIZE = '''
+import os, sys
+
+_LOG = os.environ["DSV4_TEST_AUDIT_LOG"]
+_TMP = os.path.realpath(os.environ["TMPDIR"])
+_NET = {"socket.connect", "socket.getaddrinfo", "socket.gethostbyname",
+        "socket.gethostbyaddr", "socket.sendto"}
+# Event: ((path index, dir_fd index or None), ...).
+_PATHS = {"os.mkdir": ((0, 2),), "os.rename": ((0, 2), (1, 3)), "os.remove": ((0, 1),),
+          "os.rmdir": ((0, 1),), "os.symlink": ((1, 2),), "os.link": ((1, 3),),
+          "os.truncate": ((0, None),)}
+_WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _outside(value, dir_fd=None):
+    if isinstance(value, int) or value is None:
+        return False
+    path = os.fsdecode(os.fspath(value))
+    if isinstance(dir_fd, int) and dir_fd >= 0 and not os.path.isabs(path):
+        path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+    path = os.path.realpath(os.path.abspath(path))
+    # Python's own bytecode cache of the installed packages is the interpreter's, not the
+    # command's.
+    return (path not in (_LOG, os.devnull) and not path.startswith(_TMP + os.sep)
+            and "__pycache__" not in path)
+
+
+# Opened once, before any other hook: recording later opens nothing, so a wall that
+# refuses opens cannot silence the record.
+_FD = os.open(_LOG, os.O_WRONLY | os.O_APPEND)
+
+
+def _record(line):
+    os.write(_FD, f"{os.getpid()} {line}\\n".encode())
+
+
+def _hook(event, args):
+    if event in _NET:
+        _record(f"{event} {args[:2]!r}")
+    elif event == "open" and len(args) > 2 and isinstance(args[2], int) and args[2] & _WRITE:
+        if _outside(args[0]):
+            _record(f"write {args[0]!r}")
+    elif event in _PATHS:
+        for index, fd_index in _PATHS[event]:
+            dir_fd = args[fd_index] if fd_index is not None and len(args) > fd_index else None
+            if len(args) > index and _outside(args[index], dir_fd):
+                _record(f"{event} {args[index]!r}")
+
+
+sys.addaudithook(_hook)
+'''
+_MAIN = "import sys; from sglang_dsv4_guard.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+class TestCheckProcessTouchesNothing(GuardTestCase):
+    """The command and its child, audited from outside."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.root = Path(tempfile.mkdtemp(prefix="dsv4-check-process-"))
+        self.addCleanup(shutil.rmtree, self.root, True)
+        for name in ("hook", "home", "tmp", "cwd", "dumps"):
+            (self.root / name).mkdir()
+        (self.root / "hook" / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+        self.log = self.root / "audit.log"
+        self.log.touch()
+
+    def run_command(self, *argv: str) -> tuple[int, str, str]:
+        """The installed command in a fresh interpreter, audited; cwd, HOME and TMPDIR are
+        the test's own empty directories."""
+        env = {"DSV4_TEST_AUDIT_LOG": str(self.log), "HOME": str(self.root / "home"),
+               "TMPDIR": str(self.root / "tmp")}
+        cwd = os.getcwd()
+        os.chdir(self.root / "cwd")
+        try:
+            proc = fresh_python(_MAIN, *argv, env=env, path_first=str(self.root / "hook"))
+        finally:
+            os.chdir(cwd)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def remote_code_model(self) -> str:
+        """Llama's config.json with an ``auto_map`` naming code in a Hub repository."""
+        config = json.loads((Path(LLAMA) / "config.json").read_text())
+        config["auto_map"] = {"AutoConfig": "someorg/remote-model--configuration_x.XConfig"}
+        model = self.root / "remote_model"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(config))
+        return str(model)
+
+    def created(self) -> list[str]:
+        """Every file or directory left in the test's cwd, HOME, TMPDIR and dump folder."""
+        return sorted(str(p) for name in ("home", "tmp", "cwd", "dumps")
+                      for p in (self.root / name).rglob("*"))
+
+    def test_check_makes_no_network_call_on_hostile_inputs(self) -> None:
+        """``--trust-remote-code`` with an ``auto_map`` naming a Hub repository, and
+        ``SGLANG_USE_MODELSCOPE=1`` with a Hub-style ``--tokenizer-path``: no socket
+        look-up or connection in any process; each is an ``unknowns`` line naming the flag."""
+        cases = {
+            "remote code": (server("prefill", self.remote_code_model(), "--trust-remote-code",
+                                   "mooncake"), (), "--trust-remote-code"),
+            "modelscope": (server("prefill", LLAMA, "--tokenizer-path someorg/tok", "mooncake"),
+                           ("--prefill-env", "SGLANG_USE_MODELSCOPE=1"), "--tokenizer-path"),
+        }
+        for name, (prefill, more, flag) in cases.items():
+            with self.subTest(input=name):
+                self.log.write_text("")
+                status, out, err = self.run_command(
+                    "check", "--prefill", prefill, "--decode",
+                    server("decode", LLAMA, backend="mooncake"), "--format", "json", *more)
+                self.assertEqual(self.log.read_text(), "")
+                self.assertEqual(status, 0, err)
+                notes = [u for u in json.loads(out)["unknowns"] if u.startswith(f"prefill: {flag}")]
+                self.assertEqual(len(notes), 1, out)
+
+    def test_doctor_makes_no_network_call(self) -> None:
+        """``doctor`` makes no socket look-up or connection."""
+        self.run_command("doctor")
+        self.assertEqual([line for line in self.log.read_text().splitlines()
+                          if " socket." in line], [])
+
+    def test_check_writes_nothing(self) -> None:
+        """``--crash-dump-folder X`` (SGLang's resolution creates ``X/<hostname>``) on both
+        servers: nothing is left in the command's cwd, HOME, TMPDIR or X, and every write
+        any of its processes tried anywhere was refused and named in ``unknowns``."""
+        dumps = str(self.root / "dumps")
+        status, out, err = self.run_command(
+            "check", "--prefill", server("prefill", LLAMA, f"--crash-dump-folder {dumps}",
+                                         "mooncake"),
+            "--decode", server("decode", LLAMA, f"--crash-dump-folder {dumps}", "mooncake"),
+            "--format", "json")
+        self.assertEqual(status, 0, err)
+        self.assertEqual(self.created(), [])
+        refused = [u for u in json.loads(out)["unknowns"] if u.startswith("this check refused")]
+        self.assertEqual(len(refused), 1, out)
+        self.assertIn(f"mkdir {dumps}{os.sep}", refused[0])
+        # Every write any process tried outside TMPDIR is one the check refused and named.
+        tried = [line.split(" ", 2)[2] for line in self.log.read_text().splitlines()]
+        self.assertNotEqual(tried, [])
+        for path in tried:
+            self.assertIn(path.strip("'"), refused[0])
+
+    def test_model_config_error_is_one_line(self) -> None:
+        """A config.json whose ``model_type`` transformers does not know (its message spans
+        three lines): exit 2, one line on stderr naming the server and the path, nothing on
+        stdout."""
+        model = self.root / "unknown_type"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(
+            {"architectures": ["LlamaForCausalLM"], "model_type": "no_such_type"}))
+        status, out, err = self.run_command(
+            "check", "--prefill", server("prefill", str(model), backend="mooncake"),
+            "--decode", server("decode", LLAMA, backend="mooncake"))
+        self.assertEqual((status, out), (2, ""))
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertTrue(err.startswith(f"sglang-dsv4-guard check: error: --prefill: SGLang's "
+                                       f"ModelConfig cannot read {model}/config.json"), err)
+        self.assertIn("no_such_type", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
