@@ -56,7 +56,7 @@ class TestPackageLayers(GuardTestCase):
         its commands in functions, the package root names its exports for type checkers."""
         kinds = {(e.source, e.target, e.kind) for e in imports.package_graph()}
         self.assertIn(("lifecycle", "state.wrapper", "top"), kinds)
-        self.assertIn(("cli", "launch.predict", "deferred"), kinds)
+        self.assertIn(("cli", "launch.child", "deferred"), kinds)
         self.assertIn(("(package)", "lifecycle", "typing"), kinds)
 
     def test_no_tools_cycle(self) -> None:

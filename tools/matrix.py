@@ -94,6 +94,12 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
     "tests/test_errors_and_inputs.py::TestErrorsTravel": (),
     "tests/test_errors_and_inputs.py::TestUnpicklablePluginValueTravels": (),
     "tests/test_doctor_isolation.py::TestDoctorIsolatesPlugins": (),
+    # What SGLang's resolution may fetch or write: the whole of ServerArgs and ModelConfig.
+    "tests/test_check_process.py::TestCheckProcessTouchesNothing": (
+        "srt/server_args.py", "srt/configs/model_config.py",
+        "srt/arg_groups/serving_hook.py::handle_crash_dump_env",
+        "srt/arg_groups/model_path_hook.py::handle_modelscope_paths",
+        "srt/utils/hf_transformers_utils.py"),
 }
 
 
