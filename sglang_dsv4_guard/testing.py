@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.host.targets import MORI_SEND
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.mori.snapshot import SendSnapshot
@@ -236,7 +237,7 @@ def check_transfer(transfer: SendSnapshot, *plugins: object, phase: str = "send"
     context = SendContext(rt.profile, "on", phase)
     findings = rt.plugins.collect("sglang_dsv4_guard_check_send",
                                   {"transfer": transfer, "context": context})
-    report = Report.of(findings, {"function": "MoriKVManager._send_swa_dsa_state",
+    report = Report.of(findings, {"function": MORI_SEND.qualname,
                                   "peer": transfer.engine_key or "?",
                                   "sglang": rt.profile.name, "mode": context.mode})
     rt.publish(report)
