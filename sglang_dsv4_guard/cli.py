@@ -21,12 +21,13 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import io
-import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sglang_dsv4_guard.codes import CODES
+from sglang_dsv4_guard.host.targets import MORI_SEND, REGISTRY_MODULE, STATE
+from sglang_dsv4_guard.log import silenced
 
 # Each command imports what it needs inside its function (deferred on purpose, for
 # start-up cost): ``explain`` and ``--help`` import neither SGLang nor torch nor the
@@ -84,12 +85,12 @@ def _doctor(_: argparse.Namespace) -> int:
     from sglang_dsv4_guard.settings import Mode
 
     ok &= _sglang_loader(settings.mode.value is not Mode.OFF)
-    state = _importable("sglang.srt.disaggregation.utils")
-    print(f"target setup_state_kv_args: {'found' if state else 'MISSING'}")
+    state = _importable(STATE.module)
+    print(f"target {STATE.qualname}: {'found' if state else 'MISSING'}")
     mori = _importable("mori")
     where = ("MORI installed; wrapped when SGLang imports it" if mori else
              "MORI not installed (only needed with --disaggregation-transfer-backend mori)")
-    print(f"target MoriKVManager._send_swa_dsa_state: {where}")
+    print(f"target {MORI_SEND.qualname}: {where}")
     ok &= _other_plugins_hooks()
     plugins, output = _load_plugins_quietly()
     print(f"guard plug-ins: {', '.join(plugins.names())}")
@@ -154,18 +155,14 @@ def _load_plugins_quietly() -> tuple[GuardPlugins, str]:
     from sglang_dsv4_guard.plugins import build_plugins
 
     captured = io.StringIO()
-    logger = logging.getLogger("sglang_dsv4_guard")
-    was_disabled, logger.disabled = logger.disabled, True  # doctor prints the problems
-    try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            return build_plugins(), captured.getvalue()
-    finally:
-        logger.disabled = was_disabled
+    with silenced(), contextlib.redirect_stdout(captured), \
+            contextlib.redirect_stderr(captured):  # doctor prints the problems
+        return build_plugins(), captured.getvalue()
 
 
 def _other_plugins_hooks() -> bool:
     """Print every other SGLang plug-in's hook on the guard's targets; False on a problem."""
-    if not _importable("sglang.srt.plugins.hook_registry"):
+    if not _importable(REGISTRY_MODULE):
         return True
     from sglang_dsv4_guard.host.registry import effect, other_plugins_hooks
 

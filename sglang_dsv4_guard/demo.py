@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import warnings
 
 import sglang_dsv4_guard
+from sglang_dsv4_guard.log import silenced
 from sglang_dsv4_guard.samples import build_pair, new_kv_args, three_mismatch_pair
 
 __all__ = ["run_demo"]
@@ -13,11 +13,15 @@ __all__ = ["run_demo"]
 
 def run_demo() -> int:
     """Print SGLang's one line, then the guard's full report, then a passing pair. Exit 0."""
+    with silenced():  # the error shows the report
+        return _run_demo()
+
+
+def _run_demo() -> int:
     warnings.filterwarnings("ignore")  # SGLang warns about missing GPU kernels on import
     # deferred: only the demo imports SGLang, after silencing its warnings
     import sglang.srt.disaggregation.utils as utils
 
-    logging.getLogger("sglang_dsv4_guard").setLevel(logging.CRITICAL)  # the error shows it
     print("== 1. SGLang alone: a DeepSeek-V4 draft pool with three problems ==\n")
     try:
         utils.setup_state_kv_args(new_kv_args(), *three_mismatch_pair())

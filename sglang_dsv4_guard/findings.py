@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "LINE_CAP",
     "LIST_CAP",
     "STRING_CAP",
     "Finding",
@@ -24,14 +25,32 @@ __all__ = [
     "capped_lines",
     "capped_repr",
     "cut_text",
+    "failure_text",
+    "one_line",
     "to_jsonable",
 ]
 
-# Every rendered list (text or JSON) shows its first LIST_CAP items and a count: a pool
-# with a million layers must not make a megabyte message.
+# The guard's text caps, all of them. Every rendered list (text or JSON) shows its first
+# LIST_CAP items and a count: a pool with a million layers must not make a megabyte message.
 LIST_CAP = 16
 _TEXT_CAP = 2000  # characters of any one rendered value
 STRING_CAP = 4096  # characters of any one string field of a finding (summary, detail, fix, ...)
+LINE_CAP = 120  # characters of a one-line note inside a value: a failure, a short repr
+
+
+def _cut(text: str, cap: int) -> str:
+    return text if len(text) <= cap else f"{text[:cap]}... ({len(text)} characters)"
+
+
+def one_line(text: str) -> str:
+    """The first line of ``text``, cut to :data:`LINE_CAP` characters (``...`` marks a cut)."""
+    first = text.splitlines()[0] if text else ""
+    return first if len(first) <= LINE_CAP else f"{first[:LINE_CAP - 3]}..."
+
+
+def failure_text(exc: BaseException) -> str:
+    """``TypeName: first line of the message``, cut as :func:`one_line` cuts."""
+    return one_line(f"{type(exc).__name__}: {exc}")
 
 
 class Severity(str, enum.Enum):
@@ -117,8 +136,7 @@ def _more(n: int) -> str:
 
 def cut_text(text: str) -> str:
     """``text`` cut to :data:`STRING_CAP` characters, saying how long it was."""
-    return text if len(text) <= STRING_CAP else (
-        f"{text[:STRING_CAP]}... ({len(text)} characters)")
+    return _cut(text, STRING_CAP)
 
 
 def capped_lines(lines: tuple[str, ...]) -> tuple[str, ...]:
@@ -132,7 +150,7 @@ def _safe_repr(value: object) -> str:
         text = repr(value)
     except Exception as exc:  # a value whose repr raises still renders
         text = f"<{type(value).__name__} object; repr raised {type(exc).__name__}>"
-    return text if len(text) <= _TEXT_CAP else f"{text[:_TEXT_CAP]}... ({len(text)} characters)"
+    return _cut(text, _TEXT_CAP)
 
 
 def _capped(value: object) -> str:
@@ -152,8 +170,7 @@ def capped_repr(value: object) -> str:
     :data:`LIST_CAP` items and a count, and any one value cut to a few thousand
     characters. Fast for huge sequences."""
     if isinstance(value, str):
-        return value if len(value) <= _TEXT_CAP else (
-            f"{value[:_TEXT_CAP]}... ({len(value)} characters)")
+        return _cut(value, _TEXT_CAP)
     return _capped(value)
 
 

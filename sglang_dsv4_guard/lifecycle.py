@@ -30,9 +30,10 @@ from sglang_dsv4_guard.host.registry import (
     register_state_hook,
     verify_after_apply_hooks,
 )
+from sglang_dsv4_guard.host.targets import STATE
 from sglang_dsv4_guard.host.verdict import forget_verdicts, judge_imported
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
-from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, PostImportHooks, apply, restore
+from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, restore
 from sglang_dsv4_guard.plugins import add_all, build_plugins
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import Mode, Settings, settings_for
@@ -44,7 +45,7 @@ __all__ = ["Installation", "install", "install_from_sglang_loader", "installatio
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
-STATE_TARGET = PatchTarget("sglang.srt.disaggregation.utils", "setup_state_kv_args")
+STATE_TARGET = STATE
 
 
 @dataclass

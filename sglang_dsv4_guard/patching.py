@@ -1,6 +1,7 @@
 """Patching SGLang: targets as data, resolved where defined, restored by identity.
 
-- A :class:`PatchTarget` is a module name and a qualified name inside it.
+- A :class:`PatchTarget` is a module name and a qualified name inside it; every target
+  is declared in :mod:`sglang_dsv4_guard.host.targets`.
 - :func:`apply` resolves the attribute on the object that defines it (walking a
   class's MRO), replaces it with a wrapper, and rebinds every stale
   ``from module import name`` binding in ``sys.modules``.
@@ -26,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
+from sglang_dsv4_guard.host.targets import PatchTarget
 
 __all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "apply_all", "is_ours",
            "restore"]
@@ -34,8 +36,9 @@ logger = logging.getLogger("sglang_dsv4_guard")
 
 WRAPPER_MARK = "__sglang_dsv4_guard_original__"
 
-# Our wrappers whose patch is applied and not yet restored. Only these count as ours:
-# WRAPPER_MARK alone cannot tell, because functools.wraps copies it onto another
+# Our wrappers whose patch is applied and not yet restored. Only these count as ours
+# (the one rule, used by the hook registry's chain walk too): WRAPPER_MARK alone cannot
+# tell, because functools.wraps (SGLang's _wrap_fn included) copies it onto another
 # plug-in's wrapper of ours.
 _LIVE: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 
@@ -46,17 +49,6 @@ def is_ours(fn: object) -> bool:
         return fn in _LIVE
     except TypeError:  # unhashable or not weak-referenceable: not one of our functions
         return False
-
-
-@dataclass(frozen=True)
-class PatchTarget:
-    """``module`` and ``qualname`` ("func" or "Class.method") of something to wrap."""
-
-    module: str
-    qualname: str
-
-    def __str__(self) -> str:
-        return f"{self.module}.{self.qualname}"
 
 
 @dataclass

@@ -11,12 +11,13 @@ from sglang_dsv4_guard.findings import (
     capped_repr,
     cut_text,
 )
+from sglang_dsv4_guard.host.targets import MORI_SEND, STATE
 
 __all__ = ["render_finding", "render_report"]
 
 _HEADINGS = {
-    "sglang.srt.disaggregation.utils.setup_state_kv_args": "the DeepSeek-V4 target/draft KV pools",
-    "MoriKVManager._send_swa_dsa_state": "the MORI state transfer",
+    str(STATE): "the DeepSeek-V4 target/draft KV pools",
+    MORI_SEND.qualname: "the MORI state transfer",
 }
 
 

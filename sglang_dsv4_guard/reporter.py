@@ -5,8 +5,11 @@ What the text log shows for one occurrence of a report:
 - the first time in this server (see :mod:`sglang_dsv4_guard.dedup`): the full
   report, also when it is raised. The process that claims a report is the only one
   that prints it in full, and SGLang may kill it (its process group, on another
-  scheduler's exception) before its traceback prints, so the claimant's log always
-  carries one full copy; the exception (or note) carries it too, as the API;
+  scheduler's exception) before its traceback prints, so the claimant's log carries
+  one full copy; the exception (or note) carries it too, as the API. Except when
+  SGLang's own handler that logs the traceback is on the stack (``Delivery.printed_by``:
+  the scheduler's ``run_scheduler_process``, which logs it before anything else): the
+  log then says one line pointing at that traceback;
 - again in this process, or already printed by another process of the server: one
   line naming the fingerprint and the codes (raised or not);
 - a repeat the caller marks ``quiet`` (a MORI peer with a mismatch already reported):
@@ -49,12 +52,15 @@ class Delivery:
     ``raised``: the report rides in an exception SGLang prints; ``carrier`` names it (the
     DSV4GuardError, or a note on SGLang's own exception). ``quiet``: a repeat the
     text log need not show. ``note``: a line added to the text. ``extra``: more
-    structured data for the JSON record (counts). ``fingerprint`` and ``seen`` are set
-    by :class:`LogReporter` (``None`` if it did not run).
+    structured data for the JSON record (counts). ``printed_by``: SGLang's own handler
+    that logs the raised exception's traceback (the scheduler's), if one is on the stack:
+    the text log then shows one line pointing at it instead of a second full copy.
+    ``fingerprint`` and ``seen`` are set by :class:`LogReporter` (``None`` if it did not run).
     """
 
     raised: bool = False
     carrier: str = "the DSV4GuardError raised to SGLang"
+    printed_by: str | None = None
     quiet: bool = False
     note: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -121,7 +127,10 @@ class LogReporter:
         self.counts: dict[str, _Count] = {}
 
     def _text(self, report: Report, fp: str, d: Delivery) -> str:
-        if d.seen is Seen.FIRST and not d.quiet:
+        if d.seen is Seen.FIRST and not d.quiet and d.raised and d.printed_by:
+            text = (f"{headline(report)}: the full report is carried by {d.carrier}, whose "
+                    f"traceback {d.printed_by} logs (fingerprint {fp})")
+        elif d.seen is Seen.FIRST and not d.quiet:
             # Logged even when raised: the traceback may never print (see the docstring).
             also = f"; also carried by {d.carrier}" if d.raised else ""
             text = f"{render_report(report)}\n    (fingerprint {fp}{also})"

@@ -21,6 +21,7 @@ needs them is called.
 from __future__ import annotations
 
 from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.host.targets import MORI_SEND
 from sglang_dsv4_guard.lifecycle import installation, reset, standalone_runtime
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 from sglang_dsv4_guard.plugins import add_all
@@ -92,7 +93,7 @@ def check_transfer(transfer: SendSnapshot, *plugins: object, phase: str = "send"
     context = SendContext(rt.profile, "on", phase)
     findings = rt.plugins.collect("sglang_dsv4_guard_check_send",
                                   {"transfer": transfer, "context": context})
-    report = Report.of(findings, {"function": "MoriKVManager._send_swa_dsa_state",
+    report = Report.of(findings, {"function": MORI_SEND.qualname,
                                   "peer": transfer.engine_key or "?",
                                   "sglang": rt.profile.name, "mode": context.mode})
     rt.publish(report)

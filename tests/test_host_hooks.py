@@ -102,8 +102,53 @@ print(json.dumps({"raised": raised, "calls": calls, "doctor": doctor.getvalue()}
 """
 
 
-def run_with(plugins: dict[str, str], *argv: str) -> tuple[dict[str, object], str]:
-    """Run PROBE with the guard on and ``plugins`` installed as distributions."""
+# An AROUND hook on each bootstrap queue's own binding of the function: with the guard
+# patched in before load_plugins(), it wraps the guard's wrapper from outside.
+QUEUE_AROUNDER = """
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+CALLS = []
+
+def timer(original_fn, *args, **kwargs):
+    CALLS.append("timer")
+    return original_fn(*args, **kwargs)
+
+def activate():
+    for queue in ("prefill", "decode"):
+        HookRegistry.register(f"sglang.srt.disaggregation.{queue}.setup_state_kv_args", timer,
+                              HookType.AROUND)
+"""
+
+# Each bootstrap queue module calls SGLang's function by its own binding: the call is
+# compiled as that module's code and run in its namespace, so the calling frame is
+# SGLang's prefill (or decode) module, under every hook applied to the binding.
+BY_ROLE = r"""
+import json, logging, sys
+logging.basicConfig(level=logging.CRITICAL)
+from sglang_dsv4_guard.entry import activate
+activate()  # patched before load_plugins(): the other plug-in's hooks wrap the guard
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import sglang.srt.disaggregation.decode as decode
+import sglang.srt.disaggregation.prefill as prefill
+from sglang_dsv4_guard.dedup import fingerprint
+from sglang_dsv4_guard.testing import new_kv_args, three_mismatch_pair
+out = {}
+for role, module in (("prefill", prefill), ("decode", decode)):
+    call = compile("setup_state_kv_args(kv, *pools)", module.__file__, "exec")
+    try:
+        exec(call, vars(module), {"kv": new_kv_args(), "pools": three_mismatch_pair()})
+    except Exception as exc:
+        report = exc.report
+        out[role] = {"caller": report.context["caller"], "role": report.context.get("role"),
+                     "fingerprint": fingerprint(report)}
+print(json.dumps({"raised": None, "calls": {}, "by_role": out,
+                  "doctor": ""}))
+"""
+
+
+def run_with(plugins: dict[str, str], *argv: str,
+             probe: str = PROBE) -> tuple[dict[str, object], str]:
+    """Run ``probe`` with the guard on and ``plugins`` installed as distributions."""
     with tempfile.TemporaryDirectory() as site:
         for name, source in plugins.items():
             Path(site, f"{name}.py").write_text(textwrap.dedent(source))
@@ -113,7 +158,7 @@ def run_with(plugins: dict[str, str], *argv: str) -> tuple[dict[str, object], st
                 f"Metadata-Version: 2.1\nName: {name}-fake\nVersion: 1.0\n")
             (dist / "entry_points.txt").write_text(
                 f"[sglang.srt.plugins]\n{name} = {name}:activate\n")
-        done = fresh_python(PROBE, ",".join(plugins), *argv,
+        done = fresh_python(probe, ",".join(plugins), *argv,
                             env={"SGLANG_DSV4_GUARD": "1"}, path_first=site)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
@@ -142,6 +187,19 @@ class TestHookRegistry(GuardTestCase):
         self.assertIn("plugin=dsv4_guard", stderr)
         self.assertNotIn("NOT in the call chain", stderr)
         self.assertNotIn("is not SGLang's function", stderr)
+
+    def test_caller_is_sglangs_queue_under_another_around_hook(self) -> None:
+        """Under another plug-in's AROUND hook, a report names SGLang's own calling module
+        (prefill or decode bootstrap queue), not the plug-in's hook, and the two sides'
+        reports carry their role and differ in fingerprint."""
+        result, _ = run_with({"otherplug": QUEUE_AROUNDER}, probe=BY_ROLE)
+        by_role = result["by_role"]
+        assert isinstance(by_role, dict)
+        self.assertEqual(by_role["prefill"]["caller"], "prefill server (PrefillBootstrapQueue)")
+        self.assertEqual(by_role["decode"]["caller"], "decode server (DecodePreallocQueue)")
+        self.assertEqual([by_role[r]["role"] for r in ("prefill", "decode")],
+                         ["prefill", "decode"])
+        self.assertNotEqual(by_role["prefill"]["fingerprint"], by_role["decode"]["fingerprint"])
 
     def test_replace_on_the_same_target_is_wrapped_and_named(self) -> None:
         """A REPLACE on setup_state_kv_args goes under the guard: the guard still runs and

@@ -18,6 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.codes import CODES
 from sglang_dsv4_guard.lifecycle import installation
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
@@ -26,6 +27,7 @@ mori_stub.install_stub()
 import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402 - needs the stub first
 
 _RAW = {"send": vars(conn.MoriKVManager)["_send_swa_dsa_state"]}
+_G006_MESSAGE = CODES["DSV4G006"].sglang_message.split("(")[0]
 STATE_TYPES = ("swa", "dsa", "qsa_pending", "qsa_compressed", "swa_ring", "c128_state",
                "minimax_index_k", "minimax_dense_kv")
 
@@ -63,26 +65,32 @@ class TestMoriParity(GuardTestCase):
     def test_parity(self, state_type: str, mla: bool, attn_tp: int, decode_tp: int,
                     same_tp: bool, pp: int, by_keyword: bool) -> None:
         """Same outcome and first line, positional or keyword call, any TP sizes and state
-        type (known or not); DSV4G006 exactly when SGLang's TP check fires."""
+        type (known or not); a DSV4GuardError whose finding carries SGLang's exact message
+        exactly when SGLang's own function raised its TP-mismatch error (DSV4G006), and
+        SGLang's own exception, untouched, for any other of its errors."""
         decode_tp = attn_tp if same_tp else decode_tp
         mgr = mori_stub.manager(conn, attn_tp=attn_tp, mla=mla, pp=pp)
         self.peers += 1
         p = mori_stub.peer(conn, f"decode-{self.peers}", decode_tp=decode_tp)
         expected = call(_RAW["send"], mgr, p, state_type, by_keyword)
+        # Which of SGLang's checks refused is read from SGLang's own error: its exact
+        # RuntimeError with the message DSV4G006 documents (up to the sizes).
+        tp_refused = (expected[0] == "raised" and type(expected[1]) is RuntimeError
+                      and str(expected[1]).startswith(_G006_MESSAGE))
         with guard_logs_off():
             actual = call(conn.MoriKVManager._send_swa_dsa_state, mgr, p, state_type,
                           by_keyword)
         self.assertEqual(actual[0], expected[0])
-        fires = state_type == "swa" and not mla and decode_tp != attn_tp
-        if expected[0] == "raised":
-            self.assertEqual(str(actual[1]).splitlines()[0], str(expected[1]))
-            self.assertIs(type(actual[1]), DSV4GuardError if fires else type(expected[1]))
-            if fires:
-                self.assertEqual(actual[1].findings[0].value("decode", "decode_tp_size"),
-                                 decode_tp)
-        else:
-            self.assertFalse(fires)
+        if expected[0] == "ok":
             self.assertEqual(actual[1], expected[1])
+            return
+        self.assertEqual(str(actual[1]).splitlines()[0], str(expected[1]))
+        self.assertIs(type(actual[1]), DSV4GuardError if tp_refused else type(expected[1]))
+        if tp_refused:
+            self.assertIs(type(actual[1].host_error), RuntimeError)  # SGLang's own, chained
+            self.assertEqual(actual[1].findings[0].host_message, str(expected[1]))
+            self.assertEqual(actual[1].findings[0].value("decode", "decode_tp_size"),
+                             decode_tp)
 
 
 class TestMoriReporting(GuardTestCase):

@@ -229,30 +229,40 @@ class TestThirdPartyFindingsAreCapped(GuardTestCase):
         self.assertLess(len(guarded.report.to_json()), 400_000)
 
 
-class _CountingTuple(tuple):  # type: ignore[type-arg]
-    """A tuple that counts how often it is iterated in Python."""
+class TestRemediationChangeToken(GuardTestCase):
+    """The token compared around each remediation plug-in follows SGLang's values, not
+    the objects that carry them."""
 
-    walks = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        type(self).walks += 1
-        return super().__iter__()
-
-
-class TestRemediationFingerprintIsCheap(GuardTestCase):
-    """Item 15, pass path: the re-snapshot fingerprint never walks a ratio sequence."""
-
-    def test_fingerprint_does_not_iterate_a_million_ratios(self) -> None:
-        """A draft pool with a million ratios: the fingerprint reads them by identity and
-        length (never iterating them), and still changes when the sequence is replaced."""
-        from sglang_dsv4_guard.state.wrapper import _fingerprint
+    def test_fresh_equal_tuples_keep_the_token(self) -> None:
+        """A ratios property that builds a new, equal tuple on every read (0.5.16's pools
+        do) gives the same change token every time, so a plug-in that changed nothing is
+        never taken for one that changed the pool."""
+        from sglang_dsv4_guard.state.snapshot import change_token
 
         _, draft = build_pair()
-        draft.compression_ratios = _CountingTuple((0,) * 1_000_000)
-        before = _fingerprint(draft)
-        self.assertEqual(_CountingTuple.walks, 0)
-        draft.compression_ratios = (0,) * 999_999
-        self.assertNotEqual(_fingerprint(draft), before)
+        built: list[tuple[int, ...]] = []  # every tuple stays alive: ids cannot be reused
+
+        def ratios(pool: Any) -> tuple[int, ...]:
+            built.append(tuple(pool.layer_ratios))
+            return built[-1]
+
+        draft.layer_ratios = [0] * 1_000_000
+        draft.__class__ = type("FreshRatiosPool", (type(draft),),
+                               {"compression_ratios": property(ratios)})
+        first = change_token(draft)
+        self.assertEqual(change_token(draft), first)
+        self.assertIsNot(built[0], built[1])
+
+    def test_a_ratio_changed_in_place_changes_the_token(self) -> None:
+        """One of a million ratios changed in SGLang's own list, in place (same list, same
+        length): the token changes, so the pair is snapshotted again."""
+        from sglang_dsv4_guard.state.snapshot import change_token
+
+        _, draft = build_pair()
+        draft.compression_ratios = [0] * 1_000_000
+        before = change_token(draft)
+        draft.compression_ratios[500_000] = 4
+        self.assertNotEqual(change_token(draft), before)
 
 
 class FormatBoom(str):

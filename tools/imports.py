@@ -42,7 +42,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands and the public surface", ("cli", "demo", "entry", ROOT_MODULE)),
     ("the check command", ("launch",)),
     ("composition root: install, uninstall, summary, standalone runtime", ("lifecycle",)),
-    ("wrappers of SGLang's functions", ("state.wrapper", "mori.wrapper", "host.registry")),
+    ("wrappers of SGLang's functions and the rules they share",
+     ("state.wrapper", "mori.wrapper", "host.registry", "wrapping")),
     ("runtime and plug-in manager", ("runtime", "plugins")),
     ("built-in hook implementations", ("reporter", "state.checks", "state.sharing",
                                        "mori.checks", "autoshare")),
@@ -51,8 +52,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("snapshots of SGLang's objects, sample objects",
      ("state", "mori", "samples")),
     ("patching and what the guard knows of SGLang", ("patching", "host")),
-    ("values: findings, codes, settings, errors, undo",
-     ("findings", "codes", "settings", "errors", "undo")),
+    ("values: findings, codes, settings, errors, undo; our logger",
+     ("findings", "codes", "settings", "errors", "undo", "log")),
 )
 KINDS = ("top", "deferred", "typing", "dynamic")
 

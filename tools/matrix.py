@@ -79,6 +79,8 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
         "TestFingerprintAndMarkers", "TestLauncherIsPid1", "TestHostileMarkerDirectory",
         "TestCrashedLauncher", "TestAtExit", "TestSpawnedSchedulers")},
     "tests/test_sglang_loader.py::TestLoadPlugins": _LOADER,
+    "tests/test_scheduler_handler.py::TestSchedulerPrintsTheReportOnce": (
+        "srt/managers/scheduler.py::run_scheduler_process",),
     "tests/test_host_hooks.py::TestHookRegistry": _LOADER,
     "tests/test_plugin_example.py::TestExamplePlugin": _LOADER,
     "tests/test_host.py::TestHostInAFreshProcess": _LOADER,

@@ -1,8 +1,8 @@
-"""Fingerprints of what the guard depends on in SGLang's code, from normalised source.
+"""Digests of what the guard depends on in SGLang's code, from normalised source.
 
 The guard predicts SGLang's verdict from a model of SGLang's checks. That model is
 only right for code whose checks are the ones it was written against, so the code is
-fingerprinted, not the version label: each *part* below is a SHA-256 of ``ast.dump`` of
+digested, not the version label: each *part* below is a SHA-256 of ``ast.dump`` of
 the relevant nodes (no line numbers, comments or formatting; signatures by parameter
 names and kinds, not annotations). Files are parsed, never imported: the MORI connector
 imports ``mori``, which is absent on most machines.
@@ -21,8 +21,12 @@ Parts (key: what it covers):
   function, hashed the same way) and
   ``MoriKVManager._add_remote_peer.signature``.
 - ``DeepSeekV4TokenToKVPool.<attribute>``: which methods of the pool class assign each
-  attribute the guard reads (0.5.22 starts setting ``full_to_swa_index_mapping`` in
-  ``__init__``), and ``DeepSeekV4TokenToKVPool.register_mapping.signature``.
+  attribute the guard reads (:func:`sglang_dsv4_guard.host.targets.pool_attributes_read`:
+  SGLang's check's and auto-share's; 0.5.22 starts setting ``full_to_swa_index_mapping``
+  in ``__init__``), and ``DeepSeekV4TokenToKVPool.register_mapping.signature``.
+
+What is digested (files, functions, classes, attributes) is read from
+:mod:`sglang_dsv4_guard.host.targets`.
 
 A part that cannot be found has the digest ``"missing"``.
 """
@@ -36,23 +40,31 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_dsv4_guard.findings import LINE_CAP
+from sglang_dsv4_guard.host.targets import (
+    DSV4_POOL,
+    MORI_REGISTER,
+    MORI_SEND,
+    POOL_REGISTER,
+    STATE,
+    pool_attributes_read,
+)
+
 __all__ = ["MISSING", "POOL_ATTRIBUTES", "Part", "code_version", "differences",
            "digest_tree"]
 
 MISSING = "missing"
-UTILS = "srt/disaggregation/utils.py"
-POOL = "srt/mem_cache/deepseek_v4_memory_pool.py"
-MORI = "srt/disaggregation/mori/conn.py"
-# The pool attributes the state snapshot reads (state/snapshot.py).
-POOL_ATTRIBUTES = ("compression_ratios", "_unified_kv", "unified_swa_window",
-                   "unified_swa_ring_size", "unified_swa_pages", "full_to_swa_index_mapping",
-                   "page_size", "sliding_window", "request_window", "swa_req_ring_size")
+UTILS = STATE.path
+POOL = DSV4_POOL.path
+MORI = MORI_SEND.path
+# Every pool attribute the guard reads (the snapshot's, auto-share's, the mapping).
+POOL_ATTRIBUTES = pool_attributes_read()
 _GEOMETRY_NAMES = {"target_geometry", "draft_geometry", "request_window"}
 
 
 @dataclass(frozen=True)
 class Part:
-    """One fingerprinted thing: a stable key, a digest and what it is, in words."""
+    """One digested thing: a stable key, a digest and what it is, in words."""
 
     key: str
     digest: str
@@ -198,23 +210,27 @@ def _message(raise_node: ast.Raise | ast.Assert) -> str:
     for node in _in_order(raise_node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip():
             return node.value.split(":")[0].strip()
-    return ast.unparse(raise_node)[:80]
+    return _short(ast.unparse(raise_node))
+
+
+def _short(text: str) -> str:
+    return text[:LINE_CAP]
 
 
 def _state_parts(module: ast.Module | None) -> list[Part]:
-    name = "setup_state_kv_args"
+    name = STATE.qualname
     fn = _find(module.body, name) if module else None
     if not isinstance(fn, ast.FunctionDef):
         return [Part(f"{name}.signature", MISSING, f"{name} ({UTILS})")]
     parts = [Part(f"{name}.signature", _signature(fn), f"{name} parameters")]
     block = next((s for s in fn.body if isinstance(s, ast.If)
-                  and "DeepSeekV4TokenToKVPool" in ast.dump(s.test)
+                  and DSV4_POOL.qualname in ast.dump(s.test)
                   and "draft_token_to_kv_pool" in ast.dump(s.test)), None)
     if block is None:
         return [*parts, Part(f"{name}.dsv4_gate", MISSING, f"{name} DeepSeek-V4 draft block")]
     parts.append(Part(f"{name}.dsv4_gate", _digest(block.test),
                       f"{name} DeepSeek-V4 draft block condition "
-                      f"({ast.unparse(block.test)[:120]})"))
+                      f"({_short(ast.unparse(block.test))})"))
     for number, check in enumerate(_checks(block), 1):
         parts.append(Part(f"{name}.dsv4_check.{number}", _check_digest(check),
                           f"{name} DSV4 check {number} ('{_message(check.node)}')"))
@@ -226,18 +242,19 @@ def _state_parts(module: ast.Module | None) -> list[Part]:
 
 
 def _mori_parts(module: ast.Module | None) -> list[Part]:
-    cls = _find(module.body, "MoriKVManager") if module else None
+    owner = MORI_SEND.qualname.split(".")[0]
+    cls = _find(module.body, owner) if module else None
     body = cls.body if isinstance(cls, ast.ClassDef) else []
-    send, register = _find(body, "_send_swa_dsa_state"), _find(body, "_add_remote_peer")
-    prefix = "MoriKVManager."
+    send, register = _find(body, MORI_SEND.attr), _find(body, MORI_REGISTER.attr)
+    prefix = f"{owner}."
     parts = []
-    for fn, method in ((send, "_send_swa_dsa_state"), (register, "_add_remote_peer")):
+    for fn, method in ((send, MORI_SEND.attr), (register, MORI_REGISTER.attr)):
         digest = _signature(fn) if isinstance(fn, ast.FunctionDef) else MISSING
         parts.append(Part(f"{prefix}{method}.signature", digest,
                           f"{prefix}{method} parameters ({MORI})"))
     for number, check in enumerate(_checks(send) if send is not None else [], 1):
-        parts.append(Part(f"{prefix}_send_swa_dsa_state.check.{number}", _check_digest(check),
-                          f"{prefix}_send_swa_dsa_state check {number} "
+        parts.append(Part(f"{MORI_SEND.qualname}.check.{number}", _check_digest(check),
+                          f"{MORI_SEND.qualname} check {number} "
                           f"({check.condition or 'unconditional'})"))
     return parts
 
@@ -264,7 +281,7 @@ def _assigned_attributes(cls: ast.ClassDef) -> dict[str, list[str]]:
 
 
 def _pool_parts(module: ast.Module | None) -> list[Part]:
-    name = "DeepSeekV4TokenToKVPool"
+    name = DSV4_POOL.qualname
     cls = _find(module.body, name) if module else None
     if not isinstance(cls, ast.ClassDef):
         return [Part(f"{name}.class", MISSING, f"{name} ({POOL})")]
@@ -275,10 +292,10 @@ def _pool_parts(module: ast.Module | None) -> list[Part]:
         digest = hashlib.sha256(",".join(methods).encode()).hexdigest()[:16]
         parts.append(Part(f"{name}.{attribute}", digest,
                           f"{name}.{attribute} set in: {', '.join(methods) or 'no method'}"))
-    register = _find(cls.body, "register_mapping")
-    parts.append(Part(f"{name}.register_mapping.signature",
+    register = _find(cls.body, POOL_REGISTER)
+    parts.append(Part(f"{name}.{POOL_REGISTER}.signature",
                       _signature(register) if isinstance(register, ast.FunctionDef) else MISSING,
-                      f"{name}.register_mapping parameters"))
+                      f"{name}.{POOL_REGISTER} parameters"))
     return parts
 
 

@@ -28,7 +28,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_dsv4_guard.patching import WRAPPER_MARK
+from sglang_dsv4_guard.host.targets import (
+    MORI_MODULE,
+    MORI_TARGETS,
+    REGISTRY_MODULE,
+    STATE,
+    STATE_HOLDERS,
+)
+from sglang_dsv4_guard.patching import is_ours
 
 __all__ = [
     "GUARD_TARGETS",
@@ -45,16 +52,11 @@ __all__ = [
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
-REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"
-STATE_PATH = "sglang.srt.disaggregation.utils.setup_state_kv_args"
-MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
-MORI_METHODS = ("_send_swa_dsa_state", "_add_remote_peer")
-STATE_HOLDERS = ("sglang.srt.disaggregation.utils", "sglang.srt.disaggregation.prefill",
-                 "sglang.srt.disaggregation.decode")
-#: The attribute names the guard wraps; a hook on any target ending in one of them is
-#: on the guard's target or on another name for it (``prefill.setup_state_kv_args``).
-GUARD_TARGETS = ("setup_state_kv_args", "MoriKVManager._send_swa_dsa_state",
-                 "MoriKVManager._add_remote_peer")
+STATE_PATH = str(STATE)
+MORI_METHODS = tuple(target.attr for target in MORI_TARGETS)
+#: The names the guard wraps; a hook on any target ending in one of them is on the
+#: guard's target or on another name for it (``prefill.setup_state_kv_args``).
+GUARD_TARGETS = (STATE.qualname, *(target.qualname for target in MORI_TARGETS))
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ class StateHook:
     def _check_inner(self, original_fn: Callable[..., Any]) -> None:
         """Under the guard should be SGLang's function, or hooks that call it; name whoever
         replaced it."""
-        records = hooks_on(("setup_state_kv_args",), exclude=self)
+        records = hooks_on((STATE.qualname,), exclude=self)
         blockers = chain_blockers(original_fn, lambda f: f is self._sglang_function, records)
         if blockers is None:
             return
@@ -200,22 +202,15 @@ def _bound_functions() -> list[tuple[str, object]]:
     found: list[tuple[str, object]] = []
     for name in STATE_HOLDERS:
         module = sys.modules.get(name)
-        if module is not None and hasattr(module, "setup_state_kv_args"):
-            found.append((f"{name}.setup_state_kv_args", module.setup_state_kv_args))
+        if module is not None and hasattr(module, STATE.attr):
+            found.append((f"{name}.{STATE.attr}", getattr(module, STATE.attr)))
     conn = sys.modules.get(MORI_MODULE)
-    manager = getattr(conn, "MoriKVManager", None)
-    for method in MORI_METHODS if manager is not None else ():
-        if method in vars(manager):
-            found.append((f"{MORI_MODULE}.MoriKVManager.{method}", vars(manager)[method]))
+    for target in MORI_TARGETS:
+        owner_name, method = target.qualname.rsplit(".", 1)
+        owner = getattr(conn, owner_name, None)
+        if owner is not None and method in vars(owner):
+            found.append((str(target), vars(owner)[method]))
     return found
-
-
-def _is_guard_wrapper(fn: object) -> bool:
-    """One of the guard's patched wrappers. ``functools.wraps`` in SGLang's ``_wrap_fn``
-    copies our mark onto a hook wrapped around ours, so the mark alone is not enough: ours
-    wraps the very function its mark names."""
-    marked = getattr(fn, WRAPPER_MARK, None)
-    return marked is not None and getattr(fn, "__wrapped__", None) is marked
 
 
 def _verify(hook: StateHook | None, active: Callable[[], bool]) -> None:
@@ -227,7 +222,7 @@ def _verify(hook: StateHook | None, active: Callable[[], bool]) -> None:
     out = {}
     for where, fn in _bound_functions():
         blockers = chain_blockers(fn, lambda f: (hook is not None and f is hook)
-                                  or _is_guard_wrapper(f), records)
+                                  or is_ours(f), records)
         if blockers:
             out[where] = blockers
     if not out:

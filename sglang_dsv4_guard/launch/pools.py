@@ -27,6 +27,7 @@ from typing import Any
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.log import silenced
 
 __all__ = ["PoolRun", "draft_ratio", "max_draft_tokens", "run_state_check"]
 
@@ -89,17 +90,6 @@ def max_draft_tokens(server_args: Any) -> int:
     return int(value or 0)
 
 
-@contextmanager
-def _quiet_guard_log() -> Iterator[None]:
-    # The report is returned and rendered by ``check``; the guard's log line would repeat it.
-    logger = logging.getLogger("sglang_dsv4_guard")
-    was = logger.disabled
-    logger.disabled = True
-    try:
-        yield
-    finally:
-        logger.disabled = was
-
 
 def _pool(ratios: Sequence[int], window: int, page: int, draft: bool, mtp: int) -> Any:
     import torch
@@ -151,7 +141,8 @@ def run_state_check(side: Side) -> PoolRun | None:
     guarded = make_state_wrapper(runtime)(utils.setup_state_kv_args)
     host_error: str | None = None
     report: Report | None = None
-    with offline_env(side.args.env), _published(side.args.server_args), _quiet_guard_log():
+    # The report is returned and rendered by ``check``; the guard's log would repeat it.
+    with offline_env(side.args.env), _published(side.args.server_args), silenced():
         mtp = max_draft_tokens(side.args.server_args)
         try:
             target = _pool(target_ratios, side.model.sliding_window or 128, side.page_size,

@@ -40,7 +40,8 @@ from typing import Any
 
 from sglang_dsv4_guard.dedup import Seen, fingerprint
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.findings import LIST_CAP, Report
+from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_REGISTER, MORI_SEND
 from sglang_dsv4_guard.mori.checks import violates
 from sglang_dsv4_guard.mori.snapshot import (
     SendContext,
@@ -48,19 +49,17 @@ from sglang_dsv4_guard.mori.snapshot import (
     peer_identity,
     snapshot_send,
 )
-from sglang_dsv4_guard.patching import AppliedPatch, PatchTarget, apply_all
+from sglang_dsv4_guard.patching import AppliedPatch, apply_all
 from sglang_dsv4_guard.render import render_report
-from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, delivering, pointer
-from sglang_dsv4_guard.runtime import Runtime, add_note
+from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, pointer
+from sglang_dsv4_guard.runtime import Runtime
+from sglang_dsv4_guard.wrapping import note_on, our_failure, prints_in_full, publish, upgrades
 
 __all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
-MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
-SEND_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._send_swa_dsa_state")
-REGISTER_TARGET = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
-_FUNCTION = "MoriKVManager._send_swa_dsa_state"
+_FUNCTION = MORI_SEND.qualname
 _PLACED_WAIT = 5.0  # seconds a concurrent failure waits for the first one's log line
 
 
@@ -126,11 +125,6 @@ class MoriGuard:
         })
         return report, render_report(report) or ""
 
-    def _publish(self, report: Report, delivery: Delivery) -> Delivery:
-        with delivering(delivery):
-            self.rt.publish(report)
-        return delivery
-
     def _count_line(self, key: MismatchKey, m: Mismatch, what: str, peers: int,
                     failures: int) -> None:
         """The running count; ``peers`` and ``failures`` as captured under the lock."""
@@ -173,7 +167,7 @@ class MoriGuard:
         report, rendered = cached
         seen: Seen | None = Seen.HERE
         if count == 1:  # a new (peer, state type): an occurrence for every reporter
-            d = self._publish(report, Delivery(raised=True, quiet=not show_full, extra={
+            d = publish(self.rt, report, Delivery(raised=True, quiet=not show_full, extra={
                 "mismatch": m.describe(mkey), "peer": ident, "failures": count}))
             seen = d.seen
         if show_full:
@@ -181,7 +175,7 @@ class MoriGuard:
             m.placed.set()
         if sparse(total) and not (show_full and total == 1):
             self._count_line(mkey, m, "failures", peers, total)
-        if show_full and seen in (Seen.FIRST, None):
+        if show_full and prints_in_full(seen):
             text = rendered
         else:
             if not show_full:
@@ -215,7 +209,7 @@ class MoriGuard:
             f"this mismatch covers {peers} decode peer(s) so far; later peers with the same "
             "mismatch are counted, not reported again (count logged at 10, 100, ... peers; "
             "exact counts: sglang_dsv4_guard.summary() and at uninstall)")
-        d = self._publish(report, Delivery(quiet=quiet, note=note, extra={
+        d = publish(self.rt, report, Delivery(quiet=quiet, note=note, extra={
             "mismatch": m.describe(mkey), "peer": ident, "peers": peers}))
         if not quiet:
             m.where = d.seen
@@ -243,7 +237,8 @@ class MoriGuard:
                               report, rendered)
 
     def summary_lines(self) -> list[str]:
-        """Exact counts per mismatch and per (peer, state type); at most 16 peers each."""
+        """Exact counts per mismatch and per (peer, state type); at most ``LIST_CAP`` (16)
+        peers each."""
         with self._lock:
             lines = []
             for mkey, m in self.mismatches.items():
@@ -252,9 +247,9 @@ class MoriGuard:
                              "failed state transfer(s)")
                 per_peer = [(k, n) for k, n in self.failures.items() if k[0] in m.peers]
                 lines += [f"  failed transfers to {peer} ({state}): {n}"
-                          for (peer, state), n in per_peer[:16]]
-                if len(per_peer) > 16:
-                    lines.append(f"  ... and {len(per_peer) - 16} more peer(s)")
+                          for (peer, state), n in per_peer[:LIST_CAP]]
+                if len(per_peer) > LIST_CAP:
+                    lines.append(f"  ... and {len(per_peer) - LIST_CAP} more peer(s)")
             return lines
 
 
@@ -278,14 +273,13 @@ def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[.
                 return original(*args, **kwargs)
             except RuntimeError as error:
                 replacement = None
-                if guard.rt.active and type(error) is RuntimeError:  # never a subclass
+                if guard.rt.active and upgrades(error):
                     try:
                         replacement = guard.on_send_error(sig, args, kwargs, error)
                     except Exception as exc:
-                        try:
-                            guard.rt.internal_error("reporting a MORI state-transfer error", exc)
-                        except DSV4GuardError as ours:  # strict: SGLang's error leads, ours a note
-                            add_note(error, str(ours))
+                        ours = our_failure(guard.rt, "reporting a MORI state-transfer error", exc)
+                        if ours is not None:
+                            note_on(error, ours)
                 if replacement is not None:
                     raise replacement from error
                 raise
@@ -314,5 +308,5 @@ def _register_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callab
 
 def patch_module(module: ModuleType, guard: MoriGuard) -> list[AppliedPatch]:
     """Wrap both methods in SGLang's imported MORI connector module."""
-    return apply_all(module, [(SEND_TARGET, _send_wrapper(guard)),
-                              (REGISTER_TARGET, _register_wrapper(guard))])
+    return apply_all(module, [(MORI_SEND, _send_wrapper(guard)),
+                              (MORI_REGISTER, _register_wrapper(guard))])

@@ -20,10 +20,13 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sglang_dsv4_guard.findings import failure_text
+from sglang_dsv4_guard.host.targets import CUDA_GRAPH_CONFIG, RUNTIME_CONTEXT
+
 __all__ = ["CudaGraphs", "read_cuda_graphs"]
 
-_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
-_CUDA_GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
+_RUNTIME_CONTEXT = RUNTIME_CONTEXT
+_CUDA_GRAPH_CONFIG = CUDA_GRAPH_CONFIG
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def _ask_sglang(fully_disabled: Callable[[], object]) -> CudaGraphs:
     try:
         value = fully_disabled()
     except Exception as exc:  # reported as the reason the value is unknown
-        return CudaGraphs(None, f"{where} failed: {type(exc).__name__}: {str(exc)[:80]}")
+        return CudaGraphs(None, f"{where} failed: {failure_text(exc)}")
     if value is True:
         return CudaGraphs(True, f"{where} is True: every phase's CUDA-graph backend is disabled")
     if value is False:
@@ -79,7 +82,7 @@ def _legacy_setting(why: str) -> CudaGraphs:
         try:
             value = read()
         except Exception as exc:  # not this release's accessor, or nothing published yet
-            failures.append(f"{where}: {type(exc).__name__}: {str(exc)[:80]}")
+            failures.append(f"{where}: {failure_text(exc)}")
             continue
         if isinstance(value, bool):
             return CudaGraphs(value, f"server args disable_cuda_graph={value} ({where}; {why})")

@@ -1,24 +1,30 @@
 """Plain-value snapshots of SGLang's KV pools, taken without changing them.
 
 With :mod:`sglang_dsv4_guard.state.tensors` (the mapping tensors), the only module of
-:mod:`sglang_dsv4_guard.state` that reads SGLang's pools. Checks see the frozen dataclasses
-below, never a pool. Every read is defensive: a missing attribute becomes :data:`MISSING` (SGLang would raise
-``AttributeError`` there), a property that raises becomes an :class:`Unreadable`.
+:mod:`sglang_dsv4_guard.state` that reads SGLang's pools; what it reads is declared in
+:mod:`sglang_dsv4_guard.host.targets`. Checks see the frozen dataclasses below, never a
+pool. Every read is defensive: a missing attribute becomes :data:`MISSING` (SGLang would
+raise ``AttributeError`` there), a property that raises becomes an :class:`Unreadable`.
+:func:`change_token` is the cheap token the wrapper compares around remediation plug-ins.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from sglang_dsv4_guard.findings import LINE_CAP
+from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.state.cuda_graphs import CudaGraphs, read_cuda_graphs
 from sglang_dsv4_guard.state.tensors import (
     MappingComparison,
     TensorInfo,
+    attempt,
     compare_mappings,
     tensor_info,
 )
@@ -32,24 +38,14 @@ __all__ = [
     "StatePair",
     "TensorInfo",
     "Unreadable",
+    "change_token",
+    "read_attr",
     "snapshot_pair",
 ]
 
-DSV4_POOL = "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool"
-
-# The pool attributes SGLang's DSV4 draft block reads, in the order it reads them.
-POOL_ATTRS = (
-    "compression_ratios",
-    "_unified_kv",
-    "unified_swa_window",
-    "unified_swa_ring_size",
-    "unified_swa_pages",
-    "page_size",
-    "sliding_window",
-    "swa_req_ring_size",
-    "request_window.capacity",
-    "swa_size",  # not read by SGLang's check; the auto-share rule compares SWA capacity
-)
+# What a pool snapshot holds: the attributes SGLang's DSV4 draft block reads, in the
+# order it reads them, then those the auto-share rule compares (SWA capacity).
+POOL_ATTRS = (*targets.POOL_ATTRS, *targets.AUTOSHARE_POOL_ATTRS)
 
 
 class _Missing:
@@ -143,11 +139,14 @@ class StateContext:
     """Where ``setup_state_kv_args`` was called and how the guard is configured.
 
     ``caller`` is the module that called SGLang's function (prefill or decode
-    bootstrap queue), ``environ`` the environment variables that decide pool values.
+    bootstrap queue), ``role`` its side (``prefill``, ``decode`` or ``unknown``; part of
+    the report's context, so the two sides' reports never share a fingerprint),
+    ``environ`` the environment variables that decide pool values.
     """
 
     profile: HostProfile
     caller: str = "unknown"
+    role: str = "unknown"
     mode: str = "on"
     autoshare: bool = False
     environ: Mapping[str, str] = field(default_factory=dict)
@@ -159,15 +158,18 @@ class StateContext:
     def describe(self) -> dict[str, str]:
         """The context as strings, for reports."""
         return {
-            "function": "sglang.srt.disaggregation.utils.setup_state_kv_args",
+            "function": str(targets.STATE),
             "caller": self.caller,
+            "role": self.role,
             "sglang": self.profile.name,
             "mode": self.mode,
             "autoshare": "on" if self.autoshare else "off",
         }
 
 
-def _read(obj: object, dotted: str) -> object:
+def read_attr(obj: object, dotted: str) -> object:
+    """``obj.<dotted>`` as SGLang reads it, never raising: :data:`MISSING` when absent,
+    an :class:`Unreadable` when a property raises, a list as a tuple."""
     value: object = obj
     for part in dotted.split("."):
         if value is None:
@@ -188,14 +190,14 @@ def _short_repr(value: object) -> str:
         text = repr(value)
     except Exception as exc:  # a repr that raises: name the type and the failure
         text = f"<{type(value).__name__} object; repr raised {type(exc).__name__}>"
-    return text if len(text) <= 120 else f"{text[:117]}..."
+    return text if len(text) <= LINE_CAP else f"{text[:LINE_CAP - 3]}..."
 
 
 def _read_sequence(pool: object, name: str) -> object:
     """``name`` as a tuple when SGLang can iterate it more than once; otherwise a
     :class:`NotASequence` that says what SGLang's ``not value`` / iteration will meet.
     Never consumes a one-shot iterator (SGLang's own check iterates it)."""
-    value = _read(pool, name)
+    value = read_attr(pool, name)
     if value is MISSING or isinstance(value, Unreadable | tuple):
         return value
     truthy: bool | None
@@ -226,7 +228,7 @@ def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnaps
     """Read the attributes SGLang's DSV4 block reads, without changing ``pool``."""
     is_dsv4 = dsv4_class is not None and isinstance(pool, dsv4_class)
     attrs = MappingProxyType({
-        name: _read_sequence(pool, name) if name == "compression_ratios" else _read(pool, name)
+        name: _read_sequence(pool, name) if name == "compression_ratios" else read_attr(pool, name)
         for name in POOL_ATTRS
     } if is_dsv4 else {})
     return PoolSnapshot(
@@ -239,19 +241,17 @@ def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnaps
 
 
 def _dsv4_class() -> type | None:
-    module = sys.modules.get("sglang.srt.mem_cache.deepseek_v4_memory_pool")
+    module = sys.modules.get(targets.DSV4_POOL.module)
     if module is None:
         # SGLang imports it inside setup_state_kv_args; importing it here is the same.
-        import importlib
-
-        module = importlib.import_module("sglang.srt.mem_cache.deepseek_v4_memory_pool")
-    cls = getattr(module, "DeepSeekV4TokenToKVPool", None)
+        module = importlib.import_module(targets.DSV4_POOL.module)
+    cls = getattr(module, targets.DSV4_POOL.qualname, None)
     return cls if isinstance(cls, type) else None
 
 
 def host_is_npu() -> bool:
     """SGLang's own ``is_npu()`` as the wrapped module sees it."""
-    utils = sys.modules.get("sglang.srt.disaggregation.utils")
+    utils = sys.modules.get(targets.STATE.module)
     fn = getattr(utils, "is_npu", None)
     return bool(fn()) if callable(fn) else False
 
@@ -266,3 +266,43 @@ def snapshot_pair(target_pool: object, draft_pool: object, npu_gate: bool) -> St
         return StatePair(target, draft, block_runs, compare_mappings(target_pool, draft_pool),
                          read_cuda_graphs())
     return StatePair(target, draft, block_runs, None)
+
+
+def _short_hash(value: tuple[object, ...]) -> int | None:
+    try:
+        return hash(value)  # hash() of a tuple runs in C: no Python-level walk
+    except Exception:  # an unhashable item: identity and length stand alone
+        return None
+
+
+def change_token(pool: object) -> tuple[object, ...]:
+    """A cheap token of what SGLang reads from ``pool``; it changes when a read would.
+
+    Not a snapshot: scalars by value, sequences by length and hash (a property may build
+    a fresh equal tuple on every read, 0.5.16, whose ``id()`` then differs although
+    nothing changed; an unhashable one by identity and length), other objects by
+    identity; the mapping tensor by identity, data pointer and torch's in-place version
+    counter. No tensor data is read.
+    """
+    parts: list[object] = [id(pool), type(pool)]
+    for name in POOL_ATTRS:
+        value = read_attr(pool, name)
+        if isinstance(value, tuple):
+            digest = _short_hash(value)
+            parts.append((len(value), digest) if digest is not None else (id(value), len(value)))
+        elif value is None or isinstance(value, bool | int | float | str | Unreadable):
+            parts.append(value)
+        else:
+            parts.append(id(value))
+    mapping = getattr(pool, targets.MAPPING_ATTR, MISSING)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(mapping, torch.Tensor):
+        # Sparse, meta and nested tensors refuse data_ptr() or _version: such a read is
+        # recorded as its failure text, which is stable, so the token still compares.
+        failures: list[str] = []
+        parts.append((id(mapping), attempt("data_ptr", lambda: int(mapping.data_ptr()), failures),
+                      attempt("_version", lambda: int(mapping._version), failures),
+                      tuple(failures)))
+    else:
+        parts.append(id(mapping))
+    return tuple(parts)

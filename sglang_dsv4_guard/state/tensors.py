@@ -14,8 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["MappingComparison", "TensorInfo", "compare_mappings", "count_differences",
-           "other_references", "tensor_info"]
+from sglang_dsv4_guard.findings import failure_text
+from sglang_dsv4_guard.host.targets import MAPPING_ATTR
+
+__all__ = ["MappingComparison", "TensorInfo", "attempt", "compare_mappings",
+           "count_differences", "other_references", "tensor_info"]
 
 _T = TypeVar("_T")
 _ABSENT = object()
@@ -80,12 +83,12 @@ class MappingComparison:
     note: str = ""
 
 
-def _attempt(label: str, read: Callable[[], _T], failures: list[str]) -> _T | None:
+def attempt(label: str, read: Callable[[], _T], failures: list[str]) -> _T | None:
     """``read()``, or ``None`` with the failure recorded under ``label``."""
     try:
         return read()
     except Exception as exc:  # recorded in the report, not swallowed
-        failures.append(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+        failures.append(f"{label}: {failure_text(exc)}")
         return None
 
 
@@ -119,7 +122,7 @@ def other_references(value: object) -> int | None:
 def tensor_info(pool: object) -> TensorInfo:
     """Describe ``pool.full_to_swa_index_mapping`` without ever raising."""
     try:
-        value = pool.full_to_swa_index_mapping  # type: ignore[attr-defined]
+        value = getattr(pool, MAPPING_ATTR)
     except AttributeError:
         return TensorInfo("missing")
     except Exception as exc:
@@ -135,13 +138,13 @@ def tensor_info(pool: object) -> TensorInfo:
         "tensor",
         type_name=type(value).__name__,
         object_id=id(value),
-        data_ptr=_attempt("data_ptr", lambda: int(value.data_ptr()), failed),
-        storage_ptr=_attempt("storage", lambda: int(value.untyped_storage().data_ptr()), failed),
-        shape=_attempt("shape", lambda: tuple(int(d) for d in value.shape), failed),
-        stride=_attempt("stride", lambda: tuple(int(s) for s in value.stride()), failed),
+        data_ptr=attempt("data_ptr", lambda: int(value.data_ptr()), failed),
+        storage_ptr=attempt("storage", lambda: int(value.untyped_storage().data_ptr()), failed),
+        shape=attempt("shape", lambda: tuple(int(d) for d in value.shape), failed),
+        stride=attempt("stride", lambda: tuple(int(s) for s in value.stride()), failed),
         dtype=str(value.dtype),
-        device=_attempt("device", lambda: str(value.device), failed),
-        layout=_attempt("layout", lambda: str(value.layout), failed),
+        device=attempt("device", lambda: str(value.device), failed),
+        layout=attempt("layout", lambda: str(value.layout), failed),
         unreadable=tuple(failed),
         other_references=others,
     )
@@ -163,8 +166,8 @@ def _not_comparable(torch: Any, a: Any, b: Any) -> str:
 
 def compare_mappings(target_pool: object, draft_pool: object) -> MappingComparison:
     """Compare the two mappings: identity, storage, layout and, when comparable, contents."""
-    a = getattr(target_pool, "full_to_swa_index_mapping", _ABSENT)
-    b = getattr(draft_pool, "full_to_swa_index_mapping", _ABSENT)
+    a = getattr(target_pool, MAPPING_ATTR, _ABSENT)
+    b = getattr(draft_pool, MAPPING_ATTR, _ABSENT)
     if a is b:
         return MappingComparison(identical=True, same_storage=True, same_layout=True,
                                  contents_equal=True, differing=0)
@@ -178,10 +181,10 @@ def compare_mappings(target_pool: object, draft_pool: object) -> MappingComparis
                    and (ta.data_ptr, ta.shape, ta.stride, ta.dtype, ta.device, ta.layout)
                    == (tb.data_ptr, tb.shape, tb.stride, tb.dtype, tb.device, tb.layout))
     failed: list[str] = []
-    why = _attempt("comparable", lambda: _not_comparable(torch, a, b), failed)
+    why = attempt("comparable", lambda: _not_comparable(torch, a, b), failed)
     if why is None or why:
         return MappingComparison(False, same_storage, same_layout, note=why or failed[0])
-    counted = _attempt("contents", lambda: count_differences(torch, a, b), failed)
+    counted = attempt("contents", lambda: count_differences(torch, a, b), failed)
     if counted is None:
         return MappingComparison(False, same_storage, same_layout, note=failed[0])
     differing, first = counted

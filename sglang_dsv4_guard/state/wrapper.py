@@ -22,34 +22,46 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from sglang_dsv4_guard.codes import docs_url
-from sglang_dsv4_guard.dedup import Seen
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
+from sglang_dsv4_guard.host.targets import CALLERS, SCHEDULER_MODULE
 from sglang_dsv4_guard.plugins import is_builtin, plugin_failure
-from sglang_dsv4_guard.render import render_report
-from sglang_dsv4_guard.reporter import Delivery, delivering, pointer
+from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.runtime import Runtime, add_note
 from sglang_dsv4_guard.state.snapshot import (
-    MISSING,
-    POOL_ATTRS,
     StateContext,
     StatePair,
-    Unreadable,
+    change_token,
     snapshot_pair,
 )
-from sglang_dsv4_guard.state.snapshot import _read as read_attr
-from sglang_dsv4_guard.state.tensors import _attempt
+from sglang_dsv4_guard.wrapping import (
+    calling_frame,
+    carried_text,
+    handler_prints_traceback,
+    note_carrier,
+    note_on,
+    our_failure,
+    publish,
+    upgrades,
+)
 
-__all__ = ["Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
+__all__ = ["Caller", "Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
 
-_CALLERS = {
-    "sglang.srt.disaggregation.prefill": "prefill server (PrefillBootstrapQueue)",
-    "sglang.srt.disaggregation.decode": "decode server (DecodePreallocQueue)",
-}
 _ENV_KEYS = ("SGLANG_HACK_FLASHMLA_BACKEND",)
+_HANDLER = f"SGLang's scheduler ({SCHEDULER_MODULE}.run_scheduler_process)"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who called ``setup_state_kv_args``: the module (SGLang's own frame when there is
+    one) and whether SGLang's scheduler handler will log the traceback of what rises."""
+
+    module: str
+    in_scheduler: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,50 +71,7 @@ class Prepared:
     pair: StatePair
     context: StateContext
     remediation: tuple[Finding, ...]
-
-
-def _short_hash(value: tuple[object, ...] | list[object]) -> int | None:
-    if not isinstance(value, tuple):  # hash() of a tuple runs in C: no Python-level walk
-        return None
-    try:
-        return hash(value)
-    except Exception:  # an unhashable item: identity and length stand alone
-        return None
-
-
-def _fingerprint(pool: object) -> tuple[object, ...]:
-    """A cheap token of what SGLang reads from ``pool``; it changes when a read would.
-
-    Scalars by value, sequences by identity and length (short tuples also by hash),
-    other objects by identity; the mapping
-    tensor by identity, data pointer and torch's in-place version counter. No
-    tensor data is read.
-    """
-    parts: list[object] = [id(pool), type(pool)]
-    for name in POOL_ATTRS:
-        value = read_attr(pool, name)
-        if isinstance(value, tuple | list):
-            # Never walked in Python: a million-layer ratio list costs nothing.
-            # A hashable tuple by value alone: a property may build a fresh one on
-            # every read (0.5.16), whose id() then differs although nothing changed.
-            digest = _short_hash(value)
-            parts.append((len(value), digest) if digest is not None else (id(value), len(value)))
-        elif value is None or isinstance(value, bool | int | float | str | Unreadable):
-            parts.append(value)
-        else:
-            parts.append(id(value))
-    mapping = getattr(pool, "full_to_swa_index_mapping", MISSING)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(mapping, torch.Tensor):
-        # Sparse, meta and nested tensors refuse data_ptr() or _version: such a read is
-        # recorded as its failure text, which is stable, so the token still compares.
-        failures: list[str] = []
-        parts.append((id(mapping), _attempt("data_ptr", lambda: int(mapping.data_ptr()), failures),
-                      _attempt("_version", lambda: int(mapping._version), failures),
-                      tuple(failures)))
-    else:
-        parts.append(id(mapping))
-    return tuple(parts)
+    in_scheduler: bool = False
 
 
 def _changed_silently(name: str, found: list[Finding]) -> Finding:
@@ -114,19 +83,25 @@ def _changed_silently(name: str, found: list[Finding]) -> Finding:
         "changed")
 
 
-def prepare_pair(rt: Runtime, target: object, draft: object, caller: str) -> Prepared | None:
+def prepare_pair(rt: Runtime, target: object, draft: object,
+                 caller: str | Caller) -> Prepared | None:
     """Snapshot a pair, let remediation plug-ins act, and snapshot again if they did.
 
-    After each remediation plug-in a cheap fingerprint of what SGLang reads is
+    ``caller`` is the calling module (or a :class:`Caller`); SGLang's prefill and decode
+    queues give the report's role. After each remediation plug-in a cheap change token
+    (:func:`~sglang_dsv4_guard.state.snapshot.change_token`) of what SGLang reads is
     compared with the one before: when it changed, the pair is snapshotted again, and
     a plug-in that changed it without a finding saying so (it returned nothing, or
     raised) is named in a ``DSV4G090`` finding.
 
     ``None`` when SGLang's DeepSeek-V4 draft block does not run for these pools.
     """
+    who = caller if isinstance(caller, Caller) else Caller(caller)
+    known = CALLERS.get(who.module)
     context = StateContext(
         profile=rt.profile,
-        caller=_CALLERS.get(caller, caller),
+        caller=known.describe if known else who.module,
+        role=known.role if known else "unknown",
         mode=rt.settings.mode.value.value,
         autoshare=rt.settings.autoshare.value,
         environ={k: os.environ[k] for k in _ENV_KEYS if k in os.environ},
@@ -135,21 +110,21 @@ def prepare_pair(rt: Runtime, target: object, draft: object, caller: str) -> Pre
     if not pair.block_runs:
         return None
     remediation: list[Finding] = []
-    before = (_fingerprint(target), _fingerprint(draft))
+    before = (change_token(target), change_token(draft))
     changed = False
     for name, found in rt.plugins.collect_each(
         "sglang_dsv4_guard_remediate_state",
         {"target_pool": target, "draft_pool": draft, "pair": pair, "context": context},
     ):
         remediation.extend(found)
-        after = (_fingerprint(target), _fingerprint(draft))
+        after = (change_token(target), change_token(draft))
         if after != before:
             changed, before = True, after
             if not any(f.code != "DSV4G090" for f in found):
                 remediation.append(_changed_silently(name, found))
     if changed:
         pair = snapshot_pair(target, draft, rt.profile.npu_gate)
-    return Prepared(pair, context, tuple(remediation))
+    return Prepared(pair, context, tuple(remediation), who.in_scheduler)
 
 
 def check_pair(rt: Runtime, prep: Prepared) -> list[Finding]:
@@ -158,7 +133,7 @@ def check_pair(rt: Runtime, prep: Prepared) -> list[Finding]:
         "sglang_dsv4_guard_check_state", {"pair": prep.pair, "context": prep.context})]
 
 
-def _prepare(rt: Runtime, sig: inspect.Signature, caller: str,
+def _prepare(rt: Runtime, sig: inspect.Signature, caller: Caller,
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prepared | None:
     try:
         bound = sig.bind(*args, **kwargs)
@@ -197,34 +172,31 @@ def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
     return Report.of(findings, prep.context.describe(), host_error=host_line), mirrored
 
 
-def _publish(rt: Runtime, report: Report, raised: bool,
+def _publish(rt: Runtime, report: Report, raised: bool, in_traceback: bool = False,
              carrier: str = "the DSV4GuardError raised to SGLang") -> str | None:
     """Publish ``report``; when it is ``raised``, return the text the exception carries.
 
     The first occurrence in the server is logged in full here even when raised (the
-    traceback may never print) and the exception carries it too; when another process
-    of this server (or this one) printed the same report already, the log and the
-    exception carry a one-line pointer.
+    traceback may never print), unless ``in_traceback``: SGLang's scheduler handler is on
+    the stack and logs the traceback, which carries the report, so the log says one line
+    pointing at it. When another process of this server (or this one) printed the same
+    report already, the log and the exception carry a one-line pointer.
     """
-    with delivering(Delivery(raised=raised, carrier=carrier)) as delivery:
-        rt.publish(report)
-    if delivery.seen in (None, Seen.FIRST) or delivery.fingerprint is None:
-        return render_report(report)
-    return pointer(report, delivery.fingerprint, delivery.seen)
+    delivery = publish(rt, report, Delivery(raised=raised, carrier=carrier, printed_by=(
+        _HANDLER if raised and in_traceback else None)))
+    return carried_text(report, delivery)
 
 
 def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Exception | None:
     text = str(host_error)
     host_line = text.splitlines()[0] if text else type(host_error).__name__
-    # Only SGLang's own, exact RuntimeError is upgraded: `except NotImplementedError` (a
-    # RuntimeError subclass) must keep matching what the caller raised.
-    report, mirrored = _findings(rt, prep, host_line, type(host_error) is RuntimeError)
+    report, mirrored = _findings(rt, prep, host_line, upgrades(host_error))
     if not report.findings:
         return None
-    rendered = _publish(rt, report, raised=True, carrier=(
-        "the DSV4GuardError raised to SGLang" if mirrored else
-        f"a note on SGLang's {type(host_error).__name__}"
-        + ("" if sys.version_info >= (3, 11) else " (Python < 3.11 does not print notes)")))
+    # A note is printed with the traceback from Python 3.11; the message on any Python.
+    shown = prep.in_scheduler and (mirrored or sys.version_info >= (3, 11))
+    rendered = _publish(rt, report, raised=True, in_traceback=shown, carrier=(
+        "the DSV4GuardError raised to SGLang" if mirrored else note_carrier(host_error)))
     if mirrored:
         return DSV4GuardError(text, report, rendered, host_error)
     add_note(host_error, rendered or "")
@@ -239,34 +211,22 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
     escalate = [f for f in report.findings
                 if f.severity is not Severity.INFO and f.code != "DSV4G090"
                 and not any(f is done for done in prep.remediation)]
-    rendered = _publish(rt, report, raised=rt.strict and bool(escalate))
+    rendered = _publish(rt, report, raised=rt.strict and bool(escalate),
+                        in_traceback=prep.in_scheduler)
     if rt.strict and escalate:
         first = escalate[0]
         raise DSV4GuardError(f"sglang-dsv4-guard (strict mode): [{first.code}] {first.summary}",
                              report, rendered)
 
 
-def _internal(rt: Runtime, stage: str, exc: Exception) -> DSV4GuardError | None:
-    """Log a failure of ours; in strict mode return the error to raise, which the wrapper
-    raises only once SGLang's verdict is in (after SGLang's own error, as a note)."""
-    try:
-        rt.internal_error(stage, exc)
-    except DSV4GuardError as strict_error:
-        return strict_error
-    return None
-
-
-_HOOK_LAYERS = ("sglang_dsv4_guard.host.registry", "sglang.srt.plugins.hook_registry")
-
-
-def _caller(frame: Any) -> str:
-    """The module that called ``setup_state_kv_args``, past SGLang's hook wrappers and ours."""
-    while frame is not None:
-        name = str(frame.f_globals.get("__name__", "?"))
-        if not name.startswith(_HOOK_LAYERS):
-            return name
-        frame = frame.f_back
-    return "?"
+def _caller(frame: FrameType | None) -> Caller:
+    """Who called ``setup_state_kv_args``: SGLang's own frame past every hook layer (see
+    :func:`~sglang_dsv4_guard.wrapping.calling_frame`), and whether the scheduler's handler
+    is above it."""
+    found = calling_frame(frame)
+    if found is None:
+        return Caller("?")
+    return Caller(str(found.f_globals.get("__name__", "?")), handler_prints_traceback(found))
 
 
 def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -285,7 +245,7 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
             try:
                 prep = _prepare(rt, sig, caller, args, kwargs)
             except Exception as exc:
-                ours = _internal(rt, "checking the pools before setup_state_kv_args", exc)
+                ours = our_failure(rt, "checking the pools before setup_state_kv_args", exc)
             try:
                 result = original(*args, **kwargs)
             except Exception as host_error:
@@ -294,11 +254,11 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
                     try:
                         replacement = _on_host_error(rt, prep, host_error)
                     except Exception as exc:
-                        ours = _internal(rt, "reporting setup_state_kv_args' error", exc)
+                        ours = our_failure(rt, "reporting setup_state_kv_args' error", exc)
                 if replacement is not None:
                     raise replacement from host_error
-                if ours is not None:  # SGLang's message first; ours is a note under it
-                    add_note(host_error, str(ours))
+                if ours is not None:
+                    note_on(host_error, ours)
                 raise
             if ours is not None:
                 raise ours

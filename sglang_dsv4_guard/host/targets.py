@@ -1,0 +1,143 @@
+"""Everything of SGLang the guard depends on, as data: declared once, read everywhere.
+
+Patching (:mod:`sglang_dsv4_guard.patching`), the snapshots (:mod:`sglang_dsv4_guard.state.
+snapshot`, :mod:`sglang_dsv4_guard.mori.snapshot`), SGLang's hook registry
+(:mod:`sglang_dsv4_guard.host.registry`), the code digests (:mod:`sglang_dsv4_guard.host.
+digests`), rendering and the CLI read these names; none spells one out itself. A target
+is a module and a qualified name inside it (``"func"`` or ``"Class.method"``), resolved
+on the object that defines it (a class's MRO is walked). Nothing here imports SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "AUTOSHARE_POOL_ATTRS",
+    "CALLERS",
+    "CUDA_GRAPH_CONFIG",
+    "DSV4_POOL",
+    "KV_ARGS",
+    "MAPPING_ATTR",
+    "MORI_MANAGER_ATTRS",
+    "MORI_MODULE",
+    "MORI_PEER_ATTRS",
+    "MORI_REGISTER",
+    "MORI_SEND",
+    "MORI_TARGETS",
+    "POOL_ATTRS",
+    "POOL_REGISTER",
+    "REGISTRY_MODULE",
+    "RUNTIME_CONTEXT",
+    "SCHEDULER_MODULE",
+    "STATE",
+    "STATE_HOLDERS",
+    "Caller",
+    "PatchTarget",
+    "pool_attributes_read",
+    "source_path",
+]
+
+
+@dataclass(frozen=True)
+class PatchTarget:
+    """``module`` and ``qualname`` ("func" or "Class.method") of something in SGLang."""
+
+    module: str
+    qualname: str
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+    @property
+    def attr(self) -> str:
+        """The last component of ``qualname``: the attribute that is wrapped."""
+        return self.qualname.rsplit(".", 1)[-1]
+
+    @property
+    def path(self) -> str:
+        """The module's source file, relative to the ``sglang`` package directory."""
+        return source_path(self.module)
+
+
+def source_path(module: str) -> str:
+    """``sglang.srt.disaggregation.utils`` -> ``srt/disaggregation/utils.py``."""
+    parts = module.split(".")
+    if parts[0] != "sglang":
+        raise ValueError(f"not a module of the sglang package: {module!r}")
+    return "/".join(parts[1:]) + ".py"
+
+
+# -- Wrapped functions ------------------------------------------------------------------
+
+STATE = PatchTarget("sglang.srt.disaggregation.utils", "setup_state_kv_args")
+#: The modules that bind ``setup_state_kv_args`` to a name: the definer and the two
+#: bootstrap queues that import it (``from ..utils import setup_state_kv_args``).
+STATE_HOLDERS = (STATE.module, "sglang.srt.disaggregation.prefill",
+                 "sglang.srt.disaggregation.decode")
+
+MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
+MORI_SEND = PatchTarget(MORI_MODULE, "MoriKVManager._send_swa_dsa_state")
+MORI_REGISTER = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
+MORI_TARGETS = (MORI_SEND, MORI_REGISTER)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A module of SGLang that calls ``setup_state_kv_args``: its role and, for people,
+    the class that calls it."""
+
+    role: str
+    describe: str
+
+
+#: SGLang's own callers of ``setup_state_kv_args``, by module.
+CALLERS = {
+    "sglang.srt.disaggregation.prefill": Caller("prefill",
+                                                "prefill server (PrefillBootstrapQueue)"),
+    "sglang.srt.disaggregation.decode": Caller("decode", "decode server (DecodePreallocQueue)"),
+}
+
+# -- Other SGLang objects the guard reads -----------------------------------------------
+
+REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+CUDA_GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
+KV_ARGS = PatchTarget("sglang.srt.disaggregation.base.conn", "KVArgs")
+DSV4_POOL = PatchTarget("sglang.srt.mem_cache.deepseek_v4_memory_pool",
+                        "DeepSeekV4TokenToKVPool")
+#: The pool method auto-share calls to rebind the draft's mapping (SGLang's own).
+POOL_REGISTER = "register_mapping"
+
+# -- Attributes -------------------------------------------------------------------------
+
+#: The pool attributes SGLang's DSV4 draft block reads, in the order it reads them
+#: (dotted: an attribute of an attribute).
+POOL_ATTRS = (
+    "compression_ratios",
+    "_unified_kv",
+    "unified_swa_window",
+    "unified_swa_ring_size",
+    "unified_swa_pages",
+    "page_size",
+    "sliding_window",
+    "swa_req_ring_size",
+    "request_window.capacity",
+)
+#: Pool attributes the auto-share rule compares beyond what SGLang's check reads.
+AUTOSHARE_POOL_ATTRS = ("swa_size",)
+#: The mapping tensor, read by identity, pointer and version (``state/tensors.py``).
+MAPPING_ATTR = "full_to_swa_index_mapping"
+
+#: What the MORI snapshot reads from ``MoriKVManager`` and from a decode peer
+#: (``KVArgsRegisterInfo``).
+MORI_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "attn_tp_size", "pp_size")
+MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
+
+
+def pool_attributes_read() -> tuple[str, ...]:
+    """Every attribute of the pool object itself the guard reads (first component of a
+    dotted name), in a stable order: what the code digests must cover."""
+    names = [name.split(".", 1)[0] for name in (*POOL_ATTRS, *AUTOSHARE_POOL_ATTRS)]
+    return tuple(dict.fromkeys([*names, MAPPING_ATTR]))

@@ -1,0 +1,134 @@
+"""The rules every wrapper of an SGLang function follows, each in one place.
+
+A wrapped place (``setup_state_kv_args``, the MORI connector; Mooncake, NIXL and the
+decode side next) reuses these instead of restating them:
+
+- :func:`upgrades`: only SGLang's own, exact ``RuntimeError`` becomes a
+  :class:`~sglang_dsv4_guard.errors.DSV4GuardError`; a subclass (``NotImplementedError``)
+  or any other type is somebody else's and is re-raised as it is;
+- :func:`our_failure` and :func:`note_on`: a failure of ours is logged and SGLang runs as
+  if we were absent; in strict mode it becomes an error, which rises only once SGLang's
+  verdict is in, and as a note under SGLang's own error when SGLang raised;
+- :func:`publish` then :func:`carried_text`: a report goes to every reporter first; the
+  exception carries it in full where it was first printed, else a one-line pointer;
+- :func:`calling_frame` and :func:`handler_prints_traceback`: who called the wrapped
+  function, by SGLang's own frames, and whether SGLang's scheduler will log the
+  traceback of what the wrapper raises.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import FrameType
+
+from sglang_dsv4_guard.dedup import Seen
+from sglang_dsv4_guard.errors import DSV4GuardError
+from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.host.targets import REGISTRY_MODULE, SCHEDULER_MODULE
+from sglang_dsv4_guard.render import render_report
+from sglang_dsv4_guard.reporter import Delivery, delivering, pointer
+from sglang_dsv4_guard.runtime import Runtime, add_note
+
+__all__ = [
+    "HOOK_LAYERS",
+    "calling_frame",
+    "carried_text",
+    "handler_prints_traceback",
+    "note_carrier",
+    "note_on",
+    "our_failure",
+    "prints_in_full",
+    "publish",
+    "upgrades",
+]
+
+#: Modules whose frames are hook machinery, never a caller: ours and SGLang's registry.
+HOOK_LAYERS = ("sglang_dsv4_guard.", REGISTRY_MODULE)
+#: SGLang's scheduler entry point, whose ``except Exception`` logs the traceback
+#: ("Scheduler hit an exception: ...") before it signals the parent.
+_SCHEDULER_HANDLER = (SCHEDULER_MODULE, "run_scheduler_process")
+
+
+def upgrades(error: BaseException) -> bool:
+    """Whether ``error`` is SGLang's own verdict the guard may upgrade: exactly a
+    ``RuntimeError`` (``except NotImplementedError`` must keep matching a subclass)."""
+    return type(error) is RuntimeError
+
+
+def our_failure(rt: Runtime, stage: str, exc: Exception) -> DSV4GuardError | None:
+    """Log a failure of ours; in strict mode return the error to raise, which the wrapper
+    raises only once SGLang's verdict is in (after SGLang's own error, as a note)."""
+    try:
+        rt.internal_error(stage, exc)
+    except DSV4GuardError as strict_error:
+        return strict_error
+    return None
+
+
+def note_on(host_error: BaseException, ours: DSV4GuardError) -> None:
+    """Strict mode, SGLang raised: SGLang's message leads, our failure is a note under it."""
+    add_note(host_error, str(ours))
+
+
+def note_carrier(host_error: BaseException) -> str:
+    """How a report that rides as a PEP 678 note on SGLang's own exception is named."""
+    return (f"a note on SGLang's {type(host_error).__name__}"
+            + ("" if sys.version_info >= (3, 11) else " (Python < 3.11 does not print notes)"))
+
+
+def publish(rt: Runtime, report: Report, delivery: Delivery) -> Delivery:
+    """Send ``report`` to every reporter, saying how it travels; return ``delivery`` as the
+    log reporter filled it in (its fingerprint, and where the report was printed before)."""
+    with delivering(delivery):
+        rt.publish(report)
+    return delivery
+
+
+def prints_in_full(seen: Seen | None) -> bool:
+    """Whether an occurrence carries the full report: the first in the server, or one the
+    log reporter did not see (deduplication fails open)."""
+    return seen in (None, Seen.FIRST)
+
+
+def carried_text(report: Report, delivery: Delivery) -> str | None:
+    """What the raised exception (or note) carries once ``delivery`` was published: the
+    full report where it is printed first, else one line pointing at where it was."""
+    if prints_in_full(delivery.seen) or delivery.fingerprint is None:
+        return render_report(report)
+    return pointer(report, delivery.fingerprint, delivery.seen)
+
+
+def _module(frame: FrameType) -> str:
+    return str(frame.f_globals.get("__name__", "?"))
+
+
+def calling_frame(frame: FrameType | None) -> FrameType | None:
+    """The frame that called the wrapped function, by SGLang's own frames.
+
+    Walking outwards from ``frame``: the first frame inside the ``sglang.`` package that
+    is not SGLang's hook registry. Without one (a script or a test calling directly), the
+    first frame that is neither ours, nor the registry, nor a plug-in's hook (a function
+    the registry's wrapper called: an ``AROUND`` hook of any plug-in). ``None``: nothing.
+    """
+    fallback: FrameType | None = None
+    while frame is not None:
+        name = _module(frame)
+        if not name.startswith(HOOK_LAYERS):
+            if name.startswith("sglang."):
+                return frame
+            hook = frame.f_back is not None and _module(frame.f_back) == REGISTRY_MODULE
+            if fallback is None and not hook:
+                fallback = frame
+        frame = frame.f_back
+    return fallback
+
+
+def handler_prints_traceback(frame: FrameType | None) -> bool:
+    """Whether SGLang's scheduler handler is on the stack above ``frame``: an exception
+    rising out of here is logged there with its traceback (its message, and its notes
+    from Python 3.11)."""
+    while frame is not None:
+        if (_module(frame), frame.f_code.co_name) == _SCHEDULER_HANDLER:
+            return True
+        frame = frame.f_back
+    return False
