@@ -1,6 +1,7 @@
 """Cross-process deduplication suppresses a report only within one launch of one server.
 
-Real processes throughout: launchers that run SGLang's own ``load_plugins()`` before they
+The rule for joining a launch and for sweeping marker directories, then real processes:
+launchers that run SGLang's own ``load_plugins()`` before they
 start ``spawn`` schedulers (as SGLang's engine does), a worker pool started before any
 server, and two PID namespaces sharing ``/dev/shm`` (``unshare``, as root).
 """
@@ -12,56 +13,37 @@ import multiprocessing
 import os
 import re
 import secrets
-import subprocess
-import sys
 import tempfile
+import time
 import unittest
 from typing import Any
+from unittest import mock
 
 import launch_child
-from helpers import GuardTestCase
+from helpers import GuardTestCase, fresh_python
+from launch_child import GUARD_ON, finish, launch_of, read, start_launcher
 from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_dsv4_guard import launch_identity
+from sglang_dsv4_guard.dedup import ENV_LAUNCH, Launch, joined_launch, process_start, sweep
 
 register_cpu_ci(est_time=240, suite="stage-a-test-cpu")
 
 FULL_THREE = "[DSV4G001] error:"  # a line only the full report of the "three" pair has
 POINTER = re.compile(r"same report as printed in full by another process of this server")
-LAUNCH_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_child.py")
-GUARD_ON = {"SGLANG_DSV4_GUARD": "1", "SGLANG_PLUGINS": "dsv4_guard"}
-
-
-def launcher_env() -> dict[str, str]:
-    """This environment without any guard or plug-in variable, with the guard on."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SGLANG_DSV4_GUARD", "SGLANG_PLUGINS"))}
-    return {**env, **GUARD_ON}
-
-
-def start_launcher(specs: list[dict[str, Any]], directory: str, name: str,
-                   prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
-    """Start ``launch_child.py`` (optionally under ``prefix``, e.g. ``unshare``)."""
-    spec_path = os.path.join(directory, f"{name}.json")
-    with open(spec_path, "w", encoding="utf-8") as out:
-        json.dump(specs, out)
-    return subprocess.Popen([*prefix, sys.executable, LAUNCH_CHILD, spec_path],
-                            env=launcher_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-
-
-def finish(proc: subprocess.Popen[str]) -> str:
-    output, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, f"launcher exited with {proc.returncode}:\n{output}"
-    return output
-
-
-def read(path: str) -> str:
-    with open(path, encoding="utf-8") as given:
-        return given.read()
-
-
 def spec(directory: str, name: str, **more: Any) -> dict[str, Any]:
     return {"pair": "three", "out": os.path.join(directory, f"{name}.log"),
             "done": os.path.join(directory, f"{name}.done"), **more}
+
+
+_TELLING = ("[DSV4G001] error:", "same report as printed in full", "(fingerprint ")
+
+
+def gist(outputs: list[str]) -> str:
+    """The lines of each process' output that say where the report was printed."""
+    return "\n".join(f"process {i}: " + " | ".join(
+        ln.strip()[:160] for ln in out.splitlines() if any(t in ln for t in _TELLING))
+        for i, out in enumerate(outputs))
 
 
 class ServerOutputs:
@@ -75,9 +57,9 @@ class ServerOutputs:
         exactly ``times`` processes if given, else at least one."""
         claimants = sum(out.count(FULL_THREE) // 2 for out in self.servers[server])
         if times is None:
-            self.case.assertGreaterEqual(claimants, 1, self.servers[server])
+            self.case.assertGreaterEqual(claimants, 1, gist(self.servers[server]))
         else:
-            self.case.assertEqual(claimants, times, self.servers[server])
+            self.case.assertEqual(claimants, times, gist(self.servers[server]))
 
     def assert_pointers_true(self, server: str) -> None:
         """A process saying another process of its server printed the report in full
@@ -88,7 +70,130 @@ class ServerOutputs:
                 others = [o for j, o in enumerate(outputs) if j != i]
                 self.case.assertTrue(any(FULL_THREE in o for o in others),
                                      f"process {i} of server {server} points at a full "
-                                     f"report nobody of its server printed:\n{outputs}")
+                                     f"report nobody of its server printed:\n{gist(outputs)}")
+
+
+_GRANDCHILD = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import launch_child
+sys.exit(launch_child.launch_through_a_bystander())
+"""
+
+
+class TestLaunchIdentityRule(GuardTestCase):
+    """Which launch a process joins: only one minted by an ancestor, in its PID namespace,
+    and only when ``multiprocessing`` started it (as SGLang starts its schedulers)."""
+
+    def joined(self, launch: Launch | str, *, by_multiprocessing: bool = True) -> Launch | None:
+        value = launch if isinstance(launch, str) else launch.name
+        parent = mock.Mock(pid=os.getppid()) if by_multiprocessing else None
+        with mock.patch.object(launch_identity.multiprocessing, "parent_process",
+                               return_value=parent), \
+                mock.patch.dict(os.environ, {ENV_LAUNCH: value}), \
+                mock.patch.object(launch_identity, "_opened", None):
+            return joined_launch()
+
+    def test_multiprocessing_child_joins_its_parents_launch(self) -> None:
+        """The launch minted by our parent (PID and start time match) is joined."""
+        parent = launch_of(os.getppid(), process_start(os.getppid()))
+        self.assertEqual(self.joined(parent), parent)
+
+    def test_launch_of_a_grandparent_is_joined(self) -> None:
+        """Real processes: a launcher opens a launch and starts a child that runs no guard
+        (SGLang 0.5.16's data-parallel controller never loads plug-ins), which starts a
+        grandchild: the grandchild joins the launcher's launch."""
+        result = fresh_python(_GRANDCHILD)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        [minted] = [ln.split()[1] for ln in result.stdout.splitlines() if ln.startswith("MINTED")]
+        [joined] = [ln.split()[1] for ln in result.stdout.splitlines() if ln.startswith("JOINED")]
+        self.assertEqual(joined, minted)
+
+    def test_process_not_started_by_multiprocessing_joins_nothing(self) -> None:
+        """A shell, a supervisor or a test runner's worker inherits the variable but was
+        not started as SGLang starts schedulers: it deduplicates with nobody."""
+        parent = launch_of(os.getppid(), process_start(os.getppid()))
+        self.assertIsNone(self.joined(parent, by_multiprocessing=False))
+
+    def test_reused_pid_joins_nothing(self) -> None:
+        """The minter's PID names an ancestor with another start time: another process."""
+        reused = launch_of(os.getppid(), (process_start(os.getppid()) or 0) + 1)
+        self.assertIsNone(self.joined(reused))
+
+    def test_minter_that_is_not_an_ancestor_joins_nothing(self) -> None:
+        """A live process that is not an ancestor (here: this process itself)."""
+        self.assertIsNone(self.joined(launch_of(os.getpid(), process_start(os.getpid()))))
+
+    def test_launch_of_another_pid_namespace_joins_nothing(self) -> None:
+        """Same PID and start as our parent, but minted in another PID namespace (another
+        container): not joined."""
+        other = launch_of(os.getppid(), process_start(os.getppid()),
+                          namespace=os.stat("/proc/self/ns/pid").st_ino + 1)
+        self.assertIsNone(self.joined(other))
+
+    def test_malformed_identity_joins_nothing(self) -> None:
+        """A value that is not an identity (hand-set, truncated) is ignored."""
+        for value in ("", "1-2", f"{os.getppid()}-{process_start(os.getppid())}",
+                      "g" * 32 + "-1-1-1"):
+            self.assertIsNone(self.joined(value), value)
+
+    def test_open_launch_mints_a_fresh_identity_for_the_children(self) -> None:
+        """Each process that opens a launch puts its own new identity into the environment
+        its children inherit: this process, unguessable, different every time."""
+        minted = []
+        for _ in range(2):
+            env: dict[str, str] = {}
+            with mock.patch.object(launch_identity, "_opened", None):
+                self.assertIsNone(launch_identity.open_launch(env))
+            launch = Launch.parse(env[ENV_LAUNCH])
+            assert launch is not None
+            self.assertEqual((launch.pid, launch.start),
+                             (os.getpid(), process_start(os.getpid())))
+            minted.append(launch.token)
+        self.assertNotEqual(minted[0], minted[1])
+
+
+class TestSweep(GuardTestCase):
+    """Marker directories of launches provably gone are removed; a directory this process
+    cannot prove dead (another PID namespace, a live minter) stays unless stale for days."""
+
+    def test_sweep_removes_only_provably_gone_launches(self) -> None:
+        """Removed: a dead minter and a reused PID in this PID namespace, and anything not
+        written for over a week. Kept: a live minter, a dead PID of another namespace, a
+        young directory of unknown name, and this process' own launch."""
+        from sglang_dsv4_guard import dedup
+
+        parent, start = os.getppid(), process_start(os.getppid())
+        ns = os.stat("/proc/self/ns/pid").st_ino
+        never = 2**22 + 7  # above the kernel's default pid_max: never alive
+        names = {"live": launch_of(parent, start).name,
+                 "reused": launch_of(parent, (start or 0) + 1).name,
+                 "dead": launch_of(never, 5).name,
+                 "other-ns": launch_of(never, 5, namespace=ns + 1).name,
+                 "old-other-ns": launch_of(never, 5, namespace=ns + 1).name,
+                 "unknown": "1-2", "mine": launch_of(os.getpid(), 1).name}
+        with tempfile.TemporaryDirectory() as base:
+            for name in names.values():
+                os.mkdir(os.path.join(base, name), 0o700)
+                os.mkdir(os.path.join(base, name, "fp"))
+            week = time.time() - dedup._STALE_SECONDS - 60
+            os.utime(os.path.join(base, names["old-other-ns"]), (week, week))
+            self.assertEqual(sweep(base, keep=names["mine"]), 3)
+            self.assertEqual(sorted(os.listdir(base)), sorted(
+                names[k] for k in ("live", "other-ns", "unknown", "mine")))
+
+    def test_sweep_looks_at_a_bounded_number_of_directories(self) -> None:
+        """However many gone launches there are, one sweep removes at least one and no
+        more than its bound (the rest are left to later sweeps)."""
+        from sglang_dsv4_guard import dedup
+
+        with tempfile.TemporaryDirectory() as base:
+            for _ in range(dedup._SWEEP_MAX * 3):
+                os.mkdir(os.path.join(base, launch_of(2**22 + 7, 5).name), 0o700)
+            removed = sweep(base, keep="none")
+            self.assertGreaterEqual(removed, 1)
+            self.assertLessEqual(removed, dedup._SWEEP_MAX)
+            self.assertEqual(len(os.listdir(base)), dedup._SWEEP_MAX * 3 - removed)
 
 
 class TestPreStartedPool(GuardTestCase):
@@ -136,8 +241,8 @@ class TestTwoPidNamespaces(GuardTestCase):
             b1 = spec(d, "b1", wait_for=[a1["done"]])
             a2 = spec(d, "a2", wait_for=[b1["done"]])
             b2 = spec(d, "b2", wait_for=[b1["done"]])
-            procs = [start_launcher([a1, a2], d, "a", UNSHARE),
-                     start_launcher([b1, b2], d, "b", UNSHARE)]
+            procs = [start_launcher([[a1, a2]], d, "a", UNSHARE),
+                     start_launcher([[b1, b2]], d, "b", UNSHARE)]
             for proc in procs:
                 finish(proc)
             cls.outputs = ServerOutputs(unittest.TestCase(), {
@@ -170,9 +275,9 @@ class TestManyStaleLaunches(GuardTestCase):
             base = os.path.join(d, "base")
             os.mkdir(base, 0o700)
             for _ in range(20_000):  # never-alive PID (above the default pid_max)
-                os.mkdir(os.path.join(base, f"{secrets.token_hex(16)}-{ns}-{2**22 + 7}-5"))
+                os.mkdir(os.path.join(base, f"{secrets.token_hex(16)}-{ns}-{2**22 + 7}-5"), 0o700)
             one = spec(d, "one", base=base, counts=os.path.join(d, "counts.json"))
-            finish(start_launcher([one], d, "one"))
+            finish(start_launcher([[one]], d, "one"))
             counts = json.loads(read(one["counts"]))
             output = read(one["out"])
             remaining = len(os.listdir(base))
@@ -180,7 +285,7 @@ class TestManyStaleLaunches(GuardTestCase):
         self.assertLessEqual(counts["removed"], 100, counts)
         self.assertGreaterEqual(counts["removed"], 1, counts)  # stale ones still go
         self.assertGreaterEqual(remaining, 20_000 - 100)
-        self.assertEqual(output.count(FULL_THREE), 2, output)  # log + traceback
+        self.assertEqual(output.count(FULL_THREE), 2, gist([output]))  # log + traceback
 
 
 if __name__ == "__main__":
