@@ -1,4 +1,4 @@
-"""The function SGLang's ``load_plugins()`` calls in each process it runs in.
+"""The function SGLang's ``load_plugins()`` calls in each process that loads plug-ins.
 
 Registered as entry point ``dsv4_guard`` in group ``sglang.srt.plugins``. It reads
 ``SGLANG_DSV4_GUARD`` and stays inert unless the variable asks for the guard.
