@@ -3,38 +3,39 @@
 A TP-8 server runs 8 scheduler processes, and each meets the same problem. The first
 process to meet a report (by :func:`fingerprint`) prints it in full; the others print
 one line naming the fingerprint. A *different* report is printed in full wherever it
-is first met.
+is first met. Suppression needs proof that two processes belong to one launch of one
+server; without it every process prints in full (deduplication fails open).
 
 How processes agree (Linux; anywhere else every process prints in full):
 
-- **The launch** is the scheduler's parent process (SGLang spawns every scheduler of
-  a server from one process: the engine, or its data-parallel controller; taken from
-  ``multiprocessing.parent_process()``, so it may be PID 1 in a container), named by
-  its PID *and its start time* (``/proc/<pid>/stat``), so a reused PID is another
-  launch. Markers live in ``/dev/shm/sglang-dsv4-guard-<uid>/<pid>-<start>/`` (or the
-  temporary directory when ``/dev/shm`` is missing), one file per fingerprint, claimed
-  atomically (``os.link`` of a complete file: exactly one process wins).
-- **A marker counts** only if another process wrote it *after this process
-  started*: the schedulers of one server start together, long before they meet a
-  report, so their markers count; a marker left by an earlier launch from the same
-  parent (``sglang.Engine`` started twice in one script) or a crashed one is older
-  than this process and never suppresses anything.
-- **Clean-up**: at exit (:func:`cleanup_at_exit`, registered by ``install()``) a
-  process removes the marker directory of the launch it started itself (it is the
-  launcher), and that of its own launch once the launcher is gone (the last survivors
-  of a crashed launcher). Besides, each process, when it first *claims* a marker (not
-  at start-up), removes the directories whose launcher is gone (dead PID, or the PID
-  now names a process with another start time), so a launcher killed with its
-  schedulers leaves files behind only until a guarded process on that host next
-  claims a report. Nothing ever depends on those files being gone.
-
+- **The launch** (:mod:`sglang_dsv4_guard.launch_identity`): a process deduplicates
+  only within the launch it joined, an identity minted by an ancestor that ran the
+  guard before starting it; without one it deduplicates with nobody. Two servers
+  started one after the other from one process share the identity; the marker rule
+  below keeps them apart.
+- **Markers** live in ``/dev/shm/sglang-dsv4-guard-launches-<uid>/<launch>/`` (or the
+  temporary directory without ``/dev/shm``; a name that earlier versions of the guard,
+  which swept by another rule, never touch), one file per fingerprint, claimed
+  atomically (``os.link`` of a complete file: exactly one process wins). A marker
+  counts only if another process wrote it *after this process started*: the
+  schedulers of one server start together, long before they meet a report; a marker
+  of an earlier launch from the same process is older and never suppresses anything.
+- **Clean-up**: at exit (:func:`cleanup_at_exit`, registered by ``install()``) the
+  minter removes its launch's directory, and a process removes that of the launch it
+  joined once the minter is gone. After its first claim, outside the lock, a process
+  looks at no more than ``_SWEEP_MAX`` other directories, at random, for at most
+  ``_SWEEP_SECONDS``, and removes one only when its minter is provably gone: same PID
+  namespace and that PID dead or with another start time, or nothing written in it for
+  ``_STALE_SECONDS`` (a rule that holds across namespaces; a live launch losing its
+  markers to it only prints in full again). Nothing ever depends on those files being
+  gone.
 - **Trust**: the per-user directory and the launch's directory must be this user's
   own real directories (not links), closed to group and others, or nothing is
   deduplicated. Markers are read without following links or blocking (a FIFO under
   the name is ignored) and written through a fresh ``O_EXCL`` temporary file.
 
-Any failure here (read-only file system, no ``/proc``, an untrusted directory) is logged once at DEBUG and the
-report is printed in full: deduplication may fail open, never closed.
+Any failure here (read-only file system, no ``/proc``, an untrusted directory) is
+logged once at DEBUG and the report is printed in full.
 """
 
 from __future__ import annotations
@@ -44,20 +45,29 @@ import enum
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 
 from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.launch_identity import (
+    ENV_LAUNCH,
+    Launch,
+    ThisProcess,
+    joined_launch,
+    minted_launch,
+    open_launch,
+    process_start,
+    this_process,
+)
 
-__all__ = ["Seen", "ServerDedup", "cleanup_at_exit", "fingerprint", "launcher_key",
-           "process_start"]
+__all__ = ["ENV_LAUNCH", "Launch", "Seen", "ServerDedup", "cleanup_at_exit", "fingerprint",
+           "joined_launch", "open_launch", "process_start", "sweep"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -94,45 +104,10 @@ class Seen(str, enum.Enum):
     ELSEWHERE = "elsewhere"  # by another process of this server on this host
 
 
-def process_start(pid: int) -> int | None:
-    """The process' start time in clock ticks since boot, or ``None`` (gone, no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    # Field 2 (comm) may hold spaces and parentheses: split after its last ')'.
-    fields = text[text.rfind(")") + 2:].split()
-    try:
-        return int(fields[19])  # field 22, starttime
-    except (IndexError, ValueError):
-        return None
-
-
-def _launcher_pid() -> int | None:
-    """The launching process' PID: ``multiprocessing``'s parent when this process was
-    started by it (as SGLang starts schedulers), else the OS parent; ``None`` when the
-    launcher is gone (this process was re-parented)."""
-    parent = multiprocessing.parent_process()
-    ppid = os.getppid()
-    if parent is not None and parent.pid is not None:
-        # The launcher may be PID 1 (a container's server without --init): that is
-        # still our launcher as long as we were not re-parented away from it.
-        return parent.pid if ppid == parent.pid else None
-    return ppid if ppid > 1 else None
-
-
-def launcher_key() -> str | None:
-    """``<pid>-<start>`` of the process that launched this one, or ``None``."""
-    parent = _launcher_pid()
-    start = None if parent is None else process_start(parent)
-    return None if parent is None or start is None else f"{parent}-{start}"
-
-
 def _base_dir() -> str:
     root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
         else tempfile.gettempdir()
-    return os.path.join(root, f"sglang-dsv4-guard-{os.getuid()}")
+    return os.path.join(root, f"sglang-dsv4-guard-launches-{os.getuid()}")
 
 
 _MARKER_MAX = 4096  # bytes; a marker is a small JSON object
@@ -158,28 +133,35 @@ def _boot_seconds() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-@dataclass(frozen=True)
-class _Me:
-    pid: int
-    start: int  # clock ticks since boot
-    started: float  # seconds since boot
+_SWEEP_MAX = 64  # directories looked at per process
+_SWEEP_SECONDS = 0.05
+_STALE_SECONDS = 7 * 24 * 3600.0  # nothing written for a week
 
 
-def _me() -> _Me | None:
-    start = process_start(os.getpid())
-    if start is None:
-        return None
-    return _Me(os.getpid(), start, start / os.sysconf("SC_CLK_TCK"))
+def _sweepable(path: str, name: str) -> bool:
+    launch = Launch.parse(name)
+    if launch is not None and launch.minter_gone():
+        return True
+    return time.time() - os.lstat(path).st_mtime > _STALE_SECONDS
 
 
-def _sweep(base: str, keep: str) -> None:
-    """Remove marker directories of launchers that are gone."""
-    for name in os.listdir(base):
-        if name == keep:
-            continue
-        pid, _, start = name.partition("-")
-        if not (pid.isdigit() and start.isdigit()) or process_start(int(pid)) != int(start):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+def sweep(base: str, keep: str) -> int:
+    """Remove up to ``_SWEEP_MAX`` marker directories (at random, for at most
+    ``_SWEEP_SECONDS``) of launches provably gone; never ``keep``. Returns how many."""
+    names = [n for n in os.listdir(base) if n != keep]
+    chosen = secrets.SystemRandom().sample(names, min(_SWEEP_MAX, len(names)))
+    deadline, removed = time.monotonic() + _SWEEP_SECONDS, 0
+    for name in chosen:
+        if time.monotonic() > deadline:
+            break
+        path = os.path.join(base, name)
+        try:
+            if _sweepable(path, name):
+                _remove_private(path)
+                removed += 1
+        except OSError as exc:
+            logger.debug("sglang-dsv4-guard: %s not swept (%s)", path, exc)
+    return removed
 
 
 def _remove_private(path: str) -> None:
@@ -192,24 +174,17 @@ def _remove_private(path: str) -> None:
 
 
 def cleanup_at_exit() -> None:
-    """Remove the marker directories this process is the last user of (see the module
-    docstring); never another live launch's. Failures are logged at DEBUG."""
+    """Remove the marker directory of the launch this process minted, and that of the
+    launch it joined once its minter is gone; never another live launch's. Failures
+    are logged at DEBUG."""
     try:
-        me = _me()
-        if me is None:
-            return
         base = _base_dir()
-        _remove_private(os.path.join(base, f"{me.pid}-{me.start}"))  # I am its launcher
-        parent = _launcher_pid()
-        key = launcher_key()
-        if parent is None or key is None:  # orphaned: the launcher is gone
-            ppid = multiprocessing.parent_process()
-            if ppid is not None and ppid.pid is not None:
-                for name in os.listdir(base):
-                    pid, _, start = name.partition("-")
-                    if pid == str(ppid.pid) and start.isdigit() \
-                            and process_start(ppid.pid) != int(start):
-                        _remove_private(os.path.join(base, name))
+        minted = minted_launch()
+        if minted is not None:
+            _remove_private(os.path.join(base, minted.name))
+        joined = joined_launch()
+        if joined is not None and joined.minter_gone():
+            _remove_private(os.path.join(base, joined.name))
     except OSError as exc:
         logger.debug("sglang-dsv4-guard: marker clean-up at exit skipped (%s)", exc)
 
@@ -219,7 +194,8 @@ class ServerDedup:
 
     One per installation: what this process printed is remembered in memory; what the
     other processes of the server printed is read from the launch's marker files.
-    ``directory`` is for tests; by default it is derived from the launcher.
+    ``directory`` is for tests; by default it is the joined launch's (none: no
+    cross-process deduplication).
     """
 
     def __init__(self, directory: str | None = None) -> None:
@@ -227,24 +203,25 @@ class ServerDedup:
         self._decided: dict[str, Seen] = {}
         self._directory = directory
         self._opened = False
-        self._me: _Me | None = None
+        self._me: ThisProcess | None = None
+        self._sweep: tuple[str, str] | None = None  # (base, own launch), swept once
 
     def _session(self) -> str | None:
         if self._opened:
             return self._directory
         self._opened = True
         given, self._directory = self._directory, None  # until checked: fail open
-        self._me = _me()
+        self._me = this_process()
         if self._me is None:
             return None
         directory = given
         if directory is None:
-            key = launcher_key()
-            if key is None:
+            launch = joined_launch()
+            if launch is None:  # no proof of one launch with anyone: print in full
                 return None
             base = _private_dir(_base_dir())
-            _sweep(base, key)
-            directory = os.path.join(base, key)
+            self._sweep = (base, launch.name)
+            directory = os.path.join(base, launch.name)
         self._directory = _private_dir(directory)
         return self._directory
 
@@ -310,7 +287,8 @@ class ServerDedup:
                 os.unlink(tmp)
 
     def seen(self, fp: str) -> Seen:
-        """Where the report ``fp`` was printed before; the first call claims it."""
+        """Where the report ``fp`` was printed before; the first call claims it, then
+        (outside the lock, once per process) sweeps a few gone launches' directories."""
         with self._lock:
             decided = self._decided.get(fp)
             if decided is not None:
@@ -322,4 +300,10 @@ class ServerDedup:
                              "(%s); printing the report in full", exc)
                 decided = Seen.FIRST
             self._decided[fp] = decided
-            return decided
+            pending, self._sweep = self._sweep, None
+        if pending is not None:
+            try:
+                sweep(*pending)
+            except OSError as exc:
+                logger.debug("sglang-dsv4-guard: marker sweep skipped (%s)", exc)
+        return decided

@@ -19,6 +19,10 @@ def activate() -> None:
     Called by SGLang's ``load_plugins()``, it registers the guard's hook on
     ``setup_state_kv_args`` with SGLang's ``HookRegistry`` (applied right after all
     plug-ins ran); called directly, it patches like :func:`~sglang_dsv4_guard.install`.
+    When the guard is on it first joins the launch this process inherited, if any, and
+    mints this process' own for the processes it starts
+    (:func:`~sglang_dsv4_guard.dedup.open_launch`): reports are deduplicated only
+    within one launch.
 
     In strict mode, a guard that cannot install raises
     :class:`~sglang_dsv4_guard.errors.DSV4GuardStartupRefused` (a ``SystemExit``),
@@ -33,8 +37,12 @@ def activate() -> None:
     if settings.mode.value is Mode.OFF:
         logger.debug("sglang-dsv4-guard is off (%s)", settings.mode.source)
         return
+    from sglang_dsv4_guard.dedup import open_launch
     from sglang_dsv4_guard.lifecycle import install_from_sglang_loader
 
+    # Before SGLang starts schedulers from this process: they inherit the launch
+    # identity (spawn copies os.environ) and deduplicate their reports within it.
+    open_launch()
     try:
         # Run by SGLang's load_plugins(): take part in its HookRegistry, which applies
         # every plug-in's hooks together once all plug-ins ran.

@@ -1,9 +1,10 @@
 """One full report per problem: in one process, and across a server's scheduler processes.
 
 Issue 15. In one process a raised report is logged as one line (the exception carries
-it); across processes started as SGLang starts schedulers (``spawn``, one parent) the
-first process to meet a report prints it in full and the others one line naming its
-fingerprint; a second launch prints it in full again.
+it); across processes started as SGLang starts schedulers (``spawn``, from a launcher
+that ran SGLang's ``load_plugins()``) the first process to meet a report prints it in
+full and the others one line naming its fingerprint; a second launch prints it in full
+again.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import multiprocessing
 import os
 import re
 import shutil
@@ -21,9 +21,9 @@ import time
 import unittest
 from unittest import mock
 
-import scheduler_child
 import sglang.srt.disaggregation.utils as utils
 from helpers import GuardTestCase, fresh_install, fresh_python
+from launch_child import finish, launch_of, read, start_launcher
 from sglang.test.ci.ci_register import register_cpu_ci
 
 import sglang_dsv4_guard
@@ -147,42 +147,6 @@ class TestFingerprintAndMarkers(GuardTestCase):
             self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)
 
 
-class TestLauncherIsPid1(GuardTestCase):
-    """In a container without ``--init`` the server itself is PID 1 and spawns the
-    schedulers: PID 1 is then their launcher, not a sign of being orphaned."""
-
-    def test_launcher_pid1_is_a_launcher(self) -> None:
-        """``multiprocessing`` names PID 1 as the parent and the OS agrees: the key is
-        PID 1's, so the schedulers share one marker directory."""
-        from sglang_dsv4_guard import dedup
-
-        with mock.patch.object(dedup.multiprocessing, "parent_process",
-                               return_value=mock.Mock(pid=1)), \
-                mock.patch.object(dedup.os, "getppid", return_value=1):
-            self.assertEqual(dedup.launcher_key(), f"1-{process_start(1)}")
-
-    def test_orphaned_scheduler_has_no_launcher(self) -> None:
-        """The ``multiprocessing`` parent is gone (the OS re-parented us to PID 1): no
-        key, so the process prints in full rather than sharing a dead launch's markers."""
-        from sglang_dsv4_guard import dedup
-
-        with mock.patch.object(dedup.multiprocessing, "parent_process",
-                               return_value=mock.Mock(pid=os.getpid())), \
-                mock.patch.object(dedup.os, "getppid", return_value=1):
-            self.assertIsNone(dedup.launcher_key())
-
-    def test_not_started_by_multiprocessing_uses_the_os_parent(self) -> None:
-        """Without a ``multiprocessing`` parent the OS parent is the launcher, unless it
-        is PID 1 (nothing tells a launcher from a re-parenting init then)."""
-        from sglang_dsv4_guard import dedup
-
-        parent = os.getppid()
-        with mock.patch.object(dedup.multiprocessing, "parent_process", return_value=None):
-            self.assertEqual(dedup.launcher_key(), f"{parent}-{process_start(parent)}")
-            with mock.patch.object(dedup.os, "getppid", return_value=1):
-                self.assertIsNone(dedup.launcher_key())
-
-
 def contemporary_marker(path: str) -> None:
     """Write at ``path`` a marker that would suppress: by a live process (our parent),
     written now."""
@@ -258,34 +222,15 @@ class TestHostileMarkerDirectory(GuardTestCase):
             self.assertEqual(result, [Seen.FIRST])
 
 
-class TestCrashedLauncher(GuardTestCase):
-    """Marker directories of launchers that are gone are removed, PID reuse included."""
-
-    def test_sweep_removes_dead_and_reused_launchers_only(self) -> None:
-        """A directory for a dead PID, and one for a live PID with another start time (the
-        PID was reused), are removed; the live launcher's own directory stays."""
-        from sglang_dsv4_guard.dedup import _sweep
-
-        parent = os.getppid()
-        live = f"{parent}-{process_start(parent)}"
-        reused = f"{parent}-{(process_start(parent) or 0) + 1}"
-        with tempfile.TemporaryDirectory() as base:
-            dead = f"{2**22 + 7}-5"  # above the kernel's default pid_max: never alive
-            for name in (live, reused, dead, "mine"):
-                os.makedirs(os.path.join(base, name, "fp"))
-            _sweep(base, keep="mine")
-            self.assertEqual(sorted(os.listdir(base)), sorted([live, "mine"]))
-
-
 _EXIT_CHILD = """
 import logging, os, sys
 logging.basicConfig(level=logging.INFO, format="LOG %(message)s")
 import sglang_dsv4_guard
 from sglang_dsv4_guard import dedup
+dedup.open_launch()
 sglang_dsv4_guard.install("on", load_entry_points=False)
-me = dedup._me()
 mine = dedup._private_dir(os.path.join(dedup._private_dir(dedup._base_dir()),
-                                       f"{me.pid}-{me.start}"))
+                                       os.environ[dedup.ENV_LAUNCH]))
 open(os.path.join(mine, "abcdefabcdef"), "w").close()
 print("LAUNCH-DIR", mine)
 if sys.argv[1] == "fail":
@@ -317,42 +262,23 @@ class TestAtExit(GuardTestCase):
         self.assertNotIn("sglang-dsv4-guard summary", stderr)
 
     def test_launcher_removes_its_launch_directory_only(self) -> None:
-        """A process exiting removes the marker directory of the launch it started, and
+        """A process exiting removes the marker directory of the launch it minted, and
         leaves another live launcher's directory alone."""
         from sglang_dsv4_guard import dedup
 
-        me = dedup._me()
-        assert me is not None
-        other = dedup._private_dir(os.path.join(dedup._private_dir(dedup._base_dir()),
-                                                f"{me.pid}-{me.start}"))
+        other = dedup._private_dir(os.path.join(
+            dedup._private_dir(dedup._base_dir()),
+            launch_of(os.getpid(), process_start(os.getpid())).name))
         self.addCleanup(shutil.rmtree, other, True)
         _, launch_dir = self.run_child("pass")
         self.assertFalse(os.path.lexists(launch_dir), launch_dir)
         self.assertTrue(os.path.isdir(other))
 
 
-def launch(pairs: list[str], out_dir: str, tag: str) -> str:
-    """Start one scheduler process per pair with ``spawn`` from this process, as SGLang
-    does, wait for all, and return their combined output."""
-    ctx = multiprocessing.get_context("spawn")
-    paths = [os.path.join(out_dir, f"{tag}-{i}.log") for i in range(len(pairs))]
-    procs = [ctx.Process(target=scheduler_child.run, args=(pair, path))
-             for pair, path in zip(pairs, paths, strict=True)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(600)
-        assert proc.exitcode == 0, f"scheduler process exited with {proc.exitcode}"
-    combined = []
-    for path in paths:
-        with open(path, encoding="utf-8") as out:
-            combined.append(out.read())
-    return "\n".join(combined)
-
-
 class TestSpawnedSchedulers(GuardTestCase):
-    """Real processes: a launch of four schedulers (three meet one failing pair, one
-    another), then a second launch of one scheduler from the same parent."""
+    """Real processes: a launcher runs SGLang's ``load_plugins()`` and starts a launch of
+    four schedulers (three meet one failing pair, one another), then, from the same
+    launcher, a second launch of one scheduler."""
 
     first: str
     second: str
@@ -360,19 +286,13 @@ class TestSpawnedSchedulers(GuardTestCase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        env = {"SGLANG_DSV4_GUARD": "1", "SGLANG_PLUGINS": "dsv4_guard"}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            with tempfile.TemporaryDirectory() as out_dir:
-                cls.first = launch(["three", "three", "unified", "three"], out_dir, "first")
-                cls.second = launch(["three"], out_dir, "second")
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        with tempfile.TemporaryDirectory() as d:
+            first = [{"pair": pair, "out": os.path.join(d, f"first-{i}.log")}
+                     for i, pair in enumerate(["three", "three", "unified", "three"])]
+            second = [{"pair": "three", "out": os.path.join(d, "second-0.log")}]
+            finish(start_launcher([first, second], d, "launcher"))
+            cls.first = "\n".join(read(s["out"]) for s in first)
+            cls.second = "\n".join(read(s["out"]) for s in second)
 
     def test_same_report_printed_in_full_by_one_process(self) -> None:
         """Three schedulers meet the same failing pair: the full report only in the

@@ -76,8 +76,11 @@ CODES_VARIABLE = "DSV4_GUARD_CODES_FILE"
 _LOADER = ("srt/plugins/__init__.py", "srt/plugins/hook_registry.py")
 PROCESS_TESTS: dict[str, tuple[str, ...]] = {
     **{f"tests/test_report_once.py::{name}": _LOADER for name in (
-        "TestFingerprintAndMarkers", "TestLauncherIsPid1", "TestHostileMarkerDirectory",
-        "TestCrashedLauncher", "TestAtExit", "TestSpawnedSchedulers")},
+        "TestFingerprintAndMarkers", "TestHostileMarkerDirectory", "TestAtExit",
+        "TestSpawnedSchedulers")},
+    **{f"tests/test_launch_identity.py::{name}": _LOADER for name in (
+        "TestLaunchIdentityRule", "TestSweep", "TestPreStartedPool", "TestTwoPidNamespaces",
+        "TestManyStaleLaunches")},
     "tests/test_sglang_loader.py::TestLoadPlugins": _LOADER,
     "tests/test_scheduler_handler.py::TestSchedulerPrintsTheReportOnce": (
         "srt/managers/scheduler.py::run_scheduler_process",),
