@@ -21,7 +21,7 @@ def activate() -> None:
     plug-ins ran); called directly, it patches like :func:`~sglang_dsv4_guard.install`.
     When the guard is on it first joins the launch this process inherited, if any, and
     mints this process' own for the processes it starts
-    (:func:`~sglang_dsv4_guard.dedup.open_launch`): reports are deduplicated only
+    (:func:`~sglang_dsv4_guard.dedup.identity.open_launch`): reports are deduplicated only
     within one launch.
 
     In strict mode, a guard that cannot install raises
@@ -37,7 +37,7 @@ def activate() -> None:
     if settings.mode.value is Mode.OFF:
         logger.debug("sglang-dsv4-guard is off (%s)", settings.mode.source)
         return
-    from sglang_dsv4_guard.dedup import open_launch
+    from sglang_dsv4_guard.dedup.identity import open_launch
     from sglang_dsv4_guard.lifecycle import install_from_sglang_loader
 
     # Before SGLang starts schedulers from this process: they inherit the launch

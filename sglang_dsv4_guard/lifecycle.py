@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from sglang_dsv4_guard.dedup import cleanup_at_exit
+from sglang_dsv4_guard.dedup.markers import cleanup_at_exit
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
 from sglang_dsv4_guard.host.registry import (
     StateHook,

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_dsv4_guard.dedup import Seen, ServerDedup, fingerprint
+from sglang_dsv4_guard.dedup.markers import Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.render import render_report

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from types import FrameType
 
-from sglang_dsv4_guard.dedup import Seen
+from sglang_dsv4_guard.dedup.markers import Seen
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.targets import REGISTRY_MODULE, SCHEDULER_MODULE

@@ -32,7 +32,7 @@ from unittest import mock
 import scheduler_child
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.dedup import Launch
+from sglang_dsv4_guard.dedup.identity import Launch
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).
@@ -52,7 +52,7 @@ def _wait(paths: list[str]) -> None:
 
 def _counted_run(spec: dict[str, Any]) -> None:
     """Run the scheduler with the marker base at ``spec['base']``, counting removals."""
-    from sglang_dsv4_guard import dedup
+    from sglang_dsv4_guard.dedup import markers as dedup
 
     instances: list[Any] = []
     counts = {"removed": 0, "removed_under_lock": 0}
@@ -128,7 +128,7 @@ def launch(launches: list[list[dict[str, Any]]]) -> int:
 
 
 def _print_joined() -> None:
-    from sglang_dsv4_guard import launch_identity
+    from sglang_dsv4_guard.dedup import identity as launch_identity
 
     joined = launch_identity.joined_launch()
     print("JOINED", joined.name if joined else None, flush=True)
@@ -145,7 +145,7 @@ def _bystander() -> None:
 def launch_through_a_bystander() -> int:
     """Open a launch (printing ``MINTED <name>``) and start a child that runs no guard and
     starts a grandchild, which prints ``JOINED <name>`` of the launch it joined."""
-    from sglang_dsv4_guard import launch_identity
+    from sglang_dsv4_guard.dedup import identity as launch_identity
 
     launch_identity.open_launch()
     minted = launch_identity.minted_launch()

@@ -130,7 +130,7 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 import sglang.srt.disaggregation.decode as decode
 import sglang.srt.disaggregation.prefill as prefill
-from sglang_dsv4_guard.dedup import fingerprint
+from sglang_dsv4_guard.dedup.markers import fingerprint
 from sglang_dsv4_guard.testing import new_kv_args, three_mismatch_pair
 out = {}
 for role, module in (("prefill", prefill), ("decode", decode)):

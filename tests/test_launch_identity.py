@@ -24,8 +24,9 @@ from helpers import GuardTestCase, fresh_python
 from launch_child import GUARD_ON, finish, launch_of, read, start_launcher
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard import launch_identity
-from sglang_dsv4_guard.dedup import ENV_LAUNCH, Launch, joined_launch, process_start, sweep
+from sglang_dsv4_guard.dedup import identity as launch_identity
+from sglang_dsv4_guard.dedup.identity import ENV_LAUNCH, Launch, joined_launch, process_start
+from sglang_dsv4_guard.dedup.markers import sweep
 
 register_cpu_ci(est_time=240, suite="stage-a-test-cpu")
 
@@ -161,7 +162,7 @@ class TestSweep(GuardTestCase):
         """Removed: a dead minter and a reused PID in this PID namespace, and anything not
         written for over a week. Kept: a live minter, a dead PID of another namespace, a
         young directory of unknown name, and this process' own launch."""
-        from sglang_dsv4_guard import dedup
+        from sglang_dsv4_guard.dedup import markers as dedup
 
         parent, start = os.getppid(), process_start(os.getppid())
         ns = os.stat("/proc/self/ns/pid").st_ino
@@ -185,7 +186,7 @@ class TestSweep(GuardTestCase):
     def test_sweep_looks_at_a_bounded_number_of_directories(self) -> None:
         """However many gone launches there are, one sweep removes at least one and no
         more than its bound (the rest are left to later sweeps)."""
-        from sglang_dsv4_guard import dedup
+        from sglang_dsv4_guard.dedup import markers as dedup
 
         with tempfile.TemporaryDirectory() as base:
             for _ in range(dedup._SWEEP_MAX * 3):

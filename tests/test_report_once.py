@@ -28,7 +28,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
-from sglang_dsv4_guard.dedup import Seen, ServerDedup, fingerprint, process_start
+from sglang_dsv4_guard.dedup.identity import process_start
+from sglang_dsv4_guard.dedup.markers import Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.testing import build_pair, check_pools, new_kv_args, three_mismatch_pair
 
@@ -171,7 +172,7 @@ class TestHostileMarkerDirectory(GuardTestCase):
 
     def test_directory_of_another_user_fails_open(self) -> None:
         """A marker directory owned by another uid is not trusted either."""
-        from sglang_dsv4_guard import dedup
+        from sglang_dsv4_guard.dedup import markers as dedup
 
         with tempfile.TemporaryDirectory() as directory:
             contemporary_marker(os.path.join(directory, "abc"))
@@ -226,11 +227,11 @@ _EXIT_CHILD = """
 import logging, os, sys
 logging.basicConfig(level=logging.INFO, format="LOG %(message)s")
 import sglang_dsv4_guard
-from sglang_dsv4_guard import dedup
-dedup.open_launch()
+from sglang_dsv4_guard.dedup import identity, markers as dedup
+identity.open_launch()
 sglang_dsv4_guard.install("on", load_entry_points=False)
 mine = dedup._private_dir(os.path.join(dedup._private_dir(dedup._base_dir()),
-                                       os.environ[dedup.ENV_LAUNCH]))
+                                       os.environ[identity.ENV_LAUNCH]))
 open(os.path.join(mine, "abcdefabcdef"), "w").close()
 print("LAUNCH-DIR", mine)
 if sys.argv[1] == "fail":
@@ -264,7 +265,7 @@ class TestAtExit(GuardTestCase):
     def test_launcher_removes_its_launch_directory_only(self) -> None:
         """A process exiting removes the marker directory of the launch it minted, and
         leaves another live launcher's directory alone."""
-        from sglang_dsv4_guard import dedup
+        from sglang_dsv4_guard.dedup import markers as dedup
 
         other = dedup._private_dir(os.path.join(
             dedup._private_dir(dedup._base_dir()),

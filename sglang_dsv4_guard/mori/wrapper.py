@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from sglang_dsv4_guard.dedup import Seen, fingerprint
+from sglang_dsv4_guard.dedup.markers import Seen, fingerprint
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import LIST_CAP, Report
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_REGISTER, MORI_SEND

@@ -8,7 +8,7 @@ server; without it every process prints in full (deduplication fails open).
 
 How processes agree (Linux; anywhere else every process prints in full):
 
-- **The launch** (:mod:`sglang_dsv4_guard.launch_identity`): a process deduplicates
+- **The launch** (:mod:`sglang_dsv4_guard.dedup.identity`): a process deduplicates
   only within the launch it joined, an identity minted by an ancestor that ran the
   guard before starting it; without one it deduplicates with nobody. Two servers
   started one after the other from one process share the identity; the marker rule
@@ -54,20 +54,16 @@ import tempfile
 import threading
 import time
 
-from sglang_dsv4_guard.findings import Report
-from sglang_dsv4_guard.launch_identity import (
-    ENV_LAUNCH,
+from sglang_dsv4_guard.dedup.identity import (
     Launch,
     ThisProcess,
     joined_launch,
     minted_launch,
-    open_launch,
-    process_start,
     this_process,
 )
+from sglang_dsv4_guard.findings import Report
 
-__all__ = ["ENV_LAUNCH", "Launch", "Seen", "ServerDedup", "cleanup_at_exit", "fingerprint",
-           "joined_launch", "open_launch", "process_start", "sweep"]
+__all__ = ["Seen", "ServerDedup", "cleanup_at_exit", "fingerprint", "sweep"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 

@@ -1,6 +1,6 @@
 """Which launch a process belongs to: the proof that two processes may share reports.
 
-Cross-process deduplication (:mod:`sglang_dsv4_guard.dedup`) suppresses a report only
+Cross-process deduplication (:mod:`sglang_dsv4_guard.dedup.markers`) suppresses a report only
 between processes of one launch:
 
 - **The launch** is an identity the guard mints, when SGLang's ``load_plugins()``
@@ -21,7 +21,7 @@ between processes of one launch:
   its launch, whatever they run: pool workers a guarded process starts, or two servers
   started at the same moment from one process, share it. Two servers started one after
   the other from one process share it too; the markers' time rule (see
-  :mod:`sglang_dsv4_guard.dedup`) keeps those apart.
+  :mod:`sglang_dsv4_guard.dedup.markers`) keeps those apart.
 """
 
 from __future__ import annotations
