@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from sglang_dsv4_guard.launch.probes import Device, as_devices, probed
+
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
            "machine_cause", "offline_env", "one_line", "parse_env", "parse_side"]
 
@@ -235,7 +237,7 @@ def machine_cause(exc: BaseException, device: str) -> str | None:
     if "WriteRefused" in chain:
         return "it writes a file, and check writes nothing"
     if device != "cpu" and (_GPU_PROBE.search(str(exc)) or any(
-            "/torch/cuda/" in name or "/torch/_C" in name for name in _frames(exc))):
+            "/torch/cuda/" in name or "/torch/mps/" in name or "/torch/_C" in name for name in _frames(exc))):
         return "a GPU probe, which fails on this machine (it has no GPU of the servers')"
     return None
 
@@ -252,14 +254,14 @@ class Resolution:
     machine_refusal: str | None = None
 
 
-def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str
-                ) -> tuple[Any, str | None, str | None]:
+def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str,
+                as_device: Device | None = None) -> tuple[Any, str | None, str | None]:
     from sglang.srt.server_args import ServerArgs
 
     ns = copy.copy(namespace)
     ns.device = device
     try:
-        with offline_env(env):
+        with offline_env(env), probed(as_device) as read:
             server_args = ServerArgs.from_cli_args(ns)  # resolves here up to 0.5.21
             resolve = getattr(server_args, "resolve_once", None)
             if resolve is not None:
@@ -267,7 +269,11 @@ def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: s
     except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: DSV4G026
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         cause = machine_cause(exc, device) if isinstance(exc, Exception) else None
-        return None, f"{type(exc).__name__}: {first}", cause
+        refusal = f"{type(exc).__name__}: {first}"
+        if cause is None and read and as_device is None:
+            cause, refusal = as_devices(device, refusal, lambda candidate: _resolve_on(
+                namespace, env, device, candidate))
+        return None, refusal, cause
     return server_args, None, None
 
 
