@@ -75,6 +75,8 @@ def _hook(event, args):
 sys.addaudithook(_hook)
 '''
 _MAIN = "import sys; from sglang_dsv4_guard.cli import main; sys.exit(main(sys.argv[1:]))"
+# As the installed console script starts: the working directory not on sys.path.
+_SCRIPT = "import sys; sys.path.pop(0); " + _MAIN
 
 
 class TestCheckProcessTouchesNothing(GuardTestCase):
@@ -90,7 +92,7 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
         self.log = self.root / "audit.log"
         self.log.touch()
 
-    def run_command(self, *argv: str) -> tuple[int, str, str]:
+    def run_command(self, *argv: str, code: str = _MAIN) -> tuple[int, str, str]:
         """The installed command in a fresh interpreter, audited; cwd, HOME and TMPDIR are
         the test's own empty directories."""
         env = {"DSV4_TEST_AUDIT_LOG": str(self.log), "HOME": str(self.root / "home"),
@@ -98,7 +100,7 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
         cwd = os.getcwd()
         os.chdir(self.root / "cwd")
         try:
-            proc = fresh_python(_MAIN, *argv, env=env, path_first=str(self.root / "hook"))
+            proc = fresh_python(code, *argv, env=env, path_first=str(self.root / "hook"))
         finally:
             os.chdir(cwd)
         return proc.returncode, proc.stdout, proc.stderr
@@ -164,6 +166,20 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
         self.assertNotEqual(tried, [])
         for path in tried:
             self.assertIn(path.strip("'"), refused[0])
+
+    def test_child_imports_the_commands_sglang(self) -> None:
+        """A package named ``sglang`` in the working directory (which the command itself
+        does not import): the check judges the installed SGLang, exit 0."""
+        shadow = self.root / "cwd" / "sglang"
+        shadow.mkdir()
+        (shadow / "__init__.py").write_text('raise SystemExit("SHADOW")\n')
+        status, out, err = self.run_command(
+            "check", "--prefill", server("prefill", LLAMA, backend="mooncake"),
+            "--decode", server("decode", LLAMA, backend="mooncake"), "--format", "json",
+            code=_SCRIPT)
+        self.assertNotIn("SHADOW", err)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(json.loads(out)["findings"], [])
 
     def test_model_config_error_is_one_line(self) -> None:
         """A config.json whose ``model_type`` transformers does not know (its message spans

@@ -4,7 +4,8 @@ Importing SGLang imports ``huggingface_hub`` and ``transformers``, which read
 ``HF_HUB_OFFLINE`` and their cache locations once, at import; so the offline switches
 must be in the environment before the interpreter that imports SGLang starts. The
 parent (the ``check`` command) never imports SGLang: it starts one child for both
-servers (``python -m sglang_dsv4_guard.launch.child``) with
+servers (``python -c`` with this process's ``sys.path`` as its own, not the working
+directory first; it checks that its ``sglang`` is the file this process would import) with
 
 - this process's ``sys.path`` as ``PYTHONPATH`` (the same SGLang, guard and plug-ins);
 - ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``HF_DATASETS_OFFLINE`` set to 1 (and the
@@ -119,6 +120,39 @@ def child_environment(scratch: str, base: Mapping[str, str] | None = None) -> di
     return env
 
 
+# The child's first statement: exactly this process's sys.path (``python -m`` or ``-c``
+# alone would put the working directory first, where another ``sglang`` may be).
+_BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
+         "from sglang_dsv4_guard.launch.child import main; sys.exit(main())")
+
+
+def _sglang_file() -> str | None:
+    """The file of the ``sglang`` this process would import (found, not imported)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
+
+
+def _imports_the_same_sglang(expected: str | None) -> str | None:
+    """``None`` when the child's ``sglang`` is the file the command would import; else the
+    one-line error."""
+    if expected is None:
+        return None
+    try:
+        import sglang
+    except BaseException as exc:  # noqa: BLE001 - a foreign package may raise anything
+        return f"sglang: cannot import the installed release ({type(exc).__name__}: {exc})"
+    found = getattr(sglang, "__file__", None)
+    if found is None or os.path.realpath(found) != os.path.realpath(expected):
+        return (f"sglang: the check process imported SGLang from {found!r}, not {expected!r} "
+                "which this command imports; nothing was checked")
+    return None
+
+
 def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     """``answer`` in one child process started with :func:`child_environment`; the scratch
     directory is removed when it ends. A child that dies without answering is reported
@@ -126,9 +160,9 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="sglang-dsv4-guard-check-") as scratch:
             proc = subprocess.run(
-                [sys.executable, "-m", "sglang_dsv4_guard.launch.child", scratch],
-                input=json.dumps(request), capture_output=True, text=True,
-                env=child_environment(scratch), check=False)
+                [sys.executable, "-c", _BOOT, scratch, json.dumps(sys.path)],
+                input=json.dumps({**request, "sglang_file": _sglang_file()}),
+                capture_output=True, text=True, env=child_environment(scratch), check=False)
     except OSError as exc:  # no usable temporary directory, or the interpreter cannot start
         return {"exit_status": 2, "error": f"cannot start the check process: "
                                            f"{type(exc).__name__}: {exc} (TMPDIR="
@@ -153,7 +187,9 @@ def main() -> int:
     os.dup2(2, 1)  # what SGLang prints (Python or C) goes to stderr, not into the answer
     sys.stdout = sys.stderr
     request = json.loads(sys.stdin.read())
-    reply = answer(request, sandbox.refusals)
+    wrong = _imports_the_same_sglang(request.pop("sglang_file", None))
+    reply = ({"exit_status": 2, "error": wrong} if wrong is not None
+             else answer(request, sandbox.refusals))
     out.write(json.dumps(reply))
     out.flush()
     return 0
