@@ -37,7 +37,7 @@ class TestGpuModelIsNotTheFlags(GuardTestCase):
 
     def test_trtllm_mha_is_accepted_as_a_hopper(self) -> None:
         """``--attention-backend trtllm_mha`` (Hopper/Blackwell only) on a Llama pair is
-        accepted by SGLang as an H100: no DSV4G026, exit 0, and each server's refusal here
+        accepted by SGLang as a B200 (and an H100 from 0.5.22): no DSV4G026, exit 0, and each server's refusal here
         is an ``unknowns`` line naming the GPU models that accept it."""
         if not _knows("--attention-backend"):
             self.skipTest("no --attention-backend in this release")
@@ -47,7 +47,7 @@ class TestGpuModelIsNotTheFlags(GuardTestCase):
         self.assertEqual((status, codes(doc)), (0, []), doc["findings"])
         lines = _machine_lines(doc)
         self.assertEqual(len(lines), 2, doc["unknowns"])
-        self.assertIn("SM90 (H100/H200)", lines[0])
+        self.assertIn("SM100 (B200)", lines[0])
 
     def test_mps_device_is_not_this_machine(self) -> None:
         """``--device mps`` on a machine without an Apple GPU: SGLang's MPS probe is this
@@ -60,17 +60,18 @@ class TestGpuModelIsNotTheFlags(GuardTestCase):
 
     def test_refused_on_every_gpu_is_g026(self) -> None:
         """``--dsv4-attn-backend trtllm`` needs a Blackwell GPU, and SGLang refuses it on
-        a Blackwell for a PD server too: DSV4G026, quoting what the Blackwell gets."""
-        if not _knows("--dsv4-attn-backend"):
-            self.skipTest("no --dsv4-attn-backend in this release")
-        flags = f"{NEXTN} --dsv4-attn-backend trtllm"
+        a Blackwell for a PD server too: DSV4G026, quoting what the Blackwell gets. (A
+        release without that flag: its NEXTN refusal for DeepSeek-V4, on every GPU.)"""
+        trtllm = _knows("--dsv4-attn-backend")
+        flags = (f"{NEXTN} --dsv4-attn-backend trtllm" if trtllm
+                 else "--speculative-algorithm NEXTN")
         status, doc = check_json(server("prefill", DSV4, flags), server("decode", DSV4, flags))
         self.assertEqual((status, codes(doc)), (1, ["DSV4G026", "DSV4G026"]))
-        refusal = doc["findings"][0]["observations"][0]["value"]
-        self.assertIn("SM100 (B200)", refusal)
-        self.assertIn("disaggregation", refusal)
+        if trtllm:
+            refusal = doc["findings"][0]["observations"][0]["value"]
+            self.assertIn("SM100 (B200)", refusal)
+            self.assertIn("disaggregation", refusal)
         self.assertEqual(_machine_lines(doc), [])
-
 
 if __name__ == "__main__":
     unittest.main()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from sglang_dsv4_guard.launch.probes import Device, as_devices, probed
+from sglang_dsv4_guard.launch.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
            "machine_cause", "offline_env", "one_line", "parse_env", "parse_side"]
@@ -378,7 +379,11 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
     resolve_env, notes = _without_modelscope(namespace, env)
-    resolution = _resolve(namespace, resolve_env)
+    resolving = namespace
+    if typed.get("trust_remote_code") and missing_code(str(typed["model_path"])):
+        resolving = copy.copy(namespace)  # the code is not here: derive_side says so
+        resolving.trust_remote_code = False
+    resolution = _resolve(resolving, resolve_env)
     if resolution.values is not None:
         values = resolution.values
         resolved_by = ("the release's parser and its full resolution (as --device "
