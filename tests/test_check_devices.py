@@ -37,8 +37,8 @@ class TestGpuModelIsNotTheFlags(GuardTestCase):
 
     def test_trtllm_mha_is_accepted_as_a_hopper(self) -> None:
         """``--attention-backend trtllm_mha`` (Hopper/Blackwell only) on a Llama pair is
-        accepted by SGLang as a B200 (and an H100 from 0.5.22): no DSV4G026, exit 0, and each server's refusal here
-        is an ``unknowns`` line naming the GPU models that accept it."""
+        accepted by SGLang as a B200 (and an H100 from 0.5.22): no DSV4G026, exit 0, and
+        each server's refusal here is an ``unknowns`` line naming the GPUs that accept it."""
         if not _knows("--attention-backend"):
             self.skipTest("no --attention-backend in this release")
         flags = "--attention-backend trtllm_mha"

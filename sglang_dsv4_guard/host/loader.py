@@ -6,7 +6,8 @@ the scheduler must call ``load_plugins()`` before it does.
 
 - :func:`loader_verdict` asks SGLang's own ``load_plugins_by_group`` (what
   ``load_plugins()`` runs) whether it yields the guard's function, under this
-  distribution's entry-point name or any other (another distribution may declare it); when not, it says why and derives the fix.
+  distribution's entry-point name or any other (another distribution may declare it);
+  when not, it says why and derives the fix.
 - :func:`scheduler_entry_points` reads the release's sources (never imports them) for
   every function that constructs SGLang's ``Scheduler``, and whether it, or every caller
   of it in its module, calls ``load_plugins()`` first. Nothing here touches the network.

@@ -26,11 +26,15 @@ prints goes to stderr). ``answer`` is the child's work and can run in any proces
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -144,7 +148,7 @@ def _imports_the_same_sglang(expected: str | None) -> str | None:
         return None
     try:
         import sglang
-    except BaseException as exc:  # noqa: BLE001 - a foreign package may raise anything
+    except BaseException as exc:  # a foreign package may raise anything, SystemExit too
         return f"sglang: cannot import the installed release ({type(exc).__name__}: {exc})"
     found = getattr(sglang, "__file__", None)
     if found is None or os.path.realpath(found) != os.path.realpath(expected):
@@ -153,29 +157,107 @@ def _imports_the_same_sglang(expected: str | None) -> str | None:
     return None
 
 
+TIMEOUT_VARIABLE = "SGLANG_DSV4_GUARD_CHECK_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0  # seconds; resolution takes a few
+
+
+def _timeout() -> float:
+    """The child's time limit: ``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` seconds (a positive
+    number), else :data:`DEFAULT_TIMEOUT`; a bad value raises naming the variable."""
+    from sglang_dsv4_guard.launch.parse import CheckInputError
+
+    text = os.environ.get(TIMEOUT_VARIABLE, "")
+    if not text.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise CheckInputError(TIMEOUT_VARIABLE, f"expected a positive number of seconds "
+                                                f"(got {text!r})")
+    return value
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGINT reached this process while the child ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _run_child(scratch: str, payload: str, timeout: float) -> tuple[int, str, str] | str:
+    """The child in its own process group; its status, stdout and stderr, or the error
+    line when it ran out of time. Killed (its whole group) on any way out."""
+    proc = subprocess.Popen([sys.executable, "-c", _BOOT, scratch, json.dumps(sys.path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_environment(scratch),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(payload, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return (f"the check process (which imports SGLang) did not answer within {timeout:g} "
+                f"s and was stopped (set {TIMEOUT_VARIABLE} to allow longer)")
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, out, err
+
+
 def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     """``answer`` in one child process started with :func:`child_environment`; the scratch
-    directory is removed when it ends. A child that dies without answering is reported
-    as an error line with its last line of output, exit 2."""
+    directory is removed when it ends, also when SIGTERM or SIGINT stops this process
+    (the child's process group is killed first). A child that dies without answering is
+    reported as an error line with its last exception line (else its last line of
+    output), exit 2; one that runs out of time (:func:`_timeout`) likewise."""
+    from sglang_dsv4_guard.launch.parse import CheckInputError
+
+    try:
+        timeout = _timeout()
+    except CheckInputError as exc:
+        return {"exit_status": 2, "error": str(exc)}
+    payload = json.dumps({**request, "sglang_file": _sglang_file()})
+    main = threading.current_thread() is threading.main_thread()  # signals reach it only
+    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)
+                if main}
     try:
         with tempfile.TemporaryDirectory(prefix="sglang-dsv4-guard-check-") as scratch:
-            proc = subprocess.run(
-                [sys.executable, "-c", _BOOT, scratch, json.dumps(sys.path)],
-                input=json.dumps({**request, "sglang_file": _sglang_file()}),
-                capture_output=True, text=True, env=child_environment(scratch), check=False)
+            done = _run_child(scratch, payload, timeout)
     except OSError as exc:  # no usable temporary directory, or the interpreter cannot start
         return {"exit_status": 2, "error": f"cannot start the check process: "
                                            f"{type(exc).__name__}: {exc} (TMPDIR="
                                            f"{os.environ.get('TMPDIR', 'unset')})"}
+    except _Stopped as stopped:  # the scratch directory is gone; end as the signal asks
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.raise_signal(stopped.signum)
+        return {"exit_status": 128 + stopped.signum, "error": "stopped by a signal"}
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if isinstance(done, str):
+        return {"exit_status": 2, "error": done}
+    returncode, out, err = done
     try:
-        reply: dict[str, Any] = json.loads(proc.stdout)
+        reply: dict[str, Any] = json.loads(out)
     except ValueError:
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        last = lines[-1][:500] if lines else "no output"
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+        last = (raised or lines or ["no output"])[-1][:500]
         return {"exit_status": 2, "error": f"the check process (which imports SGLang) ended "
-                                           f"with status {proc.returncode} without an answer: "
+                                           f"with status {returncode} without an answer: "
                                            f"{last}"}
     return reply
+
+
+_EXCEPTION_LINE = re.compile(r"^[\w.]*\w+(Error|Exception|Exit)\b")
 
 
 def main() -> int:

@@ -58,7 +58,7 @@ _CUDA = (Device("SM80 (A100)", 8, 0), Device("SM90 (H100/H200)", 9, 0),
          Device("SM120 (RTX PRO 6000)", 12, 0))
 _MPS = (Device("an Apple GPU (MPS)", mps=True),)
 # The probes in sglang.srt.utils(.common); absent ones in a release are skipped.
-_SGLANG_PROBES = tuple(name for name in _CUDA[0].answers() if "." not in name) + ("is_mps",)
+_SGLANG_PROBES = (*(name for name in _CUDA[0].answers() if "." not in name), "is_mps")
 _TORCH_PROBES = ("torch.cuda.get_device_capability", "torch.backends.mps.is_available",
                  "torch.mps.is_available")
 
