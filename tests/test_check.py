@@ -238,6 +238,16 @@ class TestResolution(GuardTestCase):
         self.assertIsNone(machine_cause(ValueError("speculative algorithm NEXTN is not "
                                                    "supported"), "cuda"))
 
+    def test_missing_package_without_a_module_name_quotes_the_message(self) -> None:
+        """An ImportError that names no module (SGLang's ``torch_npu is required when run on
+        npu device.``) is a missing package, quoted as SGLang says it."""
+        from sglang_dsv4_guard.launch.parse import machine_cause
+
+        exc = ImportError("torch_npu is required when run on npu device.")
+        self.assertEqual(machine_cause(exc, "npu"), "a package is missing on this machine: "
+                                                    "torch_npu is required when run on npu "
+                                                    "device.")
+
     def test_model_config_from_the_resolved_flags(self) -> None:
         """``--json-model-override-args`` reaches the model as SGLang builds it
         (``ModelConfig.from_server_args``): a sliding window overridden to 64 is what the

@@ -232,7 +232,9 @@ def machine_cause(exc: BaseException, device: str) -> str | None:
     GPU; not when the servers run on ``cpu``)."""
     chain = [type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None]
     if isinstance(exc, ImportError):
-        return f"the package {exc.name or str(exc)!r} is not installed on this machine"
+        if exc.name is None:  # a message of SGLang's, not a module name
+            return f"a package is missing on this machine: {one_line(str(exc))}"
+        return f"the package {exc.name!r} is not installed on this machine"
     if any(name in _NETWORK_TYPES for name in chain) or _NETWORK.search(str(exc)):
         return "it needs the network, and check makes no network call"
     if "WriteRefused" in chain:
