@@ -200,6 +200,28 @@ class TestResolution(GuardTestCase):
         self.assertTrue(notes[0].startswith("prefill: --tokenizer-path 'someorg/some-tokenizer'"),
                         notes[0])
 
+    def test_local_auto_map_without_its_code_is_an_unknown(self) -> None:
+        """DeepSeek-V3's config.json with its local ``auto_map``
+        (``configuration_deepseek.DeepseekV3Config``) copied alone, with
+        ``--trust-remote-code``: read with the release's class, exit 0, and an ``unknowns``
+        line per server naming the missing file."""
+        import json
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        root = Path(tempfile.mkdtemp(prefix="dsv4-local-auto-map-"))
+        self.addCleanup(shutil.rmtree, root, True)
+        config = json.loads((Path(DSV3) / "config.json").read_text())
+        config["auto_map"] = {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                              "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}
+        (root / "config.json").write_text(json.dumps(config))
+        status, doc = check_json(server("prefill", str(root), "--trust-remote-code"),
+                                 server("decode", str(root), "--trust-remote-code"))
+        self.assertEqual(status, 0, doc["findings"])
+        notes = [u for u in doc["unknowns"] if "configuration_deepseek.py" in u]
+        self.assertEqual(len(notes), 2, doc["unknowns"])
+
     def test_machine_cause_names_what_this_machine_lacks(self) -> None:
         """A refusal this machine caused is told apart from the flags' own: a missing package
         (named), the network, a GPU probe on a GPU server; a refusal about the flags, or a
@@ -215,6 +237,16 @@ class TestResolution(GuardTestCase):
         self.assertIsNone(machine_cause(probe, "cpu"))
         self.assertIsNone(machine_cause(ValueError("speculative algorithm NEXTN is not "
                                                    "supported"), "cuda"))
+
+    def test_missing_package_without_a_module_name_quotes_the_message(self) -> None:
+        """An ImportError that names no module (SGLang's ``torch_npu is required when run on
+        npu device.``) is a missing package, quoted as SGLang says it."""
+        from sglang_dsv4_guard.launch.parse import machine_cause
+
+        exc = ImportError("torch_npu is required when run on npu device.")
+        self.assertEqual(machine_cause(exc, "npu"), "a package is missing on this machine: "
+                                                    "torch_npu is required when run on npu "
+                                                    "device.")
 
     def test_model_config_from_the_resolved_flags(self) -> None:
         """``--json-model-override-args`` reaches the model as SGLang builds it

@@ -75,6 +75,8 @@ def _hook(event, args):
 sys.addaudithook(_hook)
 '''
 _MAIN = "import sys; from sglang_dsv4_guard.cli import main; sys.exit(main(sys.argv[1:]))"
+# As the installed console script starts: the working directory not on sys.path.
+_SCRIPT = "import sys; sys.path.pop(0); " + _MAIN
 
 
 class TestCheckProcessTouchesNothing(GuardTestCase):
@@ -90,15 +92,16 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
         self.log = self.root / "audit.log"
         self.log.touch()
 
-    def run_command(self, *argv: str) -> tuple[int, str, str]:
+    def run_command(self, *argv: str, code: str = _MAIN,
+                    more_env: dict[str, str] | None = None) -> tuple[int, str, str]:
         """The installed command in a fresh interpreter, audited; cwd, HOME and TMPDIR are
         the test's own empty directories."""
         env = {"DSV4_TEST_AUDIT_LOG": str(self.log), "HOME": str(self.root / "home"),
-               "TMPDIR": str(self.root / "tmp")}
+               "TMPDIR": str(self.root / "tmp"), **(more_env or {})}
         cwd = os.getcwd()
         os.chdir(self.root / "cwd")
         try:
-            proc = fresh_python(_MAIN, *argv, env=env, path_first=str(self.root / "hook"))
+            proc = fresh_python(code, *argv, env=env, path_first=str(self.root / "hook"))
         finally:
             os.chdir(cwd)
         return proc.returncode, proc.stdout, proc.stderr
@@ -164,6 +167,60 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
         self.assertNotEqual(tried, [])
         for path in tried:
             self.assertIn(path.strip("'"), refused[0])
+
+    def test_child_imports_the_commands_sglang(self) -> None:
+        """A package named ``sglang`` in the working directory (which the command itself
+        does not import): the check judges the installed SGLang, exit 0."""
+        shadow = self.root / "cwd" / "sglang"
+        shadow.mkdir()
+        (shadow / "__init__.py").write_text('raise SystemExit("SHADOW")\n')
+        status, out, err = self.run_command(
+            "check", "--prefill", server("prefill", LLAMA, backend="mooncake"),
+            "--decode", server("decode", LLAMA, backend="mooncake"), "--format", "json",
+            code=_SCRIPT)
+        self.assertNotIn("SHADOW", err)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(json.loads(out)["findings"], [])
+
+    def test_child_out_of_time_is_stopped(self) -> None:
+        """``SGLANG_DSV4_GUARD_CHECK_TIMEOUT=0.5`` (the child imports SGLang for longer):
+        exit 2, one line naming the limit and the variable, and no scratch directory left."""
+        status, out, err = self.run_command(
+            "check", "--prefill", server("prefill", LLAMA, backend="mooncake"),
+            "--decode", server("decode", LLAMA, backend="mooncake"),
+            more_env={"SGLANG_DSV4_GUARD_CHECK_TIMEOUT": "0.5"})
+        self.assertEqual((status, out), (2, ""), err)
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertIn("did not answer within 0.5 s", err)
+        self.assertIn("SGLANG_DSV4_GUARD_CHECK_TIMEOUT", err)
+        self.assertEqual(self.created(), [])
+
+    def test_sigterm_removes_the_scratch_directory(self) -> None:
+        """SIGTERM to the command while its child runs: the command ends by the signal,
+        and its scratch directory and child are gone."""
+        import signal
+        import subprocess
+        import sys
+        import time
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DSV4_GUARD")}
+        env.update(HOME=str(self.root / "home"), TMPDIR=str(self.root / "tmp"))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _MAIN, "check", "--prefill",
+             server("prefill", LLAMA, backend="mooncake"), "--decode",
+             server("decode", LLAMA, backend="mooncake")],
+            cwd=self.root / "cwd", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.addCleanup(proc.kill)
+        deadline = time.monotonic() + 60
+        while not list((self.root / "tmp").glob("sglang-dsv4-guard-check-*")):
+            self.assertLess(time.monotonic(), deadline, "no scratch directory appeared")
+            self.assertIsNone(proc.poll(), "the command ended before its child started")
+            time.sleep(0.05)
+        time.sleep(0.5)  # the child is importing SGLang
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, -signal.SIGTERM)
+        self.assertEqual(self.created(), [])
 
     def test_model_config_error_is_one_line(self) -> None:
         """A config.json whose ``model_type`` transformers does not know (its message spans

@@ -13,6 +13,7 @@ import contextlib
 import importlib.metadata
 import io
 import json
+import shutil
 import subprocess
 import tempfile
 import unittest
@@ -121,6 +122,35 @@ class TestDoctorReadsSglangPlugins(GuardTestCase):
         result = run("acme", mode="")
         self.assertEqual(result.code, 0, result)
         self.assertIn("note: SGLang's load_plugins() will not run", result.doctor)
+
+    def test_guard_under_another_entry_point_name_is_ok(self) -> None:
+        """Another distribution declares ``acme_guard = sglang_dsv4_guard.entry:activate``
+        and ``SGLANG_PLUGINS=acme_guard``: load_plugins() runs the guard, doctor exits 0
+        and does not call the guard's own hook another plug-in's."""
+        root = Path(tempfile.mkdtemp(prefix="dsv4-doctor-ep-"))
+        self.addCleanup(shutil.rmtree, root, True)
+        info = root / "acme_bundle-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-bundle\n"
+                                       "Version: 1.0\n")
+        (info / "entry_points.txt").write_text(
+            "[sglang.srt.plugins]\nacme_guard = sglang_dsv4_guard.entry:activate\n")
+        result = Run(fresh_python(PROBE_THEN_DOCTOR, path_first=str(root), env={
+            "SGLANG_PLUGINS": "acme_guard", "SGLANG_DSV4_GUARD": "1"}))
+        self.assertTrue(result.installed, result)
+        self.assertEqual(result.code, 0, result)
+        self.assertIn("SGLang's load_plugins() runs acme_guard", result.doctor)
+        self.assertNotIn("other plug-in hook", result.doctor)
+
+    def test_name_differing_in_case_is_said(self) -> None:
+        """``SGLANG_PLUGINS`` naming the guard in capitals: exit 1, and doctor says the name
+        differs only in case (SGLang compares exactly), with the fix."""
+        name = guard_entry_point()
+        result = run(name.upper())
+        self.assertEqual(result.code, 1, result)
+        self.assertIn(f"{name.upper()!r}, which differs from {name} only in case",
+                      result.doctor)
+        self.assertIn(f"fix: SGLANG_PLUGINS={name}\n", result.doctor)
 
     def test_doctor_agrees_with_load_plugins(self) -> None:
         """With the guard asked for, doctor exits 0 exactly when load_plugins() in the same

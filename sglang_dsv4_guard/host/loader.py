@@ -5,8 +5,9 @@ SGLang's own filter (``SGLANG_PLUGINS``, ``SGLANG_PLATFORM``), and the process t
 the scheduler must call ``load_plugins()`` before it does.
 
 - :func:`loader_verdict` asks SGLang's own ``load_plugins_by_group`` (what
-  ``load_plugins()`` runs) whether it yields the guard's entry point, named from this
-  distribution's metadata; when not, it says why and derives the fix.
+  ``load_plugins()`` runs) whether it yields the guard's function, under this
+  distribution's entry-point name or any other (another distribution may declare it);
+  when not, it says why and derives the fix.
 - :func:`scheduler_entry_points` reads the release's sources (never imports them) for
   every function that constructs SGLang's ``Scheduler``, and whether it, or every caller
   of it in its module, calls ``load_plugins()`` first. Nothing here touches the network.
@@ -17,13 +18,14 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.metadata
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sglang_dsv4_guard.host.digests import UnreadableSource, _module
 
-__all__ = ["GROUP", "LoaderVerdict", "SchedulerEntry", "loader_verdict",
+__all__ = ["GROUP", "LoaderVerdict", "SchedulerEntry", "guard_names", "loader_verdict",
            "scheduler_entry_points"]
 
 GROUP = "sglang.srt.plugins"
@@ -60,6 +62,12 @@ def _why_not(name: str, plugins: str, excluded: set[str],
              ep: importlib.metadata.EntryPoint) -> tuple[str, str]:
     listed = _listed(plugins)
     if plugins and name not in listed:
+        same = [item for item in listed if item.lower() == name.lower()]
+        if same:
+            kept = [name if item == same[0] else item for item in listed]
+            return (f"SGLANG_PLUGINS={plugins!r} names {same[0]!r}, which differs from {name} "
+                    "only in case (SGLang compares names exactly)",
+                    "SGLANG_PLUGINS=" + ",".join(kept))
         close = difflib.get_close_matches(name, listed, n=1, cutoff=0.6)
         if close:
             kept = [name if item == close[0] else item for item in listed]
@@ -75,6 +83,21 @@ def _why_not(name: str, plugins: str, excluded: set[str],
     except Exception as exc:
         return f"SGLang cannot load {ep.value}: {type(exc).__name__}: {exc}", ""
     return "SGLang's loader did not yield it", ""
+
+
+def guard_names(found: Mapping[str, tuple[Any, Any]],
+                ep: importlib.metadata.EntryPoint | None = None) -> list[str]:
+    """The names of the entry points SGLang's loader yielded (``found``, name to
+    ``(function, distribution)``) whose function is the guard's (``ep``'s object), under
+    whatever name another distribution declares it."""
+    ep = ep or _own_entry_point()
+    if ep is None:
+        return []
+    try:
+        target = ep.load()
+    except Exception:  # the guard's own import fails: _why_not says so
+        return []
+    return [name for name, (func, _) in found.items() if func is target]
 
 
 def loader_verdict() -> LoaderVerdict:
@@ -93,8 +116,9 @@ def loader_verdict() -> LoaderVerdict:
     except (Exception, SystemExit) as exc:  # a plug-in's import ends SGLang's loader too
         return LoaderVerdict(ep.name, False, "", f"SGLang's plug-in loader fails: "
                              f"{type(exc).__name__}: {exc}")
-    if ep.name in found:
-        return LoaderVerdict(ep.name, True, plugins)
+    guard = guard_names(found, ep)
+    if guard:
+        return LoaderVerdict(guard[0], True, plugins)
     reason, fix = _why_not(ep.name, plugins, excluded, ep)
     return LoaderVerdict(ep.name, False, plugins, reason, fix)
 

@@ -265,11 +265,15 @@ def other_plugins_hooks(own: str = "dsv4_guard") -> tuple[list[HookRecord], list
     registry = hook_registry.HookRegistry
     saved = {target: list(entries) for target, entries in registry._hooks.items()}
     problems = []
+    registry._hooks.clear()  # only what the other plug-ins register now, not the guard's
     try:
         found = host.load_plugins_by_group(host.GENERAL_PLUGINS_GROUP,
                                            excluded_dists=host._get_excluded_dists())
+        from sglang_dsv4_guard.host.loader import guard_names
+
+        guard = {own, *guard_names(found)}  # the guard under any entry-point name
         for name, (func, dist) in found.items():
-            if name == own:
+            if name in guard:
                 continue
             token = hook_registry._current_plugin_source.set(
                 hook_registry.HookSource(plugin_name=name, dist_name=dist))

@@ -4,7 +4,8 @@ Importing SGLang imports ``huggingface_hub`` and ``transformers``, which read
 ``HF_HUB_OFFLINE`` and their cache locations once, at import; so the offline switches
 must be in the environment before the interpreter that imports SGLang starts. The
 parent (the ``check`` command) never imports SGLang: it starts one child for both
-servers (``python -m sglang_dsv4_guard.launch.child``) with
+servers (``python -c`` with this process's ``sys.path`` as its own, not the working
+directory first; it checks that its ``sglang`` is the file this process would import) with
 
 - this process's ``sys.path`` as ``PYTHONPATH`` (the same SGLang, guard and plug-ins);
 - ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``HF_DATASETS_OFFLINE`` set to 1 (and the
@@ -25,11 +26,15 @@ prints goes to stderr). ``answer`` is the child's work and can run in any proces
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -119,29 +124,140 @@ def child_environment(scratch: str, base: Mapping[str, str] | None = None) -> di
     return env
 
 
+# The child's first statement: exactly this process's sys.path (``python -m`` or ``-c``
+# alone would put the working directory first, where another ``sglang`` may be).
+_BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
+         "from sglang_dsv4_guard.launch.child import main; sys.exit(main())")
+
+
+def _sglang_file() -> str | None:
+    """The file of the ``sglang`` this process would import (found, not imported)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
+
+
+def _imports_the_same_sglang(expected: str | None) -> str | None:
+    """``None`` when the child's ``sglang`` is the file the command would import; else the
+    one-line error."""
+    if expected is None:
+        return None
+    try:
+        import sglang
+    except BaseException as exc:  # a foreign package may raise anything, SystemExit too
+        return f"sglang: cannot import the installed release ({type(exc).__name__}: {exc})"
+    found = getattr(sglang, "__file__", None)
+    if found is None or os.path.realpath(found) != os.path.realpath(expected):
+        return (f"sglang: the check process imported SGLang from {found!r}, not {expected!r} "
+                "which this command imports; nothing was checked")
+    return None
+
+
+TIMEOUT_VARIABLE = "SGLANG_DSV4_GUARD_CHECK_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0  # seconds; resolution takes a few
+
+
+def _timeout() -> float:
+    """The child's time limit: ``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` seconds (a positive
+    number), else :data:`DEFAULT_TIMEOUT`; a bad value raises naming the variable."""
+    from sglang_dsv4_guard.launch.parse import CheckInputError
+
+    text = os.environ.get(TIMEOUT_VARIABLE, "")
+    if not text.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise CheckInputError(TIMEOUT_VARIABLE, f"expected a positive number of seconds "
+                                                f"(got {text!r})")
+    return value
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGINT reached this process while the child ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _run_child(scratch: str, payload: str, timeout: float) -> tuple[int, str, str] | str:
+    """The child in its own process group; its status, stdout and stderr, or the error
+    line when it ran out of time. Killed (its whole group) on any way out."""
+    proc = subprocess.Popen([sys.executable, "-c", _BOOT, scratch, json.dumps(sys.path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_environment(scratch),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(payload, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return (f"the check process (which imports SGLang) did not answer within {timeout:g} "
+                f"s and was stopped (set {TIMEOUT_VARIABLE} to allow longer)")
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, out, err
+
+
 def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     """``answer`` in one child process started with :func:`child_environment`; the scratch
-    directory is removed when it ends. A child that dies without answering is reported
-    as an error line with its last line of output, exit 2."""
+    directory is removed when it ends, also when SIGTERM or SIGINT stops this process
+    (the child's process group is killed first). A child that dies without answering is
+    reported as an error line with its last exception line (else its last line of
+    output), exit 2; one that runs out of time (:func:`_timeout`) likewise."""
+    from sglang_dsv4_guard.launch.parse import CheckInputError
+
+    try:
+        timeout = _timeout()
+    except CheckInputError as exc:
+        return {"exit_status": 2, "error": str(exc)}
+    payload = json.dumps({**request, "sglang_file": _sglang_file()})
+    main = threading.current_thread() is threading.main_thread()  # signals reach it only
+    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)
+                if main}
     try:
         with tempfile.TemporaryDirectory(prefix="sglang-dsv4-guard-check-") as scratch:
-            proc = subprocess.run(
-                [sys.executable, "-m", "sglang_dsv4_guard.launch.child", scratch],
-                input=json.dumps(request), capture_output=True, text=True,
-                env=child_environment(scratch), check=False)
+            done = _run_child(scratch, payload, timeout)
     except OSError as exc:  # no usable temporary directory, or the interpreter cannot start
         return {"exit_status": 2, "error": f"cannot start the check process: "
                                            f"{type(exc).__name__}: {exc} (TMPDIR="
                                            f"{os.environ.get('TMPDIR', 'unset')})"}
+    except _Stopped as stopped:  # the scratch directory is gone; end as the signal asks
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.raise_signal(stopped.signum)
+        return {"exit_status": 128 + stopped.signum, "error": "stopped by a signal"}
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if isinstance(done, str):
+        return {"exit_status": 2, "error": done}
+    returncode, out, err = done
     try:
-        reply: dict[str, Any] = json.loads(proc.stdout)
+        reply: dict[str, Any] = json.loads(out)
     except ValueError:
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        last = lines[-1][:500] if lines else "no output"
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+        last = (raised or lines or ["no output"])[-1][:500]
         return {"exit_status": 2, "error": f"the check process (which imports SGLang) ended "
-                                           f"with status {proc.returncode} without an answer: "
+                                           f"with status {returncode} without an answer: "
                                            f"{last}"}
     return reply
+
+
+_EXCEPTION_LINE = re.compile(r"^[\w.]*\w+(Error|Exception|Exit)\b")
 
 
 def main() -> int:
@@ -153,7 +269,9 @@ def main() -> int:
     os.dup2(2, 1)  # what SGLang prints (Python or C) goes to stderr, not into the answer
     sys.stdout = sys.stderr
     request = json.loads(sys.stdin.read())
-    reply = answer(request, sandbox.refusals)
+    wrong = _imports_the_same_sglang(request.pop("sglang_file", None))
+    reply = ({"exit_status": 2, "error": wrong} if wrong is not None
+             else answer(request, sandbox.refusals))
     out.write(json.dumps(reply))
     out.flush()
     return 0

@@ -11,8 +11,9 @@
 
 Hugging Face hub look-ups are switched off (``HF_HUB_OFFLINE=1``) while configs load.
 With ``--trust-remote-code``, a config whose code is not on this machine (its ``auto_map``
-names a Hub repository) is read again without remote code, with the release's class for
-its ``model_type``, and a note says so: ``check`` fetches nothing.
+names a Hub repository, or a file next to config.json that is not there) is read without
+remote code, with the release's class for its ``model_type``, and a note says so:
+``check`` fetches nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, machine_cause, offline_env
+from sglang_dsv4_guard.launch.remote_code import missing_code
 
 __all__ = ["ModelFacts", "Side", "derive_side", "load_model"]
 
@@ -132,7 +134,14 @@ def _model_config(option: str, path: str, draft: bool, algorithm: str | None,
                   server_args: Any, env: Mapping[str, str], remote_code: bool
                   ) -> tuple[Any, str | None]:
     """The release's ``ModelConfig``, and a note when remote code had to be left out."""
+    missing = missing_code(path) if remote_code else ()
+    if missing:
+        note = (f"--trust-remote-code: {path}/config.json names code that is not on this "
+                f"machine ({', '.join(missing)} not in {path}); SGLang's resolution and the "
+                "model were read without remote code, with the release's class for its model_type")
     try:
+        if missing:
+            return _build_config(path, draft, algorithm, server_args, env, False), note
         try:
             return _build_config(path, draft, algorithm, server_args, env, remote_code), None
         except Exception as exc:
@@ -207,7 +216,7 @@ def derive_side(args: SideArgs) -> Side:
     """Everything the predictions need about one server."""
     option = f"--{args.role}"
     model_path = str(args.get("model_path"))
-    remote_code = bool(args.get("trust_remote_code"))
+    remote_code = bool(args.typed.get("trust_remote_code"))
     model, note = load_model(option, model_path, server_args=args.server_args, env=args.env,
                              remote_code=remote_code)
     notes = args.notes + ((note,) if note else ())

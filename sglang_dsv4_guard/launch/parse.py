@@ -30,6 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from sglang_dsv4_guard.launch.probes import Device, as_devices, probed
+from sglang_dsv4_guard.launch.remote_code import missing_code
+
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
            "machine_cause", "offline_env", "one_line", "parse_env", "parse_side"]
 
@@ -229,13 +232,15 @@ def machine_cause(exc: BaseException, device: str) -> str | None:
     GPU; not when the servers run on ``cpu``)."""
     chain = [type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None]
     if isinstance(exc, ImportError):
-        return f"the package {exc.name or str(exc)!r} is not installed on this machine"
+        if exc.name is None:  # a message of SGLang's, not a module name
+            return f"a package is missing on this machine: {one_line(str(exc))}"
+        return f"the package {exc.name!r} is not installed on this machine"
     if any(name in _NETWORK_TYPES for name in chain) or _NETWORK.search(str(exc)):
         return "it needs the network, and check makes no network call"
     if "WriteRefused" in chain:
         return "it writes a file, and check writes nothing"
     if device != "cpu" and (_GPU_PROBE.search(str(exc)) or any(
-            "/torch/cuda/" in name or "/torch/_C" in name for name in _frames(exc))):
+            "/torch/cuda/" in name or "/torch/mps/" in name or "/torch/_C" in name for name in _frames(exc))):
         return "a GPU probe, which fails on this machine (it has no GPU of the servers')"
     return None
 
@@ -252,14 +257,14 @@ class Resolution:
     machine_refusal: str | None = None
 
 
-def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str
-                ) -> tuple[Any, str | None, str | None]:
+def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str,
+                as_device: Device | None = None) -> tuple[Any, str | None, str | None]:
     from sglang.srt.server_args import ServerArgs
 
     ns = copy.copy(namespace)
     ns.device = device
     try:
-        with offline_env(env):
+        with offline_env(env), probed(as_device) as read:
             server_args = ServerArgs.from_cli_args(ns)  # resolves here up to 0.5.21
             resolve = getattr(server_args, "resolve_once", None)
             if resolve is not None:
@@ -267,7 +272,11 @@ def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: s
     except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: DSV4G026
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         cause = machine_cause(exc, device) if isinstance(exc, Exception) else None
-        return None, f"{type(exc).__name__}: {first}", cause
+        refusal = f"{type(exc).__name__}: {first}"
+        if cause is None and read and as_device is None:
+            cause, refusal = as_devices(device, refusal, lambda candidate: _resolve_on(
+                namespace, env, device, candidate))
+        return None, refusal, cause
     return server_args, None, None
 
 
@@ -372,7 +381,11 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
     resolve_env, notes = _without_modelscope(namespace, env)
-    resolution = _resolve(namespace, resolve_env)
+    resolving = namespace
+    if typed.get("trust_remote_code") and missing_code(str(typed["model_path"])):
+        resolving = copy.copy(namespace)  # the code is not here: derive_side says so
+        resolving.trust_remote_code = False
+    resolution = _resolve(resolving, resolve_env)
     if resolution.values is not None:
         values = resolution.values
         resolved_by = ("the release's parser and its full resolution (as --device "

@@ -1,0 +1,167 @@
+"""SGLang's device probes during ``check``'s resolution: recorded, and answered as a GPU model.
+
+``check`` resolves a server's flags on a machine that need not have the server's GPU, so
+what SGLang reads from the device (``is_sm100_supported()``, ``get_platform().is_sm90``,
+``torch.cuda.get_device_capability()``, ``torch.backends.mps.is_available()``, ...) is
+this machine's answer, not the server's. :func:`probed` replaces every such probe, for
+one block, in ``sglang.srt.utils`` (``get_platform()`` reads its probes there) and in
+every loaded SGLang module that bound one by name (``from ... import is_sm100_supported``,
+as ``server_args.py`` did up to 0.5.21), and in ``torch``; a stand-in records that it was
+read and answers as this machine does, or as one :class:`Device`. Every module is given
+back its own function afterwards, also a module imported during the block.
+
+A refusal after a probe was read is retried as each device of the server's ``--device``
+(:func:`devices_for`); SGLang accepting the flags as one of them means the refusal is
+this machine's (the GPU model is not known here), never the flags'.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Device", "as_devices", "devices_for", "probed"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device a server may run on: its name, and its CUDA compute capability (or MPS)."""
+
+    name: str
+    major: int = 0
+    minor: int = 0
+    mps: bool = False
+
+    def answers(self) -> dict[str, Any]:
+        """What each probe of SGLang's answers on this device."""
+        if self.mps:
+            return {"is_mps": True, "torch.backends.mps.is_available": True,
+                    "torch.mps.is_available": True}
+        major, cap = self.major, (self.major, self.minor)
+        return {
+            "is_sm80_supported": major == 8,
+            "is_sm90_supported": major == 9, "is_hopper_with_cuda_12_3": major == 9,
+            "is_sm100_supported": major == 10, "is_sm100_or_sm110_supported": major in (10, 11),
+            "is_sm110_supported": major == 11, "is_sm120_supported": major == 12,
+            "is_sm120": cap == (12, 0), "is_sm121": cap == (12, 1),
+            "is_blackwell_supported": major in (10, 11, 12), "is_blackwell": major in (10, 11, 12),
+            "get_device_sm": major * 10 + self.minor, "get_device_capability": cap,
+            "torch.cuda.get_device_capability": cap,
+        }
+
+
+_CUDA = (Device("SM80 (A100)", 8, 0), Device("SM90 (H100/H200)", 9, 0),
+         Device("SM100 (B200)", 10, 0), Device("SM103 (B300)", 10, 3),
+         Device("SM120 (RTX PRO 6000)", 12, 0))
+_MPS = (Device("an Apple GPU (MPS)", mps=True),)
+# The probes in sglang.srt.utils(.common); absent ones in a release are skipped.
+_SGLANG_PROBES = (*(name for name in _CUDA[0].answers() if "." not in name), "is_mps")
+_TORCH_PROBES = ("torch.cuda.get_device_capability", "torch.backends.mps.is_available",
+                 "torch.mps.is_available")
+
+
+def devices_for(device: str) -> tuple[Device, ...]:
+    """The devices a server of ``--device device`` may have (none known for others)."""
+    return _CUDA if device == "cuda" else _MPS if device == "mps" else ()
+
+
+def _utils() -> Any:
+    try:
+        from sglang.srt.utils import common
+    except ImportError:  # a release whose utils is one module
+        from sglang.srt import utils as common
+    return common
+
+
+def _torch_owner(name: str) -> tuple[Any, str] | None:
+    import torch
+
+    owner: Any = torch
+    *path, attr = name.split(".")[1:]
+    for part in path:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return (owner, attr) if callable(getattr(owner, attr, None)) else None
+
+
+def _stand_in(name: str, original: Callable[..., Any], read: list[str],
+              device: Device | None) -> Callable[..., Any]:
+    answer = device.answers().get(name) if device is not None else None
+
+    def probe(*args: Any, **kwargs: Any) -> Any:
+        if name not in read:
+            read.append(name)
+        if device is None or answer is None:
+            return original(*args, **kwargs)
+        return answer
+
+    probe.cache_clear = lambda: None  # type: ignore[attr-defined]  # lru_cache'd originals
+    return probe
+
+
+@contextmanager
+def probed(device: Device | None = None) -> Iterator[list[str]]:
+    """For the block, SGLang's device probes answer as ``device`` (as this machine when
+    ``None``); yields the names of the probes read, in order."""
+    read: list[str] = []
+    common = _utils()
+    originals = {name: getattr(common, name) for name in _SGLANG_PROBES
+                 if callable(getattr(common, name, None))}
+    stand_ins = {name: _stand_in(name, fn, read, device) for name, fn in originals.items()}
+    by_original = {id(fn): name for name, fn in originals.items()}
+    patched: list[tuple[Any, str, Any]] = []
+    for module in [m for key, m in list(sys.modules.items())
+                   if key.startswith("sglang") and m is not None]:
+        namespace = getattr(module, "__dict__", {})
+        for attr, value in list(namespace.items()):
+            name = by_original.get(id(value))
+            if name is not None and value is originals[name] and attr == name:
+                patched.append((module, attr, value))
+                setattr(module, attr, stand_ins[name])
+    for name in _TORCH_PROBES:
+        owner = _torch_owner(name)
+        if owner is not None:
+            original = getattr(*owner)
+            patched.append((owner[0], owner[1], original))
+            setattr(owner[0], owner[1], _stand_in(name, original, read, device))
+    try:
+        yield read
+    finally:
+        for owner, attr, original in patched:
+            setattr(owner, attr, original)
+        # A module imported during the block bound a stand-in: give it the original too.
+        ours = {id(fn): originals[name] for name, fn in stand_ins.items()}
+        for key, module in list(sys.modules.items()):
+            if key.startswith("sglang") and module is not None:
+                for attr, value in list(getattr(module, "__dict__", {}).items()):
+                    if id(value) in ours:
+                        setattr(module, attr, ours[id(value)])
+
+
+def as_devices(device: str, refusal: str,
+               resolve: Callable[[Device], tuple[Any, str | None, str | None]]
+               ) -> tuple[str | None, str]:
+    """After SGLang read a device probe and refused (``refusal``): ``resolve`` (the
+    resolution, as one device: its ServerArgs, refusal, machine cause) as each device a
+    ``--device device`` server may have. Accepted as one (or failing there only on this
+    machine): the refusal is this machine's, and its cause is returned. Refused as every
+    one: the flags', and the refusal also says what each device gets."""
+    accepted: list[str] = []
+    refused: dict[str, list[str]] = {}
+    for candidate in devices_for(device):
+        server_args, other, cause = resolve(candidate)
+        if server_args is not None or cause is not None:
+            accepted.append(candidate.name)
+        else:
+            refused.setdefault(str(other), []).append(candidate.name)
+    if accepted:
+        return (f"it depends on the GPU model/device, not known on this machine (SGLang "
+                f"accepts these flags as {', '.join(accepted)})"), refusal
+    if set(refused) - {refusal}:
+        refusal += "; as each GPU model: " + "; ".join(
+            f"{text} ({', '.join(names)})" for text, names in refused.items())
+    return None, refusal
