@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from sglang_dsv4_guard.host.digests import UnreadableSource, _module
+from sglang_dsv4_guard.host.targets import SCHEDULER_MODULE
 
 __all__ = ["GROUP", "LoaderVerdict", "SchedulerEntry", "guard_names", "loader_verdict",
            "scheduler_entry_points"]
 
 GROUP = "sglang.srt.plugins"
-_SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 _DISTRIBUTION = "sglang-dsv4-guard"
 
 
@@ -162,7 +162,7 @@ def _called(call: ast.Call) -> str:
 
 def _scheduler_names(tree: ast.Module, module: str) -> set[str]:
     """The names under which ``module`` binds SGLang's ``Scheduler`` class."""
-    names = {"Scheduler"} if module == _SCHEDULER_MODULE else set()
+    names = {"Scheduler"} if module == SCHEDULER_MODULE else set()
     package = module.rsplit(".", 1)[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -170,7 +170,7 @@ def _scheduler_names(tree: ast.Module, module: str) -> set[str]:
             if node.level:
                 parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{parent}.{base}" if base else parent
-            if base == _SCHEDULER_MODULE:
+            if base == SCHEDULER_MODULE:
                 names |= {a.asname or a.name for a in node.names if a.name == "Scheduler"}
     return names
 
