@@ -134,6 +134,21 @@ class TestAutoshareRule(GuardTestCase):
         self.assertIn("but 1 other reference(s) to the draft's tensor exist",
                       " ".join(err.findings[0].details))
 
+    def test_equal_copy_refused_when_the_swa_capacity_differs(self) -> None:
+        """CUDA graphs off and no other holder, but the draft's SWA pool is smaller than the
+        target's (``swa_size``): the target's indices may not fit it, so the equal copy is
+        not shared and the report says the SWA capacity differs."""
+        target, draft = build_pair(PoolSpec(swa_size=4096), PoolSpec(swa_size=1024),
+                                   mapping="clone")
+        before = draft.full_to_swa_index_mapping
+        with cuda_graphs(disabled=True):
+            _, err = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertTrue(_mapping_line(err), err)
+        self.assertIs(draft.full_to_swa_index_mapping, before)
+        self.assertNotIn("DSV4G007", err.report.codes)
+        self.assertIn("the SWA capacity differs (swa_size: target=4096, draft=1024)",
+                      " ".join(err.findings[0].details))
+
     def test_differing_clone_is_refused(self) -> None:
         """Contents differ: not shared; the report names the first differing index."""
         target, draft = build_pair(mapping="different")

@@ -111,5 +111,19 @@ class TestRulesCatchFaults(GuardTestCase):
         self.assertEqual(imports.cycles(edges, collapse=True), [["autoshare", "state"]])
 
 
+    def test_a_relative_import_of_a_sibling_module_is_seen(self) -> None:
+        """``from . import lifecycle`` in a top-level module (and ``from .. import
+        lifecycle`` in a sub-package's module) is an import of ``lifecycle``: with
+        ``lifecycle`` importing them back, both are cycles."""
+        with _tree({"__init__.py": "", "state/__init__.py": "",
+                    "lifecycle.py": "from sglang_dsv4_guard import reporter\n"
+                                    "from sglang_dsv4_guard.state import wrapper\n",
+                    "reporter.py": "from . import lifecycle\n",
+                    "state/wrapper.py": "from .. import lifecycle\n"}) as tmp:
+            edges = imports.package_graph(Path(tmp))
+        self.assertEqual(imports.cycles(edges),
+                         [["lifecycle", "reporter", "state.wrapper"]])
+
+
 if __name__ == "__main__":
     unittest.main()
