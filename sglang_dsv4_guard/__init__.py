@@ -114,4 +114,5 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'sglang_dsv4_guard' has no attribute {name!r}")
     import importlib  # deferred: the package imports nothing until a name is used
 
-    return getattr(importlib.import_module(module), name)
+    # The scan reads each lazy export's import under TYPE_CHECKING above instead.
+    return getattr(importlib.import_module(module), name)  # unscanned: _LAZY's modules

@@ -244,7 +244,7 @@ def _dsv4_class() -> type | None:
     module = sys.modules.get(targets.DSV4_POOL.module)
     if module is None:
         # SGLang imports it inside setup_state_kv_args; importing it here is the same.
-        module = importlib.import_module(targets.DSV4_POOL.module)
+        module = importlib.import_module(targets.DSV4_POOL.module)  # unscanned: SGLang's (host/targets)
     cls = getattr(module, targets.DSV4_POOL.qualname, None)
     return cls if isinstance(cls, type) else None
 
