@@ -20,6 +20,8 @@ from sglang_dsv4_guard.testing import PoolSpec, build_pair, record
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
+_ABSENT = object()  # a pool without a ``full_to_swa_index_mapping`` attribute
+
 
 @contextlib.contextmanager
 def cuda_graphs(disabled: bool | None, legacy: bool | None = None) -> Iterator[None]:
@@ -149,6 +151,19 @@ class TestAutoshareRule(GuardTestCase):
         self.assertIn("the SWA capacity differs (swa_size: target=4096, draft=1024)",
                       " ".join(err.findings[0].details))
 
+    def test_equal_copy_refused_when_the_paged_geometry_differs(self) -> None:
+        """CUDA graphs off, no other holder, equal SWA capacity, but the draft's sliding
+        window differs from the target's (the release's paged geometry): sharing would not
+        make the pools agree, so the equal copy is not shared and the report says so."""
+        target, draft = build_pair(PoolSpec(), PoolSpec(sliding_window=64), mapping="clone")
+        before = draft.full_to_swa_index_mapping
+        with cuda_graphs(disabled=True):
+            _, err = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertTrue(_mapping_line(err), err)
+        self.assertIs(draft.full_to_swa_index_mapping, before)
+        self.assertNotIn("DSV4G007", err.report.codes)
+        self.assertIn("the paged SWA geometry differs (target=", " ".join(err.findings[0].details))
+
     def test_differing_clone_is_refused(self) -> None:
         """Contents differ: not shared; the report names the first differing index."""
         target, draft = build_pair(mapping="different")
@@ -198,10 +213,15 @@ class TestAutoshareHidesNothing(GuardTestCase):
         a pair SGLang accepts or rejects for another reason gets SGLang's own outcome and
         first line; one SGLang rejects for the mapping gets SGLang's verdict on the pools
         as auto-share left them (the next check's, once shared); and a mapping rejection
-        appears only where SGLang gave one."""
-        _, host = outcome(UNWRAPPED, *pair)
+        appears only where SGLang gave one. Pools SGLang accepts keep their own mappings:
+        auto-share rebinds nothing SGLang did not reject."""
+        kind, host = outcome(UNWRAPPED, *pair)
+        mappings = [getattr(pool, "full_to_swa_index_mapping", _ABSENT) for pool in pair]
         with guard_logs_off():
             _, guarded = outcome(utils.setup_state_kv_args, *pair)
+        if kind == "ok":
+            for pool, mapping in zip(pair, mappings, strict=True):
+                self.assertIs(getattr(pool, "full_to_swa_index_mapping", _ABSENT), mapping)
         _, after = outcome(UNWRAPPED, *pair)  # SGLang on the pools as the guard left them
         expected = _verdict(after) if _mapping_line(host) else _verdict(host)
         self.assertEqual(_verdict(guarded), expected)
