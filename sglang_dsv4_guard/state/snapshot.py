@@ -252,7 +252,7 @@ def _dsv4_class() -> type | None:
 def host_is_npu() -> bool:
     """SGLang's own ``is_npu()`` as the wrapped module sees it."""
     utils = sys.modules.get(targets.STATE.module)
-    fn = getattr(utils, "is_npu", None)
+    fn = getattr(utils, targets.STATE_IS_NPU, None)
     return bool(fn()) if callable(fn) else False
 
 
