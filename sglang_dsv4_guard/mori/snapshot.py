@@ -63,14 +63,11 @@ def engine_key(peer: object) -> str | None:
 
 
 def _read(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
-    """``names`` of ``obj`` (``None`` for one it does not carry or cannot give)."""
-    values: dict[str, Any] = {}
-    for name in names:
-        try:
-            values[name] = getattr(obj, name, None)
-        except Exception:  # a property that raises: not carried
-            values[name] = None
-    return values
+    """``names`` of ``obj`` (``None`` for one it does not carry; any other failure to
+    read one is the guard's own, reported as such). The peer's ``engine_key``, a
+    property over its engine descriptor, is ``None`` when it cannot be read."""
+    return {name: engine_key(obj) if name == "engine_key" else getattr(obj, name, None)
+            for name in names}
 
 
 def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapshot:
@@ -80,7 +77,6 @@ def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapsho
     server_args = _read(mgr["server_args"], targets.MORI_SERVER_ARGS_ATTRS)
     kv_args = _read(mgr["kv_args"], targets.MORI_KV_ARGS_ATTRS)
     info = _read(peer, targets.MORI_PEER_ATTRS)
-    key = info["engine_key"]
     return SendSnapshot(
         state_type=str(getattr(state_type, "value", state_type)),
         is_mla_backend=bool(mgr["is_mla_backend"]),
@@ -91,7 +87,7 @@ def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapsho
         dp_size=_int(server_args["dp_size"]),
         enable_dp_attention=server_args["enable_dp_attention"],
         pp_size=_int(mgr["pp_size"]),
-        engine_key=None if key is None else str(key),
+        engine_key=info["engine_key"],
         endpoint=info["endpoint"],
         dst_port=_int(info["dst_port"]),
     )
