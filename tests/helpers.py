@@ -31,6 +31,7 @@ from sglang.version import __version__ as sglang_version_label
 import sglang_dsv4_guard
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.registry import StateHook
+from sglang_dsv4_guard.log import silenced
 from sglang_dsv4_guard.patching import WRAPPER_MARK, PostImportHooks
 from sglang_dsv4_guard.testing import reset
 
@@ -290,13 +291,10 @@ def mori_send_parameters() -> int:
 
 @contextlib.contextmanager
 def guard_logs_off() -> Iterator[None]:
-    """Silence the guard's logger for a block that fails on purpose many times."""
-    logger = logging.getLogger("sglang_dsv4_guard")
-    logger.disabled = True
-    try:
+    """Silence the guard's logger for a block that fails on purpose many times (as it
+    was after: :func:`sglang_dsv4_guard.log.silenced`)."""
+    with silenced():
         yield
-    finally:
-        logger.disabled = False
 
 
 class JsonLineFormatter(logging.Formatter):

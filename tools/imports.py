@@ -427,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(tool_lines))
     faults = package_faults() + tools_faults()
     print("imports the rules cannot accept: " + ("none" if not faults else str(len(faults))))
-    print("\n".join(f"    {fault.describe()}" for fault in faults))
+    for fault in faults:
+        print(f"    {fault.describe()}")
     return 0 if ok and tools_ok and not faults else 1
 
 
