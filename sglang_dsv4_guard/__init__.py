@@ -108,6 +108,11 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.undo import Undo
 
 
+def __dir__() -> list[str]:
+    """The package's namespace and every lazy export (``__getattr__`` stores none)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
