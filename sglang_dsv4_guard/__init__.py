@@ -108,10 +108,16 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.undo import Undo
 
 
+def __dir__() -> list[str]:
+    """The package's namespace and every lazy export (``__getattr__`` stores none)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'sglang_dsv4_guard' has no attribute {name!r}")
     import importlib  # deferred: the package imports nothing until a name is used
 
-    return getattr(importlib.import_module(module), name)
+    # The scan reads each lazy export's import under TYPE_CHECKING above instead.
+    return getattr(importlib.import_module(module), name)  # unscanned: _LAZY's modules

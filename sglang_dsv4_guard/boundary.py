@@ -41,7 +41,6 @@ def raised_text(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {safe_text(str, exc)}"
 
 
-_VALUE_CAP = 4096  # characters of a plug-in's observed value kept as its repr
 
 
 def _text(value: object, field: str) -> str:
@@ -68,8 +67,9 @@ def _plain(value: object, depth: int = 0) -> bool:
 
 
 def _shown(value: object, field: str) -> object:
-    """A plain value as it is; anything else its ``repr``, taken once here and capped at
-    :data:`_VALUE_CAP` characters, so rendering never runs the plug-in's code again."""
+    """A plain value as it is; anything else its ``repr``, taken once here and cut as
+    findings cut any string (:func:`~sglang_dsv4_guard.findings.cut_text`), so rendering
+    never runs the plug-in's code again."""
     if _plain(value):
         return value
     try:
@@ -78,9 +78,7 @@ def _shown(value: object, field: str) -> object:
         raise TypeError(f"{field} cannot be shown: repr {raised_text(exc)}") from exc
     if not isinstance(shown, str):
         raise TypeError(f"{field}'s repr returned {type(shown).__name__}, not str")
-    text = _text(shown, f"{field}'s repr")
-    return text if len(text) <= _VALUE_CAP else (
-        f"{text[:_VALUE_CAP]}... ({len(text)} characters)")
+    return cut_text(_text(shown, f"{field}'s repr"))
 
 
 def _observation(obs: object, index: int) -> Observation:

@@ -55,6 +55,7 @@ def _release_line() -> tuple[str, bool]:
 
     Judged by the imported code (:mod:`sglang_dsv4_guard.host.verdict`): what it matches
     or what changed."""
+    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
     from sglang_dsv4_guard.host.verdict import judge_imported
 
@@ -70,6 +71,7 @@ def _release_line() -> tuple[str, bool]:
 
 
 def _doctor(_: argparse.Namespace) -> int:
+    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.settings import settings_from_env
 
     line, ok = _release_line()
@@ -82,6 +84,7 @@ def _doctor(_: argparse.Namespace) -> int:
     for problem in problems:
         ok = False
         print(f"problem: {problem}")
+    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.settings import Mode
 
     ok &= _sglang_loader(settings.mode.value is not Mode.OFF)
@@ -97,6 +100,7 @@ def _doctor(_: argparse.Namespace) -> int:
     for failure in plugins.load_problems:
         ok = False
         print(f"problem: {failure.summary}: {'; '.join(failure.details)}")
+    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.host.patchset import summary_line
 
     print(summary_line())
@@ -111,6 +115,7 @@ def _sglang_loader(guard_on: bool) -> bool:
     """Print whether SGLang's ``load_plugins()`` runs the guard's entry point here, and
     which of the release's scheduler entry points call it; False when the guard is asked
     for and SGLang will not run it."""
+    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.host.loader import GROUP, loader_verdict, scheduler_entry_points
     from sglang_dsv4_guard.host.verdict import imported_package_dir
 
@@ -152,6 +157,7 @@ def _load_plugins_quietly() -> tuple[GuardPlugins, str]:
     doctor prints the problem, and the plug-in's own output is shown as its own, not as
     doctor's. ``KeyboardInterrupt`` is the operator's and propagates.
     """
+    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.plugins import build_plugins
 
     captured = io.StringIO()
@@ -164,6 +170,7 @@ def _other_plugins_hooks() -> bool:
     """Print every other SGLang plug-in's hook on the guard's targets; False on a problem."""
     if not _importable(REGISTRY_MODULE):
         return True
+    # deferred: doctor only, with SGLang's registry; each command loads only what it uses
     from sglang_dsv4_guard.host.registry import effect, other_plugins_hooks
 
     records, failures = other_plugins_hooks()
@@ -195,6 +202,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _demo(_: argparse.Namespace) -> int:
+    # deferred: demo only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.demo import run_demo
 
     return run_demo()
@@ -202,12 +210,14 @@ def _demo(_: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     # SGLang is imported only in the child, started with the environment check controls.
+    # deferred: check only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.launch.child import run_command
 
     return run_command(args)
 
 
 def _patches(_: argparse.Namespace) -> int:
+    # deferred: patches only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.host.patchset import status_report
 
     lines, ok = status_report()

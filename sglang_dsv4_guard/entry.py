@@ -28,6 +28,7 @@ def activate() -> None:
     :class:`~sglang_dsv4_guard.errors.DSV4GuardStartupRefused` (a ``SystemExit``),
     which SGLang's loader does not swallow.
     """
+    # deferred: SGLang's loader imports this module in every process; it loads nothing until called
     from sglang_dsv4_guard.errors import DSV4GuardInstallError, DSV4GuardStartupRefused
     from sglang_dsv4_guard.settings import Mode, settings_from_env
 
@@ -37,6 +38,7 @@ def activate() -> None:
     if settings.mode.value is Mode.OFF:
         logger.debug("sglang-dsv4-guard is off (%s)", settings.mode.source)
         return
+    # deferred: only when the guard is on: off, SGLang never loads the guard's runtime
     from sglang_dsv4_guard.dedup.identity import open_launch
     from sglang_dsv4_guard.lifecycle import install_from_sglang_loader
 

@@ -14,8 +14,9 @@ import pickle
 from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Report, to_jsonable
+from sglang_dsv4_guard.log import LOGGER_NAME
 
-_log = logging.getLogger("sglang_dsv4_guard")
+_log = logging.getLogger(LOGGER_NAME)
 
 __all__ = ["DSV4GuardError", "DSV4GuardInstallError", "DSV4GuardStartupRefused", "SettingError"]
 

@@ -27,6 +27,7 @@ __all__ = [
     "cut_text",
     "failure_text",
     "one_line",
+    "short_repr",
     "to_jsonable",
 ]
 
@@ -42,10 +43,18 @@ def _cut(text: str, cap: int) -> str:
     return text if len(text) <= cap else f"{text[:cap]}... ({len(text)} characters)"
 
 
+def _cut_short(text: str) -> str:
+    return text if len(text) <= LINE_CAP else f"{text[:LINE_CAP - 3]}..."
+
+
 def one_line(text: str) -> str:
     """The first line of ``text``, cut to :data:`LINE_CAP` characters (``...`` marks a cut)."""
-    first = text.splitlines()[0] if text else ""
-    return first if len(first) <= LINE_CAP else f"{first[:LINE_CAP - 3]}..."
+    return _cut_short(text.splitlines()[0] if text else "")
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)`` (or what its failure was), cut to :data:`LINE_CAP` characters."""
+    return _cut_short(_repr_text(value))
 
 
 def failure_text(exc: BaseException) -> str:
@@ -145,12 +154,15 @@ def capped_lines(lines: tuple[str, ...]) -> tuple[str, ...]:
     return (*shown, _more(len(lines))) if len(lines) > LIST_CAP else shown
 
 
-def _safe_repr(value: object) -> str:
+def _repr_text(value: object) -> str:
     try:
-        text = repr(value)
+        return repr(value)
     except Exception as exc:  # a value whose repr raises still renders
-        text = f"<{type(value).__name__} object; repr raised {type(exc).__name__}>"
-    return _cut(text, _TEXT_CAP)
+        return f"<{type(value).__name__} object; repr raised {type(exc).__name__}>"
+
+
+def _safe_repr(value: object) -> str:
+    return _cut(_repr_text(value), _TEXT_CAP)
 
 
 def _capped(value: object) -> str:

@@ -49,6 +49,7 @@ from sglang_dsv4_guard.findings import (
     Report,
     Severity,
 )
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori import checks as mori_checks
 from sglang_dsv4_guard.reporter import LogReporter
 from sglang_dsv4_guard.state import checks as state_checks
@@ -56,7 +57,7 @@ from sglang_dsv4_guard.state import checks as state_checks
 __all__ = ["BUILTIN_PLUGINS", "LOG_REPORTER", "GuardPlugins", "add_all", "add_plugin",
            "build_plugins", "is_builtin", "operator_interrupt", "plugin_failure"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 # The built-in hook implementations, registered first as ordinary plug-ins (so, in
 # pluggy's order, they run after third-party ones), then the log reporter.

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.releases import HostProfile
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.plugins import GuardPlugins
 from sglang_dsv4_guard.settings import Mode, Settings
 
 __all__ = ["Runtime", "add_note"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 
 @dataclass

@@ -11,8 +11,11 @@ called (``import sglang_dsv4_guard.testing`` stays cheap).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
+
+from sglang_dsv4_guard.host.targets import DSV4_POOL, KV_ARGS, MAPPING_ATTR, POOL_REGISTER
 
 __all__ = ["MAPPING_KINDS", "PoolSpec", "build_pair", "new_kv_args", "three_mismatch_pair"]
 
@@ -53,11 +56,15 @@ class _RequestWindow:
         self.state = _Buffers(page_size, 4, layers)
 
 
-def _pool(spec: PoolSpec) -> Any:
-    # deferred: importing this module imports no sglang
-    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+def _sglang(target: Any) -> Any:
+    """SGLang's object ``target`` names, imported when first needed (importing this
+    module imports no sglang)."""
+    module = importlib.import_module(target.module)  # unscanned: SGLang's (host/targets)
+    return getattr(module, target.qualname)
 
-    pool = object.__new__(DeepSeekV4TokenToKVPool)
+
+def _pool(spec: PoolSpec) -> Any:
+    pool = object.__new__(_sglang(DSV4_POOL))
     values: dict[str, Any] = {
         "compression_ratios": list(spec.compression_ratios),
         "_unified_kv": spec.unified,
@@ -123,14 +130,14 @@ def build_pair(target: PoolSpec | None = None, draft: PoolSpec | None = None,
     draft_pool = _pool(draft or PoolSpec())
     if target_mapping == "tensor":
         tensor = torch.arange(mapping_size, dtype=torch.int64)
-        target_pool.register_mapping(tensor)
+        getattr(target_pool, POOL_REGISTER)(tensor)
     elif target_mapping == "none":
-        target_pool.register_mapping(None)
+        getattr(target_pool, POOL_REGISTER)(None)
     if mapping != "missing":
-        tensor = getattr(target_pool, "full_to_swa_index_mapping", None)
+        tensor = getattr(target_pool, MAPPING_ATTR, None)
         if tensor is None and mapping in ("view", "clone", "different"):
             tensor = torch.arange(mapping_size, dtype=torch.int64)
-        draft_pool.register_mapping(_draft_mapping(mapping, tensor))
+        getattr(draft_pool, POOL_REGISTER)(_draft_mapping(mapping, tensor))
     return target_pool, draft_pool
 
 
@@ -144,6 +151,4 @@ def three_mismatch_pair() -> tuple[Any, Any]:
 
 def new_kv_args() -> Any:
     """An empty ``KVArgs``, as the bootstrap queues start with."""
-    from sglang.srt.disaggregation.base.conn import KVArgs  # deferred: no sglang at import
-
-    return KVArgs()
+    return _sglang(KV_ARGS)()

@@ -29,7 +29,9 @@ from sglang.test.test_utils import CustomTestCase
 from sglang.version import __version__ as sglang_version_label
 
 import sglang_dsv4_guard
+from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.registry import StateHook
+from sglang_dsv4_guard.log import silenced
 from sglang_dsv4_guard.patching import WRAPPER_MARK, PostImportHooks
 from sglang_dsv4_guard.testing import reset
 
@@ -50,8 +52,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # holds the original.
 _RAW = {"setup_state_kv_args": getattr(utils.setup_state_kv_args, WRAPPER_MARK,
                                        utils.setup_state_kv_args)}
-MORI_CONN = "sglang.srt.disaggregation.mori.conn"
-MORI_METHODS = ("_send_swa_dsa_state", "_add_remote_peer")
+MORI_CONN = targets.MORI_MODULE
+MORI_METHODS = tuple(target.attr for target in targets.MORI_TARGETS)
 
 
 def leftovers() -> list[str]:
@@ -289,13 +291,10 @@ def mori_send_parameters() -> int:
 
 @contextlib.contextmanager
 def guard_logs_off() -> Iterator[None]:
-    """Silence the guard's logger for a block that fails on purpose many times."""
-    logger = logging.getLogger("sglang_dsv4_guard")
-    logger.disabled = True
-    try:
+    """Silence the guard's logger for a block that fails on purpose many times (as it
+    was after: :func:`sglang_dsv4_guard.log.silenced`)."""
+    with silenced():
         yield
-    finally:
-        logger.disabled = False
 
 
 class JsonLineFormatter(logging.Formatter):

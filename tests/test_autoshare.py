@@ -20,6 +20,8 @@ from sglang_dsv4_guard.testing import PoolSpec, build_pair, record
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
+_ABSENT = object()  # a pool without a ``full_to_swa_index_mapping`` attribute
+
 
 @contextlib.contextmanager
 def cuda_graphs(disabled: bool | None, legacy: bool | None = None) -> Iterator[None]:
@@ -60,6 +62,19 @@ class TestAutoshareRule(GuardTestCase):
         super().setUp()
         self.install_guard("on", autoshare=True, load_entry_points=False)
         self.recorder = record()
+
+    def assert_copy_refused(self, target_spec: PoolSpec, draft_spec: PoolSpec, why: str,
+                            disabled: bool = True, legacy: bool | None = None) -> None:
+        """An equal copy between pools built from the specs is not shared (SGLang's
+        mapping error, the draft keeps its tensor, no DSV4G007) and the report says ``why``."""
+        target, draft = build_pair(target_spec, draft_spec, mapping="clone")
+        before = draft.full_to_swa_index_mapping
+        with cuda_graphs(disabled, legacy):
+            _, err = outcome(utils.setup_state_kv_args, target, draft)
+        self.assertTrue(_mapping_line(err), err)
+        self.assertIs(draft.full_to_swa_index_mapping, before)
+        self.assertNotIn("DSV4G007", err.report.codes)
+        self.assertIn(why, " ".join(err.findings[0].details))
 
     def test_g007_view_is_shared(self) -> None:
         """Same storage (a view): shared at INFO, the call succeeds, the draft component is registered."""
@@ -112,15 +127,9 @@ class TestAutoshareRule(GuardTestCase):
         --cuda-graph-backend-decode / --cuda-graph-config set, and what SGLang obeys)
         captures decode graphs: SGLang's cuda_graph_fully_disabled() is False, so the equal
         copy is not shared and the report says why."""
-        target, draft = build_pair(mapping="clone")
-        before = draft.full_to_swa_index_mapping
-        with cuda_graphs(disabled=False, legacy=True):
-            _, err = outcome(utils.setup_state_kv_args, target, draft)
-        self.assertTrue(_mapping_line(err), err)
-        self.assertIs(draft.full_to_swa_index_mapping, before)
-        self.assertNotIn("DSV4G007", err.report.codes)
-        self.assertIn("SGLang's cuda_graph_fully_disabled() is False",
-                      " ".join(err.findings[0].details))
+        self.assert_copy_refused(PoolSpec(), PoolSpec(),
+                                 "SGLang's cuda_graph_fully_disabled() is False",
+                                 disabled=False, legacy=True)
 
     def test_equal_copy_refused_when_the_old_tensor_has_another_holder(self) -> None:
         """CUDA graphs off, but something else (here a stand-in for the draft's own allocator)
@@ -133,6 +142,20 @@ class TestAutoshareRule(GuardTestCase):
         self.assertIs(draft.full_to_swa_index_mapping, allocator.full_to_swa_index_mapping)
         self.assertIn("but 1 other reference(s) to the draft's tensor exist",
                       " ".join(err.findings[0].details))
+
+    def test_equal_copy_refused_when_the_swa_capacity_differs(self) -> None:
+        """CUDA graphs off and no other holder, but the draft's SWA pool is smaller than the
+        target's (``swa_size``): the target's indices may not fit it, so the equal copy is
+        not shared and the report says the SWA capacity differs."""
+        self.assert_copy_refused(PoolSpec(swa_size=4096), PoolSpec(swa_size=1024),
+                                 "the SWA capacity differs (swa_size: target=4096, draft=1024)")
+
+    def test_equal_copy_refused_when_the_paged_geometry_differs(self) -> None:
+        """CUDA graphs off, no other holder, equal SWA capacity, but the draft's sliding
+        window differs from the target's (the release's paged geometry): sharing would not
+        make the pools agree, so the equal copy is not shared and the report says so."""
+        self.assert_copy_refused(PoolSpec(), PoolSpec(sliding_window=64),
+                                 "the paged SWA geometry differs (target=")
 
     def test_differing_clone_is_refused(self) -> None:
         """Contents differ: not shared; the report names the first differing index."""
@@ -183,10 +206,15 @@ class TestAutoshareHidesNothing(GuardTestCase):
         a pair SGLang accepts or rejects for another reason gets SGLang's own outcome and
         first line; one SGLang rejects for the mapping gets SGLang's verdict on the pools
         as auto-share left them (the next check's, once shared); and a mapping rejection
-        appears only where SGLang gave one."""
-        _, host = outcome(UNWRAPPED, *pair)
+        appears only where SGLang gave one. Pools SGLang accepts keep their own mappings:
+        auto-share rebinds nothing SGLang did not reject."""
+        kind, host = outcome(UNWRAPPED, *pair)
+        mappings = [getattr(pool, "full_to_swa_index_mapping", _ABSENT) for pool in pair]
         with guard_logs_off():
             _, guarded = outcome(utils.setup_state_kv_args, *pair)
+        if kind == "ok":
+            for pool, mapping in zip(pair, mappings, strict=True):
+                self.assertIs(getattr(pool, "full_to_swa_index_mapping", _ABSENT), mapping)
         _, after = outcome(UNWRAPPED, *pair)  # SGLang on the pools as the guard left them
         expected = _verdict(after) if _mapping_line(host) else _verdict(host)
         self.assertEqual(_verdict(guarded), expected)

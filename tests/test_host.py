@@ -36,7 +36,7 @@ from sglang_dsv4_guard.host.verdict import judge, load_known
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
-# Present, unchanged, in every release 0.5.16 - 0.5.23 (see the fingerprints).
+# Present, unchanged, in every release 0.5.16 - 0.5.23 (see the code digests).
 STATE_EDIT = {"srt/disaggregation/utils.py": (
     "token_to_kv_pool._unified_kv != draft_token_to_kv_pool._unified_kv",
     "bool(token_to_kv_pool._unified_kv) != bool(draft_token_to_kv_pool._unified_kv)")}
@@ -73,7 +73,7 @@ NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def twins() -> list[Version]:
-    """Known releases whose stored fingerprints equal this release's."""
+    """Known releases whose stored code digests equal this release's."""
     known = load_known()
     mine = known[sglang_release()]
     return [v for v, parts in known.items() if parts == mine]
@@ -85,13 +85,13 @@ def other_release() -> Version:
 
 
 class TestJudgedByCode(CustomTestCase):
-    """judge(): metadata, the code's own version and its fingerprints, cross-checked."""
+    """judge(): metadata, the code's own version and its code digests, cross-checked."""
 
-    def test_stored_fingerprints_are_this_release(self) -> None:
+    def test_stored_code_digests_are_this_release(self) -> None:
         """digests.json holds exactly what the imported release's code gives."""
         self.assertEqual(digest_tree(real_package()), load_known()[sglang_release()])
 
-    def test_tool_computes_the_stored_fingerprints(self) -> None:
+    def test_tool_computes_the_stored_code_digests(self) -> None:
         """tools/digests.py on the release's files prints the stored parts."""
         done = subprocess.run([sys.executable, str(ROOT / "tools/digests.py"),
                                str(real_package())], capture_output=True, text=True,
@@ -104,7 +104,7 @@ class TestJudgedByCode(CustomTestCase):
         """``--write`` of a release whose checks match no known release is refused (the
         data file untouched) unless ``--new-profile``; releases sort as versions, so
         0.5.24rc1 lands before 0.5.24."""
-        tool = fingerprint_tool()
+        tool = digests_tool()
         with tempfile.TemporaryDirectory() as tmp:
             data = Path(tmp) / "digests.json"
             data.write_text(host.DIGESTS_FILE.read_text())
@@ -122,8 +122,8 @@ class TestJudgedByCode(CustomTestCase):
             stored = list(json.loads(data.read_text())["releases"])
         self.assertEqual(stored[-2:], ["0.5.24rc1", "0.5.24"])
 
-    def test_same_fingerprints_same_profile(self) -> None:
-        """Releases the fingerprints cannot tell apart, released or with the patch series,
+    def test_same_code_digests_same_profile(self) -> None:
+        """Releases the code digests cannot tell apart, released or with the patch series,
         have one profile (bar the version), so guarding one as its twin predicts the same
         verdicts."""
         for section in ("releases", "patched"):
@@ -136,7 +136,7 @@ class TestJudgedByCode(CustomTestCase):
                                                                              version=a))
 
     def test_own_release_is_quiet(self) -> None:
-        """Metadata, code and fingerprints agree: this release's profile, nothing logged."""
+        """Metadata, code and code digests agree: this release's profile, nothing logged."""
         verdict = judge(real_package(), sglang_release())
         self.assertEqual((verdict.behaves_as, verdict.message), (sglang_release(), ""))
 
@@ -232,7 +232,7 @@ class TestJudgedByCode(CustomTestCase):
                 self.assertEqual(judged.call_count, 2)
         host.forget_verdicts()
 
-    def test_unreadable_fingerprints_leave_sglang_alone(self) -> None:
+    def test_unreadable_code_digests_leave_sglang_alone(self) -> None:
         """A broken digests.json: install warns and stays inert, no traceback of ours."""
         broken = json.JSONDecodeError("Expecting value", "", 0)
         host.forget_verdicts()  # judge afresh, with the broken data
@@ -244,9 +244,9 @@ class TestJudgedByCode(CustomTestCase):
                       "\n".join(logs.output))
 
 
-def fingerprint_tool() -> ModuleType:
+def digests_tool() -> ModuleType:
     """``tools/digests.py`` as a module (``tools/`` is not a package)."""
-    spec = importlib.util.spec_from_file_location("fingerprint_tool",
+    spec = importlib.util.spec_from_file_location("digests_tool",
                                                   ROOT / "tools/digests.py")
     assert spec is not None and spec.loader is not None
     tool = importlib.util.module_from_spec(spec)
@@ -255,9 +255,9 @@ def fingerprint_tool() -> ModuleType:
 
 
 def patched_tree(root: Path, mori_edit: bool = False) -> Path:
-    """The files the fingerprints read, from the imported release, with its series from
+    """The files the code digests read, from the imported release, with its series from
     ``patches/`` applied by the tool that stores them (and ``MORI_EDIT`` on top)."""
-    package: Path = fingerprint_tool().patched_package(real_package(),
+    package: Path = digests_tool().patched_package(real_package(),
                                                        str(sglang_release()), root)
     if mori_edit:
         old, new = MORI_EDIT[MORI]
@@ -303,7 +303,7 @@ class TestPatchedTreeJudged(CustomTestCase):
         self.assertIn(f"closest, {sglang_release()} with sglang-dsv4-guard's patch series",
                       verdict.message)
 
-    def test_tool_computes_the_stored_patched_fingerprints(self) -> None:
+    def test_tool_computes_the_stored_patched_code_digests(self) -> None:
         """tools/digests.py --patched on the release prints the stored parts."""
         done = subprocess.run([sys.executable, str(ROOT / "tools/digests.py"),
                                str(real_package()), "--patched"], capture_output=True,

@@ -229,6 +229,14 @@ class TestHookRegistry(GuardTestCase):
         self.assertIn("doctor: problems found", doctor)
 
 
+    def test_guard_installed_before_the_loader_alone_is_in_the_chain(self) -> None:
+        """activate() before load_plugins() patches; when the loader runs it again and no
+        other plug-in hooks the target, the patched wrapper is recognised as the guard's:
+        the call goes through the guard and no WARNING says it is out of the chain."""
+        result, stderr = run_with({}, "--early")
+        self.assertEqual(result["raised"], "DSV4GuardError")
+        self.assertNotIn("NOT in the call chain", stderr)
+
     def test_guard_installed_before_the_loader_is_still_checked(self) -> None:
         """activate() before load_plugins() patches; when the loader runs it again with the
         same settings and another plug-in's REPLACE takes the patched guard out, a WARNING

@@ -64,6 +64,13 @@ class TestPackageLayers(GuardTestCase):
         that is imported back is loaded twice)."""
         self.assertEqual(imports.cycles(imports.tools_graph()), [])
 
+    def test_every_import_is_readable_and_every_deferral_explained(self) -> None:
+        """No ``__import__`` or computed ``import_module`` without an ``# unscanned:``
+        comment, and no deferred import of our own modules without a ``# deferred:``
+        comment saying why, in the package or in ``tools/``."""
+        faults = imports.package_faults() + imports.tools_faults()
+        self.assertEqual([f.describe() for f in faults], [])
+
     def test_tool_exits_zero(self) -> None:
         """``python tools/imports.py`` reports no fault and exits 0."""
         self.assertEqual(imports.main([]), 0)
@@ -109,6 +116,57 @@ class TestRulesCatchFaults(GuardTestCase):
             edges = imports.package_graph(Path(tmp))
         self.assertEqual(imports.cycles(edges), [])
         self.assertEqual(imports.cycles(edges, collapse=True), [["autoshare", "state"]])
+
+    def test_a_relative_import_of_a_sibling_module_is_seen(self) -> None:
+        """``from . import lifecycle`` in a top-level module (and ``from .. import
+        lifecycle`` in a sub-package's module) is an import of ``lifecycle``: with
+        ``lifecycle`` importing them back, both are cycles."""
+        with _tree({"__init__.py": "", "state/__init__.py": "",
+                    "lifecycle.py": "from sglang_dsv4_guard import reporter\n"
+                                    "from sglang_dsv4_guard.state import wrapper\n",
+                    "reporter.py": "from . import lifecycle\n",
+                    "state/wrapper.py": "from .. import lifecycle\n"}) as tmp:
+            edges = imports.package_graph(Path(tmp))
+        self.assertEqual(imports.cycles(edges),
+                         [["lifecycle", "reporter", "state.wrapper"]])
+
+    def test_an_import_the_scan_cannot_read_is_a_fault(self) -> None:
+        """``__import__``, ``import_module`` of a computed name and of a relative name hide
+        what they import: each is a fault, unless an ``# unscanned:`` comment on its line
+        says why."""
+        with _tree({"__init__.py": "", "reporter.py": """\
+                        import importlib
+                        name = "sglang_dsv4_guard.lifecycle"
+                        __import__(name)
+                        importlib.import_module(name)
+                        importlib.import_module(".lifecycle", "sglang_dsv4_guard")
+                        importlib.import_module(name)  # unscanned: a test of the comment
+                        importlib.import_module("sglang_dsv4_guard.codes")
+                        """, "lifecycle.py": "", "codes.py": ""}) as tmp:
+            faults = imports.package_faults(Path(tmp))
+            edges = imports.package_graph(Path(tmp))
+        self.assertEqual([(f.module, f.line, f.what) for f in faults],
+                         [("reporter", line, "unscannable") for line in (3, 4, 5)])
+        self.assertIn(imports.Edge("reporter", "codes", "dynamic", 7), edges)
+
+    def test_a_deferred_import_without_a_reason_is_a_fault(self) -> None:
+        """A deferred import of one of our modules needs a ``# deferred:`` comment on its
+        line or in the comment lines right above its run of imports; SGLang's need none."""
+        with _tree({"__init__.py": "", "codes.py": "", "errors.py": "", "reporter.py": """\
+                        def bare():
+                            import json
+                            from sglang_dsv4_guard import codes
+                        def explained():
+                            # deferred: a test of the comment above a run
+                            # (its second line)
+                            from sglang_dsv4_guard import codes
+                            from sglang_dsv4_guard.errors import E
+                        def on_its_line():
+                            from sglang_dsv4_guard import errors  # deferred: a test
+                        """}) as tmp:
+            faults = imports.package_faults(Path(tmp))
+        self.assertEqual([(f.module, f.line, f.what) for f in faults],
+                         [("reporter", 3, "deferred without a reason")])
 
 
 if __name__ == "__main__":

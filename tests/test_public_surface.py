@@ -118,6 +118,13 @@ class TestEveryReachableTypeIsExported(GuardTestCase):
                 self.assertIsNotNone(getattr(sglang_dsv4_guard, name))
 
 
+    def test_dir_lists_every_export(self) -> None:
+        """``dir(sglang_dsv4_guard)`` lists every name of ``__all__``, the lazy ones too
+        (``__getattr__`` resolves them on use and never stores them in the package's
+        namespace), so completion and ``help()`` see them."""
+        self.assertEqual(set(sglang_dsv4_guard.__all__) - set(dir(sglang_dsv4_guard)), set())
+
+
 class TestOneUndo(GuardTestCase):
     """``install()``, ``testing.register`` and ``testing.record`` hand back one undo type."""
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+import types
 import unittest
 from pathlib import Path
 from typing import Any
 
+import mori_stub
 import sglang
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.digests import digest_tree
+from sglang_dsv4_guard.log import silenced
 from sglang_dsv4_guard.state.snapshot import change_token, snapshot_pair
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_pools
 
@@ -61,6 +67,58 @@ class TestDigestsCoverWhatIsRead(GuardTestCase):
         self.assertIn("swa_size", seen)  # auto-share's read is among them
         covered = _digested_attributes() | {targets.POOL_REGISTER}
         self.assertEqual(seen - covered, set())
+
+
+def _guard_reads(seen: set[str]) -> Any:
+    """A ``__getattribute__`` that adds to ``seen`` each attribute the guard's own code
+    reads (not SGLang's: a property of SGLang's reads what it reads)."""
+    def __getattribute__(self: Any, name: str) -> Any:
+        reader = sys._getframe(1).f_globals.get("__name__", "")
+        if not name.startswith("__") and reader.split(".")[0] == "sglang_dsv4_guard":
+            seen.add(name)
+        return super(type(self), self).__getattribute__(name)
+    return __getattribute__
+
+
+def _recording_guard_reads(obj: Any, seen: set[str]) -> Any:
+    """``obj`` itself, its class swapped for a subclass of SGLang's that records the
+    guard's reads (``isinstance`` checks still hold)."""
+    base = type(obj)
+    obj.__class__ = type(f"Recording{base.__name__}", (base,),
+                         {"__getattribute__": _guard_reads(seen)})
+    return obj
+
+
+class TestMoriReadsAreDeclared(GuardTestCase):
+    """What the guard reads of SGLang's MORI manager and peer is declared in targets."""
+
+    def test_every_attribute_the_mori_guard_reads_is_declared(self) -> None:
+        """A decode peer registering and a state transfer, through SGLang's real
+        ``MoriKVManager`` methods wrapped by the guard, on a manager and peer (and the
+        manager's ``server_args`` and ``kv_args``) that record every attribute the
+        guard reads: each read is in ``MORI_*_ATTRS``, and each declared one is read."""
+        mori_stub.install_stub()
+        conn = importlib.import_module(targets.MORI_MODULE)
+        self.install_guard("on", load_entry_points=False)
+        seen: dict[str, set[str]] = {k: set() for k in ("manager", "server_args", "kv_args",
+                                                         "peer")}
+        mgr = mori_stub.manager(conn, attn_tp=8)
+        recording_args = type("RecordingArgs", (types.SimpleNamespace,),
+                              {"__getattribute__": _guard_reads(seen["server_args"])})
+        mgr.server_args = recording_args(**vars(mgr.server_args))
+        _recording_guard_reads(mgr.kv_args, seen["kv_args"])
+        _recording_guard_reads(mgr, seen["manager"])
+        peer = _recording_guard_reads(mori_stub.peer(conn, "decode-a", decode_tp=4),
+                                      seen["peer"])
+        with silenced():
+            mgr._add_remote_peer(peer)
+            with self.assertRaises(DSV4GuardError):  # TP 8 to 4: SGLang refuses, reported
+                mgr._send_swa_dsa_state(*mori_stub.send_args(conn, peer, "swa"))
+        declared = {"manager": targets.MORI_MANAGER_ATTRS,
+                    "server_args": targets.MORI_SERVER_ARGS_ATTRS,
+                    "kv_args": targets.MORI_KV_ARGS_ATTRS, "peer": targets.MORI_PEER_ATTRS}
+        self.assertEqual({k: sorted(v) for k, v in seen.items()},
+                         {k: sorted(v) for k, v in declared.items()})
 
 
 if __name__ == "__main__":

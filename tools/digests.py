@@ -1,13 +1,13 @@
-"""Compute the guard's fingerprints of an SGLang release and store them as data.
+"""Compute the guard's code digests of an SGLang release and store them as data.
 
 Usage: ``python tools/digests.py PATH [--release 0.5.24] [--write] [--patched]``
 
 PATH is a wheel (``sglang-0.5.24-*.whl``), a site directory holding ``sglang/``, or the
 ``sglang`` package directory itself. The release defaults to the one the code names in
-``sglang/_version.py``. Without ``--write`` the fingerprints are printed as JSON; with
-it they are added to ``sglang_dsv4_guard/digests.json``, only when they equal a
+``sglang/_version.py``. Without ``--write`` the code digests are printed as JSON; with
+it they are added to ``sglang_dsv4_guard/host/digests.json``, only when they equal a
 known release's, or with ``--new-profile`` (a release whose checks changed). Adding a release to the
-guard is that, plus a line in ``matrix.txt`` (and a profile in ``releases.py`` only
+guard is that, plus a line in ``matrix.txt`` (and a profile in ``host/releases.py`` only
 when its checks changed). With ``--patched`` the release's series from ``patches/`` is
 applied to a scratch copy first and the result is stored under ``"patched"``: the guard
 then recognises (and guards as that release) a tree that carries its own patches. Nothing
@@ -56,7 +56,7 @@ def package_dir(path: Path, scratch: Path) -> Path:
 
 
 def patched_package(package: Path, release: str, scratch: Path) -> Path:
-    """A copy of what the fingerprints read from ``package``, with ``release``'s series
+    """A copy of what the code digests read from ``package``, with ``release``'s series
     from ``patches/`` applied."""
     series = series_for(release, ROOT / "patches")
     if series is None:
@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help=f"add it to {DIGESTS_FILE.name}")
     parser.add_argument("--new-profile", action="store_true",
                         help="store it although its checks match no known release (then "
-                             "releases.py needs a profile for it)")
+                             "host/releases.py needs a profile for it)")
     parser.add_argument("--patched", action="store_true",
-                        help="fingerprint the release with its series from patches/ applied")
+                        help="digest the release with its series from patches/ applied")
     args = parser.parse_args(argv)
     if not args.path.exists():
         parser.error(f"{args.path}: no such wheel or directory")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.patched:
         if release not in data["releases"]:
             print(f"refused: SGLang {release} is not a known release; store its own "
-                  "fingerprints first", file=sys.stderr)
+                  "code digests first", file=sys.stderr)
             return 1
         data["patched"][release] = parts
         data["patched"] = dict(sorted(data["patched"].items(), key=lambda i: Version(i[0])))
@@ -123,14 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     if not twins and not args.new_profile:
         print(f"refused: SGLang {release}'s checks match no known release's; the guard "
               "would run it with checks it does not have. Write a profile for it in "
-              "sglang_dsv4_guard/releases.py and rerun with --new-profile", file=sys.stderr)
+              "sglang_dsv4_guard/host/releases.py and rerun with --new-profile", file=sys.stderr)
         return 1
     data["releases"][release] = parts
     data["releases"] = dict(sorted(data["releases"].items(), key=lambda item: Version(item[0])))
     DIGESTS_FILE.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     print(f"{DIGESTS_FILE.name}: stored {len(parts)} parts for SGLang {release}"
           + (f" (same checks as {', '.join(map(str, twins))})" if twins else
-             "; releases.py needs a profile for it (profile_for)"))
+             "; host/releases.py needs a profile for it (profile_for)"))
     return 0
 
 

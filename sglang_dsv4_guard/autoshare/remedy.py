@@ -12,10 +12,12 @@ import logging
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.host.targets import MAPPING_ATTR, POOL_REGISTER
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.state.sharing import decide
 from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 
 # tryfirst: the built-in remedy runs before any third-party one, under pluggy's order.
@@ -29,7 +31,7 @@ def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
     if not decision.share:
         return []
     before = pair.draft.mapping.describe()
-    draft_pool.register_mapping(target_pool.full_to_swa_index_mapping)  # type: ignore[attr-defined]
+    getattr(draft_pool, POOL_REGISTER)(getattr(target_pool, MAPPING_ATTR))
     severity = Severity.WARNING if decision.warn else Severity.INFO
     details = [f"why it is safe: {decision.reason}"]
     if decision.warn:
@@ -41,12 +43,12 @@ def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
                "mapping (%s)", decision.reason)
     return [Finding(
         code="DSV4G007", severity=severity, summary=CODES["DSV4G007"].title,
-        subject="full_to_swa_index_mapping",
+        subject=MAPPING_ATTR,
         observations=(
-            Observation("draft pool", "full_to_swa_index_mapping (before)", before,
+            Observation("draft pool", f"{MAPPING_ATTR} (before)", before,
                         "the draft worker's own registration"),
-            Observation("target pool", "full_to_swa_index_mapping", pair.target.mapping.describe(),
-                        "SWATokenToKVPoolAllocator.full_to_swa_index_mapping"),
+            Observation("target pool", MAPPING_ATTR, pair.target.mapping.describe(),
+                        f"SWATokenToKVPoolAllocator.{MAPPING_ATTR}"),
         ),
         details=tuple(details), fixes=CODES["DSV4G007"].fixes, docs=docs_url("DSV4G007"),
     )]

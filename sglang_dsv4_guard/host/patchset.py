@@ -23,6 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_dsv4_guard.host.verdict import judge_imported
+
 __all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "apply_series", "check_series",
            "patches_root",
            "series_for", "sglang_site", "status_report", "summary_line"]
@@ -273,11 +275,9 @@ def tree_version(site: Path) -> str | None:
 
 def _installed() -> tuple[str | None, Path | None, str]:
     """The release whose series applies to the importable tree, its site, and a note
-    when the labels and the code disagree. Judged by the code (``host.py``), as
+    when the labels and the code disagree. Judged by the code (:mod:`.verdict`), as
     ``install()`` judges it, so a new release with known checks gets its twin's series;
     code matching no known release falls back to the tree's own label."""
-    from sglang_dsv4_guard.host.verdict import judge_imported
-
     site = sglang_site()
     host = judge_imported()
     if host.behaves_as is not None:

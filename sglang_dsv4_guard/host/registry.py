@@ -35,6 +35,7 @@ from sglang_dsv4_guard.host.targets import (
     STATE,
     STATE_HOLDERS,
 )
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.patching import is_ours
 
 __all__ = [
@@ -50,7 +51,7 @@ __all__ = [
     "verify_after_apply_hooks",
 ]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 STATE_PATH = str(STATE)
 MORI_METHODS = tuple(target.attr for target in MORI_TARGETS)

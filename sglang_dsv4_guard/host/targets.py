@@ -3,7 +3,12 @@
 Patching (:mod:`sglang_dsv4_guard.patching`), the snapshots (:mod:`sglang_dsv4_guard.state.
 snapshot`, :mod:`sglang_dsv4_guard.mori.snapshot`), SGLang's hook registry
 (:mod:`sglang_dsv4_guard.host.registry`), the code digests (:mod:`sglang_dsv4_guard.host.
-digests`), rendering and the CLI read these names; none spells one out itself. A target
+digests`), rendering and the CLI read these names; none spells one out itself (but
+``launch/``, which builds SGLang's own parser, config and pools for ``check``, and, until
+they are moved here, ``host/loader.py`` and ``host/registry.py``: ``tests/test_spelling.py``
+holds the rest of the package to it). The pool attributes are covered by the code
+digests; the MORI attributes (``MORI_*_ATTRS``) are not, only the MORI check's source
+is. A target
 is a module and a qualified name inside it (``"func"`` or ``"Class.method"``), resolved
 on the object that defines it (a class's MRO is walked). Nothing here imports SGLang.
 """
@@ -19,11 +24,13 @@ __all__ = [
     "DSV4_POOL",
     "KV_ARGS",
     "MAPPING_ATTR",
+    "MORI_KV_ARGS_ATTRS",
     "MORI_MANAGER_ATTRS",
     "MORI_MODULE",
     "MORI_PEER_ATTRS",
     "MORI_REGISTER",
     "MORI_SEND",
+    "MORI_SERVER_ARGS_ATTRS",
     "MORI_TARGETS",
     "POOL_ATTRS",
     "POOL_REGISTER",
@@ -32,6 +39,7 @@ __all__ = [
     "SCHEDULER_MODULE",
     "STATE",
     "STATE_HOLDERS",
+    "STATE_IS_NPU",
     "Caller",
     "PatchTarget",
     "pool_attributes_read",
@@ -109,6 +117,9 @@ DSV4_POOL = PatchTarget("sglang.srt.mem_cache.deepseek_v4_memory_pool",
                         "DeepSeekV4TokenToKVPool")
 #: The pool method auto-share calls to rebind the draft's mapping (SGLang's own).
 POOL_REGISTER = "register_mapping"
+#: The function of :data:`STATE`'s module its DeepSeek-V4 block calls first on releases
+#: with ``npu_gate`` (``not is_npu()``); read from that module as the wrapped code sees it.
+STATE_IS_NPU = "is_npu"
 
 # -- Attributes -------------------------------------------------------------------------
 
@@ -130,9 +141,13 @@ AUTOSHARE_POOL_ATTRS = ("swa_size",)
 #: The mapping tensor, read by identity, pointer and version (``state/tensors.py``).
 MAPPING_ATTR = "full_to_swa_index_mapping"
 
-#: What the MORI snapshot reads from ``MoriKVManager`` and from a decode peer
-#: (``KVArgsRegisterInfo``).
+#: What the MORI snapshot reads from ``MoriKVManager``, from its ``server_args`` and
+#: ``kv_args``, and from a decode peer (``KVArgsRegisterInfo``; ``engine_key`` is a
+#: property over its engine descriptor). These are not digested: a change in how SGLang
+#: sets them is not seen by the code digests (the MORI check's own source is).
 MORI_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "attn_tp_size", "pp_size")
+MORI_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention")
+MORI_KV_ARGS_ATTRS = ("state_types",)
 MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
 
 

@@ -1,23 +1,23 @@
 """Which SGLang is imported, judged by its code, not by the label on it.
 
 Three witnesses: the installed distribution metadata (``importlib.metadata``), the
-version the package's own ``_version.py`` names, and the code's fingerprints
+version the package's own ``_version.py`` names, and the code's digests
 (:mod:`sglang_dsv4_guard.host.digests`) compared with those stored for every known
 release in ``digests.json``. They disagree when a source tree sits on
 ``PYTHONPATH`` over another installed wheel, and for a release newer than the guard.
 
-- The code matches its own release's fingerprints: that release's profile. When the
+- The code matches its own release's code digests: that release's profile. When the
   metadata names another release, a WARNING names both.
 - The code matches another known release (an unknown 0.5.24 whose checks did not change):
   that release's checks, with an INFO (unknown release) or WARNING (a known label on
   other code) naming the match.
 - The code is a known release with the guard's own patch series (``patches/``) applied:
   its checks now report every mismatch, and the guard, which predicts them from the
-  released checks, guards it as that release (INFO). Those fingerprints are stored too,
+  released checks, guards it as that release (INFO). Those code digests are stored too,
   under ``"patched"``.
 - The code matches no known release: no profile; the guard stays inert (strict refuses)
   with a WARNING naming what changed against the closest known release.
-- A file the fingerprints read is there but cannot be read, or Python could not compile
+- A file the code digests read is there but cannot be read, or Python could not compile
   it (sources are read as Python imports them, from bytes with their declared encoding):
   no profile, and the WARNING names the file and why, not a change of SGLang's checks.
 """
@@ -101,7 +101,7 @@ def _version(text: str | None) -> Version | None:
 
 def load_known(path: Path = DIGESTS_FILE,
                section: str = "releases") -> dict[Version, dict[str, Part]]:
-    """The stored fingerprints of every known release, oldest first; with ``section``
+    """The stored code digests of every known release, oldest first; with ``section``
     ``"patched"``, of every release with the guard's patch series applied."""
     data = json.loads(path.read_text(encoding="utf-8"))
     known = {Version(release): {key: Part(key, digest, what)
@@ -136,12 +136,12 @@ def judge(package: Path, metadata: Version | None,
           known: dict[Version, dict[str, Part]] | None = None,
           patched: dict[Version, dict[str, Part]] | None = None) -> HostVerdict:
     """Judge the ``sglang`` package at ``package`` whose metadata says ``metadata``
-    (``known``, ``patched``: the stored fingerprints, by default from the data file)."""
+    (``known``, ``patched``: the stored code digests, by default from the data file)."""
     known = load_known() if known is None else known
     patched = load_known(section="patched") if patched is None else patched
     try:
         code = _version(code_version(package))
-    except UnreadableSource:  # only the label: the code's fingerprints still decide
+    except UnreadableSource:  # only the label: the code's digests still decide
         code = None
     label = code or metadata
     try:
@@ -160,7 +160,7 @@ def judge(package: Path, metadata: Version | None,
     if matches:
         twin = matches[-1]
         text = (f"SGLang {label or 'of unknown version'} ({package}) has the same checks as "
-                f"known release {twin} (fingerprints match); guarding it as {twin}")
+                f"known release {twin} (code digests match); guarding it as {twin}")
         if disagree:
             text = f"{both}; {text}"
         unknown_label = label is None or label not in known

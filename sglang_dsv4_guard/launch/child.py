@@ -55,6 +55,7 @@ _SCRATCH_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PA
 def request_of(args: argparse.Namespace) -> dict[str, Any]:
     """The child's request from ``check``'s parsed arguments; a malformed ``--*-env`` item
     raises :class:`~.parse.CheckInputError` naming it."""
+    # deferred: the parent (the check command) loads only what it runs
     from sglang_dsv4_guard.launch.parse import parse_env
 
     return {"prefill": args.prefill, "decode": args.decode,
@@ -67,9 +68,11 @@ def answer(request: Mapping[str, Any],
     """``run_check`` on ``request`` in this process: ``{"exit_status", "document", "text"}``,
     or ``{"exit_status": 2, "error": one line}`` for input it cannot read. ``refusals``
     (what the child's walls refused, read when the check ends) go into ``unknowns``."""
+    # deferred: the child's work: the parent (the check command) never loads it
     from sglang_dsv4_guard.launch.parse import CheckInputError, one_line
 
     try:
+        # deferred: the prediction imports SGLang: only the child runs it, inside the try
         from sglang_dsv4_guard.launch.predict import run_check
         from sglang_dsv4_guard.launch.text import render_check
 
@@ -89,6 +92,7 @@ def run_command(args: argparse.Namespace,
                 answerer: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None) -> int:
     """``check``: the request from ``args``, answered (by :func:`answer_in_child` unless
     ``answerer`` is given), printed; the exit status."""
+    # deferred: the parent (the check command) loads only what it runs
     from sglang_dsv4_guard.launch.parse import CheckInputError
 
     try:
@@ -262,6 +266,7 @@ _EXCEPTION_LINE = re.compile(r"^[\w.]*\w+(Error|Exception|Exit)\b")
 
 def main() -> int:
     """The child: walls up, one request from stdin, one answer to the original stdout."""
+    # deferred: only the child puts its walls up
     from sglang_dsv4_guard.launch import sandbox
 
     sandbox.install(sys.argv[1])

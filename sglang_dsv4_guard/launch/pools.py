@@ -120,6 +120,8 @@ def run_state_check(side: Side) -> PoolRun | None:
     ``None`` when SGLang's DeepSeek-V4 block would not run: no DSV4 target, no draft,
     a draft that is not DeepSeek-V4, or unified-KV mode (not buildable on this machine).
     """
+    # deferred: SGLang and torch are loaded when a pool check runs; the guard's own
+    # modules below need no deferral (no cycle): to be moved to the top by launch/'s owner
     import torch
     from sglang.srt.disaggregation import utils
 

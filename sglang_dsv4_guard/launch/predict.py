@@ -77,6 +77,7 @@ def _view(side: Side) -> SideView:
 
 def _refused(side: Side) -> Finding:
     """DSV4G026: the release's resolution raised for this server's flags."""
+    # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
     from sglang_dsv4_guard.codes import CODES, docs_url
 
     info = CODES["DSV4G026"]
@@ -93,6 +94,7 @@ def _refused(side: Side) -> Finding:
 
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
     """The guard's send checks on the transfer the two servers imply (phase register)."""
+    # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
     from sglang_dsv4_guard.plugins import build_plugins
 
@@ -181,6 +183,7 @@ def run_check(prefill_args: str, decode_args: str,
     """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input.
 
     ``refusals`` gives what the child's walls refused (:mod:`.sandbox`), read at the end."""
+    # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
     from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
     from sglang_dsv4_guard.host.verdict import judge_imported
 

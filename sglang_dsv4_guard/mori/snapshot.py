@@ -8,7 +8,9 @@ The only module of :mod:`sglang_dsv4_guard.mori` that reads SGLang's MORI object
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
 
 __all__ = ["SendContext", "SendSnapshot", "engine_key", "peer_identity", "snapshot_send"]
@@ -60,24 +62,34 @@ def engine_key(peer: object) -> str | None:
     return None if key is None else str(key)
 
 
+def _read(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
+    """``names`` of ``obj`` (``None`` for one it does not carry; any other failure to
+    read one is the guard's own, reported as such). The peer's ``engine_key``, a
+    property over its engine descriptor, is ``None`` when it cannot be read."""
+    return {name: engine_key(obj) if name == "engine_key" else getattr(obj, name, None)
+            for name in names}
+
+
 def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapshot:
-    """The values SGLang's TP check reads, and the layout around them."""
-    server_args = getattr(manager, "server_args", None)
-    kv_args = getattr(manager, "kv_args", None)
-    state_types = tuple(str(getattr(s, "value", s)) for s in getattr(kv_args, "state_types", ()) or ())
+    """The values SGLang's TP check reads, and the layout around them: the attributes
+    ``host/targets`` declares (``MORI_*_ATTRS``), and nothing else."""
+    mgr = _read(manager, targets.MORI_MANAGER_ATTRS)
+    server_args = _read(mgr["server_args"], targets.MORI_SERVER_ARGS_ATTRS)
+    kv_args = _read(mgr["kv_args"], targets.MORI_KV_ARGS_ATTRS)
+    info = _read(peer, targets.MORI_PEER_ATTRS)
     return SendSnapshot(
         state_type=str(getattr(state_type, "value", state_type)),
-        is_mla_backend=bool(getattr(manager, "is_mla_backend", False)),
-        attn_tp_size=getattr(manager, "attn_tp_size", None),
-        decode_tp_size=getattr(peer, "decode_tp_size", None),
-        state_types=state_types,
-        tp_size=_int(getattr(server_args, "tp_size", None)),
-        dp_size=_int(getattr(server_args, "dp_size", None)),
-        enable_dp_attention=getattr(server_args, "enable_dp_attention", None),
-        pp_size=_int(getattr(manager, "pp_size", None)),
-        engine_key=engine_key(peer),
-        endpoint=getattr(peer, "endpoint", None),
-        dst_port=_int(getattr(peer, "dst_port", None)),
+        is_mla_backend=bool(mgr["is_mla_backend"]),
+        attn_tp_size=mgr["attn_tp_size"],
+        decode_tp_size=info["decode_tp_size"],
+        state_types=tuple(str(getattr(s, "value", s)) for s in kv_args["state_types"] or ()),
+        tp_size=_int(server_args["tp_size"]),
+        dp_size=_int(server_args["dp_size"]),
+        enable_dp_attention=server_args["enable_dp_attention"],
+        pp_size=_int(mgr["pp_size"]),
+        engine_key=info["engine_key"],
+        endpoint=info["endpoint"],
+        dst_port=_int(info["dst_port"]),
     )
 
 

@@ -41,7 +41,7 @@ class CudaGraphs:
 def read_cuda_graphs() -> CudaGraphs:
     """Whether SGLang captures no CUDA graph, by SGLang's own rule where the release has it."""
     try:
-        config = importlib.import_module(_CUDA_GRAPH_CONFIG)
+        config = importlib.import_module(_CUDA_GRAPH_CONFIG)  # unscanned: SGLang's (host/targets)
     except ImportError as exc:  # an older layout: fall back to the legacy setting below
         fallback = f"{_CUDA_GRAPH_CONFIG} not importable ({type(exc).__name__})"
     else:
@@ -68,7 +68,7 @@ def _ask_sglang(fully_disabled: Callable[[], object]) -> CudaGraphs:
 
 def _legacy_setting(why: str) -> CudaGraphs:
     try:
-        context = importlib.import_module(_RUNTIME_CONTEXT)
+        context = importlib.import_module(_RUNTIME_CONTEXT)  # unscanned: SGLang's (host/targets)
     except Exception as exc:  # reported as the reason the value is unknown
         return CudaGraphs(None, f"{why}; {_RUNTIME_CONTEXT} not importable ({type(exc).__name__})")
     failures: list[str] = [why]

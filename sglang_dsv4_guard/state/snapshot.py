@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from sglang_dsv4_guard.findings import LINE_CAP
+from sglang_dsv4_guard.findings import short_repr
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.state.cuda_graphs import CudaGraphs, read_cuda_graphs
@@ -185,14 +185,6 @@ def read_attr(obj: object, dotted: str) -> object:
     return value
 
 
-def _short_repr(value: object) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a repr that raises: name the type and the failure
-        text = f"<{type(value).__name__} object; repr raised {type(exc).__name__}>"
-    return text if len(text) <= LINE_CAP else f"{text[:LINE_CAP - 3]}..."
-
-
 def _read_sequence(pool: object, name: str) -> object:
     """``name`` as a tuple when SGLang can iterate it more than once; otherwise a
     :class:`NotASequence` that says what SGLang's ``not value`` / iteration will meet.
@@ -220,7 +212,7 @@ def _read_sequence(pool: object, name: str) -> object:
             return tuple(value)  # type: ignore[arg-type]
         except Exception as exc:
             return Unreadable(f"{type(exc).__name__}: {exc}")
-    return NotASequence(type(value).__name__, _short_repr(value), truthy, iterable, one_shot,
+    return NotASequence(type(value).__name__, short_repr(value), truthy, iterable, one_shot,
                         error)
 
 
@@ -244,7 +236,7 @@ def _dsv4_class() -> type | None:
     module = sys.modules.get(targets.DSV4_POOL.module)
     if module is None:
         # SGLang imports it inside setup_state_kv_args; importing it here is the same.
-        module = importlib.import_module(targets.DSV4_POOL.module)
+        module = importlib.import_module(targets.DSV4_POOL.module)  # unscanned: SGLang's (host/targets)
     cls = getattr(module, targets.DSV4_POOL.qualname, None)
     return cls if isinstance(cls, type) else None
 
@@ -252,7 +244,7 @@ def _dsv4_class() -> type | None:
 def host_is_npu() -> bool:
     """SGLang's own ``is_npu()`` as the wrapped module sees it."""
     utils = sys.modules.get(targets.STATE.module)
-    fn = getattr(utils, "is_npu", None)
+    fn = getattr(utils, targets.STATE_IS_NPU, None)
     return bool(fn()) if callable(fn) else False
 
 

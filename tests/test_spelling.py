@@ -1,0 +1,149 @@
+"""One word, one meaning; one place for each name of SGLang's.
+
+"Fingerprint" means only a report's identity (the deduplication key); what the guard
+computes of SGLang's code is its "code digests". And the modules, functions and
+attributes of SGLang the guard reads are spelled in ``host/targets.py`` only.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tempfile
+import unittest
+from pathlib import Path
+
+from helpers import GuardTestCase
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "sglang_dsv4_guard"
+
+# Where "fingerprint" means a report's identity, each with why.
+FINGERPRINT_MEANS_A_REPORT = {
+    "sglang_dsv4_guard/dedup": "the deduplication key itself",
+    "sglang_dsv4_guard/reporter.py": "prints a report's fingerprint in its pointer",
+    "sglang_dsv4_guard/wrapping.py": "the fingerprint a wrapper's error carries",
+    "sglang_dsv4_guard/mori/wrapper.py": "the G006 summary names its report's fingerprint",
+    "sglang_dsv4_guard/state/snapshot.py": "the role keeps two sides' fingerprints apart",
+    "tools/matrix.py": "names test_report_once's TestFingerprintAndMarkers",
+}
+
+# Modules that name SGLang's modules themselves, each with why. Docstrings are prose and
+# not counted; imports and string literals are.
+SPELLS_SGLANG = {
+    "sglang_dsv4_guard/host/targets.py": "the one place SGLang's names are declared",
+    "sglang_dsv4_guard/launch": "check builds SGLang's own parser, config and pools",
+    # to be moved: GROUP (the entry-point group), _SCHEDULER_MODULE (targets.
+    # SCHEDULER_MODULE), sglang.srt.plugins and sglang.srt.environ
+    "sglang_dsv4_guard/host/loader.py": "to be moved",
+    # to be moved: sglang.srt.plugins and its hook_registry (targets.REGISTRY_MODULE)
+    "sglang_dsv4_guard/host/registry.py": "to be moved",
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant):
+            found.add(id(body[0].value))
+    return found
+
+
+def sglang_spellings(path: Path) -> list[str]:
+    """``line: name`` of every import of an ``sglang.srt`` module and every string
+    literal (not a docstring) naming one, in the module at ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = _docstrings(tree)
+    hits = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docs:
+            names = [node.value]
+        hits += [f"{node.lineno}: {name}" for name in names
+                 if name == "sglang.srt" or "sglang.srt." in name]
+    return hits
+
+
+def _sources(*tops: Path) -> list[Path]:
+    """Every text file of the package and of ``tools/``."""
+    return sorted(p for top in tops for p in top.rglob("*")
+                  if p.is_file() and p.suffix in (".py", ".json", ".txt")
+                  and "__pycache__" not in p.parts)
+
+
+def _allowed(path: Path, allow: dict[str, str]) -> bool:
+    rel = path.relative_to(ROOT).as_posix()
+    return any(rel == name or rel.startswith(name + "/") for name in allow)
+
+
+def _hits(word: str, allow: dict[str, str], *tops: Path) -> list[str]:
+    """``file:line: text`` of every line naming ``word`` (any case) outside ``allow``."""
+    pattern = re.compile(re.escape(word), re.IGNORECASE)
+    return [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+            for path in _sources(*tops) if not _allowed(path, allow)
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if pattern.search(line)]
+
+
+class TestOneMeaningOfFingerprint(GuardTestCase):
+    """"Fingerprint" is a report's identity, never SGLang's code digests."""
+
+    def test_fingerprint_only_where_it_means_a_report(self) -> None:
+        """No module of the package or of ``tools/`` says "fingerprint" outside the
+        places where it means a report's identity (the code's are "code digests")."""
+        self.assertEqual(_hits("fingerprint", FINGERPRINT_MEANS_A_REPORT,
+                               PACKAGE, ROOT / "tools"), [])
+
+    def test_the_allow_list_names_real_uses(self) -> None:
+        """Every allowed place exists and still says "fingerprint" (a stale entry would
+        let the word back in unseen)."""
+        for name in FINGERPRINT_MEANS_A_REPORT:
+            path = ROOT / name
+            files = [path] if path.is_file() else _sources(path)
+            self.assertTrue(any("fingerprint" in f.read_text(encoding="utf-8").lower()
+                                for f in files), name)
+
+
+class TestSGLangNamedInOnePlace(GuardTestCase):
+    """SGLang's modules are named in ``host/targets.py``, not module by module."""
+
+    def test_no_module_spells_an_sglang_module_itself(self) -> None:
+        """No module of the package outside the allow-list imports an ``sglang.srt``
+        module by name or spells one in a string: each reads ``host/targets``."""
+        hits = [f"{path.relative_to(ROOT)}:{hit}" for path in sorted(PACKAGE.rglob("*.py"))
+                if not _allowed(path, SPELLS_SGLANG) for hit in sglang_spellings(path)]
+        self.assertEqual(hits, [])
+
+    def test_the_scan_sees_each_spelling(self) -> None:
+        """An import, a from-import and a string literal naming an ``sglang.srt`` module
+        are seen; a docstring mentioning one is not."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp, "m.py")
+            path.write_text('"""About sglang.srt.x."""\nimport sglang.srt.a\n'
+                            'from sglang.srt.b import c\nNAME = "sglang.srt.d"\n')
+            hits = sglang_spellings(path)
+        self.assertEqual(sorted(hits), ["2: sglang.srt.a", "3: sglang.srt.b",
+                                        "4: sglang.srt.d"])
+
+    def test_the_allow_list_names_real_uses(self) -> None:
+        """Every allowed place still spells an SGLang module (a stale entry would let a
+        spelling back in unseen)."""
+        for name in SPELLS_SGLANG:
+            path = ROOT / name
+            files = [path] if path.is_file() else sorted(path.rglob("*.py"))
+            self.assertTrue(any(sglang_spellings(f) for f in files), name)
+
+
+if __name__ == "__main__":
+    unittest.main()
