@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_dsv4_guard.host.loader import guard_names
 from sglang_dsv4_guard.host.targets import (
     MORI_MODULE,
     MORI_TARGETS,
@@ -270,8 +271,6 @@ def other_plugins_hooks(own: str = "dsv4_guard") -> tuple[list[HookRecord], list
     try:
         found = host.load_plugins_by_group(host.GENERAL_PLUGINS_GROUP,
                                            excluded_dists=host._get_excluded_dists())
-        from sglang_dsv4_guard.host.loader import guard_names
-
         guard = {own, *guard_names(found)}  # the guard under any entry-point name
         for name, (func, dist) in found.items():
             if name in guard:

@@ -38,6 +38,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sglang_dsv4_guard.launch.parse import CheckInputError
+
 __all__ = ["answer", "answer_in_child", "child_environment", "print_answer", "request_of",
            "run_command"]
 
@@ -93,8 +95,6 @@ def run_command(args: argparse.Namespace,
     """``check``: the request from ``args``, answered (by :func:`answer_in_child` unless
     ``answerer`` is given), printed; the exit status."""
     # deferred: the parent (the check command) loads only what it runs
-    from sglang_dsv4_guard.launch.parse import CheckInputError
-
     try:
         request = request_of(args)
     except CheckInputError as exc:
@@ -168,8 +168,6 @@ DEFAULT_TIMEOUT = 600.0  # seconds; resolution takes a few
 def _timeout() -> float:
     """The child's time limit: ``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` seconds (a positive
     number), else :data:`DEFAULT_TIMEOUT`; a bad value raises naming the variable."""
-    from sglang_dsv4_guard.launch.parse import CheckInputError
-
     text = os.environ.get(TIMEOUT_VARIABLE, "")
     if not text.strip():
         return DEFAULT_TIMEOUT
@@ -221,8 +219,6 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     (the child's process group is killed first). A child that dies without answering is
     reported as an error line with its last exception line (else its last line of
     output), exit 2; one that runs out of time (:func:`_timeout`) likewise."""
-    from sglang_dsv4_guard.launch.parse import CheckInputError
-
     try:
         timeout = _timeout()
     except CheckInputError as exc:
