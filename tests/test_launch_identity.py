@@ -138,6 +138,26 @@ class TestLaunchIdentityRule(GuardTestCase):
                       "g" * 32 + "-1-1-1"):
             self.assertIsNone(self.joined(value), value)
 
+    def test_malformed_identity_still_mints_and_warns_once(self) -> None:
+        """A value past Python's digit limit or with non-ASCII digits is no identity: the
+        process joins nothing, still mints its own for its children, and warns once
+        naming the variable, the value and the form expected."""
+        for value in ("a" * 32 + "-1-" + "9" * 5000 + "-1", "a" * 32 + "-\u0661-1-1"):
+            env = {ENV_LAUNCH: value}
+            with mock.patch.object(launch_identity, "_opened", None), \
+                    mock.patch.object(launch_identity, "_warned_malformed", False), \
+                    mock.patch.object(launch_identity.multiprocessing, "parent_process",
+                                      return_value=mock.Mock(pid=os.getppid())), \
+                    self.assertLogs("sglang_dsv4_guard", level="WARNING") as logs:
+                self.assertIsNone(launch_identity.open_launch(env))
+            minted = Launch.parse(env[ENV_LAUNCH])
+            self.assertIsNotNone(minted, env[ENV_LAUNCH][:80])
+            [record] = logs.records
+            self.assertIn(ENV_LAUNCH, record.getMessage())
+            self.assertIn(value[:40], record.getMessage())
+            self.assertIn("<32 hex digits>-", record.getMessage())
+            self.assertLess(len(record.getMessage()), 600)
+
     def test_open_launch_mints_a_fresh_identity_for_the_children(self) -> None:
         """Each process that opens a launch puts its own new identity into the environment
         its children inherit: this process, unguessable, different every time."""
@@ -156,12 +176,12 @@ class TestLaunchIdentityRule(GuardTestCase):
 
 class TestSweep(GuardTestCase):
     """Marker directories of launches provably gone are removed; a directory this process
-    cannot prove dead (another PID namespace, a live minter) stays unless stale for days."""
+    cannot prove dead (another PID namespace, a live minter) stays, however old."""
 
     def test_sweep_removes_only_provably_gone_launches(self) -> None:
-        """Removed: a dead minter and a reused PID in this PID namespace, and anything not
-        written for over a week. Kept: a live minter, a dead PID of another namespace, a
-        young directory of unknown name, and this process' own launch."""
+        """Removed: a dead minter and a reused PID in this PID namespace. Kept: a live
+        minter, a dead PID of another namespace (also when nothing was written to it
+        for over a week), a directory of unknown name, and this process' own launch."""
         from sglang_dsv4_guard.dedup import markers as dedup
 
         parent, start = os.getppid(), process_start(os.getppid())
@@ -176,12 +196,30 @@ class TestSweep(GuardTestCase):
         with tempfile.TemporaryDirectory() as base:
             for name in names.values():
                 os.mkdir(os.path.join(base, name), 0o700)
-                os.mkdir(os.path.join(base, name, "fp"))
-            week = time.time() - dedup._STALE_SECONDS - 60
-            os.utime(os.path.join(base, names["old-other-ns"]), (week, week))
-            self.assertEqual(sweep(base, keep=names["mine"]), 3)
+                os.close(os.open(os.path.join(base, name, "fp"), os.O_CREAT, 0o600))
+            weeks = time.time() - 30 * 24 * 3600
+            os.utime(os.path.join(base, names["old-other-ns"]), (weeks, weeks))
+            self.assertEqual(sweep(base, keep=names["mine"]), 2)
             self.assertEqual(sorted(os.listdir(base)), sorted(
-                names[k] for k in ("live", "other-ns", "unknown", "mine")))
+                names[k] for k in ("live", "other-ns", "old-other-ns", "unknown", "mine")))
+
+    def test_sweep_leaves_a_directory_with_many_entries(self) -> None:
+        """A gone launch's directory holding far more entries than markers would is left
+        as it is (removing it could outlast the sweep's deadline); a small one goes."""
+        from sglang_dsv4_guard.dedup import markers as dedup
+
+        with tempfile.TemporaryDirectory() as base:
+            big, small = (launch_of(2**22 + 7, 5).name for _ in range(2))
+            for name, entries in ((big, 5_000), (small, 3)):
+                os.mkdir(os.path.join(base, name), 0o700)
+                for i in range(entries):
+                    os.close(os.open(os.path.join(base, name, f"{i:012x}"), os.O_CREAT, 0o600))
+            began = time.monotonic()
+            self.assertEqual(sweep(base, keep="none"), 1)
+            self.assertLess(time.monotonic() - began, 1.0)
+            self.assertEqual(os.listdir(base), [big])
+            self.assertEqual(len(os.listdir(os.path.join(base, big))), 5_000)
+            self.assertGreater(5_000, dedup._ENTRIES_MAX)
 
     def test_sweep_looks_at_a_bounded_number_of_directories(self) -> None:
         """However many gone launches there are, one sweep removes at least one and no

@@ -43,12 +43,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
+import itertools
 import json
 import logging
 import os
 import re
 import secrets
-import shutil
 import stat
 import tempfile
 import threading
@@ -63,7 +63,7 @@ from sglang_dsv4_guard.dedup.identity import (
 )
 from sglang_dsv4_guard.findings import Report
 
-__all__ = ["Seen", "ServerDedup", "cleanup_at_exit", "fingerprint", "sweep"]
+__all__ = ["PROOF_SECONDS", "Seen", "ServerDedup", "cleanup_at_exit", "fingerprint", "sweep"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -98,6 +98,9 @@ class Seen(str, enum.Enum):
     FIRST = "first"  # nowhere: print it in full
     HERE = "here"  # earlier in this process (this installation)
     ELSEWHERE = "elsewhere"  # by another process of this server on this host
+    # claimed by another process that showed no proof of printing it in time (it may
+    # have been killed between its claim and its log line): print it in full here too
+    UNPROVEN = "unproven"
 
 
 def _base_dir() -> str:
@@ -107,6 +110,9 @@ def _base_dir() -> str:
 
 
 _MARKER_MAX = 4096  # bytes; a marker is a small JSON object
+_PRINTED = ".printed"  # suffix of the marker proving the claimant printed the report
+PROOF_SECONDS = 1.0  # how long a non-claimant waits for that proof before printing
+_PROOF_POLL = 0.01
 
 
 def _private_dir(path: str) -> str:
@@ -130,43 +136,66 @@ def _boot_seconds() -> float:
 
 
 _SWEEP_MAX = 64  # directories looked at per process
+_SWEEP_SCAN = 4 * _SWEEP_MAX  # names read from the base directory per sweep
 _SWEEP_SECONDS = 0.05
-_STALE_SECONDS = 7 * 24 * 3600.0  # nothing written for a week
+_ENTRIES_MAX = 64  # a launch directory holding more is left as it is (not ours to walk)
 
 
-def _sweepable(path: str, name: str) -> bool:
-    launch = Launch.parse(name)
-    if launch is not None and launch.minter_gone():
+def _names(path: str, cap: int) -> list[str] | None:
+    """Up to ``cap`` names in the directory ``path``; ``None`` if it holds more."""
+    names: list[str] = []
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if len(names) == cap:
+                return None
+            names.append(entry.name)
+    return names
+
+
+def _remove_private(path: str, cap: int = _ENTRIES_MAX) -> bool:
+    """Remove the marker directory ``path`` if it is privately ours and holds no more than
+    ``cap`` plain entries (markers); otherwise leave it. Whether it is gone now."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
         return True
-    return time.time() - os.lstat(path).st_mtime > _STALE_SECONDS
+    names = _names(_private_dir(path), cap)
+    if names is None:
+        logger.debug("sglang-dsv4-guard: %s holds over %d entries; left as it is", path, cap)
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for name in names:
+            os.unlink(name, dir_fd=fd)  # a directory inside is not a marker: OSError
+    finally:
+        os.close(fd)
+    os.rmdir(path)
+    return True
 
 
 def sweep(base: str, keep: str) -> int:
-    """Remove up to ``_SWEEP_MAX`` marker directories (at random, for at most
-    ``_SWEEP_SECONDS``) of launches provably gone; never ``keep``. Returns how many."""
-    names = [n for n in os.listdir(base) if n != keep]
-    chosen = secrets.SystemRandom().sample(names, min(_SWEEP_MAX, len(names)))
+    """Remove up to ``_SWEEP_MAX`` marker directories (picked at random among the first
+    ``_SWEEP_SCAN`` names, for at most ``_SWEEP_SECONDS``) of launches whose minter is
+    provably gone (:meth:`Launch.minter_gone`); never ``keep``, never one of another PID
+    namespace or of a name that is no launch. Returns how many."""
     deadline, removed = time.monotonic() + _SWEEP_SECONDS, 0
-    for name in chosen:
+    names = [n for n in _first_names(base) if n != keep]
+    for name in secrets.SystemRandom().sample(names, min(_SWEEP_MAX, len(names))):
         if time.monotonic() > deadline:
             break
-        path = os.path.join(base, name)
+        launch, path = Launch.parse(name), os.path.join(base, name)
         try:
-            if _sweepable(path, name):
-                _remove_private(path)
+            if launch is not None and launch.minter_gone() and _remove_private(path):
                 removed += 1
         except OSError as exc:
             logger.debug("sglang-dsv4-guard: %s not swept (%s)", path, exc)
     return removed
 
 
-def _remove_private(path: str) -> None:
-    """Remove the marker directory ``path`` if it exists and is privately ours."""
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(_private_dir(path))
+def _first_names(base: str) -> list[str]:
+    """At most the first ``_SWEEP_SCAN`` names in the base directory."""
+    with os.scandir(base) as entries:
+        return [entry.name for entry in itertools.islice(entries, _SWEEP_SCAN)]
 
 
 def cleanup_at_exit() -> None:
@@ -261,34 +290,50 @@ class ServerDedup:
                 os.unlink(tmp)
             raise
 
-    def _claim(self, fp: str) -> Seen:
-        directory = self._session()
-        if directory is None or self._me is None:
-            return Seen.FIRST
-        path = os.path.join(directory, fp)
+    def _place(self, directory: str, name: str) -> bool:
+        """Create this process' marker ``name`` atomically; ``False`` if another,
+        contemporary process holds it (see :meth:`_counts`)."""
+        assert self._me is not None
+        path = os.path.join(directory, name)
         if self._counts(path):
-            return Seen.ELSEWHERE
-        tmp = os.path.join(directory, f".{fp}.{self._me.pid}")
+            return False
+        tmp = os.path.join(directory, f".{name}.{self._me.pid}")
         self._write_temp(tmp)
         try:
             try:
                 os.link(tmp, path)  # atomic: exactly one process creates the marker
             except FileExistsError:
                 if self._counts(path):
-                    return Seen.ELSEWHERE
+                    return False
                 os.replace(tmp, path)  # stale (an earlier launch, ours, not a file): take it
-            return Seen.FIRST
+            return True
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
+    def _proven(self, directory: str, fp: str) -> Seen:
+        """Another process claimed ``fp``: ELSEWHERE once its proof of printing is there
+        (waiting up to ``PROOF_SECONDS``), else UNPROVEN."""
+        proof, deadline = os.path.join(directory, fp + _PRINTED), \
+            time.monotonic() + PROOF_SECONDS
+        while not self._counts(proof):
+            if time.monotonic() > deadline:
+                return Seen.UNPROVEN
+            time.sleep(_PROOF_POLL)
+        return Seen.ELSEWHERE
+
+    def _claim(self, fp: str) -> Seen:
+        directory = self._session()
+        if directory is None or self._me is None:
+            return Seen.FIRST
+        return Seen.FIRST if self._place(directory, fp) else self._proven(directory, fp)
+
     def seen(self, fp: str) -> Seen:
-        """Where the report ``fp`` was printed before; the first call claims it, then
-        (outside the lock, once per process) sweeps a few gone launches' directories."""
+        """Where the report ``fp`` was printed before; the first call claims it."""
         with self._lock:
             decided = self._decided.get(fp)
             if decided is not None:
-                return Seen.HERE if decided is Seen.FIRST else decided
+                return Seen.HERE if decided in (Seen.FIRST, Seen.UNPROVEN) else decided
             try:
                 decided = self._claim(fp)
             except OSError as exc:
@@ -296,10 +341,29 @@ class ServerDedup:
                              "(%s); printing the report in full", exc)
                 decided = Seen.FIRST
             self._decided[fp] = decided
+            return decided
+
+    def printed(self, fp: str) -> None:
+        """Record that this process has written the report ``fp`` out in full (its log
+        call returned): the proof the other processes wait for before they suppress it.
+        Then, outside the lock and once per process, sweep a few gone launches'
+        directories: never between a claim and its print."""
+        with self._lock:
+            directory = self._directory if self._opened else None
+            if directory is not None and self._me is not None:
+                try:
+                    self._place(directory, fp + _PRINTED)
+                except OSError as exc:
+                    logger.debug("sglang-dsv4-guard: proof of printing %s not written (%s)",
+                                 fp, exc)
+        self.sweep_once()
+
+    def sweep_once(self) -> None:
+        """The first call after a claim sweeps (see :func:`sweep`); later ones do nothing."""
+        with self._lock:
             pending, self._sweep = self._sweep, None
         if pending is not None:
             try:
                 sweep(*pending)
             except OSError as exc:
                 logger.debug("sglang-dsv4-guard: marker sweep skipped (%s)", exc)
-        return decided
