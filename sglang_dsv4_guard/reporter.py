@@ -2,7 +2,7 @@
 
 What the text log shows for one occurrence of a report:
 
-- the first time in this server (see :mod:`sglang_dsv4_guard.dedup`): the full
+- the first time in this launch (see :mod:`sglang_dsv4_guard.dedup`): the full
   report, always, also when it is raised, and written before the exception rises: SGLang
   may kill the process (its process group, on another scheduler's exception) before a
   traceback prints. The exception (or note) carries the full report too, except when
@@ -11,7 +11,7 @@ What the text log shows for one occurrence of a report:
   one line pointing at the logged report (``err.report`` keeps the data). Once the log
   call returned, the process records the proof that it printed the report
   (:meth:`~sglang_dsv4_guard.dedup.markers.ServerDedup.printed`);
-- again in this process, or already printed by another process of the server (with
+- again in this process, or already printed by another process of the launch (with
   that proof): one line naming the fingerprint and the codes (raised or not);
 - claimed by another process that showed no proof of printing it within a second:
   the full report again, saying why in one line;
@@ -107,14 +107,14 @@ def _proof_wait() -> str:
 
 def pointer(report: Report, fp: str, seen: Seen | None) -> str:
     """One line for a report printed in full elsewhere."""
-    where = ("by another process of this server" if seen is Seen.ELSEWHERE
+    where = ("by another process of this launch" if seen is Seen.ELSEWHERE
              else "earlier by this process")
     return f"{headline(report)}: same report as printed in full {where} (fingerprint {fp})"
 
 
 _WHERE = {Seen.FIRST: "printed in full here",
           Seen.UNPROVEN: "printed in full here (the claimant showed no proof of printing it)",
-          Seen.ELSEWHERE: "printed in full by another process of this server",
+          Seen.ELSEWHERE: "printed in full by another process of this launch",
           Seen.HERE: "not printed: a repeat of a mismatch reported above"}
 
 
@@ -147,7 +147,7 @@ class LogReporter:
                 also = f"; also carried by {d.carrier}"
             text = f"{full}\n    (fingerprint {fp}{also})"
             if d.seen is Seen.UNPROVEN:
-                text += ("\n    printed here too: another process of this server claimed this "
+                text += ("\n    printed here too: another process of this launch claimed this "
                          f"report but showed no proof of printing it within {_proof_wait()}")
         else:
             text = pointer(report, fp, d.seen)

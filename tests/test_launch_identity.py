@@ -13,6 +13,8 @@ import multiprocessing
 import os
 import re
 import secrets
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -31,7 +33,7 @@ from sglang_dsv4_guard.dedup.markers import sweep
 register_cpu_ci(est_time=240, suite="stage-a-test-cpu")
 
 FULL_THREE = "[DSV4G001] error:"  # a line only the full report of the "three" pair has
-POINTER = re.compile(r"same report as printed in full by another process of this server")
+POINTER = re.compile(r"same report as printed in full by another process of this launch")
 def spec(directory: str, name: str, **more: Any) -> dict[str, Any]:
     return {"pair": "three", "out": os.path.join(directory, f"{name}.log"),
             "done": os.path.join(directory, f"{name}.done"), **more}
@@ -79,6 +81,31 @@ import sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import launch_child
 sys.exit(launch_child.launch_through_a_bystander())
+"""
+
+
+# Run by ``python -c``: server A's scheduler starts, then server B's (both from one
+# launcher that ran load_plugins() once, as a script starting two sglang.Engine does);
+# A meets the report, then B meets the same report while A is still alive.
+TWO_SERVERS = r"""
+import multiprocessing, os, sys, time
+sys.path.insert(0, sys.argv[2])
+import launch_child
+from sglang.srt.plugins import load_plugins
+load_plugins()
+d = sys.argv[1]
+ctx = multiprocessing.get_context("spawn")
+a = ctx.Process(target=launch_child.scheduler, args=({
+    "pair": "three", "out": f"{d}/a.log", "wait_for": [f"{d}/b-started"], "done": f"{d}/a-done"},))
+a.start()
+time.sleep(1.0)  # the second server starts later, as a second Engine(...) does
+b = ctx.Process(target=launch_child.scheduler, args=({
+    "pair": "three", "out": f"{d}/b.log", "wait_for": [f"{d}/a-done"]},))
+b.start()
+time.sleep(1.0)
+open(f"{d}/b-started", "w").close()
+a.join(600); b.join(600)
+sys.exit(abs(a.exitcode or 0) + abs(b.exitcode or 0))
 """
 
 
@@ -182,7 +209,6 @@ class TestSweep(GuardTestCase):
         """Removed: a dead minter and a reused PID in this PID namespace. Kept: a live
         minter, a dead PID of another namespace (also when nothing was written to it
         for over a week), a directory of unknown name, and this process' own launch."""
-        from sglang_dsv4_guard.dedup import markers as dedup
 
         parent, start = os.getppid(), process_start(os.getppid())
         ns = os.stat("/proc/self/ns/pid").st_ino
@@ -301,6 +327,33 @@ class TestTwoPidNamespaces(GuardTestCase):
         self.outputs.case = self
         for server in ("A", "B"):
             self.outputs.assert_pointers_true(server)
+
+
+class TestTwoServersRunningFromOneLauncher(GuardTestCase):
+    """Two servers run at the same time from one launcher process, which ran SGLang's
+    ``load_plugins()`` once (as a script starting two ``sglang.Engine``): they share one
+    launch, so the second may point at the first's report, and its pointer must be true."""
+
+    def test_second_servers_pointer_names_a_full_copy_of_its_launch(self) -> None:
+        """Server B meets the report server A printed while both run: B prints it in
+        full, or one line saying another process of this launch printed it, with the
+        fingerprint of A's full copy."""
+        with tempfile.TemporaryDirectory() as d:
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("SGLANG_DSV4_GUARD", "SGLANG_PLUGINS"))}
+            tests = os.path.dirname(os.path.abspath(__file__))
+            done = subprocess.run([sys.executable, "-c", TWO_SERVERS, d, tests],
+                                  env={**env, **GUARD_ON}, capture_output=True, text=True,
+                                  timeout=900, check=False)
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            a, b = read(os.path.join(d, "a.log")), read(os.path.join(d, "b.log"))
+        self.assertIn(FULL_THREE, a)
+        [printed] = set(re.findall(r"\(fingerprint ([0-9a-f]{12}); also carried by", a))
+        if FULL_THREE not in b:
+            pointers = re.findall(r"printed in full by another process of this launch "
+                                  r"\(fingerprint ([0-9a-f]{12})\)", b)
+            self.assertTrue(pointers, b)
+            self.assertEqual(set(pointers), {printed}, b)
 
 
 class TestManyStaleLaunches(GuardTestCase):

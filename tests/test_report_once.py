@@ -39,7 +39,7 @@ register_cpu_ci(est_time=400, suite="stage-a-test-cpu")
 FULL_THREE = "[DSV4G001] error:"  # a line only the full report of the "three" pair has
 FULL_UNIFIED = "[DSV4G002] error:"
 POINTER = re.compile(r"\[DSV4G001, DSV4G004, DSV4G005\]: same report as printed in full by "
-                     r"another process of this server \(fingerprint ([0-9a-f]{12})\)")
+                     r"another process of this launch \(fingerprint ([0-9a-f]{12})\)")
 
 
 

@@ -19,9 +19,15 @@ between processes of one launch:
   with nobody.
 - **Limits**: processes started by ``multiprocessing`` from a guarded process count as
   its launch, whatever they run: pool workers a guarded process starts, or two servers
-  started at the same moment from one process, share it. Two servers started one after
-  the other from one process share it too; the markers' time rule (see
-  :mod:`sglang_dsv4_guard.dedup.markers`) keeps those apart.
+  run at the same time from one process (SGLang's ``load_plugins()`` runs once per
+  process, so the identity is minted once), share it: a report of the second may be a
+  pointer to the first's full copy, and pointers say "another process of this launch",
+  never "of this server". Two servers started one after the other from one process
+  share it too; the markers' time rule (see :mod:`sglang_dsv4_guard.dedup.markers`)
+  keeps those apart.
+- **A bad value** of ``SGLANG_DSV4_GUARD_LAUNCH`` (not ``<32 hex>-<n>-<n>-<n>``, ASCII
+  digits, at most 20 each) is no identity: a warning once, and the process still mints
+  its own.
 """
 
 from __future__ import annotations

@@ -1,34 +1,40 @@
-"""One full report per server and host: which process prints a report in full.
+"""One full report per launch and host: which process prints a report in full.
 
 A TP-8 server runs 8 scheduler processes, and each meets the same problem. The first
 process to meet a report (by :func:`fingerprint`) prints it in full; the others print
-one line naming the fingerprint. A *different* report is printed in full wherever it
-is first met. Suppression needs proof that two processes belong to one launch of one
-server; without it every process prints in full (deduplication fails open).
+one line naming the fingerprint, once they have proof that it was printed. A
+*different* report is printed in full wherever it is first met. Suppression needs proof
+that two processes belong to one launch and that the full report was written out;
+without either, every process prints in full (deduplication fails open).
 
 How processes agree (Linux; anywhere else every process prints in full):
 
 - **The launch** (:mod:`sglang_dsv4_guard.dedup.identity`): a process deduplicates
   only within the launch it joined, an identity minted by an ancestor that ran the
-  guard before starting it; without one it deduplicates with nobody. Two servers
-  started one after the other from one process share the identity; the marker rule
-  below keeps them apart.
+  guard before starting it; without one it deduplicates with nobody. Servers started
+  at the same time from one launcher process share it; the marker rule below keeps
+  apart those started one after the other.
 - **Markers** live in ``/dev/shm/sglang-dsv4-guard-launches-<uid>/<launch>/`` (or the
   temporary directory without ``/dev/shm``; a name that earlier versions of the guard,
-  which swept by another rule, never touch), one file per fingerprint, claimed
+  which swept by another rule, never touch), one claim per fingerprint, made
   atomically (``os.link`` of a complete file: exactly one process wins). A marker
   counts only if another process wrote it *after this process started*: the
   schedulers of one server start together, long before they meet a report; a marker
   of an earlier launch from the same process is older and never suppresses anything.
+- **Proof of printing**: the claimant writes ``<fingerprint>.printed`` (the same way)
+  once its log call returned. A process finding a claim without that proof waits up to
+  ``PROOF_SECONDS`` for it, then prints the report in full itself (``Seen.UNPROVEN``):
+  the claimant may have been killed between its claim and its print.
 - **Clean-up**: at exit (:func:`cleanup_at_exit`, registered by ``install()``) the
   minter removes its launch's directory, and a process removes that of the launch it
-  joined once the minter is gone. After its first claim, outside the lock, a process
-  looks at no more than ``_SWEEP_MAX`` other directories, at random, for at most
-  ``_SWEEP_SECONDS``, and removes one only when its minter is provably gone: same PID
-  namespace and that PID dead or with another start time, or nothing written in it for
-  ``_STALE_SECONDS`` (a rule that holds across namespaces; a live launch losing its
-  markers to it only prints in full again). Nothing ever depends on those files being
-  gone.
+  joined once the minter is gone. After its first report is printed (never between a
+  claim and its print), outside the lock, a process reads at most ``_SWEEP_SCAN`` names
+  of other launches' directories and looks at no more than ``_SWEEP_MAX`` of them, at
+  random, for at most ``_SWEEP_SECONDS``; it removes one only when its minter is
+  provably gone (same PID namespace, and that PID dead or with another start time) and
+  it holds at most ``_ENTRIES_MAX`` plain files (a bigger one is left as it is). A
+  directory of another PID namespace is never removed, however old (each is tiny).
+  Nothing ever depends on those files being gone.
 - **Trust**: the per-user directory and the launch's directory must be this user's
   own real directories (not links), closed to group and others, or nothing is
   deduplicated. Markers are read without following links or blocking (a FIFO under
@@ -97,7 +103,7 @@ class Seen(str, enum.Enum):
 
     FIRST = "first"  # nowhere: print it in full
     HERE = "here"  # earlier in this process (this installation)
-    ELSEWHERE = "elsewhere"  # by another process of this server on this host
+    ELSEWHERE = "elsewhere"  # by another process of this launch on this host
     # claimed by another process that showed no proof of printing it in time (it may
     # have been killed between its claim and its log line): print it in full here too
     UNPROVEN = "unproven"

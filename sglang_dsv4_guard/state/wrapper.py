@@ -180,7 +180,7 @@ def _publish(rt: Runtime, report: Report, raised: bool, in_traceback: bool = Fal
     traceback may never print: SGLang may kill the process group first). When
     ``in_traceback`` (SGLang's scheduler handler is on the stack and logs the traceback)
     the exception then carries one line pointing at that log entry; elsewhere it carries
-    the full report too. When another process of this server (or this one) printed the
+    the full report too. When another process of this launch (or this one) printed the
     same report already, the log and the exception carry a one-line pointer.
     """
     delivery = publish(rt, report, Delivery(raised=raised, carrier=carrier, printed_by=(
