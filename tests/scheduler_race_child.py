@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import glob
 import inspect
-import logging
 import multiprocessing
 import os
 import signal
@@ -24,6 +23,7 @@ import time
 import types
 from typing import Any
 
+import scheduler_child
 from sglang.test.ci.ci_register import register_cpu_ci
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
@@ -33,6 +33,8 @@ register_cpu_ci(est_time=1, suite="stage-a-test-cpu",
 
 
 class _QueueStartingScheduler:
+    # Constructing SGLang's Scheduler starts its bootstrap queue, which calls
+    # setup_state_kv_args; this one makes that call from the prefill queue's module.
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         import sglang.srt.disaggregation.prefill as prefill
 
@@ -42,21 +44,16 @@ class _QueueStartingScheduler:
         exec(call, vars(prefill), {"kv": new_kv_args(), "pools": three_mismatch_pair()})
 
 
-def rank(out: str, go: Any) -> None:
-    """One scheduler rank: log to ``out``, wait for ``go``, run run_scheduler_process."""
-    handler = logging.FileHandler(out)
-    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
-    logging.getLogger().addHandler(handler)
-    logging.getLogger().setLevel(logging.INFO)
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()
+def failing_scheduler() -> dict[str, Any]:
+    """Make SGLang's scheduler module construct :class:`_QueueStartingScheduler`, with the
+    process set-up before its ``try`` (it needs a real server) as no-ops; the arguments
+    for its ``run_scheduler_process``."""
     import sglang.srt.managers.scheduler as scheduler
 
     scheduler.Scheduler = _QueueStartingScheduler  # type: ignore[misc,assignment]
     for name in ("load_plugins", "configure_scheduler_process", "publish",
                  "resolve_spawn_dp_rank", "spawn_world_rank", "SpawnRanks"):
-        if hasattr(scheduler, name):  # process set-up before the try: needs a real server
+        if hasattr(scheduler, name):
             setattr(scheduler, name, lambda *a, **k: None)
     if hasattr(scheduler, "get_observability"):
         scheduler.get_observability = lambda: types.SimpleNamespace(enable_trace=False)
@@ -64,6 +61,18 @@ def rank(out: str, go: Any) -> None:
     kwargs: dict[str, Any] = {n: None for n, p in params.items()
                               if p.default is inspect.Parameter.empty}
     kwargs["server_args"] = types.SimpleNamespace(enable_trace=False)
+    return kwargs
+
+
+def rank(out: str, go: Any) -> None:
+    """One scheduler rank: log to ``out``, wait for ``go``, run run_scheduler_process."""
+    scheduler_child.log_to(out, "%(name)s %(levelname)s %(message)s")
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    import sglang.srt.managers.scheduler as scheduler
+
+    kwargs = failing_scheduler()
     with open(out + ".ready", "w", encoding="utf-8"):
         pass
     go.wait(300)

@@ -28,41 +28,22 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=240, suite="stage-a-test-cpu")
 
 PROBE = r"""
-import inspect, json, logging, multiprocessing, signal, sys, types
+import json, logging, multiprocessing, signal, sys
 signal.signal(signal.SIGQUIT, signal.SIG_IGN)  # SGLang's handler signals its parent: us
 logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                     format="%(name)s %(levelname)s %(message)s")
-import sglang.srt.disaggregation.prefill as prefill
 import sglang.srt.managers.scheduler as scheduler
 import sglang_dsv4_guard
+import scheduler_race_child
 sglang_dsv4_guard.install("on", load_entry_points=False)
-
-
-class QueueStartingScheduler:
-    # Constructing SGLang's Scheduler starts its bootstrap queue, which calls
-    # setup_state_kv_args; this one makes that call from the prefill queue's module.
-    def __init__(self, *args, **kwargs):
-        from sglang_dsv4_guard.testing import new_kv_args, three_mismatch_pair
-        call = compile("setup_state_kv_args(kv, *pools)", prefill.__file__, "exec")
-        exec(call, vars(prefill), {"kv": new_kv_args(), "pools": three_mismatch_pair()})
-
-
-scheduler.Scheduler = QueueStartingScheduler
-for name in ("load_plugins", "configure_scheduler_process", "publish",
-             "resolve_spawn_dp_rank", "spawn_world_rank", "SpawnRanks"):
-    if hasattr(scheduler, name):  # process set-up before the try: needs a real server
-        setattr(scheduler, name, lambda *a, **k: None)
-if hasattr(scheduler, "get_observability"):
-    scheduler.get_observability = lambda: types.SimpleNamespace(enable_trace=False)
-params = inspect.signature(scheduler.run_scheduler_process).parameters
-kwargs = {n: None for n, p in params.items() if p.default is inspect.Parameter.empty}
-kwargs["server_args"] = types.SimpleNamespace(enable_trace=False)
+kwargs = scheduler_race_child.failing_scheduler()
 child = multiprocessing.get_context("fork").Process(target=scheduler.run_scheduler_process,
                                                    kwargs=kwargs)
 child.start()
 child.join(120)
 print(json.dumps({"exitcode": child.exitcode}))
 """
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 class TestSchedulerPrintsTheReportOnce(GuardTestCase):
@@ -72,7 +53,7 @@ class TestSchedulerPrintsTheReportOnce(GuardTestCase):
         """The guard logs the full report before raising; the DSV4GuardError that SGLang's
         handler logs with its traceback carries SGLang's first line and one line
         pointing at the logged report by its fingerprint."""
-        done = fresh_python(PROBE)
+        done = fresh_python(PROBE, path_first=TESTS)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         self.assertIsNotNone(json.loads(done.stdout.strip().splitlines()[-1])["exitcode"])
         log = done.stderr
@@ -98,14 +79,13 @@ class TestKilledLaunchStillPrintsTheReport(GuardTestCase):
     def test_every_launch_prints_the_full_report_at_least_once(self) -> None:
         """In every trial, whichever ranks die before their traceback prints, at least
         one rank's output holds the full report."""
-        tests = os.path.dirname(os.path.abspath(__file__))
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("SGLANG_DSV4_GUARD", "SGLANG_PLUGINS"))}
         env.update(GUARD_ON, SGLANG_KILLPG_ON_SCHEDULER_EXCEPTION="1")
         copies = []
         for _ in range(self.TRIALS):
             with tempfile.TemporaryDirectory() as d:
-                subprocess.run([sys.executable, os.path.join(tests, "scheduler_race_child.py"),
+                subprocess.run([sys.executable, os.path.join(TESTS, "scheduler_race_child.py"),
                                 d, "4"], env=env, capture_output=True, text=True, timeout=600,
                                check=False, start_new_session=True)  # killpg: its own group
                 logs = [read(f) for f in sorted(glob.glob(os.path.join(d, "rank*.log")))]
