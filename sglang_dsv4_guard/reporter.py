@@ -2,16 +2,19 @@
 
 What the text log shows for one occurrence of a report:
 
-- the first time in this server (see :mod:`sglang_dsv4_guard.dedup`): the full
-  report, also when it is raised. The process that claims a report is the only one
-  that prints it in full, and SGLang may kill it (its process group, on another
-  scheduler's exception) before its traceback prints, so the claimant's log carries
-  one full copy; the exception (or note) carries it too, as the API. Except when
+- the first time in this launch (see :mod:`sglang_dsv4_guard.dedup`): the full
+  report, always, also when it is raised, and written before the exception rises: SGLang
+  may kill the process (its process group, on another scheduler's exception) before a
+  traceback prints. The exception (or note) carries the full report too, except when
   SGLang's own handler that logs the traceback is on the stack (``Delivery.printed_by``:
-  the scheduler's ``run_scheduler_process``, which logs it before anything else): the
-  log then says one line pointing at that traceback;
-- again in this process, or already printed by another process of the server: one
-  line naming the fingerprint and the codes (raised or not);
+  the scheduler's ``run_scheduler_process``): its text is then SGLang's first line and
+  one line pointing at the logged report (``err.report`` keeps the data). Once the log
+  call returned, the process records the proof that it printed the report
+  (:meth:`~sglang_dsv4_guard.dedup.markers.ServerDedup.printed`);
+- again in this process, or already printed by another process of the launch (with
+  that proof): one line naming the fingerprint and the codes (raised or not);
+- claimed by another process that showed no proof of printing it within a second:
+  the full report again, saying why in one line;
 - a repeat the caller marks ``quiet`` (a MORI peer with a mismatch already reported):
   nothing above DEBUG; the caller logs a running count sparsely.
 
@@ -32,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_dsv4_guard.dedup.markers import Seen, ServerDedup, fingerprint
+from sglang_dsv4_guard.dedup.markers import PROOF_SECONDS, Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.render import render_report
@@ -54,8 +57,9 @@ class Delivery:
     text log need not show. ``note``: a line added to the text. ``extra``: more
     structured data for the JSON record (counts). ``printed_by``: SGLang's own handler
     that logs the raised exception's traceback (the scheduler's), if one is on the stack:
-    the text log then shows one line pointing at it instead of a second full copy.
-    ``fingerprint`` and ``seen`` are set by :class:`LogReporter` (``None`` if it did not run).
+    the exception then carries one line pointing at the logged report instead of a second
+    full copy. ``fingerprint``, ``seen`` and ``logged_full`` (the full report went to an
+    enabled logger) are set by :class:`LogReporter` (``None``/``False`` if it did not run).
     """
 
     raised: bool = False
@@ -66,6 +70,7 @@ class Delivery:
     extra: dict[str, Any] = field(default_factory=dict)
     fingerprint: str | None = None
     seen: Seen | None = None
+    logged_full: bool = False
 
 
 _DELIVERY: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar(
@@ -96,15 +101,20 @@ def headline(report: Report) -> str:
     return f"{rendered.splitlines()[0]} [{', '.join(dict.fromkeys(report.codes))}]"
 
 
+def _proof_wait() -> str:
+    return f"{PROOF_SECONDS:g} s (it may have been killed before it printed)"
+
+
 def pointer(report: Report, fp: str, seen: Seen | None) -> str:
     """One line for a report printed in full elsewhere."""
-    where = ("by another process of this server" if seen is Seen.ELSEWHERE
+    where = ("by another process of this launch" if seen is Seen.ELSEWHERE
              else "earlier by this process")
     return f"{headline(report)}: same report as printed in full {where} (fingerprint {fp})"
 
 
 _WHERE = {Seen.FIRST: "printed in full here",
-          Seen.ELSEWHERE: "printed in full by another process of this server",
+          Seen.UNPROVEN: "printed in full here (the claimant showed no proof of printing it)",
+          Seen.ELSEWHERE: "printed in full by another process of this launch",
           Seen.HERE: "not printed: a repeat of a mismatch reported above"}
 
 
@@ -126,14 +136,19 @@ class LogReporter:
         self._lock = threading.Lock()
         self.counts: dict[str, _Count] = {}
 
-    def _text(self, report: Report, fp: str, d: Delivery) -> str:
-        if d.seen is Seen.FIRST and not d.quiet and d.raised and d.printed_by:
-            text = (f"{headline(report)}: the full report is carried by {d.carrier}, whose "
-                    f"traceback {d.printed_by} logs (fingerprint {fp})")
-        elif d.seen is Seen.FIRST and not d.quiet:
+    def _text(self, report: Report, full: str, fp: str, d: Delivery) -> str:
+        if d.seen in (Seen.FIRST, Seen.UNPROVEN) and not d.quiet:
             # Logged even when raised: the traceback may never print (see the docstring).
-            also = f"; also carried by {d.carrier}" if d.raised else ""
-            text = f"{render_report(report)}\n    (fingerprint {fp}{also})"
+            if not d.raised:
+                also = ""
+            elif d.printed_by:
+                also = f"; {d.carrier}, whose traceback {d.printed_by} logs, points here"
+            else:
+                also = f"; also carried by {d.carrier}"
+            text = f"{full}\n    (fingerprint {fp}{also})"
+            if d.seen is Seen.UNPROVEN:
+                text += ("\n    printed here too: another process of this launch claimed this "
+                         f"report but showed no proof of printing it within {_proof_wait()}")
         else:
             text = pointer(report, fp, d.seen)
         return f"{text}\n    {d.note}" if d.note else text
@@ -145,19 +160,29 @@ class LogReporter:
             return
         d = _DELIVERY.get() or Delivery()
         fp = d.fingerprint = fingerprint(report)
+        # Rendered before the claim: the window from claim to print stays short.
+        full = render_report(report) or headline(report)
         # A quiet repeat was reported in full before (here or elsewhere): claim nothing.
         d.seen = Seen.HERE if d.quiet else self.dedup.seen(fp)
         with self._lock:
             count = self.counts.setdefault(fp, _Count(report.codes, headline(report), d.seen))
             count.occurrences += 1
         level = _level(report)
-        text = self._text(report, fp, d)
+        text = self._text(report, full, fp, d)
         if self.log_format != "json":
-            logger.log(logging.DEBUG if d.quiet else level, "%s", text)
-            return
-        data = {"fingerprint": fp, "codes": list(report.codes), "seen": d.seen.value,
-                "raised": d.raised, "pid": os.getpid(), **d.extra, "report": report.to_dict()}
-        logger.log(level, "%s", text, extra={EXTRA_KEY: data})
+            level = logging.DEBUG if d.quiet else level
+            logger.log(level, "%s", text)
+        else:  # every occurrence is a record at the report's level, quiet ones included
+            data = {"fingerprint": fp, "codes": list(report.codes), "seen": d.seen.value,
+                    "raised": d.raised, "pid": os.getpid(), **d.extra,
+                    "report": report.to_dict()}
+            logger.log(level, "%s", text, extra={EXTRA_KEY: data})
+        d.logged_full = d.seen in (Seen.FIRST, Seen.UNPROVEN) and not d.quiet \
+            and logger.isEnabledFor(level)
+        if d.logged_full:
+            self.dedup.printed(fp)  # the proof others wait for; then the sweep
+        else:
+            self.dedup.sweep_once()
 
     def summary_lines(self) -> list[str]:
         """One line per distinct report: occurrences, and where it was printed in full."""

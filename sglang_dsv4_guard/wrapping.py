@@ -9,8 +9,10 @@ decode side next) reuses these instead of restating them:
 - :func:`our_failure` and :func:`note_on`: a failure of ours is logged and SGLang runs as
   if we were absent; in strict mode it becomes an error, which rises only once SGLang's
   verdict is in, and as a note under SGLang's own error when SGLang raised;
-- :func:`publish` then :func:`carried_text`: a report goes to every reporter first; the
-  exception carries it in full where it was first printed, else a one-line pointer;
+- :func:`publish` then :func:`carried_text`: a report goes to every reporter first (the
+  log reporter writes it out before anything rises); the exception carries it in full
+  where it was first printed, else a one-line pointer, and a pointer to the log when
+  SGLang's scheduler handler logs the traceback;
 - :func:`calling_frame` and :func:`handler_prints_traceback`: who called the wrapped
   function, by SGLang's own frames, and whether SGLang's scheduler will log the
   traceback of what the wrapper raises.
@@ -26,7 +28,7 @@ from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.targets import REGISTRY_MODULE, SCHEDULER_MODULE
 from sglang_dsv4_guard.render import render_report
-from sglang_dsv4_guard.reporter import Delivery, delivering, pointer
+from sglang_dsv4_guard.reporter import Delivery, delivering, headline, pointer
 from sglang_dsv4_guard.runtime import Runtime, add_note
 
 __all__ = [
@@ -85,17 +87,24 @@ def publish(rt: Runtime, report: Report, delivery: Delivery) -> Delivery:
 
 
 def prints_in_full(seen: Seen | None) -> bool:
-    """Whether an occurrence carries the full report: the first in the server, or one the
-    log reporter did not see (deduplication fails open)."""
-    return seen in (None, Seen.FIRST)
+    """Whether an occurrence carries the full report: the first in the server, one whose
+    claimant showed no proof of printing it, or one the log reporter did not see
+    (deduplication fails open)."""
+    return seen in (None, Seen.FIRST, Seen.UNPROVEN)
 
 
 def carried_text(report: Report, delivery: Delivery) -> str | None:
-    """What the raised exception (or note) carries once ``delivery`` was published: the
-    full report where it is printed first, else one line pointing at where it was."""
-    if prints_in_full(delivery.seen) or delivery.fingerprint is None:
+    """What the raised exception (or note) carries once ``delivery`` was published: one
+    line pointing at the log when SGLang's handler prints the traceback and the full
+    report was logged here already; else the full report where it is printed first, or
+    one line pointing at where it was printed."""
+    fp = delivery.fingerprint
+    if fp is not None and delivery.printed_by and delivery.logged_full:
+        return (f"{headline(report)}: the full report is logged above by this process "
+                f"(logger sglang_dsv4_guard, fingerprint {fp})")
+    if prints_in_full(delivery.seen) or fp is None:
         return render_report(report)
-    return pointer(report, delivery.fingerprint, delivery.seen)
+    return pointer(report, fp, delivery.seen)
 
 
 def _module(frame: FrameType) -> str:

@@ -56,20 +56,20 @@ def _counted_run(spec: dict[str, Any]) -> None:
 
     instances: list[Any] = []
     counts = {"removed": 0, "removed_under_lock": 0}
-    init, rmtree = dedup.ServerDedup.__init__, dedup.shutil.rmtree
+    init, remove = dedup.ServerDedup.__init__, dedup._remove_private
 
     def record(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         instances.append(self)
 
-    def count(path: Any, *args: Any, **kwargs: Any) -> None:
+    def count(path: Any, *args: Any, **kwargs: Any) -> bool:
         counts["removed"] += 1
         counts["removed_under_lock"] += any(d._lock.locked() for d in instances)
-        rmtree(path, *args, **kwargs)
+        return bool(remove(path, *args, **kwargs))
 
     with mock.patch.object(dedup, "_base_dir", return_value=spec["base"]), \
             mock.patch.object(dedup.ServerDedup, "__init__", record), \
-            mock.patch.object(dedup.shutil, "rmtree", count):
+            mock.patch.object(dedup, "_remove_private", count):
         scheduler_child.run(spec["pair"], spec["out"])
     with open(spec["counts"], "w", encoding="utf-8") as out:
         json.dump(counts, out)

@@ -31,12 +31,17 @@ def _pair(name: str) -> tuple[Any, Any]:
     raise ValueError(f"pair must be 'three' or 'unified' (got {name!r})")
 
 
-def run(pair: str, out_path: str) -> None:
-    """Load plug-ins as a scheduler does, run the real function, record the output."""
+def log_to(out_path: str, fmt: str = "LOG %(levelname)s %(message)s") -> None:
+    """Send this process' log records (INFO and above) to ``out_path``."""
     handler = logging.FileHandler(out_path)
-    handler.setFormatter(logging.Formatter("LOG %(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter(fmt))
     logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(logging.INFO)
+
+
+def run(pair: str, out_path: str) -> None:
+    """Load plug-ins as a scheduler does, run the real function, record the output."""
+    log_to(out_path)
     from sglang.srt.plugins import load_plugins
 
     load_plugins()

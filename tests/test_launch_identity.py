@@ -13,6 +13,8 @@ import multiprocessing
 import os
 import re
 import secrets
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -31,7 +33,7 @@ from sglang_dsv4_guard.dedup.markers import sweep
 register_cpu_ci(est_time=240, suite="stage-a-test-cpu")
 
 FULL_THREE = "[DSV4G001] error:"  # a line only the full report of the "three" pair has
-POINTER = re.compile(r"same report as printed in full by another process of this server")
+POINTER = re.compile(r"same report as printed in full by another process of this launch")
 def spec(directory: str, name: str, **more: Any) -> dict[str, Any]:
     return {"pair": "three", "out": os.path.join(directory, f"{name}.log"),
             "done": os.path.join(directory, f"{name}.done"), **more}
@@ -79,6 +81,31 @@ import sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import launch_child
 sys.exit(launch_child.launch_through_a_bystander())
+"""
+
+
+# Run by ``python -c``: server A's scheduler starts, then server B's (both from one
+# launcher that ran load_plugins() once, as a script starting two sglang.Engine does);
+# A meets the report, then B meets the same report while A is still alive.
+TWO_SERVERS = r"""
+import multiprocessing, os, sys, time
+sys.path.insert(0, sys.argv[2])
+import launch_child
+from sglang.srt.plugins import load_plugins
+load_plugins()
+d = sys.argv[1]
+ctx = multiprocessing.get_context("spawn")
+a = ctx.Process(target=launch_child.scheduler, args=({
+    "pair": "three", "out": f"{d}/a.log", "wait_for": [f"{d}/b-started"], "done": f"{d}/a-done"},))
+a.start()
+time.sleep(1.0)  # the second server starts later, as a second Engine(...) does
+b = ctx.Process(target=launch_child.scheduler, args=({
+    "pair": "three", "out": f"{d}/b.log", "wait_for": [f"{d}/a-done"]},))
+b.start()
+time.sleep(1.0)
+open(f"{d}/b-started", "w").close()
+a.join(600); b.join(600)
+sys.exit(abs(a.exitcode or 0) + abs(b.exitcode or 0))
 """
 
 
@@ -138,6 +165,26 @@ class TestLaunchIdentityRule(GuardTestCase):
                       "g" * 32 + "-1-1-1"):
             self.assertIsNone(self.joined(value), value)
 
+    def test_malformed_identity_still_mints_and_warns_once(self) -> None:
+        """A value past Python's digit limit or with non-ASCII digits is no identity: the
+        process joins nothing, still mints its own for its children, and warns once
+        naming the variable, the value and the form expected."""
+        for value in ("a" * 32 + "-1-" + "9" * 5000 + "-1", "a" * 32 + "-\u0661-1-1"):
+            env = {ENV_LAUNCH: value}
+            with mock.patch.object(launch_identity, "_opened", None), \
+                    mock.patch.object(launch_identity, "_warned_malformed", False), \
+                    mock.patch.object(launch_identity.multiprocessing, "parent_process",
+                                      return_value=mock.Mock(pid=os.getppid())), \
+                    self.assertLogs("sglang_dsv4_guard", level="WARNING") as logs:
+                self.assertIsNone(launch_identity.open_launch(env))
+            minted = Launch.parse(env[ENV_LAUNCH])
+            self.assertIsNotNone(minted, env[ENV_LAUNCH][:80])
+            [record] = logs.records
+            self.assertIn(ENV_LAUNCH, record.getMessage())
+            self.assertIn(value[:40], record.getMessage())
+            self.assertIn("<32 hex digits>-", record.getMessage())
+            self.assertLess(len(record.getMessage()), 600)
+
     def test_open_launch_mints_a_fresh_identity_for_the_children(self) -> None:
         """Each process that opens a launch puts its own new identity into the environment
         its children inherit: this process, unguessable, different every time."""
@@ -156,13 +203,12 @@ class TestLaunchIdentityRule(GuardTestCase):
 
 class TestSweep(GuardTestCase):
     """Marker directories of launches provably gone are removed; a directory this process
-    cannot prove dead (another PID namespace, a live minter) stays unless stale for days."""
+    cannot prove dead (another PID namespace, a live minter) stays, however old."""
 
     def test_sweep_removes_only_provably_gone_launches(self) -> None:
-        """Removed: a dead minter and a reused PID in this PID namespace, and anything not
-        written for over a week. Kept: a live minter, a dead PID of another namespace, a
-        young directory of unknown name, and this process' own launch."""
-        from sglang_dsv4_guard.dedup import markers as dedup
+        """Removed: a dead minter and a reused PID in this PID namespace. Kept: a live
+        minter, a dead PID of another namespace (also when nothing was written to it
+        for over a week), a directory of unknown name, and this process' own launch."""
 
         parent, start = os.getppid(), process_start(os.getppid())
         ns = os.stat("/proc/self/ns/pid").st_ino
@@ -176,12 +222,30 @@ class TestSweep(GuardTestCase):
         with tempfile.TemporaryDirectory() as base:
             for name in names.values():
                 os.mkdir(os.path.join(base, name), 0o700)
-                os.mkdir(os.path.join(base, name, "fp"))
-            week = time.time() - dedup._STALE_SECONDS - 60
-            os.utime(os.path.join(base, names["old-other-ns"]), (week, week))
-            self.assertEqual(sweep(base, keep=names["mine"]), 3)
+                os.close(os.open(os.path.join(base, name, "fp"), os.O_CREAT, 0o600))
+            weeks = time.time() - 30 * 24 * 3600
+            os.utime(os.path.join(base, names["old-other-ns"]), (weeks, weeks))
+            self.assertEqual(sweep(base, keep=names["mine"]), 2)
             self.assertEqual(sorted(os.listdir(base)), sorted(
-                names[k] for k in ("live", "other-ns", "unknown", "mine")))
+                names[k] for k in ("live", "other-ns", "old-other-ns", "unknown", "mine")))
+
+    def test_sweep_leaves_a_directory_with_many_entries(self) -> None:
+        """A gone launch's directory holding far more entries than markers would is left
+        as it is (removing it could outlast the sweep's deadline); a small one goes."""
+        from sglang_dsv4_guard.dedup import markers as dedup
+
+        with tempfile.TemporaryDirectory() as base:
+            big, small = (launch_of(2**22 + 7, 5).name for _ in range(2))
+            for name, entries in ((big, 5_000), (small, 3)):
+                os.mkdir(os.path.join(base, name), 0o700)
+                for i in range(entries):
+                    os.close(os.open(os.path.join(base, name, f"{i:012x}"), os.O_CREAT, 0o600))
+            began = time.monotonic()
+            self.assertEqual(sweep(base, keep="none"), 1)
+            self.assertLess(time.monotonic() - began, 1.0)
+            self.assertEqual(os.listdir(base), [big])
+            self.assertEqual(len(os.listdir(os.path.join(base, big))), 5_000)
+            self.assertGreater(5_000, dedup._ENTRIES_MAX)
 
     def test_sweep_looks_at_a_bounded_number_of_directories(self) -> None:
         """However many gone launches there are, one sweep removes at least one and no
@@ -263,6 +327,33 @@ class TestTwoPidNamespaces(GuardTestCase):
         self.outputs.case = self
         for server in ("A", "B"):
             self.outputs.assert_pointers_true(server)
+
+
+class TestTwoServersRunningFromOneLauncher(GuardTestCase):
+    """Two servers run at the same time from one launcher process, which ran SGLang's
+    ``load_plugins()`` once (as a script starting two ``sglang.Engine``): they share one
+    launch, so the second may point at the first's report, and its pointer must be true."""
+
+    def test_second_servers_pointer_names_a_full_copy_of_its_launch(self) -> None:
+        """Server B meets the report server A printed while both run: B prints it in
+        full, or one line saying another process of this launch printed it, with the
+        fingerprint of A's full copy."""
+        with tempfile.TemporaryDirectory() as d:
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("SGLANG_DSV4_GUARD", "SGLANG_PLUGINS"))}
+            tests = os.path.dirname(os.path.abspath(__file__))
+            done = subprocess.run([sys.executable, "-c", TWO_SERVERS, d, tests],
+                                  env={**env, **GUARD_ON}, capture_output=True, text=True,
+                                  timeout=900, check=False)
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            a, b = read(os.path.join(d, "a.log")), read(os.path.join(d, "b.log"))
+        self.assertIn(FULL_THREE, a)
+        [printed] = set(re.findall(r"\(fingerprint ([0-9a-f]{12}); also carried by", a))
+        if FULL_THREE not in b:
+            pointers = re.findall(r"printed in full by another process of this launch "
+                                  r"\(fingerprint ([0-9a-f]{12})\)", b)
+            self.assertTrue(pointers, b)
+            self.assertEqual(set(pointers), {printed}, b)
 
 
 class TestManyStaleLaunches(GuardTestCase):

@@ -31,6 +31,7 @@ from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.dedup.identity import process_start
 from sglang_dsv4_guard.dedup.markers import Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.reporter import LogReporter
 from sglang_dsv4_guard.testing import build_pair, check_pools, new_kv_args, three_mismatch_pair
 
 register_cpu_ci(est_time=400, suite="stage-a-test-cpu")
@@ -38,7 +39,7 @@ register_cpu_ci(est_time=400, suite="stage-a-test-cpu")
 FULL_THREE = "[DSV4G001] error:"  # a line only the full report of the "three" pair has
 FULL_UNIFIED = "[DSV4G002] error:"
 POINTER = re.compile(r"\[DSV4G001, DSV4G004, DSV4G005\]: same report as printed in full by "
-                     r"another process of this server \(fingerprint ([0-9a-f]{12})\)")
+                     r"another process of this launch \(fingerprint ([0-9a-f]{12})\)")
 
 
 
@@ -138,23 +139,84 @@ class TestFingerprintAndMarkers(GuardTestCase):
             self.assertIs(ServerDedup(directory).seen("abc"), Seen.FIRST)  # ours: ignored
 
     def test_marker_of_a_contemporary_process_suppresses(self) -> None:
-        """A marker another live process wrote after this one started means the report
-        was printed there: one line here."""
-        parent = os.getppid()
+        """A marker another live process wrote after this one started, with that
+        process' proof of having printed the report: one line here."""
         with tempfile.TemporaryDirectory() as directory:
-            with open(os.path.join(directory, "abc"), "w", encoding="utf-8") as marker:
-                json.dump({"pid": parent, "start": process_start(parent),
-                           "written": time.clock_gettime(time.CLOCK_BOOTTIME)}, marker)
+            contemporary_marker(os.path.join(directory, "abc"))
             self.assertIs(ServerDedup(directory).seen("abc"), Seen.ELSEWHERE)
 
+    def test_claim_without_proof_of_printing_prints_in_full(self) -> None:
+        """Another process claimed the report but never proved it printed it (killed
+        between its claim and its log line): after a bounded wait this process prints
+        it in full, and its text says why."""
+        from sglang_dsv4_guard.dedup import markers as dedup
 
-def contemporary_marker(path: str) -> None:
-    """Write at ``path`` a marker that would suppress: by a live process (our parent),
-    written now."""
+        with tempfile.TemporaryDirectory() as directory:
+            contemporary_marker(os.path.join(directory, "abc"), printed=False)
+            began = time.monotonic()
+            self.assertIs(ServerDedup(directory).seen("abc"), Seen.UNPROVEN)
+            self.assertLess(time.monotonic() - began, dedup.PROOF_SECONDS + 5)
+            report = check_pools(*three_mismatch_pair())
+            contemporary_marker(os.path.join(directory, fingerprint(report)), printed=False)
+            with self.assertLogs("sglang_dsv4_guard", level=logging.INFO) as logs:
+                LogReporter(dedup=ServerDedup(directory)).sglang_dsv4_guard_report(report)
+        [record] = logs.records
+        self.assertIn(FULL_THREE, record.getMessage())
+        self.assertIn("showed no proof of printing it", record.getMessage())
+
+    def test_claimant_proves_it_printed_only_after_its_log_line(self) -> None:
+        """The process claiming a report writes the proof others wait for once its log
+        call returned, never before."""
+        report = check_pools(*three_mismatch_pair())
+        with tempfile.TemporaryDirectory() as directory:
+            proof = os.path.join(directory, fingerprint(report) + ".printed")
+            seen_at_log: list[bool] = []
+
+            class Probe(logging.Handler):
+                def emit(self, record: logging.LogRecord) -> None:
+                    seen_at_log.append(os.path.exists(proof))
+
+            probe = Probe()
+            logging.getLogger("sglang_dsv4_guard").addHandler(probe)
+            self.addCleanup(logging.getLogger("sglang_dsv4_guard").removeHandler, probe)
+            LogReporter(dedup=ServerDedup(directory)).sglang_dsv4_guard_report(report)
+            self.assertEqual(seen_at_log, [False])
+            self.assertTrue(os.path.isfile(proof))
+
+    def test_sweep_runs_after_the_report_is_printed(self) -> None:
+        """The first claim's sweep of gone launches runs after the log line, never
+        between the claim and the print."""
+        from sglang_dsv4_guard.dedup import markers as dedup
+
+        report = check_pools(*three_mismatch_pair())
+        printed: list[bool] = []
+        logged: list[str] = []
+
+        class Probe(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                logged.append(record.getMessage())
+
+        probe = Probe()
+        logging.getLogger("sglang_dsv4_guard").addHandler(probe)
+        self.addCleanup(logging.getLogger("sglang_dsv4_guard").removeHandler, probe)
+        mine = launch_of(os.getpid(), process_start(os.getpid()))
+        with tempfile.TemporaryDirectory() as base, \
+                mock.patch.object(dedup, "_base_dir", return_value=base), \
+                mock.patch.object(dedup, "joined_launch", return_value=mine), \
+                mock.patch.object(dedup, "sweep", lambda *a: printed.append(bool(logged))):
+            os.chmod(base, 0o700)
+            LogReporter(dedup=ServerDedup()).sglang_dsv4_guard_report(report)
+        self.assertEqual(printed, [True])
+
+
+def contemporary_marker(path: str, printed: bool = True) -> None:
+    """Write at ``path`` a claim that would suppress: by a live process (our parent),
+    written now, with (``printed``) its proof of having printed the report."""
     parent = os.getppid()
-    with open(path, "w", encoding="utf-8") as marker:
-        json.dump({"pid": parent, "start": process_start(parent),
-                   "written": time.clock_gettime(time.CLOCK_BOOTTIME)}, marker)
+    for name in (path, path + ".printed") if printed else (path,):
+        with open(name, "w", encoding="utf-8") as marker:
+            json.dump({"pid": parent, "start": process_start(parent),
+                       "written": time.clock_gettime(time.CLOCK_BOOTTIME)}, marker)
 
 
 class TestHostileMarkerDirectory(GuardTestCase):

@@ -80,10 +80,11 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
         "TestSpawnedSchedulers")},
     **{f"tests/test_launch_identity.py::{name}": _LOADER for name in (
         "TestLaunchIdentityRule", "TestSweep", "TestPreStartedPool", "TestTwoPidNamespaces",
-        "TestManyStaleLaunches")},
+        "TestManyStaleLaunches", "TestTwoServersRunningFromOneLauncher")},
     "tests/test_sglang_loader.py::TestLoadPlugins": _LOADER,
-    "tests/test_scheduler_handler.py::TestSchedulerPrintsTheReportOnce": (
-        "srt/managers/scheduler.py::run_scheduler_process",),
+    **{f"tests/test_scheduler_handler.py::{name}": (
+        "srt/managers/scheduler.py::run_scheduler_process",) for name in (
+        "TestSchedulerPrintsTheReportOnce", "TestKilledLaunchStillPrintsTheReport")},
     "tests/test_host_hooks.py::TestHookRegistry": _LOADER,
     "tests/test_plugin_example.py::TestExamplePlugin": _LOADER,
     "tests/test_host.py::TestHostInAFreshProcess": _LOADER,

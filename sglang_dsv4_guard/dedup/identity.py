@@ -19,9 +19,15 @@ between processes of one launch:
   with nobody.
 - **Limits**: processes started by ``multiprocessing`` from a guarded process count as
   its launch, whatever they run: pool workers a guarded process starts, or two servers
-  started at the same moment from one process, share it. Two servers started one after
-  the other from one process share it too; the markers' time rule (see
-  :mod:`sglang_dsv4_guard.dedup.markers`) keeps those apart.
+  run at the same time from one process (SGLang's ``load_plugins()`` runs once per
+  process, so the identity is minted once), share it: a report of the second may be a
+  pointer to the first's full copy, and pointers say "another process of this launch",
+  never "of this server". Two servers started one after the other from one process
+  share it too; the markers' time rule (see :mod:`sglang_dsv4_guard.dedup.markers`)
+  keeps those apart.
+- **A bad value** of ``SGLANG_DSV4_GUARD_LAUNCH`` (not ``<32 hex>-<n>-<n>-<n>``, ASCII
+  digits, at most 20 each) is no identity: a warning once, and the process still mints
+  its own.
 """
 
 from __future__ import annotations
@@ -88,7 +94,11 @@ def _pid_namespace() -> int | None:
 
 
 ENV_LAUNCH = "SGLANG_DSV4_GUARD_LAUNCH"
-_LAUNCH = re.compile(r"([0-9a-f]{32})-(\d+)-(\d+)-(\d+)")
+# ASCII digits only, and few of them: ``\d`` matches any Unicode digit and ``int()`` of a
+# long digit string raises (Python's int-string limit).
+_LAUNCH = re.compile(r"([0-9a-f]{32})-([0-9]{1,20})-([0-9]{1,20})-([0-9]{1,20})", re.ASCII)
+_LAUNCH_FORM = "<32 hex digits>-<PID namespace>-<PID>-<start time>, each number 1-20 digits"
+_SHOWN_MAX = 80  # characters of a bad value quoted in the warning
 _ANCESTORS_MAX = 64
 
 
@@ -129,9 +139,29 @@ def _ancestors() -> Iterator[tuple[int, int]]:
         pid = info[0]
 
 
-def _inherited(environ: MutableMapping[str, str]) -> Launch | None:
-    """The launch in ``environ`` if this process may join it (see the module docstring)."""
-    launch = Launch.parse(environ.get(ENV_LAUNCH, ""))
+_warned_malformed = False
+
+
+def _warn_malformed(value: str) -> None:
+    """Say once per process that ``SGLANG_DSV4_GUARD_LAUNCH`` holds no identity."""
+    global _warned_malformed
+    if _warned_malformed:
+        return
+    _warned_malformed = True
+    shown = value if len(value) <= _SHOWN_MAX else f"{value[:_SHOWN_MAX]}... ({len(value)} chars)"
+    logger.warning("sglang-dsv4-guard: %s=%r is not a launch identity (expected %s); this "
+                   "process deduplicates with nobody and prints every report in full (a fresh "
+                   "identity is set for the processes it starts)", ENV_LAUNCH, shown,
+                   _LAUNCH_FORM)
+
+
+def _inherited(environ: MutableMapping[str, str], warn: bool = False) -> Launch | None:
+    """The launch in ``environ`` if this process may join it (see the module docstring);
+    ``warn``: say once if the variable is set to something that is no identity."""
+    value = environ.get(ENV_LAUNCH, "")
+    launch = Launch.parse(value)
+    if launch is None and value and warn:
+        _warn_malformed(value)
     if launch is None or multiprocessing.parent_process() is None \
             or launch.namespace != _pid_namespace():
         return None
@@ -159,7 +189,11 @@ def open_launch(environ: MutableMapping[str, str] | None = None) -> Launch | Non
             return _opened.joined
         joined = minted = None
         try:
-            joined = _inherited(env)
+            try:
+                joined = _inherited(env, warn=True)
+            except Exception as exc:  # no proof of a launch: print in full, still mint
+                logger.debug("sglang-dsv4-guard: inherited launch not read (%s: %s)",
+                             type(exc).__name__, exc)
             me, namespace = this_process(), _pid_namespace()
             if me is not None and namespace is not None:
                 minted = Launch(secrets.token_hex(16), namespace, me.pid, me.start)

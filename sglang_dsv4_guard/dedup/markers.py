@@ -1,34 +1,40 @@
-"""One full report per server and host: which process prints a report in full.
+"""One full report per launch and host: which process prints a report in full.
 
 A TP-8 server runs 8 scheduler processes, and each meets the same problem. The first
 process to meet a report (by :func:`fingerprint`) prints it in full; the others print
-one line naming the fingerprint. A *different* report is printed in full wherever it
-is first met. Suppression needs proof that two processes belong to one launch of one
-server; without it every process prints in full (deduplication fails open).
+one line naming the fingerprint, once they have proof that it was printed. A
+*different* report is printed in full wherever it is first met. Suppression needs proof
+that two processes belong to one launch and that the full report was written out;
+without either, every process prints in full (deduplication fails open).
 
 How processes agree (Linux; anywhere else every process prints in full):
 
 - **The launch** (:mod:`sglang_dsv4_guard.dedup.identity`): a process deduplicates
   only within the launch it joined, an identity minted by an ancestor that ran the
-  guard before starting it; without one it deduplicates with nobody. Two servers
-  started one after the other from one process share the identity; the marker rule
-  below keeps them apart.
+  guard before starting it; without one it deduplicates with nobody. Servers started
+  at the same time from one launcher process share it; the marker rule below keeps
+  apart those started one after the other.
 - **Markers** live in ``/dev/shm/sglang-dsv4-guard-launches-<uid>/<launch>/`` (or the
   temporary directory without ``/dev/shm``; a name that earlier versions of the guard,
-  which swept by another rule, never touch), one file per fingerprint, claimed
+  which swept by another rule, never touch), one claim per fingerprint, made
   atomically (``os.link`` of a complete file: exactly one process wins). A marker
   counts only if another process wrote it *after this process started*: the
   schedulers of one server start together, long before they meet a report; a marker
   of an earlier launch from the same process is older and never suppresses anything.
+- **Proof of printing**: the claimant writes ``<fingerprint>.printed`` (the same way)
+  once its log call returned. A process finding a claim without that proof waits up to
+  ``PROOF_SECONDS`` for it, then prints the report in full itself (``Seen.UNPROVEN``):
+  the claimant may have been killed between its claim and its print.
 - **Clean-up**: at exit (:func:`cleanup_at_exit`, registered by ``install()``) the
   minter removes its launch's directory, and a process removes that of the launch it
-  joined once the minter is gone. After its first claim, outside the lock, a process
-  looks at no more than ``_SWEEP_MAX`` other directories, at random, for at most
-  ``_SWEEP_SECONDS``, and removes one only when its minter is provably gone: same PID
-  namespace and that PID dead or with another start time, or nothing written in it for
-  ``_STALE_SECONDS`` (a rule that holds across namespaces; a live launch losing its
-  markers to it only prints in full again). Nothing ever depends on those files being
-  gone.
+  joined once the minter is gone. After its first report is printed (never between a
+  claim and its print), outside the lock, a process reads at most ``_SWEEP_SCAN`` names
+  of other launches' directories and looks at no more than ``_SWEEP_MAX`` of them, at
+  random, for at most ``_SWEEP_SECONDS``; it removes one only when its minter is
+  provably gone (same PID namespace, and that PID dead or with another start time) and
+  it holds at most ``_ENTRIES_MAX`` plain files (a bigger one is left as it is). A
+  directory of another PID namespace is never removed, however old (each is tiny).
+  Nothing ever depends on those files being gone.
 - **Trust**: the per-user directory and the launch's directory must be this user's
   own real directories (not links), closed to group and others, or nothing is
   deduplicated. Markers are read without following links or blocking (a FIFO under
@@ -43,12 +49,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
+import itertools
 import json
 import logging
 import os
 import re
 import secrets
-import shutil
 import stat
 import tempfile
 import threading
@@ -63,7 +69,7 @@ from sglang_dsv4_guard.dedup.identity import (
 )
 from sglang_dsv4_guard.findings import Report
 
-__all__ = ["Seen", "ServerDedup", "cleanup_at_exit", "fingerprint", "sweep"]
+__all__ = ["PROOF_SECONDS", "Seen", "ServerDedup", "cleanup_at_exit", "fingerprint", "sweep"]
 
 logger = logging.getLogger("sglang_dsv4_guard")
 
@@ -97,7 +103,10 @@ class Seen(str, enum.Enum):
 
     FIRST = "first"  # nowhere: print it in full
     HERE = "here"  # earlier in this process (this installation)
-    ELSEWHERE = "elsewhere"  # by another process of this server on this host
+    ELSEWHERE = "elsewhere"  # by another process of this launch on this host
+    # claimed by another process that showed no proof of printing it in time (it may
+    # have been killed between its claim and its log line): print it in full here too
+    UNPROVEN = "unproven"
 
 
 def _base_dir() -> str:
@@ -107,6 +116,9 @@ def _base_dir() -> str:
 
 
 _MARKER_MAX = 4096  # bytes; a marker is a small JSON object
+_PRINTED = ".printed"  # suffix of the marker proving the claimant printed the report
+PROOF_SECONDS = 1.0  # how long a non-claimant waits for that proof before printing
+_PROOF_POLL = 0.01
 
 
 def _private_dir(path: str) -> str:
@@ -130,43 +142,66 @@ def _boot_seconds() -> float:
 
 
 _SWEEP_MAX = 64  # directories looked at per process
+_SWEEP_SCAN = 4 * _SWEEP_MAX  # names read from the base directory per sweep
 _SWEEP_SECONDS = 0.05
-_STALE_SECONDS = 7 * 24 * 3600.0  # nothing written for a week
+_ENTRIES_MAX = 64  # a launch directory holding more is left as it is (not ours to walk)
 
 
-def _sweepable(path: str, name: str) -> bool:
-    launch = Launch.parse(name)
-    if launch is not None and launch.minter_gone():
+def _names(path: str, cap: int) -> list[str] | None:
+    """Up to ``cap`` names in the directory ``path``; ``None`` if it holds more."""
+    names: list[str] = []
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if len(names) == cap:
+                return None
+            names.append(entry.name)
+    return names
+
+
+def _remove_private(path: str, cap: int = _ENTRIES_MAX) -> bool:
+    """Remove the marker directory ``path`` if it is privately ours and holds no more than
+    ``cap`` plain entries (markers); otherwise leave it. Whether it is gone now."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
         return True
-    return time.time() - os.lstat(path).st_mtime > _STALE_SECONDS
+    names = _names(_private_dir(path), cap)
+    if names is None:
+        logger.debug("sglang-dsv4-guard: %s holds over %d entries; left as it is", path, cap)
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for name in names:
+            os.unlink(name, dir_fd=fd)  # a directory inside is not a marker: OSError
+    finally:
+        os.close(fd)
+    os.rmdir(path)
+    return True
 
 
 def sweep(base: str, keep: str) -> int:
-    """Remove up to ``_SWEEP_MAX`` marker directories (at random, for at most
-    ``_SWEEP_SECONDS``) of launches provably gone; never ``keep``. Returns how many."""
-    names = [n for n in os.listdir(base) if n != keep]
-    chosen = secrets.SystemRandom().sample(names, min(_SWEEP_MAX, len(names)))
+    """Remove up to ``_SWEEP_MAX`` marker directories (picked at random among the first
+    ``_SWEEP_SCAN`` names, for at most ``_SWEEP_SECONDS``) of launches whose minter is
+    provably gone (:meth:`Launch.minter_gone`); never ``keep``, never one of another PID
+    namespace or of a name that is no launch. Returns how many."""
     deadline, removed = time.monotonic() + _SWEEP_SECONDS, 0
-    for name in chosen:
+    names = [n for n in _first_names(base) if n != keep]
+    for name in secrets.SystemRandom().sample(names, min(_SWEEP_MAX, len(names))):
         if time.monotonic() > deadline:
             break
-        path = os.path.join(base, name)
+        launch, path = Launch.parse(name), os.path.join(base, name)
         try:
-            if _sweepable(path, name):
-                _remove_private(path)
+            if launch is not None and launch.minter_gone() and _remove_private(path):
                 removed += 1
         except OSError as exc:
             logger.debug("sglang-dsv4-guard: %s not swept (%s)", path, exc)
     return removed
 
 
-def _remove_private(path: str) -> None:
-    """Remove the marker directory ``path`` if it exists and is privately ours."""
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(_private_dir(path))
+def _first_names(base: str) -> list[str]:
+    """At most the first ``_SWEEP_SCAN`` names in the base directory."""
+    with os.scandir(base) as entries:
+        return [entry.name for entry in itertools.islice(entries, _SWEEP_SCAN)]
 
 
 def cleanup_at_exit() -> None:
@@ -261,34 +296,50 @@ class ServerDedup:
                 os.unlink(tmp)
             raise
 
-    def _claim(self, fp: str) -> Seen:
-        directory = self._session()
-        if directory is None or self._me is None:
-            return Seen.FIRST
-        path = os.path.join(directory, fp)
+    def _place(self, directory: str, name: str) -> bool:
+        """Create this process' marker ``name`` atomically; ``False`` if another,
+        contemporary process holds it (see :meth:`_counts`)."""
+        assert self._me is not None
+        path = os.path.join(directory, name)
         if self._counts(path):
-            return Seen.ELSEWHERE
-        tmp = os.path.join(directory, f".{fp}.{self._me.pid}")
+            return False
+        tmp = os.path.join(directory, f".{name}.{self._me.pid}")
         self._write_temp(tmp)
         try:
             try:
                 os.link(tmp, path)  # atomic: exactly one process creates the marker
             except FileExistsError:
                 if self._counts(path):
-                    return Seen.ELSEWHERE
+                    return False
                 os.replace(tmp, path)  # stale (an earlier launch, ours, not a file): take it
-            return Seen.FIRST
+            return True
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
+    def _proven(self, directory: str, fp: str) -> Seen:
+        """Another process claimed ``fp``: ELSEWHERE once its proof of printing is there
+        (waiting up to ``PROOF_SECONDS``), else UNPROVEN."""
+        proof, deadline = os.path.join(directory, fp + _PRINTED), \
+            time.monotonic() + PROOF_SECONDS
+        while not self._counts(proof):
+            if time.monotonic() > deadline:
+                return Seen.UNPROVEN
+            time.sleep(_PROOF_POLL)
+        return Seen.ELSEWHERE
+
+    def _claim(self, fp: str) -> Seen:
+        directory = self._session()
+        if directory is None or self._me is None:
+            return Seen.FIRST
+        return Seen.FIRST if self._place(directory, fp) else self._proven(directory, fp)
+
     def seen(self, fp: str) -> Seen:
-        """Where the report ``fp`` was printed before; the first call claims it, then
-        (outside the lock, once per process) sweeps a few gone launches' directories."""
+        """Where the report ``fp`` was printed before; the first call claims it."""
         with self._lock:
             decided = self._decided.get(fp)
             if decided is not None:
-                return Seen.HERE if decided is Seen.FIRST else decided
+                return Seen.HERE if decided in (Seen.FIRST, Seen.UNPROVEN) else decided
             try:
                 decided = self._claim(fp)
             except OSError as exc:
@@ -296,10 +347,29 @@ class ServerDedup:
                              "(%s); printing the report in full", exc)
                 decided = Seen.FIRST
             self._decided[fp] = decided
+            return decided
+
+    def printed(self, fp: str) -> None:
+        """Record that this process has written the report ``fp`` out in full (its log
+        call returned): the proof the other processes wait for before they suppress it.
+        Then, outside the lock and once per process, sweep a few gone launches'
+        directories: never between a claim and its print."""
+        with self._lock:
+            directory = self._directory if self._opened else None
+            if directory is not None and self._me is not None:
+                try:
+                    self._place(directory, fp + _PRINTED)
+                except OSError as exc:
+                    logger.debug("sglang-dsv4-guard: proof of printing %s not written (%s)",
+                                 fp, exc)
+        self.sweep_once()
+
+    def sweep_once(self) -> None:
+        """The first call after a claim sweeps (see :func:`sweep`); later ones do nothing."""
+        with self._lock:
             pending, self._sweep = self._sweep, None
         if pending is not None:
             try:
                 sweep(*pending)
             except OSError as exc:
                 logger.debug("sglang-dsv4-guard: marker sweep skipped (%s)", exc)
-        return decided
