@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 
+from sglang_dsv4_guard.log import LOGGER_NAME
+
 __all__ = ["activate"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 
 def activate() -> None:

@@ -32,6 +32,7 @@ from sglang_dsv4_guard.host.registry import (
 )
 from sglang_dsv4_guard.host.targets import STATE
 from sglang_dsv4_guard.host.verdict import forget_verdicts, judge_imported
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, restore
 from sglang_dsv4_guard.plugins import add_all, build_plugins
@@ -43,9 +44,8 @@ from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 __all__ = ["Installation", "install", "install_from_sglang_loader", "installation",
            "is_installed", "reset", "standalone_runtime", "summary", "uninstall"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
-STATE_TARGET = STATE
 
 
 @dataclass
@@ -109,7 +109,9 @@ def reset() -> None:
     ``reset_defaults`` does: uninstall (if installed), forget the warnings already given
     (each is given once per process) and the memoised verdicts on the imported SGLang.
     Run by the project's test case before and after every test, so that whether a warning
-    appears never depends on which test ran before."""
+    appears never depends on which test ran before. The launch identity
+    (:mod:`sglang_dsv4_guard.dedup.identity`) is not reset: it is opened once per process
+    by SGLang's loader, and the processes this one starts inherit it."""
     uninstall()
     with _lock:
         _warned.clear()
@@ -213,10 +215,10 @@ def _install(chosen: Settings, load_entry_points: bool,
         logger.log(host.level, "sglang-dsv4-guard: %s", host.message)
     version = host.name
     try:
-        utils = importlib.import_module(STATE_TARGET.module)
+        utils = importlib.import_module(STATE.module)  # unscanned: SGLang's (host/targets)
     except Exception as exc:
-        return _refuse(chosen, f"importing {STATE_TARGET.module} failed: {exc}",
-                       str(STATE_TARGET))
+        return _refuse(chosen, f"importing {STATE.module} failed: {exc}",
+                       str(STATE))
     current: Installation | None = None
     try:
         runtime = Runtime(chosen, build_plugins(load_entry_points, chosen.log_format.value),
@@ -227,9 +229,9 @@ def _install(chosen: Settings, load_entry_points: bool,
             current.host_hook = register_state_hook(
                 make_state_wrapper(runtime), utils.setup_state_kv_args,
                 lambda: runtime.active)
-            how = f"registered an AROUND hook on {STATE_TARGET} with SGLang's HookRegistry"
+            how = f"registered an AROUND hook on {STATE} with SGLang's HookRegistry"
         else:
-            current.patches.append(apply(STATE_TARGET, utils, make_state_wrapper(runtime)))
+            current.patches.append(apply(STATE, utils, make_state_wrapper(runtime)))
             how = "patched " + ", ".join(current.patches[0].rebound)
         _current = current
         current.hooks.watch(MORI_MODULE, functools.partial(_on_mori, current))
@@ -249,7 +251,7 @@ def _install(chosen: Settings, load_entry_points: bool,
     logger.info(
         "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; MORI connector %s",
         chosen.mode.value.value, chosen.autoshare.value, version, how,
-        "wrapped" if current.patches[-1:] and current.patches[-1].target != STATE_TARGET
+        "wrapped" if current.patches[-1:] and current.patches[-1].target != STATE
         else "will be wrapped when SGLang imports it",
     )
     return current.undo

@@ -28,11 +28,12 @@ from typing import Any
 
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
 from sglang_dsv4_guard.host.targets import PatchTarget
+from sglang_dsv4_guard.log import LOGGER_NAME
 
 __all__ = ["AppliedPatch", "PatchTarget", "PostImportHooks", "apply", "apply_all", "is_ours",
            "restore"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 WRAPPER_MARK = "__sglang_dsv4_guard_original__"
 

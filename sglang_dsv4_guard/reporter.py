@@ -38,13 +38,14 @@ from typing import Any
 from sglang_dsv4_guard.dedup.markers import PROOF_SECONDS, Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 
 __all__ = ["EXTRA_KEY", "Delivery", "LogReporter", "Recorder", "delivering", "headline",
            "pointer"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 EXTRA_KEY = "sglang_dsv4_guard"
 
 

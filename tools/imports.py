@@ -123,13 +123,6 @@ def _resolve(name: str, modules: dict[str, Path], prefix: str) -> str | None:
 UNSCANNED = "# unscanned:"  # on a call's line: why the scan may not know what it imports
 DEFERRED = "# deferred:"  # on a deferred import's line or the line above: why it waits
 
-# Calls the scan cannot read whose modules are being edited by someone else: the
-# ``# unscanned:`` comment is to be added there, and the entry removed.
-PENDING_UNSCANNED: frozenset[tuple[str, str]] = frozenset({
-    # to be moved: lifecycle.py reads host/targets' STATE module (comment to be added)
-    ("lifecycle", "importlib.import_module(STATE_TARGET.module)"),
-})
-
 
 @dataclass(frozen=True)
 class Fault:
@@ -234,8 +227,7 @@ def scan(path: Path, module: str, modules: dict[str, Path],
                         and getattr(node.func, "id", "") != "__import__")
             if readable and name is not None:
                 add(name, "dynamic", node)
-            elif not says(UNSCANNED, node, above=False) and (
-                    module, ast.unparse(node)) not in PENDING_UNSCANNED:
+            elif not says(UNSCANNED, node, above=False):
                 faults.append(Fault(module, node.lineno, "unscannable", ast.unparse(node)))
     return edges, list(dict.fromkeys(faults))  # ``from m import a, b``: one fault
 

@@ -41,10 +41,12 @@ import threading
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 
+from sglang_dsv4_guard.log import LOGGER_NAME
+
 __all__ = ["ENV_LAUNCH", "Launch", "ThisProcess", "joined_launch", "minted_launch",
            "open_launch", "process_start", "this_process"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 
 @dataclass(frozen=True)

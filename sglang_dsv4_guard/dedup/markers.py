@@ -68,10 +68,11 @@ from sglang_dsv4_guard.dedup.identity import (
     this_process,
 )
 from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.log import LOGGER_NAME
 
 __all__ = ["PROOF_SECONDS", "Seen", "ServerDedup", "cleanup_at_exit", "fingerprint", "sweep"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 # Per-process or per-peer values: the same problem must give the same fingerprint in
 # every scheduler and for every decode peer.

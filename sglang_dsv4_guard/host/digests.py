@@ -50,8 +50,8 @@ from sglang_dsv4_guard.host.targets import (
     pool_attributes_read,
 )
 
-__all__ = ["MISSING", "POOL_ATTRIBUTES", "Part", "code_version", "differences",
-           "digest_tree"]
+__all__ = ["MISSING", "POOL_ATTRIBUTES", "Part", "UnreadableSource", "code_version",
+           "differences", "digest_tree", "read_module"]
 
 MISSING = "missing"
 UTILS = STATE.path
@@ -126,7 +126,7 @@ def _parse(path: Path, relative: str, mtime_ns: int, size: int) -> ast.Module:
         raise UnreadableSource(relative, f"cannot be parsed by Python: {text}{where}") from exc
 
 
-def _module(package_dir: Path, relative: str) -> ast.Module | None:
+def read_module(package_dir: Path, relative: str) -> ast.Module | None:
     """The module at ``package_dir / relative``; ``None`` if there is no such file.
     Raises :class:`UnreadableSource` for a file that is there but cannot be read or
     parsed: that is not a change of SGLang's checks."""
@@ -302,9 +302,9 @@ def _pool_parts(module: ast.Module | None) -> list[Part]:
 def digest_tree(package_dir: Path) -> dict[str, Part]:
     """The parts of the ``sglang`` package at ``package_dir`` (the directory holding
     ``srt/``), keyed by part key."""
-    parts = [*_state_parts(_module(package_dir, UTILS)),
-             *_mori_parts(_module(package_dir, MORI)),
-             *_pool_parts(_module(package_dir, POOL))]
+    parts = [*_state_parts(read_module(package_dir, UTILS)),
+             *_mori_parts(read_module(package_dir, MORI)),
+             *_pool_parts(read_module(package_dir, POOL))]
     return {part.key: part for part in parts}
 
 
@@ -328,7 +328,7 @@ def differences(found: dict[str, Part], known: dict[str, Part]) -> list[str]:
 
 def code_version(package_dir: Path) -> str | None:
     """The version written in the package's own ``_version.py`` (read, not imported)."""
-    module = _module(package_dir, "_version.py")
+    module = read_module(package_dir, "_version.py")
     for node in module.body if module else []:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
                 and isinstance(node.value.value, str) \

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_dsv4_guard.host.digests import UnreadableSource, _module
+from sglang_dsv4_guard.host.digests import UnreadableSource, read_module
 from sglang_dsv4_guard.host.targets import SCHEDULER_MODULE
 
 __all__ = ["GROUP", "LoaderVerdict", "SchedulerEntry", "guard_names", "loader_verdict",
@@ -202,7 +202,7 @@ def scheduler_entry_points(package: Path) -> list[SchedulerEntry]:
         try:
             if b"Scheduler" not in path.read_bytes():
                 continue
-            tree = _module(package, relative)
+            tree = read_module(package, relative)
         except (OSError, UnreadableSource):
             continue
         if tree is None:

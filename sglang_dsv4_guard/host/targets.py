@@ -40,7 +40,7 @@ __all__ = [
     "STATE",
     "STATE_HOLDERS",
     "STATE_IS_NPU",
-    "Caller",
+    "CallerRole",
     "PatchTarget",
     "pool_attributes_read",
     "source_path",
@@ -91,7 +91,7 @@ MORI_TARGETS = (MORI_SEND, MORI_REGISTER)
 
 
 @dataclass(frozen=True)
-class Caller:
+class CallerRole:
     """A module of SGLang that calls ``setup_state_kv_args``: its role and, for people,
     the class that calls it."""
 
@@ -100,10 +100,11 @@ class Caller:
 
 
 #: SGLang's own callers of ``setup_state_kv_args``, by module.
-CALLERS = {
-    "sglang.srt.disaggregation.prefill": Caller("prefill",
-                                                "prefill server (PrefillBootstrapQueue)"),
-    "sglang.srt.disaggregation.decode": Caller("decode", "decode server (DecodePreallocQueue)"),
+CALLERS: dict[str, CallerRole] = {
+    "sglang.srt.disaggregation.prefill": CallerRole("prefill",
+                                                    "prefill server (PrefillBootstrapQueue)"),
+    "sglang.srt.disaggregation.decode": CallerRole("decode",
+                                                   "decode server (DecodePreallocQueue)"),
 }
 
 # -- Other SGLang objects the guard reads -----------------------------------------------

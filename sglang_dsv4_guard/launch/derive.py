@@ -28,10 +28,11 @@ from typing import Any
 
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, machine_cause, offline_env
 from sglang_dsv4_guard.launch.remote_code import missing_code
+from sglang_dsv4_guard.log import LOGGER_NAME
 
 __all__ = ["ModelFacts", "Side", "derive_side", "load_model"]
 
-log = logging.getLogger("sglang_dsv4_guard")
+log = logging.getLogger(LOGGER_NAME)
 
 # The page size SGLang's DeepSeek-V4 model override sets when --page-size is not given
 # (arg_groups/model_overrides/deepseek_v4.py); used only when resolution did not complete.

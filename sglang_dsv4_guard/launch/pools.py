@@ -27,11 +27,11 @@ from typing import Any
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.log import silenced
+from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 
 __all__ = ["PoolRun", "draft_ratio", "max_draft_tokens", "run_state_check"]
 
-log = logging.getLogger("sglang_dsv4_guard")
+log = logging.getLogger(LOGGER_NAME)
 _POOL_ROWS = 1024  # SWA slots of a miniature pool; page sizes must divide it
 
 

@@ -42,6 +42,7 @@ from sglang_dsv4_guard.dedup.markers import Seen, fingerprint
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import LIST_CAP, Report
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_REGISTER, MORI_SEND
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.checks import violates
 from sglang_dsv4_guard.mori.snapshot import (
     SendContext,
@@ -57,7 +58,7 @@ from sglang_dsv4_guard.wrapping import note_on, our_failure, prints_in_full, pub
 
 __all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
 
-logger = logging.getLogger("sglang_dsv4_guard")
+logger = logging.getLogger(LOGGER_NAME)
 
 _FUNCTION = MORI_SEND.qualname
 _PLACED_WAIT = 5.0  # seconds a concurrent failure waits for the first one's log line

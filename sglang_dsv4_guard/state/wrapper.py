@@ -49,14 +49,14 @@ from sglang_dsv4_guard.wrapping import (
     upgrades,
 )
 
-__all__ = ["Caller", "Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
+__all__ = ["CallSite", "Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
 
 _ENV_KEYS = ("SGLANG_HACK_FLASHMLA_BACKEND",)
 _HANDLER = f"SGLang's scheduler ({SCHEDULER_MODULE}.run_scheduler_process)"
 
 
 @dataclass(frozen=True)
-class Caller:
+class CallSite:
     """Who called ``setup_state_kv_args``: the module (SGLang's own frame when there is
     one) and whether SGLang's scheduler handler will log the traceback of what rises."""
 
@@ -84,10 +84,10 @@ def _changed_silently(name: str, found: list[Finding]) -> Finding:
 
 
 def prepare_pair(rt: Runtime, target: object, draft: object,
-                 caller: str | Caller) -> Prepared | None:
+                 caller: str | CallSite) -> Prepared | None:
     """Snapshot a pair, let remediation plug-ins act, and snapshot again if they did.
 
-    ``caller`` is the calling module (or a :class:`Caller`); SGLang's prefill and decode
+    ``caller`` is the calling module (or a :class:`CallSite`); SGLang's prefill and decode
     queues give the report's role. After each remediation plug-in a cheap change token
     (:func:`~sglang_dsv4_guard.state.snapshot.change_token`) of what SGLang reads is
     compared with the one before: when it changed, the pair is snapshotted again, and
@@ -96,7 +96,7 @@ def prepare_pair(rt: Runtime, target: object, draft: object,
 
     ``None`` when SGLang's DeepSeek-V4 draft block does not run for these pools.
     """
-    who = caller if isinstance(caller, Caller) else Caller(caller)
+    who = caller if isinstance(caller, CallSite) else CallSite(caller)
     known = CALLERS.get(who.module)
     context = StateContext(
         profile=rt.profile,
@@ -133,7 +133,7 @@ def check_pair(rt: Runtime, prep: Prepared) -> list[Finding]:
         "sglang_dsv4_guard_check_state", {"pair": prep.pair, "context": prep.context})]
 
 
-def _prepare(rt: Runtime, sig: inspect.Signature, caller: Caller,
+def _prepare(rt: Runtime, sig: inspect.Signature, caller: CallSite,
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prepared | None:
     try:
         bound = sig.bind(*args, **kwargs)
@@ -220,14 +220,14 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
                              report, rendered)
 
 
-def _caller(frame: FrameType | None) -> Caller:
+def _caller(frame: FrameType | None) -> CallSite:
     """Who called ``setup_state_kv_args``: SGLang's own frame past every hook layer (see
     :func:`~sglang_dsv4_guard.wrapping.calling_frame`), and whether the scheduler's handler
     is above it."""
     found = calling_frame(frame)
     if found is None:
-        return Caller("?")
-    return Caller(str(found.f_globals.get("__name__", "?")), handler_prints_traceback(found))
+        return CallSite("?")
+    return CallSite(str(found.f_globals.get("__name__", "?")), handler_prints_traceback(found))
 
 
 def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
