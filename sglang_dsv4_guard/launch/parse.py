@@ -1,12 +1,10 @@
 """One server's launch arguments, read by the installed SGLang release's own parser.
 
-``ServerArgs.add_cli_args(parser)`` is the release's flag table (types, choices,
-defaults and deprecated spellings). Then the release's own resolution runs
-(``ServerArgs.__post_init__`` up to 0.5.21, ``ServerArgs.resolve_once`` from 0.5.22:
-model defaults such as DeepSeek-V4's page size, speculative defaults, deprecated
-spellings, its validations) as the server's device: the line's ``--device``, else
-``cuda`` (a PD deployment runs on GPUs; resolution as ``cuda`` does not need one), with
-the server's environment applied and the process environment restored afterwards.
+``ServerArgs.add_cli_args(parser)`` is the release's flag table. Then the release's own
+resolution runs (``__post_init__`` up to 0.5.21, ``resolve_once`` from 0.5.22) as the
+server's device: the line's ``--device``, else ``cuda`` (a PD deployment runs on GPUs;
+resolving as ``cuda`` needs none), with the server's environment applied and the
+process environment restored afterwards.
 
 A refusal is the server's (``resolution_error``, DSV4G026) unless this machine caused it
 (:func:`machine_cause`: a package missing here, a network fetch, a GPU probe, a write):
