@@ -21,7 +21,10 @@ __all__ = [
     "DSV4GuardError",
     "DSV4GuardInstallError",
     "DSV4GuardStartupRefused",
+    "Edit",
     "Finding",
+    "Fix",
+    "FixKind",
     "GeometryField",
     "HostProfile",
     "MappingComparison",
@@ -54,6 +57,9 @@ _LAZY = {
     "DSV4GuardInstallError": "sglang_dsv4_guard.errors",
     "DSV4GuardStartupRefused": "sglang_dsv4_guard.errors",
     "SettingError": "sglang_dsv4_guard.errors",
+    "Edit": "sglang_dsv4_guard.fixes",
+    "Fix": "sglang_dsv4_guard.fixes",
+    "FixKind": "sglang_dsv4_guard.fixes",
     "Finding": "sglang_dsv4_guard.findings",
     "Observation": "sglang_dsv4_guard.findings",
     "Report": "sglang_dsv4_guard.findings",
@@ -90,6 +96,7 @@ if TYPE_CHECKING:
         SettingError,
     )
     from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+    from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
     from sglang_dsv4_guard.hookspecs import hookimpl
     from sglang_dsv4_guard.host.releases import GeometryField, HostProfile
     from sglang_dsv4_guard.lifecycle import install, is_installed, summary, uninstall

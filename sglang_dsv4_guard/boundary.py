@@ -22,6 +22,7 @@ from sglang_dsv4_guard.findings import (
     capped_lines,
     cut_text,
 )
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 
 __all__ = ["clean_finding", "raised_text", "safe_text"]
 
@@ -90,6 +91,46 @@ def _observation(obs: object, index: int) -> Observation:
     return Observation(role, name, _shown(obs.value, f"observations[{index}].value"), source)
 
 
+def _edit(edit: object, field: str) -> Edit:
+    if type(edit) is not Edit:
+        raise TypeError(f"{field} must be a sglang_dsv4_guard.Edit (got {type(edit).__name__})")
+    value = edit.value
+    return Edit(server=cut_text(_text(edit.server, f"{field}.server")),
+                name=cut_text(_text(edit.name, f"{field}.name")),
+                value=None if value is None else cut_text(_text(value, f"{field}.value")),
+                remove=edit.remove is True, env=edit.env is True)
+
+
+def _fix(fix: object, field: str) -> Fix:
+    """A plain string becomes an ADVICE fix; a :class:`Fix` is rebuilt field by field."""
+    if isinstance(fix, str):
+        return Fix.advice(cut_text(_text(fix, field)))
+    if type(fix) is not Fix:
+        raise TypeError(f"{field} must be a str or a sglang_dsv4_guard.Fix "
+                        f"(got {type(fix).__name__} {safe_text(repr, fix, 80)})")
+    if not isinstance(fix.kind, FixKind):
+        raise TypeError(f"{field}.kind must be a sglang_dsv4_guard.FixKind "
+                        f"(got {safe_text(repr, fix.kind, 80)})")
+    edits, inputs = fix.edits, fix.inputs
+    if not isinstance(edits, tuple | list) or not isinstance(inputs, tuple | list):
+        raise TypeError(f"{field}.edits and .inputs must be tuples")
+    proven = fix.proven if fix.proven in (True, False) else None
+    return Fix(kind=fix.kind, text=cut_text(_text(fix.text, f"{field}.text")),
+               field=cut_text(_text(fix.field, f"{field}.field")),
+               edits=tuple(_edit(e, f"{field}.edits[{i}]") for i, e in enumerate(edits[:LIST_CAP])),
+               inputs=capped_lines(_strings(inputs, f"{field}.inputs")),
+               release=cut_text(_text(fix.release, f"{field}.release")), proven=proven)
+
+
+def _fixes(value: object) -> tuple[Fix, ...]:
+    if not isinstance(value, tuple | list):
+        raise TypeError(f"fixes must be a tuple of Fix or str (got {safe_text(repr, value)})")
+    fixes = tuple(_fix(v, f"fixes[{i}]") for i, v in enumerate(value[:LIST_CAP]))
+    if len(value) > LIST_CAP:
+        fixes += (Fix.advice(f"... +{len(value) - LIST_CAP} more ({len(value)} in all)"),)
+    return fixes
+
+
 def clean_finding(finding: object, origin: str) -> Finding:
     """A plain :class:`Finding` with every field checked, ``origin`` set to the plug-in.
 
@@ -124,7 +165,7 @@ def clean_finding(finding: object, origin: str) -> Finding:
         code=cut_text(fields["code"]), severity=fields["severity"],
         summary=cut_text(fields["summary"]), subject=cut_text(fields["subject"]),
         observations=tuple(_observation(o, i) for i, o in enumerate(observations[:LIST_CAP])),
-        details=details, fixes=capped_lines(_strings(fields["fixes"], "fixes")),
+        details=details, fixes=_fixes(fields["fixes"]),
         docs=cut_text(fields["docs"]),
         host_message=None if host_message is None else cut_text(host_message), origin=origin,
     )

@@ -196,7 +196,7 @@ def _explain(args: argparse.Namespace) -> int:
     if info.sglang_message:
         print(f"SGLang's message: {info.sglang_message}")
     print(f"\n{info.meaning}\n")
-    for fix in info.fixes:
+    for fix in info.remedies:
         print(f"fix: {fix}")
     return 0
 

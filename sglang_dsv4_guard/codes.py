@@ -19,7 +19,7 @@ class CodeInfo:
     title: str
     sglang_message: str | None
     meaning: str
-    fixes: tuple[str, ...]
+    remedies: tuple[str, ...]
 
 
 def docs_url(code: str) -> str:

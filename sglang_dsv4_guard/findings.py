@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_dsv4_guard.fixes import Fix
+
 __all__ = [
     "LINE_CAP",
     "LIST_CAP",
@@ -91,7 +93,9 @@ class Finding:
 
     ``host_message`` is the exact first line SGLang raises for this check, when
     SGLang enforces it; the guard uses it to cross-check its verdict against
-    SGLang's. ``origin`` names the plug-in that produced the finding.
+    SGLang's. ``origin`` names the plug-in that produced the finding. ``fixes`` are
+    :class:`~sglang_dsv4_guard.fixes.Fix` values; a plain string given there is kept as
+    an ``ADVICE`` fix (``Fix.advice``).
     """
 
     code: str
@@ -100,10 +104,18 @@ class Finding:
     subject: str
     observations: tuple[Observation, ...] = ()
     details: tuple[str, ...] = ()
-    fixes: tuple[str, ...] = ()
+    fixes: tuple[Fix, ...] = ()
     docs: str = ""
     host_message: str | None = None
     origin: str = "builtin"
+
+    def __post_init__(self) -> None:
+        # A plain string becomes an ADVICE fix, copied as an exact str (a str subclass's
+        # own methods never run); anything else is left for the plug-in boundary to name.
+        fixes: Any = self.fixes
+        if isinstance(fixes, tuple | list) and any(isinstance(f, str) for f in fixes):
+            object.__setattr__(self, "fixes", tuple(
+                Fix.advice(str.__str__(f)) if isinstance(f, str) else f for f in fixes))
 
     def value(self, role: str, name: str | None = None) -> object:
         """The first observed value for ``role`` (and ``name`` when given).
@@ -132,7 +144,7 @@ class Finding:
                 for o in self.observations
             ],
             "details": list(self.details),
-            "fixes": list(self.fixes),
+            "fixes": [fix.to_dict() for fix in self.fixes],
             "docs": self.docs,
             "host_message": self.host_message,
             "origin": self.origin,

@@ -11,6 +11,7 @@ from sglang_dsv4_guard.findings import (
     capped_repr,
     cut_text,
 )
+from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.targets import MORI_SEND, STATE
 
 __all__ = ["render_finding", "render_report"]
@@ -23,6 +24,20 @@ _HEADINGS = {
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _fix_lines(fixes: tuple[Fix, ...]) -> list[str]:
+    """``fix:`` per fix (``proven by check`` / ``not proven`` when check tried it), then
+    its edits one per line; the first :data:`LIST_CAP` fixes and a count of the rest."""
+    lines: list[str] = []
+    for fix in fixes[:LIST_CAP]:
+        mark = ("" if fix.proven is None
+                else " (proven by check)" if fix.proven else " (check: did not fix it)")
+        lines.append(f"    fix{mark}: {cut_text(fix.text)}")
+        lines += [f"         {cut_text(edit.describe())}" for edit in fix.edits[:LIST_CAP]]
+    if len(fixes) > LIST_CAP:
+        lines.append(f"    ... +{len(fixes) - LIST_CAP} more fixes ({len(fixes)} in all)")
+    return lines
 
 
 def render_finding(finding: Finding) -> str:
@@ -39,7 +54,7 @@ def render_finding(finding: Finding) -> str:
         lines.append(f"    ... +{len(finding.observations) - LIST_CAP} more observations "
                      f"({len(finding.observations)} in all)")
     lines += [f"    {detail}" for detail in capped_lines(finding.details)]
-    lines += [f"    fix: {fix}" for fix in capped_lines(finding.fixes)]
+    lines += _fix_lines(finding.fixes)
     if finding.origin and not finding.origin.startswith("builtin"):
         lines.append(f"    reported by plug-in: {finding.origin}")
     if finding.docs:

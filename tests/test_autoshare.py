@@ -187,8 +187,8 @@ class TestAutoshareRule(GuardTestCase):
         self.install_guard("on", autoshare=False, load_entry_points=False)
         _, view = outcome(utils.setup_state_kv_args, *build_pair(mapping="view"))
         _, diff = outcome(utils.setup_state_kv_args, *build_pair(mapping="different"))
-        self.assertIn("SGLANG_DSV4_GUARD_AUTOSHARE=1", " ".join(view.findings[0].fixes))
-        self.assertNotIn("SGLANG_DSV4_GUARD_AUTOSHARE=1", " ".join(diff.findings[0].fixes))
+        self.assertIn("SGLANG_DSV4_GUARD_AUTOSHARE=1", " ".join(map(str, view.findings[0].fixes)))
+        self.assertNotIn("SGLANG_DSV4_GUARD_AUTOSHARE=1", " ".join(map(str, diff.findings[0].fixes)))
 
 
 class TestAutoshareHidesNothing(GuardTestCase):

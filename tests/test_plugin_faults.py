@@ -222,7 +222,7 @@ class TestThirdPartyFindingsAreCapped(GuardTestCase):
         [flood] = [f for f in guarded.findings if f.code == "ACME100"]
         self.assertEqual(len(flood.observations), 16)
         self.assertEqual(len(flood.fixes), 17)
-        self.assertIn("... +9984 more (10000 in all)", flood.fixes[-1])
+        self.assertIn("... +9984 more (10000 in all)", flood.fixes[-1].text)
         self.assertIn("+984 more observations (1000 in all)", flood.details[0])
         self.assertLessEqual(max(len(flood.summary), len(flood.docs)), 4096 + 40)
         self.assertLess(len(str(guarded)), 400_000)
@@ -328,7 +328,7 @@ class TestStrSubclassFields(GuardTestCase):
         self.assertIn("ACME010", codes)
         self.assertIn("ACME011", codes)
         for f in guarded.findings:
-            texts = [f.code, f.summary, f.subject, *f.details, *f.fixes]
+            texts = [f.code, f.summary, f.subject, *f.details, *(x.text for x in f.fixes)]
             texts += [t for o in f.observations for t in (o.role, o.name, o.source)]
             self.assertEqual({type(t) for t in texts}, {str}, f.code)
         rendered = render_report(guarded.report) or ""

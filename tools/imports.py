@@ -59,7 +59,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("state", "mori", "samples")),
     ("patching and what the guard knows of SGLang", ("patching", "host")),
     ("values: findings, codes, settings, errors, undo; our logger",
-     ("findings", "codes", "settings", "errors", "undo", "log")),
+     ("findings", "fixes", "codes", "settings", "errors", "undo", "log")),
 )
 KINDS = ("top", "deferred", "typing", "dynamic")
 

@@ -11,6 +11,7 @@ import logging
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.host.targets import MAPPING_ATTR, POOL_REGISTER
 from sglang_dsv4_guard.log import LOGGER_NAME
@@ -50,5 +51,6 @@ def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
             Observation("target pool", MAPPING_ATTR, pair.target.mapping.describe(),
                         f"SWATokenToKVPoolAllocator.{MAPPING_ATTR}"),
         ),
-        details=tuple(details), fixes=CODES["DSV4G007"].fixes, docs=docs_url("DSV4G007"),
+        details=tuple(details), fixes=tuple(map(Fix.advice, CODES["DSV4G007"].remedies)),
+        docs=docs_url("DSV4G007"),
     )]

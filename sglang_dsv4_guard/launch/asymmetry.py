@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.fixes import Fix
 
 __all__ = ["SideView", "asymmetry_findings"]
 
@@ -35,7 +36,8 @@ def _finding(code: str, subject: str, observations: list[Observation],
              details: tuple[str, ...] = (), severity: Severity = Severity.WARNING) -> Finding:
     info = CODES[code]
     return Finding(code=code, severity=severity, summary=info.title, subject=subject,
-                   observations=tuple(observations), details=details, fixes=info.fixes,
+                   observations=tuple(observations), details=details,
+                   fixes=tuple(map(Fix.advice, info.remedies)),
                    docs=docs_url(code))
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
 from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
@@ -89,7 +90,7 @@ def _refused(side: Side) -> Finding:
         details=(f"the {side.role} server's flags: {' '.join(side.args.argv)}",
                  "derived values below come from the flags as parsed, without SGLang's "
                  "model defaults"),
-        fixes=info.fixes, docs=docs_url("DSV4G026"))
+        fixes=tuple(map(Fix.advice, info.remedies)), docs=docs_url("DSV4G026"))
 
 
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 
@@ -56,11 +57,11 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
     fixes = (
         f"start the decode server with attention TP {t.attn_tp_size} (match the prefill's): "
         "--tp-size, or --tp-size/--dp-size with --enable-dp-attention",
-        CODES["DSV4G006"].fixes[1],
+        CODES["DSV4G006"].remedies[1],
     )
     return [Finding(
         code="DSV4G006", severity=Severity.ERROR, summary=CODES["DSV4G006"].title,
         subject="MORI swa state transfer", observations=tuple(observations),
-        details=tuple(details), fixes=fixes, docs=docs_url("DSV4G006"),
+        details=tuple(details), fixes=tuple(map(Fix.advice, fixes)), docs=docs_url("DSV4G006"),
         host_message=host_message(t),
     )]

@@ -11,6 +11,7 @@ from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import LIST_CAP, Finding, Observation, Severity
+from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.state.sharing import decide
@@ -58,7 +59,7 @@ def _finding(
     return Finding(
         code=code, severity=severity, summary=summary, subject=subject,
         observations=observations, details=details,
-        fixes=CODES[code].fixes if fixes is None else fixes,
+        fixes=tuple(map(Fix.advice, CODES[code].remedies if fixes is None else fixes)),
         docs=docs_url(code), host_message=host_message,
     )
 
@@ -267,7 +268,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
             at = f", first at index {first[0]} (target={first[1]}, draft={first[2]})" if first else ""
             details.append(f"contents differ at {cmp.differing} position(s){at}")
     decision = decide(pair, context.profile)
-    base = CODES["DSV4G004"].fixes[0]
+    base = CODES["DSV4G004"].remedies[0]
     fixes: tuple[str, ...]
     if decision.share:
         fixes = (base, "SGLANG_DSV4_GUARD_AUTOSHARE=1 would rebind the draft to the target's "

@@ -28,6 +28,7 @@ from typing import Any
 from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
+from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.targets import CALLERS, SCHEDULER_MODULE
 from sglang_dsv4_guard.plugins import is_builtin, plugin_failure
 from sglang_dsv4_guard.reporter import Delivery
@@ -152,7 +153,8 @@ def _discrepancy(predicted: str | None, actual: str | None) -> Finding:
         subject="guard self-check",
         details=(f"SGLang: {actual or 'accepted the pools'}",
                  f"guard predicted: {predicted or 'acceptance'}"),
-        fixes=("please report this with the JSON report (SGLANG_DSV4_GUARD_LOG_FORMAT=json)",),
+        fixes=(Fix.advice("please report this with the JSON report "
+                            "(SGLANG_DSV4_GUARD_LOG_FORMAT=json)"),),
         docs=docs_url("DSV4G099"),
     )
 
