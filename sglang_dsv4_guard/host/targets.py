@@ -37,6 +37,7 @@ __all__ = [
     "REGISTRY_MODULE",
     "RUNTIME_CONTEXT",
     "SCHEDULER_MODULE",
+    "SERVER_ARGS_MODULE",
     "STATE",
     "STATE_HOLDERS",
     "STATE_IS_NPU",
@@ -111,6 +112,8 @@ CALLERS: dict[str, CallerRole] = {
 
 REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+#: ``ServerArgs`` (its ``add_cli_args`` is the release's flag table, ``host/flags.py``).
+SERVER_ARGS_MODULE = "sglang.srt.server_args"
 RUNTIME_CONTEXT = "sglang.srt.runtime_context"
 CUDA_GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
 KV_ARGS = PatchTarget("sglang.srt.disaggregation.base.conn", "KVArgs")
