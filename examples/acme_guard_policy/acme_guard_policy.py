@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from sglang_dsv4_guard import Finding, Observation, Severity, StateContext, StatePair, hookimpl
+from sglang_dsv4_guard import (
+    Edit,
+    Finding,
+    Fix,
+    FixKind,
+    Observation,
+    Severity,
+    StateContext,
+    StatePair,
+    hookimpl,
+)
 
 FLEET_PAGE_SIZE = 256
 
@@ -20,6 +30,9 @@ def sglang_dsv4_guard_check_state(pair: StatePair, context: StateContext) -> lis
                 subject=f"{pool.role} page_size",
                 observations=(Observation(pool.role, "page_size", pool.get("page_size"),
                                           "server flag --page-size"),),
-                fixes=(f"launch both servers with --page-size {FLEET_PAGE_SIZE}",),
+                # A fix as data: what to edit on this server, and the field it fixes.
+                fixes=(Fix(FixKind.FLAGS, f"launch this server with --page-size {FLEET_PAGE_SIZE}",
+                           field="page_size",
+                           edits=(Edit("this server", "--page-size", str(FLEET_PAGE_SIZE)),)),),
             ))
     return findings

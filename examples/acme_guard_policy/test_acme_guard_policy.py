@@ -14,6 +14,8 @@ class TestAcmePolicy(unittest.TestCase):
         report = check_pools(*pair, acme_guard_policy)
         self.assertEqual(report.codes, ("ACME001", "ACME001"))
         self.assertEqual(report.findings[1].value("draft pool", "page_size"), 128)
+        [fix] = report.findings[1].fixes
+        self.assertEqual(fix.edits[0].describe(), "this server: --page-size 256")
 
     def test_silent_on_the_fleet_page_size(self) -> None:
         """At page size 256 the policy has nothing to say."""
