@@ -1,5 +1,7 @@
 """PD asymmetries no runtime check sees (DSV4G020-DSV4G025): pure functions of two sides.
 
+Their fixes are derived from both servers' flags by :mod:`.remedy`.
+
 Warnings, except DSV4G023 (different transfer backends cannot connect): an error.
 """
 
@@ -10,7 +12,6 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
-from sglang_dsv4_guard.fixes import Fix
 
 __all__ = ["SideView", "asymmetry_findings"]
 
@@ -25,6 +26,7 @@ class SideView:
     draft_path: str | None
     speculative_algorithm: str | None
     num_draft_tokens: int | None
+    num_draft_tokens_source: str
     page_size: int | None
     page_size_source: str
     transfer_backend: str
@@ -37,7 +39,6 @@ def _finding(code: str, subject: str, observations: list[Observation],
     info = CODES[code]
     return Finding(code=code, severity=severity, summary=info.title, subject=subject,
                    observations=tuple(observations), details=details,
-                   fixes=tuple(map(Fix.advice, info.remedies)),
                    docs=docs_url(code))
 
 
@@ -56,9 +57,8 @@ def _speculative(p: SideView, d: SideView) -> list[Finding]:
         return []
     if p.speculative_algorithm != d.speculative_algorithm \
             or p.num_draft_tokens != d.num_draft_tokens:
-        tokens = _both("speculative_num_draft_tokens",
-                       "server flag --speculative-num-draft-tokens (None: SGLang's default "
-                       "for the algorithm)", lambda s: s.num_draft_tokens, p, d)
+        tokens = _both("speculative_num_draft_tokens", lambda s: s.num_draft_tokens_source,
+                       lambda s: s.num_draft_tokens, p, d)
         return [_finding("DSV4G021", "speculative settings", algo + tokens)]
     return []
 
