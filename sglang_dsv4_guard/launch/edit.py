@@ -15,14 +15,13 @@ from collections.abc import Iterable, Mapping
 
 from sglang_dsv4_guard.fixes import Edit
 from sglang_dsv4_guard.host.flags import Flag, flag
+from sglang_dsv4_guard.launch.parse import strip_launcher
 
 __all__ = ["apply_edits", "apply_env", "launcher_prefix", "occurrences", "typed_flags"]
 
 
 def launcher_prefix(argv: list[str]) -> int:
     """How many leading tokens of ``argv`` are the launcher (``check`` drops them)."""
-    from sglang_dsv4_guard.launch.parse import strip_launcher  # one rule for both
-
     return len(argv) - len(strip_launcher("--line", argv)) if argv else 0
 
 

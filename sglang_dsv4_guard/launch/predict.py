@@ -191,10 +191,13 @@ def _refused_lines(refused: tuple[str, ...]) -> list[str]:
 def run_check(prefill_args: str, decode_args: str,
               prefill_env: Mapping[str, str] | None = None,
               decode_env: Mapping[str, str] | None = None,
-              refusals: Callable[[], tuple[str, ...]] = tuple) -> CheckResult:
+              refusals: Callable[[], tuple[str, ...]] = tuple,
+              derive: bool = True) -> CheckResult:
     """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input.
 
-    ``refusals`` gives what the child's walls refused (:mod:`.sandbox`), read at the end."""
+    ``refusals`` gives what the child's walls refused (:mod:`.sandbox`), read at the end.
+    ``derive=False`` leaves the findings' fixes underived (``check --fix``'s re-runs read
+    only which findings remain)."""
     # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
     from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
     from sglang_dsv4_guard.host.verdict import judge_imported
@@ -217,7 +220,8 @@ def run_check(prefill_args: str, decode_args: str,
     if prefill.transfer_backend == decode.transfer_backend == "mori":
         findings.extend(_mori(prefill, decode, profile))
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
-    findings = [derived_fixes(f, prefill, decode) for f in findings]
+    if derive:
+        findings = [derived_fixes(f, prefill, decode) for f in findings]
     report = Report.of(findings, {"function": "sglang-dsv4-guard check",
                                   "sglang": str(version)})
     return CheckResult(str(version), prefill, decode, report, tuple(runs),

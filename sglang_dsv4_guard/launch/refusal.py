@@ -126,7 +126,8 @@ def search(role: str, line: str, env: Mapping[str, str], refusal: str,
            other: Mapping[str, tuple[Flag, str | None]]) -> Search:
     """Breadth-first over candidate edits (see the module docstring)."""
     frontier: list[tuple[tuple[Edit, ...], str]] = [((), refusal)]
-    seen, accepted, runs = {line}, [], 0
+    seen, runs = {line}, 0
+    accepted: list[tuple[Edit, ...]] = []
     for _ in range(MAX_DEPTH):
         following: list[tuple[tuple[Edit, ...], str]] = []
         for edits, message in frontier:
