@@ -117,8 +117,9 @@ def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]])
         tried += 1
         fixes.append(fix.with_proof(isinstance(result, CheckResult)
                                     and _removes(result, finding, base_errors)))
-    if not any(f.proven for f in fixes):
-        why = ("it has no flag fix (the value is not set by a launch flag)" if not tried
+    if not any(f.proven for f in fixes) and not any(
+            f.kind is FixKind.NO_FLAG_FIX for f in fixes):
+        why = ("no flag edit was derived for it from the two lines" if not tried
                and not budget else f"none of its {tried} flag fix(es) removed it without "
                "bringing a new error, on the release's resolution and every check")
         if budget:

@@ -153,6 +153,22 @@ def _g006(p: Side, d: Side) -> list[Fix | None]:
             for src, dst in ((p, d), (d, p))]
 
 
+def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
+    """DSV4G005 on a server whose --speculative-draft-model-path has another window than
+    its target: serve the target's own MTP layers (drop that flag)."""
+    side = p if finding.subject.startswith("prefill") else d
+    if side.draft is None or side.draft.sliding_window == side.model.sliding_window \
+            or not side.args.typed.get("speculative_draft_model_path"):
+        return ()
+    fix = _fix(f"serve the target's own MTP layers as the {side.role} server's draft",
+               "sliding_window", [_set(side.role, "speculative_draft_model_path", None)],
+               f"{side.role}: target sliding_window {side.model.sliding_window} "
+               f"({side.model.path}/config.json)",
+               f"{side.role}: draft sliding_window {side.draft.sliding_window} "
+               f"({side.draft.path}/config.json, --speculative-draft-model-path)")
+    return (fix,) if fix is not None else ()
+
+
 _DERIVERS = {"DSV4G006": _g006, "DSV4G020": _g020, "DSV4G021": _g021, "DSV4G022": _g022,
              "DSV4G023": lambda p, d: _same(
                  "disaggregation_transfer_backend", "transfer backend", p, d,
@@ -169,6 +185,8 @@ def derived_fixes(finding: Finding, p: Side, d: Side) -> Finding:
         return replace(finding, fixes=refusal_fixes(
             side.role, side.args.argv, side.args.env, str(side.args.resolution_error),
             other.args.argv))
+    if finding.code == "DSV4G005":  # SGLang's own check on the pools; fixes of both lines
+        return replace(finding, fixes=_own_draft(finding, p, d) + finding.fixes)
     derive = _DERIVERS.get(finding.code)
     if derive is None:
         return finding
