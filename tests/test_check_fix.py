@@ -6,7 +6,16 @@ from __future__ import annotations
 import unittest
 from typing import Any
 
-from check_helpers import DSV4, DSV4_WINDOW64, GPT_OSS, LLAMA, check_json, codes, server
+from check_helpers import (
+    DSV4,
+    DSV4_WINDOW64,
+    GPT_OSS,
+    LLAMA,
+    check_json,
+    codes,
+    run_cli,
+    server,
+)
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -255,6 +264,21 @@ class TestCheckFix(GuardTestCase):
         self.assertIsNotNone(fixed.lines_result)
         assert fixed.lines_result is not None
         self.assertEqual(fixed.lines_result.exit_status, 0)
+
+    def test_launcher_prefix_kept_and_text_matches_json(self) -> None:
+        """A line given with ``python -m sglang.launch_server`` keeps it in the corrected
+        line, and the text output prints the same shell-quoted lines as ``fixed``."""
+        prefill = "python -m sglang.launch_server " + server("prefill", GPT_OSS, "--tp-size 8")
+        decode = server("decode", GPT_OSS, "--tp-size 4")
+        _, doc = check_json(prefill, decode, "--fix")
+        self.assertTrue(doc["fixed"]["prefill"].startswith("python -m sglang.launch_server "))
+        self.assertEqual(doc["fixed_check"], {"exit_status": 0, "findings": []})
+        status, out, _ = run_cli("check", "--prefill", prefill, "--decode", decode, "--fix")
+        self.assertEqual(status, 1)
+        shown = {line.split(": ", 1)[0].strip(): line.split(": ", 1)[1]
+                 for line in out.splitlines()[-2:]}
+        self.assertEqual(shown, {"prefill": doc["fixed"]["prefill"],
+                                 "decode": doc["fixed"]["decode"]})
 
     def test_nothing_to_fix_is_null(self) -> None:
         """An accepted pair: ``fixed`` is null."""

@@ -21,6 +21,7 @@ from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
 from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
+from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.launch.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.launch.remedy import derived_fixes, page_size_source
@@ -86,6 +87,7 @@ def _view(side: Side) -> SideView:
         page_size_source=page_size_source(side), transfer_backend=side.transfer_backend,
         unified_kv=side.unified_kv,
         hack_flashmla_backend=side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND"),
+        typed=frozenset(typed_flags(list(side.args.argv))),
     )
 
 
