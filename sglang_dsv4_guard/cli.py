@@ -253,6 +253,9 @@ def _parser() -> argparse.ArgumentParser:
         check.add_argument(f"--{role}-env", action="append", default=[], metavar="K=V",
                            help=f"an environment variable of the {role} server (repeatable)")
     check.add_argument("--format", choices=("text", "json"), default="text")
+    check.add_argument("--fix", action="store_true",
+                       help="prove each flag fix by re-running the check on the edited lines, "
+                            "and print the corrected prefill and decode lines")
     check.set_defaults(run=_check)
     sub.add_parser("patches", help="list the SGLang patch series for the installed release "
                    "and whether each patch applies (read-only)").set_defaults(run=_patches)

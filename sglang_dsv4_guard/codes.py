@@ -141,8 +141,10 @@ CODES: dict[str, CodeInfo] = {
             "other not. The prefill server sends the draft's KV/state alongside the "
             "target's; a decode server without a draft has nowhere to put it, and one with "
             "a draft receives none (its draft starts cold or the transfer layouts disagree).",
-            ("give both servers the same --speculative-algorithm (and draft model), or "
-             "neither",),
+            ("check derives two flag fixes from the two lines: give the server without "
+             "speculative decoding every --speculative-* flag the other was given (as "
+             "typed), or remove them from the server that has them; check --fix keeps "
+             "the one SGLang's resolution and every check accept",),
         ),
         CodeInfo(
             "DSV4G021",
@@ -154,8 +156,10 @@ CODES: dict[str, CodeInfo] = {
             "own settings; the decode continues it under others (for DeepSeek-V4 the "
             "draft-token count also sizes the SWA ring, so the state sent does not fit "
             "the decode's layout).",
-            ("use one --speculative-algorithm and one --speculative-num-draft-tokens on "
-             "both servers",),
+            ("check derives two flag fixes: the decode takes the prefill's --speculative-* "
+             "flags (as typed; those the prefill was not given are removed), or the "
+             "prefill takes the decode's; the draft-token counts shown are the release's "
+             "resolution of those flags",),
         ),
         CodeInfo(
             "DSV4G022",
@@ -164,8 +168,10 @@ CODES: dict[str, CodeInfo] = {
             "`sglang-dsv4-guard check`: the servers' page sizes (--page-size, or the "
             "model's default) differ. KV is transferred page by page, so both servers "
             "need the same page size.",
-            ("launch both servers with the same --page-size (the page size SGLang resolves "
-             "for the model, 256 for DeepSeek-V4 on GPU)",),
+            ("check derives a flag fix per server: --page-size set to the other server's "
+             "resolved page size; never on a server whose resolution replaced a typed "
+             "--page-size (the release sets that model's page size itself: DeepSeek-V4 "
+             "resolves to 256 on GPU from 0.5.22)",),
         ),
         CodeInfo(
             "DSV4G023",
@@ -174,7 +180,8 @@ CODES: dict[str, CodeInfo] = {
             "`sglang-dsv4-guard check`: --disaggregation-transfer-backend differs between "
             "the servers. Both ends of a KV transfer must speak the same engine; the pair "
             "cannot connect, so this is an error (exit 1).",
-            ("launch both servers with the same --disaggregation-transfer-backend",),
+            ("check derives a flag fix per server: --disaggregation-transfer-backend set "
+             "to the other server's backend",),
         ),
         CodeInfo(
             "DSV4G024",
@@ -185,7 +192,10 @@ CODES: dict[str, CodeInfo] = {
             "config.json files describe different architectures. The decode server would "
             "continue a KV cache written by another model. Paths on two hosts may name the "
             "same checkpoint: then this is a reminder to make sure they do.",
-            ("serve the same checkpoint on both servers (same path, or identical copies)",),
+            ("check derives a flag fix per server: --model-path (and "
+             "--speculative-draft-model-path, when it differs) set to the other server's; "
+             "if the two paths name identical copies on their hosts, nothing needs to "
+             "change",),
         ),
         CodeInfo(
             "DSV4G025",
@@ -195,19 +205,26 @@ CODES: dict[str, CodeInfo] = {
             "unified_kv_triton puts SWA in the unified KV ring; it is set for one server "
             "only. Within a server both pools read it once, so SGLang's own unified-mode "
             "check (DSV4G002) passes, but the two servers ship state in different layouts.",
-            ("set SGLANG_HACK_FLASHMLA_BACKEND identically in both servers' environments",),
+            ("check derives an environment fix per server: SGLANG_HACK_FLASHMLA_BACKEND "
+             "set to (or unset as) the other server's",),
         ),
         CodeInfo(
             "DSV4G026",
             "SGLang's own argument resolution refuses a server's flags",
             None,
             "`sglang-dsv4-guard check`: the installed release's ServerArgs resolution "
-            "(model defaults and validations, run here with --device cpu) raised for this "
+            "(model defaults and validations, run here as the line's --device, else cuda) "
+            "raised for this "
             "server's flags, e.g. a speculative algorithm the "
             "model does not support. The server would stop at start-up. The check goes on "
             "with the flags as parsed. A refusal that is about the CPU device itself is "
             "this machine's, not the server's.",
-            ("change the flag SGLang's message names; the message is quoted in the finding",),
+            ("check derives flag fixes from SGLang's message: the flags it names (by option, "
+             "by ServerArgs field, by the words of a flag with a value, or in a bare "
+             "assert's condition) are set to the values it mentions or the other server's, "
+             "or removed; each edited line is resolved again by the release (a new refusal "
+             "extends the search, at most 24 resolutions) and only lines it accepts are "
+             "offered; none found: 'no flag change fixes this'",),
         ),
         CodeInfo(
             "DSV4G090",

@@ -1,5 +1,7 @@
 """PD asymmetries no runtime check sees (DSV4G020-DSV4G025): pure functions of two sides.
 
+Their fixes are derived from both servers' flags by :mod:`.remedy`.
+
 Warnings, except DSV4G023 (different transfer backends cannot connect): an error.
 """
 
@@ -10,7 +12,6 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
-from sglang_dsv4_guard.fixes import Fix
 
 __all__ = ["SideView", "asymmetry_findings"]
 
@@ -25,11 +26,19 @@ class SideView:
     draft_path: str | None
     speculative_algorithm: str | None
     num_draft_tokens: int | None
+    num_draft_tokens_source: str
     page_size: int | None
     page_size_source: str
     transfer_backend: str
     unified_kv: bool
     hack_flashmla_backend: str | None
+    typed: frozenset[str] = frozenset()  # the ServerArgs fields the line sets itself
+
+
+def _flag_source(field: str, option: str) -> Callable[[SideView], str]:
+    """``server flag OPTION`` when the line typed it, else the release's default."""
+    return lambda s: (f"server flag {option}" if field in s.typed
+                      else f"the release's default (no {option} typed)")
 
 
 def _finding(code: str, subject: str, observations: list[Observation],
@@ -37,7 +46,6 @@ def _finding(code: str, subject: str, observations: list[Observation],
     info = CODES[code]
     return Finding(code=code, severity=severity, summary=info.title, subject=subject,
                    observations=tuple(observations), details=details,
-                   fixes=tuple(map(Fix.advice, info.remedies)),
                    docs=docs_url(code))
 
 
@@ -48,7 +56,8 @@ def _both(name: str, source: str | Callable[[SideView], str],
 
 
 def _speculative(p: SideView, d: SideView) -> list[Finding]:
-    algo = _both("speculative_algorithm", "server flag --speculative-algorithm",
+    algo = _both("speculative_algorithm",
+                 _flag_source("speculative_algorithm", "--speculative-algorithm"),
                  lambda s: s.speculative_algorithm, p, d)
     if (p.speculative_algorithm is None) != (d.speculative_algorithm is None):
         return [_finding("DSV4G020", "speculative decoding", algo)]
@@ -56,9 +65,8 @@ def _speculative(p: SideView, d: SideView) -> list[Finding]:
         return []
     if p.speculative_algorithm != d.speculative_algorithm \
             or p.num_draft_tokens != d.num_draft_tokens:
-        tokens = _both("speculative_num_draft_tokens",
-                       "server flag --speculative-num-draft-tokens (None: SGLang's default "
-                       "for the algorithm)", lambda s: s.num_draft_tokens, p, d)
+        tokens = _both("speculative_num_draft_tokens", lambda s: s.num_draft_tokens_source,
+                       lambda s: s.num_draft_tokens, p, d)
         return [_finding("DSV4G021", "speculative settings", algo + tokens)]
     return []
 
@@ -71,11 +79,13 @@ def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
             "page_size", lambda s: s.page_size_source, lambda s: s.page_size, p, d)))
     if p.transfer_backend != d.transfer_backend:
         findings.append(_finding("DSV4G023", "transfer backend", _both(
-            "transfer_backend", "server flag --disaggregation-transfer-backend",
+            "transfer_backend", _flag_source("disaggregation_transfer_backend",
+                                             "--disaggregation-transfer-backend"),
             lambda s: s.transfer_backend, p, d), severity=Severity.ERROR))
     models = []
     if p.model_path != d.model_path or p.architecture != d.architecture:
-        models += _both("model_path", "server flag --model-path", lambda s: s.model_path, p, d)
+        models += _both("model_path", _flag_source("model_path", "--model-path"),
+                        lambda s: s.model_path, p, d)
         models += _both("architecture", "config.json architectures",
                         lambda s: s.architecture, p, d)
     if p.speculative_algorithm and d.speculative_algorithm and p.draft_path != d.draft_path:
@@ -87,6 +97,9 @@ def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
                                   "checkpoint under different paths",)))
     if p.unified_kv != d.unified_kv:
         findings.append(_finding("DSV4G025", "DeepSeek-V4 KV layout", _both(
-            "SGLANG_HACK_FLASHMLA_BACKEND", "the server's environment (--prefill-env / "
-            "--decode-env); unified only on ROCm", lambda s: s.hack_flashmla_backend, p, d)))
+            "SGLANG_HACK_FLASHMLA_BACKEND", lambda s: (
+                f"the server's environment (--{s.role}-env); unified only on ROCm"
+                if s.hack_flashmla_backend is not None else
+                f"not set in the server's environment (no --{s.role}-env for it)"),
+            lambda s: s.hack_flashmla_backend, p, d)))
     return findings

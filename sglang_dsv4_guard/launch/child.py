@@ -62,7 +62,8 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
 
     return {"prefill": args.prefill, "decode": args.decode,
             "prefill_env": parse_env("--prefill-env", args.prefill_env),
-            "decode_env": parse_env("--decode-env", args.decode_env)}
+            "decode_env": parse_env("--decode-env", args.decode_env),
+            "fix": bool(getattr(args, "fix", False))}
 
 
 def answer(request: Mapping[str, Any],
@@ -78,6 +79,8 @@ def answer(request: Mapping[str, Any],
         from sglang_dsv4_guard.launch.predict import run_check
         from sglang_dsv4_guard.launch.text import render_check
 
+        if request.get("fix"):
+            return _answer_fixed(request, refusals)
         result = run_check(request["prefill"], request["decode"],
                            request.get("prefill_env") or {}, request.get("decode_env") or {},
                            refusals=refusals)
@@ -88,6 +91,26 @@ def answer(request: Mapping[str, Any],
                                            f"({one_line(str(exc))})"}
     return {"exit_status": result.exit_status, "document": result.to_dict(),
             "text": render_check(result)}
+
+
+def _answer_fixed(request: Mapping[str, Any],
+                  refusals: Callable[[], tuple[str, ...]]) -> dict[str, Any]:
+    """``check --fix``: the check with each fix proven, and the corrected lines."""
+    # deferred: the child's work (imports SGLang)
+    from sglang_dsv4_guard.launch.prove import Lines, fix_check
+    from sglang_dsv4_guard.launch.text import render_check, render_fixed
+
+    fixed = fix_check(Lines(request["prefill"], request["decode"],
+                            request.get("prefill_env") or {}, request.get("decode_env") or {}),
+                      refusals)
+    document = fixed.result.to_dict()
+    document["fixed"] = fixed.lines.to_dict() if fixed.lines is not None else None
+    document["fixed_check"] = (None if fixed.lines_result is None else {
+        "exit_status": fixed.lines_result.exit_status,
+        "findings": list(fixed.lines_result.report.codes)})
+    document["fix_runs"] = {"runs": fixed.runs, "budget_ran_out": fixed.exhausted}
+    return {"exit_status": fixed.result.exit_status, "document": document,
+            "text": render_check(fixed.result) + "\n\n" + render_fixed(fixed)}
 
 
 def run_command(args: argparse.Namespace,

@@ -28,11 +28,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from sglang_dsv4_guard.launch.causes import failing_source, machine_cause, one_line
 from sglang_dsv4_guard.launch.probes import Device, as_devices, probed
 from sglang_dsv4_guard.launch.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
-           "machine_cause", "offline_env", "one_line", "parse_env", "parse_side"]
+           "machine_cause", "offline_env", "one_line", "parse_env", "parse_side",
+           "strip_launcher"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -48,12 +50,6 @@ _POSITIVE = (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
              ("pp_size", "--pp-size"), ("page_size", "--page-size"),
              ("speculative_num_draft_tokens", "--speculative-num-draft-tokens"),
              ("speculative_num_steps", "--speculative-num-steps"))
-
-
-def one_line(text: str) -> str:
-    """``text`` on one line: its lines joined by single spaces (SGLang's and transformers'
-    messages can span several)."""
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 class CheckInputError(ValueError):
@@ -125,7 +121,7 @@ _PYTHON = re.compile(r"python[0-9.]*")
 _LAUNCHERS = "python[3[.x]] -m sglang.launch_server, or sglang serve"
 
 
-def _strip_launcher(option: str, argv: list[str]) -> list[str]:
+def strip_launcher(option: str, argv: list[str]) -> list[str]:
     """Drop a launcher prefix: ``[/path/]python[3[.x]] -m sglang.launch_server``,
     ``-m sglang.launch_server`` or ``[/path/]sglang serve``."""
     head = os.path.basename(argv[0])
@@ -157,7 +153,7 @@ def _split(option: str, text: str) -> list[str]:
         raise CheckInputError(option, f"{len(argv)} arguments; at most {MAX_ARGS_TOKENS} are "
                                       "read (one server's launch arguments)")
     if argv:
-        argv = _strip_launcher(option, argv)
+        argv = strip_launcher(option, argv)
     if not argv:
         raise CheckInputError(option, "empty; give the server's launch arguments")
     for token in argv:
@@ -201,48 +197,6 @@ def _view(server_args: Any) -> Any:
     return resolving_view(server_args)
 
 
-# A failure of a GPU probe on this machine, by the message (the frames are checked too).
-_GPU_PROBE = re.compile(r"nvidia-smi|rocm-smi|npu-smi|NVIDIA driver|not compiled with (CUDA|ROCm)|"
-                        r"No CUDA GPUs|CUDA driver|libcuda|cuInit|no GPU|"
-                        r"Torch not compiled|device count", re.IGNORECASE)
-_NETWORK = re.compile(r"couldn't connect to|offline mode|HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|"
-                      r"Name or service not known|makes no network call", re.IGNORECASE)
-_NETWORK_TYPES = ("OfflineModeIsEnabled", "LocalEntryNotFoundError", "NetworkRefused",
-                  "ConnectionError", "ConnectTimeout", "MaxRetryError")
-
-
-def _frames(exc: BaseException) -> Iterator[str]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        tb = current.__traceback__
-        while tb is not None:
-            yield tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
-            tb = tb.tb_next
-        current = current.__cause__ or current.__context__
-
-
-def machine_cause(exc: BaseException, device: str) -> str | None:
-    """What on this machine made SGLang's resolution fail, or ``None`` when the refusal is
-    the flags' own: a package missing here, a network fetch (``check`` makes none), a
-    write (``check`` writes none), a GPU probe (this machine need not have the servers'
-    GPU; not when the servers run on ``cpu``)."""
-    chain = [type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None]
-    if isinstance(exc, ImportError):
-        if exc.name is None:  # a message of SGLang's, not a module name
-            return f"a package is missing on this machine: {one_line(str(exc))}"
-        return f"the package {exc.name!r} is not installed on this machine"
-    if any(name in _NETWORK_TYPES for name in chain) or _NETWORK.search(str(exc)):
-        return "it needs the network, and check makes no network call"
-    if "WriteRefused" in chain:
-        return "it writes a file, and check writes nothing"
-    if device != "cpu" and (_GPU_PROBE.search(str(exc)) or any(
-            "/torch/cuda/" in name or "/torch/mps/" in name or "/torch/_C" in name for name in _frames(exc))):
-        return "a GPU probe, which fails on this machine (it has no GPU of the servers')"
-    return None
-
-
 @dataclass(frozen=True)
 class Resolution:
     """The release's resolution of one server's flags: the fields, or its refusal (the
@@ -271,6 +225,8 @@ def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: s
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         cause = machine_cause(exc, device) if isinstance(exc, Exception) else None
         refusal = f"{type(exc).__name__}: {first}"
+        if not first and failing_source(exc):  # a bare assert: its condition says what
+            refusal += f"(SGLang's check failed: {failing_source(exc)})"
         if cause is None and read and as_device is None:
             cause, refusal = as_devices(device, refusal, lambda candidate: _resolve_on(
                 namespace, env, device, candidate))

@@ -17,12 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
-from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
+from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.launch.pools import PoolRun, draft_ratio, run_state_check
+from sglang_dsv4_guard.launch.remedy import derived_fixes, page_size_source
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.host.releases import HostProfile
@@ -62,6 +64,17 @@ class CheckResult:
         }
 
 
+def _tokens_source(side: Side) -> str:
+    typed = side.args.typed.get("speculative_num_draft_tokens")
+    if typed is not None and typed == side.num_draft_tokens:
+        return f"server flag --speculative-num-draft-tokens {typed}"
+    if not side.args.resolved:
+        return "server flag --speculative-num-draft-tokens (not typed: None, as parsed)"
+    return ("SGLang's resolution of the speculative flags" + (
+        f" (--speculative-num-draft-tokens {typed} typed)" if typed is not None else
+        " (--speculative-num-draft-tokens not typed)"))
+
+
 def _view(side: Side) -> SideView:
     draft = side.args.get("speculative_draft_model_path") or side.args.get("model_path")
     return SideView(
@@ -69,18 +82,18 @@ def _view(side: Side) -> SideView:
         architecture=side.model.architecture,
         draft_path=str(draft) if side.speculative_algorithm else None,
         speculative_algorithm=side.speculative_algorithm,
-        num_draft_tokens=side.num_draft_tokens, page_size=side.page_size,
-        page_size_source=side.page_size_source, transfer_backend=side.transfer_backend,
+        num_draft_tokens=side.num_draft_tokens,
+        num_draft_tokens_source=_tokens_source(side), page_size=side.page_size,
+        page_size_source=page_size_source(side), transfer_backend=side.transfer_backend,
         unified_kv=side.unified_kv,
         hack_flashmla_backend=side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND"),
+        typed=frozenset(typed_flags(list(side.args.argv))),
     )
 
 
 def _refused(side: Side) -> Finding:
-    """DSV4G026: the release's resolution raised for this server's flags."""
-    # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
-    from sglang_dsv4_guard.codes import CODES, docs_url
-
+    """DSV4G026: the release's resolution raised for this server's flags (its fixes are
+    derived in :func:`run_check`)."""
     info = CODES["DSV4G026"]
     return Finding(
         code="DSV4G026", severity=Severity.ERROR, summary=info.title,
@@ -90,7 +103,7 @@ def _refused(side: Side) -> Finding:
         details=(f"the {side.role} server's flags: {' '.join(side.args.argv)}",
                  "derived values below come from the flags as parsed, without SGLang's "
                  "model defaults"),
-        fixes=tuple(map(Fix.advice, info.remedies)), docs=docs_url("DSV4G026"))
+        docs=docs_url("DSV4G026"))
 
 
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
@@ -180,10 +193,13 @@ def _refused_lines(refused: tuple[str, ...]) -> list[str]:
 def run_check(prefill_args: str, decode_args: str,
               prefill_env: Mapping[str, str] | None = None,
               decode_env: Mapping[str, str] | None = None,
-              refusals: Callable[[], tuple[str, ...]] = tuple) -> CheckResult:
+              refusals: Callable[[], tuple[str, ...]] = tuple,
+              derive: bool = True) -> CheckResult:
     """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input.
 
-    ``refusals`` gives what the child's walls refused (:mod:`.sandbox`), read at the end."""
+    ``refusals`` gives what the child's walls refused (:mod:`.sandbox`), read at the end.
+    ``derive=False`` leaves the findings' fixes underived (``check --fix``'s re-runs read
+    only which findings remain)."""
     # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
     from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
     from sglang_dsv4_guard.host.verdict import judge_imported
@@ -206,6 +222,8 @@ def run_check(prefill_args: str, decode_args: str,
     if prefill.transfer_backend == decode.transfer_backend == "mori":
         findings.extend(_mori(prefill, decode, profile))
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
+    if derive:
+        findings = [derived_fixes(f, prefill, decode) for f in findings]
     report = Report.of(findings, {"function": "sglang-dsv4-guard check",
                                   "sglang": str(version)})
     return CheckResult(str(version), prefill, decode, report, tuple(runs),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from sglang_dsv4_guard.findings import Severity
@@ -10,8 +11,9 @@ from sglang_dsv4_guard.render import render_finding
 if TYPE_CHECKING:
     from sglang_dsv4_guard.launch.derive import Side
     from sglang_dsv4_guard.launch.predict import CheckResult
+    from sglang_dsv4_guard.launch.prove import Fixed
 
-__all__ = ["render_check"]
+__all__ = ["render_check", "render_fixed"]
 
 
 def _side(side: Side) -> str:
@@ -54,3 +56,24 @@ def render_check(result: CheckResult) -> str:
     parts.append(f"check: {errors} error(s), {warnings} warning(s)" if errors or warnings
                  else "check: OK (no findings)")
     return "\n\n".join(parts)
+
+
+def render_fixed(fixed: Fixed) -> str:
+    """``check --fix``'s corrected lines, shell-quoted, with what the check says of them."""
+    if not fixed.result.report.findings:
+        return "check --fix: nothing to fix"
+    budget = "; the budget of re-runs ran out" if fixed.exhausted else ""
+    if fixed.lines is None or fixed.lines_result is None:
+        return (f"check --fix: no proven flag change ({fixed.runs} re-run(s) of the check"
+                f"{budget}); the lines are unchanged")
+    after = fixed.lines_result
+    codes = ", ".join(after.report.codes) or "no findings"
+    lines = [f"check --fix: corrected lines ({fixed.runs} re-run(s) of the check{budget}; "
+             f"check on them: exit {after.exit_status}, {codes}):"]
+    for role in ("prefill", "decode"):
+        env = dict(getattr(fixed.lines, f"{role}_env"))
+        lines.append(f"    {role}: {getattr(fixed.lines, role)}")
+        if env:
+            lines.append(f"    {role} env: " + " ".join(
+                f"{k}={shlex.quote(v)}" for k, v in env.items()))
+    return "\n".join(lines)

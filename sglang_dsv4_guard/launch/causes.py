@@ -1,0 +1,105 @@
+"""What made SGLang's resolution refuse a server's flags: this machine, or the flags.
+
+:func:`machine_cause` tells a refusal this machine caused (a package missing here, a
+network fetch, a GPU probe, a write) from the flags' own; :func:`failing_source` gives
+the source of the SGLang statement that raised (a bare ``assert`` has no message; its
+condition names the fields it tests).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+from collections.abc import Iterator
+
+__all__ = ["failing_source", "machine_cause", "one_line"]
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: its lines joined by single spaces (SGLang's and transformers'
+    messages can span several)."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+# A failure of a GPU probe on this machine, by the message (the frames are checked too).
+_GPU_PROBE = re.compile(r"nvidia-smi|rocm-smi|npu-smi|NVIDIA driver|not compiled with (CUDA|ROCm)|"
+                        r"No CUDA GPUs|CUDA driver|libcuda|cuInit|no GPU|"
+                        r"Torch not compiled|device count", re.IGNORECASE)
+_NETWORK = re.compile(r"couldn't connect to|offline mode|HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|"
+                      r"Name or service not known|makes no network call", re.IGNORECASE)
+_NETWORK_TYPES = ("OfflineModeIsEnabled", "LocalEntryNotFoundError", "NetworkRefused",
+                  "ConnectionError", "ConnectTimeout", "MaxRetryError")
+
+
+def _frames(exc: BaseException) -> Iterator[str]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            yield tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+
+
+def machine_cause(exc: BaseException, device: str) -> str | None:
+    """What on this machine made SGLang's resolution fail, or ``None`` when the refusal is
+    the flags' own: a package missing here, a network fetch (``check`` makes none), a
+    write (``check`` writes none), a GPU probe (this machine need not have the servers'
+    GPU; not when the servers run on ``cpu``)."""
+    chain = [type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None]
+    if isinstance(exc, ImportError):
+        if exc.name is None:  # a message of SGLang's, not a module name
+            return f"a package is missing on this machine: {one_line(str(exc))}"
+        return f"the package {exc.name!r} is not installed on this machine"
+    if any(name in _NETWORK_TYPES for name in chain) or _NETWORK.search(str(exc)):
+        return "it needs the network, and check makes no network call"
+    if "WriteRefused" in chain:
+        return "it writes a file, and check writes nothing"
+    if device != "cpu" and (_GPU_PROBE.search(str(exc)) or any(
+            "/torch/cuda/" in name or "/torch/mps/" in name or "/torch/_C" in name for name in _frames(exc))):
+        return "a GPU probe, which fails on this machine (it has no GPU of the servers')"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _tree(path: str) -> tuple[ast.Module, str] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        return ast.parse(text), text
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def failing_source(exc: BaseException) -> str:
+    """The source of the innermost SGLang statement (``assert``/``if``/``raise``) that
+    raised ``exc``, on one line; ``""`` when it cannot be read."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        if "/sglang/" in tb.tb_frame.f_code.co_filename.replace(os.sep, "/"):
+            last = tb
+        tb = tb.tb_next
+    if last is None:
+        return ""
+    parsed = _tree(last.tb_frame.f_code.co_filename)
+    if parsed is None:
+        return ""
+    tree, text = parsed
+    line = last.tb_lineno
+    around = sorted((node for node in ast.walk(tree)
+                     if isinstance(node, (ast.Assert, ast.If, ast.Raise))
+                     and node.lineno <= line <= (node.end_lineno or node.lineno)),
+                    key=lambda node: node.lineno)
+    if not around:
+        return ""
+    inner = around[-1]
+    shown = inner.test if isinstance(inner, (ast.Assert, ast.If)) else inner
+    found = one_line(ast.get_source_segment(text, shown) or "")
+    outer = [node for node in around[:-1] if isinstance(node, ast.If)]
+    if outer and not isinstance(inner, ast.If):  # the condition it is checked under
+        found += f" (when {one_line(ast.get_source_segment(text, outer[-1].test) or '')})"
+    return found

@@ -1,0 +1,98 @@
+"""Applying a fix's :class:`~sglang_dsv4_guard.fixes.Edit` s to one server's launch line.
+
+The line is split as ``check`` splits it (``shlex``); a launcher prefix (``python -m
+sglang.launch_server``, ``sglang serve``) is kept in front. Flags are walked with the
+installed release's arity (:func:`~sglang_dsv4_guard.host.flags.flag`): a flag that takes
+a value owns the next token unless written ``--flag=value``. Setting a flag replaces its
+value at its first occurrence (later ones removed) or appends it; removing a flag removes
+every occurrence and its value. Environment edits set or unset one variable.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping
+
+from sglang_dsv4_guard.fixes import Edit
+from sglang_dsv4_guard.host.flags import Flag, flag
+from sglang_dsv4_guard.launch.parse import strip_launcher
+
+__all__ = ["apply_edits", "apply_env", "launcher_prefix", "occurrences", "typed_flags"]
+
+
+def launcher_prefix(argv: list[str]) -> int:
+    """How many leading tokens of ``argv`` are the launcher (``check`` drops them)."""
+    return len(argv) - len(strip_launcher("--line", argv)) if argv else 0
+
+
+def _span(argv: list[str], i: int) -> tuple[Flag | None, int]:
+    """The flag at ``argv[i]`` (``None`` for a token that is not one) and its token count."""
+    name, eq, _ = argv[i].partition("=")
+    found = flag(name) if name.startswith("-") else None
+    if found is None:
+        return None, 1
+    return found, 1 if eq or not found.takes_value or i + 1 >= len(argv) else 2
+
+
+def occurrences(argv: list[str], wanted: Flag) -> list[tuple[int, int]]:
+    """``(index, token count)`` of every occurrence of ``wanted`` in ``argv``."""
+    spans, i = [], 0
+    while i < len(argv):
+        found, width = _span(argv, i)
+        if found is not None and found.field == wanted.field:
+            spans.append((i, width))
+        i += width
+    return spans
+
+
+def typed_flags(argv: list[str]) -> dict[str, tuple[Flag, str | None]]:
+    """Every flag of ``argv`` (after any launcher) by field: its :class:`Flag` and the
+    value as typed (``None`` for a switch); the last occurrence wins, as in argparse."""
+    args = argv[launcher_prefix(argv):]
+    typed: dict[str, tuple[Flag, str | None]] = {}
+    i = 0
+    while i < len(args):
+        found, width = _span(args, i)
+        if found is not None:
+            _, eq, inline = args[i].partition("=")
+            value = inline if eq else (args[i + 1] if width == 2 else None)
+            typed[found.field] = (found, value)
+        i += width
+    return typed
+
+
+def _apply(argv: list[str], edit: Edit) -> list[str]:
+    wanted = flag(edit.name)
+    if wanted is None:
+        raise ValueError(f"{edit.name} is not a flag of the installed release's parser")
+    spans = occurrences(argv, wanted)
+    new = [] if edit.remove else [edit.name] + ([] if edit.value is None else [edit.value])
+    if not spans:
+        return argv + new
+    out = list(argv)
+    for index, width in reversed(spans):
+        out[index:index + width] = new if index == spans[0][0] else []
+    return out
+
+
+def apply_edits(line: str, edits: Iterable[Edit], server: str) -> str:
+    """``line`` with the flag edits of ``edits`` for ``server`` applied, shell-quoted."""
+    argv = shlex.split(line)
+    head = launcher_prefix(argv)
+    prefix, args = argv[:head], argv[head:]
+    for edit in edits:
+        if edit.server == server and not edit.env:
+            args = _apply(args, edit)
+    return shlex.join(prefix + args)
+
+
+def apply_env(env: Mapping[str, str], edits: Iterable[Edit], server: str) -> dict[str, str]:
+    """``env`` with the environment edits of ``edits`` for ``server`` applied."""
+    out = dict(env)
+    for edit in edits:
+        if edit.server == server and edit.env:
+            if edit.remove:
+                out.pop(edit.name, None)
+            else:
+                out[edit.name] = edit.value or ""
+    return out

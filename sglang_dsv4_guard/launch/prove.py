@@ -1,0 +1,214 @@
+"""``check --fix``: every flag fix proven by re-running the whole check on edited lines.
+
+For a pair with findings, each finding's ``FLAGS`` fixes are applied to the two lines
+(:mod:`.edit`) and :func:`~.predict.run_check` runs again on them (SGLang's resolution
+and every check). A fix is proven (``proven=True``) when its finding is gone and no
+error appears that the pair did not have; otherwise ``False`` (a line the release's
+parser or ``check`` cannot read counts as not fixed). A finding none of whose fixes is
+proven gets a ``NO_FLAG_FIX`` fix saying why. Then the first proven fix of every
+finding is applied together and checked once more; when that combination does not
+remove them all, they are added one at a time, each kept only if its finding goes and
+no new error comes (greedy). At most :data:`MAX_RUNS` re-runs are made; past that a
+fix is left unproven (``None``) and the finding says the budget ran out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sglang_dsv4_guard.findings import Finding, Report, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.launch.edit import apply_edits, apply_env
+from sglang_dsv4_guard.launch.parse import CheckInputError
+from sglang_dsv4_guard.launch.predict import CheckResult, run_check
+
+__all__ = ["MAX_RUNS", "Fixed", "Lines", "fix_check"]
+
+MAX_RUNS = 24
+
+
+@dataclass(frozen=True)
+class Lines:
+    """Both servers' launch lines and environments, as ``check`` is given them."""
+
+    prefill: str
+    decode: str
+    prefill_env: Mapping[str, str] = field(default_factory=dict)
+    decode_env: Mapping[str, str] = field(default_factory=dict)
+
+    def edited(self, edits: tuple[Edit, ...]) -> Lines:
+        """These lines with ``edits`` applied (each to its server)."""
+        return Lines(apply_edits(self.prefill, edits, "prefill"),
+                     apply_edits(self.decode, edits, "decode"),
+                     apply_env(self.prefill_env, edits, "prefill"),
+                     apply_env(self.decode_env, edits, "decode"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{prefill, decode, prefill_env, decode_env}``."""
+        return {"prefill": self.prefill, "decode": self.decode,
+                "prefill_env": dict(self.prefill_env), "decode_env": dict(self.decode_env)}
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """What ``check --fix`` found: the check with each fix's proof, the corrected lines
+    (``None`` when nothing is to fix or no fix was proven) and their own check."""
+
+    result: CheckResult
+    lines: Lines | None
+    lines_result: CheckResult | None
+    runs: int
+    exhausted: bool
+
+
+def _key(finding: Finding) -> tuple[str, str]:
+    return finding.code, finding.subject
+
+
+def _errors(report: Report) -> set[tuple[str, str]]:
+    return {_key(f) for f in report.by_severity(Severity.ERROR)}
+
+
+class _Runner:
+    """``run_check`` on edited lines, each distinct pair once, at most :data:`MAX_RUNS`."""
+
+    def __init__(self, base: Lines, refusals: Callable[[], tuple[str, ...]]) -> None:
+        self.base, self.refusals, self.runs, self.exhausted = base, refusals, 0, False
+        self.cache: dict[str, CheckResult | None] = {}
+
+    def run(self, lines: Lines) -> CheckResult | bool | None:
+        """The check of ``lines``; ``None`` for lines it cannot read, ``False`` past the
+        budget."""
+        key = repr(sorted(lines.to_dict().items()))
+        if key in self.cache:
+            return self.cache[key]
+        if self.runs >= MAX_RUNS:
+            self.exhausted = True
+            return False
+        self.runs += 1
+        try:
+            result: CheckResult | None = run_check(
+                lines.prefill, lines.decode, lines.prefill_env, lines.decode_env,
+                refusals=self.refusals, derive=False)
+        except CheckInputError:
+            result = None
+        self.cache[key] = result
+        return result
+
+
+def _removes(result: CheckResult, finding: Finding, base_errors: set[tuple[str, str]]) -> bool:
+    keys = {_key(f) for f in result.report.findings}
+    return _key(finding) not in keys and not _errors(result.report) - base_errors
+
+
+def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]]) -> Finding:
+    fixes, tried, budget = [], 0, False
+    for fix in finding.fixes:
+        if fix.kind is not FixKind.FLAGS or not fix.edits:
+            fixes.append(fix)
+            continue
+        result = runner.run(runner.base.edited(fix.edits))
+        if result is False:
+            budget = True
+            fixes.append(fix)
+            continue
+        tried += 1
+        fixes.append(fix.with_proof(isinstance(result, CheckResult)
+                                    and _removes(result, finding, base_errors)))
+    if not any(f.proven for f in fixes) and not any(
+            f.kind is FixKind.NO_FLAG_FIX for f in fixes):
+        why = ("no flag edit was derived for it from the two lines" if not tried
+               and not budget else f"none of its {tried} flag fix(es) removed it without "
+               "bringing a new error, on the release's resolution and every check")
+        if budget:
+            why += f"; {MAX_RUNS} re-runs of the check were the budget and it ran out"
+        fixes.append(Fix(FixKind.NO_FLAG_FIX, f"no flag change fixes this: {why}",
+                         field=fixes[0].field if fixes else ""))
+    return replace(finding, fixes=tuple(fixes))
+
+
+def _conflict(fix: Fix, taken: set[tuple[str, str, bool]]) -> bool:
+    return any((e.server, e.name, e.env) in taken for e in fix.edits)
+
+
+def _together(findings: list[Finding]) -> tuple[Edit, ...]:
+    """The first proven fix of each finding that edits nothing an earlier one edits."""
+    edits: list[Edit] = []
+    taken: set[tuple[str, str, bool]] = set()
+    for finding in findings:
+        fix = next((f for f in finding.fixes if f.proven and not _conflict(f, taken)), None)
+        if fix is not None:
+            edits += fix.edits
+            taken |= {(e.server, e.name, e.env) for e in fix.edits}
+    return tuple(edits)
+
+
+def _greedy(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
+            start: Lines, current: CheckResult | None) -> tuple[Lines, CheckResult | None]:
+    """Each finding's proven fixes added to ``start`` one at a time, each kept only if its
+    finding goes, no new error comes and fewer findings remain."""
+    lines = start
+    for finding in findings:
+        if current is not None and _key(finding) not in {
+                _key(f) for f in current.report.findings}:
+            continue
+        for fix in (f for f in finding.fixes if f.proven):
+            trial = lines.edited(fix.edits)
+            done = runner.run(trial)
+            if isinstance(done, CheckResult) and _removes(done, finding, base_errors) and (
+                    current is None
+                    or len(done.report.findings) < len(current.report.findings)):
+                lines, current = trial, done
+                break
+    return lines, current
+
+
+def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
+             start: Lines) -> tuple[Lines, CheckResult] | None:
+    """The proven fixes applied together on ``start`` (greedily when together they fail)."""
+    edits = _together(findings)
+    if not edits:
+        return None
+    together = start.edited(edits)
+    result = runner.run(together)
+    if isinstance(result, CheckResult) and not _errors(result.report) - base_errors:
+        return together, result
+    lines, current = _greedy(findings, runner, base_errors, start, None)
+    return (lines, current) if current is not None else None
+
+
+# Rounds of fixes: what the first round's fixes leave is checked with fixes derived anew
+# (a speculative flag fixed on one server is then copied to the other, for instance).
+_ROUNDS = 2
+
+
+def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple) -> Fixed:
+    """``check --fix`` on ``lines`` (see the module docstring)."""
+    base = run_check(lines.prefill, lines.decode, lines.prefill_env, lines.decode_env,
+                     refusals=refusals)
+    if not base.report.findings:
+        return Fixed(base, None, None, 0, False)
+    runner = _Runner(lines, refusals)
+    errors = _errors(base.report)
+    findings = [_prove(f, runner, errors) for f in base.report.findings]
+    result = replace(base, report=replace(base.report, findings=tuple(findings)))
+    best = _combine(findings, runner, errors, lines)
+    for _ in range(_ROUNDS - 1):
+        if best is None or not best[1].report.findings or runner.runs >= MAX_RUNS:
+            break
+        runner.runs += 1  # a check with its fixes derived anew, on the lines so far
+        again = run_check(best[0].prefill, best[0].decode, best[0].prefill_env,
+                          best[0].decode_env, refusals=refusals)
+        round_runner = _Runner(best[0], refusals)
+        round_runner.runs, round_runner.cache = runner.runs, runner.cache
+        more = [_prove(f, round_runner, errors) for f in again.report.findings]
+        better = _combine(more, round_runner, errors, best[0])
+        runner.runs, runner.exhausted = round_runner.runs, round_runner.exhausted
+        if better is not None and len(better[1].report.findings) < len(
+                best[1].report.findings):
+            best = better
+    if best is None:
+        return Fixed(result, None, None, runner.runs, runner.exhausted)
+    return Fixed(result, best[0], best[1], runner.runs, runner.exhausted)

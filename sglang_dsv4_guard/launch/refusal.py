@@ -1,0 +1,179 @@
+"""DSV4G026's fixes: flag edits found by re-running the release's resolution.
+
+SGLang's refusal names what it wants: an option string (``--page-size``), a ServerArgs
+field (``cfg.speculative_num_steps``, in the condition of a bare ``assert``), or the
+flag's words with a value (``topk == 1``, ``Only EAGLE and DSPARK speculative
+algorithms``). Each named flag gives candidates: the values the message gives it, the
+other server's value, ``1`` for a whole-number flag given no value, and removing it
+when the line sets it. Each candidate line is resolved by the release (the same
+``parse_side`` as ``check``); a candidate refused with a new message extends with that
+message's candidates (breadth first, at most :data:`MAX_DEPTH` edits), and at most
+:data:`MAX_RESOLUTIONS` resolutions are run per refusal. Only lines the release
+accepts become fixes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shlex
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import Flag, flag, flag_for_field, flag_table
+from sglang_dsv4_guard.launch.edit import apply_edits, typed_flags
+from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
+
+__all__ = ["MAX_DEPTH", "MAX_RESOLUTIONS", "Search", "refusal_fixes"]
+
+MAX_RESOLUTIONS = 24
+MAX_DEPTH = 3
+_MAX_FIXES = 3
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_OPTION = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def _field_type(field: str) -> str:
+    """The declared type of ServerArgs field ``field`` (``Optional[int]``), its
+    ``Annotated`` help text left out; ``""`` when not declared."""
+    from sglang.srt.server_args import ServerArgs
+
+    for cls in ServerArgs.__mro__:
+        declared = inspect.get_annotations(cls).get(field)
+        if declared is None:
+            continue
+        if isinstance(declared, str):  # postponed annotations (older releases)
+            return declared.split(",")[0] if declared.startswith("Annotated") else declared
+        if getattr(declared, "__metadata__", None) is not None:
+            return str(typing.get_args(declared)[0])
+        return str(declared)
+    return ""
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if word.endswith("s") and len(word) > 4 else word
+
+
+def named_flags(message: str) -> list[Flag]:
+    """The flags ``message`` names: by option string, by ServerArgs field, or by the
+    words of its option (its last word and at least half of them), in the release's
+    parser; each once, in the order found."""
+    words = [_singular(w.lower()) for w in _WORD.findall(message)]
+    found: list[Flag] = []
+    for option in _OPTION.findall(message):
+        if flag(option) is not None:
+            found.append(flag(option))  # type: ignore[arg-type]
+    for word in _WORD.findall(message):
+        if "_" in word and flag_for_field(word) is not None:
+            found.append(flag_for_field(word))  # type: ignore[arg-type]
+    seen_fields = {f.field for f in found}
+    for candidate in {f.field: f for f in flag_table().values()}.values():
+        parts = candidate.option[2:].split("-")
+        if candidate.field in seen_fields or len(parts[-1]) < 4 or parts[-1] not in words:
+            continue
+        if 2 * sum(part in words for part in parts) > len(parts):
+            found.append(candidate)
+            seen_fields.add(candidate.field)
+    unique: dict[str, Flag] = {}
+    for item in found:
+        unique.setdefault(item.field, item)
+    return list(unique.values())
+
+
+def _values(message: str, named: Flag, typed: Mapping[str, tuple[Flag, str | None]],
+            other: Mapping[str, tuple[Flag, str | None]]) -> list[str]:
+    """The values to try for ``named``: what the message gives it, the other server's."""
+    last = named.option[2:].split("-")[-1]
+    values = re.findall(rf"\b{re.escape(last)}s?\s*(?:==|=|to|must be)\s*([\w.-]+)", message,
+                        re.IGNORECASE)
+    kind = _field_type(named.field)
+    if "str" in kind and named.takes_value:
+        values += [w for w in _WORD.findall(message) if len(w) >= 3 and w.isupper()]
+    if named.field in other and other[named.field][1] is not None:
+        values.append(str(other[named.field][1]))
+    if not values and "int" in kind and named.takes_value:
+        values.append("1")  # the smallest value a count takes
+    current = typed.get(named.field, (named, None))[1]
+    return list(dict.fromkeys(v for v in values if v != current))
+
+
+def _candidates(role: str, message: str, line: str,
+                other: Mapping[str, tuple[Flag, str | None]]) -> list[tuple[Edit, ...]]:
+    typed = typed_flags(shlex.split(line))
+    out: list[tuple[Edit, ...]] = []
+    for named in named_flags(message):
+        if not named.takes_value:
+            continue  # a switch is never turned on to satisfy a check
+        out += [(Edit(role, named.option, value),)
+                for value in _values(message, named, typed, other)]
+        if named.field in typed:
+            out.append((Edit(role, named.option, remove=True),))
+    return out
+
+
+@dataclass(frozen=True)
+class Search:
+    """What the search found: accepted edit lists, resolutions run, whether it ran out."""
+
+    accepted: tuple[tuple[Edit, ...], ...]
+    resolutions: int
+    exhausted: bool
+
+
+def search(role: str, line: str, env: Mapping[str, str], refusal: str,
+           other: Mapping[str, tuple[Flag, str | None]]) -> Search:
+    """Breadth-first over candidate edits (see the module docstring)."""
+    frontier: list[tuple[tuple[Edit, ...], str]] = [((), refusal)]
+    seen, runs = {line}, 0
+    accepted: list[tuple[Edit, ...]] = []
+    for _ in range(MAX_DEPTH):
+        following: list[tuple[tuple[Edit, ...], str]] = []
+        for edits, message in frontier:
+            for extra in _candidates(role, message, apply_edits(line, edits, role), other):
+                tried = edits + extra
+                text = apply_edits(line, tried, role)
+                if text in seen:
+                    continue
+                if runs >= MAX_RESOLUTIONS:
+                    return Search(tuple(accepted), runs, True)
+                seen.add(text)
+                runs += 1
+                try:
+                    side = parse_side(role, text, env)
+                except CheckInputError:
+                    continue
+                if side.machine_refusal is not None:
+                    continue
+                if side.resolution_error is None:
+                    accepted.append(tried)
+                elif side.resolution_error != message:
+                    following.append((tried, side.resolution_error))
+        frontier = following
+        if len(accepted) >= _MAX_FIXES or not frontier:
+            break
+    return Search(tuple(accepted), runs, False)
+
+
+def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refusal: str,
+                  other_argv: tuple[str, ...]) -> tuple[Fix, ...]:
+    """DSV4G026's fixes for the ``role`` server: the edit lists the release accepts
+    (those that set a flag before those that only remove), or why there are none."""
+    found = search(role, shlex.join(argv), env, refusal, typed_flags(list(other_argv)))
+    inputs = (f"SGLang's resolution of the {role} server's flags: {refusal}",)
+    ranked = sorted(found.accepted, key=lambda e: (all(x.remove for x in e), len(e)))
+    fixes = tuple(Fix(FixKind.FLAGS, f"the {role} server's flags that SGLang's resolution "
+                                     f"accepts ({len(edits)} change(s))",
+                      field=", ".join(dict.fromkeys(
+                          f.field for x in edits if (f := flag(x.name)) is not None)),
+                      edits=edits, inputs=inputs)
+                  for edits in ranked[:_MAX_FIXES])
+    if fixes:
+        return fixes
+    budget = (f"; the budget of {MAX_RESOLUTIONS} resolutions ran out" if found.exhausted
+              else "")
+    return (Fix(FixKind.NO_FLAG_FIX, f"no flag change fixes this: none of the "
+                                     f"{found.resolutions} changed lines tried from SGLang's "
+                                     f"message was accepted by its resolution{budget}",
+                inputs=inputs),)

@@ -1,0 +1,198 @@
+"""The fixes of ``check``'s findings, derived from the two servers' differing values.
+
+Each fix edits one server's line to take the other's value (both directions, the
+decode's first), spelled as the installed release's parser spells the flag
+(:func:`~sglang_dsv4_guard.host.flags.flag_for_field`); a flag the release does not
+have is never suggested. ``--page-size`` is never set on a server whose resolution
+replaced a typed page size (the release sets it for the model, DeepSeek-V4 from 0.5.22).
+DSV4G026's fixes come from re-running the resolution (:mod:`.refusal`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.refusal import refusal_fixes
+
+__all__ = ["UNIFIED_VARIABLE", "derived_fixes", "page_size_source"]
+
+UNIFIED_VARIABLE = "SGLANG_HACK_FLASHMLA_BACKEND"
+
+
+def _typed_page(side: Side) -> int | None:
+    value = side.args.typed.get("page_size")
+    return int(value) if isinstance(value, int) else None
+
+
+def page_size_source(side: Side) -> str:
+    """Where ``side``'s page size came from: the flag typed, or the release's resolution."""
+    typed = _typed_page(side)
+    if not side.args.resolved:
+        return side.page_size_source
+    if typed is None:
+        return "SGLang's resolution (no --page-size typed: the release's default for the model)"
+    if typed != side.page_size:
+        return (f"SGLang's resolution for the model (--page-size {typed} was typed and "
+                "replaced: the release sets this model's page size itself)")
+    return f"server flag --page-size {typed}"
+
+
+def _set(role: str, field: str, value: object) -> Edit | None:
+    found = flag_for_field(field)
+    if found is None:
+        return None
+    return Edit(role, found.option, None if value is None else str(value),
+                remove=value is None)
+
+
+def _fix(text: str, field: str, edits: list[Edit | None], *inputs: str) -> Fix | None:
+    kept = tuple(e for e in edits if e is not None)
+    if not kept or len(kept) != len(edits):
+        return None  # a flag this release does not have: not suggested
+    return Fix(FixKind.FLAGS, text, field=field, edits=kept, inputs=inputs)
+
+
+def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
+    """``dst``'s speculative flags made ``src``'s: each typed one copied, others removed."""
+    have = typed_flags(list(src.args.argv))
+    had = typed_flags(list(dst.args.argv))
+    edits = [Edit(dst.role, f.option, value) for field, (f, value) in have.items()
+             if field.startswith("speculative_")]
+    edits += [Edit(dst.role, f.option, remove=True) for field, (f, _) in had.items()
+              if field.startswith("speculative_") and field not in have]
+    return tuple(edits)
+
+
+def _pairs(p: Side, d: Side) -> tuple[tuple[Side, Side], ...]:
+    return ((p, d), (d, p))  # (source, destination): the decode takes the prefill's first
+
+
+def _g020(p: Side, d: Side) -> list[Fix | None]:
+    spec, plain = (p, d) if p.speculative_algorithm else (d, p)
+    inputs = (f"{spec.role}: --speculative-algorithm {spec.speculative_algorithm} typed",
+              f"{plain.role}: no --speculative-algorithm")
+    removed = tuple(replace(e, remove=True, value=None) for e in _speculative_flags(spec, spec))
+    return [Fix(FixKind.FLAGS, f"give the {plain.role} server the {spec.role}'s speculative "
+                               "flags", "speculative_algorithm", _speculative_flags(spec, plain),
+                inputs),
+            Fix(FixKind.FLAGS, f"or drop speculative decoding on the {spec.role} server",
+                "speculative_algorithm", removed, inputs) if removed else None]
+
+
+def _g021(p: Side, d: Side) -> list[Fix | None]:
+    fields = [name for name, a, b in (
+        ("speculative_algorithm", p.speculative_algorithm, d.speculative_algorithm),
+        ("speculative_num_draft_tokens", p.num_draft_tokens, d.num_draft_tokens)) if a != b]
+    inputs = tuple(f"{s.role}: --speculative-algorithm {s.speculative_algorithm}, "
+                   f"{s.num_draft_tokens} draft tokens (SGLang's resolution of its "
+                   "speculative flags)" for s in (p, d))
+    return [Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s speculative "
+                               "flags", ", ".join(fields), _speculative_flags(src, dst), inputs)
+            for src, dst in _pairs(p, d) if _speculative_flags(src, dst)]
+
+
+def _g022(p: Side, d: Side) -> list[Fix | None]:
+    inputs = tuple(f"{s.role}: page size {s.page_size} from {page_size_source(s)}"
+                   for s in (p, d))
+    fixes: list[Fix | None] = []
+    for src, dst in _pairs(p, d):
+        typed = _typed_page(dst)
+        if typed is not None and dst.args.resolved and typed != dst.page_size:
+            continue  # the release sets this server's page size itself
+        if src.page_size is not None:
+            fixes.append(_fix(f"launch the {dst.role} server with the {src.role}'s page size",
+                              "page_size", [_set(dst.role, "page_size", src.page_size)],
+                              *inputs))
+    return fixes
+
+
+def _same(field: str, what: str, p: Side, d: Side, inputs: tuple[str, ...]
+          ) -> list[Fix | None]:
+    return [_fix(f"launch the {dst.role} server with the {src.role}'s {what}", field,
+                 [_set(dst.role, field, src.args.get(field))], *inputs)
+            for src, dst in _pairs(p, d)]
+
+
+def _g024(p: Side, d: Side) -> list[Fix | None]:
+    fields = [name for name in ("model_path", "speculative_draft_model_path")
+              if p.args.get(name) != d.args.get(name)]
+    inputs = tuple(f"{s.role}: --model-path {s.args.get('model_path')} "
+                   f"({s.model.architecture}, config.json)" for s in (p, d))
+    return [_fix(f"serve the {src.role}'s checkpoint on the {dst.role} server",
+                 ", ".join(fields), [_set(dst.role, name, src.args.get(name))
+                                     for name in fields], *inputs)
+            for src, dst in _pairs(p, d)]
+
+
+def _g025(p: Side, d: Side) -> list[Fix | None]:
+    inputs = tuple(f"{s.role} env: {UNIFIED_VARIABLE}="
+                   f"{s.args.env.get(UNIFIED_VARIABLE, '(unset)')}" for s in (p, d))
+    fixes: list[Fix | None] = []
+    for src, dst in _pairs(p, d):
+        value = src.args.env.get(UNIFIED_VARIABLE)
+        edit = Edit(dst.role, UNIFIED_VARIABLE, value, remove=value is None, env=True)
+        fixes.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s "
+                                        f"{UNIFIED_VARIABLE}", UNIFIED_VARIABLE, (edit,),
+                         inputs))
+    return fixes
+
+
+def _g006(p: Side, d: Side) -> list[Fix | None]:
+    inputs = tuple(f"{s.role}: attention TP {s.attn_tp_size} = --tp-size "
+                   f"{s.args.get('tp_size')} / (attention DP {s.attn_dp_size} x attention CP "
+                   f"{s.args.get('attn_cp_size') or 1}) (SGLang's "
+                   "compute_dp_attention_world_info)" for s in (p, d))
+    return [_fix(f"give the {dst.role} server attention TP {src.attn_tp_size}", "attn_tp_size",
+                 [_set(dst.role, "tp_size", src.attn_tp_size * dst.attn_dp_size
+                       * (dst.args.get("attn_cp_size") or 1))], *inputs)
+            for src, dst in ((p, d), (d, p))]
+
+
+def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
+    """DSV4G005 on a server whose --speculative-draft-model-path has another window than
+    its target: serve the target's own MTP layers (drop that flag)."""
+    side = p if finding.subject.startswith("prefill") else d
+    if side.draft is None or side.draft.sliding_window == side.model.sliding_window \
+            or not side.args.typed.get("speculative_draft_model_path"):
+        return ()
+    fix = _fix(f"serve the target's own MTP layers as the {side.role} server's draft",
+               "sliding_window", [_set(side.role, "speculative_draft_model_path", None)],
+               f"{side.role}: target sliding_window {side.model.sliding_window} "
+               f"({side.model.path}/config.json)",
+               f"{side.role}: draft sliding_window {side.draft.sliding_window} "
+               f"({side.draft.path}/config.json, --speculative-draft-model-path)")
+    return (fix,) if fix is not None else ()
+
+
+_DERIVERS = {"DSV4G006": _g006, "DSV4G020": _g020, "DSV4G021": _g021, "DSV4G022": _g022,
+             "DSV4G023": lambda p, d: _same(
+                 "disaggregation_transfer_backend", "transfer backend", p, d,
+                 tuple(f"{s.role}: --disaggregation-transfer-backend {s.transfer_backend}"
+                       for s in (p, d))),
+             "DSV4G024": _g024, "DSV4G025": _g025}
+
+
+def derived_fixes(finding: Finding, p: Side, d: Side) -> Finding:
+    """``finding`` with the fixes derived from ``p`` and ``d`` (unchanged for a code whose
+    fixes are not derived here)."""
+    if finding.code == "DSV4G026":
+        side, other = (p, d) if finding.subject.startswith("prefill") else (d, p)
+        return replace(finding, fixes=refusal_fixes(
+            side.role, side.args.argv, side.args.env, str(side.args.resolution_error),
+            other.args.argv))
+    if finding.code == "DSV4G005":  # SGLang's own check on the pools; fixes of both lines
+        return replace(finding, fixes=_own_draft(finding, p, d) + finding.fixes)
+    derive = _DERIVERS.get(finding.code)
+    if derive is None:
+        return finding
+    fixes = tuple(f for f in derive(p, d) if f is not None)
+    if not fixes:
+        fixes = (Fix(FixKind.NO_FLAG_FIX, "no flag change fixes this: the installed "
+                                          "release's parser has no flag for the value that "
+                                          "differs"),)
+    return replace(finding, fixes=fixes)
