@@ -1,0 +1,152 @@
+"""Runtime fixes are derived from what differs: per field, on the installed release, with
+the callers and registrations the guard saw. Real-constructor pools (``build_pair``) and
+SGLang's real ``setup_state_kv_args`` under the installed guard; assertions on fix data."""
+
+from __future__ import annotations
+
+import unittest
+from typing import Any
+
+import sglang.srt.disaggregation.utils as utils
+from helpers import GuardTestCase, checks_request_rows, guard_logs_off, outcome
+from hypothesis import given
+from sglang.test.ci.ci_register import register_cpu_ci
+from test_parity_property import pairs
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.host.flags import accepts
+from sglang_dsv4_guard.testing import PoolSpec, build_pair, new_kv_args, record
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+
+def _finding(err: Any, code: str) -> Any:
+    assert isinstance(err, DSV4GuardError), f"expected DSV4GuardError, got {err!r}"
+    return next(f for f in err.findings if f.code == code)
+
+
+class TestOneFieldOneFix(GuardTestCase):
+    """A DSV4G005 report where only one field differs names only that field."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def fixes_for(self, target: PoolSpec, draft: PoolSpec) -> tuple[Fix, ...]:
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *build_pair(target, draft))
+        return tuple(_finding(err, "DSV4G005").fixes)
+
+    def test_page_size_only(self) -> None:
+        """Only the page size differs: one no-flag fix for page_size, never --page-size."""
+        fixes = self.fixes_for(PoolSpec(), PoolSpec(page_size=64))
+        self.assertEqual({f.field for f in fixes}, {"page_size"})
+        self.assertEqual([f.kind for f in fixes], [FixKind.NO_FLAG_FIX])
+        self.assertFalse([e for f in fixes for e in f.edits if e.name == "--page-size"])
+
+    def test_sliding_window_only(self) -> None:
+        """Only the window differs: fixes for sliding_window, naming the model configs."""
+        fixes = self.fixes_for(PoolSpec(), PoolSpec(sliding_window=64))
+        self.assertEqual({f.field for f in fixes}, {"sliding_window"})
+        self.assertTrue(all("sliding_window" in " ".join(f.inputs) for f in fixes))
+
+    def test_request_rows_only(self) -> None:
+        """0.5.23, only the request rows differ (131 vs 256): the rounding, and a derived
+        draft-token count (128: 128 + 128 = 256) under the release's own flag name."""
+        pair = PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256)
+        if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
+            with guard_logs_off():
+                self.assertEqual(outcome(utils.setup_state_kv_args, *build_pair(*pair))[0], "ok")
+            return
+        fixes = self.fixes_for(*pair)
+        self.assertEqual({f.field for f in fixes}, {"request rows"})
+        self.assertIn(FixKind.NO_FLAG_FIX, [f.kind for f in fixes])
+        edits = [(e.name, e.value) for f in fixes for e in f.edits]
+        self.assertEqual(edits, [("--speculative-num-draft-tokens", "128")])
+        self.assertTrue(any("get_draft_swa_ring_size" in i for f in fixes for i in f.inputs))
+
+
+class TestCodePaths(GuardTestCase):
+    """Code paths named: swapped pools with their caller; registrations observed."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def test_swapped_pools_named_with_caller(self) -> None:
+        """setup_state_kv_args(kv, draft, target): a 'pool order' fix quoting this line."""
+        target, draft = build_pair(PoolSpec(compression_ratios=(4, 128, 0)), PoolSpec())
+        with guard_logs_off():
+            try:
+                utils.setup_state_kv_args(new_kv_args(), draft, target)
+            except DSV4GuardError as exc:
+                err = exc
+        fixes = _finding(err, "DSV4G001").fixes
+        self.assertEqual(fixes[0].field, "pool order")
+        self.assertEqual(fixes[0].kind, FixKind.CODE)
+        self.assertIn("test_fixes_runtime.py:", fixes[0].text)
+
+    def test_unswapped_pools_get_no_order_fix(self) -> None:
+        """A compressed draft with a compressed target is not called swapped."""
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *build_pair(
+                PoolSpec(compression_ratios=(4, 128, 0)), PoolSpec(compression_ratios=(4,))))
+        self.assertNotIn("pool order", [f.field for f in _finding(err, "DSV4G001").fixes])
+
+    def test_registration_observed(self) -> None:
+        """Pools built after install: each mapping's source is the registering line."""
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *build_pair(mapping="different"))
+        sources = [o.source for o in _finding(err, "DSV4G004").observations]
+        self.assertTrue(all(s.startswith("registered by ") and "samples.py:" in s
+                            for s in sources), sources)
+
+    def test_registration_not_seen(self) -> None:
+        """Pools built before install: 'not seen registered', and what usually does."""
+        sglang_dsv4_guard.uninstall()
+        pair = build_pair(mapping="different")
+        self.install_guard("on", load_entry_points=False)
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *pair)
+        sources = [o.source for o in _finding(err, "DSV4G004").observations]
+        self.assertTrue(all(s.startswith("not seen registered") and "usually" in s
+                            for s in sources), sources)
+
+    def test_no_autoshare_without_a_tensor(self) -> None:
+        """Neither pool has a mapping: the warning offers no auto-share variable."""
+        recorder = record()
+        with guard_logs_off():
+            utils.setup_state_kv_args(new_kv_args(), *build_pair(mapping="none",
+                                                                 target_mapping="none"))
+        found = [f for r in recorder.reports for f in r.findings if f.code == "DSV4G004"]
+        self.assertTrue(found)
+        self.assertFalse([e for f in found for fix in f.fixes for e in fix.edits if e.env])
+        self.assertFalse([fix for f in found for fix in f.fixes if "AUTOSHARE" in fix.text])
+
+
+class TestFlagsAccepted(GuardTestCase):
+    """Every flag any runtime fix names is one the release's parser accepts; no NEXTN."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+        self.recorder = record()
+
+    @given(pair=pairs())
+    def test_every_flag_accepted(self, pair: tuple[Any, Any]) -> None:
+        """On every drawn pair, each edit's flag is accepted and no fix mentions NEXTN."""
+        self.recorder.reports.clear()
+        with guard_logs_off():
+            outcome(utils.setup_state_kv_args, *pair)
+        for report in self.recorder.reports:
+            for finding in report.findings:
+                for fix in finding.fixes:
+                    self.assertNotIn("NEXTN", fix.text.replace("COMPRESS_RATIO_NEXTN", ""))
+                    for edit in fix.edits:
+                        self.assertTrue(edit.env or accepts(edit.name), edit)
+
+
+if __name__ == "__main__":
+    unittest.main()
