@@ -187,12 +187,37 @@ def _request_rows(pair: StatePair, context: StateContext, tv: object, dv: object
         f"to the SWA page ({window} + {tv - window} -> {rounded}), the target's window is "
         f"not rounded ({tv}); they are equal only when sliding_window + D is a multiple of "
         f"{page}", field="request rows", inputs=inputs),
-        *_flags_fix(
-            f"a draft-token count of {tokens} makes both {rounded} (sliding_window {window} "
-            f"+ {tokens}){_runs(context, 'speculative_num_draft_tokens')}; not proven at "
-            "run time: run `sglang-dsv4-guard check --fix` on the launch lines",
-            "request rows", inputs[:1],
-            Edit(server_of(context), "--speculative-num-draft-tokens", str(tokens)))]
+        *_draft_token_fixes(context, tokens, rounded, window, inputs[:1])]
+
+
+# How each algorithm DeepSeek-V4 accepts resolves the draft-token count D (0.5.23's
+# arg_groups/speculative_hook.py): EAGLE with top-k 1 sets D = --speculative-num-steps + 1,
+# DSpark requires D = --speculative-dspark-block-size (gamma) + 1.
+_STEPS_FLAG = {"EAGLE": "--speculative-num-steps", "DSPARK": "--speculative-dspark-block-size"}
+
+
+def _draft_token_fixes(context: StateContext, tokens: int, rounded: int, window: int,
+                       inputs: tuple[str, ...]) -> list[Fix]:
+    """A draft-token count that makes window + D a whole number of pages, set the way the
+    algorithm resolves it; for this server's algorithm when SGLang published it."""
+    if tokens < 2:
+        return []
+    running = server_value("speculative_algorithm")
+    algorithms = [str(running).upper()] if str(running).upper() in _STEPS_FLAG else \
+        list(_STEPS_FLAG)
+    server = server_of(context)
+    found: list[Fix] = []
+    for algorithm in algorithms:
+        found += _flags_fix(
+            f"with {algorithm}: a draft-token count of {tokens} makes both {rounded} "
+            f"(sliding_window {window} + {tokens}); {algorithm} resolves the count from "
+            f"{_STEPS_FLAG[algorithm]} + 1, and an adaptive maximum above it would count "
+            f"instead{_runs(context, 'speculative_num_draft_tokens')}; not proven at run "
+            "time: run `sglang-dsv4-guard check --fix` on the launch lines",
+            "request rows", inputs,
+            Edit(server, _STEPS_FLAG[algorithm], str(tokens - 1)),
+            Edit(server, "--speculative-num-draft-tokens", str(tokens)))
+    return found
 
 
 def _geometry_fix(name: str, pair: StatePair, context: StateContext,
