@@ -138,7 +138,7 @@ def _as_decode(*args: Any) -> Any:
     bootstrap queue's module, whose role CALLERS gives), as its DecodePreallocQueue does."""
     namespace: dict[str, Any] = {"__name__": "sglang.srt.disaggregation.decode",
                                  "fn": utils.setup_state_kv_args}
-    exec("def call(*args):\n    return fn(*args)\n", namespace)  # noqa: S102
+    exec("def call(*args):\n    return fn(*args)\n", namespace)
     return namespace["call"](new_kv_args(), *args)
 
 
