@@ -16,9 +16,10 @@ from test_parity_property import pairs
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
-from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import accepts
 from sglang_dsv4_guard.mori.snapshot import SendSnapshot
+from sglang_dsv4_guard.state.fixes import edits
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_transfer, new_kv_args, record
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
@@ -239,6 +240,18 @@ class TestCodePaths(GuardTestCase):
         self.assertTrue(found)
         self.assertFalse([e for f in found for fix in f.fixes for e in fix.edits if e.env])
         self.assertFalse([fix for f in found for fix in f.fixes if "AUTOSHARE" in fix.text])
+
+
+class TestEditFilter(GuardTestCase):
+    """An edit naming a flag the release's parser lacks is dropped, with a debug line."""
+
+    def test_unknown_flag_dropped(self) -> None:
+        """--no-such-flag is dropped, --tp-size and a variable are kept."""
+        keep = (Edit("decode", "--tp-size", "4"), Edit("decode", "SOME_VAR", "1", env=True))
+        with self.assertLogs("sglang_dsv4_guard", "DEBUG") as logs:
+            kept = edits(Edit("decode", "--no-such-flag", "1"), *keep)
+        self.assertEqual(kept, keep)
+        self.assertTrue(any("--no-such-flag" in line for line in logs.output))
 
 
 class TestFlagsAccepted(GuardTestCase):
