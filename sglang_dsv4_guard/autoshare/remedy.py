@@ -15,6 +15,7 @@ from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.host.targets import MAPPING_ATTR, POOL_REGISTER
 from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.state.fixes import mapping_source
 from sglang_dsv4_guard.state.sharing import decide
 from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 
@@ -47,10 +48,9 @@ def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
         subject=MAPPING_ATTR,
         observations=(
             Observation("draft pool", f"{MAPPING_ATTR} (before)", before,
-                        f"registered by {pair.draft.registered_by}" if pair.draft.registered_by
-                        else "not seen registered since the guard was installed"),
+                        mapping_source(pair.draft, context)),
             Observation("target pool", MAPPING_ATTR, pair.target.mapping.describe(),
-                        f"SWATokenToKVPoolAllocator.{MAPPING_ATTR}"),
+                        mapping_source(pair.target, context)),
         ),
         details=tuple(details), fixes=(Fix(
             FixKind.CODE,

@@ -24,9 +24,9 @@ from sglang_dsv4_guard.state.snapshot import (
 )
 
 _RATIO_SOURCE = {
-    "target pool": "model config compress_ratios (config.json)",
-    "draft pool": "draft worker: stock NextN layers get COMPRESS_RATIO_NEXTN_LAYER = 0 "
-    "(KVCacheConfigurator, is_draft_worker)",
+    "target pool": "usually the model config's compress_ratios (config.json)",
+    "draft pool": "usually KVCacheConfigurator (is_draft_worker): COMPRESS_RATIO_NEXTN_LAYER "
+    "(0) on every layer; values like these were built otherwise",
 }
 _UNIFIED_SOURCE = (
     "is_unified_kv_triton(): ROCm and env SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton, "
@@ -195,8 +195,9 @@ def _geometry_finding(code: str, message: str, fields: list[tuple[str, str, str,
     details: list[str] = []
     for label, t_attr, d_attr, source in fields:
         tv, dv = pair.target.get(t_attr), pair.draft.get(d_attr)
-        observations += [Observation("target pool", t_attr, tv, source),
-                         Observation("draft pool", d_attr, dv, source)]
+        observations += [
+            Observation("target pool", t_attr, tv, derive.geometry_source(label, "target", source)),
+            Observation("draft pool", d_attr, dv, derive.geometry_source(label, "draft", source))]
         mark = "differs" if tv != dv else "equal"
         details.append(f"{label}: target {t_attr}={tv!r}, draft {d_attr}={dv!r} ({mark})")
     return _finding(code, CODES[code].title, "SWA geometry", observations=tuple(observations),

@@ -20,7 +20,7 @@ from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.state.sharing import ShareDecision
 from sglang_dsv4_guard.state.snapshot import PoolSnapshot, StateContext, StatePair
 
-__all__ = ["AUTOSHARE_ENV", "edits", "geometry_fixes", "incomplete_fixes", "mapping_fixes",
+__all__ = ["AUTOSHARE_ENV", "edits", "geometry_fixes", "geometry_source", "incomplete_fixes", "mapping_fixes",
            "mapping_source", "ratio_fixes", "server_of", "swapped", "unified_fixes"]
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -260,6 +260,23 @@ def _geometry_fix(name: str, pair: StatePair, context: StateContext,
         f"both pools compute {name} from one server's arguments ({follows.get(name, name)}), "
         "so a pool with another value was built elsewhere or under other arguments (a "
         "plug-in, a custom runner)", field=name, inputs=(follows.get(name, name),))]
+
+
+_GEOMETRY_SOURCES = {
+    ("page_size", "both"): "the server's page size, which SGLang resolves for DeepSeek-V4 "
+                           "itself (its model override)",
+    ("request rows", "target"): "sliding_window + D (D: the draft-token count), the target's "
+                                "request window under --enable-encoder-swa-bounded-replay",
+    ("request rows", "draft"): "ceil_div(sliding_window + D, SWA page) * SWA page "
+                               "(get_draft_swa_ring_size): the draft's SWA ring, rounded up "
+                               "to whole pages",
+}
+
+
+def geometry_source(name: str, side: str, default: str) -> str:
+    """The ``from:`` line of one side's geometry field (``side``: target or draft)."""
+    return (_GEOMETRY_SOURCES.get((name, side))
+            or _GEOMETRY_SOURCES.get((name, "both"), default))
 
 
 def geometry_fixes(pair: StatePair, context: StateContext,
