@@ -74,6 +74,27 @@ class TestOneFieldOneFix(GuardTestCase):
         self.assertTrue(any("get_draft_swa_ring_size" in i for f in fixes for i in f.inputs))
 
 
+class TestRequestRowsSource(GuardTestCase):
+    """0.5.23: the draft's request-rows from: line names the rounding to the SWA page."""
+
+    def test_draft_source_names_the_rounding(self) -> None:
+        """The draft's swa_req_ring_size source cites get_draft_swa_ring_size; the
+        target's does not (its window is not rounded)."""
+        self.install_guard("on", load_entry_points=False)
+        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256))
+        if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
+            with guard_logs_off():
+                self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
+            return
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *pair)
+        finding = _finding(err, "DSV4G005")
+        sources = {(o.role, o.name): o.source for o in finding.observations}
+        self.assertIn("get_draft_swa_ring_size", sources[("draft pool", "swa_req_ring_size")])
+        self.assertNotIn("get_draft_swa_ring_size",
+                         sources[("target pool", "request_window.capacity")])
+
+
 class TestUnifiedFixes(GuardTestCase):
     """Unified mode: DSV4G002 says where the mode comes from; DSV4G003 one field each."""
 
