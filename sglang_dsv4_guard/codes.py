@@ -41,9 +41,12 @@ CODES: dict[str, CodeInfo] = {
             "for every layer, so a nonzero or empty list means a modified draft "
             "runner or a draft model that is not a NextN module.",
             (
-                "serve the stock NextN draft (--speculative-algorithm NEXTN with the "
-                "model's own MTP layers) so every draft layer has ratio 0",
-                "or drop --speculative-algorithm on both prefill and decode servers",
+                "derived: no flag sets the draft's ratios (KVCacheConfigurator gives a draft "
+                "worker COMPRESS_RATIO_NEXTN_LAYER on every layer, 0.5.16 to 0.5.23), so the "
+                "fix names the code path: pools passed in swapped order (named with the "
+                "calling line when the target has a draft's all-zero ratios), a custom draft "
+                "runner, a plug-in building the draft pool",
+                "and, as a workaround, removing --speculative-algorithm on both servers",
             ),
         ),
         CodeInfo(
@@ -54,8 +57,9 @@ CODES: dict[str, CodeInfo] = {
             "SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton) and the other in paged "
             "SWA; their state cannot be described by one transfer layout.",
             (
-                "set SGLANG_HACK_FLASHMLA_BACKEND identically for the whole server "
-                "process (target and draft workers read it once, at pool creation)",
+                "derived: each pool reads SGLANG_HACK_FLASHMLA_BACKEND when it is built; the "
+                "fix says the variable changed between the two builds or a pool was built "
+                "elsewhere, with the value this process has now",
             ),
         ),
         CodeInfo(
@@ -66,8 +70,9 @@ CODES: dict[str, CodeInfo] = {
             "In unified-KV mode the draft's SWA ring rows are addressed with the "
             "target's indices, so window, ring size and ring pages must be equal.",
             (
-                "give both pools the same sliding_window (model config) and the same "
-                "--speculative-num-draft-tokens (the ring holds window + draft tokens - 1)",
+                "derived per differing field: window (each model's config.json), ring size "
+                "(window + draft tokens - 1, one value per server), pages (from the ring); a "
+                "field that follows another differing one gets no fix of its own",
             ),
         ),
         CodeInfo(
@@ -79,11 +84,11 @@ CODES: dict[str, CodeInfo] = {
             "SGLang tests identity, not equality, because the tensor is updated in "
             "place while serving.",
             (
-                "hand the draft worker the target's token_to_kv_pool_allocator so "
-                "KVCacheConfigurator registers the same tensor on the draft pool",
-                "when the draft holds a view, or an equal copy with CUDA graphs disabled and "
-                "no other holder, SGLANG_DSV4_GUARD_AUTOSHARE=1 rebinds it safely (see the "
-                "README for the rule)",
+                "derived: the from: lines say which line registered each mapping when the "
+                "guard saw register_mapping (else what usually does); the fix registers the "
+                "target allocator's tensor on the draft",
+                "SGLANG_DSV4_GUARD_AUTOSHARE=1 is offered only when the auto-share rule would "
+                "share (never without a tensor)",
             ),
         ),
         CodeInfo(
@@ -95,8 +100,10 @@ CODES: dict[str, CodeInfo] = {
             "(and, from SGLang 0.5.23, the target's request-window capacity must equal "
             "the draft's SWA ring size).",
             (
-                "use one --page-size for the server (both pools take it)",
-                "give the draft model the target's sliding_window",
+                "derived per differing field: page size (resolved by SGLang for DeepSeek-V4: no "
+                "flag), sliding window (each model's config.json), request rows from 0.5.23 "
+                "(window + draft tokens vs that rounded up to the SWA page; a draft-token count "
+                "that makes them equal when the rounding is the only difference)",
             ),
         ),
         CodeInfo(
@@ -108,10 +115,9 @@ CODES: dict[str, CodeInfo] = {
             "model across different attention-TP sizes. SGLang finds this per request, "
             "in the transfer thread; the guard reports it when the decode peer registers.",
             (
-                "make the decode server's attention TP size equal the prefill's "
-                "(attention TP = --tp-size / --dp-size with --enable-dp-attention)",
-                "KV transfer between different TP sizes is supported for MLA models and "
-                "for the non-state KV of other models; only the non-MLA 'swa' state is not",
+                "derived: a --tp-size edit for the decode (the prefill's attention TP) or for "
+                "the prefill (the decode's, times --dp-size under --enable-dp-attention); no "
+                "release from 0.5.16 to 0.5.23 transfers the non-MLA 'swa' state across TP",
             ),
         ),
         CodeInfo(
@@ -121,7 +127,8 @@ CODES: dict[str, CodeInfo] = {
             "SGLANG_DSV4_GUARD_AUTOSHARE=1 found the draft's mapping to be provably the "
             "same data as the target's and registered the target's tensor on the draft "
             "pool (draft_pool.register_mapping).",
-            ("build the draft with the target's allocator so no rebinding is needed",),
+            ("derived: nothing to do; the draft's former registration is named, and handing "
+             "the draft worker the target's allocator makes the rebinding unnecessary",),
         ),
         CodeInfo(
             "DSV4G010",
@@ -129,9 +136,8 @@ CODES: dict[str, CodeInfo] = {
             None,
             "A pool lacks an attribute the check reads (a half-built or foreign pool). "
             "SGLang raises AttributeError for it; the guard names the attribute.",
-            ("check the code that built the pool: DeepSeekV4TokenToKVPool.__init__ sets "
-             "every attribute SGLang reads here, a pool built another way must set the one "
-             "named above",),
+            ("derived: names the attribute, the pool's class and that "
+             "DeepSeekV4TokenToKVPool.__init__ sets it (unified_swa_* in unified mode only)",),
         ),
         CodeInfo(
             "DSV4G020",
@@ -233,7 +239,7 @@ CODES: dict[str, CodeInfo] = {
             "A check, remediation or reporter plug-in raised, returned something that "
             "is not a list of findings, or could not be loaded. The guard carried on "
             "without it; SGLang's verdict is unchanged.",
-            ("fix or uninstall the plug-in named in the finding",),
+            ("derived: names the plug-in, its entry-point group and the stage that failed",),
         ),
         CodeInfo(
             "DSV4G099",
@@ -243,7 +249,8 @@ CODES: dict[str, CodeInfo] = {
             "SGLang's verdict stands. Either a pool changed between the guard's read and "
             "SGLang's (a computed property, another thread), or this is a guard bug: "
             "please report it with the JSON report.",
-            ("report it; set SGLANG_DSV4_GUARD=0 if it is in your way",),
+            ("derived: env edits for the server that raised: SGLANG_DSV4_GUARD_LOG_FORMAT=json "
+             "to report it, or SGLANG_DSV4_GUARD=0",),
         ),
     )
 }

@@ -30,7 +30,7 @@ from sglang_dsv4_guard.host.registry import (
     register_state_hook,
     verify_after_apply_hooks,
 )
-from sglang_dsv4_guard.host.targets import STATE
+from sglang_dsv4_guard.host.targets import DSV4_POOL, POOL_REGISTER_TARGET, STATE
 from sglang_dsv4_guard.host.verdict import forget_verdicts, judge_imported
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
@@ -38,6 +38,7 @@ from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, res
 from sglang_dsv4_guard.plugins import add_all, build_plugins
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import Mode, Settings, settings_for
+from sglang_dsv4_guard.state import provenance
 from sglang_dsv4_guard.state.wrapper import make_state_wrapper
 from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 
@@ -116,6 +117,7 @@ def reset() -> None:
     with _lock:
         _warned.clear()
     forget_verdicts()
+    provenance.forget()
 
 
 def _refuse(settings: Settings, reason: str, target: str | None = None) -> Undo:
@@ -235,6 +237,7 @@ def _install(chosen: Settings, load_entry_points: bool,
             how = "patched " + ", ".join(current.patches[0].rebound)
         _current = current
         current.hooks.watch(MORI_MODULE, functools.partial(_on_mori, current))
+        current.hooks.watch(DSV4_POOL.module, functools.partial(_on_pool_module, current))
     except BaseException as exc:  # KeyboardInterrupt included: roll back, then let it rise
         if current is not None:
             if _current is current:
@@ -251,7 +254,7 @@ def _install(chosen: Settings, load_entry_points: bool,
     logger.info(
         "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; MORI connector %s",
         chosen.mode.value.value, chosen.autoshare.value, version, how,
-        "wrapped" if current.patches[-1:] and current.patches[-1].target != STATE
+        "wrapped" if any(p.target.module == MORI_MODULE for p in current.patches)
         else "will be wrapped when SGLang imports it",
     )
     return current.undo
@@ -277,6 +280,20 @@ def _on_mori(current: Installation, module: ModuleType) -> None:
                 f"wrapping {MORI_MODULE} after SGLang imported it failed, the guard was "
                 "uninstalled", exc)
             _refuse(current.runtime.settings, reason, target)
+
+
+def _on_pool_module(current: Installation, module: ModuleType) -> None:
+    """Observe ``register_mapping`` (:mod:`sglang_dsv4_guard.state.provenance`). Optional:
+    a failure is logged and the guard goes on without the observation."""
+    with _lock:
+        if _current is not current:
+            return
+        try:
+            current.patches.append(apply(POOL_REGISTER_TARGET, module,
+                                         provenance.make_register_wrapper))
+        except Exception as exc:
+            logger.info("sglang-dsv4-guard does not observe %s (%s); DSV4G004 says what "
+                        "usually registers the mappings instead", POOL_REGISTER_TARGET, exc)
 
 
 def _dismantle(current: Installation, what: str) -> None:

@@ -49,7 +49,7 @@ from sglang_dsv4_guard.findings import (
     Report,
     Severity,
 )
-from sglang_dsv4_guard.fixes import Fix
+from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori import checks as mori_checks
 from sglang_dsv4_guard.reporter import LogReporter
@@ -111,7 +111,11 @@ def plugin_failure(name: str, stage: str, problem: str, effect: str | None = Non
         subject=f"plug-in {name}",
         details=(problem, _CONSEQUENCE.get(effect or stage, "its findings are missing from "
                                                              "this report; " + _UNAFFECTED)),
-        fixes=(Fix.advice(f"fix or uninstall the plug-in {name!r} (entry-point group sglang_dsv4_guard)"),),
+        fixes=(Fix(FixKind.CODE, f"fix or uninstall the plug-in {name!r} (entry-point group "
+                   "sglang_dsv4_guard); the guard runs without it until then",
+                   field=f"plug-in {name}",
+                   inputs=(f"the plug-in {name!r} (entry-point group sglang_dsv4_guard), at "
+                           f"{stage}",)),),
         docs=docs_url("DSV4G090"),
         origin=name,
     )

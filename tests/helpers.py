@@ -69,6 +69,9 @@ def leftovers() -> list[str]:
         for name in MORI_METHODS:
             if hasattr(vars(conn.MoriKVManager)[name], WRAPPER_MARK):
                 left.append(f"MoriKVManager.{name} is still wrapped")
+    pool_cls = _pool_class()
+    if pool_cls is not None and hasattr(vars(pool_cls)[targets.POOL_REGISTER], WRAPPER_MARK):
+        left.append(f"{targets.POOL_REGISTER_TARGET} is still wrapped")
     finders = [f for f in sys.meta_path if isinstance(f, PostImportHooks)]
     if finders:
         left.append(f"{len(finders)} import hook(s) of the guard in sys.meta_path")
@@ -89,6 +92,11 @@ def _guard_apply_hooks(registry: Any) -> Any:
     return func if getattr(func, "__module__", None) == "sglang_dsv4_guard.host.registry" else None
 
 
+def _pool_class() -> Any:
+    module = sys.modules.get(targets.DSV4_POOL.module)
+    return getattr(module, targets.DSV4_POOL.qualname, None)
+
+
 def _host_registry() -> Any:
     module = sys.modules.get("sglang.srt.plugins.hook_registry")
     return getattr(module, "HookRegistry", None)
@@ -104,6 +112,10 @@ def reset_guard() -> None:
         for name in MORI_METHODS:
             method = vars(conn.MoriKVManager)[name]
             setattr(conn.MoriKVManager, name, getattr(method, WRAPPER_MARK, method))
+    pool_cls = _pool_class()
+    if pool_cls is not None:
+        method = vars(pool_cls)[targets.POOL_REGISTER]
+        setattr(pool_cls, targets.POOL_REGISTER, getattr(method, WRAPPER_MARK, method))
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PostImportHooks)]
     registry = _host_registry()
     if registry is not None:

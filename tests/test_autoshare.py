@@ -187,8 +187,11 @@ class TestAutoshareRule(GuardTestCase):
         self.install_guard("on", autoshare=False, load_entry_points=False)
         _, view = outcome(utils.setup_state_kv_args, *build_pair(mapping="view"))
         _, diff = outcome(utils.setup_state_kv_args, *build_pair(mapping="different"))
-        self.assertIn("SGLANG_DSV4_GUARD_AUTOSHARE=1", " ".join(map(str, view.findings[0].fixes)))
-        self.assertNotIn("SGLANG_DSV4_GUARD_AUTOSHARE=1", " ".join(map(str, diff.findings[0].fixes)))
+        def env_edits(err: Any) -> list[tuple[str, str | None]]:
+            return [(e.name, e.value) for f in err.findings[0].fixes for e in f.edits if e.env]
+
+        self.assertEqual(env_edits(view), [("SGLANG_DSV4_GUARD_AUTOSHARE", "1")])
+        self.assertEqual(env_edits(diff), [])
 
 
 class TestAutoshareHidesNothing(GuardTestCase):

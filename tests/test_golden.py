@@ -24,6 +24,9 @@ _NORMALISE = (
     (re.compile(r"id=0x[0-9a-f]+"), "id=0x<id>"),
     (re.compile(r"data_ptr=0x[0-9a-f]+"), "data_ptr=0x<ptr>"),
     (re.compile(r"\(caller [^,]+, sglang [0-9.]+(\.post\d+)?,"), "(caller <caller>, sglang <release>,"),
+    # derived fixes name the release and the lines that called or registered
+    (re.compile(r"SGLang \d+\.\d+\.\d+(\.post\d+)?"), "SGLang <release>"),
+    (re.compile(r"(registered by|at) /\S+\.py:\d+"), r"\1 <file>:<line>"),
 )
 
 
@@ -75,6 +78,8 @@ class TestGoldenRenderings(GuardTestCase):
                             render_case("g001_twenty_layers_capped"))
         self.assertEqual(normalise("(caller x.y, sglang 0.5.16, mode on) id=0xabc"),
                          "(caller <caller>, sglang <release>, mode on) id=0x<id>\n")
+        self.assertEqual(normalise("in SGLang 0.5.23 registered by /a/b.py:12 (f)"),
+                         "in SGLang <release> registered by <file>:<line> (f)\n")
 
 
 if __name__ == "__main__":

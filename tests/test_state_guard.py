@@ -100,7 +100,9 @@ class TestEveryCode(GuardTestCase):
         finding = err.findings[0]
         self.assertEqual(finding.value("draft pool", "page_size"), 64)
         self.assertEqual(finding.value("target pool", "sliding_window"), 128)
-        self.assertIn("--page-size", finding.observations[0].source)
+        # DeepSeek-V4's page size is resolved by SGLang, never the operator's --page-size
+        self.assertIn("resolves for DeepSeek-V4", finding.observations[0].source)
+        self.assertNotIn("--page-size", finding.observations[0].source)
 
     def test_all_problems_at_once(self) -> None:
         """Three independent problems are all reported, in SGLang's order, in one error."""

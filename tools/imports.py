@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("wrappers of SGLang's functions and the rules they share",
      ("state.wrapper", "mori.wrapper", "host.registry", "wrapping")),
     ("runtime and plug-in manager", ("runtime", "plugins")),
-    ("built-in hook implementations", ("reporter", "state.checks", "state.sharing",
+    ("built-in hook implementations", ("reporter", "state.checks", "state.fixes", "state.sharing",
                                        "mori.checks", "autoshare")),
     ("hook specs, rendering, deduplication, plug-in boundary",
      ("hookspecs", "render", "dedup", "boundary")),

@@ -11,10 +11,11 @@ import logging
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
-from sglang_dsv4_guard.fixes import Fix
+from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.host.targets import MAPPING_ATTR, POOL_REGISTER
 from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.state.fixes import mapping_source
 from sglang_dsv4_guard.state.sharing import decide
 from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 
@@ -47,10 +48,17 @@ def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
         subject=MAPPING_ATTR,
         observations=(
             Observation("draft pool", f"{MAPPING_ATTR} (before)", before,
-                        "the draft worker's own registration"),
+                        mapping_source(pair.draft, context)),
             Observation("target pool", MAPPING_ATTR, pair.target.mapping.describe(),
-                        f"SWATokenToKVPoolAllocator.{MAPPING_ATTR}"),
+                        mapping_source(pair.target, context)),
         ),
-        details=tuple(details), fixes=tuple(map(Fix.advice, CODES["DSV4G007"].remedies)),
+        details=tuple(details), fixes=(Fix(
+            FixKind.CODE,
+            "nothing to do for this server; so that no rebinding is needed, hand the draft "
+            "worker the target's token_to_kv_pool_allocator" + (
+                f" (the draft's old mapping was registered by {pair.draft.registered_by})"
+                if pair.draft.registered_by else ""),
+            field=MAPPING_ATTR, inputs=(f"the allocator handed to the draft worker: its "
+                                        f"{MAPPING_ATTR} is what the draft pool registers",)),),
         docs=docs_url("DSV4G007"),
     )]

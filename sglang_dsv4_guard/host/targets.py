@@ -34,9 +34,11 @@ __all__ = [
     "MORI_TARGETS",
     "POOL_ATTRS",
     "POOL_REGISTER",
+    "POOL_REGISTER_TARGET",
     "REGISTRY_MODULE",
     "RUNTIME_CONTEXT",
     "SCHEDULER_MODULE",
+    "SERVER_ARGS_ACCESSOR",
     "SERVER_ARGS_MODULE",
     "STATE",
     "STATE_HOLDERS",
@@ -115,12 +117,20 @@ SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 #: ``ServerArgs`` (its ``add_cli_args`` is the release's flag table, ``host/flags.py``).
 SERVER_ARGS_MODULE = "sglang.srt.server_args"
 RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+#: The accessor of :data:`RUNTIME_CONTEXT` that returns this process' ``ServerArgs`` (the
+#: scheduler publishes it before it builds any pool; it raises ``ValueError`` until then).
+#: Present from 0.5.16 to 0.5.23; ``server_args.get_global_server_args`` is a shim over it
+#: up to 0.5.19 and raises from 0.5.20, so the guard reads this one.
+SERVER_ARGS_ACCESSOR = "get_server_args"
 CUDA_GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
 KV_ARGS = PatchTarget("sglang.srt.disaggregation.base.conn", "KVArgs")
 DSV4_POOL = PatchTarget("sglang.srt.mem_cache.deepseek_v4_memory_pool",
                         "DeepSeekV4TokenToKVPool")
 #: The pool method auto-share calls to rebind the draft's mapping (SGLang's own).
 POOL_REGISTER = "register_mapping"
+#: ``register_mapping`` as the guard observes it (``state/provenance.py``): which code
+#: registered each pool's mapping, once the guard is installed.
+POOL_REGISTER_TARGET = PatchTarget(DSV4_POOL.module, f"{DSV4_POOL.qualname}.{POOL_REGISTER}")
 #: The function of :data:`STATE`'s module its DeepSeek-V4 block calls first on releases
 #: with ``npu_gate`` (``not is_npu()``); read from that module as the wrapped code sees it.
 STATE_IS_NPU = "is_npu"

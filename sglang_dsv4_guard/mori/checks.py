@@ -4,14 +4,45 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
-from sglang_dsv4_guard.fixes import Fix
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 
 _ATTN_TP = ("--tp-size (divided by --dp-size with --enable-dp-attention) on the prefill "
             "server: MoriKVManager.attn_tp_size")
 _DECODE_TP = ("the decode server's attention TP size, sent when it registers "
               "(KVArgsRegisterInfo.decode_tp_size)")
+
+
+def _edits(*candidates: Edit) -> tuple[Edit, ...]:
+    """The edits whose flag the installed release's parser has."""
+    return tuple(e for e in candidates if flags.accepts(e.name))
+
+
+def tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
+    """Flag edits that make the attention TP sizes equal, one server at a time."""
+    inputs = ("attention TP = --tp-size, or --tp-size / --dp-size with --enable-dp-attention",)
+    found: list[Fix] = []
+    prefill_now = (f"--tp-size {t.tp_size}" + (f" --dp-size {t.dp_size} --enable-dp-attention"
+                                                if t.enable_dp_attention else "")
+                   if t.tp_size is not None else "")
+    if t.attn_tp_size is not None:
+        found.append(Fix(
+            FixKind.FLAGS,
+            f"give the decode server attention TP {t.attn_tp_size}, the prefill's (it has "
+            f"{t.decode_tp_size}); with --enable-dp-attention on the decode, --tp-size is "
+            f"{t.attn_tp_size} x its --dp-size instead", field="decode_tp_size", inputs=inputs,
+            edits=_edits(Edit("decode", "--tp-size", str(t.attn_tp_size)))))
+    if t.decode_tp_size is not None:
+        dp = t.dp_size if t.enable_dp_attention and t.dp_size else 1
+        found.append(Fix(
+            FixKind.FLAGS,
+            f"or give the prefill server attention TP {t.decode_tp_size}, the decode's"
+            + (f" (this prefill server runs {prefill_now})" if prefill_now else ""),
+            field="attn_tp_size", inputs=inputs,
+            edits=_edits(Edit("prefill", "--tp-size", str(t.decode_tp_size * dp)))))
+    return tuple(f for f in found if f.edits)
 
 
 def host_message(t: SendSnapshot) -> str:
@@ -54,14 +85,12 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
     if context.phase == "register":
         details.append("found when the decode peer registered: every request to it that "
                        "carries 'swa' state will fail")
-    fixes = (
-        f"start the decode server with attention TP {t.attn_tp_size} (match the prefill's): "
-        "--tp-size, or --tp-size/--dp-size with --enable-dp-attention",
-        CODES["DSV4G006"].remedies[1],
-    )
+    details.append("no SGLang release from 0.5.16 to 0.5.23 transfers the non-MLA 'swa' state "
+                   "across attention-TP sizes on MORI (the same check in each); other KV, and "
+                   "MLA models, are transferred across TP sizes")
     return [Finding(
         code="DSV4G006", severity=Severity.ERROR, summary=CODES["DSV4G006"].title,
         subject="MORI swa state transfer", observations=tuple(observations),
-        details=tuple(details), fixes=tuple(map(Fix.advice, fixes)), docs=docs_url("DSV4G006"),
+        details=tuple(details), fixes=tp_fixes(t), docs=docs_url("DSV4G006"),
         host_message=host_message(t),
     )]

@@ -14,6 +14,7 @@ from sglang_dsv4_guard.findings import LIST_CAP, Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.host.releases import HostProfile
+from sglang_dsv4_guard.state import fixes as derive
 from sglang_dsv4_guard.state.sharing import decide
 from sglang_dsv4_guard.state.snapshot import (
     NotASequence,
@@ -23,9 +24,9 @@ from sglang_dsv4_guard.state.snapshot import (
 )
 
 _RATIO_SOURCE = {
-    "target pool": "model config compress_ratios (config.json)",
-    "draft pool": "draft worker: stock NextN layers get COMPRESS_RATIO_NEXTN_LAYER = 0 "
-    "(KVCacheConfigurator, is_draft_worker)",
+    "target pool": "usually the model config's compress_ratios (config.json)",
+    "draft pool": "usually KVCacheConfigurator (is_draft_worker): COMPRESS_RATIO_NEXTN_LAYER "
+    "(0) on every layer; values like these were built otherwise",
 }
 _UNIFIED_SOURCE = (
     "is_unified_kv_triton(): ROCm and env SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton, "
@@ -37,12 +38,6 @@ _RING_FIELDS = (
      "sliding_window + (--speculative-num-draft-tokens - 1) when speculative"),
     ("pages", "unified_swa_pages", "DeepSeekV4UnifiedKVPool.swa_pages (unified KV ring pages)"),
 )
-_MAPPING_SOURCE = {
-    "target pool": "SWATokenToKVPoolAllocator.full_to_swa_index_mapping, registered by "
-    "KVCacheConfigurator._build_token_to_kv_pool_allocator",
-    "draft pool": "registered by the draft branch of KVCacheConfigurator from the allocator "
-    "the draft worker was handed",
-}
 
 
 def _finding(
@@ -52,19 +47,19 @@ def _finding(
     *,
     observations: tuple[Observation, ...] = (),
     details: tuple[str, ...] = (),
-    fixes: tuple[str, ...] | None = None,
+    fixes: tuple[Fix | str, ...] = (),
     severity: Severity = Severity.ERROR,
     host_message: str | None = None,
 ) -> Finding:
     return Finding(
         code=code, severity=severity, summary=summary, subject=subject,
         observations=observations, details=details,
-        fixes=tuple(map(Fix.advice, CODES[code].remedies if fixes is None else fixes)),
+        fixes=tuple(f if isinstance(f, Fix) else Fix.advice(f) for f in fixes),
         docs=docs_url(code), host_message=host_message,
     )
 
 
-def _incomplete(snap: PoolSnapshot, name: str) -> Finding:
+def _incomplete(snap: PoolSnapshot, name: str, context: StateContext) -> Finding:
     value = snap.get(name)
     return _finding(
         "DSV4G010",
@@ -72,6 +67,7 @@ def _incomplete(snap: PoolSnapshot, name: str) -> Finding:
         f"{snap.role} ({snap.type_name})",
         observations=(Observation(snap.role, name, value, "pool attribute"),),
         details=("SGLang raises AttributeError when it reads this attribute",),
+        fixes=derive.incomplete_fixes(snap, name, context),
     )
 
 
@@ -83,7 +79,8 @@ def _ratio_observations(pair: StatePair) -> tuple[Observation, ...]:
     )
 
 
-def _ratios_not_a_list(pair: StatePair, value: NotASequence) -> list[Finding]:
+def _ratios_not_a_list(pair: StatePair, value: NotASequence,
+                       context: StateContext) -> list[Finding]:
     """``compression_ratios`` is not a list: say what it is and what SGLang does with it."""
     what = f"compression_ratios is {value.text} ({value.type_name}), not a list of per-layer ratios"
     observations = _ratio_observations(pair)
@@ -94,8 +91,7 @@ def _ratios_not_a_list(pair: StatePair, value: NotASequence) -> list[Finding]:
             details=("a one-shot iterator: SGLang's SWA-only check consumes it, so the guard "
                      "does not read it and makes no prediction for this check; any later "
                      "reader sees it empty",),
-            fixes=("build the draft pool with compression_ratios as a list "
-                   "(one ratio per draft layer, 0 for a stock NextN layer)",),
+            fixes=derive.incomplete_fixes(pair.draft, "compression_ratios", context),
         )]
     if value.truthy is False:  # SGLang: `not compression_ratios` -> its SWA-only error
         return [_finding(
@@ -103,6 +99,7 @@ def _ratios_not_a_list(pair: StatePair, value: NotASequence) -> list[Finding]:
             observations=observations,
             details=(f"SGLang tests `not compression_ratios`, which is true for {value.text}, "
                      "and raises its SWA-only error",),
+            fixes=derive.ratio_fixes(pair, context),
             host_message=CODES["DSV4G001"].sglang_message,
         )]
     why = (f"SGLang's `not compression_ratios` raises ({value.error})" if value.truthy is None
@@ -110,16 +107,17 @@ def _ratios_not_a_list(pair: StatePair, value: NotASequence) -> list[Finding]:
     return [_finding(
         "DSV4G010", f"the draft pool's {what}", f"draft pool ({pair.draft.type_name})",
         observations=observations, details=(why,),
+        fixes=derive.incomplete_fixes(pair.draft, "compression_ratios", context),
     )]
 
 
-def _check_ratios(pair: StatePair) -> list[Finding]:
+def _check_ratios(pair: StatePair, context: StateContext) -> list[Finding]:
     draft = pair.draft
     if not draft.has("compression_ratios"):
-        return [_incomplete(draft, "compression_ratios")]
+        return [_incomplete(draft, "compression_ratios", context)]
     ratios: Any = draft.get("compression_ratios")
     if isinstance(ratios, NotASequence):
-        return _ratios_not_a_list(pair, ratios)
+        return _ratios_not_a_list(pair, ratios, context)
     # Exactly SGLang's test, `not all(ratio == 0 for ratio in ratios)`: tuple.count compares
     # each element with == in C; then only the first LIST_CAP offenders are looked up, so a
     # million layers cost one C pass and allocate nothing per layer.
@@ -127,7 +125,7 @@ def _check_ratios(pair: StatePair) -> list[Finding]:
     try:
         count = len(ratios) - ratios.count(0)
     except Exception:  # some element's == raises: SGLang's all() may stop before it
-        return _ordered_scan(pair, ratios)
+        return _ordered_scan(pair, ratios, context)
     for i, r in enumerate(ratios):
         if len(offending) >= min(count, LIST_CAP):
             break
@@ -143,10 +141,12 @@ def _check_ratios(pair: StatePair) -> list[Finding]:
         details = ("the draft pool lists no layers at all (compression_ratios is empty)",)
     return [_finding("DSV4G001", CODES["DSV4G001"].title, "draft pool compression_ratios",
                      observations=_ratio_observations(pair), details=details,
+                     fixes=derive.ratio_fixes(pair, context),
                      host_message=CODES["DSV4G001"].sglang_message)]
 
 
-def _ordered_scan(pair: StatePair, ratios: tuple[object, ...]) -> list[Finding]:
+def _ordered_scan(pair: StatePair, ratios: tuple[object, ...],
+                  context: StateContext) -> list[Finding]:
     """SGLang's ``all(ratio == 0 ...)`` step by step, for ratios whose comparison can raise:
     an element that raises before any non-zero ratio raises in SGLang too (incomplete);
     the first non-zero one decides SGLang's SWA-only error, as all() stops there."""
@@ -154,21 +154,22 @@ def _ordered_scan(pair: StatePair, ratios: tuple[object, ...]) -> list[Finding]:
         try:
             zero = bool(r == 0)
         except Exception:  # SGLang's all() raises at this very element
-            return [_incomplete(pair.draft, "compression_ratios")]
+            return [_incomplete(pair.draft, "compression_ratios", context)]
         if not zero:
             return [_finding(
                 "DSV4G001", CODES["DSV4G001"].title, "draft pool compression_ratios",
                 observations=_ratio_observations(pair),
                 details=(f"draft layer {i} is not SWA-only: ratio {r} (SGLang's all() stops "
                          "here; later layers were not compared)",),
+                fixes=derive.ratio_fixes(pair, context),
                 host_message=CODES["DSV4G001"].sglang_message)]
     return []
 
 
-def _check_unified(pair: StatePair) -> tuple[list[Finding], bool]:
+def _check_unified(pair: StatePair, context: StateContext) -> tuple[list[Finding], bool]:
     """The unified-mode check; the bool says whether the geometry checks can go on."""
     missing = [
-        _incomplete(snap, "_unified_kv") for snap in (pair.target, pair.draft)
+        _incomplete(snap, "_unified_kv", context) for snap in (pair.target, pair.draft)
         if not snap.has("_unified_kv")
     ]
     if missing:
@@ -183,22 +184,25 @@ def _check_unified(pair: StatePair) -> tuple[list[Finding], bool]:
                       Observation("draft pool", "_unified_kv", d, _UNIFIED_SOURCE)),
         details=(f"only the {unified} is unified; the geometry checks are skipped until "
                  "both pools use one mode",),
+        fixes=derive.unified_fixes(pair, context),
         host_message=CODES["DSV4G002"].sglang_message,
     )], False
 
 
 def _geometry_finding(code: str, message: str, fields: list[tuple[str, str, str, str]],
-                      pair: StatePair) -> Finding:
+                      pair: StatePair, context: StateContext) -> Finding:
     observations: list[Observation] = []
     details: list[str] = []
     for label, t_attr, d_attr, source in fields:
         tv, dv = pair.target.get(t_attr), pair.draft.get(d_attr)
-        observations += [Observation("target pool", t_attr, tv, source),
-                         Observation("draft pool", d_attr, dv, source)]
+        observations += [
+            Observation("target pool", t_attr, tv, derive.geometry_source(label, "target", source)),
+            Observation("draft pool", d_attr, dv, derive.geometry_source(label, "draft", source))]
         mark = "differs" if tv != dv else "equal"
         details.append(f"{label}: target {t_attr}={tv!r}, draft {d_attr}={dv!r} ({mark})")
     return _finding(code, CODES[code].title, "SWA geometry", observations=tuple(observations),
-                    details=tuple(details), host_message=message)
+                    details=tuple(details), host_message=message,
+                    fixes=derive.geometry_fixes(pair, context, fields))
 
 
 def _check_geometry(pair: StatePair, context: StateContext, unified: bool) -> list[Finding]:
@@ -209,7 +213,7 @@ def _check_geometry(pair: StatePair, context: StateContext, unified: bool) -> li
         fields = [(f.name, f.target_attr, f.draft_attr, f.source)
                   for f in context.profile.paged_geometry]
         code, prefix = "DSV4G005", context.profile.paged_geometry_prefix
-    missing = [_incomplete(snap, attr) for _, t_attr, d_attr, _ in fields
+    missing = [_incomplete(snap, attr, context) for _, t_attr, d_attr, _ in fields
                for snap, attr in ((pair.target, t_attr), (pair.draft, d_attr))
                if not snap.has(attr)]
     if missing:
@@ -218,7 +222,8 @@ def _check_geometry(pair: StatePair, context: StateContext, unified: bool) -> li
     draft = tuple(pair.draft.get(f[2]) for f in fields)
     if target == draft:
         return []
-    return [_geometry_finding(code, f"{prefix}target={target}, draft={draft}", fields, pair)]
+    return [_geometry_finding(code, f"{prefix}target={target}, draft={draft}", fields, pair,
+                              context)]
 
 
 def _never_registered(roles: list[str], profile: HostProfile) -> str:
@@ -237,7 +242,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
     t, d = pair.target.mapping, pair.draft.mapping
     observations = tuple(
         Observation(snap.role, "full_to_swa_index_mapping", snap.mapping.describe(),
-                    _MAPPING_SOURCE[snap.role])
+                    derive.mapping_source(snap, context))
         for snap in (pair.target, pair.draft)
     )
     cmp = pair.mapping
@@ -251,6 +256,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
                 observations=observations,
                 details=("SGLang accepts this (None is None), but a paged DSV4 pool without "
                          "a mapping cannot translate full-cache indices to SWA slots",),
+                fixes=derive.mapping_fixes(pair, context, None, []),
             )]
         return []
     details: list[str] = []
@@ -268,14 +274,9 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
             at = f", first at index {first[0]} (target={first[1]}, draft={first[2]})" if first else ""
             details.append(f"contents differ at {cmp.differing} position(s){at}")
     decision = decide(pair, context.profile)
-    base = CODES["DSV4G004"].remedies[0]
-    fixes: tuple[str, ...]
-    if decision.share:
-        fixes = (base, "SGLANG_DSV4_GUARD_AUTOSHARE=1 would rebind the draft to the target's "
-                 f"tensor: {decision.reason}")
-    else:
-        fixes = (base,)
+    if not decision.share:
         details.append(f"auto-share would not help: {decision.reason}")
+    fixes = derive.mapping_fixes(pair, context, decision, never)
     return [_finding(
         "DSV4G004", CODES["DSV4G004"].title, "full_to_swa_index_mapping",
         observations=observations, details=tuple(details), fixes=fixes,
@@ -289,8 +290,8 @@ def sglang_dsv4_guard_check_state(pair: StatePair, context: StateContext) -> lis
     """SGLang's DSV4 target/draft checks, every one of them, in SGLang's order."""
     if not pair.block_runs:
         return []
-    findings = _check_ratios(pair)
-    unified_findings, comparable = _check_unified(pair)
+    findings = _check_ratios(pair, context)
+    unified_findings, comparable = _check_unified(pair, context)
     findings += unified_findings
     if not comparable:
         return findings

@@ -20,6 +20,7 @@ from typing import Any
 from sglang_dsv4_guard.findings import short_repr
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
+from sglang_dsv4_guard.state import provenance
 from sglang_dsv4_guard.state.cuda_graphs import CudaGraphs, read_cuda_graphs
 from sglang_dsv4_guard.state.tensors import (
     MappingComparison,
@@ -102,6 +103,9 @@ class PoolSnapshot:
     is_dsv4: bool
     attrs: Mapping[str, object]
     mapping: TensorInfo
+    #: Where this pool's current mapping was registered, when the guard saw the
+    #: ``register_mapping`` call (:mod:`~sglang_dsv4_guard.state.provenance`); else ``None``.
+    registered_by: str | None = None
 
     def get(self, name: str) -> object:
         """The value read for ``name``: :data:`MISSING` when the pool lacks it."""
@@ -141,7 +145,8 @@ class StateContext:
     ``caller`` is the module that called SGLang's function (prefill or decode
     bootstrap queue), ``role`` its side (``prefill``, ``decode`` or ``unknown``; part of
     the report's context, so the two sides' reports never share a fingerprint),
-    ``environ`` the environment variables that decide pool values.
+    ``environ`` the environment variables that decide pool values, ``location`` the
+    calling line (``file:line``) when the wrapper saw it (a fix naming the call quotes it).
     """
 
     profile: HostProfile
@@ -150,6 +155,7 @@ class StateContext:
     mode: str = "on"
     autoshare: bool = False
     environ: Mapping[str, str] = field(default_factory=dict)
+    location: str = ""
 
     def __post_init__(self) -> None:
         # Read-only for every plug-in that receives this context after another.
@@ -229,7 +235,13 @@ def snapshot_pool(pool: object, role: str, dsv4_class: type | None) -> PoolSnaps
         is_dsv4=is_dsv4,
         attrs=attrs,
         mapping=tensor_info(pool) if is_dsv4 else TensorInfo("none"),
+        registered_by=_registered_by(pool) if is_dsv4 else None,
     )
+
+
+def _registered_by(pool: object) -> str | None:
+    current = read_attr(pool, targets.MAPPING_ATTR)
+    return None if current is MISSING else provenance.registered_by(pool, current)
 
 
 def _dsv4_class() -> type | None:

@@ -28,7 +28,7 @@ from typing import Any
 from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
-from sglang_dsv4_guard.fixes import Fix
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import CALLERS, SCHEDULER_MODULE
 from sglang_dsv4_guard.plugins import is_builtin, plugin_failure
 from sglang_dsv4_guard.reporter import Delivery
@@ -40,6 +40,7 @@ from sglang_dsv4_guard.state.snapshot import (
     snapshot_pair,
 )
 from sglang_dsv4_guard.wrapping import (
+    HOOK_LAYERS,
     calling_frame,
     carried_text,
     handler_prints_traceback,
@@ -63,6 +64,7 @@ class CallSite:
 
     module: str
     in_scheduler: bool = False
+    location: str = ""  # "file:line" of the call, when seen
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def prepare_pair(rt: Runtime, target: object, draft: object,
         mode=rt.settings.mode.value.value,
         autoshare=rt.settings.autoshare.value,
         environ={k: os.environ[k] for k in _ENV_KEYS if k in os.environ},
+        location=who.location,
     )
     pair = snapshot_pair(target, draft, rt.profile.npu_gate)
     if not pair.block_runs:
@@ -146,15 +149,21 @@ def _prepare(rt: Runtime, sig: inspect.Signature, caller: CallSite,
     return prepare_pair(rt, bound.arguments.get("token_to_kv_pool"), draft, caller)
 
 
-def _discrepancy(predicted: str | None, actual: str | None) -> Finding:
+def _discrepancy(predicted: str | None, actual: str | None, role: str) -> Finding:
+    server = role if role in ("prefill", "decode") else "this server"
     return Finding(
         code="DSV4G099", severity=Severity.WARNING,
         summary="the guard's prediction differs from SGLang's verdict; SGLang's stands",
         subject="guard self-check",
         details=(f"SGLang: {actual or 'accepted the pools'}",
                  f"guard predicted: {predicted or 'acceptance'}"),
-        fixes=(Fix.advice("please report this with the JSON report "
-                            "(SGLANG_DSV4_GUARD_LOG_FORMAT=json)"),),
+        fixes=(Fix(FixKind.FLAGS, "report it with the JSON report: SGLang's verdict and the "
+                   "guard's prediction above are what differs", field="guard self-check",
+                   inputs=("the guard's snapshot of the pools, before SGLang's call",),
+                   edits=(Edit(server, "SGLANG_DSV4_GUARD_LOG_FORMAT", "json", env=True),)),
+               Fix(FixKind.FLAGS, "or turn the guard off for this server; SGLang's verdict "
+                   "does not change", field="guard self-check",
+                   edits=(Edit(server, "SGLANG_DSV4_GUARD", "0", env=True),))),
         docs=docs_url("DSV4G099"),
     )
 
@@ -170,7 +179,7 @@ def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
                                     if is_builtin(f.origin)])
     mirrored = sglang_own and host_line is not None and host_line.startswith("DSV4 ")
     if (mirrored or host_line is None) and predicted != host_line and prep.pair.predictable:
-        findings.append(_discrepancy(predicted, host_line))
+        findings.append(_discrepancy(predicted, host_line, prep.context.role))
     return Report.of(findings, prep.context.describe(), host_error=host_line), mirrored
 
 
@@ -229,7 +238,13 @@ def _caller(frame: FrameType | None) -> CallSite:
     found = calling_frame(frame)
     if found is None:
         return CallSite("?")
-    return CallSite(str(found.f_globals.get("__name__", "?")), handler_prints_traceback(found))
+    direct = frame  # the line that made the call: the first frame past the hook layers
+    while direct is not None and str(direct.f_globals.get("__name__", "")).startswith(
+            HOOK_LAYERS):
+        direct = direct.f_back
+    at = direct or found
+    return CallSite(str(found.f_globals.get("__name__", "?")), handler_prints_traceback(found),
+                    f"{at.f_code.co_filename}:{at.f_lineno}")
 
 
 def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

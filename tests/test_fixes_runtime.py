@@ -1,0 +1,301 @@
+"""Runtime fixes are derived from what differs: per field, on the installed release, with
+the callers and registrations the guard saw. Real-constructor pools (``build_pair``) and
+SGLang's real ``setup_state_kv_args`` under the installed guard; assertions on fix data."""
+
+from __future__ import annotations
+
+import unittest
+from pathlib import Path
+from typing import Any
+
+import sglang.srt.disaggregation.utils as utils
+from helpers import GuardTestCase, checks_request_rows, guard_logs_off, outcome
+from hypothesis import given
+from sglang.test.ci.ci_register import register_cpu_ci
+from test_parity_property import pairs
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import accepts
+from sglang_dsv4_guard.mori.snapshot import SendSnapshot
+from sglang_dsv4_guard.state.fixes import edits
+from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_transfer, new_kv_args, record
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+
+def _finding(err: Any, code: str) -> Any:
+    assert isinstance(err, DSV4GuardError), f"expected DSV4GuardError, got {err!r}"
+    return next(f for f in err.findings if f.code == code)
+
+
+class TestOneFieldOneFix(GuardTestCase):
+    """A DSV4G005 report where only one field differs names only that field."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def fixes_for(self, target: PoolSpec, draft: PoolSpec) -> tuple[Fix, ...]:
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *build_pair(target, draft))
+        return tuple(_finding(err, "DSV4G005").fixes)
+
+    def test_page_size_only(self) -> None:
+        """Only the page size differs: one no-flag fix for page_size, never --page-size."""
+        fixes = self.fixes_for(PoolSpec(), PoolSpec(page_size=64))
+        self.assertEqual({f.field for f in fixes}, {"page_size"})
+        self.assertEqual([f.kind for f in fixes], [FixKind.NO_FLAG_FIX])
+        self.assertFalse([e for f in fixes for e in f.edits if e.name == "--page-size"])
+
+    def test_sliding_window_only(self) -> None:
+        """Only the window differs: fixes for sliding_window, naming the model configs."""
+        fixes = self.fixes_for(PoolSpec(), PoolSpec(sliding_window=64))
+        self.assertEqual({f.field for f in fixes}, {"sliding_window"})
+        self.assertTrue(all("sliding_window" in " ".join(f.inputs) for f in fixes))
+
+    def test_request_rows_only(self) -> None:
+        """0.5.23, only the request rows differ (131 vs 256): the rounding, and a derived
+        draft-token count (128: 128 + 128 = 256), set as EAGLE (steps + 1) and DSpark (block
+        size + 1) resolve it, under the release's own flag names."""
+        pair = PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256)
+        if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
+            with guard_logs_off():
+                self.assertEqual(outcome(utils.setup_state_kv_args, *build_pair(*pair))[0], "ok")
+            return
+        fixes = self.fixes_for(*pair)
+        self.assertEqual({f.field for f in fixes}, {"request rows"})
+        self.assertIn(FixKind.NO_FLAG_FIX, [f.kind for f in fixes])
+        edits = {(e.name, e.value) for f in fixes for e in f.edits}
+        self.assertEqual(edits, {("--speculative-num-draft-tokens", "128"),
+                                 ("--speculative-num-steps", "127"),
+                                 ("--speculative-dspark-block-size", "127")})
+        self.assertTrue(any("get_draft_swa_ring_size" in i for f in fixes for i in f.inputs))
+
+
+class TestRequestRowsSource(GuardTestCase):
+    """0.5.23: the draft's request-rows from: line names the rounding to the SWA page."""
+
+    def test_draft_source_names_the_rounding(self) -> None:
+        """The draft's swa_req_ring_size source cites get_draft_swa_ring_size; the
+        target's does not (its window is not rounded)."""
+        self.install_guard("on", load_entry_points=False)
+        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256))
+        if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
+            with guard_logs_off():
+                self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
+            return
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *pair)
+        finding = _finding(err, "DSV4G005")
+        sources = {(o.role, o.name): o.source for o in finding.observations}
+        self.assertIn("get_draft_swa_ring_size", sources[("draft pool", "swa_req_ring_size")])
+        self.assertNotIn("get_draft_swa_ring_size",
+                         sources[("target pool", "request_window.capacity")])
+
+
+class TestUnifiedFixes(GuardTestCase):
+    """Unified mode: DSV4G002 says where the mode comes from; DSV4G003 one field each."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def fixes_for(self, code: str, target: PoolSpec, draft: PoolSpec) -> tuple[Fix, ...]:
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *build_pair(target, draft))
+        return tuple(_finding(err, code).fixes)
+
+    def test_mode_differs(self) -> None:
+        """DSV4G002: a code-path fix on _unified_kv naming the variable, no flag edit."""
+        fixes = self.fixes_for("DSV4G002", PoolSpec(unified=True), PoolSpec())
+        self.assertEqual([(f.kind, f.field) for f in fixes], [(FixKind.CODE, "_unified_kv")])
+        self.assertIn("SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton", fixes[0].inputs)
+
+    def test_each_ring_field_alone(self) -> None:
+        """DSV4G003: window, ring size or pages differing alone gives that field only."""
+        for ring, field in (((64, 130, 2), "window"), ((128, 131, 2), "ring size"),
+                            ((128, 130, 3), "pages")):
+            with self.subTest(field=field):
+                fixes = self.fixes_for("DSV4G003", PoolSpec(unified=True),
+                                       PoolSpec(unified=True, ring=ring))
+                self.assertEqual({f.field for f in fixes}, {field})
+
+
+class TestMoriFixes(GuardTestCase):
+    """DSV4G006: --tp-size edits per server from the snapshot's TP layout."""
+
+    def test_edits_make_attention_tp_equal(self) -> None:
+        """Prefill tp 8 / dp 2 with DP attention (attention TP 4), decode attention TP 2:
+        the decode gets --tp-size 4, or the prefill --tp-size 4 (2 x dp 2)."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                            decode_tp_size=2, tp_size=8, dp_size=2, enable_dp_attention=True)
+        report = check_transfer(snap)
+        fixes = report.findings[0].fixes
+        self.assertEqual([(e.server, e.name, e.value) for f in fixes for e in f.edits],
+                         [("decode", "--tp-size", "4"), ("prefill", "--tp-size", "4")])
+        self.assertTrue(all(f.kind is FixKind.FLAGS for f in fixes))
+
+
+def _published_server_args() -> None:
+    """Publish SGLang's own resolved ServerArgs for a speculative DeepSeek-V4 launch, as a
+    scheduler does (SGLang's parser, ``from_cli_args`` and its scheduler publish shim)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    data = Path(__file__).parent / "data" / "deepseek_v4"
+    args = parser.parse_args(["--model-path", str(data), "--device", "cpu",
+                              "--speculative-algorithm", "EAGLE", "--speculative-num-steps",
+                              "2", "--speculative-num-draft-tokens", "3",
+                              "--speculative-eagle-topk", "1"])
+    set_global_server_args_for_scheduler(ServerArgs.from_cli_args(args))
+
+
+def _as_decode(*args: Any) -> Any:
+    """Call the installed setup_state_kv_args from a frame of SGLang's decode module (the
+    bootstrap queue's module, whose role CALLERS gives), as its DecodePreallocQueue does."""
+    namespace: dict[str, Any] = {"__name__": "sglang.srt.disaggregation.decode",
+                                 "fn": utils.setup_state_kv_args}
+    exec("def call(*args):\n    return fn(*args)\n", namespace)
+    return namespace["call"](new_kv_args(), *args)
+
+
+class TestServerArgsQuoted(GuardTestCase):
+    """A fix whose input is a flag quotes this server's published value, by its role."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        from sglang.srt.runtime_context import reset_context
+
+        self.addCleanup(reset_context)
+        with guard_logs_off():
+            _published_server_args()
+        self.install_guard("on", load_entry_points=False)
+
+    def errors(self, *pair: Any) -> DSV4GuardError:
+        with guard_logs_off():
+            try:
+                _as_decode(*pair)
+            except DSV4GuardError as exc:
+                return exc
+        raise AssertionError("SGLang accepted the pair")
+
+    def test_speculative_algorithm_quoted(self) -> None:
+        """DSV4G001's workaround says what this decode server runs."""
+        err = self.errors(*build_pair(draft=PoolSpec(compression_ratios=(4,))))
+        texts = [f.text for f in _finding(err, "DSV4G001").fixes if f.kind is FixKind.FLAGS]
+        self.assertTrue(any("this decode server runs --speculative-algorithm EAGLE" in t
+                            for t in texts), texts)
+
+    def test_request_rows_for_the_running_algorithm(self) -> None:
+        """0.5.23: with EAGLE published, only EAGLE's edits, quoting 3 draft tokens."""
+        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256))
+        if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
+            with guard_logs_off():
+                self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
+            return
+        flags = [f for f in _finding(self.errors(*pair), "DSV4G005").fixes if f.edits]
+        self.assertEqual([(e.server, e.name) for f in flags for e in f.edits],
+                         [("decode", "--speculative-num-steps"),
+                          ("decode", "--speculative-num-draft-tokens")])
+        self.assertIn("this decode server runs --speculative-num-draft-tokens 3", flags[0].text)
+
+
+class TestCodePaths(GuardTestCase):
+    """Code paths named: swapped pools with their caller; registrations observed."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def test_swapped_pools_named_with_caller(self) -> None:
+        """setup_state_kv_args(kv, draft, target): a 'pool order' fix quoting this line."""
+        target, draft = build_pair(PoolSpec(compression_ratios=(4, 128, 0)), PoolSpec())
+        with guard_logs_off():
+            try:
+                utils.setup_state_kv_args(new_kv_args(), draft, target)
+            except DSV4GuardError as exc:
+                err = exc
+        fixes = _finding(err, "DSV4G001").fixes
+        self.assertEqual(fixes[0].field, "pool order")
+        self.assertEqual(fixes[0].kind, FixKind.CODE)
+        self.assertIn("test_fixes_runtime.py:", fixes[0].text)
+
+    def test_unswapped_pools_get_no_order_fix(self) -> None:
+        """A compressed draft with a compressed target is not called swapped."""
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *build_pair(
+                PoolSpec(compression_ratios=(4, 128, 0)), PoolSpec(compression_ratios=(4,))))
+        self.assertNotIn("pool order", [f.field for f in _finding(err, "DSV4G001").fixes])
+
+    def test_registration_observed(self) -> None:
+        """Pools built after install: each mapping's source is the registering line."""
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *build_pair(mapping="different"))
+        sources = [o.source for o in _finding(err, "DSV4G004").observations]
+        self.assertTrue(all(s.startswith("registered by ") and "samples.py:" in s
+                            for s in sources), sources)
+
+    def test_registration_not_seen(self) -> None:
+        """Pools built before install: 'not seen registered', and what usually does."""
+        sglang_dsv4_guard.uninstall()
+        pair = build_pair(mapping="different")
+        self.install_guard("on", load_entry_points=False)
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *pair)
+        sources = [o.source for o in _finding(err, "DSV4G004").observations]
+        self.assertTrue(all(s.startswith("not seen registered") and "usually" in s
+                            for s in sources), sources)
+
+    def test_no_autoshare_without_a_tensor(self) -> None:
+        """Neither pool has a mapping: the warning offers no auto-share variable."""
+        recorder = record()
+        with guard_logs_off():
+            utils.setup_state_kv_args(new_kv_args(), *build_pair(mapping="none",
+                                                                 target_mapping="none"))
+        found = [f for r in recorder.reports for f in r.findings if f.code == "DSV4G004"]
+        self.assertTrue(found)
+        self.assertFalse([e for f in found for fix in f.fixes for e in fix.edits if e.env])
+        self.assertFalse([fix for f in found for fix in f.fixes if "AUTOSHARE" in fix.text])
+
+
+class TestEditFilter(GuardTestCase):
+    """An edit naming a flag the release's parser lacks is dropped, with a debug line."""
+
+    def test_unknown_flag_dropped(self) -> None:
+        """--no-such-flag is dropped, --tp-size and a variable are kept."""
+        keep = (Edit("decode", "--tp-size", "4"), Edit("decode", "SOME_VAR", "1", env=True))
+        with self.assertLogs("sglang_dsv4_guard", "DEBUG") as logs:
+            kept = edits(Edit("decode", "--no-such-flag", "1"), *keep)
+        self.assertEqual(kept, keep)
+        self.assertTrue(any("--no-such-flag" in line for line in logs.output))
+
+
+class TestFlagsAccepted(GuardTestCase):
+    """Every flag any runtime fix names is one the release's parser accepts; no NEXTN."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+        self.recorder = record()
+
+    @given(pair=pairs())
+    def test_every_flag_accepted(self, pair: tuple[Any, Any]) -> None:
+        """On every drawn pair, each edit's flag is accepted and no fix mentions NEXTN."""
+        self.recorder.reports.clear()
+        with guard_logs_off():
+            outcome(utils.setup_state_kv_args, *pair)
+        for report in self.recorder.reports:
+            for finding in report.findings:
+                for fix in finding.fixes:
+                    self.assertNotIn("NEXTN", fix.text.replace("COMPRESS_RATIO_NEXTN", ""))
+                    for edit in fix.edits:
+                        self.assertTrue(edit.env or accepts(edit.name), edit)
+
+
+if __name__ == "__main__":
+    unittest.main()
