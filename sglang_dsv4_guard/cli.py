@@ -196,8 +196,9 @@ def _explain(args: argparse.Namespace) -> int:
     if info.sglang_message:
         print(f"SGLang's message: {info.sglang_message}")
     print(f"\n{info.meaning}\n")
-    for fix in info.remedies:
-        print(f"fix: {fix}")
+    # A report's fixes are derived from what differs; explain says how, per code.
+    for remedy in info.remedies:
+        print(f"how the fix is derived: {remedy}")
     return 0
 
 
