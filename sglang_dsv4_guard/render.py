@@ -27,13 +27,22 @@ def _plural(n: int, word: str) -> str:
 
 
 def _fix_lines(fixes: tuple[Fix, ...]) -> list[str]:
-    """``fix:`` per fix (``proven by check`` / ``not proven`` when check tried it), then
-    its edits one per line; the first :data:`LIST_CAP` fixes and a count of the rest."""
+    """``fix:`` per fix, ``or fix:`` for another fix of the same field (an alternative),
+    the field named when the fixes address several, ``(proven by check)`` / ``(check: did
+    not fix it)`` when check tried it; then its edits one per line. The first
+    :data:`LIST_CAP` fixes and a count of the rest."""
     lines: list[str] = []
+    several = len({fix.field for fix in fixes}) > 1
+    seen: set[str] = set()
     for fix in fixes[:LIST_CAP]:
+        alternative = fix.field in seen and not fix.text.startswith("or ")
+        seen.add(fix.field)
+        label = "or fix" if alternative else "fix"
+        if several and fix.field:
+            label += f" [{fix.field}]"
         mark = ("" if fix.proven is None
                 else " (proven by check)" if fix.proven else " (check: did not fix it)")
-        lines.append(f"    fix{mark}: {cut_text(fix.text)}")
+        lines.append(f"    {label}{mark}: {cut_text(fix.text)}")
         lines += [f"         {cut_text(edit.describe())}" for edit in fix.edits[:LIST_CAP]]
     if len(fixes) > LIST_CAP:
         lines.append(f"    ... +{len(fixes) - LIST_CAP} more fixes ({len(fixes)} in all)")
