@@ -36,7 +36,7 @@ class TestWrappedRegisterMapping(GuardTestCase):
         def other_plugins_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             return observed(self, *args, **kwargs)
 
-        DeepSeekV4TokenToKVPool.register_mapping = other_plugins_wrapper  # type: ignore[method-assign]
+        DeepSeekV4TokenToKVPool.register_mapping = other_plugins_wrapper
         self.addCleanup(setattr, DeepSeekV4TokenToKVPool, "register_mapping", observed)
         with guard_logs_off():
             _, err = outcome(utils.setup_state_kv_args, *build_pair(mapping="clone"))
