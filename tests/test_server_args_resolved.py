@@ -36,6 +36,15 @@ def _publish(*extra: str) -> None:
     set_global_server_args_for_scheduler(ServerArgs.from_cli_args(args))
 
 
+def _resolved_page_size() -> int:
+    """The page size SGLang resolved for the published launch: its schedule bag where the
+    release has one (0.5.23), else the published ServerArgs (resolved in place before)."""
+    import sglang.srt.runtime_context as context
+
+    bag = getattr(context, "get_schedule", None)
+    return int(bag().page_size if bag is not None else context.get_server_args().page_size)
+
+
 class TestQuotedServerValues(GuardTestCase):
     """The "(this server runs ...)" part of a runtime fix."""
 
@@ -58,9 +67,7 @@ class TestQuotedServerValues(GuardTestCase):
         resolution): the page-size fix never says it runs --page-size 128."""
         with guard_logs_off():
             _publish("--page-size", "128")
-        from sglang.srt.runtime_context import get_schedule
-
-        self.assertEqual(get_schedule().page_size, 256)  # the premise: SGLang resolved 256
+        self.assertEqual(_resolved_page_size(), 256)  # the premise: SGLang resolved 256
         texts = self.fix_texts(PoolSpec(), PoolSpec(page_size=64), "page_size")
         self.assertTrue(texts)
         self.assertFalse([t for t in texts if "--page-size 128" in t], texts)
