@@ -46,6 +46,33 @@ class TestWrappedRegisterMapping(GuardTestCase):
         self.assertNotIn("other_plugins_wrapper", source)
         self.assertIn("build_pair", source)
 
+    def test_reinstall_under_a_wrapper_names_the_registrar(self) -> None:
+        """Guard, another plug-in's wrapper, uninstall (which leaves that wrapper, and ours
+        inside it, in place), install again: the observer now sits in the chain twice, and
+        the from: line still names build_pair, never the wrapper between the two."""
+        import sglang_dsv4_guard
+        from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+
+        stock = DeepSeekV4TokenToKVPool.register_mapping
+        self.addCleanup(setattr, DeepSeekV4TokenToKVPool, "register_mapping", stock)
+        self.install_guard("on", load_entry_points=False)
+        observed = DeepSeekV4TokenToKVPool.register_mapping
+
+        @functools.wraps(observed)
+        def other_plugins_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return observed(self, *args, **kwargs)
+
+        DeepSeekV4TokenToKVPool.register_mapping = other_plugins_wrapper
+        sglang_dsv4_guard.uninstall()
+        self.install_guard("on", load_entry_points=False)
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, *build_pair(mapping="clone"))
+        self.assertIsInstance(err, DSV4GuardError)
+        finding: Any = next(f for f in err.findings if f.code == "DSV4G004")
+        [source] = [o.source for o in finding.observations if o.role == "draft pool"]
+        self.assertNotIn("other_plugins_wrapper", source)
+        self.assertIn("build_pair", source)
+
 
 if __name__ == "__main__":
     unittest.main()
