@@ -4,18 +4,28 @@
 name a flag only if this table has it (:func:`accepts`); ``check --fix`` edits a line
 with the arity and choices it gives (:func:`flag`). The table is built once per
 process, on first use (a failure path or a ``check`` run, never at import).
+
+The table is an aid to the fixes, never to the checks: when it cannot be built (the
+release's ``add_cli_args`` raising in this process), :func:`accepts` and
+:func:`flag_for_field` answer "no such flag" with one debug line, so only the flag edits
+are lost and every finding is still reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sglang_dsv4_guard.host.targets import SERVER_ARGS_MODULE
+from sglang_dsv4_guard.log import LOGGER_NAME
 
 __all__ = ["Flag", "accepts", "flag", "flag_for_field", "flag_table"]
+
+logger = logging.getLogger(LOGGER_NAME)
+_NOTED: list[bool] = []  # the table's failure was logged (once per process)
 
 
 @dataclass(frozen=True)
@@ -64,14 +74,28 @@ def flag(option: str) -> Flag | None:
     return flag_table().get(option)
 
 
+def _table_or_empty() -> Mapping[str, Flag]:
+    """The flag table, or an empty one (with a debug line) when it cannot be built."""
+    try:
+        return flag_table()
+    except Exception as exc:  # SGLang's add_cli_args raising: no flag is vetted, none named
+        if not _NOTED:
+            _NOTED.append(True)
+            logger.debug("sglang-dsv4-guard: the release's flag table could not be built "
+                         "(ServerArgs.add_cli_args: %s: %s); fixes name no flag",
+                         type(exc).__name__, exc)
+        return {}
+
+
 def accepts(option: str) -> bool:
-    """Whether the installed release's parser has ``option``."""
-    return option in flag_table()
+    """Whether the installed release's parser has ``option`` (``False`` without a table)."""
+    return option in _table_or_empty()
 
 
 def flag_for_field(field: str) -> Flag | None:
-    """The flag that sets ServerArgs field ``field`` in the installed release, or ``None``."""
-    for found in flag_table().values():
+    """The flag that sets ServerArgs field ``field`` in the installed release, or ``None``
+    (also without a table)."""
+    for found in _table_or_empty().values():
         if found.field == field:
             return found
     return None
