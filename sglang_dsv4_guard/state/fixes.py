@@ -305,7 +305,14 @@ def mapping_fixes(pair: StatePair, context: StateContext, decision: ShareDecisio
     """DSV4G004: register the target's tensor on the draft; auto-share only when it would."""
     inputs = (f"the target allocator's full_to_swa_index_mapping, registered on the draft "
               f"by {_CONFIGURATOR}",)
-    if pair.target.mapping.kind != "tensor":
+    if pair.target.mapping.kind != "tensor" and pair.draft.mapping.kind == "tensor":
+        where = pair.draft.registered_by
+        text = ("the target pool holds no mapping tensor, the draft pool does"
+                + (f" (registered by {where})" if where else "") + ": register the target "
+                "allocator's full_to_swa_index_mapping on the target pool "
+                "(SWATokenToKVPoolAllocator does) and hand the draft worker that allocator, "
+                "so the same tensor is registered on both pools")
+    elif pair.target.mapping.kind != "tensor":
         text = ("no pool holds a mapping tensor: register the target allocator's "
                 "full_to_swa_index_mapping on the target pool (SWATokenToKVPoolAllocator "
                 "does) and the same tensor on the draft pool; there is no tensor to share")
