@@ -102,8 +102,10 @@ CODES: dict[str, CodeInfo] = {
             (
                 "derived per differing field: page size (resolved by SGLang for DeepSeek-V4: no "
                 "flag), sliding window (each model's config.json), request rows from 0.5.23 "
-                "(window + draft tokens vs that rounded up to the SWA page; a draft-token count "
-                "that makes them equal when the rounding is the only difference)",
+                "(no flag: SGLang rounds both the target's request window and the draft's SWA "
+                "ring, sliding_window + draft tokens, up to whole SWA pages from one server's "
+                "arguments, so a difference means pools of two servers, a plug-in or a custom "
+                "runner)",
             ),
         ),
         CodeInfo(

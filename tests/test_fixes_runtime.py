@@ -56,32 +56,31 @@ class TestOneFieldOneFix(GuardTestCase):
         self.assertTrue(all("sliding_window" in " ".join(f.inputs) for f in fixes))
 
     def test_request_rows_only(self) -> None:
-        """0.5.23, only the request rows differ (131 vs 256): the rounding, and a derived
-        draft-token count (128: 128 + 128 = 256), set as EAGLE (steps + 1) and DSpark (block
-        size + 1) resolve it, under the release's own flag names."""
-        pair = PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256)
+        """0.5.23, only the request rows differ (a target of one server's D, 256, a draft
+        ring of another's, 512): one code-path fix for the request rows, no flag edit, its
+        inputs naming the draft-token count, encoder replay and the rounding."""
+        pair = PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=512)
         if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
             with guard_logs_off():
                 self.assertEqual(outcome(utils.setup_state_kv_args, *build_pair(*pair))[0], "ok")
             return
         fixes = self.fixes_for(*pair)
-        self.assertEqual({f.field for f in fixes}, {"request rows"})
-        self.assertIn(FixKind.NO_FLAG_FIX, [f.kind for f in fixes])
-        edits = {(e.name, e.value) for f in fixes for e in f.edits}
-        self.assertEqual(edits, {("--speculative-num-draft-tokens", "128"),
-                                 ("--speculative-num-steps", "127"),
-                                 ("--speculative-dspark-block-size", "127")})
-        self.assertTrue(any("get_draft_swa_ring_size" in i for f in fixes for i in f.inputs))
+        self.assertEqual([(f.field, f.kind) for f in fixes], [("request rows", FixKind.CODE)])
+        self.assertEqual([e for f in fixes for e in f.edits], [])
+        inputs = " ".join(fixes[0].inputs)
+        for word in ("draft-token count", "encoder replay", "RequestWindow",
+                     "get_draft_swa_ring_size"):
+            self.assertIn(word, inputs)
 
 
 class TestRequestRowsSource(GuardTestCase):
     """0.5.23: the draft's request-rows from: line names the rounding to the SWA page."""
 
     def test_draft_source_names_the_rounding(self) -> None:
-        """The draft's swa_req_ring_size source cites get_draft_swa_ring_size; the
-        target's does not (its window is not rounded)."""
+        """The draft's swa_req_ring_size source cites get_draft_swa_ring_size, the
+        target's request_window.capacity source SGLang's RequestWindow rounding."""
         self.install_guard("on", load_entry_points=False)
-        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256))
+        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=512))
         if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
             with guard_logs_off():
                 self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
@@ -91,8 +90,7 @@ class TestRequestRowsSource(GuardTestCase):
         finding = _finding(err, "DSV4G005")
         sources = {(o.role, o.name): o.source for o in finding.observations}
         self.assertIn("get_draft_swa_ring_size", sources[("draft pool", "swa_req_ring_size")])
-        self.assertNotIn("get_draft_swa_ring_size",
-                         sources[("target pool", "request_window.capacity")])
+        self.assertIn("RequestWindow", sources[("target pool", "request_window.capacity")])
 
 
 class TestUnifiedFixes(GuardTestCase):
@@ -192,17 +190,20 @@ class TestServerArgsQuoted(GuardTestCase):
                             for t in texts), texts)
 
     def test_request_rows_for_the_running_algorithm(self) -> None:
-        """0.5.23: with EAGLE published, only EAGLE's edits, quoting 3 draft tokens."""
-        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256))
+        """0.5.23, EAGLE published, a target window left unrounded (131, as a plug-in's
+        might be) against the draft ring of the same D (256): the request-rows fix carries
+        no edit and names no speculative algorithm (encoder replay runs DSpark only)."""
+        pair = build_pair(PoolSpec(request_capacity=256), PoolSpec(swa_req_ring_size=256))
+        pair[0].request_window.capacity = 131  # not SGLang's rounding
         if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
             with guard_logs_off():
                 self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
             return
-        flags = [f for f in _finding(self.errors(*pair), "DSV4G005").fixes if f.edits]
-        self.assertEqual([(e.server, e.name) for f in flags for e in f.edits],
-                         [("decode", "--speculative-num-steps"),
-                          ("decode", "--speculative-num-draft-tokens")])
-        self.assertIn("this decode server runs --speculative-num-draft-tokens 3", flags[0].text)
+        fixes = [f for f in _finding(self.errors(*pair), "DSV4G005").fixes
+                 if f.field == "request rows"]
+        self.assertTrue(fixes)
+        self.assertEqual([e for f in fixes for e in f.edits], [])
+        self.assertFalse([f.text for f in fixes if "EAGLE" in f.text], fixes)
 
 
 class TestCodePaths(GuardTestCase):

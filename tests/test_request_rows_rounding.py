@@ -42,14 +42,30 @@ class TestRequestRowsRounding(GuardTestCase):
         self.install_guard("on", load_entry_points=False)
 
     def request_rows_finding(self) -> Any:
-        """DSV4G005 for a target window of sliding_window + D rows, unrounded (131), and
-        the draft ring SGLang computes for the same D (256)."""
-        pair = build_pair(PoolSpec(request_capacity=_WINDOW + _DRAFT_TOKENS),
-                          PoolSpec(swa_req_ring_size=_PAGE))
+        """DSV4G005 for a target window of sliding_window + D rows left unrounded (131, as
+        a plug-in building its own window might) and the draft ring SGLang computes for
+        the same D (256)."""
+        target, draft = build_pair(PoolSpec(request_capacity=_PAGE),
+                                   PoolSpec(swa_req_ring_size=_PAGE))
+        target.request_window.capacity = _WINDOW + _DRAFT_TOKENS  # not SGLang's rounding
         with guard_logs_off():
-            _, err = outcome(utils.setup_state_kv_args, *pair)
+            _, err = outcome(utils.setup_state_kv_args, target, draft)
         self.assertIsInstance(err, DSV4GuardError)
         return next(f for f in err.findings if f.code == "DSV4G005")
+
+    def test_one_servers_pools_agree(self) -> None:
+        """A window asked for sliding_window + D rows and the draft ring SGLang's
+        get_draft_swa_ring_size gives for the same D are equal once the window rounds as
+        SGLang's RequestWindow does: SGLang accepts the pair and the guard reports nothing."""
+        if not checks_request_rows():  # before 0.5.23 SGLang compares no request rows
+            return
+        pool = importlib.import_module("sglang.srt.mem_cache.deepseek_v4_memory_pool")
+        ring = pool.get_draft_swa_ring_size(_WINDOW, _DRAFT_TOKENS, _PAGE)
+        self.assertEqual(_sglang_window_capacity(), ring)  # the premise, on SGLang's code
+        pair = build_pair(PoolSpec(request_capacity=_WINDOW + _DRAFT_TOKENS),
+                          PoolSpec(swa_req_ring_size=ring))
+        with guard_logs_off():
+            self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
 
     def test_no_draft_token_edit_for_a_window_sglang_rounds(self) -> None:
         """SGLang's RequestWindow rounds sliding_window + D up to whole SWA pages (131 ->
