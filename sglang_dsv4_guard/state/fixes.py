@@ -56,9 +56,14 @@ def _runs(context: StateContext, field: str) -> str:
     """``" (this decode server runs --x 3)"`` when SGLang published this server's args."""
     found = flags.flag_for_field(field)
     value = server_value(field)
-    if found is None or value is None:
+    if found is None or value is None or value is False:  # unset or off: nothing it runs
         return ""
-    shown = found.option if value is True else f"{found.option} {value}"
+    if value is True or not found.takes_value:
+        if value is not True:
+            return ""
+        shown = found.option
+    else:
+        shown = f"{found.option} {getattr(value, 'name', value)}"
     role = server_of(context)
     return f" ({role if role == 'this server' else f'this {role} server'} runs {shown})"
 
