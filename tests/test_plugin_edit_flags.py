@@ -39,6 +39,15 @@ class TestPluginEditFlags(GuardTestCase):
                 if e.name == "--enable-foo" and not e.remove]
         self.assertEqual(sets, [])
 
+    def test_truthy_remove_refused_naming_the_field(self) -> None:
+        """remove=1 (not an exact bool): the finding is refused as DSV4G090, whose detail
+        names the field, what it held and what is accepted."""
+        with guard_logs_off():
+            report = check_pools(*build_pair(), _RemovesAFlag())
+        details = [d for f in report.findings if f.code == "DSV4G090" for d in f.details]
+        self.assertTrue([d for d in details if "fixes[0].edits[0].remove must be True or False "
+                         "(got int 1)" in d], details)
+
 
 if __name__ == "__main__":
     unittest.main()

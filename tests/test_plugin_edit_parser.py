@@ -30,6 +30,17 @@ class _SuggestsABogusFlag:
                                    edits=(Edit("decode", _BOGUS, "1"),)),))]
 
 
+class _SetsASwitchToAValue:
+    """A plug-in with a fix giving a switch a value, and a free-text fix."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_state(self, pair: Any, context: Any) -> list[Finding]:
+        edit = Edit("decode", "--enable-dp-attention", "yes")
+        return [Finding(code="ACME005", severity=Severity.WARNING, summary="s", subject="x",
+                        fixes=(Fix(FixKind.FLAGS, "set it", edits=(edit,)),
+                               "keep this one"))]
+
+
 class TestPluginEditParser(GuardTestCase):
     """Plug-in flag edits against the release's flag table."""
 
@@ -40,6 +51,15 @@ class TestPluginEditParser(GuardTestCase):
             report = check_pools(*build_pair(), _SuggestsABogusFlag())
         names = [e.name for f in report.findings for fix in f.fixes for e in fix.edits]
         self.assertNotIn(_BOGUS, names)
+
+    def test_refused_value_drops_the_fix_keeps_the_finding(self) -> None:
+        """An edit whose value the release's parser refuses (a value for the store-true
+        --enable-dp-attention): that fix is dropped whole, the plug-in's finding is kept."""
+        self.assertTrue(accepts("--enable-dp-attention"))  # the premise, on SGLang's parser
+        with guard_logs_off():
+            report = check_pools(*build_pair(), _SetsASwitchToAValue())
+        [finding] = [f for f in report.findings if f.code == "ACME005"]
+        self.assertEqual([fix.text for fix in finding.fixes], ["keep this one"])
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ class TestWrappedRegisterMapping(GuardTestCase):
         """Guard, another plug-in's wrapper, uninstall (which leaves that wrapper, and ours
         inside it, in place), install again: the observer now sits in the chain twice, and
         the from: line still names build_pair, never the wrapper between the two."""
-        import sglang_dsv4_guard
         from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+
+        import sglang_dsv4_guard
 
         stock = DeepSeekV4TokenToKVPool.register_mapping
         self.addCleanup(setattr, DeepSeekV4TokenToKVPool, "register_mapping", stock)

@@ -19,10 +19,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sglang_dsv4_guard.fixes import Edit
 from sglang_dsv4_guard.host.targets import SERVER_ARGS_MODULE
 from sglang_dsv4_guard.log import LOGGER_NAME
 
-__all__ = ["Flag", "accepts", "flag", "flag_for_field", "flag_table"]
+__all__ = ["Flag", "accepts", "flag", "flag_for_field", "flag_table", "refusal", "vetted"]
 
 logger = logging.getLogger(LOGGER_NAME)
 _NOTED: list[bool] = []  # the table's failure was logged (once per process)
@@ -99,3 +100,37 @@ def flag_for_field(field: str) -> Flag | None:
         if found.field == field:
             return found
     return None
+
+
+def refusal(edit: Edit) -> str | None:
+    """Why the installed release's parser refuses ``edit``, or ``None`` when it takes it
+    (a variable always passes): an unknown flag, a value for a switch, no value for a
+    flag that takes one, or a value outside the flag's choices."""
+    if edit.env:
+        return None
+    found = _table_or_empty().get(edit.name)
+    if found is None:
+        return f"the installed release's parser has no {edit.name}"
+    if edit.remove:
+        return None
+    if not found.takes_value and edit.value is not None:
+        return f"{edit.name} takes no value (got {edit.value!r})"
+    if found.takes_value and edit.value is None:
+        return f"{edit.name} takes a value (none given)"
+    if found.choices is not None and edit.value is not None and edit.value not in found.choices:
+        return f"{edit.name} accepts {', '.join(found.choices)} (got {edit.value!r})"
+    return None
+
+
+def vetted(*candidates: Edit, origin: str = "fix") -> tuple[Edit, ...]:
+    """``candidates`` the installed release's parser accepts (:func:`refusal`); each one
+    dropped is said in a debug line. Built-in fixes and plug-ins' go through this one."""
+    kept = []
+    for edit in candidates:
+        why = refusal(edit)
+        if why is None:
+            kept.append(edit)
+        else:
+            logger.debug("sglang-dsv4-guard: %s edit %s dropped: %s", origin,
+                         edit.describe(), why)
+    return tuple(kept)

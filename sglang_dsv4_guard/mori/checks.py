@@ -16,8 +16,8 @@ _DECODE_TP = ("the decode server's attention TP size, sent when it registers "
 
 
 def _edits(*candidates: Edit) -> tuple[Edit, ...]:
-    """The edits whose flag the installed release's parser has."""
-    return tuple(e for e in candidates if flags.accepts(e.name))
+    """The edits the installed release's parser accepts (:func:`flags.vetted`)."""
+    return flags.vetted(*candidates)
 
 
 def tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:

@@ -36,15 +36,9 @@ _USUAL_REGISTRAR = {
 
 
 def edits(*candidates: Edit) -> tuple[Edit, ...]:
-    """``candidates`` whose flag the installed release's parser accepts (variables pass)."""
-    kept = []
-    for edit in candidates:
-        if edit.env or flags.accepts(edit.name):
-            kept.append(edit)
-        else:
-            logger.debug("sglang-dsv4-guard: fix edit %s dropped: the installed release's "
-                         "parser has no %s", edit.describe(), edit.name)
-    return tuple(kept)
+    """``candidates`` the installed release's parser accepts (variables pass):
+    :func:`sglang_dsv4_guard.host.flags.vetted`, as for plug-ins' edits."""
+    return flags.vetted(*candidates)
 
 
 def server_of(context: StateContext) -> str:
