@@ -117,9 +117,11 @@ CODES: dict[str, CodeInfo] = {
             "model across different attention-TP sizes. SGLang finds this per request, "
             "in the transfer thread; the guard reports it when the decode peer registers.",
             (
-                "derived: a --tp-size edit for the decode (the prefill's attention TP) or for "
-                "the prefill (the decode's, times --dp-size under --enable-dp-attention); no "
-                "release from 0.5.16 to 0.5.23 transfers the non-MLA 'swa' state across TP",
+                "derived from each server's layout, keeping its GPU count when it can: under "
+                "--enable-dp-attention a --dp-size edit (attention TP = --tp-size / --dp-size), "
+                "else --tp-size; at run time the decode's layout is unknown, so its fix names "
+                "both forms without an edit; no release from 0.5.16 to 0.5.23 transfers the "
+                "non-MLA 'swa' state across TP",
             ),
         ),
         CodeInfo(

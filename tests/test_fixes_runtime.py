@@ -122,18 +122,55 @@ class TestUnifiedFixes(GuardTestCase):
 
 
 class TestMoriFixes(GuardTestCase):
-    """DSV4G006: --tp-size edits per server from the snapshot's TP layout."""
+    """DSV4G006: edits per server from that server's TP layout, keeping its GPU count."""
 
-    def test_edits_make_attention_tp_equal(self) -> None:
-        """Prefill tp 8 / dp 2 with DP attention (attention TP 4), decode attention TP 2:
-        the decode gets --tp-size 4, or the prefill --tp-size 4 (2 x dp 2)."""
+    def fixes(self, snap: SendSnapshot, phase: str = "send") -> tuple[Fix, ...]:
+        return tuple(check_transfer(snap, phase=phase).findings[0].fixes)
+
+    def test_dp_attention_prefill_changes_dp_size(self) -> None:
+        """Prefill --tp-size 8 --dp-size 8 --enable-dp-attention (attention TP 1), decode
+        attention TP 4: the prefill gets --dp-size 2 (its 8 GPUs kept), not --tp-size 32."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=1,
+                            decode_tp_size=4, tp_size=8, dp_size=8, enable_dp_attention=True)
+        edits = [(e.server, e.name, e.value) for f in self.fixes(snap) for e in f.edits]
+        self.assertEqual(edits, [("prefill", "--dp-size", "2")])
+
+    def test_plain_prefill_changes_tp_size(self) -> None:
+        """Prefill --tp-size 8 without DP attention, decode attention TP 4: --tp-size 4."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=8,
+                            decode_tp_size=4, tp_size=8, dp_size=1, enable_dp_attention=False)
+        edits = [(e.server, e.name, e.value) for f in self.fixes(snap) for e in f.edits]
+        self.assertEqual(edits, [("prefill", "--tp-size", "4")])
+
+    def test_decode_layout_unknown_no_decode_edit(self) -> None:
+        """At run time the decode's DP layout is unknown: its fix names both forms (plain
+        --tp-size, or --dp-size under DP attention) and carries no edit."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
                             decode_tp_size=2, tp_size=8, dp_size=2, enable_dp_attention=True)
-        report = check_transfer(snap)
-        fixes = report.findings[0].fixes
-        self.assertEqual([(e.server, e.name, e.value) for f in fixes for e in f.edits],
-                         [("decode", "--tp-size", "4"), ("prefill", "--tp-size", "4")])
-        self.assertTrue(all(f.kind is FixKind.FLAGS for f in fixes))
+        [decode] = [f for f in self.fixes(snap) if f.field == "decode_tp_size"]
+        self.assertEqual(decode.edits, ())
+        self.assertIn("--tp-size 4 without DP attention", decode.text)
+        self.assertIn("--dp-size", decode.text)
+
+    def test_decode_layout_known_changes_dp_size(self) -> None:
+        """Before launch the decode's layout is known: decode --tp-size 8 --dp-size 4
+        --enable-dp-attention (attention TP 2) against the prefill's 4: decode --dp-size 2."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                            decode_tp_size=2, tp_size=4, dp_size=1, enable_dp_attention=False,
+                            decode_tp=8, decode_dp_size=4, decode_enable_dp_attention=True)
+        [decode] = [f for f in self.fixes(snap, "check") if f.field == "decode_tp_size"]
+        self.assertEqual([(e.server, e.name, e.value) for e in decode.edits],
+                         [("decode", "--dp-size", "2")])
+
+    def test_check_phase_wording(self) -> None:
+        """Phase "check": the details say SGLang finds this when the decode peer registers
+        at run time, and name no registered peer."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                            decode_tp_size=2, engine_key="planned decode server")
+        details = check_transfer(snap, phase="check").findings[0].details
+        self.assertIn("SGLang finds this when the decode peer registers (at run time): every "
+                      "request carrying 'swa' state then fails", details)
+        self.assertFalse([d for d in details if "registered:" in d or "engine=" in d], details)
 
 
 def _published_server_args() -> None:
