@@ -263,6 +263,17 @@ class TestCodePaths(GuardTestCase):
         self.assertEqual(fixes[0].kind, FixKind.CODE)
         self.assertIn("test_fixes_runtime.py:", fixes[0].text)
 
+    def test_swapped_pools_get_only_the_swap(self) -> None:
+        """Once the swap is named it is the fix: no other code-path fix (which would offer
+        the swap again as an "or") and no serve-without-speculative workaround."""
+        target, draft = build_pair(PoolSpec(compression_ratios=(4, 128, 0)), PoolSpec())
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, draft, target)
+        fixes = _finding(err, "DSV4G001").fixes
+        self.assertEqual([f.field for f in fixes], ["pool order"])
+        self.assertFalse([f for f in fixes if "swapped order" in f.text and
+                          f.field != "pool order"])
+
     def test_unswapped_pools_get_no_order_fix(self) -> None:
         """A compressed draft with a compressed target is not called swapped."""
         with guard_logs_off():

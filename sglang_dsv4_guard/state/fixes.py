@@ -104,6 +104,8 @@ def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
             field="pool order",
             inputs=("the argument order: setup_state_kv_args(kv_args, token_to_kv_pool, "
                     "draft_token_to_kv_pool)",)))
+    if found:  # the swap is named and is the fix: no other code path, no workaround
+        return tuple(found)
     found.append(Fix(
         FixKind.CODE,
         f"no flag sets the draft pool's compression ratios in SGLang {release}: "
