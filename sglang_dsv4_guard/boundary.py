@@ -4,8 +4,12 @@ Every finding a plug-in returns passes :func:`clean_finding` before the guard ke
 each field must have the accepted type (exact ``str`` for text, so a ``str`` subclass's
 own methods never run at render time), an observed value that is not plain is kept as
 its ``repr``, taken once here and capped, and lists are cut to the first
-:data:`~sglang_dsv4_guard.findings.LIST_CAP` items plus a count. A finding that fails
-becomes the plug-in's ``DSV4G090`` (:mod:`sglang_dsv4_guard.plugins`).
+:data:`~sglang_dsv4_guard.findings.LIST_CAP` items plus a count. A fix's edits are never
+cut (a fix is applied whole): more than ``LIST_CAP`` of them, or an Edit's ``remove`` /
+``env`` that is not an exact ``bool``, fails the finding. A fix with an edit the installed
+release's parser refuses (the built-in fixes' filter, :func:`~sglang_dsv4_guard.host.flags.vetted`:
+an unknown flag, a refused value) is dropped, with a debug line; the finding is kept.
+A finding that fails becomes the plug-in's ``DSV4G090`` (:mod:`sglang_dsv4_guard.plugins`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from sglang_dsv4_guard.findings import (
     cut_text,
 )
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host import flags
 
 __all__ = ["clean_finding", "raised_text", "safe_text"]
 
@@ -91,6 +96,15 @@ def _observation(obs: object, index: int) -> Observation:
     return Observation(role, name, _shown(obs.value, f"observations[{index}].value"), source)
 
 
+def _switch(value: object, field: str) -> bool:
+    """An exact ``bool``: ``remove=1`` or a ``numpy.bool_`` would otherwise be read as the
+    opposite edit (a set instead of a removal) or raise at render time."""
+    if type(value) is not bool:
+        raise TypeError(f"{field} must be True or False (got {type(value).__name__} "
+                        f"{safe_text(repr, value, 80)})")
+    return value
+
+
 def _edit(edit: object, field: str) -> Edit:
     if type(edit) is not Edit:
         raise TypeError(f"{field} must be a sglang_dsv4_guard.Edit (got {type(edit).__name__})")
@@ -98,10 +112,23 @@ def _edit(edit: object, field: str) -> Edit:
     return Edit(server=cut_text(_text(edit.server, f"{field}.server")),
                 name=cut_text(_text(edit.name, f"{field}.name")),
                 value=None if value is None else cut_text(_text(value, f"{field}.value")),
-                remove=edit.remove is True, env=edit.env is True)
+                remove=_switch(edit.remove, f"{field}.remove"),
+                env=_switch(edit.env, f"{field}.env"))
 
 
-def _fix(fix: object, field: str) -> Fix:
+def _edits(edits: tuple[Any, ...] | list[Any], field: str) -> tuple[Edit, ...] | None:
+    """A fix's edits, whole, or ``None`` when the release's parser refuses one of them
+    (the same filter as the built-in fixes', :func:`~sglang_dsv4_guard.host.flags.vetted`):
+    a fix is applied whole, so it is dropped rather than kept in part."""
+    if len(edits) > LIST_CAP:
+        raise TypeError(f"{field} holds {len(edits)} edits; a fix may hold at most "
+                        f"{LIST_CAP} (it is applied whole, so it is never cut)")
+    cleaned = tuple(_edit(e, f"{field}[{i}]") for i, e in enumerate(edits))
+    kept = flags.vetted(*cleaned, origin="plug-in fix")
+    return cleaned if len(kept) == len(cleaned) else None
+
+
+def _fix(fix: object, field: str) -> Fix | None:
     """A plain string becomes an ADVICE fix; a :class:`Fix` is rebuilt field by field."""
     if isinstance(fix, str):
         return Fix.advice(cut_text(_text(fix, field)))
@@ -115,9 +142,13 @@ def _fix(fix: object, field: str) -> Fix:
     if not isinstance(edits, tuple | list) or not isinstance(inputs, tuple | list):
         raise TypeError(f"{field}.edits and .inputs must be tuples")
     proven = fix.proven if fix.proven in (True, False) else None
-    return Fix(kind=fix.kind, text=cut_text(_text(fix.text, f"{field}.text")),
+    text = cut_text(_text(fix.text, f"{field}.text"))
+    kept = _edits(edits, f"{field}.edits")
+    if kept is None:
+        return None
+    return Fix(kind=fix.kind, text=text,
                field=cut_text(_text(fix.field, f"{field}.field")),
-               edits=tuple(_edit(e, f"{field}.edits[{i}]") for i, e in enumerate(edits[:LIST_CAP])),
+               edits=kept,
                inputs=capped_lines(_strings(inputs, f"{field}.inputs")),
                release=cut_text(_text(fix.release, f"{field}.release")), proven=proven)
 
@@ -125,7 +156,8 @@ def _fix(fix: object, field: str) -> Fix:
 def _fixes(value: object) -> tuple[Fix, ...]:
     if not isinstance(value, tuple | list):
         raise TypeError(f"fixes must be a tuple of Fix or str (got {safe_text(repr, value)})")
-    fixes = tuple(_fix(v, f"fixes[{i}]") for i, v in enumerate(value[:LIST_CAP]))
+    fixes = tuple(f for f in (_fix(v, f"fixes[{i}]") for i, v in enumerate(value[:LIST_CAP]))
+                  if f is not None)
     if len(value) > LIST_CAP:
         fixes += (Fix.advice(f"... +{len(value) - LIST_CAP} more ({len(value)} in all)"),)
     return fixes

@@ -102,8 +102,10 @@ CODES: dict[str, CodeInfo] = {
             (
                 "derived per differing field: page size (resolved by SGLang for DeepSeek-V4: no "
                 "flag), sliding window (each model's config.json), request rows from 0.5.23 "
-                "(window + draft tokens vs that rounded up to the SWA page; a draft-token count "
-                "that makes them equal when the rounding is the only difference)",
+                "(no flag: SGLang rounds both the target's request window and the draft's SWA "
+                "ring, sliding_window + draft tokens, up to whole SWA pages from one server's "
+                "arguments, so a difference means pools of two servers, a plug-in or a custom "
+                "runner)",
             ),
         ),
         CodeInfo(
@@ -115,9 +117,11 @@ CODES: dict[str, CodeInfo] = {
             "model across different attention-TP sizes. SGLang finds this per request, "
             "in the transfer thread; the guard reports it when the decode peer registers.",
             (
-                "derived: a --tp-size edit for the decode (the prefill's attention TP) or for "
-                "the prefill (the decode's, times --dp-size under --enable-dp-attention); no "
-                "release from 0.5.16 to 0.5.23 transfers the non-MLA 'swa' state across TP",
+                "derived from each server's layout, keeping its GPU count when it can: under "
+                "--enable-dp-attention a --dp-size edit (attention TP = --tp-size / --dp-size), "
+                "else --tp-size; at run time the decode's layout is unknown, so its fix names "
+                "both forms without an edit; no release from 0.5.16 to 0.5.23 transfers the "
+                "non-MLA 'swa' state across TP",
             ),
         ),
         CodeInfo(

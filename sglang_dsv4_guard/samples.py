@@ -32,7 +32,7 @@ class PoolSpec:
     page_size: int = 256
     sliding_window: int = 128
     ring: tuple[int, int, int] = (128, 130, 2)  # unified: window, ring size, ring pages
-    request_capacity: int | None = None  # target: encoder-replay request window
+    request_capacity: int | None = None  # target: encoder-replay rows asked (SGLang rounds)
     swa_req_ring_size: int | None = None  # draft: DSpark SWA ring
     swa_size: int = 64
     layers: int = 1
@@ -51,8 +51,12 @@ class _Buffers:
 
 
 class _RequestWindow:
+    """SGLang 0.5.23's ``RequestWindow`` as the comparison reads it: ``capacity`` is the
+    asked-for rows (sliding_window + D) rounded up to whole SWA pages, as
+    ``RequestWindow.__init__`` rounds it (and ``get_draft_swa_ring_size`` the draft's ring)."""
+
     def __init__(self, capacity: int, page_size: int, layers: int) -> None:
-        self.capacity = capacity
+        self.capacity = -(-capacity // page_size) * page_size if page_size > 0 else capacity
         self.state = _Buffers(page_size, 4, layers)
 
 

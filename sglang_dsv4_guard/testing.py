@@ -83,12 +83,13 @@ def check_pools(target_pool: object, draft_pool: object, *plugins: object, mode:
 def check_transfer(transfer: SendSnapshot, *plugins: object, phase: str = "send") -> Report:
     """Run every ``check_send`` implementation on one MORI transfer snapshot.
 
-    ``phase`` is ``"send"`` (a transfer) or ``"register"`` (a decode peer registering).
+    ``phase`` is ``"send"`` (a transfer), ``"register"`` (a decode peer registering) or
+    ``"check"`` (before launch, as the ``check`` command runs it).
     ``plugins`` are registered as in :func:`check_pools`. The report goes to every
     reporter and is returned.
     """
-    if phase not in ("send", "register"):
-        raise ValueError(f"phase must be 'send' or 'register' (got {phase!r})")
+    if phase not in ("send", "register", "check"):
+        raise ValueError(f"phase must be 'send', 'register' or 'check' (got {phase!r})")
     rt = standalone_runtime(plugins)
     context = SendContext(rt.profile, "on", phase)
     findings = rt.plugins.collect("sglang_dsv4_guard_check_send",

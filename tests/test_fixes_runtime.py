@@ -56,32 +56,31 @@ class TestOneFieldOneFix(GuardTestCase):
         self.assertTrue(all("sliding_window" in " ".join(f.inputs) for f in fixes))
 
     def test_request_rows_only(self) -> None:
-        """0.5.23, only the request rows differ (131 vs 256): the rounding, and a derived
-        draft-token count (128: 128 + 128 = 256), set as EAGLE (steps + 1) and DSpark (block
-        size + 1) resolve it, under the release's own flag names."""
-        pair = PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256)
+        """0.5.23, only the request rows differ (a target of one server's D, 256, a draft
+        ring of another's, 512): one code-path fix for the request rows, no flag edit, its
+        inputs naming the draft-token count, encoder replay and the rounding."""
+        pair = PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=512)
         if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
             with guard_logs_off():
                 self.assertEqual(outcome(utils.setup_state_kv_args, *build_pair(*pair))[0], "ok")
             return
         fixes = self.fixes_for(*pair)
-        self.assertEqual({f.field for f in fixes}, {"request rows"})
-        self.assertIn(FixKind.NO_FLAG_FIX, [f.kind for f in fixes])
-        edits = {(e.name, e.value) for f in fixes for e in f.edits}
-        self.assertEqual(edits, {("--speculative-num-draft-tokens", "128"),
-                                 ("--speculative-num-steps", "127"),
-                                 ("--speculative-dspark-block-size", "127")})
-        self.assertTrue(any("get_draft_swa_ring_size" in i for f in fixes for i in f.inputs))
+        self.assertEqual([(f.field, f.kind) for f in fixes], [("request rows", FixKind.CODE)])
+        self.assertEqual([e for f in fixes for e in f.edits], [])
+        inputs = " ".join(fixes[0].inputs)
+        for word in ("draft-token count", "encoder replay", "RequestWindow",
+                     "get_draft_swa_ring_size"):
+            self.assertIn(word, inputs)
 
 
 class TestRequestRowsSource(GuardTestCase):
     """0.5.23: the draft's request-rows from: line names the rounding to the SWA page."""
 
     def test_draft_source_names_the_rounding(self) -> None:
-        """The draft's swa_req_ring_size source cites get_draft_swa_ring_size; the
-        target's does not (its window is not rounded)."""
+        """The draft's swa_req_ring_size source cites get_draft_swa_ring_size, the
+        target's request_window.capacity source SGLang's RequestWindow rounding."""
         self.install_guard("on", load_entry_points=False)
-        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256))
+        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=512))
         if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
             with guard_logs_off():
                 self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
@@ -91,8 +90,7 @@ class TestRequestRowsSource(GuardTestCase):
         finding = _finding(err, "DSV4G005")
         sources = {(o.role, o.name): o.source for o in finding.observations}
         self.assertIn("get_draft_swa_ring_size", sources[("draft pool", "swa_req_ring_size")])
-        self.assertNotIn("get_draft_swa_ring_size",
-                         sources[("target pool", "request_window.capacity")])
+        self.assertIn("RequestWindow", sources[("target pool", "request_window.capacity")])
 
 
 class TestUnifiedFixes(GuardTestCase):
@@ -124,18 +122,55 @@ class TestUnifiedFixes(GuardTestCase):
 
 
 class TestMoriFixes(GuardTestCase):
-    """DSV4G006: --tp-size edits per server from the snapshot's TP layout."""
+    """DSV4G006: edits per server from that server's TP layout, keeping its GPU count."""
 
-    def test_edits_make_attention_tp_equal(self) -> None:
-        """Prefill tp 8 / dp 2 with DP attention (attention TP 4), decode attention TP 2:
-        the decode gets --tp-size 4, or the prefill --tp-size 4 (2 x dp 2)."""
+    def fixes(self, snap: SendSnapshot, phase: str = "send") -> tuple[Fix, ...]:
+        return tuple(check_transfer(snap, phase=phase).findings[0].fixes)
+
+    def test_dp_attention_prefill_changes_dp_size(self) -> None:
+        """Prefill --tp-size 8 --dp-size 8 --enable-dp-attention (attention TP 1), decode
+        attention TP 4: the prefill gets --dp-size 2 (its 8 GPUs kept), not --tp-size 32."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=1,
+                            decode_tp_size=4, tp_size=8, dp_size=8, enable_dp_attention=True)
+        edits = [(e.server, e.name, e.value) for f in self.fixes(snap) for e in f.edits]
+        self.assertEqual(edits, [("prefill", "--dp-size", "2")])
+
+    def test_plain_prefill_changes_tp_size(self) -> None:
+        """Prefill --tp-size 8 without DP attention, decode attention TP 4: --tp-size 4."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=8,
+                            decode_tp_size=4, tp_size=8, dp_size=1, enable_dp_attention=False)
+        edits = [(e.server, e.name, e.value) for f in self.fixes(snap) for e in f.edits]
+        self.assertEqual(edits, [("prefill", "--tp-size", "4")])
+
+    def test_decode_layout_unknown_no_decode_edit(self) -> None:
+        """At run time the decode's DP layout is unknown: its fix names both forms (plain
+        --tp-size, or --dp-size under DP attention) and carries no edit."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
                             decode_tp_size=2, tp_size=8, dp_size=2, enable_dp_attention=True)
-        report = check_transfer(snap)
-        fixes = report.findings[0].fixes
-        self.assertEqual([(e.server, e.name, e.value) for f in fixes for e in f.edits],
-                         [("decode", "--tp-size", "4"), ("prefill", "--tp-size", "4")])
-        self.assertTrue(all(f.kind is FixKind.FLAGS for f in fixes))
+        [decode] = [f for f in self.fixes(snap) if f.field == "decode_tp_size"]
+        self.assertEqual(decode.edits, ())
+        self.assertIn("--tp-size 4 without DP attention", decode.text)
+        self.assertIn("--dp-size", decode.text)
+
+    def test_decode_layout_known_changes_dp_size(self) -> None:
+        """Before launch the decode's layout is known: decode --tp-size 8 --dp-size 4
+        --enable-dp-attention (attention TP 2) against the prefill's 4: decode --dp-size 2."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                            decode_tp_size=2, tp_size=4, dp_size=1, enable_dp_attention=False,
+                            decode_tp=8, decode_dp_size=4, decode_enable_dp_attention=True)
+        [decode] = [f for f in self.fixes(snap, "check") if f.field == "decode_tp_size"]
+        self.assertEqual([(e.server, e.name, e.value) for e in decode.edits],
+                         [("decode", "--dp-size", "2")])
+
+    def test_check_phase_wording(self) -> None:
+        """Phase "check": the details say SGLang finds this when the decode peer registers
+        at run time, and name no registered peer."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                            decode_tp_size=2, engine_key="planned decode server")
+        details = check_transfer(snap, phase="check").findings[0].details
+        self.assertIn("SGLang finds this when the decode peer registers (at run time): every "
+                      "request carrying 'swa' state then fails", details)
+        self.assertFalse([d for d in details if "registered:" in d or "engine=" in d], details)
 
 
 def _published_server_args() -> None:
@@ -192,17 +227,20 @@ class TestServerArgsQuoted(GuardTestCase):
                             for t in texts), texts)
 
     def test_request_rows_for_the_running_algorithm(self) -> None:
-        """0.5.23: with EAGLE published, only EAGLE's edits, quoting 3 draft tokens."""
-        pair = build_pair(PoolSpec(request_capacity=131), PoolSpec(swa_req_ring_size=256))
+        """0.5.23, EAGLE published, a target window left unrounded (131, as a plug-in's
+        might be) against the draft ring of the same D (256): the request-rows fix carries
+        no edit and names no speculative algorithm (encoder replay runs DSpark only)."""
+        pair = build_pair(PoolSpec(request_capacity=256), PoolSpec(swa_req_ring_size=256))
+        pair[0].request_window.capacity = 131  # not SGLang's rounding
         if not checks_request_rows():  # before 0.5.23 SGLang does not compare them
             with guard_logs_off():
                 self.assertEqual(outcome(utils.setup_state_kv_args, *pair)[0], "ok")
             return
-        flags = [f for f in _finding(self.errors(*pair), "DSV4G005").fixes if f.edits]
-        self.assertEqual([(e.server, e.name) for f in flags for e in f.edits],
-                         [("decode", "--speculative-num-steps"),
-                          ("decode", "--speculative-num-draft-tokens")])
-        self.assertIn("this decode server runs --speculative-num-draft-tokens 3", flags[0].text)
+        fixes = [f for f in _finding(self.errors(*pair), "DSV4G005").fixes
+                 if f.field == "request rows"]
+        self.assertTrue(fixes)
+        self.assertEqual([e for f in fixes for e in f.edits], [])
+        self.assertFalse([f.text for f in fixes if "EAGLE" in f.text], fixes)
 
 
 class TestCodePaths(GuardTestCase):
@@ -224,6 +262,17 @@ class TestCodePaths(GuardTestCase):
         self.assertEqual(fixes[0].field, "pool order")
         self.assertEqual(fixes[0].kind, FixKind.CODE)
         self.assertIn("test_fixes_runtime.py:", fixes[0].text)
+
+    def test_swapped_pools_get_only_the_swap(self) -> None:
+        """Once the swap is named it is the fix: no other code-path fix (which would offer
+        the swap again as an "or") and no serve-without-speculative workaround."""
+        target, draft = build_pair(PoolSpec(compression_ratios=(4, 128, 0)), PoolSpec())
+        with guard_logs_off():
+            _, err = outcome(utils.setup_state_kv_args, draft, target)
+        fixes = _finding(err, "DSV4G001").fixes
+        self.assertEqual([f.field for f in fixes], ["pool order"])
+        self.assertFalse([f for f in fixes if "swapped order" in f.text and
+                          f.field != "pool order"])
 
     def test_unswapped_pools_get_no_order_fix(self) -> None:
         """A compressed draft with a compressed target is not called swapped."""

@@ -37,13 +37,20 @@ def normalise(text: str) -> str:
     return text.rstrip("\n") + "\n"
 
 
+# A model-like target: DeepSeek-V4's compressed layers (C4, C128) and an SWA-only one, so
+# no case looks like pools passed in swapped order (a one-layer, ratio-0 target does).
+_MODEL_RATIOS = (4, 128, 0)
+
 # name -> the pair; each pair's rendering is the same on every release in the matrix.
 CASES: dict[str, Any] = {
     "g001_g002_unified_and_compressed_draft": lambda: build_pair(
-        PoolSpec(unified=True), PoolSpec(compression_ratios=(0, 4))),
-    "g004_mapping_differs": lambda: build_pair(mapping="different"),
+        PoolSpec(compression_ratios=_MODEL_RATIOS, unified=True),
+        PoolSpec(compression_ratios=(0, 4))),
+    "g004_mapping_differs": lambda: build_pair(
+        PoolSpec(compression_ratios=_MODEL_RATIOS), mapping="different"),
     "g001_twenty_layers_capped": lambda: build_pair(
-        draft=PoolSpec(compression_ratios=tuple([4] * 20))),
+        PoolSpec(compression_ratios=_MODEL_RATIOS),
+        PoolSpec(compression_ratios=tuple([4] * 20))),
 }
 
 

@@ -27,8 +27,8 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 import sglang.srt.disaggregation.utils as utils
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, new_kv_args
-utils.setup_state_kv_args(new_kv_args(), *build_pair(PoolSpec(page_size=128),
-                                                     PoolSpec(page_size=128)))
+utils.setup_state_kv_args(new_kv_args(), *build_pair(PoolSpec(unified=True),
+                                                     PoolSpec(unified=True)))
 print(json.dumps({"passed": True}))
 """
 

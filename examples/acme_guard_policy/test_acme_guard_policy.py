@@ -8,17 +8,18 @@ from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_pools
 
 
 class TestAcmePolicy(unittest.TestCase):
-    def test_flags_a_pool_off_the_fleet_page_size(self) -> None:
-        """A pair SGLang accepts, at page size 128, gets one ACME001 warning per pool."""
-        pair = build_pair(PoolSpec(page_size=128), PoolSpec(page_size=128))
+    def test_flags_a_unified_kv_pool(self) -> None:
+        """A pair SGLang accepts, both in the unified-KV ring, gets one ACME001 per pool."""
+        pair = build_pair(PoolSpec(unified=True), PoolSpec(unified=True))
         report = check_pools(*pair, acme_guard_policy)
         self.assertEqual(report.codes, ("ACME001", "ACME001"))
-        self.assertEqual(report.findings[1].value("draft pool", "page_size"), 128)
+        self.assertIs(report.findings[1].value("draft pool", "_unified_kv"), True)
         [fix] = report.findings[1].fixes
-        self.assertEqual(fix.edits[0].describe(), "this server: --page-size 256")
+        self.assertEqual(fix.edits[0].describe(),
+                         "this server env: unset SGLANG_HACK_FLASHMLA_BACKEND")
 
-    def test_silent_on_the_fleet_page_size(self) -> None:
-        """At page size 256 the policy has nothing to say."""
+    def test_silent_on_paged_pools(self) -> None:
+        """Paged pools (SGLang's default) give the policy nothing to say."""
         self.assertEqual(check_pools(*build_pair(), acme_guard_policy).codes, ())
 
 

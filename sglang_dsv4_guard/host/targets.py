@@ -36,6 +36,7 @@ __all__ = [
     "POOL_REGISTER",
     "POOL_REGISTER_TARGET",
     "REGISTRY_MODULE",
+    "RESOLVED_BAG_ACCESSORS",
     "RUNTIME_CONTEXT",
     "SCHEDULER_MODULE",
     "SERVER_ARGS_ACCESSOR",
@@ -122,6 +123,13 @@ RUNTIME_CONTEXT = "sglang.srt.runtime_context"
 #: Present from 0.5.16 to 0.5.23; ``server_args.get_global_server_args`` is a shim over it
 #: up to 0.5.19 and raises from 0.5.20, so the guard reads this one.
 SERVER_ARGS_ACCESSOR = "get_server_args"
+#: The accessors of :data:`RUNTIME_CONTEXT` that return its resolved namespace bags (from
+#: 0.5.17; ``ValueError`` until published). From 0.5.20 :data:`SERVER_ARGS_ACCESSOR`
+#: answers the operator's raw input and these the values in effect, so the guard reads
+#: these wherever the release has them.
+RESOLVED_BAG_ACCESSORS = ("get_schedule", "get_spec", "get_exec", "get_memory", "get_model",
+                          "get_device", "get_disagg", "get_serving", "get_observability",
+                          "get_lora", "get_mm")
 CUDA_GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
 KV_ARGS = PatchTarget("sglang.srt.disaggregation.base.conn", "KVArgs")
 DSV4_POOL = PatchTarget("sglang.srt.mem_cache.deepseek_v4_memory_pool",

@@ -16,33 +16,76 @@ _DECODE_TP = ("the decode server's attention TP size, sent when it registers "
 
 
 def _edits(*candidates: Edit) -> tuple[Edit, ...]:
-    """The edits whose flag the installed release's parser has."""
-    return tuple(e for e in candidates if flags.accepts(e.name))
+    """The edits the installed release's parser accepts (:func:`flags.vetted`)."""
+    return flags.vetted(*candidates)
+
+
+def _layout_edits(server: str, tp: int | None, dp: int | None, dp_attention: bool | None,
+                  want: int) -> tuple[Edit, ...]:
+    """Edits that give ``server`` attention TP ``want`` from its known layout, keeping its
+    GPU count when they can: with DP attention (attention TP = tp / dp) a new --dp-size
+    (or, at dp 1, no DP attention), else --tp-size."""
+    if tp is None:
+        return ()
+    if dp_attention and dp:
+        if tp % want == 0:
+            new_dp = tp // want
+            if new_dp == 1:
+                return (Edit(server, "--enable-dp-attention", remove=True),
+                        Edit(server, "--dp-size", remove=True))
+            return (Edit(server, "--dp-size", str(new_dp)),)
+        return (Edit(server, "--tp-size", str(want * dp)),)
+    return (Edit(server, "--tp-size", str(want)),)
+
+
+def _layout(tp: int | None, dp: int | None, dp_attention: bool | None) -> str:
+    if tp is None:
+        return ""
+    return f"--tp-size {tp}" + (f" --dp-size {dp} --enable-dp-attention" if dp_attention else "")
 
 
 def tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
-    """Flag edits that make the attention TP sizes equal, one server at a time."""
+    """Flag edits that make the attention TP sizes equal, one server at a time, from that
+    server's layout; the decode's layout is known before launch only, so at run time its
+    fix names both forms and carries no edit."""
     inputs = ("attention TP = --tp-size, or --tp-size / --dp-size with --enable-dp-attention",)
     found: list[Fix] = []
-    prefill_now = (f"--tp-size {t.tp_size}" + (f" --dp-size {t.dp_size} --enable-dp-attention"
-                                                if t.enable_dp_attention else "")
-                   if t.tp_size is not None else "")
-    if t.attn_tp_size is not None:
-        found.append(Fix(
-            FixKind.FLAGS,
-            f"give the decode server attention TP {t.attn_tp_size}, the prefill's (it has "
-            f"{t.decode_tp_size}); with --enable-dp-attention on the decode, --tp-size is "
-            f"{t.attn_tp_size} x its --dp-size instead", field="decode_tp_size", inputs=inputs,
-            edits=_edits(Edit("decode", "--tp-size", str(t.attn_tp_size)))))
-    if t.decode_tp_size is not None:
-        dp = t.dp_size if t.enable_dp_attention and t.dp_size else 1
-        found.append(Fix(
-            FixKind.FLAGS,
-            f"or give the prefill server attention TP {t.decode_tp_size}, the decode's"
-            + (f" (this prefill server runs {prefill_now})" if prefill_now else ""),
-            field="attn_tp_size", inputs=inputs,
-            edits=_edits(Edit("prefill", "--tp-size", str(t.decode_tp_size * dp)))))
-    return tuple(f for f in found if f.edits)
+    if t.attn_tp_size is not None and t.attn_tp_size > 0:
+        want = t.attn_tp_size
+        text = (f"give the decode server attention TP {want}, the prefill's (it has "
+                f"{t.decode_tp_size})")
+        decode_now = _layout(t.decode_tp, t.decode_dp_size, t.decode_enable_dp_attention)
+        edits = _edits(*_layout_edits("decode", t.decode_tp, t.decode_dp_size,
+                                      t.decode_enable_dp_attention, want))
+        if edits:
+            found.append(Fix(FixKind.FLAGS, f"{text} (it runs {decode_now})",
+                             field="decode_tp_size", inputs=inputs, edits=edits))
+        else:
+            found.append(Fix(
+                FixKind.ADVICE,
+                f"{text}: --tp-size {want} without DP attention, or with "
+                f"--enable-dp-attention a --dp-size of its --tp-size / {want} (the decode's "
+                "layout is not known here, so no edit is given)",
+                field="decode_tp_size", inputs=inputs))
+    if t.decode_tp_size is not None and t.decode_tp_size > 0:
+        prefill_now = _layout(t.tp_size, t.dp_size, t.enable_dp_attention)
+        edits = _edits(*_layout_edits("prefill", t.tp_size, t.dp_size, t.enable_dp_attention,
+                                      t.decode_tp_size))
+        if edits:
+            found.append(Fix(
+                FixKind.FLAGS,
+                f"or give the prefill server attention TP {t.decode_tp_size}, the decode's"
+                + (f" (this prefill server runs {prefill_now})" if prefill_now else ""),
+                field="attn_tp_size", inputs=inputs, edits=edits))
+    return tuple(found)
+
+
+def _peer(t: SendSnapshot, phase: str) -> str:
+    if phase == "check":
+        return "decode server: the decode launch line checked with this prefill's"
+    peer = ", ".join(f"{k}={v}" for k, v in (("engine", t.engine_key), ("endpoint", t.endpoint),
+                                             ("port", t.dst_port)) if v is not None)
+    return f"decode peer: {peer or 'unknown'}"
 
 
 def host_message(t: SendSnapshot) -> str:
@@ -78,13 +121,14 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
                                 ("pp_size", t.pp_size, "server flag --pp-size")):
         if value is not None:
             observations.append(Observation("prefill", name, value, source))
-    peer = ", ".join(f"{k}={v}" for k, v in (("engine", t.engine_key), ("endpoint", t.endpoint),
-                                             ("port", t.dst_port)) if v is not None)
-    details = [f"decode peer: {peer or 'unknown'}",
+    details = [_peer(t, context.phase),
                "SGLang labels the prefill *attention* TP size 'prefill_tp_size'"]
     if context.phase == "register":
         details.append("found when the decode peer registered: every request to it that "
                        "carries 'swa' state will fail")
+    elif context.phase == "check":
+        details.append("SGLang finds this when the decode peer registers (at run time): "
+                       "every request carrying 'swa' state then fails")
     details.append("no SGLang release from 0.5.16 to 0.5.23 transfers the non-MLA 'swa' state "
                    "across attention-TP sizes on MORI (the same check in each); other KV, and "
                    "MLA models, are transferred across TP sizes")

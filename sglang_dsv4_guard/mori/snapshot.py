@@ -35,6 +35,11 @@ class SendSnapshot:
     engine_key: str | None = None
     endpoint: str | None = None
     dst_port: int | None = None
+    # The decode server's layout, known only before launch (``check``: its launch line);
+    # at run time the peer sends its attention TP size alone.
+    decode_tp: int | None = None
+    decode_dp_size: int | None = None
+    decode_enable_dp_attention: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,9 @@ class SendContext:
 
     profile: HostProfile
     mode: str = "on"
-    phase: str = "send"  # "register" when a decode peer registers, "send" per transfer
+    # "register" when a decode peer registers, "send" per transfer, "check" before launch
+    # (the check command, on the transfer a launch pair implies)
+    phase: str = "send"
 
 
 def _int(value: object) -> int | None:

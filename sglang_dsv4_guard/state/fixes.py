@@ -36,15 +36,9 @@ _USUAL_REGISTRAR = {
 
 
 def edits(*candidates: Edit) -> tuple[Edit, ...]:
-    """``candidates`` whose flag the installed release's parser accepts (variables pass)."""
-    kept = []
-    for edit in candidates:
-        if edit.env or flags.accepts(edit.name):
-            kept.append(edit)
-        else:
-            logger.debug("sglang-dsv4-guard: fix edit %s dropped: the installed release's "
-                         "parser has no %s", edit.describe(), edit.name)
-    return tuple(kept)
+    """``candidates`` the installed release's parser accepts (variables pass):
+    :func:`sglang_dsv4_guard.host.flags.vetted`, as for plug-ins' edits."""
+    return flags.vetted(*candidates)
 
 
 def server_of(context: StateContext) -> str:
@@ -56,9 +50,14 @@ def _runs(context: StateContext, field: str) -> str:
     """``" (this decode server runs --x 3)"`` when SGLang published this server's args."""
     found = flags.flag_for_field(field)
     value = server_value(field)
-    if found is None or value is None:
+    if found is None or value is None or value is False:  # unset or off: nothing it runs
         return ""
-    shown = found.option if value is True else f"{found.option} {value}"
+    if value is True or not found.takes_value:
+        if value is not True:
+            return ""
+        shown = found.option
+    else:
+        shown = f"{found.option} {getattr(value, 'name', value)}"
     role = server_of(context)
     return f" ({role if role == 'this server' else f'this {role} server'} runs {shown})"
 
@@ -105,6 +104,8 @@ def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
             field="pool order",
             inputs=("the argument order: setup_state_kv_args(kv_args, token_to_kv_pool, "
                     "draft_token_to_kv_pool)",)))
+    if found:  # the swap is named and is the fix: no other code path, no workaround
+        return tuple(found)
     found.append(Fix(
         FixKind.CODE,
         f"no flag sets the draft pool's compression ratios in SGLang {release}: "
@@ -145,79 +146,40 @@ def unified_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
 
 def _request_rows(pair: StatePair, context: StateContext, tv: object, dv: object,
                   page: object, window: object) -> list[Fix]:
-    """0.5.23's request rows: target ``sliding_window + D``, draft that rounded up to
-    whole SWA pages (``get_draft_swa_ring_size``); D is the draft-token count."""
-    inputs = ("the draft-token count D (online_mtp_max_draft_tokens = max of "
-              "--speculative-num-draft-tokens and the adaptive maximum)",
-              "encoder replay (--enable-encoder-swa-bounded-replay): the target's request "
-              "window; the DSpark draft's SWA ring (uses_draft_swa_ring(), not on ROCm)",
-              "get_draft_swa_ring_size: ceil_div(sliding_window + D, page) * page")
+    """0.5.23's request rows: the target's request window (``RequestWindow``) and the
+    draft's SWA ring (``get_draft_swa_ring_size``) are both ``sliding_window + D`` rounded
+    up to whole SWA pages, from one server's D, page size and window (KVCacheConfigurator),
+    so SGLang-built pools of one server always agree: a difference is a code path's."""
+    inputs = ("the draft-token count D (online_mtp_max_draft_tokens), one per server",
+              "encoder replay (--enable-encoder-swa-bounded-replay, DeepSeek-V4.1 only, "
+              "refused on a PD decode): the target's request window; the DSpark draft's "
+              "SWA ring (uses_draft_swa_ring(), not on ROCm)",
+              "RequestWindow.__init__ and get_draft_swa_ring_size: ceil_div(sliding_window "
+              "+ D, SWA page) * SWA page")
     if tv is None or dv is None:
         side = "target has no request window" if tv is None else "draft has no SWA ring"
-        found = [Fix(
-            FixKind.CODE,
-            f"the {side}: both are decided by encoder replay, which both pools of a server "
-            "read from one set of server arguments, so one pool was built elsewhere or "
-            "under other arguments (a plug-in, a custom runner)",
-            field="request rows", inputs=inputs)]
-        if dv is None:  # on ROCm the draft keeps no ring: encoder replay cannot pair
-            found += _flags_fix(
-                "or serve without encoder replay (on ROCm the draft keeps no SWA ring: "
-                f"uses_draft_swa_ring() is false){_runs(context, 'enable_encoder_swa_bounded_replay')}",
-                "request rows", inputs[1:2],
-                Edit(server_of(context), "--enable-encoder-swa-bounded-replay", remove=True))
-        return found
-    if not (isinstance(tv, int) and isinstance(dv, int) and isinstance(page, int)
-            and isinstance(window, int) and page > 0):
-        return [Fix(FixKind.CODE, "the request rows are not integers: the pools were not "
-                    "built by SGLang's constructor", field="request rows", inputs=inputs)]
-    rounded = -(-tv // page) * page
-    if dv != rounded:
         return [Fix(
             FixKind.CODE,
-            f"the draft's ring ({dv}) is not the target's window ({tv}) rounded up to the "
-            f"SWA page ({page}, = {rounded}): the two pools were built with different "
-            "draft-token counts or windows, which one server's arguments cannot give (a "
-            "plug-in, a custom runner, pools of two servers)", field="request rows",
-            inputs=inputs)]
-    tokens = rounded - window  # the D that makes sliding_window + D a whole number of pages
+            f"the {side}: both are decided by encoder replay, which both pools of a server "
+            "read from one set of server arguments (and which SGLang refuses on a PD decode, "
+            "and on a PD prefill on ROCm, where the draft keeps no ring), so one pool was "
+            "built elsewhere or under other arguments (a plug-in, a custom runner, pools of "
+            "two servers)", field="request rows", inputs=inputs)]
+    whole = ""
+    if isinstance(page, int) and page > 0:
+        odd = [f"the {role}'s {value}" for role, value in (("target", tv), ("draft", dv))
+               if isinstance(value, int) and value % page]
+        if odd:
+            whole = (f"; {' and '.join(odd)} is not a whole number of SWA pages ({page}), "
+                     "which SGLang never builds")
     return [Fix(
-        FixKind.NO_FLAG_FIX,
-        f"the difference is the rounding: the draft's ring is sliding_window + D rounded up "
-        f"to the SWA page ({window} + {tv - window} -> {rounded}), the target's window is "
-        f"not rounded ({tv}); they are equal only when sliding_window + D is a multiple of "
-        f"{page}", field="request rows", inputs=inputs),
-        *_draft_token_fixes(context, tokens, rounded, window, inputs[:1])]
-
-
-# How each algorithm DeepSeek-V4 accepts resolves the draft-token count D (0.5.23's
-# arg_groups/speculative_hook.py): EAGLE with top-k 1 sets D = --speculative-num-steps + 1,
-# DSpark requires D = --speculative-dspark-block-size (gamma) + 1.
-_STEPS_FLAG = {"EAGLE": "--speculative-num-steps", "DSPARK": "--speculative-dspark-block-size"}
-
-
-def _draft_token_fixes(context: StateContext, tokens: int, rounded: int, window: int,
-                       inputs: tuple[str, ...]) -> list[Fix]:
-    """A draft-token count that makes window + D a whole number of pages, set the way the
-    algorithm resolves it; for this server's algorithm when SGLang published it."""
-    if tokens < 2:
-        return []
-    running = server_value("speculative_algorithm")
-    algorithms = [str(running).upper()] if str(running).upper() in _STEPS_FLAG else \
-        list(_STEPS_FLAG)
-    server = server_of(context)
-    found: list[Fix] = []
-    for algorithm in algorithms:
-        found += _flags_fix(
-            f"with {algorithm}: a draft-token count of {tokens} makes both {rounded} "
-            f"(sliding_window {window} + {tokens}); {algorithm} resolves the count from "
-            f"{_STEPS_FLAG[algorithm]} + 1, and an adaptive maximum above it would count "
-            f"instead{_runs(context, 'speculative_num_draft_tokens')}; not proven at run "
-            "time: run `sglang-dsv4-guard check --fix` on the launch lines",
-            "request rows", inputs,
-            Edit(server, _STEPS_FLAG[algorithm], str(tokens - 1)),
-            Edit(server, "--speculative-num-draft-tokens", str(tokens)))
-    return found
+        FixKind.CODE,
+        f"no flag: SGLang {context.profile.name} rounds both the target's request window "
+        "(RequestWindow) and the draft's SWA ring (get_draft_swa_ring_size) up to whole SWA "
+        "pages from one server's draft-token count, page size and window, so one server's "
+        f"pools always agree; {tv} against {dv} means the pools come from two servers (other "
+        "draft-token counts), a plug-in or a custom runner that built one of them" + whole,
+        field="request rows", inputs=inputs)]
 
 
 def _geometry_fix(name: str, pair: StatePair, context: StateContext,
@@ -265,8 +227,10 @@ def _geometry_fix(name: str, pair: StatePair, context: StateContext,
 _GEOMETRY_SOURCES = {
     ("page_size", "both"): "the server's page size, which SGLang resolves for DeepSeek-V4 "
                            "itself (its model override)",
-    ("request rows", "target"): "sliding_window + D (D: the draft-token count), the target's "
-                                "request window under --enable-encoder-swa-bounded-replay",
+    ("request rows", "target"): "ceil_div(sliding_window + D, SWA page) * SWA page (D: the "
+                                "draft-token count): the target's request window under "
+                                "encoder replay; SGLang's RequestWindow rounds it up to "
+                                "whole SWA pages",
     ("request rows", "draft"): "ceil_div(sliding_window + D, SWA page) * SWA page "
                                "(get_draft_swa_ring_size): the draft's SWA ring, rounded up "
                                "to whole pages",
@@ -305,7 +269,14 @@ def mapping_fixes(pair: StatePair, context: StateContext, decision: ShareDecisio
     """DSV4G004: register the target's tensor on the draft; auto-share only when it would."""
     inputs = (f"the target allocator's full_to_swa_index_mapping, registered on the draft "
               f"by {_CONFIGURATOR}",)
-    if pair.target.mapping.kind != "tensor":
+    if pair.target.mapping.kind != "tensor" and pair.draft.mapping.kind == "tensor":
+        where = pair.draft.registered_by
+        text = ("the target pool holds no mapping tensor, the draft pool does"
+                + (f" (registered by {where})" if where else "") + ": register the target "
+                "allocator's full_to_swa_index_mapping on the target pool "
+                "(SWATokenToKVPoolAllocator does) and hand the draft worker that allocator, "
+                "so the same tensor is registered on both pools")
+    elif pair.target.mapping.kind != "tensor":
         text = ("no pool holds a mapping tensor: register the target allocator's "
                 "full_to_swa_index_mapping on the target pool (SWATokenToKVPoolAllocator "
                 "does) and the same tensor on the draft pool; there is no tensor to share")

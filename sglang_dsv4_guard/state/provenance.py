@@ -4,10 +4,17 @@ Once the guard is installed (in a scheduler: before any pool is built), SGLang's
 ``DeepSeekV4TokenToKVPool.register_mapping`` is wrapped
 (:data:`~sglang_dsv4_guard.host.targets.POOL_REGISTER_TARGET`). The wrapper calls SGLang's
 method with the caller's arguments and returns its result unchanged; before that it
-records, keyed weakly by the pool, the caller's ``file:line`` and the ``id()`` of the
-tensor registered. Nothing else: no tensor is read or held. ``DSV4G004``'s ``from:``
+records, keyed weakly by the pool, the caller's ``file:line`` and a weak reference to the
+tensor registered (never its ``id()``, which CPython gives to the next object once the
+tensor is freed). Nothing else: no tensor is read or held. ``DSV4G004``'s ``from:``
 lines then say what was seen (:func:`registered_by`); a record whose tensor is not the
-pool's current mapping any more (set another way since) is not used.
+pool's current mapping any more (set another way since, or freed) is not used.
+
+The caller is the first frame outside the ``register_mapping`` wrappers: another
+plug-in's wrapper around ours (``functools.wraps``: it is in the ``__wrapped__`` chain of
+the pool class' method) is skipped, never named as the registrar. A wrapper of ours left
+in such a chain by an uninstall (the newer wrapper kept in place) records nothing: only
+the applied one does, so a reinstall never records a call twice.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import CodeType, FrameType
 from typing import Any
+
+from sglang_dsv4_guard.patching import is_ours
 
 __all__ = ["Registration", "forget", "make_register_wrapper", "registered_by"]
 
@@ -29,20 +39,44 @@ class Registration:
     """One observed ``register_mapping`` call: where it was made and what it registered."""
 
     caller: str  # "path/to/file.py:123 (function)"
-    tensor_id: int
+    tensor: Callable[[], object] | None  # a weak reference; None: None was registered
 
 
 _SEEN: weakref.WeakKeyDictionary[object, Registration] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
+def _wrapper_codes(pool: object) -> set[CodeType]:
+    """The code of every function in the ``__wrapped__`` chain of the pool's method."""
+    codes: set[CodeType] = set()
+    fn: object = getattr(type(pool), "register_mapping", None)
+    while fn is not None and len(codes) < 32:  # a cycle of __wrapped__ ends too
+        code = getattr(fn, "__code__", None)
+        if isinstance(code, CodeType):
+            codes.add(code)
+        fn = getattr(fn, "__wrapped__", None)
+    return codes
+
+
+def _caller(pool: object) -> FrameType | None:
+    """The first frame above ours that is not a ``register_mapping`` wrapper."""
+    skip = _wrapper_codes(pool)
+    frame: FrameType | None = sys._getframe(2)  # _caller, _record, then our wrapper
+    while frame is not None and frame.f_code in skip:
+        frame = frame.f_back
+    return frame
+
+
 def _record(pool: object, tensor: object) -> None:
-    frame = sys._getframe(2)  # the caller of the wrapper
+    frame = _caller(pool)
+    if frame is None:
+        return
     where = f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
     try:
+        ref = None if tensor is None else weakref.ref(tensor)
         with _LOCK:
-            _SEEN[pool] = Registration(where, id(tensor))
-    except TypeError:  # a pool that refuses weak references: nothing is recorded
+            _SEEN[pool] = Registration(where, ref)
+    except TypeError:  # a pool or tensor that refuses weak references: nothing recorded
         pass
 
 
@@ -52,7 +86,8 @@ def make_register_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def register_mapping(self: object, *args: Any, **kwargs: Any) -> Any:
         with contextlib.suppress(Exception):  # observing never changes SGLang's behaviour
-            _record(self, args[0] if args else next(iter(kwargs.values()), None))
+            if is_ours(register_mapping):  # only the applied wrapper records, not a stale one
+                _record(self, args[0] if args else next(iter(kwargs.values()), None))
         return original(self, *args, **kwargs)
 
     return register_mapping
@@ -65,7 +100,10 @@ def registered_by(pool: object, current: object) -> str | None:
             seen = _SEEN.get(pool)
     except TypeError:
         return None
-    if seen is None or seen.tensor_id != id(current):
+    if seen is None:
+        return None
+    held = None if seen.tensor is None else seen.tensor()
+    if held is not current or (held is None and seen.tensor is not None):
         return None
     return seen.caller
 
