@@ -1,11 +1,12 @@
-"""``check --fix`` as an operator uses it: corrected lines that say every change, and
-edits that find a flag however the release's parser lets the operator spell it."""
+"""``check`` and ``check --fix`` as an operator uses them: corrected lines that say every
+change, fixes that name only values the release accepts, and edits that find a flag however
+the release's parser lets the operator spell it."""
 
 from __future__ import annotations
 
 import unittest
 
-from check_helpers import DSV4, run_cli, server
+from check_helpers import DSV4, check_json, codes, run_cli, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -33,6 +34,24 @@ class TestCorrectedLinesSayEveryChange(GuardTestCase):
         corrected = out.split("check --fix: corrected lines", 1)
         self.assertEqual(len(corrected), 2, out)
         self.assertIn(UNIFIED, corrected[1])
+
+
+class TestPlainCheckOffersOnlyAcceptedFlags(GuardTestCase):
+    """Without ``--fix``, a fix still names only values the release's resolution accepts
+    for this model."""
+
+    def test_a_refused_value_is_not_copied_to_the_other_server(self) -> None:
+        """NEXTN on the DeepSeek-V4 prefill only: the release refuses it (DSV4G026), so no
+        fix of plain ``check`` tells the decode to take ``--speculative-algorithm NEXTN``
+        (the decode would then be refused the same way)."""
+        _, doc = check_json(server("prefill", DSV4, "--speculative-algorithm NEXTN"),
+                            server("decode", DSV4))
+        if "DSV4G026" not in codes(doc):
+            self.skipTest("this release accepts NEXTN for DeepSeek-V4")
+        copied = [(f["code"], fix["text"]) for f in doc["findings"] for fix in f["fixes"]
+                  for e in fix["edits"] if e["server"] == "decode"
+                  and e["name"] == "--speculative-algorithm" and e["value"] == "NEXTN"]
+        self.assertEqual(copied, [])
 
 
 class TestEditsFindAbbreviatedFlags(GuardTestCase):
