@@ -62,7 +62,7 @@ def render_fixed(fixed: Fixed) -> str:
     """``check --fix``'s corrected lines, shell-quoted, with what the check says of them."""
     if not fixed.result.report.findings:
         return "check --fix: nothing to fix"
-    budget = "; the budget of re-runs ran out" if fixed.exhausted else ""
+    budget = f"; stopped: {fixed.spent}" if fixed.exhausted else ""
     if fixed.lines is None or fixed.lines_result is None:
         return (f"check --fix: no proven flag change ({fixed.runs} re-run(s) of the check"
                 f"{budget}); the lines are unchanged")
@@ -76,4 +76,5 @@ def render_fixed(fixed: Fixed) -> str:
         if env:
             lines.append(f"    {role} env: " + " ".join(
                 f"{k}={shlex.quote(v)}" for k, v in env.items()))
+        lines += [f"    {role} env: unset {name}" for name in fixed.lines.unset(fixed.given, role)]
     return "\n".join(lines)
