@@ -12,6 +12,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.fixes import Edit
 from sglang_dsv4_guard.launch.edit import apply_edits, typed_flags
+from sglang_dsv4_guard.launch.parse import parse_side
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
@@ -41,17 +42,26 @@ class TestPlainCheckOffersOnlyAcceptedFlags(GuardTestCase):
     for this model."""
 
     def test_a_refused_value_is_not_copied_to_the_other_server(self) -> None:
-        """NEXTN on the DeepSeek-V4 prefill only: the release refuses it (DSV4G026), so no
-        fix of plain ``check`` tells the decode to take ``--speculative-algorithm NEXTN``
-        (the decode would then be refused the same way)."""
-        _, doc = check_json(server("prefill", DSV4, "--speculative-algorithm NEXTN"),
-                            server("decode", DSV4))
-        if "DSV4G026" not in codes(doc):
-            self.skipTest("this release accepts NEXTN for DeepSeek-V4")
-        copied = [(f["code"], fix["text"]) for f in doc["findings"] for fix in f["fixes"]
-                  for e in fix["edits"] if e["server"] == "decode"
-                  and e["name"] == "--speculative-algorithm" and e["value"] == "NEXTN"]
-        self.assertEqual(copied, [])
+        """The DeepSeek-V4 prefill types speculative flags the release's resolution refuses
+        (DSV4G026; the first of a few candidates this release refuses) and the decode
+        none: every fix that edits the decode leaves a decode line the same release
+        accepts (the decode is never told to take the refused value)."""
+        refused = None
+        for extra in ("--speculative-algorithm NEXTN", "--speculative-algorithm BOGUS",
+                      "--speculative-algorithm EAGLE --speculative-eagle-topk 4"):
+            prefill = server("prefill", DSV4, extra)
+            if parse_side("prefill", prefill, {}).resolution_error is not None:
+                refused = prefill
+                break
+        self.assertIsNotNone(refused, "no candidate is refused by this release")
+        _, doc = check_json(str(refused), server("decode", DSV4))
+        self.assertIn("DSV4G026", codes(doc))
+        decode_edits = [tuple(Edit(**e) for e in fix["edits"] if e["server"] == "decode")
+                        for f in doc["findings"] for fix in f["fixes"]]
+        line = server("decode", DSV4)
+        refusals = [(edits, parse_side("decode", apply_edits(line, edits, "decode"), {})
+                     .resolution_error) for edits in decode_edits if edits]
+        self.assertEqual([r for r in refusals if r[1] is not None], [])
 
 
 class TestEditsFindAbbreviatedFlags(GuardTestCase):

@@ -169,23 +169,27 @@ def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]])
     return replace(finding, fixes=tuple(fixes))
 
 
-# Fields that switch a feature on when a server that did not type them is given them.
+# Fields that switch a feature on when a server that did not type them is given them,
+# and the fields that set a server's GPU count.
 _FEATURES = ("speculative_algorithm",)
+_GPUS = ("tp_size", "pp_size")
 
 
-def cost(fix: Fix, lines: Lines) -> tuple[int, int, int]:
+def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
     """How invasive ``fix`` is on ``lines``, least first: features it switches on for a
     server that did not ask for them (a switch, or ``--speculative-algorithm``, not typed
-    there), servers it changes, edits it makes."""
+    there), GPU counts it changes (--tp-size, --pp-size), servers it changes, edits."""
     typed = {role: typed_flags(shlex.split(getattr(lines, role)))
              for role in ("prefill", "decode")}
-    switched = 0
+    switched = resized = 0
     for edit in fix.edits:
+        found = None if edit.env else lookup(edit.name)
+        resized += found is not None and found.field in _GPUS
         found = None if edit.env or edit.remove else lookup(edit.name)
         if found is not None and (not found.takes_value or found.field in _FEATURES) \
                 and found.field not in typed.get(edit.server, {}):
             switched += 1
-    return switched, len({e.server for e in fix.edits}), len(fix.edits)
+    return switched, resized, len({e.server for e in fix.edits}), len(fix.edits)
 
 
 def _ranked(finding: Finding, lines: Lines) -> list[Fix]:
@@ -197,7 +201,7 @@ def _one_fix(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
              start: Lines) -> tuple[Lines, CheckResult] | None:
     """The least invasive single proven fix (its check already run) that leaves no error
     and the fewest findings: one edit that removes every finding beats a combination."""
-    best: tuple[tuple[int, int, int, int], Lines, CheckResult] | None = None
+    best: tuple[tuple[int, ...], Lines, CheckResult] | None = None
     for finding in findings:
         for fix in _ranked(finding, start):
             trial = start.edited(fix.edits)

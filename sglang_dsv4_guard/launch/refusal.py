@@ -164,7 +164,8 @@ def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refu
     inputs = (f"SGLang's resolution of the {role} server's flags: {refusal}",)
     ranked = sorted(found.accepted, key=lambda e: (all(x.remove for x in e), len(e)))
     fixes = tuple(Fix(FixKind.FLAGS, f"the {role} server's flags that SGLang's resolution "
-                                     f"accepts ({len(edits)} change(s))",
+                                     f"accepts ({len(edits)} change(s); found in "
+                                     f"{found.resolutions} resolution(s) of its lines)",
                       field=", ".join(dict.fromkeys(
                           f.field for x in edits if (f := flag(x.name)) is not None)),
                       edits=edits, inputs=inputs)

@@ -151,6 +151,12 @@ def _g024(p: Side, d: Side) -> list[Fix | None]:
               if p.args.get(name) != d.args.get(name)]
     inputs = tuple(f"{s.role}: --model-path {s.args.get('model_path')} "
                    f"({s.model.architecture}, config.json)" for s in (p, d))
+    if p.model.architecture != d.model.architecture:  # another model: the operator decides
+        return [Fix(FixKind.ADVICE, f"the two servers serve different architectures "
+                                    f"({p.model.architecture} and {d.model.architecture}): "
+                                    "serve one checkpoint on both (check --fix does not apply "
+                                    "this itself: which model to serve is the operator's "
+                                    "choice)", ", ".join(fields), inputs=inputs)]
     return [_fix(f"serve the {src.role}'s checkpoint on the {dst.role} server",
                  ", ".join(fields), [_set(dst.role, name, src.args.get(name))
                                      for name in fields], *inputs)
@@ -175,10 +181,30 @@ def _g006(p: Side, d: Side) -> list[Fix | None]:
                    f"{s.args.get('tp_size')} / (attention DP {s.attn_dp_size} x attention CP "
                    f"{s.args.get('attn_cp_size') or 1}) (SGLang's "
                    "compute_dp_attention_world_info)" for s in (p, d))
-    return [_fix(f"give the {dst.role} server attention TP {src.attn_tp_size}", "attn_tp_size",
-                 [_set(dst.role, "tp_size", src.attn_tp_size * dst.attn_dp_size
-                       * (dst.args.get("attn_cp_size") or 1))], *inputs)
-            for src, dst in ((p, d), (d, p))]
+    fixes: list[Fix | None] = [_dp_fix(src, dst, inputs) for src, dst in ((p, d), (d, p))]
+    fixes += [_fix(f"or give the {dst.role} server attention TP {src.attn_tp_size} by its "
+                   "--tp-size (this changes its GPU count)", "attn_tp_size",
+                   [_set(dst.role, "tp_size", src.attn_tp_size * dst.attn_dp_size
+                         * (dst.args.get("attn_cp_size") or 1))], *inputs)
+              for src, dst in ((p, d), (d, p))]
+    return fixes
+
+
+def _dp_fix(src: Side, dst: Side, inputs: tuple[str, ...]) -> Fix | None:
+    """``dst`` given ``src``'s attention TP by its attention-DP size, keeping its
+    --tp-size (its GPU count): ``dp = tp / (attention TP x attention CP)``, with
+    --enable-dp-attention when that is above 1."""
+    tp, cp = int(dst.args.get("tp_size") or 1), int(dst.args.get("attn_cp_size") or 1)
+    if tp % (src.attn_tp_size * cp):
+        return None
+    dp = tp // (src.attn_tp_size * cp)
+    edits = [_set(dst.role, "dp_size", dp)]
+    if dp > 1 and "enable_dp_attention" not in typed_flags(list(dst.args.argv)):
+        found = flag_for_field("enable_dp_attention")
+        edits.append(Edit(dst.role, found.option) if found is not None else None)
+    return _fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its attention "
+                f"DP size ({dp}), keeping its --tp-size {tp} (its GPU count)", "attn_tp_size",
+                edits, *inputs)
 
 
 def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
