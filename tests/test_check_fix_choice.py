@@ -10,11 +10,12 @@ import re
 import unittest
 from unittest import mock
 
-from check_helpers import DSV4, GPT_OSS, LLAMA, check_json, codes, run_cli, server
+from check_helpers import DSV3, DSV4, GPT_OSS, LLAMA, check_json, codes, run_cli, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.parse import parse_side
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
@@ -108,8 +109,26 @@ class TestRefusalReports(GuardTestCase):
         the pools were built from the flags as parsed."""
         _, out, _ = run_cli("check", "--prefill", server("prefill", DSV4, NEXTN),
                             "--decode", server("decode", DSV4))
-        line = next(l for l in out.splitlines() if l.startswith("prefill: SGLang's setup"))
+        line = next(t for t in out.splitlines() if t.startswith("prefill: SGLang's setup"))
         self.assertIn("as parsed", line)
+
+
+class TestRefusalCounts(GuardTestCase):
+    """A count SGLang's refusal names without a value is first tried at the release's own
+    choice, not at 1."""
+
+    def test_an_unvalued_count_takes_the_release_choice_first(self) -> None:
+        """NEXTN on DeepSeek-V4 (refused; the search reaches EAGLE with top-k 1 and a bare
+        assert naming --speculative-num-steps): the first fix's step count is the one
+        SGLang's resolution picks itself when no count is typed (read from a DeepSeek-V3
+        EAGLE line the release resolves; DeepSeek-V4 refuses EAGLE before picking)."""
+        own = parse_side("prefill", server("prefill", DSV3, "--speculative-algorithm EAGLE"),
+                         {})
+        self.assertIsNone(own.resolution_error)
+        _, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4))
+        first = next(f for f in doc["findings"] if f["code"] == "DSV4G026")["fixes"][0]
+        steps = [e["value"] for e in first["edits"] if e["name"] == "--speculative-num-steps"]
+        self.assertEqual(steps, [str(own.get("speculative_num_steps"))], first)
 
 
 class TestOptionalValueFlags(GuardTestCase):

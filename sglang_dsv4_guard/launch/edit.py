@@ -109,7 +109,7 @@ def _apply(argv: list[str], edit: Edit) -> list[str]:
     several = wanted.nargs in ("+", "*") or (isinstance(wanted.nargs, int) and wanted.nargs > 1)
     values = [] if edit.value is None else (shlex.split(edit.value) if several
                                             else [edit.value])
-    new = [] if edit.remove else [edit.name] + values
+    new = [] if edit.remove else [edit.name, *values]
     if not spans:
         return argv + new
     out = list(argv)
