@@ -112,7 +112,8 @@ def _refused(side: Side, other: Side) -> Finding:
 
 
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
-    """The guard's send checks on the transfer the two servers imply (phase register)."""
+    """The guard's send checks on the transfer the two servers imply (phase ``check``:
+    before launch, on the transfer the two lines imply)."""
     # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
     from sglang_dsv4_guard.plugins import build_plugins
@@ -126,7 +127,7 @@ def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
         dp_size=a.typed.get("dp_size"), enable_dp_attention=a.typed.get("enable_dp_attention"),
         pp_size=a.get("pp_size"), engine_key="planned decode server")
     return build_plugins().collect("sglang_dsv4_guard_check_send", {
-        "transfer": snap, "context": SendContext(profile, "on", "register")})
+        "transfer": snap, "context": SendContext(profile, "on", "check")})
 
 
 def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:

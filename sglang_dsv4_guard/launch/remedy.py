@@ -182,7 +182,7 @@ def _g006(p: Side, d: Side) -> list[Fix | None]:
                    f"{s.args.get('attn_cp_size') or 1}) (SGLang's "
                    "compute_dp_attention_world_info)" for s in (p, d))
     fixes: list[Fix | None] = [_dp_fix(src, dst, inputs) for src, dst in ((p, d), (d, p))]
-    fixes += [_fix(f"or give the {dst.role} server attention TP {src.attn_tp_size} by its "
+    fixes += [_fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its "
                    "--tp-size (this changes its GPU count)", "attn_tp_size",
                    [_set(dst.role, "tp_size", src.attn_tp_size * dst.attn_dp_size
                          * (dst.args.get("attn_cp_size") or 1))], *inputs)
