@@ -84,6 +84,17 @@ class TestFixOutcomeInJson(GuardTestCase):
         self.assertIn("SGLANG_DSV4_GUARD_CHECK_TIMEOUT", doc["fix_runs"]["budget"])
 
 
+    def test_a_fix_left_untried_is_not_called_hopeless(self) -> None:
+        """Stopped by the time limit before any re-run, no finding is told "no flag change
+        fixes this" (its fixes were not tried); it says they are not proven."""
+        with mock.patch.dict(os.environ, {"SGLANG_DSV4_GUARD_CHECK_TIMEOUT": "0.001"}):
+            _, doc = check_json(server("prefill", GPT_OSS, DP2),
+                                server("decode", GPT_OSS, DP4), "--fix")
+        texts = [fix["text"] for f in doc["findings"] for fix in f["fixes"]
+                 if fix["kind"] == "none"]
+        self.assertTrue(texts and all(t.startswith("not proven") for t in texts), texts)
+
+
 class TestRefusalReports(GuardTestCase):
     """What a DSV4G026 report says about its search and about the values it shows."""
 

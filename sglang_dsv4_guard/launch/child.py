@@ -75,7 +75,8 @@ def answer(request: Mapping[str, Any],
     # deferred: the child's work: the parent (the check command) never loads it
     from sglang_dsv4_guard.launch.parse import CheckInputError, one_line
 
-    started = time.monotonic()
+    # when the command started the child (the system-wide monotonic clock), else now
+    started = float(request.get("started") or time.monotonic())
     try:
         # deferred: the prediction imports SGLang: only the child runs it, inside the try
         from sglang_dsv4_guard.launch.predict import run_check
@@ -256,7 +257,8 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
         timeout = _timeout()
     except CheckInputError as exc:
         return {"exit_status": 2, "error": str(exc)}
-    payload = json.dumps({**request, "sglang_file": _sglang_file()})
+    payload = json.dumps({**request, "sglang_file": _sglang_file(),
+                          "started": time.monotonic()})
     main = threading.current_thread() is threading.main_thread()  # signals reach it only
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)
                 if main}

@@ -162,10 +162,11 @@ def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]])
         why = ("no flag edit was derived for it from the two lines" if not tried
                and not budget else f"none of its {tried} flag fix(es) removed it without "
                "bringing a new error, on the release's resolution and every check")
-        if budget:
-            why += f"; {runner.spent()}"
-        fixes.append(Fix(FixKind.NO_FLAG_FIX, f"no flag change fixes this: {why}",
-                         field=fixes[0].field if fixes else ""))
+        text = f"no flag change fixes this: {why}"
+        if budget:  # a fix left untried is not known not to work: say it is unproven
+            text = (f"not proven by check ({tried} of its flag fix(es) re-checked, none "
+                    f"removed it): {runner.spent()}")
+        fixes.append(Fix(FixKind.NO_FLAG_FIX, text, field=fixes[0].field if fixes else ""))
     return replace(finding, fixes=tuple(fixes))
 
 
