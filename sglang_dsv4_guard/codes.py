@@ -153,8 +153,10 @@ CODES: dict[str, CodeInfo] = {
             "a draft receives none (its draft starts cold or the transfer layouts disagree).",
             ("check derives two flag fixes from the two lines: give the server without "
              "speculative decoding every --speculative-* flag the other was given (as "
-             "typed), or remove them from the server that has them; check --fix keeps "
-             "the one SGLang's resolution and every check accept",),
+             "typed; offered only when the other server's own resolution accepted them and "
+             "the edited line resolves), or remove them from the server that has them; "
+             "check --fix prefers removing (it never switches speculative decoding on for "
+             "a server that did not ask for it when another proven fix exists)",),
         ),
         CodeInfo(
             "DSV4G021",
@@ -169,7 +171,8 @@ CODES: dict[str, CodeInfo] = {
             ("check derives two flag fixes: the decode takes the prefill's --speculative-* "
              "flags (as typed; those the prefill was not given are removed), or the "
              "prefill takes the decode's; the draft-token counts shown are the release's "
-             "resolution of those flags",),
+             "resolution of those flags; a server whose own flags SGLang's resolution "
+             "refused (DSV4G026) is never the one copied from",),
         ),
         CodeInfo(
             "DSV4G022",
@@ -203,9 +206,11 @@ CODES: dict[str, CodeInfo] = {
             "continue a KV cache written by another model. Paths on two hosts may name the "
             "same checkpoint: then this is a reminder to make sure they do.",
             ("check derives a flag fix per server: --model-path (and "
-             "--speculative-draft-model-path, when it differs) set to the other server's; "
-             "if the two paths name identical copies on their hosts, nothing needs to "
-             "change",),
+             "--speculative-draft-model-path, when it differs) set to the other server's, "
+             "when both checkpoints have one architecture; for different architectures "
+             "the fix is advice with no edit (which model to serve is the operator's "
+             "choice: check --fix never applies it); if the two paths name identical "
+             "copies on their hosts, nothing needs to change",),
         ),
         CodeInfo(
             "DSV4G025",
@@ -231,10 +236,13 @@ CODES: dict[str, CodeInfo] = {
             "this machine's, not the server's.",
             ("check derives flag fixes from SGLang's message: the flags it names (by option, "
              "by ServerArgs field, by the words of a flag with a value, or in a bare "
-             "assert's condition) are set to the values it mentions or the other server's, "
-             "or removed; each edited line is resolved again by the release (a new refusal "
-             "extends the search, at most 24 resolutions) and only lines it accepts are "
-             "offered; none found: 'no flag change fixes this'",),
+             "assert's condition) are set to the values it mentions or the other server's "
+             "(a whole-number flag given no value: first the value the release chooses "
+             "itself, its resolution of the line without that flag or, for a speculative "
+             "count, its own speculative auto-choice for the model, then 1), or removed; "
+             "each edited line is resolved again by the release (a new refusal extends the "
+             "search, at most 24 resolutions; each fix says how many ran) and only lines it "
+             "accepts are offered; none found: 'no flag change fixes this'",),
         ),
         CodeInfo(
             "DSV4G090",

@@ -4,6 +4,7 @@ on the installed release (its own parser, resolution and checks)."""
 from __future__ import annotations
 
 import unittest
+from dataclasses import replace
 from typing import Any
 
 from check_helpers import (
@@ -19,13 +20,13 @@ from check_helpers import (
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.fixes import Edit, FixKind
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import accepts
 from sglang_dsv4_guard.launch import refusal
 from sglang_dsv4_guard.launch.edit import apply_edits, apply_env
 from sglang_dsv4_guard.launch.parse import parse_side
 from sglang_dsv4_guard.launch.predict import run_check
-from sglang_dsv4_guard.launch.prove import Lines, fix_check
+from sglang_dsv4_guard.launch.prove import Lines, _errors, _prove, _Runner, fix_check
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
@@ -106,11 +107,19 @@ class TestDerivedFixes(GuardTestCase):
                             False)]])
 
     def test_g024_model_path_both_ways(self) -> None:
-        """Different checkpoints: each server may take the other's ``--model-path``."""
-        _, doc = check_json(server("prefill", GPT_OSS), server("decode", LLAMA))
+        """Two checkpoints of one architecture: each server may take the other's
+        ``--model-path``."""
+        _, doc = check_json(server("prefill", DSV4), server("decode", DSV4_WINDOW64))
         self.assertEqual([edits(f) for f in finding(doc, "DSV4G024")["fixes"]],
-                         [[("decode", "--model-path", GPT_OSS, False, False)],
-                          [("prefill", "--model-path", LLAMA, False, False)]])
+                         [[("decode", "--model-path", DSV4, False, False)],
+                          [("prefill", "--model-path", DSV4_WINDOW64, False, False)]])
+
+    def test_g024_another_architecture_is_only_advice(self) -> None:
+        """Checkpoints of different architectures: the fix is advice with no edit (which
+        model to serve is the operator's choice, never a flag edit ``--fix`` applies)."""
+        _, doc = check_json(server("prefill", GPT_OSS), server("decode", LLAMA))
+        self.assertEqual([(f["kind"], edits(f)) for f in finding(doc, "DSV4G024")["fixes"]],
+                         [("advice", [])])
 
     def test_g025_environment_variable(self) -> None:
         """The unified-KV variable on the prefill only: set it on the decode, or unset it
@@ -150,13 +159,18 @@ class TestDerivedFixes(GuardTestCase):
                       edits(second))
 
     def test_g006_tp_size_for_equal_attention_tp(self) -> None:
-        """Prefill TP 8 with attention DP 2 (attention TP 4) and decode TP 8: the decode
-        gets ``--tp-size 4``, the prefill ``--tp-size 16`` (8 x its DP 2)."""
+        """Prefill TP 8 with attention DP 2 (attention TP 4) and decode TP 8: first the
+        attention-DP edits that keep each --tp-size (decode ``--dp-size 2`` with
+        ``--enable-dp-attention``, prefill ``--dp-size 1``), then the --tp-size ones
+        (decode 4, prefill 16 = 8 x its DP 2)."""
         _, doc = check_json(server("prefill", GPT_OSS, "--tp-size 8 --dp-size 2 "
                                                        "--enable-dp-attention"),
                             server("decode", GPT_OSS, "--tp-size 8"))
         self.assertEqual([edits(f) for f in finding(doc, "DSV4G006")["fixes"]],
-                         [[("decode", "--tp-size", "4", False, False)],
+                         [[("decode", "--dp-size", "2", False, False),
+                           ("decode", "--enable-dp-attention", None, False, False)],
+                          [("prefill", "--dp-size", "1", False, False)],
+                          [("decode", "--tp-size", "4", False, False)],
                           [("prefill", "--tp-size", "16", False, False)]])
 
 
@@ -222,16 +236,18 @@ class TestCheckFix(GuardTestCase):
         self.assertEqual((status, codes(again)), (0, []))
 
     def test_a_fix_that_brings_a_new_error_is_not_proven(self) -> None:
-        """NEXTN on the DeepSeek-V4 prefill only: copying it to the decode brings the
-        decode's own refusal, so that fix is not proven; the corrected lines pass."""
-        _, doc = check_json(server("prefill", DSV4, "--speculative-algorithm NEXTN"),
-                            server("decode", DSV4), "--fix")
-        if "DSV4G026" not in codes(doc):
-            self.skipTest("this release accepts NEXTN for DeepSeek-V4")
-        copy = finding(doc, "DSV4G020")["fixes"][0]
-        self.assertEqual((copy["edits"][0]["server"], copy["proven"]), ("decode", False))
-        status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])
-        self.assertEqual((status, codes(again)), (0, []))
+        """Different transfer backends (DSV4G023): a fix that gives the decode MORI and
+        also a speculative algorithm the release refuses for DeepSeek-V4 removes the
+        finding but brings the decode's own refusal (DSV4G026), so it is not proven."""
+        lines = Lines(server("prefill", DSV4), server("decode", DSV4, backend="nixl"))
+        base = run_check(lines.prefill, lines.decode, derive=False)
+        g023 = next(f for f in base.report.findings if f.code == "DSV4G023")
+        bad = Fix(FixKind.FLAGS, "mori and BOGUS", edits=(
+            Edit("decode", "--disaggregation-transfer-backend", "mori"),
+            Edit("decode", "--speculative-algorithm", "BOGUS")))
+        proved = _prove(replace(g023, fixes=(bad,)), _Runner(lines, tuple),
+                        _errors(base.report))
+        self.assertIs(proved.fixes[0].proven, False)
 
     def test_g005_own_draft_is_proven(self) -> None:
         """A draft checkpoint with another window (DSV4G005, SGLang's own check on the

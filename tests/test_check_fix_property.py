@@ -98,6 +98,11 @@ class TestCheckFixProperty(GuardTestCase):
             fixed.result.report
         unfixed = {(f.code, f.subject) for f in findings
                    if any(x.kind is FixKind.NO_FLAG_FIX for x in f.fixes)}
+        if fixed.lines_result is None and fixed.result.exit_status == 0:
+            # warnings only and none fixed by a flag: each says no flag change fixes it
+            self.assertLessEqual({(f.code, f.subject) for f in findings}, unfixed, lines)
+            counts["no_flag_fix"] += 1
+            return
         errors = [(f.code, f.subject) for f in left.findings if f.severity.value == "error"]
         self.assertTrue(errors and set(errors) <= unfixed, (lines, errors, unfixed))
         counts["no_flag_fix"] += 1

@@ -38,6 +38,7 @@ class Flag:
     field: str
     takes_value: bool
     choices: tuple[str, ...] | None
+    nargs: int | str | None = None  # argparse's: None (one value), '?', '+', '*', or a count
 
 
 class _Quiet(argparse.ArgumentParser):
@@ -51,7 +52,7 @@ def _flag(action: argparse.Action) -> Flag | None:
         return None
     choices = tuple(str(c) for c in action.choices) if action.choices is not None else None
     return Flag(longs[0], tuple(action.option_strings), action.dest, action.nargs != 0,
-                choices)
+                choices, action.nargs)
 
 
 @functools.lru_cache(maxsize=1)

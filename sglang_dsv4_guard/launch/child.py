@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,13 +75,15 @@ def answer(request: Mapping[str, Any],
     # deferred: the child's work: the parent (the check command) never loads it
     from sglang_dsv4_guard.launch.parse import CheckInputError, one_line
 
+    # when the command started the child (the system-wide monotonic clock), else now
+    started = float(request.get("started") or time.monotonic())
     try:
         # deferred: the prediction imports SGLang: only the child runs it, inside the try
         from sglang_dsv4_guard.launch.predict import run_check
         from sglang_dsv4_guard.launch.text import render_check
 
         if request.get("fix"):
-            return _answer_fixed(request, refusals)
+            return _answer_fixed(request, refusals, started)
         result = run_check(request["prefill"], request["decode"],
                            request.get("prefill_env") or {}, request.get("decode_env") or {},
                            refusals=refusals)
@@ -93,22 +96,30 @@ def answer(request: Mapping[str, Any],
             "text": render_check(result)}
 
 
-def _answer_fixed(request: Mapping[str, Any],
-                  refusals: Callable[[], tuple[str, ...]]) -> dict[str, Any]:
+def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]],
+                  started: float) -> dict[str, Any]:
     """``check --fix``: the check with each fix proven, and the corrected lines."""
     # deferred: the child's work (imports SGLang)
-    from sglang_dsv4_guard.launch.prove import Lines, fix_check
+    from sglang_dsv4_guard.launch.prove import Deadline, Lines, fix_check
     from sglang_dsv4_guard.launch.text import render_check, render_fixed
 
+    limit = _timeout()
+    deadline = Deadline(started + limit / 2,
+                        f"half of the check's time limit ({limit / 2:g} of {limit:g} s, "
+                        f"{TIMEOUT_VARIABLE}) had passed, so no further re-run was started")
     fixed = fix_check(Lines(request["prefill"], request["decode"],
                             request.get("prefill_env") or {}, request.get("decode_env") or {}),
-                      refusals)
+                      refusals, deadline)
     document = fixed.result.to_dict()
-    document["fixed"] = fixed.lines.to_dict() if fixed.lines is not None else None
+    document["fixed"] = (fixed.lines.to_fixed_dict(fixed.given) if fixed.lines is not None
+                         else None)
     document["fixed_check"] = (None if fixed.lines_result is None else {
         "exit_status": fixed.lines_result.exit_status,
         "findings": list(fixed.lines_result.report.codes)})
-    document["fix_runs"] = {"runs": fixed.runs, "budget_ran_out": fixed.exhausted}
+    document["fix_status"] = ("nothing_to_fix" if not fixed.result.report.findings
+                              else "corrected" if fixed.lines is not None else "not_proven")
+    document["fix_runs"] = {"runs": fixed.runs, "budget_ran_out": fixed.exhausted,
+                            "budget": fixed.spent or None}
     return {"exit_status": fixed.result.exit_status, "document": document,
             "text": render_check(fixed.result) + "\n\n" + render_fixed(fixed)}
 
@@ -246,7 +257,8 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
         timeout = _timeout()
     except CheckInputError as exc:
         return {"exit_status": 2, "error": str(exc)}
-    payload = json.dumps({**request, "sglang_file": _sglang_file()})
+    payload = json.dumps({**request, "sglang_file": _sglang_file(),
+                          "started": time.monotonic()})
     main = threading.current_thread() is threading.main_thread()  # signals reach it only
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)
                 if main}

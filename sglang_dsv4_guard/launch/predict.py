@@ -91,23 +91,29 @@ def _view(side: Side) -> SideView:
     )
 
 
-def _refused(side: Side) -> Finding:
+def _refused(side: Side, other: Side) -> Finding:
     """DSV4G026: the release's resolution raised for this server's flags (its fixes are
-    derived in :func:`run_check`)."""
+    derived in :func:`run_check`); it says when the other server is refused the same way."""
     info = CODES["DSV4G026"]
+    same = ((f"the {other.role} server's flags are refused with the same message (its own "
+             f"DSV4G026): both servers need the fix",)
+            if other.args.resolution_error == side.args.resolution_error else ())
     return Finding(
         code="DSV4G026", severity=Severity.ERROR, summary=info.title,
         subject=f"{side.role} server flags",
         observations=(Observation(side.role, "resolution", side.args.resolution_error,
                                   "ServerArgs resolution of the installed release"),),
         details=(f"the {side.role} server's flags: {' '.join(side.args.argv)}",
-                 "derived values below come from the flags as parsed, without SGLang's "
-                 "model defaults"),
+                 f"what this check derives for the {side.role} server (its page size, "
+                 "speculative settings, attention TP, the pools it builds) comes from its "
+                 "flags as parsed, without the model defaults and checks SGLang's "
+                 "resolution would have applied", *same),
         docs=docs_url("DSV4G026"))
 
 
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
-    """The guard's send checks on the transfer the two servers imply (phase register)."""
+    """The guard's send checks on the transfer the two servers imply (phase ``check``:
+    before launch, on the transfer the two lines imply)."""
     # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
     from sglang_dsv4_guard.plugins import build_plugins
@@ -121,7 +127,7 @@ def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
         dp_size=a.typed.get("dp_size"), enable_dp_attention=a.typed.get("enable_dp_attention"),
         pp_size=a.get("pp_size"), engine_key="planned decode server")
     return build_plugins().collect("sglang_dsv4_guard_check_send", {
-        "transfer": snap, "context": SendContext(profile, "on", "register")})
+        "transfer": snap, "context": SendContext(profile, "on", "check")})
 
 
 def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
@@ -214,7 +220,7 @@ def run_check(prefill_args: str, decode_args: str,
     version = host.name
     prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
     decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
-    findings: list[Finding] = [_refused(s) for s in (prefill, decode)
+    findings: list[Finding] = [_refused(s, o) for s, o in ((prefill, decode), (decode, prefill))
                                if s.args.resolution_error is not None]
     runs = [run for run in (run_state_check(prefill), run_state_check(decode)) if run]
     for run in runs:

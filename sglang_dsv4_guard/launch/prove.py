@@ -14,17 +14,19 @@ fix is left unproven (``None``) and the finding says the budget ran out.
 
 from __future__ import annotations
 
+import shlex
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Report, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.launch.edit import apply_edits, apply_env
+from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, lookup, typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError
 from sglang_dsv4_guard.launch.predict import CheckResult, run_check
 
-__all__ = ["MAX_RUNS", "Fixed", "Lines", "fix_check"]
+__all__ = ["MAX_RUNS", "Deadline", "Fixed", "Lines", "fix_check"]
 
 MAX_RUNS = 24
 
@@ -50,6 +52,26 @@ class Lines:
         return {"prefill": self.prefill, "decode": self.decode,
                 "prefill_env": dict(self.prefill_env), "decode_env": dict(self.decode_env)}
 
+    def unset(self, given: Lines, role: str) -> tuple[str, ...]:
+        """The variables of ``given``'s ``role`` environment that these lines no longer set."""
+        now = getattr(self, f"{role}_env")
+        return tuple(name for name in getattr(given, f"{role}_env") if name not in now)
+
+    def to_fixed_dict(self, given: Lines) -> dict[str, Any]:
+        """:meth:`to_dict` plus ``prefill_unset``/``decode_unset``: the variables of the
+        given environments these lines unset (an environment lists only what is set)."""
+        return {**self.to_dict(), **{f"{role}_unset": list(self.unset(given, role))
+                                     for role in ("prefill", "decode")}}
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When ``check --fix`` stops re-running the check (``time.monotonic()``), and how the
+    report says so."""
+
+    at: float
+    text: str
+
 
 @dataclass(frozen=True)
 class Fixed:
@@ -61,6 +83,8 @@ class Fixed:
     lines_result: CheckResult | None
     runs: int
     exhausted: bool
+    given: Lines = field(default_factory=lambda: Lines("", ""))
+    spent: str = ""  # which budget ran out, when ``exhausted``
 
 
 def _key(finding: Finding) -> tuple[str, str]:
@@ -74,17 +98,29 @@ def _errors(report: Report) -> set[tuple[str, str]]:
 class _Runner:
     """``run_check`` on edited lines, each distinct pair once, at most :data:`MAX_RUNS`."""
 
-    def __init__(self, base: Lines, refusals: Callable[[], tuple[str, ...]]) -> None:
+    def __init__(self, base: Lines, refusals: Callable[[], tuple[str, ...]],
+                 deadline: Deadline | None = None) -> None:
         self.base, self.refusals, self.runs, self.exhausted = base, refusals, 0, False
+        self.deadline = deadline
         self.cache: dict[str, CheckResult | None] = {}
+
+    def out_of_time(self) -> bool:
+        """Whether the deadline has passed."""
+        return self.deadline is not None and time.monotonic() >= self.deadline.at
+
+    def spent(self) -> str:
+        """Which budget ran out, as the report says it."""
+        if self.out_of_time() and self.deadline is not None:
+            return self.deadline.text
+        return f"{MAX_RUNS} re-runs of the check were the budget and it ran out"
 
     def run(self, lines: Lines) -> CheckResult | bool | None:
         """The check of ``lines``; ``None`` for lines it cannot read, ``False`` past the
         budget."""
-        key = repr(sorted(lines.to_dict().items()))
+        key = _cache_key(lines)
         if key in self.cache:
             return self.cache[key]
-        if self.runs >= MAX_RUNS:
+        if self.runs >= MAX_RUNS or self.out_of_time():
             self.exhausted = True
             return False
         self.runs += 1
@@ -96,6 +132,10 @@ class _Runner:
             result = None
         self.cache[key] = result
         return result
+
+
+def _cache_key(lines: Lines) -> str:
+    return repr(sorted(lines.to_dict().items()))
 
 
 def _removes(result: CheckResult, finding: Finding, base_errors: set[tuple[str, str]]) -> bool:
@@ -122,23 +162,70 @@ def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]])
         why = ("no flag edit was derived for it from the two lines" if not tried
                and not budget else f"none of its {tried} flag fix(es) removed it without "
                "bringing a new error, on the release's resolution and every check")
-        if budget:
-            why += f"; {MAX_RUNS} re-runs of the check were the budget and it ran out"
-        fixes.append(Fix(FixKind.NO_FLAG_FIX, f"no flag change fixes this: {why}",
-                         field=fixes[0].field if fixes else ""))
+        text = f"no flag change fixes this: {why}"
+        if budget:  # a fix left untried is not known not to work: say it is unproven
+            text = (f"not proven by check ({tried} of its flag fix(es) re-checked, none "
+                    f"removed it): {runner.spent()}")
+        fixes.append(Fix(FixKind.NO_FLAG_FIX, text, field=fixes[0].field if fixes else ""))
     return replace(finding, fixes=tuple(fixes))
+
+
+# Fields that switch a feature on when a server that did not type them is given them,
+# and the fields that set a server's GPU count.
+_FEATURES = ("speculative_algorithm",)
+_GPUS = ("tp_size", "pp_size")
+
+
+def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
+    """How invasive ``fix`` is on ``lines``, least first: features it switches on for a
+    server that did not ask for them (a switch, or ``--speculative-algorithm``, not typed
+    there), GPU counts it changes (--tp-size, --pp-size), servers it changes, edits."""
+    typed = {role: typed_flags(shlex.split(getattr(lines, role)))
+             for role in ("prefill", "decode")}
+    switched = resized = 0
+    for edit in fix.edits:
+        found = None if edit.env else lookup(edit.name)
+        resized += found is not None and found.field in _GPUS
+        found = None if edit.env or edit.remove else lookup(edit.name)
+        if found is not None and (not found.takes_value or found.field in _FEATURES) \
+                and found.field not in typed.get(edit.server, {}):
+            switched += 1
+    return switched, resized, len({e.server for e in fix.edits}), len(fix.edits)
+
+
+def _ranked(finding: Finding, lines: Lines) -> list[Fix]:
+    """``finding``'s proven fixes, least invasive first (:func:`cost`)."""
+    return sorted((f for f in finding.fixes if f.proven), key=lambda f: cost(f, lines))
+
+
+def _one_fix(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
+             start: Lines) -> tuple[Lines, CheckResult] | None:
+    """The least invasive single proven fix (its check already run) that leaves no error
+    and the fewest findings: one edit that removes every finding beats a combination."""
+    best: tuple[tuple[int, ...], Lines, CheckResult] | None = None
+    for finding in findings:
+        for fix in _ranked(finding, start):
+            trial = start.edited(fix.edits)
+            done = runner.cache.get(_cache_key(trial))
+            if not isinstance(done, CheckResult) or _errors(done.report):
+                continue
+            rank = (len(done.report.findings), *cost(fix, start))
+            if best is None or rank < best[0]:
+                best = (rank, trial, done)
+    return None if best is None or best[0][0] else (best[1], best[2])
 
 
 def _conflict(fix: Fix, taken: set[tuple[str, str, bool]]) -> bool:
     return any((e.server, e.name, e.env) in taken for e in fix.edits)
 
 
-def _together(findings: list[Finding]) -> tuple[Edit, ...]:
-    """The first proven fix of each finding that edits nothing an earlier one edits."""
+def _together(findings: list[Finding], start: Lines) -> tuple[Edit, ...]:
+    """The least invasive proven fix of each finding that edits nothing an earlier one
+    edits."""
     edits: list[Edit] = []
     taken: set[tuple[str, str, bool]] = set()
     for finding in findings:
-        fix = next((f for f in finding.fixes if f.proven and not _conflict(f, taken)), None)
+        fix = next((f for f in _ranked(finding, start) if not _conflict(f, taken)), None)
         if fix is not None:
             edits += fix.edits
             taken |= {(e.server, e.name, e.env) for e in fix.edits}
@@ -154,7 +241,7 @@ def _greedy(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str
         if current is not None and _key(finding) not in {
                 _key(f) for f in current.report.findings}:
             continue
-        for fix in (f for f in finding.fixes if f.proven):
+        for fix in _ranked(finding, start):
             trial = lines.edited(fix.edits)
             done = runner.run(trial)
             if isinstance(done, CheckResult) and _removes(done, finding, base_errors) and (
@@ -167,8 +254,12 @@ def _greedy(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str
 
 def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
              start: Lines) -> tuple[Lines, CheckResult] | None:
-    """The proven fixes applied together on ``start`` (greedily when together they fail)."""
-    edits = _together(findings)
+    """The least invasive single fix that clears the pair, else the proven fixes applied
+    together on ``start`` (greedily when together they fail)."""
+    single = _one_fix(findings, runner, base_errors, start)
+    if single is not None:
+        return single
+    edits = _together(findings, start)
     if not edits:
         return None
     together = start.edited(edits)
@@ -184,24 +275,27 @@ def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
 _ROUNDS = 2
 
 
-def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple) -> Fixed:
-    """``check --fix`` on ``lines`` (see the module docstring)."""
+def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
+              deadline: Deadline | None = None) -> Fixed:
+    """``check --fix`` on ``lines`` (see the module docstring); no re-run starts after
+    ``deadline``."""
     base = run_check(lines.prefill, lines.decode, lines.prefill_env, lines.decode_env,
                      refusals=refusals)
     if not base.report.findings:
-        return Fixed(base, None, None, 0, False)
-    runner = _Runner(lines, refusals)
+        return Fixed(base, None, None, 0, False, lines)
+    runner = _Runner(lines, refusals, deadline)
     errors = _errors(base.report)
     findings = [_prove(f, runner, errors) for f in base.report.findings]
     result = replace(base, report=replace(base.report, findings=tuple(findings)))
     best = _combine(findings, runner, errors, lines)
     for _ in range(_ROUNDS - 1):
-        if best is None or not best[1].report.findings or runner.runs >= MAX_RUNS:
+        if best is None or not best[1].report.findings or runner.runs >= MAX_RUNS \
+                or runner.out_of_time():
             break
         runner.runs += 1  # a check with its fixes derived anew, on the lines so far
         again = run_check(best[0].prefill, best[0].decode, best[0].prefill_env,
                           best[0].decode_env, refusals=refusals)
-        round_runner = _Runner(best[0], refusals)
+        round_runner = _Runner(best[0], refusals, deadline)
         round_runner.runs, round_runner.cache = runner.runs, runner.cache
         more = [_prove(f, round_runner, errors) for f in again.report.findings]
         better = _combine(more, round_runner, errors, best[0])
@@ -210,5 +304,7 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple) -> 
                 best[1].report.findings):
             best = better
     if best is None:
-        return Fixed(result, None, None, runner.runs, runner.exhausted)
-    return Fixed(result, best[0], best[1], runner.runs, runner.exhausted)
+        return Fixed(result, None, None, runner.runs, runner.exhausted, lines,
+                     runner.spent() if runner.exhausted else "")
+    return Fixed(result, best[0], best[1], runner.runs, runner.exhausted, lines,
+                 runner.spent() if runner.exhausted else "")

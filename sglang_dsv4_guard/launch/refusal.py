@@ -15,8 +15,11 @@ accepts become fixes.
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import re
 import shlex
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,9 +85,53 @@ def named_flags(message: str) -> list[Flag]:
     return list(unique.values())
 
 
+# The counts the release's speculative auto-choice sets, in the order it returns them.
+_AUTO_COUNTS = ("speculative_num_steps", "speculative_eagle_topk",
+                "speculative_num_draft_tokens")
+
+
+def _architecture(line: str) -> str | None:
+    path = typed_flags(shlex.split(line)).get("model_path", (None, None))[1]
+    try:
+        with open(os.path.join(str(path), "config.json"), encoding="utf-8") as handle:
+            found = (json.load(handle).get("architectures") or [None])[0]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return str(found) if found else None
+
+
+def release_choice(role: str, line: str, env: Mapping[str, str], named: Flag) -> str | None:
+    """The value the release's resolution chooses for ``named`` when it is not typed: the
+    resolved value of ``line`` without it, when the release accepts that line; else, for
+    a speculative count, what the release's own auto-choice of speculative parameters
+    (``_auto_choose_speculative_params``, 0.5.16 to 0.5.23) gives this model and algorithm
+    (DeepSeek-V4 refuses EAGLE before it runs, so its own resolution never reaches it)."""
+    without = apply_edits(line, [Edit(role, named.option, remove=True)], role)
+    try:
+        side = parse_side(role, without, env)
+    except CheckInputError:
+        return None
+    if side.resolution_error is None and side.get(named.field) is not None:
+        return str(side.get(named.field))
+    algorithm = typed_flags(shlex.split(line)).get("speculative_algorithm", (None, None))[1]
+    if named.field not in _AUTO_COUNTS or algorithm is None:
+        return None
+    try:
+        # deferred: SGLang's resolution helper, read only for a refused speculative line
+        from sglang.srt.arg_groups.speculative_hook import _auto_choose_speculative_params
+
+        chosen = _auto_choose_speculative_params(
+            types.SimpleNamespace(speculative_algorithm=algorithm), _architecture(line) or "")
+        return str(int(chosen[_AUTO_COUNTS.index(named.field)]))
+    except Exception:  # an older or changed helper: no release choice, the search goes on
+        return None
+
+
 def _values(message: str, named: Flag, typed: Mapping[str, tuple[Flag, str | None]],
-            other: Mapping[str, tuple[Flag, str | None]]) -> list[str]:
-    """The values to try for ``named``: what the message gives it, the other server's."""
+            other: Mapping[str, tuple[Flag, str | None]], choice: str | None = None
+            ) -> list[str]:
+    """The values to try for ``named``: what the message gives it, the other server's,
+    and for a count given none, the release's own choice (:func:`release_choice`) then 1."""
     last = named.option[2:].split("-")[-1]
     values = re.findall(rf"\b{re.escape(last)}s?\s*(?:==|=|to|must be)\s*([\w.-]+)", message,
                         re.IGNORECASE)
@@ -94,20 +141,23 @@ def _values(message: str, named: Flag, typed: Mapping[str, tuple[Flag, str | Non
     if named.field in other and other[named.field][1] is not None:
         values.append(str(other[named.field][1]))
     if not values and "int" in kind and named.takes_value:
-        values.append("1")  # the smallest value a count takes
+        values += [v for v in (choice, "1") if v is not None]  # the release's, the least
     current = typed.get(named.field, (named, None))[1]
     return list(dict.fromkeys(v for v in values if v != current))
 
 
-def _candidates(role: str, message: str, line: str,
+def _candidates(role: str, message: str, line: str, env: Mapping[str, str],
                 other: Mapping[str, tuple[Flag, str | None]]) -> list[tuple[Edit, ...]]:
     typed = typed_flags(shlex.split(line))
     out: list[tuple[Edit, ...]] = []
     for named in named_flags(message):
         if not named.takes_value:
             continue  # a switch is never turned on to satisfy a check
+        kind = _field_type(named.field)
+        choice = (release_choice(role, line, env, named) if "int" in kind
+                  and named.field not in typed else None)
         out += [(Edit(role, named.option, value),)
-                for value in _values(message, named, typed, other)]
+                for value in _values(message, named, typed, other, choice)]
         if named.field in typed:
             out.append((Edit(role, named.option, remove=True),))
     return out
@@ -131,7 +181,8 @@ def search(role: str, line: str, env: Mapping[str, str], refusal: str,
     for _ in range(MAX_DEPTH):
         following: list[tuple[tuple[Edit, ...], str]] = []
         for edits, message in frontier:
-            for extra in _candidates(role, message, apply_edits(line, edits, role), other):
+            for extra in _candidates(role, message, apply_edits(line, edits, role), env,
+                                     other):
                 tried = edits + extra
                 text = apply_edits(line, tried, role)
                 if text in seen:
@@ -164,7 +215,8 @@ def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refu
     inputs = (f"SGLang's resolution of the {role} server's flags: {refusal}",)
     ranked = sorted(found.accepted, key=lambda e: (all(x.remove for x in e), len(e)))
     fixes = tuple(Fix(FixKind.FLAGS, f"the {role} server's flags that SGLang's resolution "
-                                     f"accepts ({len(edits)} change(s))",
+                                     f"accepts ({len(edits)} change(s); found in "
+                                     f"{found.resolutions} resolution(s) of its lines)",
                       field=", ".join(dict.fromkeys(
                           f.field for x in edits if (f := flag(x.name)) is not None)),
                       edits=edits, inputs=inputs)

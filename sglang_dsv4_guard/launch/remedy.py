@@ -10,13 +10,15 @@ DSV4G026's fixes come from re-running the resolution (:mod:`.refusal`).
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, typed_flags
+from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.launch.refusal import refusal_fixes
 
 __all__ = ["UNIFIED_VARIABLE", "derived_fixes", "page_size_source"]
@@ -69,7 +71,32 @@ def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
 
 
 def _pairs(p: Side, d: Side) -> tuple[tuple[Side, Side], ...]:
-    return ((p, d), (d, p))  # (source, destination): the decode takes the prefill's first
+    """(source, destination), the decode taking the prefill's first; a server whose own
+    flags the release's resolution refused (DSV4G026) is never a source: its values are
+    not copied to the other server."""
+    return tuple((src, dst) for src, dst in ((p, d), (d, p)) if src.args.resolution_error
+                 is None)
+
+
+def _accepted(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
+    """``fix`` when the release's resolution accepts every line it edits (each resolved
+    once, as ``check`` resolves a line), else ``None``: a copied value the destination's
+    resolution refuses is never offered."""
+    if fix is None or fix.kind is not FixKind.FLAGS:
+        return fix
+    for role in dict.fromkeys(e.server for e in fix.edits):
+        side = sides.get(role)
+        if side is None or side.args.resolution_error is not None:
+            continue  # a refused server's own line: DSV4G026's fixes are resolved there
+        edits = [e for e in fix.edits if e.server == role]
+        try:
+            edited = parse_side(role, apply_edits(shlex.join(side.args.argv), edits, role),
+                                apply_env(side.args.env, edits, role))
+        except (CheckInputError, ValueError):
+            return None
+        if edited.resolution_error is not None:
+            return None
+    return fix
 
 
 def _g020(p: Side, d: Side) -> list[Fix | None]:
@@ -77,9 +104,10 @@ def _g020(p: Side, d: Side) -> list[Fix | None]:
     inputs = (f"{spec.role}: --speculative-algorithm {spec.speculative_algorithm} typed",
               f"{plain.role}: no --speculative-algorithm")
     removed = tuple(replace(e, remove=True, value=None) for e in _speculative_flags(spec, spec))
-    return [Fix(FixKind.FLAGS, f"give the {plain.role} server the {spec.role}'s speculative "
-                               "flags", "speculative_algorithm", _speculative_flags(spec, plain),
-                inputs),
+    copy = None if spec.args.resolution_error is not None else Fix(
+        FixKind.FLAGS, f"give the {plain.role} server the {spec.role}'s speculative flags",
+        "speculative_algorithm", _speculative_flags(spec, plain), inputs)
+    return [copy,
             Fix(FixKind.FLAGS, f"or drop speculative decoding on the {spec.role} server",
                 "speculative_algorithm", removed, inputs) if removed else None]
 
@@ -123,6 +151,12 @@ def _g024(p: Side, d: Side) -> list[Fix | None]:
               if p.args.get(name) != d.args.get(name)]
     inputs = tuple(f"{s.role}: --model-path {s.args.get('model_path')} "
                    f"({s.model.architecture}, config.json)" for s in (p, d))
+    if p.model.architecture != d.model.architecture:  # another model: the operator decides
+        return [Fix(FixKind.ADVICE, f"the two servers serve different architectures "
+                                    f"({p.model.architecture} and {d.model.architecture}): "
+                                    "serve one checkpoint on both (check --fix does not apply "
+                                    "this itself: which model to serve is the operator's "
+                                    "choice)", ", ".join(fields), inputs=inputs)]
     return [_fix(f"serve the {src.role}'s checkpoint on the {dst.role} server",
                  ", ".join(fields), [_set(dst.role, name, src.args.get(name))
                                      for name in fields], *inputs)
@@ -147,10 +181,30 @@ def _g006(p: Side, d: Side) -> list[Fix | None]:
                    f"{s.args.get('tp_size')} / (attention DP {s.attn_dp_size} x attention CP "
                    f"{s.args.get('attn_cp_size') or 1}) (SGLang's "
                    "compute_dp_attention_world_info)" for s in (p, d))
-    return [_fix(f"give the {dst.role} server attention TP {src.attn_tp_size}", "attn_tp_size",
-                 [_set(dst.role, "tp_size", src.attn_tp_size * dst.attn_dp_size
-                       * (dst.args.get("attn_cp_size") or 1))], *inputs)
-            for src, dst in ((p, d), (d, p))]
+    fixes: list[Fix | None] = [_dp_fix(src, dst, inputs) for src, dst in ((p, d), (d, p))]
+    fixes += [_fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its "
+                   "--tp-size (this changes its GPU count)", "attn_tp_size",
+                   [_set(dst.role, "tp_size", src.attn_tp_size * dst.attn_dp_size
+                         * (dst.args.get("attn_cp_size") or 1))], *inputs)
+              for src, dst in ((p, d), (d, p))]
+    return fixes
+
+
+def _dp_fix(src: Side, dst: Side, inputs: tuple[str, ...]) -> Fix | None:
+    """``dst`` given ``src``'s attention TP by its attention-DP size, keeping its
+    --tp-size (its GPU count): ``dp = tp / (attention TP x attention CP)``, with
+    --enable-dp-attention when that is above 1."""
+    tp, cp = int(dst.args.get("tp_size") or 1), int(dst.args.get("attn_cp_size") or 1)
+    if tp % (src.attn_tp_size * cp):
+        return None
+    dp = tp // (src.attn_tp_size * cp)
+    edits = [_set(dst.role, "dp_size", dp)]
+    if dp > 1 and "enable_dp_attention" not in typed_flags(list(dst.args.argv)):
+        found = flag_for_field("enable_dp_attention")
+        edits.append(Edit(dst.role, found.option) if found is not None else None)
+    return _fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its attention "
+                f"DP size ({dp}), keeping its --tp-size {tp} (its GPU count)", "attn_tp_size",
+                edits, *inputs)
 
 
 def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
@@ -190,7 +244,14 @@ def derived_fixes(finding: Finding, p: Side, d: Side) -> Finding:
     derive = _DERIVERS.get(finding.code)
     if derive is None:
         return finding
-    fixes = tuple(f for f in derive(p, d) if f is not None)
+    sides = {"prefill": p, "decode": d}
+    fixes = tuple(f for f in (_accepted(fix, sides) for fix in derive(p, d)) if f is not None)
+    refused = [s.role for s in (p, d) if s.args.resolution_error is not None]
+    if not fixes and refused:
+        fixes = (Fix(FixKind.ADVICE, f"fix the {' and '.join(refused)} server's flags first "
+                                     "(DSV4G026): a value SGLang's resolution refused is never "
+                                     "copied to the other server, and this finding's fixes "
+                                     "are derived from accepted flags"),)
     if not fixes:
         fixes = (Fix(FixKind.NO_FLAG_FIX, "no flag change fixes this: the installed "
                                           "release's parser has no flag for the value that "

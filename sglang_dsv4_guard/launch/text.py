@@ -44,9 +44,14 @@ def render_check(result: CheckResult) -> str:
     """Derived values per server, every finding, what flags cannot tell, a verdict line."""
     parts = [f"sglang-dsv4-guard check (SGLang {result.release})",
              _side(result.prefill), _side(result.decode)]
+    refused = {s.role for s in (result.prefill, result.decode)
+               if s.args.resolution_error is not None}
     for run in result.pool_runs:
         verdict = run.host_error or ("not run" if run.build_error else "accepted")
-        parts.append(f"{run.role}: SGLang's setup_state_kv_args on miniature real pools: {verdict}")
+        built = (" built from the flags as parsed (SGLang's resolution refused them, "
+                 "DSV4G026)" if run.role in refused else "")
+        parts.append(f"{run.role}: SGLang's setup_state_kv_args on miniature real "
+                     f"pools{built}: {verdict}")
     parts += [render_finding(f) for f in result.report.findings]
     if result.unknowns:
         parts.append("not knowable from the flags:\n" +
@@ -62,7 +67,7 @@ def render_fixed(fixed: Fixed) -> str:
     """``check --fix``'s corrected lines, shell-quoted, with what the check says of them."""
     if not fixed.result.report.findings:
         return "check --fix: nothing to fix"
-    budget = "; the budget of re-runs ran out" if fixed.exhausted else ""
+    budget = f"; stopped: {fixed.spent}" if fixed.exhausted else ""
     if fixed.lines is None or fixed.lines_result is None:
         return (f"check --fix: no proven flag change ({fixed.runs} re-run(s) of the check"
                 f"{budget}); the lines are unchanged")
@@ -76,4 +81,5 @@ def render_fixed(fixed: Fixed) -> str:
         if env:
             lines.append(f"    {role} env: " + " ".join(
                 f"{k}={shlex.quote(v)}" for k, v in env.items()))
+        lines += [f"    {role} env: unset {name}" for name in fixed.lines.unset(fixed.given, role)]
     return "\n".join(lines)
