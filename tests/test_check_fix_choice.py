@@ -49,6 +49,20 @@ class TestLeastInvasiveFix(GuardTestCase):
         self.assertEqual([_typed(doc["fixed"][r])["tp_size"] for r in ("prefill", "decode")],
                          ["8", "8"])
 
+    def test_attention_dp_of_one_drops_the_dp_flags(self) -> None:
+        """Prefill attention TP 4 (--tp-size 8, DP 2) against decode attention TP 8: the
+        prefill's GPU-count-keeping fix removes --dp-size and --enable-dp-attention
+        rather than setting --dp-size 1 under DP attention."""
+        _, doc = check_json(server("prefill", GPT_OSS, DP2),
+                            server("decode", GPT_OSS, "--tp-size 8"), "--fix")
+        [g006] = [f for f in doc["findings"] if f["code"] == "DSV4G006"]
+        prefill = [f for f in g006["fixes"]
+                   if all(e["server"] == "prefill" for e in f["edits"])
+                   and "tp_size" not in " ".join(e["name"] for e in f["edits"])]
+        self.assertTrue(prefill, g006["fixes"])
+        self.assertEqual({(e["name"], e["remove"]) for e in prefill[0]["edits"]},
+                         {("--dp-size", True), ("--enable-dp-attention", True)})
+
     def test_another_architecture_is_never_applied(self) -> None:
         """GPT-OSS against Llama (DSV4G024): ``--fix`` does not serve one model in place of
         the other; the lines keep their model paths and JSON says nothing was proven."""

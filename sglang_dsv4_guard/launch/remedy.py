@@ -198,10 +198,17 @@ def _dp_fix(src: Side, dst: Side, inputs: tuple[str, ...]) -> Fix | None:
     if tp % (src.attn_tp_size * cp):
         return None
     dp = tp // (src.attn_tp_size * cp)
-    edits = [_set(dst.role, "dp_size", dp)]
-    if dp > 1 and "enable_dp_attention" not in typed_flags(list(dst.args.argv)):
-        found = flag_for_field("enable_dp_attention")
-        edits.append(Edit(dst.role, found.option) if found is not None else None)
+    typed = typed_flags(list(dst.args.argv))
+    if dp == 1:  # no attention DP at all: drop both flags rather than --dp-size 1
+        edits = [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
+                 if field in typed]
+        if not edits:
+            return None
+    else:
+        edits = [_set(dst.role, "dp_size", dp)]
+        if "enable_dp_attention" not in typed:
+            found = flag_for_field("enable_dp_attention")
+            edits.append(Edit(dst.role, found.option) if found is not None else None)
     return _fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its attention "
                 f"DP size ({dp}), keeping its --tp-size {tp} (its GPU count)", "attn_tp_size",
                 edits, *inputs)
