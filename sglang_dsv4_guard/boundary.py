@@ -6,7 +6,8 @@ own methods never run at render time), an observed value that is not plain is ke
 its ``repr``, taken once here and capped, and lists are cut to the first
 :data:`~sglang_dsv4_guard.findings.LIST_CAP` items plus a count. A fix's edits are never
 cut (a fix is applied whole): more than ``LIST_CAP`` of them, or an Edit's ``remove`` /
-``env`` that is not an exact ``bool``, fails the finding. A fix with an edit the installed
+``env`` that is not an exact ``bool``, fails the finding. A plug-in's fix is never proven
+(``proven`` is ``None``): only ``check --fix`` proves. A fix with an edit the installed
 release's parser refuses (the built-in fixes' filter, :func:`~sglang_dsv4_guard.host.flags.vetted`:
 an unknown flag, a refused value) is dropped, with a debug line; the finding is kept.
 A finding that fails becomes the plug-in's ``DSV4G090`` (:mod:`sglang_dsv4_guard.plugins`).
@@ -129,7 +130,8 @@ def _edits(edits: tuple[Any, ...] | list[Any], field: str) -> tuple[Edit, ...] |
 
 
 def _fix(fix: object, field: str) -> Fix | None:
-    """A plain string becomes an ADVICE fix; a :class:`Fix` is rebuilt field by field."""
+    """A plain string becomes an ADVICE fix; a :class:`Fix` is rebuilt field by field,
+    unproven whatever it claims (only the guard's ``check --fix`` proves a fix)."""
     if isinstance(fix, str):
         return Fix.advice(cut_text(_text(fix, field)))
     if type(fix) is not Fix:
@@ -141,7 +143,6 @@ def _fix(fix: object, field: str) -> Fix | None:
     edits, inputs = fix.edits, fix.inputs
     if not isinstance(edits, tuple | list) or not isinstance(inputs, tuple | list):
         raise TypeError(f"{field}.edits and .inputs must be tuples")
-    proven = fix.proven if fix.proven in (True, False) else None
     text = cut_text(_text(fix.text, f"{field}.text"))
     kept = _edits(edits, f"{field}.edits")
     if kept is None:
@@ -150,7 +151,7 @@ def _fix(fix: object, field: str) -> Fix | None:
                field=cut_text(_text(fix.field, f"{field}.field")),
                edits=kept,
                inputs=capped_lines(_strings(inputs, f"{field}.inputs")),
-               release=cut_text(_text(fix.release, f"{field}.release")), proven=proven)
+               release=cut_text(_text(fix.release, f"{field}.release")), proven=None)
 
 
 def _fixes(value: object) -> tuple[Fix, ...]:
