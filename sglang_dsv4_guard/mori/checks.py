@@ -121,9 +121,11 @@ def tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
         edits = _edits(*_layout_edits("prefill", t.tp_size, t.attn_tp_size,
                                       t.enable_dp_attention, t.decode_tp_size))
         if edits:
+            hint = (_has_attn_dp() and not t.enable_dp_attention
+                    and any(e.name == "--attn-dp-size" for e in edits))
             note = ("; if its line has the deprecated --dp-size N --enable-dp-attention, "
-                    "replace them (this release rewrites them into --attn-dp-size N)" if _has_attn_dp() and not t.enable_dp_attention
-                    and any(e.name == "--attn-dp-size" for e in edits) else "")
+                    "replace them (this release rewrites them into --attn-dp-size N)"
+                    if hint else "")
             found.append(Fix(
                 FixKind.FLAGS,
                 f"or give the prefill server attention TP {t.decode_tp_size}, the decode's"
