@@ -6,7 +6,10 @@ own methods never run at render time), an observed value that is not plain is ke
 its ``repr``, taken once here and capped, and lists are cut to the first
 :data:`~sglang_dsv4_guard.findings.LIST_CAP` items plus a count. A fix's edits are never
 cut (a fix is applied whole): more than ``LIST_CAP`` of them, or an Edit's ``remove`` /
-``env`` that is not an exact ``bool``, fails the finding. A fix with an edit the installed
+``env`` that is not an exact ``bool``, an edit's name or value longer than
+:data:`~sglang_dsv4_guard.findings.STRING_CAP`, or a server other than ``"prefill"``,
+``"decode"`` or ``"this server"``, fails the finding. A plug-in's fix is never proven
+(``proven`` is ``None``): only ``check --fix`` proves. A fix with an edit the installed
 release's parser refuses (the built-in fixes' filter, :func:`~sglang_dsv4_guard.host.flags.vetted`:
 an unknown flag, a refused value) is dropped, with a debug line; the finding is kept.
 A finding that fails becomes the plug-in's ``DSV4G090`` (:mod:`sglang_dsv4_guard.plugins`).
@@ -20,6 +23,7 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import (
     LIST_CAP,
+    STRING_CAP,
     Finding,
     Observation,
     Severity,
@@ -105,13 +109,34 @@ def _switch(value: object, field: str) -> bool:
     return value
 
 
+_SERVERS = ("prefill", "decode", "this server")
+
+
+def _whole(value: object, field: str) -> str:
+    """An edit's exact ``str``, whole: an edit is applied as written, so one longer than
+    :data:`~sglang_dsv4_guard.findings.STRING_CAP` is refused, never cut into another."""
+    text = _text(value, field)
+    if len(text) > STRING_CAP:
+        raise TypeError(f"{field} holds {len(text)} characters; an edit's may hold at most "
+                        f"{STRING_CAP} (it is applied as written, so it is never cut)")
+    return text
+
+
+def _server(value: object, field: str) -> str:
+    server = _text(value, field)
+    if server not in _SERVERS:
+        raise TypeError(f"{field} must be one of {', '.join(map(repr, _SERVERS))} "
+                        f"(got {safe_text(repr, server, 80)})")
+    return server
+
+
 def _edit(edit: object, field: str) -> Edit:
     if type(edit) is not Edit:
         raise TypeError(f"{field} must be a sglang_dsv4_guard.Edit (got {type(edit).__name__})")
     value = edit.value
-    return Edit(server=cut_text(_text(edit.server, f"{field}.server")),
-                name=cut_text(_text(edit.name, f"{field}.name")),
-                value=None if value is None else cut_text(_text(value, f"{field}.value")),
+    return Edit(server=_server(edit.server, f"{field}.server"),
+                name=_whole(edit.name, f"{field}.name"),
+                value=None if value is None else _whole(value, f"{field}.value"),
                 remove=_switch(edit.remove, f"{field}.remove"),
                 env=_switch(edit.env, f"{field}.env"))
 
@@ -129,7 +154,8 @@ def _edits(edits: tuple[Any, ...] | list[Any], field: str) -> tuple[Edit, ...] |
 
 
 def _fix(fix: object, field: str) -> Fix | None:
-    """A plain string becomes an ADVICE fix; a :class:`Fix` is rebuilt field by field."""
+    """A plain string becomes an ADVICE fix; a :class:`Fix` is rebuilt field by field,
+    unproven whatever it claims (only the guard's ``check --fix`` proves a fix)."""
     if isinstance(fix, str):
         return Fix.advice(cut_text(_text(fix, field)))
     if type(fix) is not Fix:
@@ -141,7 +167,6 @@ def _fix(fix: object, field: str) -> Fix | None:
     edits, inputs = fix.edits, fix.inputs
     if not isinstance(edits, tuple | list) or not isinstance(inputs, tuple | list):
         raise TypeError(f"{field}.edits and .inputs must be tuples")
-    proven = fix.proven if fix.proven in (True, False) else None
     text = cut_text(_text(fix.text, f"{field}.text"))
     kept = _edits(edits, f"{field}.edits")
     if kept is None:
@@ -150,7 +175,7 @@ def _fix(fix: object, field: str) -> Fix | None:
                field=cut_text(_text(fix.field, f"{field}.field")),
                edits=kept,
                inputs=capped_lines(_strings(inputs, f"{field}.inputs")),
-               release=cut_text(_text(fix.release, f"{field}.release")), proven=proven)
+               release=cut_text(_text(fix.release, f"{field}.release")), proven=None)
 
 
 def _fixes(value: object) -> tuple[Fix, ...]:

@@ -17,7 +17,7 @@ from test_parity_property import pairs
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.host.flags import accepts
+from sglang_dsv4_guard.host.flags import accepts, flag_for_field
 from sglang_dsv4_guard.mori.snapshot import SendSnapshot
 from sglang_dsv4_guard.state.fixes import edits
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_transfer, new_kv_args, record
@@ -129,11 +129,16 @@ class TestMoriFixes(GuardTestCase):
 
     def test_dp_attention_prefill_changes_dp_size(self) -> None:
         """Prefill --tp-size 8 --dp-size 8 --enable-dp-attention (attention TP 1), decode
-        attention TP 4: the prefill gets --dp-size 2 (its 8 GPUs kept), not --tp-size 32."""
+        attention TP 4: the prefill gets attention DP 2 (its 8 GPUs kept), not --tp-size 32:
+        --dp-size 2, or on a release with --attn-dp-size, --attn-dp-size 2 in place of the
+        deprecated pair."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=1,
                             decode_tp_size=4, tp_size=8, dp_size=8, enable_dp_attention=True)
         edits = [(e.server, e.name, e.value) for f in self.fixes(snap) for e in f.edits]
-        self.assertEqual(edits, [("prefill", "--dp-size", "2")])
+        self.assertEqual(edits, [("prefill", "--attn-dp-size", "2"),
+                                 ("prefill", "--enable-dp-attention", None),
+                                 ("prefill", "--dp-size", None)]
+                         if flag_for_field("attn_dp_size") else [("prefill", "--dp-size", "2")])
 
     def test_plain_prefill_changes_tp_size(self) -> None:
         """Prefill --tp-size 8 without DP attention, decode attention TP 4: --tp-size 4."""
@@ -144,23 +149,51 @@ class TestMoriFixes(GuardTestCase):
 
     def test_decode_layout_unknown_no_decode_edit(self) -> None:
         """At run time the decode's DP layout is unknown: its fix names both forms (plain
-        --tp-size, or --dp-size under DP attention) and carries no edit."""
+        --tp-size, or the release's attention-DP flag) and carries no edit."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
                             decode_tp_size=2, tp_size=8, dp_size=2, enable_dp_attention=True)
         [decode] = [f for f in self.fixes(snap) if f.field == "decode_tp_size"]
         self.assertEqual(decode.edits, ())
         self.assertIn("--tp-size 4 without DP attention", decode.text)
-        self.assertIn("--dp-size", decode.text)
+        self.assertIn("--attn-dp-size" if flag_for_field("attn_dp_size") else "--dp-size",
+                      decode.text)
 
     def test_decode_layout_known_changes_dp_size(self) -> None:
         """Before launch the decode's layout is known: decode --tp-size 8 --dp-size 4
-        --enable-dp-attention (attention TP 2) against the prefill's 4: decode --dp-size 2."""
+        --enable-dp-attention (attention TP 2) against the prefill's 4: decode attention DP 2
+        (--dp-size 2, or --attn-dp-size 2 in place of the deprecated pair)."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
                             decode_tp_size=2, tp_size=4, dp_size=1, enable_dp_attention=False,
                             decode_tp=8, decode_dp_size=4, decode_enable_dp_attention=True)
         [decode] = [f for f in self.fixes(snap, "check") if f.field == "decode_tp_size"]
         self.assertEqual([(e.server, e.name, e.value) for e in decode.edits],
-                         [("decode", "--dp-size", "2")])
+                         [("decode", "--attn-dp-size", "2"),
+                          ("decode", "--enable-dp-attention", None),
+                          ("decode", "--dp-size", None)]
+                         if flag_for_field("attn_dp_size") else [("decode", "--dp-size", "2")])
+
+    @unittest.skipUnless(flag_for_field("attn_dp_size"), "release without --attn-dp-size")
+    def test_attn_dp_size_prefill_edits_attn_dp_size(self) -> None:
+        """Prefill --tp-size 8 --attn-dp-size 2 (attention TP 4, --dp-size 1, no
+        --enable-dp-attention) against decode attention TP 8: the prefill's fix removes
+        --attn-dp-size, and no edit repeats the server's current --tp-size 8."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                            decode_tp_size=8, tp_size=8, dp_size=1, enable_dp_attention=False)
+        [prefill] = [f for f in self.fixes(snap) if f.field == "attn_tp_size"]
+        self.assertEqual([(e.server, e.name, e.value, e.remove) for e in prefill.edits],
+                         [("prefill", "--attn-dp-size", None, True)])
+
+    @unittest.skipUnless(flag_for_field("attn_dp_size"), "release without --attn-dp-size")
+    def test_attn_dp_size_release_names_it_as_source(self) -> None:
+        """On a release with --attn-dp-size, the attention TP's ``from:`` line names
+        --attn-dp-size (and the rewrite of the deprecated spelling into it), not "divided
+        by --dp-size with --enable-dp-attention"."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                            decode_tp_size=8, tp_size=8, dp_size=1, enable_dp_attention=False)
+        [obs] = [o for o in check_transfer(snap).findings[0].observations
+                 if o.name == "attn_tp_size"]
+        self.assertIn("--attn-dp-size", obs.source)
+        self.assertNotIn("divided by --dp-size with --enable-dp-attention", obs.source)
 
     def test_check_phase_wording(self) -> None:
         """Phase "check": the details say SGLang finds this when the decode peer registers

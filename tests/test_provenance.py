@@ -63,5 +63,28 @@ class TestRegisterMappingObserved(GuardTestCase):
         self.assertIsNone(registered_by(target, target.full_to_swa_index_mapping))
 
 
+class _OverridingPool(DeepSeekV4TokenToKVPool):
+    """A pool subclass whose register_mapping overrides SGLang's and calls super()."""
+
+    def register_mapping(self, *args: object, **kwargs: object) -> object:
+        return super().register_mapping(*args, **kwargs)
+
+
+class TestSubclassOverride(GuardTestCase):
+    """The registrar named through a pool subclass that overrides register_mapping."""
+
+    def test_override_calling_super_names_the_caller(self) -> None:
+        """A subclass override calling super(): the record names the line that called
+        register_mapping (this test), neither the guard's wrapper nor the override."""
+        self.install_guard("on", load_entry_points=False)
+        target, _ = build_pair()
+        target.__class__ = _OverridingPool
+        tensor = torch.arange(4)
+        target.register_mapping(tensor)
+        where = str(registered_by(target, target.full_to_swa_index_mapping))
+        self.assertTrue(where.endswith("(test_override_calling_super_names_the_caller)"),
+                        where)
+
+
 if __name__ == "__main__":
     unittest.main()
