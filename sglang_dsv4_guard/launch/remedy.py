@@ -192,26 +192,49 @@ def _g006(p: Side, d: Side) -> list[Fix | None]:
 
 def _dp_fix(src: Side, dst: Side, inputs: tuple[str, ...]) -> Fix | None:
     """``dst`` given ``src``'s attention TP by its attention-DP size, keeping its
-    --tp-size (its GPU count): ``dp = tp / (attention TP x attention CP)``, with
-    --enable-dp-attention when that is above 1."""
+    --tp-size: ``dp = tp / (attention TP x attention CP)``, spelled as the release spells
+    attention DP (:func:`_dp_edits`)."""
     tp, cp = int(dst.args.get("tp_size") or 1), int(dst.args.get("attn_cp_size") or 1)
     if tp % (src.attn_tp_size * cp):
         return None
     dp = tp // (src.attn_tp_size * cp)
+    edits, replicas = _dp_edits(dst, dp)
+    if not edits:
+        return None
+    kept = (f"keeping its --tp-size {tp} but dropping its --dp-size {replicas} replicas "
+            "(this changes its GPU count)" if replicas > 1
+            else f"keeping its --tp-size {tp} (its GPU count)")
+    return _fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its attention "
+                f"DP size ({dp}), {kept}", "attn_tp_size", edits, *inputs)
+
+
+def _dp_edits(dst: Side, dp: int) -> tuple[list[Edit | None], int]:
+    """The edits giving ``dst`` attention DP ``dp``, and the --dp-size replicas they drop
+    (1 when none). Where the release has --attn-dp-size (0.5.22+), that flag, the
+    deprecated ``--dp-size N --enable-dp-attention`` removed (its parallel_hook rewrites
+    it to --attn-dp-size, and --dp-size alone counts replicas, which it refuses beside
+    attention DP); before, --dp-size with --enable-dp-attention, and no flag at all for
+    attention DP 1 rather than --dp-size 1."""
     typed = typed_flags(list(dst.args.argv))
-    if dp == 1:  # no attention DP at all: drop both flags rather than --dp-size 1
-        edits = [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
-                 if field in typed]
-        if not edits:
-            return None
-    else:
+    if flag_for_field("attn_dp_size") is None:
+        if dp == 1:
+            return [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
+                    if field in typed], 1
         edits = [_set(dst.role, "dp_size", dp)]
         if "enable_dp_attention" not in typed:
             found = flag_for_field("enable_dp_attention")
             edits.append(Edit(dst.role, found.option) if found is not None else None)
-    return _fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its attention "
-                f"DP size ({dp}), keeping its --tp-size {tp} (its GPU count)", "attn_tp_size",
-                edits, *inputs)
+        return edits, 1
+    replicas = 1 if "enable_dp_attention" in typed else int(dst.args.typed.get("dp_size") or 1)
+    if dp == max(1, int(dst.attn_dp_size)) and replicas == 1:
+        return [], 1
+    edits = [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
+             if field in typed and (field != "dp_size" or dp > 1 or replicas == 1)]
+    if dp > 1:
+        edits.append(_set(dst.role, "attn_dp_size", dp))
+    elif "attn_dp_size" in typed:
+        edits.append(_set(dst.role, "attn_dp_size", None))
+    return edits, replicas if dp > 1 else 1
 
 
 def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
