@@ -3,8 +3,9 @@
 Each fix edits one server's line to take the other's value (both directions, the
 decode's first), spelled as the installed release's parser spells the flag
 (:func:`~sglang_dsv4_guard.host.flags.flag_for_field`); a flag the release does not
-have is never suggested. ``--page-size`` is never set on a server whose resolution
-replaced a typed page size (the release sets it for the model, DeepSeek-V4 from 0.5.22).
+have is never suggested, nor an edit whose line the release's resolution refuses or
+resolves to another number than the edit set (``--page-size`` on DeepSeek-V4 from 0.5.22,
+whose page size the release sets for the model).
 DSV4G026's fixes come from re-running the resolution (:mod:`.refusal`).
 """
 
@@ -17,8 +18,8 @@ from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, typed_flags
-from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
+from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, lookup, typed_flags
+from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, parse_side
 from sglang_dsv4_guard.launch.refusal import refusal_fixes
 
 __all__ = ["UNIFIED_VARIABLE", "derived_fixes", "page_size_source"]
@@ -94,9 +95,26 @@ def _accepted(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
                                 apply_env(side.args.env, edits, role))
         except (CheckInputError, ValueError):
             return None
-        if edited.resolution_error is not None:
+        if edited.resolution_error is not None or _replaced(edited, edits):
             return None
     return fix
+
+
+def _replaced(edited: SideArgs, edits: list[Edit]) -> bool:
+    """Whether the release's resolution of ``edited`` gives a field a number other than
+    the one an edit set (DeepSeek-V4's page size from 0.5.22, for instance): such an edit
+    does not do what it says."""
+    for edit in edits:
+        found = None if edit.env or edit.remove else lookup(edit.name)
+        resolved = None if found is None else edited.get(found.field)
+        if resolved is None or isinstance(resolved, bool) or edit.value is None:
+            continue
+        try:
+            if int(str(resolved)) != int(edit.value):
+                return True
+        except ValueError:  # not a count: compared only where both are numbers
+            continue
+    return False
 
 
 def _g020(p: Side, d: Side) -> list[Fix | None]:
