@@ -127,10 +127,15 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
 
 
 def fix_status(fixed: Fixed) -> str:
-    """``check --fix``'s outcome as JSON names it (docs/check.md)."""
+    """``check --fix``'s outcome as JSON names it (docs/check.md): ``partial`` when the
+    corrected lines' own check still fails (the greedy combination keeps lines that remove
+    some findings while others stay)."""
     if not fixed.result.report.findings:
         return "nothing_to_fix"
-    return "corrected" if fixed.lines is not None else "not_proven"
+    if fixed.lines is None:
+        return "not_proven"
+    done = fixed.lines_result
+    return "partial" if done is None or done.exit_status != 0 else "corrected"
 
 
 def run_command(args: argparse.Namespace,
