@@ -176,11 +176,23 @@ _FEATURES = ("speculative_algorithm",)
 _GPUS = ("tp_size", "pp_size")
 
 
+# A deprecated switch and the field the release now spells its feature with: removing the
+# switch while setting that field keeps the feature (0.5.22's --attn-dp-size).
+_RESPELLED = {"enable_dp_attention": "attn_dp_size"}
+
+
+def _respelled(field: str, server: str, fix: Fix) -> bool:
+    newer = _RESPELLED.get(field)
+    return newer is not None and any(
+        not e.remove and e.server == server and (f := lookup(e.name)) is not None
+        and f.field == newer for e in fix.edits if not e.env)
+
+
 def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
     """How invasive ``fix`` is on ``lines``, least first: features it changes against the
     operator's line (a switch, or ``--speculative-algorithm``, switched on where it was
     not typed, or removed where it was typed: either changes what the operator asked the
-    server to run), GPU counts it changes (--tp-size, --pp-size), servers it changes,
+    server to run; a deprecated switch removed for its newer spelling is no change), GPU counts it changes (--tp-size, --pp-size), servers it changes,
     edits."""
     typed = {role: typed_flags(shlex.split(getattr(lines, role)))
              for role in ("prefill", "decode")}
@@ -191,7 +203,8 @@ def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
             continue
         resized += found.field in _GPUS
         there = found.field in typed.get(edit.server, {})
-        if (not found.takes_value or found.field in _FEATURES) and there == edit.remove:
+        if (not found.takes_value or found.field in _FEATURES) and there == edit.remove \
+                and not (edit.remove and _respelled(found.field, edit.server, fix)):
             switched += 1
     return switched, resized, len({e.server for e in fix.edits}), len(fix.edits)
 
