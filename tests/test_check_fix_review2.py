@@ -13,9 +13,10 @@ from check_helpers import DSV4, GPT_OSS, LLAMA, check_json, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.launch import refusal
+from sglang_dsv4_guard.launch import pools, refusal
 from sglang_dsv4_guard.launch.child import fix_status
 from sglang_dsv4_guard.launch.parse import parse_side
 from sglang_dsv4_guard.launch.prove import Fixed, Lines, cost, fix_check
@@ -120,6 +121,18 @@ class TestRefusalBudget(GuardTestCase):
         with mock.patch.object(refusal, "parse_side", wraps=parse_side) as spy:
             found = refusal.search("prefill", line, {}, str(side.resolution_error), {})
         self.assertEqual(found.resolutions, spy.call_count)
+
+
+class TestPoolRunEdits(GuardTestCase):
+    """An edit a state check made for "this server" is for the pool run's server."""
+
+    def test_this_server_becomes_the_pool_runs_role(self) -> None:
+        """A finding of the decode's pool run whose fix edits "this server" (as a plug-in's
+        state-check fix may) edits the decode once ``check`` takes it."""
+        finding = Finding("DSV4G005", Severity.ERROR, "differ", "pools", fixes=(
+            Fix(FixKind.FLAGS, "set", edits=(Edit("this server", "--page-size", "64"),)),))
+        [edit] = pools._for_side("decode", finding).fixes[0].edits
+        self.assertEqual(edit.server, "decode")
 
 
 if __name__ == "__main__":
