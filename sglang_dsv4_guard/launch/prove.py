@@ -192,8 +192,8 @@ def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
     """How invasive ``fix`` is on ``lines``, least first: features it changes against the
     operator's line (a switch, or ``--speculative-algorithm``, switched on where it was
     not typed, or removed where it was typed: either changes what the operator asked the
-    server to run; a deprecated switch removed for its newer spelling is no change), GPU counts it changes (--tp-size, --pp-size), servers it changes,
-    edits."""
+    server to run; a deprecated switch removed for its newer spelling is no change), GPU
+    counts it changes (--tp-size, --pp-size), servers it changes, edits."""
     typed = {role: typed_flags(shlex.split(getattr(lines, role)))
              for role in ("prefill", "decode")}
     switched = resized = 0
