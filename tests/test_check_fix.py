@@ -21,7 +21,7 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.host.flags import accepts
+from sglang_dsv4_guard.host.flags import accepts, flag_for_field
 from sglang_dsv4_guard.launch import refusal
 from sglang_dsv4_guard.launch.edit import apply_edits, apply_env
 from sglang_dsv4_guard.launch.parse import parse_side
@@ -160,16 +160,21 @@ class TestDerivedFixes(GuardTestCase):
 
     def test_g006_tp_size_for_equal_attention_tp(self) -> None:
         """Prefill TP 8 with attention DP 2 (attention TP 4) and decode TP 8: first the
-        attention-DP edits that keep each --tp-size (decode ``--dp-size 2`` with
-        ``--enable-dp-attention``, prefill ``--dp-size 1``), then the --tp-size ones
-        (decode 4, prefill 16 = 8 x its DP 2)."""
+        attention-DP edits that keep each --tp-size (decode ``--attn-dp-size 2`` where the
+        release has that flag, else ``--dp-size 2`` with ``--enable-dp-attention``; the
+        prefill's DP flags removed), then the --tp-size ones (decode 4, prefill 16 = 8 x
+        its DP 2)."""
         _, doc = check_json(server("prefill", GPT_OSS, "--tp-size 8 --dp-size 2 "
                                                        "--enable-dp-attention"),
                             server("decode", GPT_OSS, "--tp-size 8"))
+        decode = ([("decode", "--attn-dp-size", "2", False, False)]
+                  if flag_for_field("attn_dp_size") is not None
+                  else [("decode", "--dp-size", "2", False, False),
+                        ("decode", "--enable-dp-attention", None, False, False)])
         self.assertEqual([edits(f) for f in finding(doc, "DSV4G006")["fixes"]],
-                         [[("decode", "--dp-size", "2", False, False),
-                           ("decode", "--enable-dp-attention", None, False, False)],
-                          [("prefill", "--dp-size", "1", False, False)],
+                         [decode,
+                          [("prefill", "--dp-size", None, True, False),
+                           ("prefill", "--enable-dp-attention", None, True, False)],
                           [("decode", "--tp-size", "4", False, False)],
                           [("prefill", "--tp-size", "16", False, False)]])
 

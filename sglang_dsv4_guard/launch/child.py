@@ -37,11 +37,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.launch.parse import CheckInputError
 
-__all__ = ["answer", "answer_in_child", "child_environment", "print_answer", "request_of",
+if TYPE_CHECKING:
+    from sglang_dsv4_guard.launch.prove import Fixed
+
+__all__ = ["answer", "answer_in_child", "child_environment", "fix_status", "print_answer", "request_of",
            "run_command"]
 
 # Set in the child's environment before it starts (and so before SGLang is imported).
@@ -116,12 +119,23 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
     document["fixed_check"] = (None if fixed.lines_result is None else {
         "exit_status": fixed.lines_result.exit_status,
         "findings": list(fixed.lines_result.report.codes)})
-    document["fix_status"] = ("nothing_to_fix" if not fixed.result.report.findings
-                              else "corrected" if fixed.lines is not None else "not_proven")
+    document["fix_status"] = fix_status(fixed)
     document["fix_runs"] = {"runs": fixed.runs, "budget_ran_out": fixed.exhausted,
                             "budget": fixed.spent or None}
     return {"exit_status": fixed.result.exit_status, "document": document,
             "text": render_check(fixed.result) + "\n\n" + render_fixed(fixed)}
+
+
+def fix_status(fixed: Fixed) -> str:
+    """``check --fix``'s outcome as JSON names it (docs/check.md): ``partial`` when the
+    corrected lines' own check still fails (the greedy combination keeps lines that remove
+    some findings while others stay)."""
+    if not fixed.result.report.findings:
+        return "nothing_to_fix"
+    if fixed.lines is None:
+        return "not_proven"
+    done = fixed.lines_result
+    return "partial" if done is None or done.exit_status != 0 else "corrected"
 
 
 def run_command(args: argparse.Namespace,

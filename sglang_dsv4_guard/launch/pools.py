@@ -109,7 +109,12 @@ def _pool(ratios: Sequence[int], window: int, page: int, draft: bool, mtp: int) 
 
 
 def _for_side(role: str, finding: Finding) -> Finding:
-    return replace(finding, subject=f"{role} server: {finding.subject}",
+    """``finding`` of ``role``'s pool run, its "this server" edits (a state check's, a
+    plug-in's) made edits of ``role``, so that ``check --fix`` applies them."""
+    fixes = tuple(replace(fix, edits=tuple(
+        replace(e, server=role) if e.server == "this server" else e for e in fix.edits))
+        for fix in finding.fixes)
+    return replace(finding, subject=f"{role} server: {finding.subject}", fixes=fixes,
                    details=(*finding.details,
                             f"predicted on miniature real pools of the {role} server"))
 

@@ -176,19 +176,35 @@ _FEATURES = ("speculative_algorithm",)
 _GPUS = ("tp_size", "pp_size")
 
 
+# A deprecated switch and the field the release now spells its feature with: removing the
+# switch while setting that field keeps the feature (0.5.22's --attn-dp-size).
+_RESPELLED = {"enable_dp_attention": "attn_dp_size"}
+
+
+def _respelled(field: str, server: str, fix: Fix) -> bool:
+    newer = _RESPELLED.get(field)
+    return newer is not None and any(
+        not e.remove and e.server == server and (f := lookup(e.name)) is not None
+        and f.field == newer for e in fix.edits if not e.env)
+
+
 def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
-    """How invasive ``fix`` is on ``lines``, least first: features it switches on for a
-    server that did not ask for them (a switch, or ``--speculative-algorithm``, not typed
-    there), GPU counts it changes (--tp-size, --pp-size), servers it changes, edits."""
+    """How invasive ``fix`` is on ``lines``, least first: features it changes against the
+    operator's line (a switch, or ``--speculative-algorithm``, switched on where it was
+    not typed, or removed where it was typed: either changes what the operator asked the
+    server to run; a deprecated switch removed for its newer spelling is no change), GPU
+    counts it changes (--tp-size, --pp-size), servers it changes, edits."""
     typed = {role: typed_flags(shlex.split(getattr(lines, role)))
              for role in ("prefill", "decode")}
     switched = resized = 0
     for edit in fix.edits:
         found = None if edit.env else lookup(edit.name)
-        resized += found is not None and found.field in _GPUS
-        found = None if edit.env or edit.remove else lookup(edit.name)
-        if found is not None and (not found.takes_value or found.field in _FEATURES) \
-                and found.field not in typed.get(edit.server, {}):
+        if found is None:
+            continue
+        resized += found.field in _GPUS
+        there = found.field in typed.get(edit.server, {})
+        if (not found.takes_value or found.field in _FEATURES) and there == edit.remove \
+                and not (edit.remove and _respelled(found.field, edit.server, fix)):
             switched += 1
     return switched, resized, len({e.server for e in fix.edits}), len(fix.edits)
 

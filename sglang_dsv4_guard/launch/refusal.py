@@ -8,7 +8,8 @@ other server's value, ``1`` for a whole-number flag given no value, and removing
 when the line sets it. Each candidate line is resolved by the release (the same
 ``parse_side`` as ``check``); a candidate refused with a new message extends with that
 message's candidates (breadth first, at most :data:`MAX_DEPTH` edits), and at most
-:data:`MAX_RESOLUTIONS` resolutions are run per refusal. Only lines the release
+:data:`MAX_RESOLUTIONS` resolutions are run per refusal (the release-choice resolutions
+of a count included). Only lines the release
 accepts become fixes.
 """
 
@@ -21,13 +22,13 @@ import re
 import shlex
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import Flag, flag, flag_for_field, flag_table
 from sglang_dsv4_guard.launch.edit import apply_edits, typed_flags
-from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
+from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, parse_side
 
 __all__ = ["MAX_DEPTH", "MAX_RESOLUTIONS", "Search", "refusal_fixes"]
 
@@ -100,7 +101,26 @@ def _architecture(line: str) -> str | None:
     return str(found) if found else None
 
 
-def release_choice(role: str, line: str, env: Mapping[str, str], named: Flag) -> str | None:
+class _Exhausted(Exception):
+    """The search's resolution budget ran out."""
+
+
+class _Counted:
+    """``parse_side`` counted: at most :data:`MAX_RESOLUTIONS` calls, then :class:`_Exhausted`."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def __call__(self, role: str, line: str, env: Mapping[str, str]) -> SideArgs:
+        if self.runs >= MAX_RESOLUTIONS:
+            raise _Exhausted
+        self.runs += 1
+        return parse_side(role, line, env)
+
+
+def release_choice(role: str, line: str, env: Mapping[str, str], named: Flag,
+                   resolve: Callable[[str, str, Mapping[str, str]], SideArgs] | None = None
+                   ) -> str | None:
     """The value the release's resolution chooses for ``named`` when it is not typed: the
     resolved value of ``line`` without it, when the release accepts that line; else, for
     a speculative count, what the release's own auto-choice of speculative parameters
@@ -108,7 +128,7 @@ def release_choice(role: str, line: str, env: Mapping[str, str], named: Flag) ->
     (DeepSeek-V4 refuses EAGLE before it runs, so its own resolution never reaches it)."""
     without = apply_edits(line, [Edit(role, named.option, remove=True)], role)
     try:
-        side = parse_side(role, without, env)
+        side = (resolve or parse_side)(role, without, env)
     except CheckInputError:
         return None
     if side.resolution_error is None and side.get(named.field) is not None:
@@ -147,14 +167,15 @@ def _values(message: str, named: Flag, typed: Mapping[str, tuple[Flag, str | Non
 
 
 def _candidates(role: str, message: str, line: str, env: Mapping[str, str],
-                other: Mapping[str, tuple[Flag, str | None]]) -> list[tuple[Edit, ...]]:
+                other: Mapping[str, tuple[Flag, str | None]], resolve: _Counted
+                ) -> list[tuple[Edit, ...]]:
     typed = typed_flags(shlex.split(line))
     out: list[tuple[Edit, ...]] = []
     for named in named_flags(message):
         if not named.takes_value:
             continue  # a switch is never turned on to satisfy a check
         kind = _field_type(named.field)
-        choice = (release_choice(role, line, env, named) if "int" in kind
+        choice = (release_choice(role, line, env, named, resolve) if "int" in kind
                   and named.field not in typed else None)
         out += [(Edit(role, named.option, value),)
                 for value in _values(message, named, typed, other, choice)]
@@ -176,35 +197,35 @@ def search(role: str, line: str, env: Mapping[str, str], refusal: str,
            other: Mapping[str, tuple[Flag, str | None]]) -> Search:
     """Breadth-first over candidate edits (see the module docstring)."""
     frontier: list[tuple[tuple[Edit, ...], str]] = [((), refusal)]
-    seen, runs = {line}, 0
+    seen, resolve = {line}, _Counted()
     accepted: list[tuple[Edit, ...]] = []
-    for _ in range(MAX_DEPTH):
-        following: list[tuple[tuple[Edit, ...], str]] = []
-        for edits, message in frontier:
-            for extra in _candidates(role, message, apply_edits(line, edits, role), env,
-                                     other):
-                tried = edits + extra
-                text = apply_edits(line, tried, role)
-                if text in seen:
-                    continue
-                if runs >= MAX_RESOLUTIONS:
-                    return Search(tuple(accepted), runs, True)
-                seen.add(text)
-                runs += 1
-                try:
-                    side = parse_side(role, text, env)
-                except CheckInputError:
-                    continue
-                if side.machine_refusal is not None:
-                    continue
-                if side.resolution_error is None:
-                    accepted.append(tried)
-                elif side.resolution_error != message:
-                    following.append((tried, side.resolution_error))
-        frontier = following
-        if len(accepted) >= _MAX_FIXES or not frontier:
-            break
-    return Search(tuple(accepted), runs, False)
+    try:
+        for _ in range(MAX_DEPTH):
+            following: list[tuple[tuple[Edit, ...], str]] = []
+            for edits, message in frontier:
+                for extra in _candidates(role, message, apply_edits(line, edits, role), env,
+                                         other, resolve):
+                    tried = edits + extra
+                    text = apply_edits(line, tried, role)
+                    if text in seen:
+                        continue
+                    seen.add(text)
+                    try:
+                        side = resolve(role, text, env)
+                    except CheckInputError:
+                        continue
+                    if side.machine_refusal is not None:
+                        continue
+                    if side.resolution_error is None:
+                        accepted.append(tried)
+                    elif side.resolution_error != message:
+                        following.append((tried, side.resolution_error))
+            frontier = following
+            if len(accepted) >= _MAX_FIXES or not frontier:
+                break
+    except _Exhausted:
+        return Search(tuple(accepted), resolve.runs, True)
+    return Search(tuple(accepted), resolve.runs, False)
 
 
 def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refusal: str,

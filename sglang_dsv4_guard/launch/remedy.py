@@ -3,8 +3,9 @@
 Each fix edits one server's line to take the other's value (both directions, the
 decode's first), spelled as the installed release's parser spells the flag
 (:func:`~sglang_dsv4_guard.host.flags.flag_for_field`); a flag the release does not
-have is never suggested. ``--page-size`` is never set on a server whose resolution
-replaced a typed page size (the release sets it for the model, DeepSeek-V4 from 0.5.22).
+have is never suggested, nor an edit whose line the release's resolution refuses or
+resolves to another number than the edit set (``--page-size`` on DeepSeek-V4 from 0.5.22,
+whose page size the release sets for the model).
 DSV4G026's fixes come from re-running the resolution (:mod:`.refusal`).
 """
 
@@ -17,8 +18,8 @@ from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, typed_flags
-from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
+from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, lookup, typed_flags
+from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, parse_side
 from sglang_dsv4_guard.launch.refusal import refusal_fixes
 
 __all__ = ["UNIFIED_VARIABLE", "derived_fixes", "page_size_source"]
@@ -94,9 +95,26 @@ def _accepted(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
                                 apply_env(side.args.env, edits, role))
         except (CheckInputError, ValueError):
             return None
-        if edited.resolution_error is not None:
+        if edited.resolution_error is not None or _replaced(edited, edits):
             return None
     return fix
+
+
+def _replaced(edited: SideArgs, edits: list[Edit]) -> bool:
+    """Whether the release's resolution of ``edited`` gives a field a number other than
+    the one an edit set (DeepSeek-V4's page size from 0.5.22, for instance): such an edit
+    does not do what it says."""
+    for edit in edits:
+        found = None if edit.env or edit.remove else lookup(edit.name)
+        resolved = None if found is None else edited.get(found.field)
+        if resolved is None or isinstance(resolved, bool) or edit.value is None:
+            continue
+        try:
+            if int(str(resolved)) != int(edit.value):
+                return True
+        except ValueError:  # not a count: compared only where both are numbers
+            continue
+    return False
 
 
 def _g020(p: Side, d: Side) -> list[Fix | None]:
@@ -192,26 +210,49 @@ def _g006(p: Side, d: Side) -> list[Fix | None]:
 
 def _dp_fix(src: Side, dst: Side, inputs: tuple[str, ...]) -> Fix | None:
     """``dst`` given ``src``'s attention TP by its attention-DP size, keeping its
-    --tp-size (its GPU count): ``dp = tp / (attention TP x attention CP)``, with
-    --enable-dp-attention when that is above 1."""
+    --tp-size: ``dp = tp / (attention TP x attention CP)``, spelled as the release spells
+    attention DP (:func:`_dp_edits`)."""
     tp, cp = int(dst.args.get("tp_size") or 1), int(dst.args.get("attn_cp_size") or 1)
     if tp % (src.attn_tp_size * cp):
         return None
     dp = tp // (src.attn_tp_size * cp)
+    edits, replicas = _dp_edits(dst, dp)
+    if not edits:
+        return None
+    kept = (f"keeping its --tp-size {tp} but dropping its --dp-size {replicas} replicas "
+            "(this changes its GPU count)" if replicas > 1
+            else f"keeping its --tp-size {tp} (its GPU count)")
+    return _fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its attention "
+                f"DP size ({dp}), {kept}", "attn_tp_size", edits, *inputs)
+
+
+def _dp_edits(dst: Side, dp: int) -> tuple[list[Edit | None], int]:
+    """The edits giving ``dst`` attention DP ``dp``, and the --dp-size replicas they drop
+    (1 when none). Where the release has --attn-dp-size (0.5.22+), that flag, the
+    deprecated ``--dp-size N --enable-dp-attention`` removed (its parallel_hook rewrites
+    it to --attn-dp-size, and --dp-size alone counts replicas, which it refuses beside
+    attention DP); before, --dp-size with --enable-dp-attention, and no flag at all for
+    attention DP 1 rather than --dp-size 1."""
     typed = typed_flags(list(dst.args.argv))
-    if dp == 1:  # no attention DP at all: drop both flags rather than --dp-size 1
-        edits = [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
-                 if field in typed]
-        if not edits:
-            return None
-    else:
+    if flag_for_field("attn_dp_size") is None:
+        if dp == 1:
+            return [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
+                    if field in typed], 1
         edits = [_set(dst.role, "dp_size", dp)]
         if "enable_dp_attention" not in typed:
             found = flag_for_field("enable_dp_attention")
             edits.append(Edit(dst.role, found.option) if found is not None else None)
-    return _fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its attention "
-                f"DP size ({dp}), keeping its --tp-size {tp} (its GPU count)", "attn_tp_size",
-                edits, *inputs)
+        return edits, 1
+    replicas = 1 if "enable_dp_attention" in typed else int(dst.args.typed.get("dp_size") or 1)
+    if dp == max(1, int(dst.attn_dp_size)) and replicas == 1:
+        return [], 1
+    edits = [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
+             if field in typed and (field != "dp_size" or dp > 1 or replicas == 1)]
+    if dp > 1:
+        edits.append(_set(dst.role, "attn_dp_size", dp))
+    elif "attn_dp_size" in typed:
+        edits.append(_set(dst.role, "attn_dp_size", None))
+    return edits, replicas if dp > 1 else 1
 
 
 def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:

@@ -1,0 +1,139 @@
+"""``check --fix`` after a second outside review: attention DP spelled as the release
+spells it, a copied value the destination's resolution replaces never offered, a partial
+correction called partial, removals ranked like switches, and every resolution of a
+refusal's search counted against its budget."""
+
+from __future__ import annotations
+
+import unittest
+from dataclasses import replace
+from unittest import mock
+
+from check_helpers import DSV4, GPT_OSS, LLAMA, check_json, server
+from helpers import GuardTestCase
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.launch import pools, refusal
+from sglang_dsv4_guard.launch.child import fix_status
+from sglang_dsv4_guard.launch.parse import parse_side
+from sglang_dsv4_guard.launch.prove import Fixed, Lines, cost, fix_check
+
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+
+NEXTN = "--speculative-algorithm NEXTN"
+
+
+def _g006_fixes(doc: dict) -> list[dict]:
+    [g006] = [f for f in doc["findings"] if f["code"] == "DSV4G006"]
+    return [fix for fix in g006["fixes"] if fix["kind"] == "flags"]
+
+
+def _only(fixes: list[dict], role: str) -> list[dict]:
+    return [f for f in fixes if f["edits"] and all(e["server"] == role for e in f["edits"])]
+
+
+class TestAttentionDpSpelling(GuardTestCase):
+    """Attention DP is set with the release's own flag for it."""
+
+    def test_attention_dp_is_set_by_attn_dp_size_where_the_release_has_it(self) -> None:
+        """Prefill --tp-size 8 --attn-dp-size 2, decode --tp-size 8 --attn-dp-size 4 (on a
+        release with --attn-dp-size): one decode fix is exactly ``--attn-dp-size 2``."""
+        if flag_for_field("attn_dp_size") is None:
+            self.skipTest("this release has no --attn-dp-size")
+        _, doc = check_json(server("prefill", GPT_OSS, "--tp-size 8 --attn-dp-size 2"),
+                            server("decode", GPT_OSS, "--tp-size 8 --attn-dp-size 4"))
+        edits = [[(e["name"], e["value"], e["remove"]) for e in f["edits"]]
+                 for f in _only(_g006_fixes(doc), "decode")]
+        self.assertIn([("--attn-dp-size", "2", False)], edits)
+
+    def test_dropping_dp_replicas_is_not_said_to_keep_the_gpu_count(self) -> None:
+        """A decode with --dp-size 2 replicas and no attention DP (a release where that
+        spelling means replicas): its attention-DP fix drops the replicas, and its text
+        does not say it keeps the server's GPU count."""
+        if flag_for_field("attn_dp_size") is None:
+            self.skipTest("this release has no --attn-dp-size")
+        _, doc = check_json(server("prefill", GPT_OSS, "--tp-size 8 --attn-dp-size 2"),
+                            server("decode", GPT_OSS, "--tp-size 8 --dp-size 2"))
+        fixes = [f for f in _only(_g006_fixes(doc), "decode")
+                 if any(e["name"] == "--attn-dp-size" for e in f["edits"])]
+        self.assertTrue(fixes, _g006_fixes(doc))
+        for fix in fixes:
+            self.assertNotIn("(its GPU count)", fix["text"])
+
+
+class TestCopiedValueReplaced(GuardTestCase):
+    """A copied value the destination's resolution replaces is not offered."""
+
+    def test_page_size_is_not_offered_to_a_server_that_resolves_its_own(self) -> None:
+        """Llama prefill --page-size 64, DeepSeek-V4 decode (its page size resolved by the
+        release): no fix sets the decode's --page-size when the decode line with it
+        resolves another page size."""
+        line = server("decode", DSV4, "--page-size 64")
+        resolved = parse_side("decode", line, {}).get("page_size")
+        if resolved == 64:
+            self.skipTest("this release keeps a typed page size for DeepSeek-V4")
+        _, doc = check_json(server("prefill", LLAMA, "--page-size 64"), server("decode", DSV4))
+        edits = [e for f in doc["findings"] for fix in f["fixes"] for e in fix["edits"]
+                 if e["server"] == "decode" and e["name"] == "--page-size"]
+        self.assertEqual(edits, [])
+
+
+class TestPartialCorrection(GuardTestCase):
+    """Corrected lines whose own check still fails are called partial."""
+
+    def test_lines_that_still_fail_are_partial(self) -> None:
+        """``check --fix`` lines whose check exits 1 give ``fix_status`` ``partial``."""
+        given = Lines(server("prefill", GPT_OSS, "--tp-size 8 --dp-size 2 --enable-dp-attention"),
+                      server("decode", GPT_OSS, "--tp-size 8"))
+        fixed = fix_check(given)
+        self.assertEqual(fixed.result.exit_status, 1)
+        still = replace(fixed, lines=given, lines_result=fixed.result)
+        self.assertIsInstance(still, Fixed)
+        self.assertEqual(fix_status(still), "partial")
+
+
+class TestRemovalCost(GuardTestCase):
+    """Removing a feature the operator typed ranks like switching one on."""
+
+    def test_removing_a_typed_switch_counts_as_a_feature_change(self) -> None:
+        """A fix removing the prefill's typed --enable-dp-attention costs one feature
+        change, as adding it to the decode would."""
+        lines = Lines(server("prefill", GPT_OSS, "--tp-size 8 --dp-size 2 --enable-dp-attention"),
+                      server("decode", GPT_OSS, "--tp-size 8"))
+        removal = Fix(FixKind.FLAGS, "remove", edits=(
+            Edit("prefill", "--enable-dp-attention", remove=True),))
+        adding = Fix(FixKind.FLAGS, "add", edits=(Edit("decode", "--enable-dp-attention"),))
+        self.assertEqual(cost(removal, lines)[0], cost(adding, lines)[0])
+
+
+class TestRefusalBudget(GuardTestCase):
+    """Every resolution a refusal's search runs is counted and bounded."""
+
+    def test_every_resolution_is_counted(self) -> None:
+        """NEXTN on DeepSeek-V4: the search's resolution count equals the number of
+        times it ran SGLang's resolution (the release's own choice of a count included)."""
+        line = server("prefill", DSV4, NEXTN)
+        side = parse_side("prefill", line, {})
+        self.assertIsNotNone(side.resolution_error)
+        with mock.patch.object(refusal, "parse_side", wraps=parse_side) as spy:
+            found = refusal.search("prefill", line, {}, str(side.resolution_error), {})
+        self.assertEqual(found.resolutions, spy.call_count)
+
+
+class TestPoolRunEdits(GuardTestCase):
+    """An edit a state check made for "this server" is for the pool run's server."""
+
+    def test_this_server_becomes_the_pool_runs_role(self) -> None:
+        """A finding of the decode's pool run whose fix edits "this server" (as a plug-in's
+        state-check fix may) edits the decode once ``check`` takes it."""
+        finding = Finding("DSV4G005", Severity.ERROR, "differ", "pools", fixes=(
+            Fix(FixKind.FLAGS, "set", edits=(Edit("this server", "--page-size", "64"),)),))
+        [edit] = pools._for_side("decode", finding).fixes[0].edits
+        self.assertEqual(edit.server, "decode")
+
+
+if __name__ == "__main__":
+    unittest.main()
