@@ -59,6 +59,9 @@ FIXTURES: dict[str, tuple[Callable[[], tuple[Any, Any]], str, str, list[tuple[st
     "default": (build_pair, "ok", "", []),
     "page_size_128": (
         lambda: build_pair(PoolSpec(page_size=128), PoolSpec(page_size=128)), "ok", "", []),
+    # the example plug-in's probe pair (test_plugin_example.py): SGLang accepts it
+    "unified_both": (
+        lambda: build_pair(PoolSpec(unified=True), PoolSpec(unified=True)), "ok", "", []),
 }
 
 
