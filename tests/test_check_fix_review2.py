@@ -39,26 +39,37 @@ class TestAttentionDpSpelling(GuardTestCase):
     """Attention DP is set with the release's own flag for it."""
 
     def test_attention_dp_is_set_by_attn_dp_size_where_the_release_has_it(self) -> None:
-        """Prefill --tp-size 8 --attn-dp-size 2, decode --tp-size 8 --attn-dp-size 4 (on a
-        release with --attn-dp-size): one decode fix is exactly ``--attn-dp-size 2``."""
-        if flag_for_field("attn_dp_size") is None:
-            self.skipTest("this release has no --attn-dp-size")
-        _, doc = check_json(server("prefill", GPT_OSS, "--tp-size 8 --attn-dp-size 2"),
-                            server("decode", GPT_OSS, "--tp-size 8 --attn-dp-size 4"))
+        """Prefill attention TP 4 and decode attention TP 2 on --tp-size 8: one decode fix
+        is exactly the release's attention-DP flag set to 2 (``--attn-dp-size 2`` where the
+        release has it, else ``--dp-size 2`` beside the typed --enable-dp-attention)."""
+        if flag_for_field("attn_dp_size") is not None:
+            prefill, decode = "--tp-size 8 --attn-dp-size 2", "--tp-size 8 --attn-dp-size 4"
+            wanted = [("--attn-dp-size", "2", False)]
+        else:
+            prefill = "--tp-size 8 --dp-size 2 --enable-dp-attention"
+            decode = "--tp-size 8 --dp-size 4 --enable-dp-attention"
+            wanted = [("--dp-size", "2", False)]
+        _, doc = check_json(server("prefill", GPT_OSS, prefill), server("decode", GPT_OSS, decode))
         edits = [[(e["name"], e["value"], e["remove"]) for e in f["edits"]]
                  for f in _only(_g006_fixes(doc), "decode")]
-        self.assertIn([("--attn-dp-size", "2", False)], edits)
+        self.assertIn(wanted, edits)
 
     def test_dropping_dp_replicas_is_not_said_to_keep_the_gpu_count(self) -> None:
         """A decode with --dp-size 2 replicas and no attention DP (a release where that
         spelling means replicas): its attention-DP fix drops the replicas, and its text
         does not say it keeps the server's GPU count."""
-        if flag_for_field("attn_dp_size") is None:
-            self.skipTest("this release has no --attn-dp-size")
-        _, doc = check_json(server("prefill", GPT_OSS, "--tp-size 8 --attn-dp-size 2"),
+        flag = flag_for_field("attn_dp_size")
+        prefill = ("--tp-size 8 --attn-dp-size 2" if flag is not None
+                   else "--tp-size 8 --dp-size 2 --enable-dp-attention")
+        _, doc = check_json(server("prefill", GPT_OSS, prefill),
                             server("decode", GPT_OSS, "--tp-size 8 --dp-size 2"))
+        dp_flag = "--attn-dp-size" if flag is not None else "--dp-size"
         fixes = [f for f in _only(_g006_fixes(doc), "decode")
-                 if any(e["name"] == "--attn-dp-size" for e in f["edits"])]
+                 if any(e["name"] == dp_flag for e in f["edits"])]
+        if flag is None:  # before --attn-dp-size, --dp-size 2 is the attention DP wanted
+            self.assertTrue(all(e["name"] != "--attn-dp-size" for f in _g006_fixes(doc)
+                                for e in f["edits"]), _g006_fixes(doc))
+            return
         self.assertTrue(fixes, _g006_fixes(doc))
         for fix in fixes:
             self.assertNotIn("(its GPU count)", fix["text"])
@@ -73,12 +84,11 @@ class TestCopiedValueReplaced(GuardTestCase):
         resolves another page size."""
         line = server("decode", DSV4, "--page-size 64")
         resolved = parse_side("decode", line, {}).get("page_size")
-        if resolved == 64:
-            self.skipTest("this release keeps a typed page size for DeepSeek-V4")
         _, doc = check_json(server("prefill", LLAMA, "--page-size 64"), server("decode", DSV4))
         edits = [e for f in doc["findings"] for fix in f["fixes"] for e in fix["edits"]
                  if e["server"] == "decode" and e["name"] == "--page-size"]
-        self.assertEqual(edits, [])
+        # offered exactly when the decode's line with it resolves to the value it sets
+        self.assertEqual(bool(edits), resolved == 64, (resolved, edits))
 
 
 class TestPartialCorrection(GuardTestCase):

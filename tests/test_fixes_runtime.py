@@ -172,28 +172,41 @@ class TestMoriFixes(GuardTestCase):
                           ("decode", "--dp-size", None)]
                          if flag_for_field("attn_dp_size") else [("decode", "--dp-size", "2")])
 
-    @unittest.skipUnless(flag_for_field("attn_dp_size"), "release without --attn-dp-size")
     def test_attn_dp_size_prefill_edits_attn_dp_size(self) -> None:
-        """Prefill --tp-size 8 --attn-dp-size 2 (attention TP 4, --dp-size 1, no
-        --enable-dp-attention) against decode attention TP 8: the prefill's fix removes
-        --attn-dp-size, and no edit repeats the server's current --tp-size 8."""
-        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
-                            decode_tp_size=8, tp_size=8, dp_size=1, enable_dp_attention=False)
-        [prefill] = [f for f in self.fixes(snap) if f.field == "attn_tp_size"]
-        self.assertEqual([(e.server, e.name, e.value, e.remove) for e in prefill.edits],
-                         [("prefill", "--attn-dp-size", None, True)])
+        """Prefill attention TP 4 on --tp-size 8 (attention DP 2) against decode attention
+        TP 8: the prefill's fix removes its attention DP in the release's spelling
+        (``--attn-dp-size`` where it has it, else ``--dp-size`` and
+        ``--enable-dp-attention``), and no edit repeats its current --tp-size 8."""
+        if flag_for_field("attn_dp_size"):
+            snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                                decode_tp_size=8, tp_size=8, dp_size=1,
+                                enable_dp_attention=False)
+            wanted = {("prefill", "--attn-dp-size", None, True)}
+        else:
+            snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                                decode_tp_size=8, tp_size=8, dp_size=2,
+                                enable_dp_attention=True)
+            wanted = {("prefill", "--dp-size", None, True),
+                      ("prefill", "--enable-dp-attention", None, True)}
+        [prefill] = [f for f in self.fixes(snap) if f.field == "attn_tp_size"
+                     and all(e.server == "prefill" for e in f.edits)
+                     and not any(e.name == "--tp-size" for e in f.edits)]
+        self.assertEqual({(e.server, e.name, e.value, e.remove) for e in prefill.edits}, wanted)
 
-    @unittest.skipUnless(flag_for_field("attn_dp_size"), "release without --attn-dp-size")
     def test_attn_dp_size_release_names_it_as_source(self) -> None:
-        """On a release with --attn-dp-size, the attention TP's ``from:`` line names
-        --attn-dp-size (and the rewrite of the deprecated spelling into it), not "divided
-        by --dp-size with --enable-dp-attention"."""
+        """The attention TP's ``from:`` line names the release's own attention-DP flag:
+        --attn-dp-size where the release has it (not "divided by --dp-size with
+        --enable-dp-attention"), --dp-size with --enable-dp-attention before."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
                             decode_tp_size=8, tp_size=8, dp_size=1, enable_dp_attention=False)
         [obs] = [o for o in check_transfer(snap).findings[0].observations
                  if o.name == "attn_tp_size"]
-        self.assertIn("--attn-dp-size", obs.source)
-        self.assertNotIn("divided by --dp-size with --enable-dp-attention", obs.source)
+        if flag_for_field("attn_dp_size"):
+            self.assertIn("--attn-dp-size", obs.source)
+            self.assertNotIn("divided by --dp-size with --enable-dp-attention", obs.source)
+        else:
+            self.assertIn("--dp-size", obs.source)
+            self.assertNotIn("--attn-dp-size", obs.source)
 
     def test_check_phase_wording(self) -> None:
         """Phase "check": the details say SGLang finds this when the decode peer registers
