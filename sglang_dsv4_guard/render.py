@@ -35,14 +35,17 @@ def _fix_lines(fixes: tuple[Fix, ...]) -> list[str]:
     several = len({fix.field for fix in fixes}) > 1
     seen: set[str] = set()
     for fix in fixes[:LIST_CAP]:
-        alternative = fix.field in seen and not fix.text.startswith("or ")
+        text = fix.text
+        if fix.field not in seen and text.startswith("or "):  # its first alternative was
+            text = text[3:]  # dropped (a value the release refuses): no "or" before nothing
+        alternative = fix.field in seen and not text.startswith("or ")
         seen.add(fix.field)
         label = "or fix" if alternative else "fix"
         if several and fix.field:
             label += f" [{fix.field}]"
         mark = ("" if fix.proven is None
                 else " (proven by check)" if fix.proven else " (check: did not fix it)")
-        lines.append(f"    {label}{mark}: {cut_text(fix.text)}")
+        lines.append(f"    {label}{mark}: {cut_text(text)}")
         lines += [f"         {cut_text(edit.describe())}" for edit in fix.edits[:LIST_CAP]]
     if len(fixes) > LIST_CAP:
         lines.append(f"    ... +{len(fixes) - LIST_CAP} more fixes ({len(fixes)} in all)")

@@ -13,7 +13,10 @@ from helpers import GuardTestCase, guard_logs_off, outcome
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.codes import CODES
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.flags import accepts
+from sglang_dsv4_guard.render import render_finding
 from sglang_dsv4_guard.testing import PoolSpec, build_pair
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
@@ -80,6 +83,20 @@ class TestNoCannedFix(GuardTestCase):
                     self.assertTrue(f["fixes"], f"{f['code']} has no fix")
                     problems = [p for fix in f["fixes"] for p in _problems(f["code"], fix)]
                     self.assertEqual(problems, [])
+
+
+class TestFixLabels(GuardTestCase):
+    """Rendering says which fixes are alternatives, never "or" before nothing."""
+
+    def test_a_lone_or_fix_reads_without_or(self) -> None:
+        """A field's only fix whose text begins "or " (its first alternative was dropped)
+        renders as ``fix: drop ...``; a second fix of one field renders ``or fix:``."""
+        finding = Finding("DSV4G020", Severity.WARNING, "s", "x", fixes=(
+            Fix(FixKind.FLAGS, "or drop speculative decoding", field="speculative"),
+            Fix(FixKind.FLAGS, "copy the flags", field="speculative")))
+        lines = render_finding(finding).splitlines()
+        self.assertIn("    fix: drop speculative decoding", lines)
+        self.assertIn("    or fix: copy the flags", lines)
 
 
 if __name__ == "__main__":
