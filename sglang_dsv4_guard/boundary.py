@@ -199,7 +199,7 @@ def clean_finding(finding: object, origin: str) -> Finding:
         fields = {f.name: getattr(finding, f.name) for f in dataclasses.fields(Finding)}
     except Exception as exc:
         raise TypeError(f"reading its fields {raised_text(exc)}") from exc
-    for name in ("code", "summary", "subject", "docs"):
+    for name in ("code", "summary", "subject", "docs", "when"):
         fields[name] = _text(fields[name], name)
     if not isinstance(fields["severity"], Severity):
         raise TypeError(f"severity must be a sglang_dsv4_guard.Severity (got "
@@ -225,4 +225,5 @@ def clean_finding(finding: object, origin: str) -> Finding:
         details=details, fixes=_fixes(fields["fixes"]),
         docs=cut_text(fields["docs"]),
         host_message=None if host_message is None else cut_text(host_message), origin=origin,
+        when=cut_text(fields["when"]),
     )

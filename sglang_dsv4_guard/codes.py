@@ -245,6 +245,144 @@ CODES: dict[str, CodeInfo] = {
              "accepts are offered; none found: 'no flag change fixes this'",),
         ),
         CodeInfo(
+            "DSV4G030",
+            "prefill and decode use different KV cache dtypes",
+            "KV cache dtype mismatch: prefill server has kv_cache_dtype=...",
+            "Decode's first contact with the prefill (`try_ensure_parallel_info`, at the "
+            "first request that pairs them) compares the two servers' KV cache dtype "
+            "strings and raises from the decode scheduler loop: the decode server exits. "
+            "The strings are compared as the servers resolved them, so `auto` on one server "
+            "and an explicit `bfloat16` on the other differ even when the memory layout is "
+            "the same.",
+            ("derived: --kv-cache-dtype set on one server to the other server's resolved "
+             "string, only when the edited line resolves to it",),
+        ),
+        CodeInfo(
+            "DSV4G031",
+            "prefill and decode use different DeepSeek-V4 KV layouts",
+            "KV layout mismatch: prefill server has kv_layout=...",
+            "Decode's first contact compares the KV layout each server's DeepSeek-V4 pool "
+            "publishes (from --dsv4-attn-backend and SGLANG_DSV4_KV_LAYOUT, 0.5.23): the "
+            "decode server exits.",
+            ("derived: the other server's --dsv4-attn-backend or SGLANG_DSV4_KV_LAYOUT",),
+        ),
+        CodeInfo(
+            "DSV4G032",
+            "DeepSeek-V4.1 DSpark layouts or TP sizes differ",
+            "DeepSeek-V4.1 DSpark PD layout mismatch (...)",
+            "Decode's first contact requires both servers to enable DSpark with the same "
+            "block size and target/draft KV layout, and the same attention TP (0.5.21+): "
+            "the decode server exits.",
+            ("derived: the differing DSpark settings or attention TP taken from the other "
+             "server",),
+        ),
+        CodeInfo(
+            "DSV4G033",
+            "different attention TP sizes with an MXFP8 KV cache",
+            "PD Disaggregation does NOT support different attention TP sizes with MXFP8 "
+            "KV cache: ...",
+            "Block scales of an MXFP8 KV cache are head-sharded; decode's first contact "
+            "refuses a different attention TP for a non-MLA pool (0.5.22+): the decode "
+            "server exits.",
+            ("derived: the same attention TP on both servers, or a KV dtype without block "
+             "scales",),
+        ),
+        CodeInfo(
+            "DSV4G034",
+            "the decode server's decode context parallelism does not fit the prefill",
+            "PD decode DCP requires ... / PD decode DCP currently requires prefill "
+            "attention CP=1 / ... --enable-kv-cache-sharding",
+            "A decode server with DCP (decode context parallel size > 1) needs an MLA or "
+            "hybrid-MLA KV pool, a prefill with attention CP 1 and (0.5.23) a prefill "
+            "without --enable-kv-cache-sharding; decode's first contact raises (0.5.17+): "
+            "the decode server exits.",
+            ("derived: the decode's DCP size 1, or the prefill's attention CP 1 / no KV "
+             "cache sharding, as the condition SGLang raised names",),
+        ),
+        CodeInfo(
+            "DSV4G035",
+            "prefill and decode parallel layouts cannot be mapped onto each other",
+            "Decode pp size (...) should be equal to prefill pp size (...) or 1",
+            "Decode's first contact maps its ranks onto the prefill's "
+            "(`_resolve_rank_mapping`): decode PP must equal the prefill's or be 1, decode "
+            "attention CP must be 1, MLA KV cache sharding needs equal attention TP. They "
+            "fail as bare assertions: the decode server exits.",
+            ("derived: the decode's --pp-size / attention CP / the prefill's attention TP "
+             "as the failed assertion names",),
+        ),
+        CodeInfo(
+            "DSV4G036",
+            "the prefill and decode DCP ranks cannot be connected",
+            "PD peers must connect matching DCP ranks / Unsupported PD DCP topology",
+            "When a decode rank registers, the prefill compares DCP ranks and topology "
+            "(`requires_dcp_relayout`, 0.5.17+). On Mooncake and NIXL the prefill's "
+            "bootstrap thread dies and every request to that rank times out; on MORI it is "
+            "logged and each request then fails.",
+            ("derived: the DCP sizes the release's relayout accepts",),
+        ),
+        CodeInfo(
+            "DSV4G040",
+            "different TP sizes for a non-MLA hybrid model's state",
+            "PD Disaggregation does NOT support PD different TP sizes for non-MLA {ST} "
+            "hybrid models yet.",
+            "Mooncake and NIXL send a non-MLA hybrid model's state (SWA, Mamba, ...) per "
+            "request and refuse a different attention TP for the state types the release "
+            "cannot slice (SWA is sliced by heads from 0.5.22, except with pipeline "
+            "parallelism). Mooncake: the transfer worker thread exits and every request "
+            "sharded to its queue hangs; NIXL: each request fails.",
+            ("derived: the same attention TP on both servers, keeping GPU counts where "
+             "the release's attention-DP flags allow",),
+        ),
+        CodeInfo(
+            "DSV4G041",
+            "different attention TP sizes with a MiniMax sparse model",
+            "PD disagg: heterogeneous TP not supported for MiniMax sparse index yet.",
+            "MiniMax sparse index (and, 0.5.23, dense KV) state cannot be resliced by "
+            "head: every release refuses a different attention TP, per request in the "
+            "transfer path (0.5.23 also at decode's first contact).",
+            ("derived: the same attention TP on both servers",),
+        ),
+        CodeInfo(
+            "DSV4G042",
+            "NIXL with HiSparse and decode-only speculative decoding",
+            "NIXL PD transfer does not support HiSparse combined with decode-only "
+            "speculative decoding.",
+            "NIXL's registration of a decode peer (`_prepare_payload_xfer`) refuses a "
+            "decode with HiSparse and a draft KV pool the prefill does not send: the "
+            "prefill's bootstrap thread dies and every request to that rank times out.",
+            ("derived: speculative decoding on both servers or neither, HiSparse off, or "
+             "the Mooncake backend",),
+        ),
+        CodeInfo(
+            "DSV4G043",
+            "NIXL heterogeneous-TP transfer into decode host memory",
+            "NIXL heterogeneous-TP direct-to-host KV transfer is not implemented safely yet",
+            "NIXL's registration refuses a non-MLA pair with different attention TP whose "
+            "decode receives into host memory (HiSparse): the prefill's bootstrap thread "
+            "dies and every request to that rank times out.",
+            ("derived: the same attention TP, or HiSparse off on the decode",),
+        ),
+        CodeInfo(
+            "DSV4G044",
+            "HiSparse device-only PD transfer needs the Mooncake backend",
+            "HiSparse device-only PD transfer currently requires the Mooncake backend",
+            "A decode with HiSparse and a DeepSeek-V4 or draft pool fails its first request "
+            "unless the transfer backend is Mooncake (`pop_preallocated`, 0.5.22+): the "
+            "decode server exits.",
+            ("derived: --disaggregation-transfer-backend mooncake on both servers, or "
+             "HiSparse off",),
+        ),
+        CodeInfo(
+            "DSV4G045",
+            "prefill and decode have different metadata buffer counts",
+            "peer ... aux buffer count mismatch",
+            "The two servers allocate different numbers of metadata (aux) buffers "
+            "(SGLANG_ENABLE_DISAGG_SAMPLING_MASK, --disaggregation-enable-kv-checksum on "
+            "one side). SGLang logs it at registration from 0.5.23; 0.5.20 to 0.5.22 "
+            "transfer on with misaligned metadata, silently.",
+            ("derived: the variable or flag set (or unset) as on the other server",),
+        ),
+        CodeInfo(
             "DSV4G090",
             "a guard plug-in failed",
             None,

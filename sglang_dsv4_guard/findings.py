@@ -108,6 +108,9 @@ class Finding:
     docs: str = ""
     host_message: str | None = None
     origin: str = "builtin"
+    # When SGLang would find it and what the operator would see (``check``'s PD contract
+    # findings): "decode's first contact with the prefill: the decode server exits".
+    when: str = ""
 
     def __post_init__(self) -> None:
         # A plain string becomes an ADVICE fix, copied as an exact str (a str subclass's
@@ -148,6 +151,7 @@ class Finding:
             "docs": self.docs,
             "host_message": self.host_message,
             "origin": self.origin,
+            "when": self.when,
         }
 
 

@@ -52,7 +52,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("state.wrapper", "mori.wrapper", "host.registry", "wrapping")),
     ("runtime and plug-in manager", ("runtime", "plugins")),
     ("built-in hook implementations", ("reporter", "state.checks", "state.fixes", "state.sharing",
-                                       "mori.checks", "autoshare")),
+                                       "mori.checks", "autoshare", "pd")),
     ("hook specs, rendering, deduplication, plug-in boundary",
      ("hookspecs", "render", "dedup", "boundary")),
     ("snapshots of SGLang's objects, sample objects",

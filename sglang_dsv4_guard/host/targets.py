@@ -22,6 +22,7 @@ __all__ = [
     "CALLERS",
     "CUDA_GRAPH_CONFIG",
     "DSV4_POOL",
+    "ENVIRON_MODULE",
     "KV_ARGS",
     "MAPPING_ATTR",
     "MORI_KV_ARGS_ATTRS",
@@ -32,6 +33,11 @@ __all__ = [
     "MORI_SEND",
     "MORI_SERVER_ARGS_ATTRS",
     "MORI_TARGETS",
+    "PD_COMMON_MODULE",
+    "PD_DECODE_MODULE",
+    "PD_FIRST_CONTACT",
+    "PD_MOONCAKE_MODULE",
+    "PD_NIXL_MODULE",
     "POOL_ATTRS",
     "POOL_REGISTER",
     "POOL_REGISTER_TARGET",
@@ -112,6 +118,14 @@ CALLERS: dict[str, CallerRole] = {
 }
 
 # -- Other SGLang objects the guard reads -----------------------------------------------
+
+# The prefill/decode contract (``pd/``): where SGLang compares the two servers.
+PD_COMMON_MODULE = "sglang.srt.disaggregation.common.conn"
+PD_FIRST_CONTACT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.try_ensure_parallel_info")
+PD_MOONCAKE_MODULE = "sglang.srt.disaggregation.mooncake.conn"
+PD_NIXL_MODULE = "sglang.srt.disaggregation.nixl.conn"
+PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
+ENVIRON_MODULE = "sglang.srt.environ"
 
 REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"

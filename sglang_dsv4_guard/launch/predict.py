@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
 from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
+from sglang_dsv4_guard.launch.contract import contract_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
@@ -230,9 +231,12 @@ def run_check(prefill_args: str, decode_args: str,
     if prefill.transfer_backend == decode.transfer_backend == "mori":
         findings.extend(_mori(prefill, decode, profile))
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
+    contract, contract_unknowns = contract_findings(prefill, decode, str(version))
+    findings.extend(contract)
     if derive:
         findings = [derived_fixes(f, prefill, decode) for f in findings]
     report = Report.of(findings, {"function": "sglang-dsv4-guard check",
                                   "sglang": str(version)})
     return CheckResult(str(version), prefill, decode, report, tuple(runs),
-                       tuple(_unknowns(prefill, decode, runs) + _refused_lines(refusals())))
+                       tuple(_unknowns(prefill, decode, runs) + contract_unknowns
+                             + _refused_lines(refusals())))

@@ -1,0 +1,58 @@
+"""``check``'s prefill/decode contract rows: every comparison SGLang makes between the two
+servers at run time, on the endpoints the two launch lines imply.
+
+Each row module registers a function in :data:`ROWS`; :func:`contract_findings` runs
+them all, so one failing row never hides another.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.endpoint import endpoint_of
+from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.pd.endpoint import Endpoint
+
+__all__ = ["ROWS", "ContractRun", "contract_findings"]
+
+log = logging.getLogger(LOGGER_NAME)
+
+
+@dataclass(frozen=True)
+class ContractRun:
+    """The two endpoints, the two sides they came from and the release's name."""
+
+    prefill: Endpoint
+    decode: Endpoint
+    prefill_side: Side
+    decode_side: Side
+    release: str
+
+
+# name -> (run -> (findings, unknowns)). A row that cannot be judged on this release says
+# so in its unknowns; it never guesses.
+ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {}
+
+
+def contract_findings(prefill: Side, decode: Side, release: str
+                      ) -> tuple[list[Finding], list[str]]:
+    """Every row's findings and unknowns for the pair."""
+    run = ContractRun(endpoint_of(prefill), endpoint_of(decode), prefill, decode, release)
+    findings: list[Finding] = []
+    unknowns: list[str] = []
+    for name, row in ROWS.items():
+        try:
+            found, unknown = row(run)
+        except Exception as exc:  # our bug: that row is unknown, the others still run
+            log.warning("check: the %s row failed (a guard bug; please report it): %s: %s",
+                        name, type(exc).__name__, exc, exc_info=True)
+            unknowns.append(f"{name}: not judged: the guard's own check failed "
+                            f"({type(exc).__name__}: {exc}); a guard bug, please report it")
+            continue
+        findings.extend(found)
+        unknowns.extend(unknown)
+    return findings, unknowns

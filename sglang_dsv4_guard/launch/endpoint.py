@@ -1,0 +1,70 @@
+"""A derived server (:class:`~.derive.Side`) as the PD contract's :class:`Endpoint`.
+
+The values shared by every row are set here; each row's own values (the KV cache dtype
+string a decode compares, the state types a transfer sends ...) are added by the
+function its module registers in :data:`CONTRIBUTORS`, so a value is derived in one
+place only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.remedy import page_size_source
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+
+__all__ = ["CONTRIBUTORS", "endpoint_of", "field_source"]
+
+# Each takes a side and the values derived so far and returns values to add.
+CONTRIBUTORS: list[Callable[[Side, dict[str, Value]], dict[str, Value]]] = []
+
+
+def field_source(side: Side, field: str, option: str) -> str:
+    """``server flag OPTION V`` when the line typed it, else the release's resolution."""
+    typed = side.args.typed.get(field)
+    if field in typed_flags(list(side.args.argv)):
+        return f"server flag {option} {typed}" if typed is not None else f"server flag {option}"
+    if side.args.resolved:
+        return f"SGLang's resolution (no {option} typed: the release's default)"
+    return f"the parser's default (no {option} typed; resolution did not complete)"
+
+
+def _base(side: Side) -> dict[str, Value]:
+    a = side.args
+    tp_source = field_source(side, "tp_size", "--tp-size")
+    values: dict[str, Any] = {
+        "transfer_backend": Value(side.transfer_backend, field_source(
+            side, "disaggregation_transfer_backend", "--disaggregation-transfer-backend")),
+        "attn_tp_size": Value(side.attn_tp_size, "the release's compute_dp_attention_world_info "
+                              f"on --tp-size/--dp-size/--attn-*-size ({tp_source})"),
+        "attn_dp_size": Value(side.attn_dp_size, "the release's compute_dp_attention_world_info"),
+        "attn_cp_size": Value(a.get("attn_cp_size") or 1,
+                              field_source(side, "attn_cp_size", "--attn-cp-size")),
+        "pp_size": Value(a.get("pp_size") or 1, field_source(side, "pp_size", "--pp-size")),
+        "tp_size": Value(a.get("tp_size") or 1, tp_source),
+        "page_size": Value(side.page_size, page_size_source(side)),
+        "is_mla_backend": Value(side.model.uses_mla_pool,
+                                f"{side.model.path}/config.json: attention "
+                                f"{side.model.attention_arch}"
+                                + (" (DeepSeek-V4 counts as MLA)" if side.model.is_dsv4 else "")),
+        "architecture": Value(side.model.architecture,
+                              f"{side.model.path}/config.json architectures"),
+        "is_hybrid_swa": Value(side.model.is_hybrid_swa,
+                               f"SGLang's ModelConfig on {side.model.path}/config.json"),
+        "is_dsv4": Value(side.model.is_dsv4, f"{side.model.path}/config.json"),
+        "speculative_algorithm": Value(side.speculative_algorithm, field_source(
+            side, "speculative_algorithm", "--speculative-algorithm")),
+    }
+    return values
+
+
+def endpoint_of(side: Side) -> Endpoint:
+    """The PD contract's view of ``side``: shared values, then every contributor's."""
+    values = _base(side)
+    notes: list[str] = []
+    for contribute in CONTRIBUTORS:
+        values.update(contribute(side, dict(values)))
+    return Endpoint(side.role, values, tuple(notes))

@@ -1,0 +1,55 @@
+"""One server as SGLang's prefill/decode code sees it: named values, each with its source."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_dsv4_guard.findings import Observation
+
+__all__ = ["Endpoint", "Value"]
+
+
+@dataclass(frozen=True)
+class Value:
+    """One value and where it is decided (a flag, an env variable, config.json, a default)."""
+
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The values of one server that SGLang's PD code reads.
+
+    ``values`` is keyed by the name SGLang's code reads (``attn_tp_size``, ``page_size``,
+    ``kv_cache_dtype_str``, ``state_types`` ...); ``notes`` says what could not be derived.
+    A missing name means the value is not known for this server (never a default).
+    """
+
+    role: str
+    values: Mapping[str, Value] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is known for this server."""
+        return name in self.values
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value of ``name``, ``default`` when it is not known."""
+        item = self.values.get(name)
+        return default if item is None else item.value
+
+    def source(self, name: str) -> str:
+        """Where the value of ``name`` comes from."""
+        item = self.values.get(name)
+        return item.source if item is not None else "not known for this server"
+
+    def observation(self, name: str, label: str | None = None) -> Observation:
+        """``name`` as an observation of this server's role."""
+        return Observation(self.role, label or name, self.get(name), self.source(name))
+
+    def with_values(self, **values: Value) -> Endpoint:
+        """A copy with ``values`` added or replaced."""
+        return Endpoint(self.role, {**self.values, **values}, self.notes)
