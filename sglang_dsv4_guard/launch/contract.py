@@ -31,6 +31,9 @@ class ContractRun:
     prefill_side: Side
     decode_side: Side
     release: str
+    # False in ``check --fix``'s re-runs, which read only which findings remain: rows then
+    # leave their fixes underived (deriving one resolves edited lines again).
+    derive: bool = True
 
 
 # name -> (run -> (findings, unknowns)). A row that cannot be judged on this release says
@@ -38,10 +41,11 @@ class ContractRun:
 ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {}
 
 
-def contract_findings(prefill: Side, decode: Side, release: str
+def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = True
                       ) -> tuple[list[Finding], list[str]]:
     """Every row's findings and unknowns for the pair."""
-    run = ContractRun(endpoint_of(prefill), endpoint_of(decode), prefill, decode, release)
+    run = ContractRun(endpoint_of(prefill), endpoint_of(decode), prefill, decode, release,
+                      derive)
     findings: list[Finding] = []
     unknowns: list[str] = []
     for name, row in ROWS.items():

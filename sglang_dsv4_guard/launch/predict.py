@@ -231,7 +231,7 @@ def run_check(prefill_args: str, decode_args: str,
     if prefill.transfer_backend == decode.transfer_backend == "mori":
         findings.extend(_mori(prefill, decode, profile))
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
-    contract, contract_unknowns = contract_findings(prefill, decode, str(version))
+    contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive)
     findings.extend(contract)
     if derive:
         findings = [derived_fixes(f, prefill, decode) for f in findings]

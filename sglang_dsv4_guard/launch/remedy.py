@@ -22,7 +22,8 @@ from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, lookup, typed_
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, parse_side
 from sglang_dsv4_guard.launch.refusal import refusal_fixes
 
-__all__ = ["UNIFIED_VARIABLE", "derived_fixes", "page_size_source"]
+__all__ = ["UNIFIED_VARIABLE", "accepted_fix", "attention_tp_fixes", "derived_fixes",
+           "page_size_source"]
 
 UNIFIED_VARIABLE = "SGLANG_HACK_FLASHMLA_BACKEND"
 
@@ -79,7 +80,7 @@ def _pairs(p: Side, d: Side) -> tuple[tuple[Side, Side], ...]:
                  is None)
 
 
-def _accepted(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
+def accepted_fix(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
     """``fix`` when the release's resolution accepts every line it edits (each resolved
     once, as ``check`` resolves a line), else ``None``: a copied value the destination's
     resolution refuses is never offered."""
@@ -194,7 +195,9 @@ def _g025(p: Side, d: Side) -> list[Fix | None]:
     return fixes
 
 
-def _g006(p: Side, d: Side) -> list[Fix | None]:
+def attention_tp_fixes(p: Side, d: Side) -> list[Fix | None]:
+    """Fixes giving one server the other's attention TP: by its attention-DP size first
+    (its GPU count kept), else by its --tp-size (said to change its GPU count)."""
     inputs = tuple(f"{s.role}: attention TP {s.attn_tp_size} = --tp-size "
                    f"{s.args.get('tp_size')} / (attention DP {s.attn_dp_size} x attention CP "
                    f"{s.args.get('attn_cp_size') or 1}) (SGLang's "
@@ -271,7 +274,7 @@ def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
     return (fix,) if fix is not None else ()
 
 
-_DERIVERS = {"DSV4G006": _g006, "DSV4G020": _g020, "DSV4G021": _g021, "DSV4G022": _g022,
+_DERIVERS = {"DSV4G006": attention_tp_fixes, "DSV4G020": _g020, "DSV4G021": _g021, "DSV4G022": _g022,
              "DSV4G023": lambda p, d: _same(
                  "disaggregation_transfer_backend", "transfer backend", p, d,
                  tuple(f"{s.role}: --disaggregation-transfer-backend {s.transfer_backend}"
@@ -293,7 +296,7 @@ def derived_fixes(finding: Finding, p: Side, d: Side) -> Finding:
     if derive is None:
         return finding
     sides = {"prefill": p, "decode": d}
-    fixes = tuple(f for f in (_accepted(fix, sides) for fix in derive(p, d)) if f is not None)
+    fixes = tuple(f for f in (accepted_fix(fix, sides) for fix in derive(p, d)) if f is not None)
     refused = [s.role for s in (p, d) if s.args.resolution_error is not None]
     if not fixes and refused:
         fixes = (Fix(FixKind.ADVICE, f"fix the {' and '.join(refused)} server's flags first "
