@@ -234,10 +234,10 @@ def _install() -> None:
         if raise_level:
             logger.setLevel(logging.INFO)
     last = _LastResort(logging.lastResort)
-    logging.lastResort = last  # type: ignore[assignment]  # typeshed: a _StderrHandler
+    logging.lastResort = last
     _saved.update(handler=handler, loggers=loggers, last=last,
                   stdout=sys.stdout, stderr=sys.stderr)
-    sys.stdout, sys.stderr = _Writer(sys.stdout), _Writer(sys.stderr)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = _Writer(sys.stdout), _Writer(sys.stderr)
 
 
 def _uninstall() -> None:
@@ -258,8 +258,9 @@ def _uninstall() -> None:
         logger.propagate = propagate
         if raised and logger.level == logging.INFO:
             logger.setLevel(level)
-    if logging.lastResort is _saved["last"]:
-        logging.lastResort = _saved["last"].real
+    last: _LastResort = _saved["last"]
+    if logging.lastResort is last:
+        logging.lastResort = last.real
     _saved.clear()
 
 

@@ -14,7 +14,7 @@ own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
@@ -45,7 +45,7 @@ class CheckResult:
     pool_runs: tuple[PoolRun, ...]
     unknowns: tuple[str, ...]
     # What SGLang said during this check (captured, not printed), per server.
-    sglang_output: Output = Output()
+    sglang_output: Output = field(default_factory=Output)
 
     @property
     def exit_status(self) -> int:
