@@ -120,6 +120,20 @@ class TestResolutionExplainsValue(GuardTestCase):
         self.assertIn(str(page), said[0])
         self.assertIn(said[0].split('"')[1], "\n".join(doc["sglang_output"]["decode"]))
 
+    def test_observation_from_quotes_sglang(self) -> None:
+        """A finding's value that SGLang's resolution chose (DeepSeek-V4's page size against
+        a Llama decode's typed one) says, in its ``from:``, SGLang's line about it."""
+        _, doc = check_json(DSV4_PAIR[0], server("decode", LLAMA, "--page-size 16",
+                                                 backend="mooncake"))
+        pages = [o for f in doc["findings"] for o in f["observations"]
+                 if o["name"] == "page_size"]
+        self.assertTrue(pages, doc["findings"])
+        prefill = [o for o in pages if o["role"] == "prefill"]
+        decode = [o for o in pages if o["role"] == "decode"]
+        self.assertIn('SGLang said "', prefill[0]["source"])
+        self.assertIn(f"page_size to {prefill[0]['value']}", prefill[0]["source"])
+        self.assertNotIn("SGLang said", decode[0]["source"])
+
     def test_typed_value_kept_has_no_quote(self) -> None:
         """A page size as typed (Llama, ``--page-size 16`` kept by SGLang) is not quoted
         (the attention backend SGLang chose for it is)."""
@@ -152,6 +166,40 @@ class TestCaptureKeepsSGLangBehaviour(GuardTestCase):
         refused = [f for f in doc["findings"] if f["code"] == "DSV4G026"]
         self.assertTrue(refused)
         self.assertTrue(refused[0]["observations"][0]["value"])
+
+
+class TestCaptureIsBoundedAndUndone(GuardTestCase):
+    """The capture keeps a bounded number of lines and leaves nothing patched."""
+
+    def test_section_past_the_cap_counts_the_rest(self) -> None:
+        """Past CAP lines in one section, the rest are counted in a last line."""
+        from sglang_dsv4_guard.launch.chatter import CAP, capturing, recording, section
+
+        logger = logging.getLogger("sglang.srt.test_check_output")
+        with capturing(), recording() as kept, section("decode"):
+            for i in range(CAP + 7):
+                logger.warning("line %d", i)
+        lines = kept.output().to_dict()["decode"]
+        self.assertEqual(len(lines), CAP + 1)
+        self.assertEqual(lines[0], "WARNING sglang.srt.test_check_output: line 0")
+        self.assertIn("7 more line(s) not kept", lines[-1])
+
+    def test_everything_put_back(self) -> None:
+        """After the capture, showwarning, sys.stdout/stderr, the loggers' handlers,
+        propagation and levels and Python's last-resort handler are as before."""
+        import sys
+
+        from sglang_dsv4_guard.launch.chatter import LOGGERS, capturing
+
+        def state() -> list[object]:
+            loggers = [logging.getLogger(n) for n in LOGGERS]
+            return [warnings.showwarning, sys.stdout, sys.stderr, logging.lastResort,
+                    *[(list(lg.handlers), lg.propagate, lg.level) for lg in loggers]]
+
+        before = state()
+        with capturing():
+            self.assertNotEqual(state(), before)
+        self.assertEqual(state(), before)
 
 
 _ANSWER = """

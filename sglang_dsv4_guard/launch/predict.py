@@ -224,7 +224,24 @@ def run_check(prefill_args: str, decode_args: str,
     with capturing(), recording() as said:
         result = _run_check(prefill_args, decode_args, prefill_env, decode_env, refusals,
                             derive)
-    return replace(result, sglang_output=said.output())
+    return _quoting(replace(result, sglang_output=said.output()))
+
+
+def _quoting(result: CheckResult) -> CheckResult:
+    """Each finding's value that SGLang's resolution chose for a server (its field and
+    value, :mod:`.said`) has SGLang's own line about it in its source (``from:``)."""
+    lines = {(said.field, s.role, repr(said.value)): said.line
+             for s in (result.prefill, result.decode) for said in result.said(s)}
+    if not lines:
+        return result
+
+    def quoted(o: Observation) -> Observation:
+        line = lines.get((o.name, o.role, repr(o.value)))
+        return o if line is None else replace(o, source=f'{o.source}; SGLang said "{line}"')
+
+    findings = tuple(replace(f, observations=tuple(map(quoted, f.observations)))
+                     for f in result.report.findings)
+    return replace(result, report=replace(result.report, findings=findings))
 
 
 def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, str] | None,
