@@ -137,6 +137,7 @@ def recording() -> Iterator[Recorder]:
         yield recorder
     finally:
         with _lock:
+            _flush()
             _recorders.remove(recorder)
 
 
@@ -149,7 +150,15 @@ def section(name: str) -> Iterator[None]:
         yield
     finally:
         with _lock:
+            _flush()
             _sections.pop()
+
+
+def _flush() -> None:
+    """A last line written without its newline is recorded where it was written."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, _Writer):
+            stream.flush()
 
 
 class _Writer:
@@ -167,10 +176,15 @@ class _Writer:
             _record(line)
         return len(text)
 
+    def writelines(self, lines: Sequence[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         if self._partial:
             _record(self._partial)
             self._partial = ""
+        self.real.flush()
 
     def __getattr__(self, name: str) -> Any:  # encoding, isatty, fileno, ...
         return getattr(self.real, name)
