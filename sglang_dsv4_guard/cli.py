@@ -257,6 +257,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--fix", action="store_true",
                        help="prove each flag fix by re-running the check on the edited lines, "
                             "and print the corrected prefill and decode lines")
+    check.add_argument("--verbose", action="store_true",
+                       help="also print what SGLang itself printed, warned or logged while "
+                            "the check ran, per server (always in --format json)")
     check.set_defaults(run=_check)
     sub.add_parser("patches", help="list the SGLang patch series for the installed release "
                    "and whether each patch applies (read-only)").set_defaults(run=_patches)

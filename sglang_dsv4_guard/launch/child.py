@@ -67,14 +67,36 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
     return {"prefill": args.prefill, "decode": args.decode,
             "prefill_env": parse_env("--prefill-env", args.prefill_env),
             "decode_env": parse_env("--decode-env", args.decode_env),
-            "fix": bool(getattr(args, "fix", False))}
+            "fix": bool(getattr(args, "fix", False)),
+            "verbose": bool(getattr(args, "verbose", False))}
 
 
 def answer(request: Mapping[str, Any],
            refusals: Callable[[], tuple[str, ...]] = tuple) -> dict[str, Any]:
     """``run_check`` on ``request`` in this process: ``{"exit_status", "document", "text"}``,
     or ``{"exit_status": 2, "error": one line}`` for input it cannot read. ``refusals``
-    (what the child's walls refused, read when the check ends) go into ``unknowns``."""
+    (what the child's walls refused, read when the check ends) go into ``unknowns``.
+    What SGLang says meanwhile (its import's warnings too) is captured, never printed:
+    the document's ``sglang_output``, and after the text with ``request["verbose"]``."""
+    # deferred: the child's work: the parent (the check command) never loads it
+    from sglang_dsv4_guard.launch.chatter import capturing, recording
+
+    with capturing(), recording() as outside:
+        reply = _answer(request, refusals)
+    checked = reply.pop("output", None)  # the check's own lines, per server
+    if checked is not None:
+        # deferred: the child's work (rendering)
+        from sglang_dsv4_guard.launch.text import render_output
+
+        output = checked.after(outside.output())
+        reply["document"]["sglang_output"] = output.to_dict()
+        if request.get("verbose"):
+            reply["text"] += "\n\n" + render_output(output)
+    return reply
+
+
+def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
+            ) -> dict[str, Any]:
     # deferred: the child's work: the parent (the check command) never loads it
     from sglang_dsv4_guard.launch.parse import CheckInputError, one_line
 
@@ -96,7 +118,7 @@ def answer(request: Mapping[str, Any],
         return {"exit_status": 2, "error": f"sglang: cannot import the installed release "
                                            f"({one_line(str(exc))})"}
     return {"exit_status": result.exit_status, "document": result.to_dict(),
-            "text": render_check(result)}
+            "text": render_check(result), "output": result.sglang_output}
 
 
 def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]],
@@ -123,7 +145,8 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
     document["fix_runs"] = {"runs": fixed.runs, "budget_ran_out": fixed.exhausted,
                             "budget": fixed.spent or None}
     return {"exit_status": fixed.result.exit_status, "document": document,
-            "text": render_check(fixed.result) + "\n\n" + render_fixed(fixed)}
+            "text": render_check(fixed.result) + "\n\n" + render_fixed(fixed),
+            "output": fixed.result.sglang_output}
 
 
 def fix_status(fixed: Fixed) -> str:

@@ -14,18 +14,20 @@ own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
 from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
+from sglang_dsv4_guard.launch.chatter import Output, capturing, recording, section
 from sglang_dsv4_guard.launch.contract import contract_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.launch.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.launch.remedy import derived_fixes, page_size_source
+from sglang_dsv4_guard.launch.said import Said, said_about
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.host.releases import HostProfile
@@ -42,6 +44,8 @@ class CheckResult:
     report: Report
     pool_runs: tuple[PoolRun, ...]
     unknowns: tuple[str, ...]
+    # What SGLang said during this check (captured, not printed), per server.
+    sglang_output: Output = field(default_factory=Output)
 
     @property
     def exit_status(self) -> int:
@@ -62,7 +66,14 @@ class CheckResult:
                  "sglang_error": r.host_error, "pool_build_error": r.build_error}
                 for r in self.pool_runs],
             "unknowns": list(self.unknowns),
+            "sglang_output": self.sglang_output.to_dict(),
+            "sglang_said": {s.role: [said.to_dict() for said in self.said(s)]
+                            for s in (self.prefill, self.decode)},
         }
+
+    def said(self, side: Side) -> tuple[Said, ...]:
+        """The values SGLang chose for ``side`` with its own line about each."""
+        return said_about(side, self.sglang_output.lines(side.role))
 
 
 def _tokens_source(side: Side) -> str:
@@ -208,7 +219,34 @@ def run_check(prefill_args: str, decode_args: str,
 
     ``refusals`` gives what the child's walls refused (:mod:`.sandbox`), read at the end.
     ``derive=False`` leaves the findings' fixes underived (``check --fix``'s re-runs read
-    only which findings remain)."""
+    only which findings remain). What SGLang says meanwhile (its warnings, log records
+    and prints) is captured, not printed (:mod:`.chatter`): ``sglang_output``."""
+    with capturing(), recording() as said:
+        result = _run_check(prefill_args, decode_args, prefill_env, decode_env, refusals,
+                            derive)
+    return _quoting(replace(result, sglang_output=said.output()))
+
+
+def _quoting(result: CheckResult) -> CheckResult:
+    """Each finding's value that SGLang's resolution chose for a server (its field and
+    value, :mod:`.said`) has SGLang's own line about it in its source (``from:``)."""
+    lines = {(said.field, s.role, repr(said.value)): said.line
+             for s in (result.prefill, result.decode) for said in result.said(s)}
+    if not lines:
+        return result
+
+    def quoted(o: Observation) -> Observation:
+        line = lines.get((o.name, o.role, repr(o.value)))
+        return o if line is None else replace(o, source=f'{o.source}; SGLang said "{line}"')
+
+    findings = tuple(replace(f, observations=tuple(map(quoted, f.observations)))
+                     for f in result.report.findings)
+    return replace(result, report=replace(result.report, findings=findings))
+
+
+def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, str] | None,
+               decode_env: Mapping[str, str] | None, refusals: Callable[[], tuple[str, ...]],
+               derive: bool) -> CheckResult:
     # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
     from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
     from sglang_dsv4_guard.host.verdict import judge_imported
@@ -221,11 +259,18 @@ def run_check(prefill_args: str, decode_args: str,
                                         "and releases with the same checks")
     profile = host.profile()
     version = host.name
-    prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
-    decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
+    with section("prefill"):
+        prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
+    with section("decode"):
+        decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
     findings: list[Finding] = [_refused(s, o) for s, o in ((prefill, decode), (decode, prefill))
                                if s.args.resolution_error is not None]
-    runs = [run for run in (run_state_check(prefill), run_state_check(decode)) if run]
+    runs = []
+    for side in (prefill, decode):
+        with section(side.role):
+            run = run_state_check(side)
+        if run:
+            runs.append(run)
     for run in runs:
         findings.extend(run.findings)
     if prefill.transfer_backend == decode.transfer_backend == "mori":

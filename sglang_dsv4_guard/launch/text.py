@@ -9,14 +9,25 @@ from sglang_dsv4_guard.findings import Severity
 from sglang_dsv4_guard.render import render_finding
 
 if TYPE_CHECKING:
+    from sglang_dsv4_guard.launch.chatter import Output
     from sglang_dsv4_guard.launch.derive import Side
     from sglang_dsv4_guard.launch.predict import CheckResult
     from sglang_dsv4_guard.launch.prove import Fixed
 
-__all__ = ["render_check", "render_fixed"]
+__all__ = ["render_check", "render_fixed", "render_output"]
 
 
-def _side(side: Side) -> str:
+def _said(result: CheckResult, side: Side) -> list[str]:
+    """A line per SGLang line that explains values it chose for ``side`` (one line may
+    explain two values: DeepSeek-V4's attention backend and page size)."""
+    by_line: dict[str, list[str]] = {}
+    for said in result.said(side):
+        typed = f" (typed {said.option} {said.typed})" if said.typed is not None else ""
+        by_line.setdefault(said.line, []).append(f"{said.label} {said.value}{typed}")
+    return [f"    {', '.join(values)}: SGLang said \"{line}\"" for line, values in by_line.items()]
+
+
+def _side(side: Side, said: list[str]) -> str:
     m = side.model
     kind = ", ".join(part for part in (
         "MLA pool" if m.uses_mla_pool else f"{m.attention_arch} pool",
@@ -35,6 +46,7 @@ def _side(side: Side) -> str:
         f"    transfer backend {side.transfer_backend}; swa state {'yes' if side.swa_state else 'no'}"
         f"; unified KV {'yes' if side.unified_kv else 'no'}",
     ]
+    lines += said
     if a.deprecated:
         lines.append(f"    deprecated flags (resolved as the release does): {', '.join(a.deprecated)}")
     return "\n".join(lines)
@@ -43,7 +55,7 @@ def _side(side: Side) -> str:
 def render_check(result: CheckResult) -> str:
     """Derived values per server, every finding, what flags cannot tell, a verdict line."""
     parts = [f"sglang-dsv4-guard check (SGLang {result.release})",
-             _side(result.prefill), _side(result.decode)]
+             *(_side(s, _said(result, s)) for s in (result.prefill, result.decode))]
     refused = {s.role for s in (result.prefill, result.decode)
                if s.args.resolution_error is not None}
     for run in result.pool_runs:
@@ -83,3 +95,14 @@ def render_fixed(fixed: Fixed) -> str:
                 f"{k}={shlex.quote(v)}" for k, v in env.items()))
         lines += [f"    {role} env: unset {name}" for name in fixed.lines.unset(fixed.given, role)]
     return "\n".join(lines)
+
+
+def render_output(output: Output) -> str:
+    """``check --verbose``: every line SGLang printed, warned or logged, per server."""
+    doc = output.to_dict()
+    parts = [f"SGLang's output during the check ({sum(map(len, doc.values()))} line(s), "
+             "captured, not printed without --verbose):"]
+    for name, lines in doc.items():
+        parts.append(f"  {name}:" + ("" if lines else " (nothing)"))
+        parts += [f"    {line}" for line in lines]
+    return "\n".join(parts)

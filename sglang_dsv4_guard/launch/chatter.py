@@ -1,0 +1,309 @@
+"""What SGLang says while ``check`` imports it and resolves the two servers: kept, not printed.
+
+``check`` prints its own report. SGLang's import emits ``UserWarning`` s ("Only CUDA, HIP
+and XPU support AWQ currently."), its ``ServerArgs`` resolution logs what it chose
+("Setting KV cache dtype to fp8_e4m3 ...", "No IB devices specified ...", DeepSeek-V4's
+"setting page_size to 256"), and some code prints. While :func:`capturing` is active:
+
+- ``warnings.showwarning`` records the warning instead of writing it. The warnings
+  filters are not touched: a warning the filters ignore stays ignored, one they turn
+  into an error still raises, one shown once per place is shown (recorded) once;
+- the loggers of :data:`LOGGERS` hand their records to a recording handler (their own
+  handlers are set aside, and they do not propagate, for the block); ``sglang`` records
+  from INFO up, as a launched server shows them; the others at their own level.
+  Records no handler takes (Python's last resort) are recorded too, except the guard's
+  own (``sglang_dsv4_guard`` keeps its behaviour);
+- ``sys.stdout`` and ``sys.stderr`` are recording writers (Python-level writes; what C
+  code writes to the descriptors is not seen).
+
+Each line goes to the innermost :func:`recording` recorder, under the innermost
+:func:`section` (a server's role), else under ``import`` (also what a module's import
+says, wherever it is first imported: the AWQ warning comes when a server's resolution
+first imports SGLang's quantization modules); at most :data:`CAP` lines per
+section are kept, then only counted. Everything is put back when the outermost
+:func:`capturing` ends, but only what is still ours (a hook someone set on top of ours
+stays; ours then passes everything through).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from sglang_dsv4_guard.log import LOGGER_NAME
+
+__all__ = ["CAP", "IMPORT", "LOGGERS", "Output", "Recorder", "capturing", "explaining",
+           "recording", "section"]
+
+CAP = 200  # lines kept per section
+IMPORT = "import"  # what is no server's: SGLang's import, and the rest
+# Loggers whose records are SGLang's output for check (``sglang`` at INFO, as launched).
+LOGGERS = ("sglang", "transformers", "torch")
+_INFO_LOGGERS = ("sglang",)
+
+
+@dataclass(frozen=True)
+class Output:
+    """The captured lines by section, in order, with how many past :data:`CAP` were
+    dropped per section."""
+
+    sections: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    dropped: tuple[tuple[str, int], ...] = ()
+
+    def lines(self, name: str) -> tuple[str, ...]:
+        return dict(self.sections).get(name, ())
+
+    def after(self, first: Output) -> Output:
+        """``first``'s lines, then this output's, per section (the cap is applied again)."""
+        recorder = Recorder()
+        for output in (first, self):
+            for name, lines in output.sections:
+                for line in lines:
+                    recorder.add(name, line)
+            for name, count in output.dropped:
+                recorder.dropped[name] = recorder.dropped.get(name, 0) + count
+        return recorder.output()
+
+    def to_dict(self, roles: Sequence[str] = ("prefill", "decode")) -> dict[str, list[str]]:
+        """``{"import": [...], role: [...], ...}``; a section past the cap ends with a line
+        that says how many more were not kept."""
+        dropped = dict(self.dropped)
+        names = [IMPORT, *roles, *(n for n, _ in self.sections if n not in (IMPORT, *roles))]
+        doc: dict[str, list[str]] = {}
+        for name in names:
+            lines = list(self.lines(name))
+            if dropped.get(name):
+                lines.append(f"... {dropped[name]} more line(s) not kept (at most {CAP} are "
+                             "kept per section)")
+            doc[name] = lines
+        return doc
+
+
+@dataclass
+class Recorder:
+    """Lines as they come, per section, bounded."""
+
+    kept: dict[str, list[str]] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, line: str) -> None:
+        lines = self.kept.setdefault(name, [])
+        if len(lines) < CAP:
+            lines.append(line)
+        else:
+            self.dropped[name] = self.dropped.get(name, 0) + 1
+
+    def output(self) -> Output:
+        return Output(tuple((n, tuple(lines)) for n, lines in self.kept.items()),
+                      tuple(self.dropped.items()))
+
+
+_lock = threading.RLock()
+_recorders: list[Recorder] = []
+_sections: list[str] = []
+
+
+def _importing() -> bool:
+    """Whether a module is being imported (its top level running) on this stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _record(line: str) -> None:
+    with _lock:
+        if _recorders and line.strip():
+            name = _sections[-1] if _sections and not _importing() else IMPORT
+            _recorders[-1].add(name, line.rstrip())
+
+
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """A fresh recorder for the block: lines inside go to it, not to an outer one."""
+    recorder = Recorder()
+    with _lock:
+        _recorders.append(recorder)
+    try:
+        yield recorder
+    finally:
+        with _lock:
+            _flush()
+            _recorders.remove(recorder)
+
+
+@contextmanager
+def section(name: str) -> Iterator[None]:
+    """Lines inside the block are ``name``'s (a server's role)."""
+    with _lock:
+        _sections.append(name)
+    try:
+        yield
+    finally:
+        with _lock:
+            _flush()
+            _sections.pop()
+
+
+def _flush() -> None:
+    """A last line written without its newline is recorded where it was written."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, _Writer):
+            stream.flush()
+
+
+class _Writer:
+    """A ``sys.stdout``/``sys.stderr`` stand-in: whole lines recorded."""
+
+    def __init__(self, real: TextIO) -> None:
+        self.real = real
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        if not _active:
+            return self.real.write(text)
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            _record(line)
+        return len(text)
+
+    def writelines(self, lines: Sequence[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self._partial:
+            _record(self._partial)
+            self._partial = ""
+        self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, isatty, fileno, ...
+        return getattr(self.real, name)
+
+
+class _Handler(logging.Handler):
+    """Records a log record as ``LEVEL logger: message``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record whose arguments do not format: its template
+            text = str(record.msg)
+        for line in text.splitlines() or [""]:
+            _record(f"{record.levelname} {record.name}: {line}")
+
+
+class _LastResort(_Handler):
+    """Python's last-resort handler while capturing: the guard's own records go on to the
+    real one."""
+
+    def __init__(self, real: logging.Handler | None) -> None:
+        super().__init__(logging.WARNING)
+        self.real = real
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if record.name.split(".")[0] == LOGGER_NAME or not _active:
+            return bool(self.real.handle(record)) if self.real is not None else False
+        return bool(super().handle(record))
+
+
+def _show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+          file: TextIO | None = None, line: str | None = None) -> None:
+    if not _active:
+        _saved_show(message, category, filename, lineno, file, line)
+        return
+    where = "/".join(filename.replace("\\", "/").split("/")[-3:])
+    _record(f"{category.__name__}: {message} ({where}:{lineno})")
+
+
+_active = 0
+_saved_show: Any = warnings.showwarning
+_in_chain = False  # someone's showwarning calls ours (set on top of it while we captured)
+_saved: dict[str, Any] = {}
+
+
+def _install() -> None:
+    global _saved_show
+    if not _in_chain:  # else ours is already called (and must not call itself)
+        _saved_show = warnings.showwarning
+        warnings.showwarning = _show
+    handler = _Handler()
+    loggers = {}
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        raise_level = name in _INFO_LOGGERS and logger.getEffectiveLevel() > logging.INFO
+        loggers[name] = (logger, list(logger.handlers), logger.propagate, logger.level,
+                         raise_level)
+        logger.handlers = [handler]
+        logger.propagate = False
+        if raise_level:
+            logger.setLevel(logging.INFO)
+    last = _LastResort(logging.lastResort)
+    logging.lastResort = last
+    _saved.update(handler=handler, loggers=loggers, last=last,
+                  stdout=sys.stdout, stderr=sys.stderr)
+    sys.stdout, sys.stderr = _Writer(sys.stdout), _Writer(sys.stderr)
+
+
+def _uninstall() -> None:
+    """Put back what is still ours; anything added meanwhile stays."""
+    global _in_chain
+    for stream in ("stdout", "stderr"):
+        writer = getattr(sys, stream)
+        if isinstance(writer, _Writer):
+            writer.flush()
+            if writer.real is _saved[stream]:
+                setattr(sys, stream, writer.real)
+    _in_chain = warnings.showwarning is not _show
+    if not _in_chain:
+        warnings.showwarning = _saved_show
+    for logger, handlers, propagate, level, raised in _saved["loggers"].values():
+        added = [h for h in logger.handlers if h is not _saved["handler"] and h not in handlers]
+        logger.handlers = handlers + added
+        logger.propagate = propagate
+        if raised and logger.level == logging.INFO:
+            logger.setLevel(level)
+    last: _LastResort = _saved["last"]
+    if logging.lastResort is last:
+        logging.lastResort = last.real
+    _saved.clear()
+
+
+@contextmanager
+def capturing() -> Iterator[None]:
+    """SGLang's warnings, log records and prints are recorded, not written, in the block
+    (re-entrant: the outermost block installs and restores)."""
+    global _active
+    with _lock:
+        if not _active:
+            _install()
+        _active += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _active -= 1
+            if not _active:
+                _uninstall()
+
+
+def explaining(lines: Sequence[str], names: Sequence[str], value: object) -> str | None:
+    """The first of ``lines`` that names the field (one of ``names``, any case) and says
+    ``value`` as a whole word: SGLang's own line about the value it chose."""
+    if value is None or isinstance(value, bool) or str(value) == "":
+        return None
+    said = re.compile(rf"(?<![\w.]){re.escape(str(value))}(?![\w]|\.\w)")
+    for line in lines:
+        lower = line.lower()
+        if any(name.lower() in lower for name in names) and said.search(line):
+            return line
+    return None

@@ -1,0 +1,229 @@
+"""``check`` prints its own report, not SGLang's chatter: SGLang's warnings, log records
+and prints while it imports and resolves are kept per server (``import`` for the rest),
+shown with ``--verbose`` and always in JSON (``sglang_output``); a resolution line that
+explains a value the report shows is quoted beside that value."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import unittest
+import warnings
+from collections.abc import Iterator
+
+from check_helpers import DSV4, LLAMA, check_json, run_cli, server
+from helpers import GuardTestCase, fresh_python
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+
+# SGLang's own resolution line for Mooncake without --disaggregation-ib-device (a warning
+# of its logger in every release of the matrix).
+NO_IB = "No IB devices specified"
+# DeepSeek-V4 with --page-size 128 typed on both servers (the release sets its own).
+DSV4_PAIR = (server("prefill", DSV4, "--page-size 128", backend="mooncake"),
+             server("decode", DSV4, "--page-size 128", backend="mooncake"))
+
+
+@contextlib.contextmanager
+def root_records() -> Iterator[list[logging.LogRecord]]:
+    """The log records that reach the root logger's handlers inside the block (what a
+    program with logging configured, or Python's last-resort handler, would print)."""
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep(logging.DEBUG)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        root.removeHandler(handler)
+
+
+def sglang_said(records: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in records if r.name.split(".")[0] in ("sglang", "transformers")]
+
+
+class TestChatterNotPrinted(GuardTestCase):
+    """None of SGLang's output reaches check's stdout or stderr by default."""
+
+    def test_resolution_log_lines_not_printed(self) -> None:
+        """A Mooncake pair: SGLang's "No IB devices specified" warning, logged while it
+        resolves each server's flags, is neither on stdout nor on stderr."""
+        with root_records() as records:
+            status, out, err = run_cli("check", "--prefill", DSV4_PAIR[0], "--decode",
+                                       DSV4_PAIR[1])
+        self.assertEqual(status, 0, err)
+        self.assertEqual(sglang_said(records), [])
+        self.assertNotIn(NO_IB, out)
+        self.assertNotIn(NO_IB, err)
+        self.assertTrue(out.startswith("sglang-dsv4-guard check (SGLang "), out[:200])
+
+    def test_fix_reruns_print_no_chatter(self) -> None:
+        """``check --fix`` re-runs SGLang's resolution on edited lines: none of what it logs
+        is printed either."""
+        with root_records() as records:
+            _, out, err = run_cli(
+                "check", "--prefill", server("prefill", LLAMA, "--page-size 16",
+                                             backend="mooncake"),
+                "--decode", server("decode", LLAMA, "--page-size 32", backend="mooncake"),
+                "--fix")
+        self.assertEqual(sglang_said(records), [])
+        self.assertIn("check --fix:", out)
+        self.assertNotIn(NO_IB, out + err)
+        self.assertEqual(err, "")
+
+
+class TestChatterKept(GuardTestCase):
+    """What SGLang said is kept per server, in order, in JSON and with --verbose."""
+
+    def test_json_keeps_lines_per_server(self) -> None:
+        """``--format json`` has ``sglang_output`` with SGLang's resolution warning under
+        each server that logged it, and the existing keys unchanged."""
+        _, doc = check_json(*DSV4_PAIR)
+        output = doc["sglang_output"]
+        self.assertEqual(set(output), {"import", "prefill", "decode"})
+        for role in ("prefill", "decode"):
+            self.assertTrue(any(NO_IB in line for line in output[role]), output[role])
+        self.assertIn("derived", doc)
+        self.assertIn("findings", doc)
+
+    def test_verbose_prints_lines_after_the_report(self) -> None:
+        """``--verbose`` prints the captured lines, per server, after the verdict line."""
+        status, out, _ = run_cli("check", "--prefill", DSV4_PAIR[0], "--decode", DSV4_PAIR[1],
+                                 "--verbose")
+        self.assertEqual(status, 0)
+        verdict = out.index("check: OK")
+        self.assertIn(NO_IB, out[verdict:])
+        self.assertLess(out.index("decode:", verdict), out.rindex(NO_IB))
+
+
+class TestResolutionExplainsValue(GuardTestCase):
+    """A value SGLang's resolution chose is shown with SGLang's own line about it."""
+
+    def test_dsv4_page_size_quotes_sglang(self) -> None:
+        """DeepSeek-V4 typed with ``--page-size 128``: the page size SGLang resolved is shown
+        with the line SGLang logged when it set it (it names page_size and the value)."""
+        _, doc = check_json(*DSV4_PAIR)
+        page = doc["derived"]["decode"]["page_size"]
+        _, out, _ = run_cli("check", "--prefill", DSV4_PAIR[0], "--decode", DSV4_PAIR[1])
+        block = out.split("\n\n")[2]
+        self.assertTrue(block.startswith("decode:"), block)
+        said = [line for line in block.splitlines() if "SGLang said" in line]
+        self.assertTrue(said, block)
+        self.assertIn("page_size", said[0])
+        self.assertIn(str(page), said[0])
+        self.assertIn(said[0].split('"')[1], "\n".join(doc["sglang_output"]["decode"]))
+
+    def test_observation_from_quotes_sglang(self) -> None:
+        """A finding's value that SGLang's resolution chose (DeepSeek-V4's page size against
+        a Llama decode's typed one) says, in its ``from:``, SGLang's line about it."""
+        _, doc = check_json(DSV4_PAIR[0], server("decode", LLAMA, "--page-size 16",
+                                                 backend="mooncake"))
+        pages = [o for f in doc["findings"] for o in f["observations"]
+                 if o["name"] == "page_size"]
+        self.assertTrue(pages, doc["findings"])
+        prefill = [o for o in pages if o["role"] == "prefill"]
+        decode = [o for o in pages if o["role"] == "decode"]
+        self.assertIn('SGLang said "', prefill[0]["source"])
+        self.assertIn(f"page_size to {prefill[0]['value']}", prefill[0]["source"])
+        self.assertNotIn("SGLang said", decode[0]["source"])
+
+    def test_typed_value_kept_has_no_quote(self) -> None:
+        """A page size as typed (Llama, ``--page-size 16`` kept by SGLang) is not quoted
+        (the attention backend SGLang chose for it is)."""
+        _, doc = check_json(server("prefill", LLAMA, "--page-size 16"),
+                            server("decode", LLAMA, "--page-size 16"))
+        fields = [said["field"] for said in doc["sglang_said"]["decode"]]
+        self.assertNotIn("page_size", fields)
+        self.assertIn("attention_backend", fields)
+
+
+class TestCaptureKeepsSGLangBehaviour(GuardTestCase):
+    """Capturing changes nothing SGLang does with warnings."""
+
+    def test_warning_made_an_error_still_raises(self) -> None:
+        """A warning category the warnings filters turn into an error still raises while
+        check captures output."""
+        from sglang_dsv4_guard.launch.chatter import capturing
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            with capturing(), self.assertRaises(UserWarning):
+                warnings.warn("made an error", UserWarning, stacklevel=1)
+
+    def test_refusal_still_dsv4g026(self) -> None:
+        """A line SGLang's resolution refuses is still DSV4G026 with SGLang's message."""
+        status, doc = check_json(
+            server("prefill", DSV4, "--speculative-algorithm NEXTN", backend="mooncake"),
+            DSV4_PAIR[1])
+        self.assertEqual(status, 1)
+        refused = [f for f in doc["findings"] if f["code"] == "DSV4G026"]
+        self.assertTrue(refused)
+        self.assertTrue(refused[0]["observations"][0]["value"])
+
+
+class TestCaptureIsBoundedAndUndone(GuardTestCase):
+    """The capture keeps a bounded number of lines and leaves nothing patched."""
+
+    def test_section_past_the_cap_counts_the_rest(self) -> None:
+        """Past CAP lines in one section, the rest are counted in a last line."""
+        from sglang_dsv4_guard.launch.chatter import CAP, capturing, recording, section
+
+        logger = logging.getLogger("sglang.srt.test_check_output")
+        with capturing(), recording() as kept, section("decode"):
+            for i in range(CAP + 7):
+                logger.warning("line %d", i)
+        lines = kept.output().to_dict()["decode"]
+        self.assertEqual(len(lines), CAP + 1)
+        self.assertEqual(lines[0], "WARNING sglang.srt.test_check_output: line 0")
+        self.assertIn("7 more line(s) not kept", lines[-1])
+
+    def test_everything_put_back(self) -> None:
+        """After the capture, showwarning, sys.stdout/stderr, the loggers' handlers,
+        propagation and levels and Python's last-resort handler are as before."""
+        import sys
+
+        from sglang_dsv4_guard.launch.chatter import LOGGERS, capturing
+
+        def state() -> list[object]:
+            loggers = [logging.getLogger(n) for n in LOGGERS]
+            return [warnings.showwarning, sys.stdout, sys.stderr, logging.lastResort,
+                    *[(list(lg.handlers), lg.propagate, lg.level) for lg in loggers]]
+
+        before = state()
+        with capturing():
+            self.assertNotEqual(state(), before)
+        self.assertEqual(state(), before)
+
+
+_ANSWER = """
+import json, sys
+from sglang_dsv4_guard.launch.child import answer
+reply = answer({"prefill": sys.argv[1], "decode": sys.argv[2]})
+sys.__stdout__.write(json.dumps(reply))
+"""
+
+
+class TestImportWarningsInAFreshProcess(GuardTestCase):
+    """SGLang's import warnings (emitted once per process) are kept under ``import``."""
+
+    def test_import_warnings_kept_not_printed(self) -> None:
+        """In a fresh interpreter, the check's work prints none of the ``UserWarning`` s
+        SGLang's import emits; the ``import`` section of ``sglang_output`` holds them."""
+        done = fresh_python(_ANSWER, *DSV4_PAIR)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        reply = json.loads(done.stdout)
+        self.assertNotIn("UserWarning", done.stderr)
+        self.assertNotIn(NO_IB, done.stderr)
+        imported = reply["document"]["sglang_output"]["import"]
+        self.assertTrue(any("UserWarning" in line for line in imported), imported)
+
+
+if __name__ == "__main__":
+    unittest.main()
