@@ -60,7 +60,7 @@ def _kv_dtype(side: Side) -> Value:
     server = str(_server_value(side, "kv_cache_dtype", "auto"))
     source = field_source(side, "kv_cache_dtype", "--kv-cache-dtype")
     try:
-        module = importlib.import_module(PD_KV_DTYPE.module)
+        module = importlib.import_module(PD_KV_DTYPE.module)  # unscanned: SGLang
         function = getattr(module, PD_KV_DTYPE.attr)
         import torch
 
@@ -94,7 +94,7 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
     none = Value(None, "the release publishes no KV layout for this pool")
     if not side.model.is_dsv4:
         return none, None
-    module = importlib.import_module(PD_DSV4_LAYOUT.module)
+    module = importlib.import_module(PD_DSV4_LAYOUT.module)  # unscanned: SGLang
     pool_cls = getattr(module, DSV4_POOL.qualname, None)
     select = getattr(module, PD_DSV4_LAYOUT.attr, None)
     if select is None or pool_cls is None or not hasattr(pool_cls, "pd_kv_layout"):

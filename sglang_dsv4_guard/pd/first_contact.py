@@ -46,6 +46,8 @@ UNMAPPED_CODE = "DSV4G035"
 _ADDRESS = "prefill-bootstrap.check.invalid:8998"  # never resolved: answered locally
 _BLOCK_SCALES = ("block_scale", "block_scale_swa")
 _MINIMAX_INDEX = "minimax_index_k"
+# Values a running server always has as numbers: ``None`` here means not derived.
+_NUMBERS = ("page_size", "attn_tp_size", "attn_cp_size", "attn_dp_size", "pp_size", "dcp_size")
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,7 @@ def _value(endpoint: Endpoint, other: Endpoint, name: str, default: Any,
            missing: list[str]) -> Any:
     """``endpoint``'s value, else the other server's (a value not derived never makes a
     mismatch; the unknowns say so), else ``default``."""
-    if endpoint.has(name):
+    if endpoint.has(name) and (endpoint.get(name) is not None or name not in _NUMBERS):
         return endpoint.get(name)
     missing.append(f"{endpoint.role} {name}")
     return other.get(name, default)
@@ -269,17 +271,19 @@ def route_answer(prefill: Endpoint, decode: Endpoint, info_cls: Any,
                 field.default_factory is dataclasses.MISSING:
             raise LookupError(f"the release's {PD_SERVER_INFO} requires {field.name!r}, "
                               "which this check does not derive")
-    return json.loads(json.dumps(data))  # as the HTTP answer carries it
+    answer: dict[str, Any] = json.loads(json.dumps(data))  # as the HTTP answer carries it
+    return answer
 
 
 def first_contact(prefill: Endpoint, decode: Endpoint, release: str,
                   limit: int = MAX_CALLS) -> Contact:
     """The release's real first contact of ``decode`` with ``prefill``, repeated with each
     raised condition neutralised so that every mismatch is found."""
-    module = importlib.import_module(PD_COMMON_MODULE)
+    module = importlib.import_module(PD_COMMON_MODULE)  # unscanned: SGLang
     cls = getattr(module, PD_COMMON_MANAGER)
     function = getattr(cls, PD_FIRST_CONTACT.attr)
-    state_type = getattr(importlib.import_module(PD_BASE_MODULE), PD_STATE_TYPE)
+    state_type = getattr(importlib.import_module(  # unscanned: SGLang
+        PD_BASE_MODULE), PD_STATE_TYPE)
     missing: list[str] = []
     unknowns: list[str] = []
     try:

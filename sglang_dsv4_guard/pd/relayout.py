@@ -26,7 +26,8 @@ _OWN_RELAYOUT = ("ascend",)  # backends whose manager overrides the method
 def relayout_raise(prefill: Endpoint, decode: Endpoint) -> tuple[str | None, str | None]:
     """(SGLang's message, ``None``) when the release's relayout raises for rank 0 of each
     server, (``None``, ``None``) when it accepts, (``None``, why) when it cannot be run."""
-    cls = getattr(importlib.import_module(PD_COMMON_MODULE), PD_COMMON_MANAGER)
+    cls = getattr(importlib.import_module(  # unscanned: SGLang
+        PD_COMMON_MODULE), PD_COMMON_MANAGER)
     function = getattr(cls, PD_RELAYOUT.attr, None)
     if function is None:
         return None, None  # the release has no DCP relayout (0.5.16): nothing to compare
