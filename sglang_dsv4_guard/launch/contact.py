@@ -13,12 +13,14 @@ resolved ``ServerArgs``; ``kv_layout`` (0.5.23, DeepSeek-V4) from the release's
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
+import logging
 import os
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -29,16 +31,35 @@ from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.pools import _published
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
-from sglang_dsv4_guard.pd.endpoint import Value
+from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
 from sglang_dsv4_guard.pd.relayout import relayout_findings
 
-if TYPE_CHECKING:
-    from sglang_dsv4_guard.launch import contract
+log = logging.getLogger(LOGGER_NAME)
 
 __all__ = ["NOTES", "contact_row", "contact_values"]
 
 NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not derived
+
+
+
+class Run(Protocol):
+    """What a row reads of :class:`~.Run` (which imports this module)."""
+
+    @property
+    def prefill(self) -> Endpoint: ...
+    @property
+    def decode(self) -> Endpoint: ...
+    @property
+    def prefill_side(self) -> Side: ...
+    @property
+    def decode_side(self) -> Side: ...
+    @property
+    def release(self) -> str: ...
+    @property
+    def derive(self) -> bool: ...
+
 
 _LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
 
@@ -53,12 +74,23 @@ def _server_value(side: Side, name: str, default: Any) -> Any:
         return typed[1] if typed[1] is not None else True
     from sglang.srt.server_args import ServerArgs
 
-    return getattr(ServerArgs, name, default)
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    found = parser.get_default(name)
+    return default if found is None else found
+
+
+def _source(side: Side, field: str, option: str) -> str:
+    """:func:`~.endpoint.field_source`, with the value as the line typed it."""
+    typed = typed_flags(list(side.args.argv)).get(field)
+    if typed is not None and typed[1] is not None:
+        return f"server flag {typed[0].option} {typed[1]}"
+    return field_source(side, field, option)
 
 
 def _kv_dtype(side: Side) -> Value:
     server = str(_server_value(side, "kv_cache_dtype", "auto"))
-    source = field_source(side, "kv_cache_dtype", "--kv-cache-dtype")
+    source = _source(side, "kv_cache_dtype", "--kv-cache-dtype")
     try:
         module = importlib.import_module(PD_KV_DTYPE.module)  # unscanned: SGLang
         function = getattr(module, PD_KV_DTYPE.attr)
@@ -142,7 +174,20 @@ def _dspark(side: Side) -> tuple[Value, str | None]:
 
 
 def contact_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
-    """The endpoint values the first contact and the relayout read."""
+    """The endpoint values the first contact and the relayout read (none, and a note,
+    when deriving them fails: a guard bug never stops ``check``)."""
+    try:
+        return _contact_values(side)
+    except Exception as exc:
+        log.warning("check: the first-contact values of the %s server failed (a guard bug; "
+                    "please report it): %s: %s", side.role, type(exc).__name__, exc,
+                    exc_info=True)
+        return {NOTES: Value((f"{side.role}: the first-contact values were not derived (a "
+                              f"guard bug, please report it: {type(exc).__name__}: {exc})",),
+                             "check")}
+
+
+def _contact_values(side: Side) -> dict[str, Value]:
     notes: list[str] = []
     layout, note = _kv_layout(side)
     notes += [note] if note else []
@@ -156,7 +201,7 @@ def contact_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     dcp = _server_value(side, "dcp_size", 1) or 1
     return {
         "kv_cache_dtype_str": _kv_dtype(side),
-        "dcp_size": Value(int(dcp), field_source(side, "dcp_size", "--dcp-size")),
+        "dcp_size": Value(int(dcp), _source(side, "dcp_size", "--dcp-size")),
         "is_hybrid_mla_backend": Value(False, "SGLang's setup_state_kv_args sets it only for "
                                               "a hybrid linear-attention pool"),
         "enable_kv_cache_sharding": Value(bool(_server_value(
@@ -180,7 +225,7 @@ _LABELS = {"kv_cache_dtype_str": "the {src}'s KV cache dtype string",
            "kv_layout": "the {src}'s DeepSeek-V4 KV layout variables"}
 
 
-def _edits(name: str, src: Side, dst: Side, run: contract.ContractRun) -> list[Edit | None]:
+def _edits(name: str, src: Side, dst: Side, run: Run) -> list[Edit | None]:
     """The edits giving ``dst`` a value of ``name`` that satisfies the condition."""
     other = run.prefill if src is run.prefill_side else run.decode
     if name == "kv_cache_dtype_str":
@@ -199,7 +244,7 @@ def _edits(name: str, src: Side, dst: Side, run: contract.ContractRun) -> list[E
     return []
 
 
-def _fixes(finding: Finding, run: contract.ContractRun) -> tuple[Fix, ...]:
+def _fixes(finding: Finding, run: Run) -> tuple[Fix, ...]:
     p, d = run.prefill_side, run.decode_side
     sides = {"prefill": p, "decode": d}
     names = list(dict.fromkeys(o.name for o in finding.observations))
@@ -221,7 +266,7 @@ def _fixes(finding: Finding, run: contract.ContractRun) -> tuple[Fix, ...]:
                                               "release accepts fixes this"),)
 
 
-def contact_row(run: contract.ContractRun) -> tuple[list[Finding], list[str]]:
+def contact_row(run: Run) -> tuple[list[Finding], list[str]]:
     """Decode's first contact and the DCP relayout, on the pair's endpoints."""
     findings, unknowns = contact_findings(run.prefill, run.decode, run.release)
     more, relayout_unknowns = relayout_findings(run.prefill, run.decode, run.release,
