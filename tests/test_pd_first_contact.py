@@ -24,6 +24,10 @@ def pair(prefill: str, decode: str, model: str = LLAMA) -> tuple[int, dict[str, 
                       server("decode", model, decode, backend="mooncake"))
 
 
+def errors(doc: dict[str, Any]) -> set[str]:
+    return {f["code"] for f in doc["findings"] if f["severity"] == "error"}
+
+
 def found(doc: dict[str, Any], code: str) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["code"] == code]
 
@@ -96,8 +100,9 @@ class TestFirstContactRows(GuardTestCase):
         neither."""
         status, doc = pair("", "--tp-size 2 --dcp-size 2")
         contact, relayout = found(doc, "DSV4G034"), found(doc, "DSV4G036")
-        if sglang_release() < DCP_RELEASE:
-            self.assertEqual((status, contact, relayout), (0, [], []))
+        if sglang_release() < DCP_RELEASE:  # no DCP row; its ServerArgs allows DCP on HIP only
+            self.assertEqual((contact, relayout), ([], []))
+            self.assertLessEqual(errors(doc), {"DSV4G026"})
             return
         self.assertEqual(status, 1)
         self.assertEqual([f["host_message"] for f in contact],
@@ -109,16 +114,19 @@ class TestFirstContactRows(GuardTestCase):
     def test_dcp_on_mla_accepted(self) -> None:
         """A decode with DCP on an MLA model, the prefill without: relayout, accepted."""
         status, doc = pair("", "--tp-size 2 --dcp-size 2", model=DSV3)
-        self.assertEqual((status, found(doc, "DSV4G034"), found(doc, "DSV4G036")),
-                         (0, [], []))
+        self.assertEqual((found(doc, "DSV4G034"), found(doc, "DSV4G036")), ([], []))
+        # 0.5.16's ServerArgs allows DCP on HIP only: its own refusal, nothing else
+        self.assertEqual(errors(doc), set() if sglang_release() >= DCP_RELEASE
+                         else {"DSV4G026"})
 
     def test_prefill_dcp_refused_at_registration(self) -> None:
         """A prefill with DCP and a decode without: the relayout refuses the topology
         (0.5.17+); 0.5.16 has no relayout."""
         status, doc = pair("--tp-size 2 --dcp-size 2", "", model=DSV3)
         relayout = found(doc, "DSV4G036")
-        if sglang_release() < DCP_RELEASE:
-            self.assertEqual((status, relayout), (0, []))
+        if sglang_release() < DCP_RELEASE:  # no relayout; ServerArgs allows DCP on HIP only
+            self.assertEqual(relayout, [])
+            self.assertLessEqual(errors(doc), {"DSV4G026"})
             return
         self.assertEqual([f["host_message"] for f in relayout],
                          ["Unsupported PD DCP topology: 2 -> 1"])

@@ -116,6 +116,10 @@ def _answer(key: str, value: Any) -> Neutraliser:
     return apply
 
 
+def _no_dcp(manager: Any, data: dict[str, Any]) -> None:
+    manager.dcp_size = 1  # the decode without DCP: the prefill's sharding still counts
+
+
 def _decode_cp(manager: Any, data: dict[str, Any]) -> None:
     manager.attn_cp_size = 1
 
@@ -138,7 +142,7 @@ _RULES: tuple[tuple[str, str, tuple[str, ...], Neutraliser], ...] = (
     ("PD decode DCP currently requires prefill attention CP", "DSV4G034",
      ("dcp_size", "attn_cp_size"), _answer("attn_cp_size", 1)),
     ("PD decode DCP does not support a prefill with --enable-kv-cache-sharding", "DSV4G034",
-     ("dcp_size", "enable_kv_cache_sharding"), _answer("enable_kv_cache_sharding", False)),
+     ("dcp_size", "enable_kv_cache_sharding"), _no_dcp),
     ("MLA KV cache sharding requires equal", "DSV4G035",
      ("attn_tp_size", "enable_kv_cache_sharding"), _answer("enable_kv_cache_sharding", False)),
     ("Decode cp size", "DSV4G035", ("attn_cp_size",), _decode_cp),
