@@ -51,7 +51,7 @@ class TestConditionsByRelease(GuardTestCase):
         TP than the prefill: refused from 0.5.22, accepted before."""
         got = messages({"attn_tp_size": 2},
                        {"attn_tp_size": 4, "state_types": ("block_scale",)})
-        if RELEASE < Version("0.5.22"):
+        if Version("0.5.22") > RELEASE:
             self.assertEqual(got, [])
         else:
             self.assertEqual(len(got), 1)
@@ -62,7 +62,7 @@ class TestConditionsByRelease(GuardTestCase):
         contact in 0.5.23 only (earlier releases find it per request)."""
         got = messages({"attn_tp_size": 2},
                        {"attn_tp_size": 4, "state_types": ("minimax_index_k",)})
-        if RELEASE < Version("0.5.23"):
+        if Version("0.5.23") > RELEASE:
             self.assertEqual(got, [])
         else:
             self.assertEqual(got, ["MiniMax sparse PD requires matching attention TP "
@@ -71,7 +71,7 @@ class TestConditionsByRelease(GuardTestCase):
     def test_dsv4_kv_layouts_compared(self) -> None:
         """Different DeepSeek-V4 KV layouts: refused in 0.5.23, not compared before."""
         got = messages({"kv_layout": "v4,c4:v4"}, {"kv_layout": "v41,c4:v41"})
-        if RELEASE < Version("0.5.23"):
+        if Version("0.5.23") > RELEASE:
             self.assertEqual(got, [])
         else:
             self.assertEqual(len(got), 1)
@@ -83,7 +83,7 @@ class TestConditionsByRelease(GuardTestCase):
         0.5.21, in SGLang's order; nothing before."""
         got = messages({"dsv41_spec_layout": {"num_draft_tokens": 4}, "attn_tp_size": 2},
                        {"dsv41_spec_layout": {"num_draft_tokens": 8}, "attn_tp_size": 4})
-        if RELEASE < Version("0.5.21"):
+        if Version("0.5.21") > RELEASE:
             self.assertEqual(got, [])
             return
         self.assertEqual(len(got), 2, got)
@@ -98,9 +98,9 @@ class TestConditionsByRelease(GuardTestCase):
                         "is_mla_backend": True},
                        {"dsv41_spec_layout": layout, "attn_tp_size": 4,
                         "is_mla_backend": True})
-        if RELEASE < Version("0.5.21"):
+        if Version("0.5.21") > RELEASE:
             self.assertEqual(got, [])
-        elif RELEASE < Version("0.5.22"):
+        elif Version("0.5.22") > RELEASE:
             self.assertEqual(len(got), 1)
         else:
             self.assertEqual(got, [])
@@ -112,9 +112,7 @@ class TestConditionsByRelease(GuardTestCase):
         got = messages({"enable_kv_cache_sharding": True, "attn_tp_size": 2,
                         "is_mla_backend": True},
                        {"dcp_size": 2, "attn_tp_size": 4, "is_mla_backend": True})
-        if RELEASE < Version("0.5.17"):
-            self.assertEqual(got, [])
-        elif RELEASE < Version("0.5.23"):
+        if Version("0.5.17") > RELEASE or Version("0.5.23") > RELEASE:
             self.assertEqual(got, [])
         else:
             self.assertEqual(got[0], "PD decode DCP does not support a prefill with "

@@ -113,7 +113,7 @@ class TestFirstContactRows(GuardTestCase):
 
     def test_dcp_on_mla_accepted(self) -> None:
         """A decode with DCP on an MLA model, the prefill without: relayout, accepted."""
-        status, doc = pair("", "--tp-size 2 --dcp-size 2", model=DSV3)
+        _, doc = pair("", "--tp-size 2 --dcp-size 2", model=DSV3)
         self.assertEqual((found(doc, "DSV4G034"), found(doc, "DSV4G036")), ([], []))
         # 0.5.16's ServerArgs allows DCP on HIP only: its own refusal, nothing else
         self.assertEqual(errors(doc), set() if sglang_release() >= DCP_RELEASE
@@ -122,7 +122,7 @@ class TestFirstContactRows(GuardTestCase):
     def test_prefill_dcp_refused_at_registration(self) -> None:
         """A prefill with DCP and a decode without: the relayout refuses the topology
         (0.5.17+); 0.5.16 has no relayout."""
-        status, doc = pair("--tp-size 2 --dcp-size 2", "", model=DSV3)
+        _, doc = pair("--tp-size 2 --dcp-size 2", "", model=DSV3)
         relayout = found(doc, "DSV4G036")
         if sglang_release() < DCP_RELEASE:  # no relayout; ServerArgs allows DCP on HIP only
             self.assertEqual(relayout, [])
