@@ -9,7 +9,7 @@ from __future__ import annotations
 import unittest
 from typing import Any
 
-from check_helpers import DSV3, LLAMA, check_json, server
+from check_helpers import DSV3, DSV4, LLAMA, check_json, server
 from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -131,6 +131,21 @@ class TestFirstContactRows(GuardTestCase):
         self.assertEqual([f["host_message"] for f in relayout],
                          ["Unsupported PD DCP topology: 2 -> 1"])
         self.assertEqual(relayout[0]["subject"], "decode rank registration with the prefill")
+
+    def test_dsv4_layout_needing_sm100_is_unknown(self) -> None:
+        """SGLANG_DSV4_KV_LAYOUT=v41 on the prefill needs an SM100 GPU to resolve: 0.5.23
+        says the layout is not decidable here and reports no DSV4G031; releases before
+        0.5.23 compare no layout and say nothing of it."""
+        _, doc = check_json(server("prefill", DSV4, backend="mooncake"),
+                            server("decode", DSV4, backend="mooncake"),
+                            "--prefill-env", "SGLANG_DSV4_KV_LAYOUT=v41")
+        self.assertEqual(found(doc, "DSV4G031"), [])
+        notes = [u for u in doc["unknowns"] if "DSV4G031" in u]
+        if sglang_release() < Version("0.5.23"):
+            self.assertEqual(notes, [])
+        else:
+            self.assertTrue(any(u.startswith("prefill: the DeepSeek-V4 KV layout (DSV4G031) "
+                                             "depends on the GPU") for u in notes), notes)
 
 
 if __name__ == "__main__":
