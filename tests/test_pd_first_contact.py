@@ -33,17 +33,23 @@ def found(doc: dict[str, Any], code: str) -> list[dict[str, Any]]:
 
 
 class TestFirstContactRows(GuardTestCase):
+    def sole_error(self, result: tuple[int, dict[str, Any]], code: str, message: str
+                   ) -> dict[str, Any]:
+        """The one ``code`` finding of a failing check: an error with SGLang's message."""
+        status, doc = result
+        self.assertEqual(status, 1)
+        (finding,) = found(doc, code)
+        self.assertEqual(finding["severity"], "error")
+        self.assertTrue(finding["host_message"].startswith(message), finding["host_message"])
+        return finding
+
     def test_kv_cache_dtype_strings_compared(self) -> None:
         """An explicit bf16 KV cache dtype on the prefill and the default auto on the
         decode kill decode at first contact: an error with SGLang's message, values by
         role with their sources, and a fix."""
-        status, doc = pair("--kv-cache-dtype bf16", "")
-        self.assertEqual(status, 1)
-        (finding,) = found(doc, "DSV4G030")
-        self.assertEqual(finding["severity"], "error")
-        self.assertTrue(finding["host_message"].startswith(
-            "KV cache dtype mismatch: prefill server has kv_cache_dtype=bf16, but decode "
-            "server has kv_cache_dtype=auto."), finding["host_message"])
+        finding = self.sole_error(pair("--kv-cache-dtype bf16", ""), "DSV4G030",
+                                  "KV cache dtype mismatch: prefill server has kv_cache_dtype"
+                                  "=bf16, but decode server has kv_cache_dtype=auto.")
         values = {(o["role"], o["value"]) for o in finding["observations"]}
         self.assertEqual(values, {("prefill", "bf16"), ("decode", "auto")})
         self.assertIn("--kv-cache-dtype bf16", finding["observations"][0]["source"])
@@ -59,13 +65,9 @@ class TestFirstContactRows(GuardTestCase):
     def test_page_size_reported_once_as_sglang_error(self) -> None:
         """Different page sizes are one error (SGLang's first-contact message), not an
         error and an asymmetry warning."""
-        status, doc = pair("--page-size 16", "--page-size 32")
-        self.assertEqual(status, 1)
-        (finding,) = found(doc, "DSV4G022")
-        self.assertEqual(finding["severity"], "error")
-        self.assertTrue(finding["host_message"].startswith(
-            "Page size mismatch: prefill server has page_size=16, but decode server has "
-            "page_size=32."), finding["host_message"])
+        finding = self.sole_error(pair("--page-size 16", "--page-size 32"), "DSV4G022",
+                                  "Page size mismatch: prefill server has page_size=16, but "
+                                  "decode server has page_size=32.")
         self.assertTrue(finding["fixes"] and finding["fixes"][0]["edits"], finding["fixes"])
 
     def test_every_mismatch_reported_in_sglang_order(self) -> None:
