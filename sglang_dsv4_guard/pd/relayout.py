@@ -56,6 +56,12 @@ def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
                     "itself; not judged here"]
     message, unknown = relayout_raise(prefill, decode)
     unknowns = [f"DSV4G036 ({release}): not judged: {unknown}"] if unknown else []
+    dcp = int(decode.get("dcp_size", 1) or 1)
+    if dcp > 1 and dcp == int(prefill.get("dcp_size", 1) or 1) and \
+            prefill.get("attn_tp_size") != decode.get("attn_tp_size"):
+        unknowns.append(f"DSV4G036 ({release}): with DCP {dcp} on both servers and different "
+                        "attention TP, which prefill DCP rank each decode rank registers "
+                        "with is decided at run time; only rank 0 of each was compared")
     if message is None:
         return [], unknowns
     finding = Finding(
