@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -100,8 +101,6 @@ def _kv_dtype(side: Side) -> Value:
                       "model_dtype": torch.bfloat16, "is_draft_worker": False,
                       "is_dflash": False, "speculative_draft_attention_backend": None,
                       "speculative_draft_kv_cache_dtype": None}
-        import inspect
-
         params = inspect.signature(function).parameters
         resolved = function(**{k: v for k, v in candidates.items() if k in params})[0]
     except Exception as exc:  # a dtype this CPU cannot build (fp8_e5m2 on 0.5.23)
