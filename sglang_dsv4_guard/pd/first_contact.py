@@ -295,6 +295,10 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str,
     except LookupError as exc:
         return Contact((), (f"decode's first contact ({release}): not judged: {exc}",), 0)
     manager = _manager(cls, decode, prefill, state_type, missing)
+    if not decode.has("state_types"):
+        unknowns.append(f"decode's first contact ({release}): the decode's state types are "
+                        "not derived, so its MXFP8 and MiniMax conditions (DSV4G033, "
+                        "DSV4G041) ran as if it had none")
     raised: list[Raised] = []
     calls = 0
     with _answered(module, data):
