@@ -177,10 +177,14 @@ CODES: dict[str, CodeInfo] = {
         CodeInfo(
             "DSV4G022",
             "prefill and decode use different KV page sizes",
-            None,
+            "Page size mismatch: prefill server has page_size=..., but decode server has "
+            "page_size=.... Both servers must use the same --page-size value.",
             "`sglang-dsv4-guard check`: the servers' page sizes (--page-size, or the "
-            "model's default) differ. KV is transferred page by page, so both servers "
-            "need the same page size.",
+            "page size the release resolves for the model) differ. KV is transferred page "
+            "by page: decode's first contact with the prefill (`try_ensure_parallel_info`, "
+            "the first request that pairs them, every release 0.5.16+) raises this and the "
+            "decode server exits, so check reports it as an error with SGLang's message. "
+            "When a server's page size is not known here, the difference is a warning.",
             ("check derives a flag fix per server: --page-size set to the other server's "
              "resolved page size; never on a server whose resolution replaced a typed "
              "--page-size (the release sets that model's page size itself: DeepSeek-V4 "
@@ -247,78 +251,107 @@ CODES: dict[str, CodeInfo] = {
         CodeInfo(
             "DSV4G030",
             "prefill and decode use different KV cache dtypes",
-            "KV cache dtype mismatch: prefill server has kv_cache_dtype=...",
+            "KV cache dtype mismatch: prefill server has kv_cache_dtype=..., but decode "
+            "server has kv_cache_dtype=.... Both servers must use the same --kv-cache-dtype "
+            "value.",
             "Decode's first contact with the prefill (`try_ensure_parallel_info`, at the "
             "first request that pairs them) compares the two servers' KV cache dtype "
             "strings and raises from the decode scheduler loop: the decode server exits. "
-            "The strings are compared as the servers resolved them, so `auto` on one server "
-            "and an explicit `bfloat16` on the other differ even when the memory layout is "
-            "the same.",
-            ("derived: --kv-cache-dtype set on one server to the other server's resolved "
-             "string, only when the edited line resolves to it",),
+            "0.5.16 compares the --kv-cache-dtype values; 0.5.17+ the string each target "
+            "runner publishes (the flag's, or the FP8 string a checkpoint's quantization "
+            "config gives `auto`). They are compared as strings, so `auto` on one server "
+            "and an explicit `bf16` or `bfloat16` on the other differ even when the memory "
+            "layout is the same.",
+            ("check derives a flag fix per server: --kv-cache-dtype set to the other "
+             "server's published string, offered only when the edited line resolves",),
         ),
         CodeInfo(
             "DSV4G031",
             "prefill and decode use different DeepSeek-V4 KV layouts",
-            "KV layout mismatch: prefill server has kv_layout=...",
-            "Decode's first contact compares the KV layout each server's DeepSeek-V4 pool "
-            "publishes (from --dsv4-attn-backend and SGLANG_DSV4_KV_LAYOUT, 0.5.23): the "
-            "decode server exits.",
-            ("derived: the other server's --dsv4-attn-backend or SGLANG_DSV4_KV_LAYOUT",),
+            "KV layout mismatch: prefill server has kv_layout=..., but decode server has "
+            "kv_layout=.... Both servers must use the same --dsv4-attn-backend and "
+            "SGLANG_DSV4_KV_LAYOUT.",
+            "0.5.23: decode's first contact compares the KV layout each server's "
+            "DeepSeek-V4 pool publishes (`pd_kv_layout`: V4, V4.1 or trtllm's uniform "
+            "FP8, from --dsv4-attn-backend, SGLANG_DSV4_KV_LAYOUT and "
+            "SGLANG_DSV4_COMPRESSED_KV_LAYOUT): the decode server exits. The V4.1 layouts "
+            "and trtllm need an SM100/SM103 GPU, and `auto` picks V4.1 only there: check "
+            "computes the layout a non-SM100 GPU gives and says so in its unknowns.",
+            ("check derives an environment fix per server: the other server's "
+             "SGLANG_DSV4_KV_LAYOUT / SGLANG_DSV4_COMPRESSED_KV_LAYOUT",),
         ),
         CodeInfo(
             "DSV4G032",
             "DeepSeek-V4.1 DSpark layouts or TP sizes differ",
-            "DeepSeek-V4.1 DSpark PD layout mismatch (...)",
-            "Decode's first contact requires both servers to enable DSpark with the same "
-            "block size and target/draft KV layout, and the same attention TP (0.5.21+): "
-            "the decode server exits.",
-            ("derived: the differing DSpark settings or attention TP taken from the other "
-             "server",),
+            "DeepSeek-V4.1 DSpark PD layout mismatch (...): both servers must enable "
+            "DSpark with the same block size and target/draft KV layout. Upgrade both "
+            "servers together.",
+            "0.5.21+: decode's first contact requires both servers to publish the same "
+            "DSpark transfer layout (speculative algorithm DSPARK on a model with ratio-2 "
+            "compression) and the same attention TP (0.5.22+: or, for MLA with prefill "
+            "CP > 1 and decode CP 1, decode TP = prefill TP x CP: \"DeepSeek-V4.1 DSpark "
+            "PD requires the same TP size on both servers (including prefill CP ranks for "
+            "MLA)\"): the decode server exits. The layout is read from the built pools; "
+            "where check cannot build it, its unknowns say so.",
+            ("check derives the attention-TP fixes for the TP condition; a layout "
+             "difference has no flag fix of its own (run DSPARK on both servers, one "
+             "release)",),
         ),
         CodeInfo(
             "DSV4G033",
             "different attention TP sizes with an MXFP8 KV cache",
             "PD Disaggregation does NOT support different attention TP sizes with MXFP8 "
-            "KV cache: ...",
-            "Block scales of an MXFP8 KV cache are head-sharded; decode's first contact "
-            "refuses a different attention TP for a non-MLA pool (0.5.22+): the decode "
-            "server exits.",
-            ("derived: the same attention TP on both servers, or a KV dtype without block "
-             "scales",),
+            "KV cache: prefill attn_tp_size=..., decode attn_tp_size=..., state types "
+            "[...].",
+            "0.5.22+: the block scales of an MXFP8 KV cache are head-sharded; decode's "
+            "first contact refuses a different attention TP for a non-MLA pool whose "
+            "state types include block scales: the decode server exits. MXFP8 needs an "
+            "SM100 GPU (ServerArgs refuses it on CPU), so check judges it only with the "
+            "servers' state types known.",
+            ("check derives the attention-TP fixes (the same attention TP on both "
+             "servers)",),
         ),
         CodeInfo(
             "DSV4G034",
             "the decode server's decode context parallelism does not fit the prefill",
-            "PD decode DCP requires ... / PD decode DCP currently requires prefill "
-            "attention CP=1 / ... --enable-kv-cache-sharding",
-            "A decode server with DCP (decode context parallel size > 1) needs an MLA or "
-            "hybrid-MLA KV pool, a prefill with attention CP 1 and (0.5.23) a prefill "
-            "without --enable-kv-cache-sharding; decode's first contact raises (0.5.17+): "
-            "the decode server exits.",
-            ("derived: the decode's DCP size 1, or the prefill's attention CP 1 / no KV "
-             "cache sharding, as the condition SGLang raised names",),
+            "PD decode DCP requires an MLA or hybrid-MLA KV pool. / PD decode DCP "
+            "currently requires prefill attention CP=1, got ... / PD decode DCP does not "
+            "support a prefill with --enable-kv-cache-sharding.",
+            "0.5.17+: a decode server with DCP (--dcp-size > 1) needs an MLA or hybrid-MLA "
+            "KV pool and a prefill with attention CP 1; 0.5.23 also a prefill without "
+            "--enable-kv-cache-sharding. Decode's first contact raises the first that "
+            "fails: the decode server exits. 0.5.16 has no DCP check.",
+            ("check derives flag fixes from the condition: the decode without --dcp-size, "
+             "the prefill without --attn-cp-size / --enable-kv-cache-sharding, each "
+             "offered only when the edited line resolves",),
         ),
         CodeInfo(
             "DSV4G035",
             "prefill and decode parallel layouts cannot be mapped onto each other",
-            "Decode pp size (...) should be equal to prefill pp size (...) or 1",
+            "('Decode pp size (...) should be equal to prefill pp size (...) or 1',)",
             "Decode's first contact maps its ranks onto the prefill's "
-            "(`_resolve_rank_mapping`): decode PP must equal the prefill's or be 1, decode "
-            "attention CP must be 1, MLA KV cache sharding needs equal attention TP. They "
-            "fail as bare assertions: the decode server exits.",
-            ("derived: the decode's --pp-size / attention CP / the prefill's attention TP "
-             "as the failed assertion names",),
+            "(`_resolve_rank_mapping`, every release): decode PP must equal the prefill's "
+            "or be 1, decode attention CP must be 1, and (0.5.23) MLA KV cache sharding "
+            "needs equal attention TP. They fail as bare assertions whose message is a "
+            "tuple's repr: the decode server exits. A first-contact message check cannot "
+            "map to a value is reported under this code as SGLang wrote it.",
+            ("check derives flag fixes from the assertion: the decode's --pp-size set to "
+             "the prefill's, the decode without --attn-cp-size, the prefill without "
+             "--enable-kv-cache-sharding, or the attention-TP fixes",),
         ),
         CodeInfo(
             "DSV4G036",
             "the prefill and decode DCP ranks cannot be connected",
-            "PD peers must connect matching DCP ranks / Unsupported PD DCP topology",
-            "When a decode rank registers, the prefill compares DCP ranks and topology "
-            "(`requires_dcp_relayout`, 0.5.17+). On Mooncake and NIXL the prefill's "
-            "bootstrap thread dies and every request to that rank times out; on MORI it is "
-            "logged and each request then fails.",
-            ("derived: the DCP sizes the release's relayout accepts",),
+            "Unsupported PD DCP topology: ... -> ... / PD peers must connect matching DCP "
+            "ranks, got prefill=..., decode=...",
+            "0.5.17+: when a decode rank registers, the prefill decides whether KV needs a "
+            "DCP relayout (`requires_dcp_relayout`): equal DCP sizes, or a prefill with "
+            "DCP 1 and an MLA (or hybrid-MLA) pool, are accepted; anything else raises. On "
+            "Mooncake and NIXL the prefill's bootstrap thread dies and every request to "
+            "that rank times out; on MORI it is logged and each request then fails. "
+            "0.5.16 has no relayout. check runs it for rank 0 of each server.",
+            ("check derives flag fixes: the server whose --dcp-size differs from 1 "
+             "launched without it, offered only when the edited line resolves",),
         ),
         CodeInfo(
             "DSV4G040",

@@ -295,10 +295,11 @@ class TestAsymmetries(GuardTestCase):
         self.assertEqual(tokens, [4, 2])
 
     def test_g022_page_sizes_differ(self) -> None:
-        """Llama at page size 16 against 32 is DSV4G022."""
+        """Llama at page size 16 against 32 is DSV4G022, an error: decode's first contact
+        with the prefill raises on it (exit 1)."""
         status, doc = check_json(server("prefill", LLAMA, "--page-size 16"),
                                  server("decode", LLAMA, "--page-size 32"))
-        self.assertEqual((status, codes(doc)), (0, ["DSV4G022"]))
+        self.assertEqual((status, codes(doc)), (1, ["DSV4G022"]))
 
     def test_g023_transfer_backends_differ(self) -> None:
         """Mooncake against NIXL is DSV4G023, an error (the pair cannot connect): exit 1."""

@@ -33,11 +33,19 @@ __all__ = [
     "MORI_SEND",
     "MORI_SERVER_ARGS_ATTRS",
     "MORI_TARGETS",
+    "PD_BASE_MODULE",
+    "PD_COMMON_MANAGER",
     "PD_COMMON_MODULE",
     "PD_DECODE_MODULE",
+    "PD_DSV4_LAYOUT",
+    "PD_DSV4_POOL_MODULE",
     "PD_FIRST_CONTACT",
+    "PD_KV_DTYPE",
     "PD_MOONCAKE_MODULE",
     "PD_NIXL_MODULE",
+    "PD_RELAYOUT",
+    "PD_SERVER_INFO",
+    "PD_STATE_TYPE",
     "POOL_ATTRS",
     "POOL_REGISTER",
     "POOL_REGISTER_TARGET",
@@ -125,6 +133,19 @@ PD_FIRST_CONTACT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.try_ensure_par
 PD_MOONCAKE_MODULE = "sglang.srt.disaggregation.mooncake.conn"
 PD_NIXL_MODULE = "sglang.srt.disaggregation.nixl.conn"
 PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
+# Decode's first contact (``pd/first_contact.py``) and the DCP relayout at registration
+# (``pd/relayout.py``): the manager class whose methods run on a bare instance, the
+# ``/route`` answer's dataclass, the state types a pool publishes.
+PD_COMMON_MANAGER = "CommonKVManager"
+PD_SERVER_INFO = "PrefillServerInfo"
+PD_RELAYOUT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.requires_dcp_relayout")
+PD_BASE_MODULE = "sglang.srt.disaggregation.base.conn"
+PD_STATE_TYPE = "StateType"
+#: The KV cache dtype string a runner publishes (``configure_kv_cache_dtype``, 0.5.16+).
+PD_KV_DTYPE = PatchTarget("sglang.srt.mem_cache.kv_cache_dtype", "configure_kv_cache_dtype")
+#: The DeepSeek-V4 pool's PD KV layout (0.5.23): its selector and the pool method.
+PD_DSV4_POOL_MODULE = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
+PD_DSV4_LAYOUT = PatchTarget(PD_DSV4_POOL_MODULE, "select_dsv4_kv_layout")
 ENVIRON_MODULE = "sglang.srt.environ"
 
 REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"

@@ -60,3 +60,9 @@ def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = 
         findings.extend(found)
         unknowns.extend(unknown)
     return findings, unknowns
+
+
+# The rows, each in its own module (imported last: they read ContractRun from here).
+from sglang_dsv4_guard.launch.contact import contact_row  # noqa: E402
+
+ROWS["first contact"] = contact_row

@@ -1,0 +1,282 @@
+"""``check``'s decode-first-contact and DCP-relayout rows (:mod:`..pd.first_contact`,
+:mod:`..pd.relayout`): the values they read, derived from a launch line, and the fixes.
+
+Values (each with its source): ``kv_cache_dtype_str`` from the release's own
+``configure_kv_cache_dtype`` on the resolved ``--kv-cache-dtype`` (as a target runner
+calls it; the model object is not loaded here, so ``auto`` stays ``auto`` unless the
+checkpoint's quantization config sets an FP8 KV cache, said in the unknowns);
+``dcp_size``, ``enable_kv_cache_sharding``, ``enable_dsa_cache_layer_split`` from the
+resolved ``ServerArgs``; ``kv_layout`` (0.5.23, DeepSeek-V4) from the release's
+``select_dsv4_kv_layout`` and its pool's ``pd_kv_layout`` on a bare pool;
+``dsv41_spec_layout`` from the release's ``get_dsv41_spec_layout`` (0.5.21+).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import logging
+import os
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.pools import _published
+from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
+from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.first_contact import contact_findings
+from sglang_dsv4_guard.pd.relayout import relayout_findings
+
+log = logging.getLogger(LOGGER_NAME)
+
+__all__ = ["NOTES", "contact_row", "contact_values"]
+
+NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not derived
+
+
+
+class Run(Protocol):
+    """What a row reads of :class:`~.Run` (which imports this module)."""
+
+    @property
+    def prefill(self) -> Endpoint: ...
+    @property
+    def decode(self) -> Endpoint: ...
+    @property
+    def prefill_side(self) -> Side: ...
+    @property
+    def decode_side(self) -> Side: ...
+    @property
+    def release(self) -> str: ...
+    @property
+    def derive(self) -> bool: ...
+
+
+_LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
+
+
+def _server_value(side: Side, name: str, default: Any) -> Any:
+    """The resolved ``ServerArgs`` field, else the one the line typed, else the release's
+    default for it."""
+    if side.args.server_args is not None:
+        return getattr(side.args.server_args, name, default)
+    typed = typed_flags(list(side.args.argv)).get(name)
+    if typed is not None:
+        return typed[1] if typed[1] is not None else True
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    found = parser.get_default(name)
+    return default if found is None else found
+
+
+def _source(side: Side, field: str, option: str) -> str:
+    """:func:`~.endpoint.field_source`, with the value as the line typed it."""
+    typed = typed_flags(list(side.args.argv)).get(field)
+    if typed is not None and typed[1] is not None:
+        return f"server flag {typed[0].option} {typed[1]}"
+    return field_source(side, field, option)
+
+
+def _kv_dtype(side: Side) -> Value:
+    server = str(_server_value(side, "kv_cache_dtype", "auto"))
+    source = _source(side, "kv_cache_dtype", "--kv-cache-dtype")
+    try:
+        module = importlib.import_module(PD_KV_DTYPE.module)  # unscanned: SGLang
+        function = getattr(module, PD_KV_DTYPE.attr)
+        import torch
+
+        candidates = {"server_args_kv_cache_dtype": server, "model": None,
+                      "model_dtype": torch.bfloat16, "is_draft_worker": False,
+                      "is_dflash": False, "speculative_draft_attention_backend": None,
+                      "speculative_draft_kv_cache_dtype": None}
+        params = inspect.signature(function).parameters
+        resolved = function(**{k: v for k, v in candidates.items() if k in params})[0]
+    except Exception as exc:  # a dtype this CPU cannot build (fp8_e5m2 on 0.5.23)
+        return Value(server, f"{source} (the release's configure_kv_cache_dtype did not run "
+                             f"here: {type(exc).__name__}: {exc}; the string is the flag's)")
+    value = resolved if resolved is not None else server
+    return Value(value, f"{source}, as the release's configure_kv_cache_dtype publishes it "
+                        "for the target runner")
+
+
+def _quantized_kv(side: Side) -> str | None:
+    try:
+        with open(os.path.join(side.model.path, "config.json"), encoding="utf-8") as fh:
+            quant = json.load(fh).get("quantization_config") or {}
+    except (OSError, ValueError):
+        return None
+    algo = quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
+    return str(algo) if algo else None
+
+
+def _kv_layout(side: Side) -> tuple[Value, str | None]:
+    none = Value(None, "the release publishes no KV layout for this pool")
+    if not side.model.is_dsv4:
+        return none, None
+    module = importlib.import_module(PD_DSV4_LAYOUT.module)  # unscanned: SGLang
+    pool_cls = getattr(module, DSV4_POOL.qualname, None)
+    select = getattr(module, PD_DSV4_LAYOUT.attr, None)
+    if select is None or pool_cls is None or not hasattr(pool_cls, "pd_kv_layout"):
+        return none, None
+    env = {k: v for k, v in side.args.env.items() if k in _LAYOUT_ENV}
+    backend = _server_value(side, "dsv4_attn_backend", None)
+    typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in _LAYOUT_ENV)
+    source = (f"the release's {PD_DSV4_LAYOUT.attr} and pd_kv_layout on "
+              f"--dsv4-attn-backend {backend} and {typed_env}")
+    try:
+        with offline_env(env), _published(side.args.server_args):
+            layout, option = select()
+            pool = object.__new__(pool_cls)
+            pool.kv_layout, pool.compressed_kv_layout_option = layout, option
+            pool.compression_ratios = list(side.model.compress_ratios)
+            pool.uniform_fp8 = backend == "trtllm" and not side.unified_kv
+            value = pool.pd_kv_layout()
+    except Exception as exc:  # the V4.1 layouts need an SM100/SM103 GPU
+        return Value(None, source), (
+            f"{side.role}: the DeepSeek-V4 KV layout (DSV4G031) depends on the GPU: "
+            f"{type(exc).__name__}: {exc}; not decidable on this machine")
+    mode = side.args.env.get("SGLANG_DSV4_KV_LAYOUT", "auto").lower()
+    note = (f"{side.role}: SGLANG_DSV4_KV_LAYOUT={mode} gives the V4.1 layout on an "
+            "SM100/SM103 GPU and V4 elsewhere; this check computed the V4 case (DSV4G031 "
+            "compares the layouts the two servers' GPUs give)") if mode == "auto" else None
+    return Value(value, source), note
+
+
+def _dspark(side: Side) -> tuple[Value, str | None]:
+    from sglang.srt.disaggregation import utils
+
+    function = getattr(utils, "get_dsv41_spec_layout", None)
+    if function is None:
+        return Value(None, "the release publishes no DSpark layout"), None
+    kv_args = SimpleNamespace(mla_compression_ratios=list(side.model.compress_ratios))
+    source = (f"the release's get_dsv41_spec_layout (--speculative-algorithm "
+              f"{side.speculative_algorithm}, {side.model.path}/config.json compress_ratios)")
+    try:
+        with _published(side.args.server_args):
+            return Value(function(kv_args), source), None
+    except Exception as exc:  # it reads the pools' transfer layout: not built here
+        return Value(None, source), (f"{side.role}: the DeepSeek-V4.1 DSpark layout (DSV4G032) "
+                                     "is read from the built pools, not derived here "
+                                     f"({type(exc).__name__}: {exc})")
+
+
+def contact_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+    """The endpoint values the first contact and the relayout read (none, and a note,
+    when deriving them fails: a guard bug never stops ``check``)."""
+    try:
+        return _contact_values(side)
+    except Exception as exc:
+        log.warning("check: the first-contact values of the %s server failed (a guard bug; "
+                    "please report it): %s: %s", side.role, type(exc).__name__, exc,
+                    exc_info=True)
+        return {NOTES: Value((f"{side.role}: the first-contact values were not derived (a "
+                              f"guard bug, please report it: {type(exc).__name__}: {exc})",),
+                             "check")}
+
+
+def _contact_values(side: Side) -> dict[str, Value]:
+    notes: list[str] = []
+    layout, note = _kv_layout(side)
+    notes += [note] if note else []
+    dspark, note = _dspark(side)
+    notes += [note] if note else []
+    algo = _quantized_kv(side)
+    if algo is not None:
+        notes.append(f"{side.role}: {side.model.path}/config.json sets kv_cache_quant_algo "
+                     f"{algo}: with --kv-cache-dtype auto the loaded model's quantization "
+                     "config may publish another KV cache dtype string (DSV4G030)")
+    dcp = _server_value(side, "dcp_size", 1) or 1
+    return {
+        "kv_cache_dtype_str": _kv_dtype(side),
+        "dcp_size": Value(int(dcp), _source(side, "dcp_size", "--dcp-size")),
+        "is_hybrid_mla_backend": Value(False, "SGLang's setup_state_kv_args sets it only for "
+                                              "a hybrid linear-attention pool"),
+        "enable_kv_cache_sharding": Value(bool(_server_value(
+            side, "enable_kv_cache_sharding", False)), field_source(
+            side, "enable_kv_cache_sharding", "--enable-kv-cache-sharding")),
+        "enable_dsa_cache_layer_split": Value(bool(_server_value(
+            side, "enable_dsa_cache_layer_split", False)), field_source(
+            side, "enable_dsa_cache_layer_split", "--enable-dsa-cache-layer-split")),
+        "kv_layout": layout,
+        "dsv41_spec_layout": dspark,
+        NOTES: Value(tuple(notes), "what check could not derive for these rows"),
+    }
+
+
+# What each fix gives the edited server, by the value SGLang's condition reads.
+_LABELS = {"kv_cache_dtype_str": "the {src}'s KV cache dtype string",
+           "pp_size": "the {src}'s pipeline-parallel size",
+           "attn_cp_size": "attention context parallel size 1",
+           "dcp_size": "decode context parallel size 1",
+           "enable_kv_cache_sharding": "KV cache sharding off",
+           "kv_layout": "the {src}'s DeepSeek-V4 KV layout variables"}
+
+
+def _edits(name: str, src: Side, dst: Side, run: Run) -> list[Edit | None]:
+    """The edits giving ``dst`` a value of ``name`` that satisfies the condition."""
+    other = run.prefill if src is run.prefill_side else run.decode
+    if name == "kv_cache_dtype_str":
+        return [_set(dst.role, "kv_cache_dtype", other.get(name))]
+    if name == "pp_size" and dst.role == "decode":
+        return [_set(dst.role, "pp_size", other.get(name))]
+    if name in ("attn_cp_size", "dcp_size", "enable_kv_cache_sharding"):
+        own = (run.decode if dst is run.decode_side else run.prefill).get(name)
+        if name in typed_flags(list(dst.args.argv)) and own not in (None, False, 1):
+            return [_set(dst.role, name, None)]  # back to the release's default (1 / off)
+        return []
+    if name == "kv_layout":
+        return [Edit(dst.role, key, src.args.env.get(key), remove=key not in src.args.env,
+                     env=True) for key in _LAYOUT_ENV
+                if src.args.env.get(key) != dst.args.env.get(key)] or [None]
+    return []
+
+
+def _fixes(finding: Finding, run: Run) -> tuple[Fix, ...]:
+    p, d = run.prefill_side, run.decode_side
+    sides = {"prefill": p, "decode": d}
+    names = list(dict.fromkeys(o.name for o in finding.observations))
+    candidates: list[Fix | None] = []
+    if "attn_tp_size" in names:
+        candidates += attention_tp_fixes(p, d)
+    for name in names:
+        inputs = tuple(f"{e.role}: {name} {e.get(name)!r} from {e.source(name)}"
+                       for e in (run.prefill, run.decode))
+        for src, dst in _pairs(p, d):
+            edits = _edits(name, src, dst, run)
+            if edits:
+                label = _LABELS.get(name, name).format(src=src.role)
+                candidates.append(_fix(f"launch the {dst.role} server with {label}", name,
+                                       edits, *inputs))
+    fixes = tuple(dict.fromkeys(f for f in (accepted_fix(c, sides) for c in candidates)
+                                if f is not None))
+    return fixes or (Fix(FixKind.NO_FLAG_FIX, "no flag change of either line that the "
+                                              "release accepts fixes this"),)
+
+
+def contact_row(run: Run) -> tuple[list[Finding], list[str]]:
+    """Decode's first contact and the DCP relayout, on the pair's endpoints."""
+    findings, unknowns = contact_findings(run.prefill, run.decode, run.release)
+    more, relayout_unknowns = relayout_findings(run.prefill, run.decode, run.release,
+                                                run.prefill_side.args.env)
+    findings += more
+    for endpoint in (run.prefill, run.decode):
+        unknowns += list(endpoint.get(NOTES, ()))
+    if run.derive:
+        findings = [f if f.code == "DSV4G022" else replace(f, fixes=_fixes(f, run))
+                    for f in findings]  # DSV4G022's fixes: derived_fixes (remedy._g022)
+    return findings, unknowns + relayout_unknowns
+
+
+CONTRIBUTORS.append(contact_values)

@@ -1,0 +1,76 @@
+"""The DCP relayout decision a prefill rank makes when a decode rank registers.
+
+The release's own ``CommonKVManager.requires_dcp_relayout`` (0.5.17+) runs on a bare
+manager (``object.__new__``) holding the prefill's values, with the decode's DCP size and
+rank as the registration message carries them. Mooncake, NIXL and MORI inherit it (the
+Ascend backend overrides it: not judged here).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.host.targets import PD_COMMON_MANAGER, PD_COMMON_MODULE, PD_RELAYOUT
+from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.when import Phase, when_text
+
+__all__ = ["CODE", "relayout_findings", "relayout_raise"]
+
+CODE = "DSV4G036"
+_OWN_RELAYOUT = ("ascend",)  # backends whose manager overrides the method
+
+
+def relayout_raise(prefill: Endpoint, decode: Endpoint) -> tuple[str | None, str | None]:
+    """(SGLang's message, ``None``) when the release's relayout raises for rank 0 of each
+    server, (``None``, ``None``) when it accepts, (``None``, why) when it cannot be run."""
+    cls = getattr(importlib.import_module(  # unscanned: SGLang
+        PD_COMMON_MODULE), PD_COMMON_MANAGER)
+    function = getattr(cls, PD_RELAYOUT.attr, None)
+    if function is None:
+        return None, None  # the release has no DCP relayout (0.5.16): nothing to compare
+    manager = object.__new__(cls)
+    manager.dcp_size = int(prefill.get("dcp_size", 1) or 1)
+    manager.dcp_rank = 0
+    manager.is_mla_backend = bool(prefill.get("is_mla_backend", False))
+    manager.is_hybrid_mla_backend = bool(prefill.get("is_hybrid_mla_backend", False))
+    try:
+        function(manager, int(decode.get("dcp_size", 1) or 1), 0)
+    except (AttributeError, TypeError) as exc:
+        return None, (f"SGLang's {PD_RELAYOUT.qualname} read what this check does not set "
+                      f"({type(exc).__name__}: {exc})")
+    except Exception as exc:
+        return str(exc), None
+    return None, None
+
+
+def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
+                      env: Mapping[str, str] | None = None) -> tuple[list[Finding], list[str]]:
+    """DSV4G036 when the release's relayout refuses the pair's DCP sizes, and unknowns
+    (``env``: the prefill's environment, which sets its bootstrap timeout)."""
+    backend = str(prefill.get("transfer_backend", "?"))
+    if backend in _OWN_RELAYOUT:
+        return [], [f"DSV4G036 ({release}): the {backend} backend decides the DCP relayout "
+                    "itself; not judged here"]
+    message, unknown = relayout_raise(prefill, decode)
+    unknowns = [f"DSV4G036 ({release}): not judged: {unknown}"] if unknown else []
+    dcp = int(decode.get("dcp_size", 1) or 1)
+    if dcp > 1 and dcp == int(prefill.get("dcp_size", 1) or 1) and \
+            prefill.get("attn_tp_size") != decode.get("attn_tp_size"):
+        unknowns.append(f"DSV4G036 ({release}): with DCP {dcp} on both servers and different "
+                        "attention TP, which prefill DCP rank each decode rank registers "
+                        "with is decided at run time; only rank 0 of each was compared")
+    if message is None:
+        return [], unknowns
+    finding = Finding(
+        code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
+        subject="decode rank registration with the prefill",
+        observations=tuple(e.observation(name) for name in ("dcp_size", "is_mla_backend")
+                           for e in (prefill, decode)),
+        details=(f"SGLang's own {PD_RELAYOUT.qualname} raised on the prefill's DCP size and "
+                 "pool kind and the decode's DCP size (rank 0 of each server)",),
+        docs=docs_url(CODE), host_message=message,
+        when=when_text(Phase.REGISTRATION, backend, env))
+    return [finding], unknowns

@@ -1,0 +1,154 @@
+"""``check`` predicts decode's first contact with the prefill and the DCP relayout at
+registration, by running the installed release's own ``try_ensure_parallel_info`` and
+``requires_dcp_relayout`` on the values two launch lines imply: a pair SGLang rejects
+is an error with SGLang's message, its near miss passes, on every release (a row the
+release does not have is asserted absent)."""
+
+from __future__ import annotations
+
+import unittest
+from typing import Any
+
+from check_helpers import DSV3, DSV4, LLAMA, check_json, server
+from helpers import GuardTestCase, sglang_release
+from packaging.version import Version
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
+
+DCP_RELEASE = Version("0.5.17")  # the first with DCP conditions and requires_dcp_relayout
+
+
+def pair(prefill: str, decode: str, model: str = LLAMA) -> tuple[int, dict[str, Any]]:
+    return check_json(server("prefill", model, prefill, backend="mooncake"),
+                      server("decode", model, decode, backend="mooncake"))
+
+
+def errors(doc: dict[str, Any]) -> set[str]:
+    return {f["code"] for f in doc["findings"] if f["severity"] == "error"}
+
+
+def found(doc: dict[str, Any], code: str) -> list[dict[str, Any]]:
+    return [f for f in doc["findings"] if f["code"] == code]
+
+
+class TestFirstContactRows(GuardTestCase):
+    def sole_error(self, result: tuple[int, dict[str, Any]], code: str, message: str
+                   ) -> dict[str, Any]:
+        """The one ``code`` finding of a failing check: an error with SGLang's message."""
+        status, doc = result
+        self.assertEqual(status, 1)
+        (finding,) = found(doc, code)
+        self.assertEqual(finding["severity"], "error")
+        self.assertTrue(finding["host_message"].startswith(message), finding["host_message"])
+        return finding
+
+    def test_kv_cache_dtype_strings_compared(self) -> None:
+        """An explicit bf16 KV cache dtype on the prefill and the default auto on the
+        decode kill decode at first contact: an error with SGLang's message, values by
+        role with their sources, and a fix."""
+        finding = self.sole_error(pair("--kv-cache-dtype bf16", ""), "DSV4G030",
+                                  "KV cache dtype mismatch: prefill server has kv_cache_dtype"
+                                  "=bf16, but decode server has kv_cache_dtype=auto.")
+        values = {(o["role"], o["value"]) for o in finding["observations"]}
+        self.assertEqual(values, {("prefill", "bf16"), ("decode", "auto")})
+        self.assertIn("--kv-cache-dtype bf16", finding["observations"][0]["source"])
+        self.assertIn("first contact", finding["when"])
+        self.assertTrue(any(e["name"] == "--kv-cache-dtype" for f in finding["fixes"]
+                            for e in f["edits"]), finding["fixes"])
+
+    def test_same_kv_cache_dtype_accepted(self) -> None:
+        """The same KV cache dtype string on both servers passes first contact."""
+        status, doc = pair("--kv-cache-dtype bf16", "--kv-cache-dtype bf16")
+        self.assertEqual((status, found(doc, "DSV4G030")), (0, []))
+
+    def test_page_size_reported_once_as_sglang_error(self) -> None:
+        """Different page sizes are one error (SGLang's first-contact message), not an
+        error and an asymmetry warning."""
+        finding = self.sole_error(pair("--page-size 16", "--page-size 32"), "DSV4G022",
+                                  "Page size mismatch: prefill server has page_size=16, but "
+                                  "decode server has page_size=32.")
+        self.assertTrue(finding["fixes"] and finding["fixes"][0]["edits"], finding["fixes"])
+
+    def test_every_mismatch_reported_in_sglang_order(self) -> None:
+        """Page size, KV cache dtype and a decode PP that neither equals the prefill's nor
+        is 1: SGLang stops at the first; check reports all three, the first carrying the
+        message the decode server logs."""
+        status, doc = pair("--page-size 16 --kv-cache-dtype bf16 --pp-size 4",
+                           "--page-size 32 --pp-size 2")
+        self.assertEqual(status, 1)
+        contact = [f for f in doc["findings"]
+                   if f["subject"] == "decode's first contact with the prefill"]
+        self.assertEqual([f["code"] for f in contact], ["DSV4G022", "DSV4G030", "DSV4G035"])
+        self.assertIn("SGLang raises this first", contact[0]["details"][0])
+        self.assertEqual(contact[2]["host_message"],
+                         "('Decode pp size (2) should be equal to prefill pp size (4) or 1',)")
+
+    def test_decode_pp_one_accepted(self) -> None:
+        """A decode with PP 1 pulls from every prefill PP rank: accepted."""
+        status, doc = pair("--pp-size 2", "")
+        self.assertEqual((status, found(doc, "DSV4G035")), (0, []))
+
+    def test_decode_attention_cp_refused(self) -> None:
+        """A decode with attention CP 2 fails the rank mapping's bare assertion."""
+        status, doc = pair("--tp-size 2", "--tp-size 2 --attn-cp-size 2")
+        self.assertEqual(status, 1)
+        (finding,) = found(doc, "DSV4G035")
+        self.assertEqual(finding["host_message"], "('Decode cp size (2) should be equal to 1',)")
+
+    def test_dcp_needs_mla_pool(self) -> None:
+        """A decode with DCP on a non-MLA model: from 0.5.17 decode's first contact
+        refuses it and so does the prefill's relayout at registration; 0.5.16 compares
+        neither."""
+        status, doc = pair("", "--tp-size 2 --dcp-size 2")
+        contact, relayout = found(doc, "DSV4G034"), found(doc, "DSV4G036")
+        if sglang_release() < DCP_RELEASE:  # no DCP row; its ServerArgs allows DCP on HIP only
+            self.assertEqual((contact, relayout), ([], []))
+            self.assertLessEqual(errors(doc), {"DSV4G026"})
+            return
+        self.assertEqual(status, 1)
+        self.assertEqual([f["host_message"] for f in contact],
+                         ["PD decode DCP requires an MLA or hybrid-MLA KV pool."])
+        self.assertEqual([f["host_message"] for f in relayout],
+                         ["Unsupported PD DCP topology: 1 -> 2"])
+        self.assertIn("bootstrap thread dies", relayout[0]["when"])
+
+    def test_dcp_on_mla_accepted(self) -> None:
+        """A decode with DCP on an MLA model, the prefill without: relayout, accepted."""
+        _, doc = pair("", "--tp-size 2 --dcp-size 2", model=DSV3)
+        self.assertEqual((found(doc, "DSV4G034"), found(doc, "DSV4G036")), ([], []))
+        # 0.5.16's ServerArgs allows DCP on HIP only: its own refusal, nothing else
+        self.assertEqual(errors(doc), set() if sglang_release() >= DCP_RELEASE
+                         else {"DSV4G026"})
+
+    def test_prefill_dcp_refused_at_registration(self) -> None:
+        """A prefill with DCP and a decode without: the relayout refuses the topology
+        (0.5.17+); 0.5.16 has no relayout."""
+        _, doc = pair("--tp-size 2 --dcp-size 2", "", model=DSV3)
+        relayout = found(doc, "DSV4G036")
+        if sglang_release() < DCP_RELEASE:  # no relayout; ServerArgs allows DCP on HIP only
+            self.assertEqual(relayout, [])
+            self.assertLessEqual(errors(doc), {"DSV4G026"})
+            return
+        self.assertEqual([f["host_message"] for f in relayout],
+                         ["Unsupported PD DCP topology: 2 -> 1"])
+        self.assertEqual(relayout[0]["subject"], "decode rank registration with the prefill")
+
+    def test_dsv4_layout_needing_sm100_is_unknown(self) -> None:
+        """SGLANG_DSV4_KV_LAYOUT=v41 on the prefill needs an SM100 GPU to resolve: 0.5.23
+        says the layout is not decidable here and reports no DSV4G031; releases before
+        0.5.23 compare no layout and say nothing of it."""
+        _, doc = check_json(server("prefill", DSV4, backend="mooncake"),
+                            server("decode", DSV4, backend="mooncake"),
+                            "--prefill-env", "SGLANG_DSV4_KV_LAYOUT=v41")
+        self.assertEqual(found(doc, "DSV4G031"), [])
+        notes = [u for u in doc["unknowns"] if "DSV4G031" in u]
+        if sglang_release() < Version("0.5.23"):
+            self.assertEqual(notes, [])
+        else:
+            self.assertTrue(any(u.startswith("prefill: the DeepSeek-V4 KV layout (DSV4G031) "
+                                             "depends on the GPU") for u in notes), notes)
+
+
+if __name__ == "__main__":
+    unittest.main()
