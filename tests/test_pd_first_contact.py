@@ -57,6 +57,18 @@ class TestFirstContactRows(GuardTestCase):
         self.assertTrue(any(e["name"] == "--kv-cache-dtype" for f in finding["fixes"]
                             for e in f["edits"]), finding["fixes"])
 
+    def test_model_chosen_kv_cache_dtype_is_the_resolved_one(self) -> None:
+        """A DeepSeek-V4 prefill without --kv-cache-dtype gets the dtype SGLang's model
+        override chooses (fp8_e4m3), not the flag's default 'auto': against a decode that
+        types that dtype, first contact passes, and the DSV4G030 it reports against a
+        bfloat16 decode shows the resolved value."""
+        status, doc = pair("", "--kv-cache-dtype fp8_e4m3", model=DSV4)
+        self.assertNotIn("DSV4G030", errors(doc), found(doc, "DSV4G030"))
+        _, doc = pair("", "--kv-cache-dtype bfloat16", model=DSV4)
+        (finding,) = found(doc, "DSV4G030")
+        values = {(o["role"], o["value"]) for o in finding["observations"]}
+        self.assertEqual(values, {("prefill", "fp8_e4m3"), ("decode", "bfloat16")})
+
     def test_same_kv_cache_dtype_accepted(self) -> None:
         """The same KV cache dtype string on both servers passes first contact."""
         status, doc = pair("--kv-cache-dtype bf16", "--kv-cache-dtype bf16")

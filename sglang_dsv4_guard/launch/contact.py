@@ -69,7 +69,7 @@ def _server_value(side: Side, name: str, default: Any) -> Any:
     """The resolved ``ServerArgs`` field, else the one the line typed, else the release's
     default for it."""
     if side.args.server_args is not None:
-        return getattr(side.args.server_args, name, default)
+        return side.args.resolved_field(name, default)
     typed = typed_flags(list(side.args.argv)).get(name)
     if typed is not None:
         return typed[1] if typed[1] is not None else True

@@ -90,6 +90,14 @@ class SideArgs:
         """A parsed field, ``None`` when the release has no such field."""
         return self.values.get(name)
 
+    def resolved_field(self, name: str, default: Any = None) -> Any:
+        """Any ``ServerArgs`` field as the release's resolution left it (read through its
+        resolving view from 0.5.22, where a model override's value lives), ``default``
+        when resolution did not complete or the release has no such field."""
+        if self.server_args is None:
+            return default
+        return getattr(_view(self.server_args), name, default)
+
 
 class _Parser(argparse.ArgumentParser):
     """The release's flag table; an error raises instead of printing usage and exiting."""
