@@ -33,11 +33,19 @@ __all__ = [
     "MORI_SEND",
     "MORI_SERVER_ARGS_ATTRS",
     "MORI_TARGETS",
+    "PD_AUX_COUNT",
     "PD_COMMON_MODULE",
     "PD_DECODE_MODULE",
     "PD_FIRST_CONTACT",
+    "PD_HEAD_SLICE",
+    "PD_METADATA_BUFFERS",
     "PD_MOONCAKE_MODULE",
+    "PD_MOONCAKE_SEND_EXTRA",
     "PD_NIXL_MODULE",
+    "PD_NIXL_PAYLOAD",
+    "PD_NIXL_SEND_EXTRA",
+    "PD_POP_PREALLOCATED",
+    "PD_STATE_TYPE_MODULE",
     "POOL_ATTRS",
     "POOL_REGISTER",
     "POOL_REGISTER_TARGET",
@@ -125,6 +133,16 @@ PD_FIRST_CONTACT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.try_ensure_par
 PD_MOONCAKE_MODULE = "sglang.srt.disaggregation.mooncake.conn"
 PD_NIXL_MODULE = "sglang.srt.disaggregation.nixl.conn"
 PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
+#: The transfer-time rows (``pd/transfer.py``, ``host/pd_digests.py``): the functions
+#: whose conditions are digested and evaluated, and the ones called on half-built objects.
+PD_STATE_TYPE_MODULE = "sglang.srt.disaggregation.base.conn"
+PD_MOONCAKE_SEND_EXTRA = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.maybe_send_extra")
+PD_NIXL_SEND_EXTRA = PatchTarget(PD_NIXL_MODULE, "NixlKVManager.maybe_send_extra")
+PD_HEAD_SLICE = PatchTarget(PD_COMMON_MODULE, "CommonKVManager._get_mha_head_slice_blocks")
+PD_NIXL_PAYLOAD = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_payload_xfer")
+PD_POP_PREALLOCATED = PatchTarget(PD_DECODE_MODULE, "DecodePreallocQueue.pop_preallocated")
+PD_AUX_COUNT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.check_peer_aux_buffer_count")
+PD_METADATA_BUFFERS = PatchTarget("sglang.srt.disaggregation.utils", "MetadataBuffers")
 ENVIRON_MODULE = "sglang.srt.environ"
 
 REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"

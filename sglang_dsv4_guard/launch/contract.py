@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import endpoint_of
+from sglang_dsv4_guard.launch.transfer import aux_row, send_extra_row
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
@@ -38,7 +39,9 @@ class ContractRun:
 
 # name -> (run -> (findings, unknowns)). A row that cannot be judged on this release says
 # so in its unknowns; it never guesses.
-ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {}
+ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
+    "transfer.send_extra": send_extra_row, "transfer.aux_buffers": aux_row,
+}
 
 
 def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = True

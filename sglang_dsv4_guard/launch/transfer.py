@@ -1,0 +1,195 @@
+"""``check``'s transfer-time contract rows (DSV4G040, DSV4G041, DSV4G045) and the values
+they read.
+
+- DSV4G040/041: the prefill's Mooncake/NIXL ``maybe_send_extra`` on each state type its
+  pool registers (:mod:`.state_types`), evaluated with SGLang's own conditions
+  (:mod:`sglang_dsv4_guard.pd.transfer`);
+- DSV4G045: the two servers' metadata buffer counts, by SGLang's own ``MetadataBuffers``
+  and (0.5.23) ``check_peer_aux_buffer_count`` (:mod:`sglang_dsv4_guard.pd.buffers`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.host.pd_digests import SITES, locate
+from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.launch import state_types as _state_types  # registers its contributor
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
+from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.transfer import BACKENDS, StateVerdict, send_extra_verdicts
+from sglang_dsv4_guard.pd.when import Phase, when_text
+
+__all__ = ["SAMPLING_MASK", "aux_row", "send_extra_row"]
+
+del _state_types
+SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
+
+
+class ContractRun(Protocol):
+    """What a row reads of :class:`~.contract.ContractRun` (which imports this module)."""
+
+    @property
+    def prefill(self) -> Endpoint: ...
+    @property
+    def decode(self) -> Endpoint: ...
+    @property
+    def prefill_side(self) -> Side: ...
+    @property
+    def decode_side(self) -> Side: ...
+    @property
+    def derive(self) -> bool: ...
+
+
+def _aux(side: Side, checksum: bool | None = None) -> int:
+    with offline_env(side.args.env):
+        return aux_buffer_count(bool(side.args.get("disaggregation_enable_kv_checksum"))
+                                if checksum is None else checksum,
+                                side.args.get("sampling_mask_max_tokens"))
+
+
+def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+    del values
+    a = side.args
+    mask = a.env.get(SAMPLING_MASK)
+    return {
+        "aux_buffer_count": Value(_aux(side), (
+            "SGLang's MetadataBuffers(...).get_buf_infos() built on CPU with this server's "
+            f"{SAMPLING_MASK}" + (f"={mask}" if mask is not None else " (unset)")
+            + " and " + field_source(side, "disaggregation_enable_kv_checksum",
+                                     "--disaggregation-enable-kv-checksum"))),
+        "kv_checksum": Value(bool(a.get("disaggregation_enable_kv_checksum")), field_source(
+            side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
+        "sampling_mask_env": Value(mask, f"{SAMPLING_MASK} in the server's environment"
+                                   if mask is not None else f"{SAMPLING_MASK} not set"),
+        "enable_hisparse": Value(bool(a.get("enable_hisparse")),
+                                 field_source(side, "enable_hisparse", "--enable-hisparse")),
+    }
+
+
+CONTRIBUTORS.append(_contribute)
+
+
+def _tp_fixes(run: ContractRun, pp: bool) -> tuple[Fix, ...]:
+    if not run.derive:
+        return ()
+    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+    found: list[Fix | None] = list(attention_tp_fixes(run.prefill_side, run.decode_side))
+    pp_flag = flag_for_field("pp_size")
+    if pp and pp_flag is not None:
+        found.insert(0, Fix(FixKind.FLAGS, "run the prefill without pipeline parallelism "
+                                           "(head-sliced SWA transfer needs PP 1)",
+                            field="pp_size", edits=(Edit("prefill", pp_flag.option, "1"),)))
+    kept = [accepted_fix(f, sides) for f in found]
+    return tuple(f for f in kept if f is not None)
+
+
+def _send_extra_finding(run: ContractRun, backend: str, verdict: StateVerdict) -> Finding:
+    p, d = run.prefill, run.decode
+    pp = "pipeline parallelism" in verdict.message
+    info = CODES[verdict.code]
+    names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else [])]
+    return Finding(
+        code=verdict.code, severity=Severity.ERROR, summary=info.title,
+        subject=f"prefill -> decode {backend} transfer of the {verdict.state_type} state",
+        observations=(*(p.observation(n) for n in names), d.observation("attn_tp_size"),
+                      p.observation("transfer_backend"), d.observation("transfer_backend")),
+        details=(f"SGLang's {verdict.function} raises it on the prefill for every request "
+                 f"that carries {verdict.state_type} state: the prefill has attention TP "
+                 f"{p.get('attn_tp_size')}, the decode {d.get('attn_tp_size')}",),
+        fixes=_tp_fixes(run, pp), docs=docs_url(verdict.code), host_message=verdict.message,
+        when=when_text(Phase.PER_REQUEST, backend, run.prefill_side.args.env))
+
+
+def _first_contact_minimax() -> bool:
+    """Whether decode's first contact already refuses MiniMax with different attention TP
+    (0.5.23: then pd-contact's row reports it, not this one)."""
+    package = imported_package_dir()
+    return package is not None and locate(package, SITES["first_contact.minimax"]) is not None
+
+
+def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G040/DSV4G041 for the pair."""
+    p, d = run.prefill, run.decode
+    backend = p.get("transfer_backend")
+    if backend != d.get("transfer_backend") or backend not in BACKENDS:
+        return [], []
+    package = imported_package_dir()
+    if package is None:
+        return [], ["DSV4G040: not judged: the imported SGLang's source was not found"]
+    if not p.has("state_types"):
+        if p.get("attn_tp_size") != d.get("attn_tp_size") and not p.get("is_mla_backend"):
+            return [], [f"DSV4G040 ({backend}): not judged: the state types of the prefill's "
+                        "pool (a pool this check does not build) are not known, and attention "
+                        f"TP differs ({p.get('attn_tp_size')} vs {d.get('attn_tp_size')})"]
+        return [], []
+    verdicts, unknowns = send_extra_verdicts(p, d, backend, package, p.get("state_types"))
+    skip_minimax = _first_contact_minimax()
+    findings = [_send_extra_finding(run, backend, v) for v in verdicts
+                if not (v.code == "DSV4G041" and skip_minimax)]
+    return findings, unknowns
+
+
+def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G045: metadata buffer counts that differ."""
+    p, d = run.prefill, run.decode
+    local, remote = int(p.get("aux_buffer_count")), int(d.get("aux_buffer_count"))
+    if local == remote:
+        return [], []
+    checksum_only = _aux(run.prefill_side, bool(d.get("kv_checksum"))) == remote
+    try:
+        logged = peer_count_log(local, remote)
+    except AttributeError:  # a release without the check: nothing is logged
+        logged = None
+    backend = str(p.get("transfer_backend"))
+    info = CODES["DSV4G045"]
+    details = [
+        "only the first "
+        f"{min(local, remote)} buffers are transferred; "
+        + ("the extra one is the KV checksum, the last: decode skips verification without a "
+           "digest, so transfers stay correct in practice (a warning, not an error)"
+           if checksum_only else
+           f"{SAMPLING_MASK} on one server adds buffers in the middle of the list: every "
+           "later buffer (speculative top-k, hidden states, the bootstrap room) is read "
+           "from the wrong slot")]
+    fixes: list[Fix] = []
+    if run.derive:
+        fixes = _aux_fixes(run, checksum_only)
+    return [Finding(
+        code="DSV4G045", severity=Severity.WARNING if checksum_only else Severity.ERROR,
+        summary=info.title, subject="prefill and decode metadata buffers",
+        observations=tuple(e.observation(n) for n in ("aux_buffer_count", "sampling_mask_env",
+                                                        "kv_checksum") for e in (p, d)),
+        details=tuple(details), fixes=tuple(fixes), docs=docs_url("DSV4G045"),
+        host_message=logged,
+        when=when_text(Phase.SILENT, backend, run.prefill_side.args.env,
+                       logged=logged is not None))], []
+
+
+def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
+    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+    found: list[Fix | None] = []
+    for src, dst in (("prefill", "decode"), ("decode", "prefill")):
+        s, t = sides[src], sides[dst]
+        if not checksum_only and s.args.env.get(SAMPLING_MASK) != t.args.env.get(SAMPLING_MASK):
+            value = s.args.env.get(SAMPLING_MASK)
+            edit = (Edit(dst, SAMPLING_MASK, remove=True, env=True) if value is None
+                    else Edit(dst, SAMPLING_MASK, value, env=True))
+            found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s "
+                                            f"{SAMPLING_MASK}", field="sampling_mask_env",
+                             edits=(edit,)))
+        flag = flag_for_field("disaggregation_enable_kv_checksum")
+        on = bool(s.args.get("disaggregation_enable_kv_checksum"))
+        if flag is not None and on != bool(t.args.get("disaggregation_enable_kv_checksum")):
+            found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s KV checksum "
+                                            "setting", field="kv_checksum",
+                             edits=(Edit(dst, flag.option, remove=not on),)))
+    return [f for f in (accepted_fix(f, sides) for f in found) if f is not None]
