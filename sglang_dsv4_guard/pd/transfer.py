@@ -43,7 +43,7 @@ class StateVerdict:
 def site_keys(backend: str) -> tuple[str, ...]:
     """The digested sites the row reads on ``backend``."""
     return (f"{backend}.hetero_tp", f"{backend}.swa_slice", f"{backend}.minimax",
-            "head_slice.pp")
+            f"{backend}.minimax_pp", "head_slice.pp")
 
 
 def _state_type_enum() -> Any:
@@ -65,7 +65,15 @@ def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str,
 
 
 def _one(package: Path, backend: str, names: dict[str, Any]) -> StateVerdict | None:
+    """The refusal of one state type, if any. Raises :class:`NotJudged` where SGLang's
+    transfer refuses the state before the TP comparison for another reason (MiniMax with
+    PP > 1: a check of its own, not these rows')."""
     st = str(names["st"].value)
+    before = locate(package, SITES[f"{backend}.minimax_pp"])
+    if before is not None and before.holds(names):
+        raise NotJudged(f"SGLang's {before.spec.target} refuses this state before comparing "
+                        f"TP sizes: {before.message(names)!r} (per request; a check these "
+                        "rows do not report)")
     for key, code in ((f"{backend}.hetero_tp", "DSV4G040"), (f"{backend}.minimax", "DSV4G041")):
         site = locate(package, SITES[key])
         if site is not None and site.holds(names):
