@@ -10,7 +10,7 @@ they read.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
@@ -20,6 +20,7 @@ from sglang_dsv4_guard.host.pd_digests import SITES, locate
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch import state_types as _state_types  # registers its contributor
 from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
@@ -49,11 +50,20 @@ class ContractRun(Protocol):
     def derive(self) -> bool: ...
 
 
+def _field(side: Side, name: str) -> Any:
+    """A field the contract's parse does not keep: from the resolved ``ServerArgs``, else
+    (resolution did not complete) whether the line typed it (a switch) or its typed value."""
+    if side.args.server_args is not None:
+        return getattr(side.args.server_args, name, None)
+    typed = typed_flags(list(side.args.argv)).get(name)
+    return None if typed is None else (typed[1] if typed[1] is not None else True)
+
+
 def _aux(side: Side, checksum: bool | None = None) -> int:
     with offline_env(side.args.env):
-        return aux_buffer_count(bool(side.args.get("disaggregation_enable_kv_checksum"))
+        return aux_buffer_count(bool(_field(side, "disaggregation_enable_kv_checksum"))
                                 if checksum is None else checksum,
-                                side.args.get("sampling_mask_max_tokens"))
+                                _field(side, "sampling_mask_max_tokens"))
 
 
 def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
@@ -66,11 +76,11 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
             f"{SAMPLING_MASK}" + (f"={mask}" if mask is not None else " (unset)")
             + " and " + field_source(side, "disaggregation_enable_kv_checksum",
                                      "--disaggregation-enable-kv-checksum"))),
-        "kv_checksum": Value(bool(a.get("disaggregation_enable_kv_checksum")), field_source(
+        "kv_checksum": Value(bool(_field(side, "disaggregation_enable_kv_checksum")), field_source(
             side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
         "sampling_mask_env": Value(mask, f"{SAMPLING_MASK} in the server's environment"
                                    if mask is not None else f"{SAMPLING_MASK} not set"),
-        "enable_hisparse": Value(bool(a.get("enable_hisparse")),
+        "enable_hisparse": Value(bool(_field(side, "enable_hisparse")),
                                  field_source(side, "enable_hisparse", "--enable-hisparse")),
     }
 
@@ -187,8 +197,8 @@ def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
                                             f"{SAMPLING_MASK}", field="sampling_mask_env",
                              edits=(edit,)))
         flag = flag_for_field("disaggregation_enable_kv_checksum")
-        on = bool(s.args.get("disaggregation_enable_kv_checksum"))
-        if flag is not None and on != bool(t.args.get("disaggregation_enable_kv_checksum")):
+        on = bool(_field(s, "disaggregation_enable_kv_checksum"))
+        if flag is not None and on != bool(_field(t, "disaggregation_enable_kv_checksum")):
             found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s KV checksum "
                                             "setting", field="kv_checksum",
                              edits=(Edit(dst, flag.option, remove=not on),)))
