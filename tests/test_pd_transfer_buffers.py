@@ -19,9 +19,9 @@ from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 RELEASE = sglang_release()
-READS_MASK = RELEASE >= Version("0.5.20")  # SGLANG_ENABLE_DISAGG_SAMPLING_MASK
+READS_MASK = Version("0.5.20") <= RELEASE  # SGLANG_ENABLE_DISAGG_SAMPLING_MASK
 HAS_CHECKSUM = flag_for_field("disaggregation_enable_kv_checksum") is not None  # 0.5.21+
-LOGS = RELEASE >= Version("0.5.23")  # check_peer_aux_buffer_count
+LOGS = Version("0.5.23") <= RELEASE  # check_peer_aux_buffer_count
 MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
 
@@ -66,7 +66,7 @@ class TestMetadataBufferCount(GuardTestCase):
         """--disaggregation-enable-kv-checksum on the decode only: a warning (its buffer is
         last; decode skips verification without a digest); no such flag before 0.5.21."""
         if not HAS_CHECKSUM:
-            self.assertFalse(READS_MASK and RELEASE >= Version("0.5.21"))
+            self.assertLess(RELEASE, Version("0.5.21"))  # the flag is 0.5.21's
             return
         found = g045(_pair("", "--disaggregation-enable-kv-checksum"))
         self.assertEqual([f["severity"] for f in found], ["warning"])

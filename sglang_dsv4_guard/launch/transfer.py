@@ -16,7 +16,7 @@ from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.host.pd_digests import SITES, locate
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, digest_pd_tree, locate, row_releases
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch import state_types as _state_types  # registers its contributor
 from sglang_dsv4_guard.launch.derive import Side
@@ -26,10 +26,12 @@ from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
 from sglang_dsv4_guard.pd.transfer import BACKENDS, StateVerdict, send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["SAMPLING_MASK", "aux_row", "send_extra_row"]
+__all__ = ["SAMPLING_MASK", "aux_row", "hisparse_backend_row", "nixl_payload_row",
+           "send_extra_row"]
 
 del _state_types
 SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
@@ -203,3 +205,78 @@ def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
                                             "setting", field="kv_checksum",
                              edits=(Edit(dst, flag.option, remove=not on),)))
     return [f for f in (accepted_fix(f, sides) for f in found) if f is not None]
+
+
+def _changed(keys: tuple[str, ...], code: str) -> str | None:
+    """The unknowns line when the imported release's sites ``keys`` match no known one."""
+    package = imported_package_dir()
+    if package is None:
+        return f"{code}: not judged: the imported SGLang's source was not found"
+    if row_releases(digest_pd_tree(package), keys):
+        return None
+    targets = sorted({str(SITES[k].target) for k in keys})
+    return (f"{code}: not judged: SGLang's {' / '.join(targets)} differs from every release "
+            "this guard knows")
+
+
+def _hisparse_fixes(run: ContractRun, tp: bool) -> tuple[Fix, ...]:
+    if not run.derive:
+        return ()
+    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+    found: list[Fix | None] = list(attention_tp_fixes(run.prefill_side, run.decode_side)
+                                   if tp else [])
+    hisparse, backend = flag_for_field("enable_hisparse"), flag_for_field(
+        "disaggregation_transfer_backend")
+    if hisparse is not None:
+        found.append(Fix(FixKind.FLAGS, "run the decode without HiSparse", field="enable_hisparse",
+                         edits=(Edit("decode", hisparse.option, remove=True),)))
+    if backend is not None and not tp:
+        found.append(Fix(FixKind.FLAGS, "use the Mooncake transfer backend on both servers",
+                         field="transfer_backend", edits=tuple(
+                             Edit(role, backend.option, "mooncake") for role in sides)))
+    return tuple(f for f in (accepted_fix(f, sides) for f in found) if f is not None)
+
+
+def _hisparse_finding(run: ContractRun, verdict: NixlVerdict, phase: Phase) -> Finding:
+    p, d = run.prefill, run.decode
+    info = CODES[verdict.code]
+    names = ("transfer_backend", "enable_hisparse", "speculative_algorithm", "is_dsv4",
+             *(("attn_tp_size", "is_mla_backend") if verdict.code == "DSV4G043" else ()))
+    return Finding(
+        code=verdict.code, severity=Severity.ERROR, summary=info.title,
+        subject="decode server HiSparse transfer", observations=tuple(
+            e.observation(n) for n in names for e in (p, d)),
+        details=(f"SGLang's {verdict.function} raises it; the decode's HiSparse KV is in "
+                 "host memory (DRAM), its draft's on the GPU (the memory kinds NIXL reads "
+                 "from the registration, as HiSparse allocates them)",),
+        fixes=_hisparse_fixes(run, verdict.code == "DSV4G043"), docs=docs_url(verdict.code),
+        host_message=verdict.message,
+        when=when_text(phase, str(p.get("transfer_backend")), run.prefill_side.args.env))
+
+
+def nixl_payload_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G042/DSV4G043: NIXL's registration of the decode (both servers on NIXL)."""
+    p, d = run.prefill, run.decode
+    if not p.get("transfer_backend") == d.get("transfer_backend") == "nixl":
+        return [], []
+    changed = _changed(("nixl.hisparse_spec", "nixl.direct_to_host"), "DSV4G042/DSV4G043")
+    if changed:
+        return [], [changed]
+    verdict = payload_verdict(p, d)
+    return ([_hisparse_finding(run, verdict, Phase.REGISTRATION)] if verdict else []), []
+
+
+def hisparse_backend_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G044: the decode's first request with HiSparse off Mooncake."""
+    d = run.decode
+    if not d.get("enable_hisparse") or d.get("transfer_backend") == "mooncake":
+        return [], []
+    changed = _changed(("decode.hisparse_mooncake",), "DSV4G044")
+    package = imported_package_dir()
+    if changed or package is None:
+        return [], [changed or "DSV4G044: not judged"]
+    try:
+        verdict = hisparse_backend_verdict(d, package)
+    except NotJudged as exc:
+        return [], [f"DSV4G044: not judged: {exc}"]
+    return ([_hisparse_finding(run, verdict, Phase.FIRST_CONTACT)] if verdict else []), []
