@@ -1,12 +1,12 @@
 """The state types each server's KV pool registers, as SGLang's own code registers them.
 
-Where the release's pool class can be built on CPU, a miniature real pool (one SWA and one
-full layer, one head, tiny sizes) is built by SGLang's own constructor and SGLang's real
-``setup_state_kv_args`` runs on it: the state types (and ``is_hybrid_mla_backend``) are
-what that call wrote into a fresh ``KVArgs``. That covers the hybrid SWA pool
-(``SWAKVPool``: gpt-oss and other sliding-window models) and the plain MHA pool. Other
-pools (DeepSeek-V4's, MLA, Mamba hybrids, MiniMax sparse) are not built here: their state
-types are left unknown, and the endpoint's note says so.
+For a hybrid sliding-window MHA model (gpt-oss and the like) a miniature real
+``SWAKVPool`` (one SWA and one full layer, one head, tiny sizes) is built by SGLang's own
+constructor and SGLang's real ``setup_state_kv_args`` runs on it: the state types (and
+``is_hybrid_mla_backend``) are what that call wrote into a fresh ``KVArgs``. Other pools
+(plain MHA, whose class depends on more than config.json; DeepSeek-V4's; MLA; Mamba and
+linear-attention hybrids; MiniMax sparse; MXFP8 block-scaled KV) are not built here: their
+state types are left unknown, and the rows that need them say so in ``unknowns``.
 """
 
 from __future__ import annotations
@@ -29,12 +29,16 @@ _ROWS = 64
 
 
 def pool_kind(side: Side) -> str | None:
-    """Which buildable pool SGLang gives the server's model: ``"swa"``, ``"mha"``, or
-    ``None`` (a pool not built here)."""
+    """``"swa"`` when SGLang gives the server's model the hybrid SWA pool built here (MHA
+    attention, hybrid SWA by SGLang's ``ModelConfig``, a KV cache dtype without block
+    scales); ``None`` for any other pool (not built here: its state types stay unknown)."""
     m = side.model
-    if m.is_dsv4 or m.uses_mla_pool or m.attention_arch != "MHA":
+    dtype = str(getattr(side.args.server_args, "kv_cache_dtype", None)
+                or side.args.typed.get("kv_cache_dtype") or "auto")
+    if m.is_dsv4 or m.uses_mla_pool or m.attention_arch != "MHA" or not m.is_hybrid_swa \
+            or "mxfp" in dtype or "fp4" in dtype:
         return None
-    return "swa" if m.is_hybrid_swa else "mha"
+    return "swa"
 
 
 def _pool(kind: str) -> Any:
@@ -42,14 +46,14 @@ def _pool(kind: str) -> Any:
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    cls = SWAKVPool if kind == "swa" else MHATokenToKVPool
+    del kind  # the one kind built here
     wanted: dict[str, Any] = dict(
         size=_ROWS, size_swa=_ROWS, page_size=1, dtype=torch.bfloat16, head_num=1,
-        head_dim=8, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-        layer_num=1 if kind == "mha" else 2, device="cpu", enable_memory_saver=False,
-        enable_kvcache_transpose=False)
-    params = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in wanted.items() if k in params})
+        head_dim=8, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], layer_num=2,
+        device="cpu", enable_memory_saver=False, enable_kvcache_transpose=False,
+        token_to_kv_pool_class=MHATokenToKVPool)
+    params = inspect.signature(SWAKVPool.__init__).parameters
+    return SWAKVPool(**{k: v for k, v in wanted.items() if k in params})
 
 
 @functools.lru_cache(maxsize=4)
@@ -81,10 +85,9 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     if isinstance(got, str):
         return {}
     types, hybrid_mla = got
-    pool = "SWAKVPool" if kind == "swa" else "MHATokenToKVPool"
-    source = (f"SGLang's setup_state_kv_args on a miniature {pool} (the pool SGLang builds "
-              f"for {side.model.path}/config.json: attention {side.model.attention_arch}"
-              + (", hybrid SWA" if kind == "swa" else "") + ")")
+    source = ("SGLang's setup_state_kv_args on a miniature SWAKVPool (the pool SGLang builds "
+              f"for {side.model.path}/config.json: attention {side.model.attention_arch}, "
+              "hybrid SWA)")
     return {"state_types": Value(types, source),
             "is_hybrid_mla_backend": Value(hybrid_mla, source)}
 
