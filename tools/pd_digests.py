@@ -23,9 +23,8 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from digests import package_dir  # noqa: E402
+from digests import package_and_release  # noqa: E402
 
-from sglang_dsv4_guard.host.digests import code_version  # noqa: E402
 from sglang_dsv4_guard.host.pd_digests import PD_DIGESTS_FILE, digest_pd_tree  # noqa: E402
 
 
@@ -39,10 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.path.exists():
         parser.error(f"{args.path}: no such wheel or directory")
     with tempfile.TemporaryDirectory() as scratch:
-        package = package_dir(args.path, Path(scratch))
-        release = args.release or code_version(package)
-        if release is None:
-            parser.error(f"{args.path}: no sglang/_version.py; name the release with --release")
+        package, release = package_and_release(parser, args.path, args.release, Path(scratch))
         found = digest_pd_tree(package)
     if not args.write:
         print(json.dumps({release: found}, indent=1))
