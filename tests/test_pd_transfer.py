@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.launch.contract import ContractRun
+from sglang_dsv4_guard.launch.derive import derive_side
+from sglang_dsv4_guard.launch.endpoint import endpoint_of
+from sglang_dsv4_guard.launch.parse import parse_side
+from sglang_dsv4_guard.launch.transfer import send_extra_row
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
 
@@ -143,6 +149,35 @@ def _ours(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str) -> st
         assert "refuses this state before comparing TP sizes" in unknowns[0], unknowns
         return unknowns[0].split(": ", 3)[-1].split("'")[1]
     return verdicts[0].message if verdicts else None
+
+
+class TestMiniMaxRow(GuardTestCase):
+    """DSV4G041: the row's finding for a prefill whose pool registers MiniMax state."""
+
+    def test_minimax_state_with_heterogeneous_tp(self) -> None:
+        """A prefill sending MiniMax sparse index state to a decode with another attention
+        TP over Mooncake: DSV4G041 with SGLang's message and a dead-worker ``when`` before
+        0.5.23; from 0.5.23 decode's first contact refuses it first, so this row is silent
+        (the first-contact row reports it). The state type is given to the endpoint as
+        SGLang's MiniMax pool registers it (that pool is not built by check)."""
+        sides = [derive_side(parse_side(role, server(role, GPT_OSS, f"--tp-size {tp}",
+                                                     backend="mooncake"), {}))
+                 for role, tp in (("prefill", 1), ("decode", 2))]
+        prefill = endpoint_of(sides[0]).with_values(
+            state_types=Value(("minimax_index_k",), "SGLang's MiniMaxSparseKVPool"))
+        run = ContractRun(prefill, endpoint_of(sides[1]), sides[0], sides[1], "test")
+        findings, unknowns = send_extra_row(run)
+        report = Report.of(findings, {"function": "test"})
+        self.assertEqual(unknowns, [])
+        if sglang_release() >= Version("0.5.23"):
+            self.assertEqual(report.codes, ())
+            return
+        self.assertEqual(report.codes, ("DSV4G041",))
+        message = findings[0].host_message or ""
+        self.assertTrue(message.startswith("PD disagg: heterogeneous TP not supported for "
+                                           "MiniMax"), message)
+        self.assertIn("Transfer thread failed", findings[0].when)
+        self.assertTrue(findings[0].fixes)
 
 
 class TestSendExtraParity(GuardTestCase):
