@@ -355,24 +355,31 @@ CODES: dict[str, CodeInfo] = {
         ),
         CodeInfo(
             "DSV4G040",
-            "different TP sizes for a non-MLA hybrid model's state",
+            "different attention TP sizes for a non-MLA model's state the release cannot "
+            "slice",
             "PD Disaggregation does NOT support PD different TP sizes for non-MLA {ST} "
             "hybrid models yet.",
-            "Mooncake and NIXL send a non-MLA hybrid model's state (SWA, Mamba, ...) per "
-            "request and refuse a different attention TP for the state types the release "
-            "cannot slice (SWA is sliced by heads from 0.5.22, except with pipeline "
-            "parallelism). Mooncake: the transfer worker thread exits and every request "
-            "sharded to its queue hangs; NIXL: each request fails.",
-            ("derived: the same attention TP on both servers, keeping GPU counts where "
-             "the release's attention-DP flags allow",),
+            "The prefill's Mooncake or NIXL transfer (`maybe_send_extra`) sends each state "
+            "type its KV pool registered, per request. For a non-MLA model with a different "
+            "attention TP on the decode it refuses a state type it cannot slice by heads: SWA "
+            "(gpt-oss and other sliding-window models) before 0.5.22; from 0.5.22 SWA is "
+            "sliced, except with pipeline parallelism on the prefill (`... non-MLA SWA "
+            "hybrid models with pipeline parallelism yet.`). MLA models are never refused. "
+            "Mooncake: the transfer worker thread exits (\"Transfer thread failed ... "
+            "Prefill instance ... is dead.\") and every request sharded to its queue hangs; "
+            "NIXL: each request fails. MORI's own check is DSV4G006.",
+            ("derived: the same attention TP on both servers (by attention DP, keeping the "
+             "GPU count, where the release's flags allow), or the prefill's --pp-size 1",),
         ),
         CodeInfo(
             "DSV4G041",
             "different attention TP sizes with a MiniMax sparse model",
             "PD disagg: heterogeneous TP not supported for MiniMax sparse index yet.",
-            "MiniMax sparse index (and, 0.5.23, dense KV) state cannot be resliced by "
-            "head: every release refuses a different attention TP, per request in the "
-            "transfer path (0.5.23 also at decode's first contact).",
+            "MiniMax sparse index state (0.5.21+: `... for MiniMax state yet.`, dense KV "
+            "too) cannot be resliced by head: every release refuses a different attention TP "
+            "per request in Mooncake's and NIXL's transfer; 0.5.23 refuses it already at "
+            "decode's first contact (`MiniMax sparse PD requires matching attention TP "
+            "sizes`), reported by that row.",
             ("derived: the same attention TP on both servers",),
         ),
         CodeInfo(
@@ -381,38 +388,45 @@ CODES: dict[str, CodeInfo] = {
             "NIXL PD transfer does not support HiSparse combined with decode-only "
             "speculative decoding.",
             "NIXL's registration of a decode peer (`_prepare_payload_xfer`) refuses a "
-            "decode with HiSparse and a draft KV pool the prefill does not send: the "
-            "prefill's bootstrap thread dies and every request to that rank times out.",
-            ("derived: speculative decoding on both servers or neither, HiSparse off, or "
-             "the Mooncake backend",),
+            "decode with HiSparse (KV in host memory) and a draft KV pool the prefill does "
+            "not send (speculative decoding on the decode only): the prefill's bootstrap "
+            "thread dies and every request to that rank times out. NIXL stores the peer "
+            "before it raises, so the rank looks registered.",
+            ("derived: HiSparse off on the decode, or the Mooncake backend on both servers; "
+             "the same speculative flags on both servers also registers",),
         ),
         CodeInfo(
             "DSV4G043",
             "NIXL heterogeneous-TP transfer into decode host memory",
             "NIXL heterogeneous-TP direct-to-host KV transfer is not implemented safely yet",
             "NIXL's registration refuses a non-MLA pair with different attention TP whose "
-            "decode receives into host memory (HiSparse): the prefill's bootstrap thread "
-            "dies and every request to that rank times out.",
-            ("derived: the same attention TP, or HiSparse off on the decode",),
+            "decode receives its KV into host memory (HiSparse): the prefill's bootstrap "
+            "thread dies and every request to that rank times out.",
+            ("derived: the same attention TP on both servers, or HiSparse off on the decode",),
         ),
         CodeInfo(
             "DSV4G044",
-            "HiSparse device-only PD transfer needs the Mooncake backend",
+            "HiSparse on the decode needs the Mooncake transfer backend",
             "HiSparse device-only PD transfer currently requires the Mooncake backend",
-            "A decode with HiSparse and a DeepSeek-V4 or draft pool fails its first request "
-            "unless the transfer backend is Mooncake (`pop_preallocated`, 0.5.22+): the "
-            "decode server exits.",
+            "The decode's first request (`pop_preallocated`) raises when HiSparse is on and "
+            "the transfer backend is not Mooncake: for a DeepSeek-V4 pool from 0.5.17 (`DSV4 "
+            "HiSparse direct PD transfer currently requires the Mooncake backend`), for a "
+            "DeepSeek-V4 or a draft pool from 0.5.22. The decode server exits.",
             ("derived: --disaggregation-transfer-backend mooncake on both servers, or "
-             "HiSparse off",),
+             "HiSparse off on the decode",),
         ),
         CodeInfo(
             "DSV4G045",
-            "prefill and decode have different metadata buffer counts",
-            "peer ... aux buffer count mismatch",
-            "The two servers allocate different numbers of metadata (aux) buffers "
-            "(SGLANG_ENABLE_DISAGG_SAMPLING_MASK, --disaggregation-enable-kv-checksum on "
-            "one side). SGLang logs it at registration from 0.5.23; 0.5.20 to 0.5.22 "
-            "transfer on with misaligned metadata, silently.",
+            "prefill and decode register different numbers of metadata buffers",
+            "Decode ... registered N metadata buffers but this prefill has M; ...",
+            "The two servers' metadata (aux) buffers pair up by position. "
+            "SGLANG_ENABLE_DISAGG_SAMPLING_MASK on one server only (read from 0.5.20) adds "
+            "three buffers in the middle of the list: every later one (speculative top-k, "
+            "hidden states, the bootstrap room) is read from the wrong slot, an error. "
+            "--disaggregation-enable-kv-checksum on one server only (0.5.21+) adds the last "
+            "buffer: harmless in practice (decode skips verification without a digest), a "
+            "warning. 0.5.23 logs the mismatch when a decode rank registers "
+            "(`check_peer_aux_buffer_count`); 0.5.20 to 0.5.22 transfer on silently.",
             ("derived: the variable or flag set (or unset) as on the other server",),
         ),
         CodeInfo(

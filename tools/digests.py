@@ -55,6 +55,17 @@ def package_dir(path: Path, scratch: Path) -> Path:
     sys.exit(f"{path}: not a wheel, a site directory holding sglang/, or the sglang package")
 
 
+def package_and_release(parser: argparse.ArgumentParser, path: Path, release: str | None,
+                        scratch: Path) -> tuple[Path, str]:
+    """The ``sglang`` package of ``path`` (unzipped into ``scratch`` for a wheel) and its
+    release: ``release`` when given, else the one its ``_version.py`` names."""
+    package = package_dir(path, scratch)
+    found = release or code_version(package)
+    if found is None:
+        parser.error(f"{path}: no sglang/_version.py; name the release with --release")
+    return package, found
+
+
 def patched_package(package: Path, release: str, scratch: Path) -> Path:
     """A copy of what the code digests read from ``package``, with ``release``'s series
     from ``patches/`` applied."""
@@ -97,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         except InvalidVersion:
             parser.error(f"--release: {args.release!r} is not a release number like 0.5.24")
     with tempfile.TemporaryDirectory() as scratch:
-        package = package_dir(args.path, Path(scratch))
-        release = args.release or code_version(package)
-        if release is None:
-            parser.error(f"{args.path}: no sglang/_version.py; name the release with --release")
+        package, release = package_and_release(parser, args.path, args.release, Path(scratch))
         if args.patched:
             package = patched_package(package, release, Path(scratch))
         parts = {key: [p.digest, p.what] for key, p in digest_tree(package).items()}

@@ -66,7 +66,8 @@ PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sgla
                   "test_autoshare::TestAutoshareHidesNothing::test_other_rejections_unchanged",
                   "test_check_fix_property::TestCheckFixProperty::test_fixed_lines_pass_or_say_no_flag_fix",
                   "test_fixes_runtime::TestFlagsAccepted::test_every_flag_accepted",
-                  "test_pd_conditions::TestParityWithSGLang::test_runner_agrees_with_one_real_call")
+                  "test_pd_conditions::TestParityWithSGLang::test_runner_agrees_with_one_real_call",
+                  "test_pd_transfer::TestSendExtraParity::test_parity")
 # Property tests that draw a fixed, small number of examples whatever the profile (each
 # example costs several SGLang resolutions), with that number.
 FIXED_EXAMPLES = {

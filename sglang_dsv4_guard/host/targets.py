@@ -35,17 +35,25 @@ __all__ = [
     "MORI_TARGETS",
     "PD_BASE_MODULE",
     "PD_COMMON_MANAGER",
+    "PD_AUX_COUNT",
     "PD_COMMON_MODULE",
     "PD_DECODE_MODULE",
     "PD_DSV4_LAYOUT",
     "PD_DSV4_POOL_MODULE",
     "PD_FIRST_CONTACT",
     "PD_KV_DTYPE",
+    "PD_HEAD_SLICE",
+    "PD_METADATA_BUFFERS",
     "PD_MOONCAKE_MODULE",
+    "PD_MOONCAKE_SEND_EXTRA",
     "PD_NIXL_MODULE",
     "PD_RELAYOUT",
     "PD_SERVER_INFO",
     "PD_STATE_TYPE",
+    "PD_NIXL_PAYLOAD",
+    "PD_NIXL_SEND_EXTRA",
+    "PD_POP_PREALLOCATED",
+    "PD_STATE_TYPE_MODULE",
     "POOL_ATTRS",
     "POOL_REGISTER",
     "POOL_REGISTER_TARGET",
@@ -146,6 +154,16 @@ PD_KV_DTYPE = PatchTarget("sglang.srt.mem_cache.kv_cache_dtype", "configure_kv_c
 #: The DeepSeek-V4 pool's PD KV layout (0.5.23): its selector and the pool method.
 PD_DSV4_POOL_MODULE = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 PD_DSV4_LAYOUT = PatchTarget(PD_DSV4_POOL_MODULE, "select_dsv4_kv_layout")
+#: The transfer-time rows (``pd/transfer.py``, ``host/pd_digests.py``): the functions
+#: whose conditions are digested and evaluated, and the ones called on half-built objects.
+PD_STATE_TYPE_MODULE = "sglang.srt.disaggregation.base.conn"
+PD_MOONCAKE_SEND_EXTRA = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.maybe_send_extra")
+PD_NIXL_SEND_EXTRA = PatchTarget(PD_NIXL_MODULE, "NixlKVManager.maybe_send_extra")
+PD_HEAD_SLICE = PatchTarget(PD_COMMON_MODULE, "CommonKVManager._get_mha_head_slice_blocks")
+PD_NIXL_PAYLOAD = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_payload_xfer")
+PD_POP_PREALLOCATED = PatchTarget(PD_DECODE_MODULE, "DecodePreallocQueue.pop_preallocated")
+PD_AUX_COUNT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.check_peer_aux_buffer_count")
+PD_METADATA_BUFFERS = PatchTarget("sglang.srt.disaggregation.utils", "MetadataBuffers")
 ENVIRON_MODULE = "sglang.srt.environ"
 
 REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"

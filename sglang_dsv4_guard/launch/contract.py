@@ -14,6 +14,12 @@ from dataclasses import dataclass
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import endpoint_of
+from sglang_dsv4_guard.launch.transfer import (
+    aux_row,
+    hisparse_backend_row,
+    nixl_payload_row,
+    send_extra_row,
+)
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
@@ -38,7 +44,10 @@ class ContractRun:
 
 # name -> (run -> (findings, unknowns)). A row that cannot be judged on this release says
 # so in its unknowns; it never guesses.
-ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {}
+ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
+    "transfer.send_extra": send_extra_row, "transfer.aux_buffers": aux_row,
+    "transfer.nixl_payload": nixl_payload_row, "transfer.hisparse_backend": hisparse_backend_row,
+}
 
 
 def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = True

@@ -173,13 +173,6 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
         if run.build_error:
             notes.append(f"{run.role}: SGLang's DeepSeekV4TokenToKVPool refused the values the "
                          f"flags imply, so its state check was not run: {run.build_error}")
-    if prefill.transfer_backend == decode.transfer_backend != "mori" and prefill.swa_state \
-            and prefill.attn_tp_size != decode.attn_tp_size:
-        notes.append(f"{prefill.transfer_backend}: attention TP differs "
-                     f"({prefill.attn_tp_size} vs {decode.attn_tp_size}) for a non-MLA SWA "
-                     "model; this backend's own rules for sliced SWA state apply (Mooncake "
-                     "and NIXL reject it before SGLang 0.5.22, slice it by heads from 0.5.22); "
-                     "DSV4G006 is MORI's check only")
     for side in (prefill, decode):
         if side.args.machine_refusal is not None:
             notes.append(f"{side.role}: SGLang's resolution of these flags failed on this "

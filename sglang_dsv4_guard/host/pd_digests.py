@@ -1,0 +1,249 @@
+"""Conditions of SGLang's transfer-time prefill/decode checks: located, digested, evaluated.
+
+Some of SGLang's comparisons of the two servers sit inside a transfer thread that cannot
+be driven on CPU (Mooncake's and NIXL's ``maybe_send_extra``). For those the guard reads
+the installed release's source (parsed, never imported: ``mooncake/conn.py`` needs
+``prometheus_client``), finds the check (a ``raise`` whose message holds a phrase, or a
+call to a method) and takes its *site*: the tests of every enclosing ``if`` (and which
+branch it sits in) and the assignments before it that those tests read. The site is
+digested (``ast.dump`` without positions, :mod:`.digests`' helpers) and, where the digest is
+one a known release has (``pd_digests.json``, written by ``tools/pd_digests.py``), its own
+tests are evaluated on the values the two launch lines imply: SGLang's condition, not a
+re-derivation of it. A site whose digest no known release has is not judged.
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import functools
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sglang_dsv4_guard.host.digests import MISSING, _digest, _find, _in_order, read_module
+from sglang_dsv4_guard.host.targets import (
+    PD_FIRST_CONTACT,
+    PD_HEAD_SLICE,
+    PD_MOONCAKE_SEND_EXTRA,
+    PD_NIXL_PAYLOAD,
+    PD_NIXL_SEND_EXTRA,
+    PD_POP_PREALLOCATED,
+    PatchTarget,
+)
+
+__all__ = ["PD_DIGESTS_FILE", "SITES", "Located", "NotJudged", "SiteSpec", "digest_pd_tree",
+           "known_releases", "locate", "row_releases"]
+
+PD_DIGESTS_FILE = Path(__file__).with_name("pd_digests.json")
+
+
+class NotJudged(Exception):
+    """A site that cannot be evaluated here (absent, changed, or reading a value the guard
+    does not give it); the message says which."""
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """A check in SGLang: the function, and the phrase its raised message holds (or, with
+    ``call``, the method it calls there)."""
+
+    key: str
+    target: PatchTarget
+    phrase: str = ""
+    call: str = ""
+
+
+SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
+    SiteSpec("mooncake.hetero_tp", PD_MOONCAKE_SEND_EXTRA,
+             phrase="different TP sizes for non-MLA"),
+    SiteSpec("mooncake.swa_slice", PD_MOONCAKE_SEND_EXTRA, call="_send_swa_state_slice"),
+    SiteSpec("mooncake.minimax", PD_MOONCAKE_SEND_EXTRA, phrase="heterogeneous TP not supported for MiniMax"),
+    SiteSpec("mooncake.minimax_pp", PD_MOONCAKE_SEND_EXTRA,
+             phrase="PP>1 not supported for MiniMax"),
+    SiteSpec("nixl.hetero_tp", PD_NIXL_SEND_EXTRA, phrase="different TP sizes for non-MLA"),
+    SiteSpec("nixl.swa_slice", PD_NIXL_SEND_EXTRA, call="_send_swa_state_slice"),
+    SiteSpec("nixl.minimax", PD_NIXL_SEND_EXTRA, phrase="heterogeneous TP not supported for MiniMax"),
+    SiteSpec("nixl.minimax_pp", PD_NIXL_SEND_EXTRA, phrase="PP>1 not supported for MiniMax"),
+    SiteSpec("head_slice.pp", PD_HEAD_SLICE, phrase="pipeline parallelism"),
+    SiteSpec("nixl.hisparse_spec", PD_NIXL_PAYLOAD, phrase="decode-only speculative"),
+    SiteSpec("nixl.direct_to_host", PD_NIXL_PAYLOAD, phrase="direct-to-host"),
+    SiteSpec("decode.hisparse_mooncake", PD_POP_PREALLOCATED, phrase="requires the"),
+    SiteSpec("first_contact.minimax", PD_FIRST_CONTACT,
+             phrase="MiniMax sparse PD requires matching attention TP"),
+)}
+
+
+@dataclass(frozen=True)
+class Located:
+    """One found check: its statement, the enclosing tests with the branch each must take,
+    the assignments before it the tests read, and the class's methods they call."""
+
+    spec: SiteSpec
+    node: ast.stmt
+    chain: tuple[tuple[ast.expr, bool], ...]
+    assigns: tuple[ast.Assign, ...]
+    methods: tuple[ast.FunctionDef, ...]
+    filename: str
+
+    @property
+    def digest(self) -> str:
+        """The site's digest: tests, branches, assignments, methods and the statement."""
+        marks = [n for test, wanted in self.chain for n in (test, ast.Constant(wanted))]
+        return _digest(*marks, *self.assigns, *self.methods, self.node)
+
+    def holds(self, names: Mapping[str, Any]) -> bool:
+        """Whether the check's statement runs for ``names`` (``self``, ``st`` ...): the
+        assignments it depends on run, then every enclosing test is evaluated in order.
+        Raises :class:`NotJudged` when a test reads what ``names`` does not give."""
+        scope = self._scope(names)
+        return all(bool(self._eval(test, scope)) == wanted for test, wanted in self.chain)
+
+    def message(self, names: Mapping[str, Any]) -> str:
+        """What the check raises for ``names``, built by its own expression."""
+        if not isinstance(self.node, ast.Raise) or self.node.exc is None:
+            return ""
+        return str(self._eval(self.node.exc, self._scope(names)))
+
+    def _scope(self, names: Mapping[str, Any]) -> dict[str, Any]:
+        scope = dict(names)
+        for assign in self.assigns:
+            target = assign.targets[0]
+            if isinstance(target, ast.Name) and target.id not in names:
+                try:
+                    scope[target.id] = self._eval(assign.value, scope)
+                except NotJudged:
+                    scope.pop(target.id, None)
+        owner = scope.get("self")
+        for method in self.methods:
+            module = ast.Module(body=[method], type_ignores=[])
+            local: dict[str, Any] = {}
+            exec(compile(module, self.filename, "exec",
+                         flags=__future__.annotations.compiler_flag, dont_inherit=True),
+                 scope, local)
+            if owner is not None:
+                setattr(owner, method.name, local[method.name].__get__(owner))
+        return scope
+
+    def _eval(self, node: ast.expr, scope: dict[str, Any]) -> Any:
+        try:
+            code = compile(ast.Expression(body=node), self.filename, "eval")
+            return eval(code, scope)
+        except Exception as exc:  # a value the guard does not give it: not judged
+            raise NotJudged(f"{self.spec.target}: {ast.unparse(node)[:120]} reads what "
+                            f"the guard does not derive ({type(exc).__name__}: {exc})") from exc
+
+
+def _with_children(node: ast.AST) -> Iterator[ast.AST]:
+    yield node
+    yield from _in_order(node)
+
+
+def _names_read(nodes: Sequence[ast.AST]) -> set[str]:
+    return {n.id for node in nodes for n in _with_children(node) if isinstance(n, ast.Name)}
+
+
+def _matches(spec: SiteSpec, stmt: ast.stmt) -> bool:
+    if spec.phrase:
+        return isinstance(stmt, ast.Raise) and any(
+            isinstance(n, ast.Constant) and isinstance(n.value, str) and spec.phrase in n.value
+            for n in _in_order(stmt))
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == spec.call for n in _in_order(stmt))
+
+
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try,
+             ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _walk(body: list[ast.stmt], spec: SiteSpec, chain: tuple[tuple[ast.expr, bool], ...],
+          seen: tuple[ast.Assign, ...]) -> Iterator[tuple[ast.stmt, tuple[tuple[ast.expr, bool],
+                                                                          ...],
+                                                          tuple[ast.Assign, ...]]]:
+    """Every simple statement of ``body`` matching ``spec``, with its tests and the simple
+    assignments (one name) that come before it in the blocks enclosing it."""
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            yield from _walk(stmt.body, spec, (*chain, (stmt.test, True)), seen)
+            yield from _walk(stmt.orelse, spec, (*chain, (stmt.test, False)), seen)
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue  # a nested definition runs when called, not here
+        elif isinstance(stmt, _COMPOUND):
+            blocks = [getattr(stmt, "body", []), getattr(stmt, "orelse", []),
+                      getattr(stmt, "finalbody", [])]
+            blocks += [h.body for h in getattr(stmt, "handlers", [])]
+            for block in blocks:
+                yield from _walk(block, spec, chain, seen)
+        elif _matches(spec, stmt):
+            yield stmt, chain, seen
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                and isinstance(stmt.targets[0], ast.Name):
+            seen = (*seen, stmt)
+
+
+def _needed(chain: Sequence[tuple[ast.expr, bool]], node: ast.stmt,
+            seen: Sequence[ast.Assign]) -> tuple[ast.Assign, ...]:
+    """The assignments (last of each name, transitively) that the tests (and a raise's
+    message) read."""
+    wanted = _names_read([t for t, _ in chain] + ([node] if isinstance(node, ast.Raise) else []))
+    kept: list[ast.Assign] = []
+    for assign in reversed(seen):
+        name = assign.targets[0].id  # type: ignore[attr-defined]
+        if name in wanted and all(k.targets[0].id != name  # type: ignore[attr-defined]
+                                  for k in kept):
+            kept.append(assign)
+            wanted |= _names_read([assign.value])
+    return tuple(reversed(kept))
+
+
+def _self_methods(cls: ast.ClassDef, nodes: Sequence[ast.AST]) -> tuple[ast.FunctionDef, ...]:
+    called = {n.func.attr for node in nodes for n in _with_children(node)
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"}
+    return tuple(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name in called)
+
+
+def locate(package_dir: Path, spec: SiteSpec) -> Located | None:
+    """The first statement of ``spec``'s function matching it; ``None`` when the function
+    or the check is absent from the release. Raises
+    :class:`~.digests.UnreadableSource` for a file that cannot be parsed."""
+    module = read_module(package_dir, spec.target.path)
+    owner, method = spec.target.qualname.split(".")
+    cls = _find(module.body, owner) if module else None
+    fn = _find(cls.body, method) if isinstance(cls, ast.ClassDef) else None
+    if not isinstance(cls, ast.ClassDef) or not isinstance(fn, ast.FunctionDef):
+        return None
+    for node, chain, seen in _walk(fn.body, spec, (), ()):
+        assigns = _needed(chain, node, seen)
+        tests: list[ast.AST] = [t for t, _ in chain]
+        methods = _self_methods(cls, [*tests, *(a.value for a in assigns)])
+        return Located(spec, node, chain, assigns, methods,
+                       str(package_dir / spec.target.path))
+    return None
+
+
+def digest_pd_tree(package_dir: Path) -> dict[str, str]:
+    """Every site's digest in the ``sglang`` package at ``package_dir`` (``missing`` for
+    one the release does not have)."""
+    found = {key: locate(package_dir, spec) for key, spec in SITES.items()}
+    return {key: site.digest if site else MISSING for key, site in found.items()}
+
+
+@functools.lru_cache(maxsize=4)
+def known_releases(path: Path = PD_DIGESTS_FILE) -> dict[str, dict[str, str]]:
+    """``{release: {site key: digest}}`` as stored."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): dict(v) for k, v in data.get("releases", {}).items()}
+
+
+def row_releases(found: Mapping[str, str], keys: Sequence[str],
+                 known: Callable[[], dict[str, dict[str, str]]] = known_releases
+                 ) -> list[str]:
+    """The known releases whose digests of ``keys`` are all those ``found``."""
+    return [release for release, stored in known().items()
+            if all(stored.get(k) == found.get(k) for k in keys)]

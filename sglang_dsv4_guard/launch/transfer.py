@@ -1,0 +1,282 @@
+"""``check``'s transfer-time contract rows (DSV4G040, DSV4G041, DSV4G045) and the values
+they read.
+
+- DSV4G040/041: the prefill's Mooncake/NIXL ``maybe_send_extra`` on each state type its
+  pool registers (:mod:`.state_types`), evaluated with SGLang's own conditions
+  (:mod:`sglang_dsv4_guard.pd.transfer`);
+- DSV4G045: the two servers' metadata buffer counts, by SGLang's own ``MetadataBuffers``
+  and (0.5.23) ``check_peer_aux_buffer_count`` (:mod:`sglang_dsv4_guard.pd.buffers`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, digest_pd_tree, locate, row_releases
+from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.launch import state_types as _state_types  # registers its contributor
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
+from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
+from sglang_dsv4_guard.pd.transfer import BACKENDS, StateVerdict, send_extra_verdicts
+from sglang_dsv4_guard.pd.when import Phase, when_text
+
+__all__ = ["SAMPLING_MASK", "aux_row", "hisparse_backend_row", "nixl_payload_row",
+           "send_extra_row"]
+
+del _state_types
+SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
+
+
+class ContractRun(Protocol):
+    """What a row reads of :class:`~.contract.ContractRun` (which imports this module)."""
+
+    @property
+    def prefill(self) -> Endpoint: ...
+    @property
+    def decode(self) -> Endpoint: ...
+    @property
+    def prefill_side(self) -> Side: ...
+    @property
+    def decode_side(self) -> Side: ...
+    @property
+    def derive(self) -> bool: ...
+
+
+def _field(side: Side, name: str) -> Any:
+    """A field the contract's parse does not keep: from the resolved ``ServerArgs``, else
+    (resolution did not complete) whether the line typed it (a switch) or its typed value."""
+    if side.args.server_args is not None:
+        return getattr(side.args.server_args, name, None)
+    typed = typed_flags(list(side.args.argv)).get(name)
+    return None if typed is None else (typed[1] if typed[1] is not None else True)
+
+
+def _aux(side: Side, checksum: bool | None = None) -> int:
+    with offline_env(side.args.env):
+        return aux_buffer_count(bool(_field(side, "disaggregation_enable_kv_checksum"))
+                                if checksum is None else checksum,
+                                _field(side, "sampling_mask_max_tokens"))
+
+
+def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+    del values
+    a = side.args
+    mask = a.env.get(SAMPLING_MASK)
+    return {
+        "aux_buffer_count": Value(_aux(side), (
+            "SGLang's MetadataBuffers(...).get_buf_infos() built on CPU with this server's "
+            f"{SAMPLING_MASK}" + (f"={mask}" if mask is not None else " (unset)")
+            + " and " + field_source(side, "disaggregation_enable_kv_checksum",
+                                     "--disaggregation-enable-kv-checksum"))),
+        "kv_checksum": Value(bool(_field(side, "disaggregation_enable_kv_checksum")), field_source(
+            side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
+        "sampling_mask_env": Value(mask, f"{SAMPLING_MASK} in the server's environment"
+                                   if mask is not None else f"{SAMPLING_MASK} not set"),
+        "enable_hisparse": Value(bool(_field(side, "enable_hisparse")),
+                                 field_source(side, "enable_hisparse", "--enable-hisparse")),
+    }
+
+
+CONTRIBUTORS.append(_contribute)
+
+
+def _tp_fixes(run: ContractRun, pp: bool) -> tuple[Fix, ...]:
+    if not run.derive:
+        return ()
+    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+    found: list[Fix | None] = list(attention_tp_fixes(run.prefill_side, run.decode_side))
+    pp_flag = flag_for_field("pp_size")
+    if pp and pp_flag is not None:
+        found.insert(0, Fix(FixKind.FLAGS, "run the prefill without pipeline parallelism "
+                                           "(head-sliced SWA transfer needs PP 1)",
+                            field="pp_size", edits=(Edit("prefill", pp_flag.option, "1"),)))
+    kept = [accepted_fix(f, sides) for f in found]
+    return tuple(f for f in kept if f is not None)
+
+
+def _send_extra_finding(run: ContractRun, backend: str, verdict: StateVerdict) -> Finding:
+    p, d = run.prefill, run.decode
+    pp = "pipeline parallelism" in verdict.message
+    info = CODES[verdict.code]
+    names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else [])]
+    return Finding(
+        code=verdict.code, severity=Severity.ERROR, summary=info.title,
+        subject=f"prefill -> decode {backend} transfer of the {verdict.state_type} state",
+        observations=(*(p.observation(n) for n in names), d.observation("attn_tp_size"),
+                      p.observation("transfer_backend"), d.observation("transfer_backend")),
+        details=(f"SGLang's {verdict.function} raises it on the prefill for every request "
+                 f"that carries {verdict.state_type} state: the prefill has attention TP "
+                 f"{p.get('attn_tp_size')}, the decode {d.get('attn_tp_size')}",),
+        fixes=_tp_fixes(run, pp), docs=docs_url(verdict.code), host_message=verdict.message,
+        when=when_text(Phase.PER_REQUEST, backend, run.prefill_side.args.env))
+
+
+def _first_contact_minimax() -> bool:
+    """Whether decode's first contact already refuses MiniMax with different attention TP
+    (0.5.23: then pd-contact's row reports it, not this one)."""
+    package = imported_package_dir()
+    return package is not None and locate(package, SITES["first_contact.minimax"]) is not None
+
+
+def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G040/DSV4G041 for the pair."""
+    p, d = run.prefill, run.decode
+    backend = p.get("transfer_backend")
+    if backend != d.get("transfer_backend") or backend not in BACKENDS:
+        return [], []
+    package = imported_package_dir()
+    if package is None:
+        return [], ["DSV4G040: not judged: the imported SGLang's source was not found"]
+    if not p.has("state_types"):
+        if p.get("attn_tp_size") != d.get("attn_tp_size") and not p.get("is_mla_backend"):
+            return [], [f"DSV4G040 ({backend}): not judged: the state types of the prefill's "
+                        "pool (a pool this check does not build) are not known, and attention "
+                        f"TP differs ({p.get('attn_tp_size')} vs {d.get('attn_tp_size')})"]
+        return [], []
+    verdicts, unknowns = send_extra_verdicts(p, d, backend, package, p.get("state_types"))
+    skip_minimax = _first_contact_minimax()
+    findings = [_send_extra_finding(run, backend, v) for v in verdicts
+                if not (v.code == "DSV4G041" and skip_minimax)]
+    return findings, unknowns
+
+
+def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G045: metadata buffer counts that differ."""
+    p, d = run.prefill, run.decode
+    local, remote = int(p.get("aux_buffer_count")), int(d.get("aux_buffer_count"))
+    if local == remote:
+        return [], []
+    checksum_only = _aux(run.prefill_side, bool(d.get("kv_checksum"))) == remote
+    try:
+        logged = peer_count_log(local, remote)
+    except AttributeError:  # a release without the check: nothing is logged
+        logged = None
+    backend = str(p.get("transfer_backend"))
+    info = CODES["DSV4G045"]
+    details = [
+        "only the first "
+        f"{min(local, remote)} buffers are transferred; "
+        + ("the extra one is the KV checksum, the last: decode skips verification without a "
+           "digest, so transfers stay correct in practice (a warning, not an error)"
+           if checksum_only else
+           f"{SAMPLING_MASK} on one server adds buffers in the middle of the list: every "
+           "later buffer (speculative top-k, hidden states, the bootstrap room) is read "
+           "from the wrong slot")]
+    fixes: list[Fix] = []
+    if run.derive:
+        fixes = _aux_fixes(run, checksum_only)
+    return [Finding(
+        code="DSV4G045", severity=Severity.WARNING if checksum_only else Severity.ERROR,
+        summary=info.title, subject="prefill and decode metadata buffers",
+        observations=tuple(e.observation(n) for n in ("aux_buffer_count", "sampling_mask_env",
+                                                        "kv_checksum") for e in (p, d)),
+        details=tuple(details), fixes=tuple(fixes), docs=docs_url("DSV4G045"),
+        host_message=logged,
+        when=when_text(Phase.SILENT, backend, run.prefill_side.args.env,
+                       logged=logged is not None))], []
+
+
+def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
+    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+    found: list[Fix | None] = []
+    for src, dst in (("prefill", "decode"), ("decode", "prefill")):
+        s, t = sides[src], sides[dst]
+        if not checksum_only and s.args.env.get(SAMPLING_MASK) != t.args.env.get(SAMPLING_MASK):
+            value = s.args.env.get(SAMPLING_MASK)
+            edit = (Edit(dst, SAMPLING_MASK, remove=True, env=True) if value is None
+                    else Edit(dst, SAMPLING_MASK, value, env=True))
+            found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s "
+                                            f"{SAMPLING_MASK}", field="sampling_mask_env",
+                             edits=(edit,)))
+        flag = flag_for_field("disaggregation_enable_kv_checksum")
+        on = bool(_field(s, "disaggregation_enable_kv_checksum"))
+        if flag is not None and on != bool(_field(t, "disaggregation_enable_kv_checksum")):
+            found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s KV checksum "
+                                            "setting", field="kv_checksum",
+                             edits=(Edit(dst, flag.option, remove=not on),)))
+    return [f for f in (accepted_fix(f, sides) for f in found) if f is not None]
+
+
+def _changed(keys: tuple[str, ...], code: str) -> str | None:
+    """The unknowns line when the imported release's sites ``keys`` match no known one."""
+    package = imported_package_dir()
+    if package is None:
+        return f"{code}: not judged: the imported SGLang's source was not found"
+    if row_releases(digest_pd_tree(package), keys):
+        return None
+    targets = sorted({str(SITES[k].target) for k in keys})
+    return (f"{code}: not judged: SGLang's {' / '.join(targets)} differs from every release "
+            "this guard knows")
+
+
+def _hisparse_fixes(run: ContractRun, tp: bool) -> tuple[Fix, ...]:
+    if not run.derive:
+        return ()
+    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+    found: list[Fix | None] = list(attention_tp_fixes(run.prefill_side, run.decode_side)
+                                   if tp else [])
+    hisparse, backend = flag_for_field("enable_hisparse"), flag_for_field(
+        "disaggregation_transfer_backend")
+    if hisparse is not None:
+        found.append(Fix(FixKind.FLAGS, "run the decode without HiSparse", field="enable_hisparse",
+                         edits=(Edit("decode", hisparse.option, remove=True),)))
+    if backend is not None and not tp:
+        found.append(Fix(FixKind.FLAGS, "use the Mooncake transfer backend on both servers",
+                         field="transfer_backend", edits=tuple(
+                             Edit(role, backend.option, "mooncake") for role in sides)))
+    return tuple(f for f in (accepted_fix(f, sides) for f in found) if f is not None)
+
+
+def _hisparse_finding(run: ContractRun, verdict: NixlVerdict, phase: Phase) -> Finding:
+    p, d = run.prefill, run.decode
+    info = CODES[verdict.code]
+    names = ("transfer_backend", "enable_hisparse", "speculative_algorithm", "is_dsv4",
+             *(("attn_tp_size", "is_mla_backend") if verdict.code == "DSV4G043" else ()))
+    return Finding(
+        code=verdict.code, severity=Severity.ERROR, summary=info.title,
+        subject="decode server HiSparse transfer", observations=tuple(
+            e.observation(n) for n in names for e in (p, d)),
+        details=(f"SGLang's {verdict.function} raises it; the decode's HiSparse KV is in "
+                 "host memory (DRAM), its draft's on the GPU (the memory kinds NIXL reads "
+                 "from the registration, as HiSparse allocates them)",),
+        fixes=_hisparse_fixes(run, verdict.code == "DSV4G043"), docs=docs_url(verdict.code),
+        host_message=verdict.message,
+        when=when_text(phase, str(p.get("transfer_backend")), run.prefill_side.args.env))
+
+
+def nixl_payload_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G042/DSV4G043: NIXL's registration of the decode (both servers on NIXL)."""
+    p, d = run.prefill, run.decode
+    if not p.get("transfer_backend") == d.get("transfer_backend") == "nixl":
+        return [], []
+    changed = _changed(("nixl.hisparse_spec", "nixl.direct_to_host"), "DSV4G042/DSV4G043")
+    if changed:
+        return [], [changed]
+    verdict = payload_verdict(p, d)
+    return ([_hisparse_finding(run, verdict, Phase.REGISTRATION)] if verdict else []), []
+
+
+def hisparse_backend_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G044: the decode's first request with HiSparse off Mooncake."""
+    d = run.decode
+    if not d.get("enable_hisparse") or d.get("transfer_backend") == "mooncake":
+        return [], []
+    changed = _changed(("decode.hisparse_mooncake",), "DSV4G044")
+    package = imported_package_dir()
+    if changed or package is None:
+        return [], [changed or "DSV4G044: not judged"]
+    try:
+        verdict = hisparse_backend_verdict(d, package)
+    except NotJudged as exc:
+        return [], [f"DSV4G044: not judged: {exc}"]
+    return ([_hisparse_finding(run, verdict, Phase.FIRST_CONTACT)] if verdict else []), []

@@ -1,0 +1,73 @@
+"""The metadata (aux) buffers each server registers, counted by SGLang's own classes.
+
+The prefill and the decode each allocate ``MetadataBuffers`` and register the list
+``get_buf_infos`` gives; the transfer pairs them by position. A buffer enabled on one
+server only (``SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` from 0.5.20, whose three buffers sit in
+the middle of the list; ``--disaggregation-enable-kv-checksum`` from 0.5.21, whose buffer
+is last) shifts every later one. 0.5.23 logs it when the decode registers
+(``check_peer_aux_buffer_count``); earlier releases say nothing.
+
+The buffers are built for real on CPU with tiny sizes, in the server's environment (the
+caller applies it: SGLang reads the variable in the constructor).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+from sglang_dsv4_guard.host.targets import PD_AUX_COUNT, PD_METADATA_BUFFERS
+
+__all__ = ["aux_buffer_count", "peer_count_log"]
+
+_ROWS = 2
+
+
+def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None,
+                     dsa_topk_dim: int = 0) -> int:
+    """How many metadata buffers the release's ``MetadataBuffers`` registers for these
+    settings (the environment as it is now)."""
+    import torch
+
+    cls = getattr(importlib.import_module(PD_METADATA_BUFFERS.module),  # unscanned: targets
+                  PD_METADATA_BUFFERS.qualname)
+    wanted: dict[str, Any] = dict(
+        size=_ROWS, hidden_size=16, hidden_states_dtype=torch.float32,
+        max_sampling_mask_tokens=int(sampling_mask_tokens or 16),
+        output_dsa_topk_indices_dim=dsa_topk_dim, kv_checksum_enabled=kv_checksum)
+    params = inspect.signature(cls.__init__).parameters
+    buffers = cls(**{k: v for k, v in wanted.items() if k in params})
+    ptrs, _, _ = buffers.get_buf_infos()
+    return len(ptrs)
+
+
+def peer_count_log(local: int, remote: int) -> str | None:
+    """What the release's ``check_peer_aux_buffer_count`` logs when a decode with
+    ``remote`` buffers registers with a prefill with ``local`` ones (run on a half-built
+    manager); ``None`` when it logs nothing. Raises ``AttributeError`` on a release without
+    the check."""
+    module = importlib.import_module(PD_AUX_COUNT.module)  # unscanned: targets
+    owner, method = PD_AUX_COUNT.qualname.split(".")
+    cls = getattr(module, owner)
+    check = getattr(cls, method)
+    manager = object.__new__(cls)
+    manager.kv_args = SimpleNamespace(aux_data_ptrs=[0] * local)
+    records: list[logging.LogRecord] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = module.logger
+    handler, propagate, disabled = _Keep(logging.DEBUG), logger.propagate, logger.disabled
+    logger.addHandler(handler)
+    logger.propagate, logger.disabled = False, False
+    try:
+        check(manager, "<decode address>", remote)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate, logger.disabled = propagate, disabled
+    return records[0].getMessage() if records else None

@@ -1,0 +1,107 @@
+"""HiSparse on the decode: NIXL's registration (``_prepare_payload_xfer``, DSV4G042/043)
+and the decode's first request (``pop_preallocated``, DSV4G044).
+
+``_prepare_payload_xfer`` runs for real, on a half-built ``NixlKVManager`` (no agent: the
+checks come before any transfer handle is made) with the prefill's values and the decode's
+registration as the flags imply it: one KV region per target pool entry on each side, more
+on the decode when only it has a draft; the decode's regions in host memory (``DRAM``)
+with HiSparse, its draft's on the GPU. Past the checks, the function goes on to build
+transfer handles, which the half-built manager cannot: that is "accepted".
+
+``pop_preallocated``'s check sits in the decode's scheduler loop: its digested condition
+(:mod:`sglang_dsv4_guard.host.pd_digests`) is evaluated on a half-built queue.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sglang_dsv4_guard.host.pd_digests import SITES, locate
+from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
+from sglang_dsv4_guard.pd.endpoint import Endpoint
+
+__all__ = ["REGIONS", "NixlVerdict", "decode_kv_kinds", "hisparse_backend_verdict",
+           "payload_verdict"]
+
+REGIONS = 2  # KV regions of a target pool in the miniature registration
+_PHRASES = {"decode-only speculative": "DSV4G042", "direct-to-host": "DSV4G043"}
+
+
+@dataclass(frozen=True)
+class NixlVerdict:
+    """A refusal: the code, SGLang's message and the function that raised it."""
+
+    code: str
+    message: str
+    function: str
+
+
+def decode_kv_kinds(decode: Endpoint, decode_only_draft: bool) -> list[str]:
+    """The memory kinds of the decode's KV regions: host memory for the HiSparse target
+    pool, the GPU's for the rest (and for a draft pool)."""
+    target = "DRAM" if decode.get("enable_hisparse") else "VRAM"
+    return [target] * REGIONS + (["VRAM"] * REGIONS if decode_only_draft else [])
+
+
+def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
+    """SGLang's ``_prepare_payload_xfer`` on the pair's registration: its refusal, if any."""
+    module = importlib.import_module(PD_NIXL_PAYLOAD.module)  # unscanned: targets
+    owner, method = PD_NIXL_PAYLOAD.qualname.split(".")
+    cls = getattr(module, owner)
+    only_decode = bool(decode.get("speculative_algorithm")) and not prefill.get(
+        "speculative_algorithm")
+    kinds = decode_kv_kinds(decode, only_decode)
+    manager = object.__new__(cls)
+    manager.__dict__.update(
+        attn_tp_size=int(prefill.get("attn_tp_size")), src_mem_kind="VRAM",
+        is_mla_backend=bool(prefill.get("is_mla_backend")),
+        is_hybrid_mla_backend=bool(prefill.get("is_hybrid_mla_backend", False)),
+        prep_handles={}, kv_args=SimpleNamespace(
+            kv_item_lens=[64] * REGIONS, kv_data_mem_kinds=["VRAM"] * REGIONS,
+            kv_data_ptrs=[0] * REGIONS, kv_layer_ids=list(range(REGIONS)), gpu_id=0))
+    peer = SimpleNamespace(
+        dst_kv_item_lens=[64] * len(kinds), dst_kv_mem_kinds=kinds,
+        dst_kv_ptrs=[0] * len(kinds), decode_tp_size=int(decode.get("attn_tp_size")),
+        requires_dcp_relayout=False, agent_name="decode", gpu_id=0, dst_num_slots=None)
+    try:
+        getattr(cls, method)(manager, peer)
+    except NotImplementedError as exc:
+        for phrase, code in _PHRASES.items():
+            if phrase in str(exc):
+                return NixlVerdict(code, str(exc), str(PD_NIXL_PAYLOAD))
+        return None
+    except Exception:  # past the checks: the transfer handles this manager cannot build
+        return None
+    return None
+
+
+def _names(decode: Endpoint) -> dict[str, Any]:
+    pools = importlib.import_module(DSV4_POOL.module)  # unscanned: targets
+    pool_cls = getattr(pools, DSV4_POOL.qualname)
+    utils = importlib.import_module(STATE.module)  # unscanned: targets (TransferBackend)
+    backend = utils.TransferBackend(str(decode.get("transfer_backend")))
+    queue = SimpleNamespace(
+        scheduler=SimpleNamespace(enable_hisparse=bool(decode.get("enable_hisparse")),
+                                  server_args=None),
+        token_to_kv_pool=object.__new__(pool_cls) if decode.get("is_dsv4") else object(),
+        draft_token_to_kv_pool=object() if decode.get("speculative_algorithm") else None,
+        transfer_backend=backend)
+    return {"self": queue, "DeepSeekV4TokenToKVPool": pool_cls,
+            "TransferBackend": utils.TransferBackend, "decode_req": SimpleNamespace(req=None),
+            "_is_fake_transfer": lambda *args: False}
+
+
+def hisparse_backend_verdict(decode: Endpoint, package: Path) -> NixlVerdict | None:
+    """``pop_preallocated``'s HiSparse backend check for the decode; ``None`` when the
+    release has none or it holds not. Raises :class:`NotJudged`."""
+    site = locate(package, SITES["decode.hisparse_mooncake"])
+    if site is None:
+        return None
+    names = _names(decode)
+    if not site.holds(names):
+        return None
+    return NixlVerdict("DSV4G044", site.message(names), str(site.spec.target))

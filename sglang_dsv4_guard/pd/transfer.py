@@ -1,0 +1,116 @@
+"""Mooncake's and NIXL's per-request state transfer (``maybe_send_extra``): heterogeneous TP.
+
+The prefill's transfer sends each state type its pool registered; for a non-MLA model
+with a different attention TP on the decode, the release either refuses the state type
+("PD Disaggregation does NOT support PD different TP sizes for non-MLA {ST} hybrid models
+yet.", DSV4G040) or, from 0.5.22 for SWA, slices it by heads, which refuses pipeline
+parallelism in ``_get_mha_head_slice_blocks``. MiniMax sparse state refuses a different
+attention TP on every release (DSV4G041). These checks sit in a transfer thread that
+cannot be driven here, so the release's own conditions are evaluated
+(:mod:`sglang_dsv4_guard.host.pd_digests`) on a half-built manager carrying the prefill's
+values and the decode's registration: SGLang's tests, and SGLang's message.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
+from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
+from sglang_dsv4_guard.pd.endpoint import Endpoint
+
+__all__ = ["BACKENDS", "StateVerdict", "send_extra_verdicts", "site_keys"]
+
+#: The backends whose ``maybe_send_extra`` these rows read (MORI's is DSV4G006's).
+BACKENDS = ("mooncake", "nixl")
+
+
+@dataclass(frozen=True)
+class StateVerdict:
+    """What the prefill's transfer of one state type does for this decode."""
+
+    state_type: str
+    code: str  # DSV4G040 or DSV4G041
+    message: str  # SGLang's message, built by its own expression
+    function: str  # where it raises
+
+
+def site_keys(backend: str) -> tuple[str, ...]:
+    """The digested sites the row reads on ``backend``."""
+    return (f"{backend}.hetero_tp", f"{backend}.swa_slice", f"{backend}.minimax",
+            f"{backend}.minimax_pp", "head_slice.pp")
+
+
+def _state_type_enum() -> Any:
+    return importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+
+
+def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str, Any]:
+    """The names SGLang's conditions read, as the prefill's manager and the decode's
+    registration hold them."""
+    tp = int(prefill.get("attn_tp_size"))
+    manager = SimpleNamespace(
+        attn_tp_size=tp, state_tp_size=tp, is_mla_backend=bool(prefill.get("is_mla_backend")),
+        is_hybrid_mla_backend=bool(prefill.get("is_hybrid_mla_backend", False)),
+        pp_size=int(prefill.get("pp_size") or 1))
+    dst = int(decode.get("attn_tp_size"))
+    return {"self": manager, "st": st, "StateType": enum, "decode_tp_size": dst,
+            "target_rank_registration_info": SimpleNamespace(dst_attn_tp_size=dst,
+                                                             dst_tp_rank=0)}
+
+
+def _one(package: Path, backend: str, names: dict[str, Any]) -> StateVerdict | None:
+    """The refusal of one state type, if any. Raises :class:`NotJudged` where SGLang's
+    transfer refuses the state before the TP comparison for another reason (MiniMax with
+    PP > 1: a check of its own, not these rows')."""
+    st = str(names["st"].value)
+    before = locate(package, SITES[f"{backend}.minimax_pp"])
+    if before is not None and before.holds(names):
+        raise NotJudged(f"SGLang's {before.spec.target} refuses this state before comparing "
+                        f"TP sizes: {before.message(names)!r} (per request; a check these "
+                        "rows do not report)")
+    for key, code in ((f"{backend}.hetero_tp", "DSV4G040"), (f"{backend}.minimax", "DSV4G041")):
+        site = locate(package, SITES[key])
+        if site is not None and site.holds(names):
+            return StateVerdict(st, code, site.message(names), str(site.spec.target))
+    sliced = locate(package, SITES[f"{backend}.swa_slice"])
+    if sliced is None or not sliced.holds(names):
+        return None
+    pp = locate(package, SITES["head_slice.pp"])
+    if pp is not None and pp.holds({"self": names["self"]}):
+        return StateVerdict(st, "DSV4G040", pp.message({"self": names["self"]}),
+                            str(pp.spec.target))
+    return None
+
+
+def send_extra_verdicts(prefill: Endpoint, decode: Endpoint, backend: str, package: Path,
+                        state_types: Sequence[str]) -> tuple[list[StateVerdict], list[str]]:
+    """Each state type the prefill sends that SGLang's ``maybe_send_extra`` on ``backend``
+    refuses for this decode, and what could not be judged (a release whose sites differ
+    from every known one, a condition reading a value not derived)."""
+    found = {}
+    for key in site_keys(backend):
+        site = locate(package, SITES[key])
+        found[key] = site.digest if site is not None else "missing"
+    if not row_releases(found, site_keys(backend)):
+        changed = sorted({str(SITES[k].target) for k in site_keys(backend)})
+        return [], [f"DSV4G040/DSV4G041 ({backend}): not judged: SGLang's "
+                    f"{' / '.join(changed)} differs from every release this guard knows"]
+    enum = _state_type_enum()
+    verdicts: list[StateVerdict] = []
+    unknowns: list[str] = []
+    for value in state_types:
+        try:
+            st = enum(value)
+            verdict = _one(package, backend, _names(prefill, decode, st, enum))
+        except (NotJudged, ValueError) as exc:
+            unknowns.append(f"DSV4G040 ({backend}, state type {value}): not judged: {exc}")
+            continue
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts, unknowns

@@ -1,0 +1,113 @@
+"""``check`` predicts prefill and decode registering different numbers of metadata buffers
+(DSV4G045), counted by SGLang's own ``MetadataBuffers``, as each release builds them."""
+
+from __future__ import annotations
+
+import os
+import unittest
+from typing import Any
+
+from check_helpers import GPT_OSS, check_json, server
+from helpers import GuardTestCase, sglang_release
+from packaging.version import Version
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
+
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+
+RELEASE = sglang_release()
+READS_MASK = Version("0.5.20") <= RELEASE  # SGLANG_ENABLE_DISAGG_SAMPLING_MASK
+HAS_CHECKSUM = flag_for_field("disaggregation_enable_kv_checksum") is not None  # 0.5.21+
+LOGS = Version("0.5.23") <= RELEASE  # check_peer_aux_buffer_count
+MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
+
+
+def g045(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in doc["findings"] if f["code"] == "DSV4G045"]
+
+
+def _pair(prefill_extra: str = "", decode_extra: str = "", *more: str) -> dict[str, Any]:
+    _, doc = check_json(server("prefill", GPT_OSS, prefill_extra, backend="mooncake"),
+                        server("decode", GPT_OSS, decode_extra, backend="mooncake"), *more)
+    return doc
+
+
+class TestMetadataBufferCount(GuardTestCase):
+    """The sampling-mask variable and the KV checksum flag on one server only."""
+
+    def test_sampling_mask_on_the_prefill_only(self) -> None:
+        """The variable on the prefill only: an error from 0.5.20 (its buffers sit in the
+        middle of the list), logged from 0.5.23 with SGLang's own line, silent before;
+        nothing on releases that do not read it."""
+        found = g045(_pair("", "", "--prefill-env", f"{MASK}=1"))
+        if not READS_MASK:
+            self.assertEqual(found, [])
+            return
+        self.assertEqual([f["severity"] for f in found], ["error"])
+        values = {(o["role"], o["name"]): o["value"] for o in found[0]["observations"]}
+        self.assertGreater(values[("prefill", "aux_buffer_count")],
+                           values[("decode", "aux_buffer_count")])
+        if LOGS:
+            self.assertIn("metadata buffers but this prefill has", found[0]["host_message"])
+            self.assertIn("SGLang logs an error", found[0]["when"])
+        else:
+            self.assertIsNone(found[0]["host_message"])
+            self.assertIn("no error, no log line", found[0]["when"])
+
+    def test_same_environment_is_accepted(self) -> None:
+        """Near miss: the variable on both servers is no DSV4G045."""
+        self.assertEqual(g045(_pair("", "", "--prefill-env", f"{MASK}=1",
+                                    "--decode-env", f"{MASK}=1")), [])
+
+    def test_checksum_on_one_side_is_a_warning(self) -> None:
+        """--disaggregation-enable-kv-checksum on the decode only: a warning (its buffer is
+        last; decode skips verification without a digest); no such flag before 0.5.21."""
+        if not HAS_CHECKSUM:
+            self.assertLess(RELEASE, Version("0.5.21"))  # the flag is 0.5.21's
+            return
+        found = g045(_pair("", "--disaggregation-enable-kv-checksum"))
+        self.assertEqual([f["severity"] for f in found], ["warning"])
+        self.assertIn("warning, not an error", found[0]["details"][0])
+
+    def test_the_fixed_lines_pass_check(self) -> None:
+        """``check --fix`` with the variable on the prefill only: an environment edit,
+        proven, and the corrected pair has no DSV4G045."""
+        doc = _pair("", "", "--prefill-env", f"{MASK}=1", "--fix")
+        if not READS_MASK:
+            self.assertEqual(g045(doc), [])
+            return
+        fixes = g045(doc)[0]["fixes"]
+        self.assertTrue(fixes and all(f["proven"] for f in fixes))
+        self.assertTrue(fixes[0]["edits"][0]["env"])
+        self.assertEqual([f["code"] for f in doc["fixed_check"]["findings"]
+                          if f["code"] == "DSV4G045"], [])
+
+
+class TestMetadataBufferParity(GuardTestCase):
+    """check's verdict equals SGLang's own ``check_peer_aux_buffer_count`` (0.5.23)."""
+
+    def test_real_check_logs_exactly_when_counts_differ(self) -> None:
+        """For each setting on each side, SGLang's real check, run on a half-built manager
+        with the counts of SGLang's real buffers, logs iff check reports DSV4G045."""
+        for prefill_env, decode_env in (({}, {}), ({MASK: "1"}, {}), ({MASK: "1"}, {MASK: "1"})):
+            with offline_env(prefill_env):
+                local = aux_buffer_count(False, None)
+            with offline_env(decode_env):
+                remote = aux_buffer_count(False, None)
+            more = [*(["--prefill-env", f"{MASK}=1"] if prefill_env else []),
+                    *(["--decode-env", f"{MASK}=1"] if decode_env else [])]
+            reported = bool(g045(_pair("", "", *more)))
+            self.assertEqual(reported, local != remote)
+            if LOGS:
+                self.assertEqual(peer_count_log(local, remote) is not None, reported)
+            else:
+                with self.assertRaises(AttributeError):
+                    peer_count_log(local, remote)
+        self.assertNotIn(MASK, os.environ)
+
+
+if __name__ == "__main__":
+    unittest.main()
