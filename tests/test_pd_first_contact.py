@@ -62,7 +62,7 @@ class TestFirstContactRows(GuardTestCase):
         override chooses (fp8_e4m3), not the flag's default 'auto': against a decode that
         types that dtype, first contact passes, and the DSV4G030 it reports against a
         bfloat16 decode shows the resolved value."""
-        status, doc = pair("", "--kv-cache-dtype fp8_e4m3", model=DSV4)
+        _, doc = pair("", "--kv-cache-dtype fp8_e4m3", model=DSV4)
         self.assertNotIn("DSV4G030", errors(doc), found(doc, "DSV4G030"))
         _, doc = pair("", "--kv-cache-dtype bfloat16", model=DSV4)
         (finding,) = found(doc, "DSV4G030")
