@@ -21,11 +21,12 @@ import logging
 import os
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import Any
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE
+from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
@@ -33,7 +34,7 @@ from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.pools import _published
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
 from sglang_dsv4_guard.pd.relayout import relayout_findings
 
@@ -45,21 +46,6 @@ NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not der
 
 
 
-class Run(Protocol):
-    """What a row reads of :class:`~.Run` (which imports this module)."""
-
-    @property
-    def prefill(self) -> Endpoint: ...
-    @property
-    def decode(self) -> Endpoint: ...
-    @property
-    def prefill_side(self) -> Side: ...
-    @property
-    def decode_side(self) -> Side: ...
-    @property
-    def release(self) -> str: ...
-    @property
-    def derive(self) -> bool: ...
 
 
 _LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
@@ -224,7 +210,7 @@ _LABELS = {"kv_cache_dtype_str": "the {src}'s KV cache dtype string",
            "kv_layout": "the {src}'s DeepSeek-V4 KV layout variables"}
 
 
-def _edits(name: str, src: Side, dst: Side, run: Run) -> list[Edit | None]:
+def _edits(name: str, src: Side, dst: Side, run: ContractRun) -> list[Edit | None]:
     """The edits giving ``dst`` a value of ``name`` that satisfies the condition."""
     other = run.prefill if src is run.prefill_side else run.decode
     if name == "kv_cache_dtype_str":
@@ -243,7 +229,7 @@ def _edits(name: str, src: Side, dst: Side, run: Run) -> list[Edit | None]:
     return []
 
 
-def _fixes(finding: Finding, run: Run) -> tuple[Fix, ...]:
+def _fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
     p, d = run.prefill_side, run.decode_side
     sides = {"prefill": p, "decode": d}
     names = list(dict.fromkeys(o.name for o in finding.observations))
@@ -265,7 +251,7 @@ def _fixes(finding: Finding, run: Run) -> tuple[Fix, ...]:
                                               "release accepts fixes this"),)
 
 
-def contact_row(run: Run) -> tuple[list[Finding], list[str]]:
+def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     """Decode's first contact and the DCP relayout, on the pair's endpoints."""
     findings, unknowns = contact_findings(run.prefill, run.decode, run.release)
     more, relayout_unknowns = relayout_findings(run.prefill, run.decode, run.release,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import endpoint_of
 from sglang_dsv4_guard.launch.transfer import (
@@ -21,25 +21,10 @@ from sglang_dsv4_guard.launch.transfer import (
     send_extra_row,
 )
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.pd.endpoint import Endpoint
 
 __all__ = ["ROWS", "ContractRun", "contract_findings"]
 
 log = logging.getLogger(LOGGER_NAME)
-
-
-@dataclass(frozen=True)
-class ContractRun:
-    """The two endpoints, the two sides they came from and the release's name."""
-
-    prefill: Endpoint
-    decode: Endpoint
-    prefill_side: Side
-    decode_side: Side
-    release: str
-    # False in ``check --fix``'s re-runs, which read only which findings remain: rows then
-    # leave their fixes underived (deriving one resolves edited lines again).
-    derive: bool = True
 
 
 # name -> (run -> (findings, unknowns)). A row that cannot be judged on this release says

@@ -10,7 +10,7 @@ they read.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
@@ -19,13 +19,14 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, digest_pd_tree, locate, row_releases
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch import state_types as _state_types  # registers its contributor
+from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
-from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
 from sglang_dsv4_guard.pd.transfer import BACKENDS, StateVerdict, send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
@@ -37,19 +38,6 @@ del _state_types
 SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
 
-class ContractRun(Protocol):
-    """What a row reads of :class:`~.contract.ContractRun` (which imports this module)."""
-
-    @property
-    def prefill(self) -> Endpoint: ...
-    @property
-    def decode(self) -> Endpoint: ...
-    @property
-    def prefill_side(self) -> Side: ...
-    @property
-    def decode_side(self) -> Side: ...
-    @property
-    def derive(self) -> bool: ...
 
 
 def _field(side: Side, name: str) -> Any:
