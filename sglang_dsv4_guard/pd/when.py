@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import importlib
 from collections.abc import Mapping
+from typing import Any
 
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE
 
@@ -28,26 +29,44 @@ class Phase(enum.Enum):
     SILENT = "silent"
 
 
+def _field() -> Any:
+    """SGLang's own ``EnvField`` for the timeout (its parse and default), if readable."""
+    try:
+        envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
+        return getattr(envs, _TIMEOUT_ENV)
+    except Exception:  # an unknown release layout: say so, do not guess a number
+        return None
+
+
 def bootstrap_timeout(env: Mapping[str, str] | None = None) -> tuple[int | None, str]:
-    """Seconds a request waits for a rank that never answers, and where that comes from."""
+    """Seconds a request waits for a rank that never answers, and where that comes from.
+
+    The server's value is read with SGLang's own parser (``EnvInt.parse``): a value it
+    rejects is what SGLang does with it, its default with a warning."""
+    field = _field()
+    default = getattr(field, "default", None)
     raw = (env or {}).get(_TIMEOUT_ENV)
     if raw is not None:
         try:
-            return int(raw), f"{_TIMEOUT_ENV}={raw} in the server's environment"
+            parsed = field.parse(raw) if field is not None else int(raw)
         except ValueError:
+            if isinstance(default, int):
+                return default, (f"{_TIMEOUT_ENV}={raw!r} in the server's environment is not a "
+                                 f"number SGLang accepts: it warns and uses its default {default}")
             return None, f"{_TIMEOUT_ENV}={raw!r} in the server's environment (not a number)"
-    try:
-        envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
-        default = getattr(envs, _TIMEOUT_ENV).default
-        return int(default), f"the release's default {_TIMEOUT_ENV}"
-    except Exception:  # an unknown release layout: say so, do not guess a number
-        return None, f"{_TIMEOUT_ENV} (its default was not readable here)"
+        return int(parsed), f"{_TIMEOUT_ENV}={raw} in the server's environment"
+    if isinstance(default, int):
+        return default, f"the release's default {_TIMEOUT_ENV}"
+    return None, f"{_TIMEOUT_ENV} (its default was not readable here)"
 
 
 def _timeout_words(env: Mapping[str, str] | None) -> str:
     seconds, source = bootstrap_timeout(env)
-    return (f"after {seconds} s ({source})" if seconds is not None
-            else f"after the bootstrap timeout ({source})")
+    if seconds is None:
+        return f"after the bootstrap timeout ({source})"
+    if seconds <= 0:  # CommonKVSender._check_bootstrap_timeout: elapsed is never below it
+        return f"at their first poll ({source}: {seconds} s)"
+    return f"after {seconds} s ({source})"
 
 
 def when_text(phase: Phase, backend: str, env: Mapping[str, str] | None = None,
