@@ -368,7 +368,7 @@ CODES: dict[str, CodeInfo] = {
             "Mooncake: the transfer worker thread exits (\"Transfer thread failed ... "
             "Prefill instance ... is dead.\") and every request sharded to its queue hangs; "
             "NIXL: each request fails. MORI's own check is DSV4G006.",
-            ("derived: the same attention TP on both servers (by attention DP, keeping the "
+            ("check derives flag fixes: the same attention TP on both servers (by attention DP, keeping the "
              "GPU count, where the release's flags allow), or the prefill's --pp-size 1",),
         ),
         CodeInfo(
@@ -380,7 +380,7 @@ CODES: dict[str, CodeInfo] = {
             "per request in Mooncake's and NIXL's transfer; 0.5.23 refuses it already at "
             "decode's first contact (`MiniMax sparse PD requires matching attention TP "
             "sizes`), reported by that row.",
-            ("derived: the same attention TP on both servers",),
+            ("check derives flag fixes: the same attention TP on both servers",),
         ),
         CodeInfo(
             "DSV4G042",
@@ -392,8 +392,8 @@ CODES: dict[str, CodeInfo] = {
             "not send (speculative decoding on the decode only): the prefill's bootstrap "
             "thread dies and every request to that rank times out. NIXL stores the peer "
             "before it raises, so the rank looks registered.",
-            ("derived: HiSparse off on the decode, or the Mooncake backend on both servers; "
-             "the same speculative flags on both servers also registers",),
+            ("check derives flag fixes: HiSparse off on the decode, or the Mooncake backend on "
+             "both servers",),
         ),
         CodeInfo(
             "DSV4G043",
@@ -402,7 +402,7 @@ CODES: dict[str, CodeInfo] = {
             "NIXL's registration refuses a non-MLA pair with different attention TP whose "
             "decode receives its KV into host memory (HiSparse): the prefill's bootstrap "
             "thread dies and every request to that rank times out.",
-            ("derived: the same attention TP on both servers, or HiSparse off on the decode",),
+            ("check derives flag fixes: the same attention TP on both servers, or HiSparse off on the decode",),
         ),
         CodeInfo(
             "DSV4G044",
@@ -412,7 +412,7 @@ CODES: dict[str, CodeInfo] = {
             "the transfer backend is not Mooncake: for a DeepSeek-V4 pool from 0.5.17 (`DSV4 "
             "HiSparse direct PD transfer currently requires the Mooncake backend`), for a "
             "DeepSeek-V4 or a draft pool from 0.5.22. The decode server exits.",
-            ("derived: --disaggregation-transfer-backend mooncake on both servers, or "
+            ("check derives flag fixes: --disaggregation-transfer-backend mooncake on both servers, or "
              "HiSparse off on the decode",),
         ),
         CodeInfo(
@@ -427,7 +427,7 @@ CODES: dict[str, CodeInfo] = {
             "buffer: harmless in practice (decode skips verification without a digest), a "
             "warning. 0.5.23 logs the mismatch when a decode rank registers "
             "(`check_peer_aux_buffer_count`); 0.5.20 to 0.5.22 transfer on silently.",
-            ("derived: the variable or flag set (or unset) as on the other server",),
+            ("check derives flag fixes: the variable or flag set (or unset) as on the other server",),
         ),
         CodeInfo(
             "DSV4G090",
