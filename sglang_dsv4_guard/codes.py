@@ -402,7 +402,8 @@ CODES: dict[str, CodeInfo] = {
             "NIXL's registration refuses a non-MLA pair with different attention TP whose "
             "decode receives its KV into host memory (HiSparse): the prefill's bootstrap "
             "thread dies and every request to that rank times out.",
-            ("check derives flag fixes: the same attention TP on both servers, or HiSparse off on the decode",),
+            ("check derives flag fixes: the same attention TP on both servers, or HiSparse off "
+             "on the decode",),
         ),
         CodeInfo(
             "DSV4G044",
