@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import unittest
 from typing import Any
@@ -82,8 +83,7 @@ def block_scaled_dtypes() -> list[str]:
 
 def qwen3_next_dir(test: unittest.TestCase) -> str:
     path = tempfile.mkdtemp(prefix="qwen3_next_")
-    test.addCleanup(lambda: [os.remove(os.path.join(path, f)) for f in os.listdir(path)]
-                    and os.rmdir(path))
+    test.addCleanup(shutil.rmtree, path, ignore_errors=True)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(QWEN3_NEXT, fh)
     return path
@@ -93,18 +93,22 @@ class TestParity(GuardTestCase):
     """The derived state types equal the real function's on a pool SGLang's constructor
     builds in the test, at the model's own dimensions."""
 
+    def assert_parity(self, model: str, pool: Any) -> None:
+        """check's state types for ``model`` are the real function's on ``pool``, and
+        their source names ``pool``'s class."""
+        ep = endpoint(model)
+        self.assertEqual(tuple(ep.get("state_types")), real_state_types(pool))
+        self.assertIn(type(pool).__name__, ep.values["state_types"].source)
+
     def test_plain_mha_llama(self) -> None:
         """llama: an ``MHATokenToKVPool`` with the model's heads and head size registers
         what check derived (no state), with a source naming the pool built."""
         import torch
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-        ep = endpoint(LLAMA)
-        pool = MHATokenToKVPool(256, page_size=1, dtype=torch.bfloat16, head_num=2,
-                                head_dim=64, layer_num=4, device="cpu",
-                                enable_memory_saver=False)
-        self.assertEqual(tuple(ep.get("state_types")), real_state_types(pool))
-        self.assertIn("MHATokenToKVPool", ep.values["state_types"].source)
+        self.assert_parity(LLAMA, MHATokenToKVPool(
+            256, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64, layer_num=4,
+            device="cpu", enable_memory_saver=False))
 
     def test_mla_deepseek_v3(self) -> None:
         """DeepSeek-V3: an ``MLATokenToKVPool`` with its kv_lora_rank 512 and rope head 64
@@ -112,12 +116,9 @@ class TestParity(GuardTestCase):
         import torch
         from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
-        ep = endpoint(DSV3)
-        pool = MLATokenToKVPool(256, page_size=1, dtype=torch.bfloat16, kv_lora_rank=512,
-                                qk_rope_head_dim=64, layer_num=3, device="cpu",
-                                enable_memory_saver=False)
-        self.assertEqual(tuple(ep.get("state_types")), real_state_types(pool))
-        self.assertIn("MLATokenToKVPool", ep.values["state_types"].source)
+        self.assert_parity(DSV3, MLATokenToKVPool(
+            256, page_size=1, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
+            layer_num=3, device="cpu", enable_memory_saver=False))
 
     def test_hybrid_swa_gpt_oss(self) -> None:
         """gpt-oss: the real function on an ``SWAKVPool`` registers what check derived."""
