@@ -23,7 +23,7 @@ import inspect
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, machine_cause, offline_env
@@ -52,6 +52,8 @@ class ModelFacts:
     compress_ratios: tuple[int, ...]
     nextn_layers: int
     num_layers: int
+    # The release's ModelConfig itself, for SGLang's own pool predicates (launch/state_types).
+    config: Any = field(default=None, compare=False, repr=False)
 
     @property
     def uses_mla_pool(self) -> bool:
@@ -189,6 +191,7 @@ def load_model(option: str, path: str, draft: bool = False, algorithm: str | Non
         compress_ratios=tuple(int(r) for r in (ratios or ())),
         nextn_layers=int(getattr(hf, "num_nextn_predict_layers", 0) or 0),
         num_layers=int(getattr(hf, "num_hidden_layers", 0) or 0),
+        config=config,
     ), note
 
 

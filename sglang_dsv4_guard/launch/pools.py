@@ -8,7 +8,8 @@ configurator passes it, FP8 KV dtype, tiny sizes) from the values the server's f
 configs imply; the draft's layers get the ratio the release's
 ``KVCacheConfigurator`` gives a draft worker (``COMPRESS_RATIO_NEXTN_LAYER``). Then the
 release's ``setup_state_kv_args`` runs on them, wrapped by the guard's own state wrapper
-(not installed globally), and the guard's report is returned.
+(not installed globally), and the guard's report is returned, with the state types
+SGLang registered (read by :mod:`.state_types` through :func:`last_run`).
 
 Paged mode only: the unified-KV pool is ROCm-only (``is_hip()``) and cannot be built here.
 Both pools get the same ``full_to_swa_index_mapping`` tensor, as a correct deployment
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -29,7 +31,8 @@ from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 
-__all__ = ["PoolRun", "draft_ratio", "max_draft_tokens", "run_state_check"]
+__all__ = ["PoolRun", "draft_ratio", "last_run", "max_draft_tokens", "run_state_check",
+           "state_type_names"]
 
 log = logging.getLogger(LOGGER_NAME)
 _POOL_ROWS = 1024  # SWA slots of a miniature pool; page sizes must divide it
@@ -46,6 +49,29 @@ class PoolRun:
     findings: tuple[Finding, ...]
     build_error: str | None = None
     online_mtp_max_draft_tokens: int = 0
+    # What the call wrote into kv_args.state_types; None when it did not complete.
+    state_types: tuple[str, ...] | None = None
+
+
+# The run made for each live Side object, so the contract rows read its state types.
+_RUNS: dict[int, tuple[weakref.ref[Side], PoolRun]] = {}
+
+
+def last_run(side: Side) -> PoolRun | None:
+    """The run :func:`run_state_check` made for this very ``side`` object, if any."""
+    entry = _RUNS.get(id(side))
+    return entry[1] if entry is not None and entry[0]() is side else None
+
+
+def state_type_names(kv_args: Any) -> tuple[str, ...]:
+    """The names of the state types ``setup_state_kv_args`` wrote into ``kv_args``."""
+    return tuple(str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", ()))
+
+
+def _remember(side: Side, run: PoolRun) -> PoolRun:
+    key = id(side)
+    _RUNS[key] = (weakref.ref(side, lambda _ref: _RUNS.pop(key, None)), run)
+    return run
 
 
 def draft_ratio() -> tuple[int, str]:
@@ -162,8 +188,9 @@ def run_state_check(side: Side) -> PoolRun | None:
         mapping = torch.arange(_POOL_ROWS + 1, dtype=torch.int64)
         target.register_mapping(mapping)
         draft.register_mapping(mapping)
+        kv_args = new_kv_args()
         try:
-            guarded(new_kv_args(), target, draft)
+            guarded(kv_args, target, draft)
         except DSV4GuardError as exc:
             host_error, report = exc.report.host_error or str(exc).splitlines()[0], exc.report
         except (RuntimeError, AttributeError) as exc:  # SGLang's own verdict, passed through
@@ -171,4 +198,6 @@ def run_state_check(side: Side) -> PoolRun | None:
     if report is None and recorder.reports:
         report = recorder.reports[-1]
     findings = tuple(_for_side(side.role, f) for f in (report.findings if report else ()))
-    return PoolRun(side.role, target_ratios, draft_ratios, host_error, findings, None, mtp)
+    types = None if host_error else state_type_names(kv_args)
+    return _remember(side, PoolRun(side.role, target_ratios, draft_ratios, host_error,
+                                   findings, None, mtp, types))
