@@ -196,6 +196,8 @@ def _explain(args: argparse.Namespace) -> int:
     if info.sglang_message:
         print(f"SGLang's message: {info.sglang_message}")
     print(f"\n{info.meaning}\n")
+    if info.sglang_releases is not None:
+        print(f"SGLang releases with this check: {info.releases_text()}")
     # A report's fixes are derived from what differs; explain says how, per code.
     for remedy in info.remedies:
         print(f"how the fix is derived: {remedy}")

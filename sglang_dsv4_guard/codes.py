@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packaging.version import InvalidVersion, Version
+
 __all__ = ["CODES", "CodeInfo", "docs_url"]
 
 
@@ -20,6 +22,31 @@ class CodeInfo:
     sglang_message: str | None
     meaning: str
     remedies: tuple[str, ...]
+    # The SGLang releases whose code has the check this code stands for, as (first,
+    # last) inclusive, ``None`` for open-ended; ``None`` altogether: every release.
+    sglang_releases: tuple[str | None, str | None] | None = None
+
+    def applies_to(self, release: str) -> bool:
+        """Whether ``release``'s SGLang code has this code's check (an unreadable
+        release label: yes, nothing is ruled out by a label)."""
+        if self.sglang_releases is None:
+            return True
+        first, last = self.sglang_releases
+        try:
+            version = Version(release)
+            return ((first is None or version >= Version(first))
+                    and (last is None or version <= Version(last)))
+        except InvalidVersion:
+            return True
+
+    def releases_text(self) -> str:
+        """The releases with this code's check, in words."""
+        if self.sglang_releases is None:
+            return "every supported release"
+        first, last = self.sglang_releases
+        if first and last:
+            return first if first == last else f"{first} to {last}"
+        return f"{first} and later" if first else f"up to {last}"
 
 
 def docs_url(code: str) -> str:
@@ -279,6 +306,7 @@ CODES: dict[str, CodeInfo] = {
             "computes the layout a non-SM100 GPU gives and says so in its unknowns.",
             ("check derives an environment fix per server: the other server's "
              "SGLANG_DSV4_KV_LAYOUT / SGLANG_DSV4_COMPRESSED_KV_LAYOUT",),
+            sglang_releases=("0.5.23", None),
         ),
         CodeInfo(
             "DSV4G032",
@@ -296,6 +324,7 @@ CODES: dict[str, CodeInfo] = {
             ("check derives the attention-TP fixes for the TP condition; a layout "
              "difference has no flag fix of its own (run DSPARK on both servers, one "
              "release)",),
+            sglang_releases=("0.5.21", None),
         ),
         CodeInfo(
             "DSV4G033",
@@ -310,6 +339,7 @@ CODES: dict[str, CodeInfo] = {
             "servers' state types known.",
             ("check derives the attention-TP fixes (the same attention TP on both "
              "servers)",),
+            sglang_releases=("0.5.22", None),
         ),
         CodeInfo(
             "DSV4G034",
@@ -324,6 +354,7 @@ CODES: dict[str, CodeInfo] = {
             ("check derives flag fixes from the condition: the decode without --dcp-size, "
              "the prefill without --attn-cp-size / --enable-kv-cache-sharding, each "
              "offered only when the edited line resolves",),
+            sglang_releases=("0.5.17", None),
         ),
         CodeInfo(
             "DSV4G035",
@@ -352,6 +383,7 @@ CODES: dict[str, CodeInfo] = {
             "0.5.16 has no relayout. check runs it for rank 0 of each server.",
             ("check derives flag fixes: the server whose --dcp-size differs from 1 "
              "launched without it, offered only when the edited line resolves",),
+            sglang_releases=("0.5.17", None),
         ),
         CodeInfo(
             "DSV4G040",
@@ -415,6 +447,7 @@ CODES: dict[str, CodeInfo] = {
             "DeepSeek-V4 or a draft pool from 0.5.22. The decode server exits.",
             ("check derives flag fixes: --disaggregation-transfer-backend mooncake on both servers, or "
              "HiSparse off on the decode",),
+            sglang_releases=("0.5.17", None),
         ),
         CodeInfo(
             "DSV4G045",
@@ -429,6 +462,7 @@ CODES: dict[str, CodeInfo] = {
             "warning. 0.5.23 logs the mismatch when a decode rank registers "
             "(`check_peer_aux_buffer_count`); 0.5.20 to 0.5.22 transfer on silently.",
             ("check derives flag fixes: the variable or flag set (or unset) as on the other server",),
+            sglang_releases=("0.5.20", None),
         ),
         CodeInfo(
             "DSV4G090",

@@ -159,6 +159,26 @@ class TestJudging(GuardTestCase):
 
 
 
+class TestCodesPerRelease(GuardTestCase):
+    def test_a_release_without_a_check_does_not_owe_its_code(self) -> None:
+        """The codes a release's full run must produce are those whose SGLang check its
+        code has: 0.5.16 has no DCP conditions (DSV4G034, DSV4G036) and no metadata-buffer
+        option (DSV4G045); 0.5.23 owes every code."""
+        from sglang_dsv4_guard.codes import CODES
+
+        old = set(matrix.catalogue("0.5.16"))
+        self.assertFalse({"DSV4G034", "DSV4G036", "DSV4G045"} & old, old)
+        self.assertIn("DSV4G030", old)
+        self.assertEqual(matrix.catalogue("0.5.23"), sorted(CODES))
+        self.assertEqual(matrix.catalogue(), sorted(CODES))
+
+    def test_an_unreadable_label_rules_nothing_out(self) -> None:
+        """A release label packaging cannot read owes every code."""
+        from sglang_dsv4_guard.codes import CODES
+
+        self.assertEqual(matrix.catalogue("not-a-version"), sorted(CODES))
+
+
 class TestProcessTestPlan(GuardTestCase):
     """Process tests run once per distinct version of the SGLang code they drive."""
 
