@@ -12,7 +12,7 @@ import unittest
 import warnings
 from collections.abc import Iterator
 
-from check_helpers import DSV4, LLAMA, check_json, run_cli, server
+from check_helpers import DSV4, GPT_OSS, LLAMA, check_json, run_cli, server
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -92,6 +92,59 @@ class TestChatterKept(GuardTestCase):
             self.assertTrue(any(NO_IB in line for line in output[role]), output[role])
         self.assertIn("derived", doc)
         self.assertIn("findings", doc)
+
+    def test_contract_values_are_the_servers_lines(self) -> None:
+        """What SGLang says while check derives one server's contract values (the miniature
+        pool's "KV Cache is allocated" lines, built for the first server that needs it) is
+        under that server, not under ``import``."""
+        from sglang_dsv4_guard.launch.state_types import registered_state
+
+        registered_state.cache_clear()  # built once per process: this check builds it
+        _, doc = check_json(server("prefill", GPT_OSS, backend="mooncake"),
+                            server("decode", GPT_OSS, backend="mooncake"))
+        output = doc["sglang_output"]
+        self.assertFalse([line for line in output["import"] if "KV Cache is allocated" in line],
+                         output["import"])
+        self.assertTrue(any("KV Cache is allocated" in line for line in output["prefill"]),
+                        output["prefill"])
+
+    def test_logged_exception_keeps_its_traceback(self) -> None:
+        """A record logged with its exception (``logger.exception``) is kept with the
+        exception's traceback lines, the last one naming the exception."""
+        from sglang_dsv4_guard.launch.chatter import capturing, recording, section
+
+        logger = logging.getLogger("sglang.srt.test_check_output")
+        with capturing(), recording() as kept, section("prefill"):
+            try:
+                raise ZeroDivisionError("division by zero, on purpose")
+            except ZeroDivisionError:
+                logger.exception("boom happened")
+        lines = kept.output().to_dict()["prefill"]
+        self.assertEqual(lines[0], "ERROR sglang.srt.test_check_output: boom happened")
+        self.assertIn("Traceback (most recent call last):", lines[1])
+        self.assertTrue(lines[-1].endswith("ZeroDivisionError: division by zero, on purpose"),
+                        lines)
+
+    def test_logged_traceback_is_bounded(self) -> None:
+        """A record's traceback of many frames keeps at most TRACE_LINES of its lines (the
+        last ones, the exception's own line among them) and says how many it left out."""
+        from sglang_dsv4_guard.launch.chatter import TRACE_LINES, capturing, recording, section
+
+        def deep(n: int) -> None:
+            if n == 0:
+                raise RecursionError("deep on purpose")
+            deep(n - 1)
+
+        logger = logging.getLogger("sglang.srt.test_check_output")
+        with capturing(), recording() as kept, section("decode"):
+            try:
+                deep(60)
+            except RecursionError:
+                logger.exception("deep failure")
+        lines = kept.output().to_dict()["decode"]
+        self.assertLessEqual(len(lines), TRACE_LINES + 2, lines)
+        self.assertIn("traceback line(s) not kept", lines[1])
+        self.assertTrue(lines[-1].endswith("RecursionError: deep on purpose"), lines)
 
     def test_verbose_prints_lines_after_the_report(self) -> None:
         """``--verbose`` prints the captured lines, per server, after the verdict line."""
