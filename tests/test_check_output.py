@@ -130,10 +130,13 @@ class TestChatterKept(GuardTestCase):
         last ones, the exception's own line among them) and says how many it left out."""
         from sglang_dsv4_guard.launch.chatter import TRACE_LINES, capturing, recording, section
 
-        def deep(n: int) -> None:
-            if n == 0:
-                raise RecursionError("deep on purpose")
-            deep(n - 1)
+        def deep(n: int) -> None:  # each level's exception is the cause of the next
+            try:
+                if n == 0:
+                    raise KeyError("the first cause")
+                deep(n - 1)
+            except Exception as exc:
+                raise RecursionError(f"deep on purpose, level {n}") from exc
 
         logger = logging.getLogger("sglang.srt.test_check_output")
         with capturing(), recording() as kept, section("decode"):
@@ -144,7 +147,7 @@ class TestChatterKept(GuardTestCase):
         lines = kept.output().to_dict()["decode"]
         self.assertLessEqual(len(lines), TRACE_LINES + 2, lines)
         self.assertIn("traceback line(s) not kept", lines[1])
-        self.assertTrue(lines[-1].endswith("RecursionError: deep on purpose"), lines)
+        self.assertTrue(lines[-1].endswith("RecursionError: deep on purpose, level 60"), lines)
 
     def test_verbose_prints_lines_after_the_report(self) -> None:
         """``--verbose`` prints the captured lines, per server, after the verdict line."""

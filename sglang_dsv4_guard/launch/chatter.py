@@ -10,7 +10,9 @@ and XPU support AWQ currently."), its ``ServerArgs`` resolution logs what it cho
   into an error still raises, one shown once per place is shown (recorded) once;
 - the loggers of :data:`LOGGERS` hand their records to a recording handler (their own
   handlers are set aside, and they do not propagate, for the block); ``sglang`` records
-  from INFO up, as a launched server shows them; the others at their own level.
+  from INFO up, as a launched server shows them; the others at their own level; a
+  record's exception traceback (``logger.exception``) is kept with it, its last
+  :data:`TRACE_LINES` lines.
   Records no handler takes (Python's last resort) are recorded too, except the guard's
   own (``sglang_dsv4_guard`` keeps its behaviour);
 - ``sys.stdout`` and ``sys.stderr`` are recording writers (Python-level writes; what C
@@ -39,10 +41,11 @@ from typing import Any, TextIO
 
 from sglang_dsv4_guard.log import LOGGER_NAME
 
-__all__ = ["CAP", "IMPORT", "LOGGERS", "Output", "Recorder", "capturing", "explaining",
-           "recording", "section"]
+__all__ = ["CAP", "IMPORT", "LOGGERS", "TRACE_LINES", "Output", "Recorder", "capturing",
+           "explaining", "recording", "section"]
 
 CAP = 200  # lines kept per section
+TRACE_LINES = 30  # lines kept of one log record's traceback
 IMPORT = "import"  # what is no server's: SGLang's import, and the rest
 # Loggers whose records are SGLang's output for check (``sglang`` at INFO, as launched).
 LOGGERS = ("sglang", "transformers", "torch")
@@ -191,15 +194,42 @@ class _Writer:
 
 
 class _Handler(logging.Handler):
-    """Records a log record as ``LEVEL logger: message``."""
+    """Records a log record as ``LEVEL logger: message``, then its exception's traceback
+    (``logger.exception``, ``exc_info=``) and stack (``stack_info=``) as the standard
+    ``logging.Formatter`` renders them, at most :data:`TRACE_LINES` of those lines (the last
+    ones: the exception's own line is the last)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = record.getMessage()
         except Exception:  # a record whose arguments do not format: its template
             text = str(record.msg)
-        for line in text.splitlines() or [""]:
+        lines = text.splitlines() or [""]
+        lines.extend(_trace(record))
+        for line in lines:
             _record(f"{record.levelname} {record.name}: {line}")
+
+
+_FORMATTER = logging.Formatter()
+
+
+def _trace(record: logging.LogRecord) -> list[str]:
+    """The record's traceback and stack lines, bounded to the last :data:`TRACE_LINES`."""
+    parts = []
+    try:
+        if record.exc_info and record.exc_info[0] is not None:
+            parts.append(record.exc_text or _FORMATTER.formatException(record.exc_info))
+        elif record.exc_text:
+            parts.append(record.exc_text)
+        if record.stack_info:
+            parts.append(_FORMATTER.formatStack(record.stack_info))
+    except Exception as exc:  # an exception whose str() raises: say so, keep the message
+        parts.append(f"(its traceback could not be formatted: {type(exc).__name__})")
+    lines = [line for part in parts for line in part.splitlines() if line.strip()]
+    if len(lines) <= TRACE_LINES:
+        return lines
+    return [f"... {len(lines) - TRACE_LINES} traceback line(s) not kept (the last "
+            f"{TRACE_LINES} follow)", *lines[-TRACE_LINES:]]
 
 
 class _LastResort(_Handler):
