@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import shutil
+import tempfile
 import unittest
 import warnings
 from collections.abc import Iterator
@@ -279,6 +282,64 @@ class TestImportWarningsInAFreshProcess(GuardTestCase):
         self.assertNotIn(NO_IB, done.stderr)
         imported = reply["document"]["sglang_output"]["import"]
         self.assertTrue(any("UserWarning" in line for line in imported), imported)
+
+
+# In every Python process it starts (the command and its check child): the second time a
+# record saying NO_IB is logged (the decode server's resolution, the prefill's line already
+# said), the process ends at once, as a crash in SGLang would end it: no answer, no exit
+# handlers.
+_DIE_SITECUSTOMIZE = f"""
+import logging, os
+_handle = logging.Logger.handle
+_seen = []
+
+
+def handle(self, record):
+    if {NO_IB!r} in str(record.msg):
+        _seen.append(record)
+        if len(_seen) == 2:
+            os._exit(3)
+    return _handle(self, record)
+
+
+logging.Logger.handle = handle
+"""
+_COMMAND = "import sys; from sglang_dsv4_guard.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+class TestChildDiedKeepsOutput(GuardTestCase):
+    """The check process dies after SGLang said something: what it said is not lost."""
+
+    def died(self, *more: str) -> tuple[int, str, str]:
+        """The command in a fresh interpreter whose check child dies mid-resolution."""
+        hook = tempfile.mkdtemp(prefix="dsv4-check-dies-")
+        self.addCleanup(shutil.rmtree, hook, True)
+        with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+            f.write(_DIE_SITECUSTOMIZE)
+        done = fresh_python(_COMMAND, "check", "--prefill", DSV4_PAIR[0], "--decode",
+                            DSV4_PAIR[1], *more, path_first=hook)
+        return done.returncode, done.stdout, done.stderr
+
+    def test_error_line_names_the_last_captured_line(self) -> None:
+        """Without ``--verbose``: exit 2, one line on stderr, with the status and the last
+        line SGLang said before the process ended, and how to see more."""
+        status, out, err = self.died()
+        self.assertEqual((status, out), (2, ""), err)
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertIn("ended with status 3 without an answer", err)
+        self.assertIn("SGLang's last line before it ended (decode): ", err)
+        self.assertIn("--verbose", err)
+
+    def test_verbose_prints_the_captured_tail(self) -> None:
+        """With ``--verbose``: after the error line, SGLang's last captured lines by server,
+        the prefill's NO_IB warning among them; no Python traceback."""
+        status, out, err = self.died("--verbose")
+        self.assertEqual((status, out), (2, ""), err)
+        first, *rest = err.splitlines()
+        self.assertIn("without an answer", first)
+        self.assertTrue(any(line.startswith("  prefill: ") and NO_IB in line for line in rest),
+                        err)
+        self.assertNotIn("Traceback", err)
 
 
 if __name__ == "__main__":

@@ -35,14 +35,14 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sglang_dsv4_guard.log import LOGGER_NAME
 
-__all__ = ["CAP", "IMPORT", "LOGGERS", "TRACE_LINES", "Output", "Recorder", "capturing",
-           "explaining", "recording", "section"]
+__all__ = ["CAP", "IMPORT", "LOGGERS", "MIRRORED", "TRACE_LINES", "Output", "Recorder",
+           "capturing", "explaining", "mirrored", "recording", "section", "split_mirrored"]
 
 CAP = 200  # lines kept per section
 TRACE_LINES = 30  # lines kept of one log record's traceback
@@ -96,12 +96,14 @@ class Recorder:
     kept: dict[str, list[str]] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
 
-    def add(self, name: str, line: str) -> None:
+    def add(self, name: str, line: str) -> bool:
+        """Keep ``line`` under ``name`` (whether it was kept: not past the cap)."""
         lines = self.kept.setdefault(name, [])
         if len(lines) < CAP:
             lines.append(line)
-        else:
-            self.dropped[name] = self.dropped.get(name, 0) + 1
+            return True
+        self.dropped[name] = self.dropped.get(name, 0) + 1
+        return False
 
     def output(self) -> Output:
         return Output(tuple((n, tuple(lines)) for n, lines in self.kept.items()),
@@ -123,11 +125,47 @@ def _importing() -> bool:
     return False
 
 
+_mirror: list[TextIO] = []
+MIRRORED = "sglang-dsv4-guard-captured\t"  # a mirrored line: MIRRORED, section, tab, line
+
+
 def _record(line: str) -> None:
     with _lock:
         if _recorders and line.strip():
             name = _sections[-1] if _sections and not _importing() else IMPORT
-            _recorders[-1].add(name, line.rstrip())
+            if _recorders[-1].add(name, line.rstrip()) and _mirror:
+                with suppress(OSError, ValueError):  # a closed mirror loses only the copy
+                    _mirror[-1].write(f"{MIRRORED}{name}\t"
+                                      f"{line.rstrip().replace(chr(10), ' ')}\n")
+                    _mirror[-1].flush()
+
+
+@contextmanager
+def mirrored(stream: TextIO) -> Iterator[None]:
+    """Each kept line is also written, as it is recorded, to ``stream`` (one
+    :data:`MIRRORED` line, flushed), so it outlives a process that dies before it answers
+    (``check``'s child mirrors to its stderr; :func:`split_mirrored` reads it back)."""
+    with _lock:
+        _mirror.append(stream)
+    try:
+        yield
+    finally:
+        with _lock:
+            _mirror.remove(stream)
+
+
+def split_mirrored(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """``text`` (a stream :func:`mirrored` wrote to) as the mirrored lines, each
+    ``(section, line)``, and the other non-blank lines, in order."""
+    said: list[tuple[str, str]] = []
+    other: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(MIRRORED):
+            name, _, kept = line[len(MIRRORED):].partition("\t")
+            said.append((name, kept))
+        elif line.strip():
+            other.append(line)
+    return said, other
 
 
 @contextmanager
