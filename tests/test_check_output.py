@@ -8,11 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import shutil
+import tempfile
 import unittest
 import warnings
 from collections.abc import Iterator
 
-from check_helpers import DSV4, LLAMA, check_json, run_cli, server
+from check_helpers import DSV4, GPT_OSS, LLAMA, check_json, run_cli, server
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -92,6 +95,62 @@ class TestChatterKept(GuardTestCase):
             self.assertTrue(any(NO_IB in line for line in output[role]), output[role])
         self.assertIn("derived", doc)
         self.assertIn("findings", doc)
+
+    def test_contract_values_are_the_servers_lines(self) -> None:
+        """What SGLang says while check derives one server's contract values (the miniature
+        pool's "KV Cache is allocated" lines, built for the first server that needs it) is
+        under that server, not under ``import``."""
+        from sglang_dsv4_guard.launch.state_types import registered_state
+
+        registered_state.cache_clear()  # built once per process: this check builds it
+        _, doc = check_json(server("prefill", GPT_OSS, backend="mooncake"),
+                            server("decode", GPT_OSS, backend="mooncake"))
+        output = doc["sglang_output"]
+        self.assertFalse([line for line in output["import"] if "KV Cache is allocated" in line],
+                         output["import"])
+        self.assertTrue(any("KV Cache is allocated" in line for line in output["prefill"]),
+                        output["prefill"])
+
+    def test_logged_exception_keeps_its_traceback(self) -> None:
+        """A record logged with its exception (``logger.exception``) is kept with the
+        exception's traceback lines, the last one naming the exception."""
+        from sglang_dsv4_guard.launch.chatter import capturing, recording, section
+
+        logger = logging.getLogger("sglang.srt.test_check_output")
+        with capturing(), recording() as kept, section("prefill"):
+            try:
+                raise ZeroDivisionError("division by zero, on purpose")
+            except ZeroDivisionError:
+                logger.exception("boom happened")
+        lines = kept.output().to_dict()["prefill"]
+        self.assertEqual(lines[0], "ERROR sglang.srt.test_check_output: boom happened")
+        self.assertIn("Traceback (most recent call last):", lines[1])
+        self.assertTrue(lines[-1].endswith("ZeroDivisionError: division by zero, on purpose"),
+                        lines)
+
+    def test_logged_traceback_is_bounded(self) -> None:
+        """A record's traceback of many frames keeps at most TRACE_LINES of its lines (the
+        last ones, the exception's own line among them) and says how many it left out."""
+        from sglang_dsv4_guard.launch.chatter import TRACE_LINES, capturing, recording, section
+
+        def deep(n: int) -> None:  # each level's exception is the cause of the next
+            try:
+                if n == 0:
+                    raise KeyError("the first cause")
+                deep(n - 1)
+            except Exception as exc:
+                raise RecursionError(f"deep on purpose, level {n}") from exc
+
+        logger = logging.getLogger("sglang.srt.test_check_output")
+        with capturing(), recording() as kept, section("decode"):
+            try:
+                deep(60)
+            except RecursionError:
+                logger.exception("deep failure")
+        lines = kept.output().to_dict()["decode"]
+        self.assertLessEqual(len(lines), TRACE_LINES + 2, lines)
+        self.assertIn("traceback line(s) not kept", lines[1])
+        self.assertTrue(lines[-1].endswith("RecursionError: deep on purpose, level 60"), lines)
 
     def test_verbose_prints_lines_after_the_report(self) -> None:
         """``--verbose`` prints the captured lines, per server, after the verdict line."""
@@ -223,6 +282,64 @@ class TestImportWarningsInAFreshProcess(GuardTestCase):
         self.assertNotIn(NO_IB, done.stderr)
         imported = reply["document"]["sglang_output"]["import"]
         self.assertTrue(any("UserWarning" in line for line in imported), imported)
+
+
+# In every Python process it starts (the command and its check child): the second time a
+# record saying NO_IB is logged (the decode server's resolution, the prefill's line already
+# said), the process ends at once, as a crash in SGLang would end it: no answer, no exit
+# handlers.
+_DIE_SITECUSTOMIZE = f"""
+import logging, os
+_handle = logging.Logger.handle
+_seen = []
+
+
+def handle(self, record):
+    if {NO_IB!r} in str(record.msg):
+        _seen.append(record)
+        if len(_seen) == 2:
+            os._exit(3)
+    return _handle(self, record)
+
+
+logging.Logger.handle = handle
+"""
+_COMMAND = "import sys; from sglang_dsv4_guard.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+class TestChildDiedKeepsOutput(GuardTestCase):
+    """The check process dies after SGLang said something: what it said is not lost."""
+
+    def died(self, *more: str) -> tuple[int, str, str]:
+        """The command in a fresh interpreter whose check child dies mid-resolution."""
+        hook = tempfile.mkdtemp(prefix="dsv4-check-dies-")
+        self.addCleanup(shutil.rmtree, hook, True)
+        with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+            f.write(_DIE_SITECUSTOMIZE)
+        done = fresh_python(_COMMAND, "check", "--prefill", DSV4_PAIR[0], "--decode",
+                            DSV4_PAIR[1], *more, path_first=hook)
+        return done.returncode, done.stdout, done.stderr
+
+    def test_error_line_names_the_last_captured_line(self) -> None:
+        """Without ``--verbose``: exit 2, one line on stderr, with the status and the last
+        line SGLang said before the process ended, and how to see more."""
+        status, out, err = self.died()
+        self.assertEqual((status, out), (2, ""), err)
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertIn("ended with status 3 without an answer", err)
+        self.assertIn("SGLang's last line before it ended (decode): ", err)
+        self.assertIn("--verbose", err)
+
+    def test_verbose_prints_the_captured_tail(self) -> None:
+        """With ``--verbose``: after the error line, SGLang's last captured lines by server,
+        the prefill's NO_IB warning among them; no Python traceback."""
+        status, out, err = self.died("--verbose")
+        self.assertEqual((status, out), (2, ""), err)
+        first, *rest = err.splitlines()
+        self.assertIn("without an answer", first)
+        self.assertTrue(any(line.startswith("  prefill: ") and NO_IB in line for line in rest),
+                        err)
+        self.assertNotIn("Traceback", err)
 
 
 if __name__ == "__main__":

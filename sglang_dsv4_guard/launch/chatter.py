@@ -10,7 +10,9 @@ and XPU support AWQ currently."), its ``ServerArgs`` resolution logs what it cho
   into an error still raises, one shown once per place is shown (recorded) once;
 - the loggers of :data:`LOGGERS` hand their records to a recording handler (their own
   handlers are set aside, and they do not propagate, for the block); ``sglang`` records
-  from INFO up, as a launched server shows them; the others at their own level.
+  from INFO up, as a launched server shows them; the others at their own level; a
+  record's exception traceback (``logger.exception``) is kept with it, its last
+  :data:`TRACE_LINES` lines.
   Records no handler takes (Python's last resort) are recorded too, except the guard's
   own (``sglang_dsv4_guard`` keeps its behaviour);
 - ``sys.stdout`` and ``sys.stderr`` are recording writers (Python-level writes; what C
@@ -33,16 +35,17 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sglang_dsv4_guard.log import LOGGER_NAME
 
-__all__ = ["CAP", "IMPORT", "LOGGERS", "Output", "Recorder", "capturing", "explaining",
-           "recording", "section"]
+__all__ = ["CAP", "IMPORT", "LOGGERS", "MIRRORED", "TRACE_LINES", "Output", "Recorder",
+           "capturing", "explaining", "mirrored", "recording", "section", "split_mirrored"]
 
 CAP = 200  # lines kept per section
+TRACE_LINES = 30  # lines kept of one log record's traceback
 IMPORT = "import"  # what is no server's: SGLang's import, and the rest
 # Loggers whose records are SGLang's output for check (``sglang`` at INFO, as launched).
 LOGGERS = ("sglang", "transformers", "torch")
@@ -93,12 +96,14 @@ class Recorder:
     kept: dict[str, list[str]] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
 
-    def add(self, name: str, line: str) -> None:
+    def add(self, name: str, line: str) -> bool:
+        """Keep ``line`` under ``name`` (whether it was kept: not past the cap)."""
         lines = self.kept.setdefault(name, [])
         if len(lines) < CAP:
             lines.append(line)
-        else:
-            self.dropped[name] = self.dropped.get(name, 0) + 1
+            return True
+        self.dropped[name] = self.dropped.get(name, 0) + 1
+        return False
 
     def output(self) -> Output:
         return Output(tuple((n, tuple(lines)) for n, lines in self.kept.items()),
@@ -120,11 +125,47 @@ def _importing() -> bool:
     return False
 
 
+_mirror: list[TextIO] = []
+MIRRORED = "sglang-dsv4-guard-captured\t"  # a mirrored line: MIRRORED, section, tab, line
+
+
 def _record(line: str) -> None:
     with _lock:
         if _recorders and line.strip():
             name = _sections[-1] if _sections and not _importing() else IMPORT
-            _recorders[-1].add(name, line.rstrip())
+            if _recorders[-1].add(name, line.rstrip()) and _mirror:
+                with suppress(OSError, ValueError):  # a closed mirror loses only the copy
+                    _mirror[-1].write(f"{MIRRORED}{name}\t"
+                                      f"{line.rstrip().replace(chr(10), ' ')}\n")
+                    _mirror[-1].flush()
+
+
+@contextmanager
+def mirrored(stream: TextIO) -> Iterator[None]:
+    """Each kept line is also written, as it is recorded, to ``stream`` (one
+    :data:`MIRRORED` line, flushed), so it outlives a process that dies before it answers
+    (``check``'s child mirrors to its stderr; :func:`split_mirrored` reads it back)."""
+    with _lock:
+        _mirror.append(stream)
+    try:
+        yield
+    finally:
+        with _lock:
+            _mirror.remove(stream)
+
+
+def split_mirrored(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """``text`` (a stream :func:`mirrored` wrote to) as the mirrored lines, each
+    ``(section, line)``, and the other non-blank lines, in order."""
+    said: list[tuple[str, str]] = []
+    other: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(MIRRORED):
+            name, _, kept = line[len(MIRRORED):].partition("\t")
+            said.append((name, kept))
+        elif line.strip():
+            other.append(line)
+    return said, other
 
 
 @contextmanager
@@ -191,15 +232,42 @@ class _Writer:
 
 
 class _Handler(logging.Handler):
-    """Records a log record as ``LEVEL logger: message``."""
+    """Records a log record as ``LEVEL logger: message``, then its exception's traceback
+    (``logger.exception``, ``exc_info=``) and stack (``stack_info=``) as the standard
+    ``logging.Formatter`` renders them, at most :data:`TRACE_LINES` of those lines (the last
+    ones: the exception's own line is the last)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = record.getMessage()
         except Exception:  # a record whose arguments do not format: its template
             text = str(record.msg)
-        for line in text.splitlines() or [""]:
+        lines = text.splitlines() or [""]
+        lines.extend(_trace(record))
+        for line in lines:
             _record(f"{record.levelname} {record.name}: {line}")
+
+
+_FORMATTER = logging.Formatter()
+
+
+def _trace(record: logging.LogRecord) -> list[str]:
+    """The record's traceback and stack lines, bounded to the last :data:`TRACE_LINES`."""
+    parts = []
+    try:
+        if record.exc_info and record.exc_info[0] is not None:
+            parts.append(record.exc_text or _FORMATTER.formatException(record.exc_info))
+        elif record.exc_text:
+            parts.append(record.exc_text)
+        if record.stack_info:
+            parts.append(_FORMATTER.formatStack(record.stack_info))
+    except Exception as exc:  # an exception whose str() raises: say so, keep the message
+        parts.append(f"(its traceback could not be formatted: {type(exc).__name__})")
+    lines = [line for part in parts for line in part.splitlines() if line.strip()]
+    if len(lines) <= TRACE_LINES:
+        return lines
+    return [f"... {len(lines) - TRACE_LINES} traceback line(s) not kept (the last "
+            f"{TRACE_LINES} follow)", *lines[-TRACE_LINES:]]
 
 
 class _LastResort(_Handler):

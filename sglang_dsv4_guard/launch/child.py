@@ -178,6 +178,8 @@ def print_answer(reply: Mapping[str, Any], output_format: str) -> int:
     """Print the child's answer as ``check`` does; the exit status."""
     if reply.get("error") is not None:
         print(f"sglang-dsv4-guard check: error: {reply['error']}", file=sys.stderr)
+        for line in reply.get("output_tail", ()):  # --verbose, the child died: SGLang's lines
+            print(line, file=sys.stderr)
         return int(reply.get("exit_status", 2))
     print(json.dumps(reply["document"], indent=2) if output_format == "json" else reply["text"])
     return int(reply["exit_status"])
@@ -289,7 +291,8 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     directory is removed when it ends, also when SIGTERM or SIGINT stops this process
     (the child's process group is killed first). A child that dies without answering is
     reported as an error line with its last exception line (else its last line of
-    output), exit 2; one that runs out of time (:func:`_timeout`) likewise."""
+    output) and SGLang's last captured line (:func:`_no_answer`), exit 2; one that runs
+    out of time (:func:`_timeout`) likewise."""
     try:
         timeout = _timeout()
     except CheckInputError as exc:
@@ -320,12 +323,38 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     try:
         reply: dict[str, Any] = json.loads(out)
     except ValueError:
-        lines = [line for line in err.strip().splitlines() if line.strip()]
-        raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
-        last = (raised or lines or ["no output"])[-1][:500]
-        return {"exit_status": 2, "error": f"the check process (which imports SGLang) ended "
-                                           f"with status {returncode} without an answer: "
-                                           f"{last}"}
+        return _no_answer(returncode, err, bool(request.get("verbose")))
+    return reply
+
+
+TAIL = 40  # SGLang's lines --verbose prints when the check process died without answering
+
+
+def _no_answer(returncode: int, err: str, verbose: bool) -> dict[str, Any]:
+    """The reply for a child that ended without answering: one error line with its last
+    exception line (else its last line of output) and the last line SGLang said (the
+    child mirrors what it captures to its stderr, :func:`~.chatter.mirrored`); with
+    ``verbose``, SGLang's last :data:`TAIL` lines too (``output_tail``), never the child's
+    traceback."""
+    # deferred: the parent (the check command) loads only what it runs
+    from sglang_dsv4_guard.launch.chatter import split_mirrored
+
+    said, lines = split_mirrored(err)
+    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    last = (raised or lines or ["no exception line" if said else "no output"])[-1][:500]
+    error = (f"the check process (which imports SGLang) ended with status {returncode} "
+             f"without an answer: {last}")
+    if said:
+        name, line = said[-1]
+        error += (f"; SGLang's last line before it ended ({name}): {line[:300]} ("
+                  f"{len(said)} line(s) captured; --verbose prints the last "
+                  f"{min(TAIL, len(said))})")
+    reply: dict[str, Any] = {"exit_status": 2, "error": error}
+    if verbose and said:
+        reply["output_tail"] = [
+            f"SGLang's output before the check process ended (the last "
+            f"{min(TAIL, len(said))} of {len(said)} captured line(s), by server):",
+            *(f"  {name}: {line}" for name, line in said[-TAIL:])]
     return reply
 
 
@@ -338,13 +367,17 @@ def main() -> int:
     from sglang_dsv4_guard.launch import sandbox
 
     sandbox.install(sys.argv[1])
+    from sglang_dsv4_guard.launch.chatter import mirrored
+
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what SGLang prints (Python or C) goes to stderr, not into the answer
     sys.stdout = sys.stderr
     request = json.loads(sys.stdin.read())
     wrong = _imports_the_same_sglang(request.pop("sglang_file", None))
-    reply = ({"exit_status": 2, "error": wrong} if wrong is not None
-             else answer(request, sandbox.refusals))
+    # what is captured is copied to stderr as it comes: the parent reads it if we die
+    with os.fdopen(os.dup(2), "w") as mirror, mirrored(mirror):
+        reply = ({"exit_status": 2, "error": wrong} if wrong is not None
+                 else answer(request, sandbox.refusals))
     out.write(json.dumps(reply))
     out.flush()
     return 0

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 
 from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.launch.chatter import section
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import endpoint_of
@@ -37,9 +38,15 @@ ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
 
 def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = True
                       ) -> tuple[list[Finding], list[str]]:
-    """Every row's findings and unknowns for the pair."""
-    run = ContractRun(endpoint_of(prefill), endpoint_of(decode), prefill, decode, release,
-                      derive)
+    """Every row's findings and unknowns for the pair. What SGLang says while one server's
+    values are derived (its miniature pool's log lines, its environment's parse warnings)
+    is that server's (:func:`~.chatter.section`); what it says while a row compares the
+    two is no one server's, so it stays under ``import``."""
+    with section(prefill.role):
+        first = endpoint_of(prefill)
+    with section(decode.role):
+        second = endpoint_of(decode)
+    run = ContractRun(first, second, prefill, decode, release, derive)
     findings: list[Finding] = []
     unknowns: list[str] = []
     for name, row in ROWS.items():
