@@ -119,8 +119,9 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
         "srt/layers/quantization/awq/awq.py", "srt/layers/quantization/gguf.py"),
     # The check child dies at the decode's "No IB devices specified" warning (logged by
     # ServerArgs' Mooncake validation: server_args.py, later arg_groups/validation_hook.py).
-    "tests/test_check_output.py::TestChildDiedKeepsOutput": (
-        "srt/server_args.py", "srt/arg_groups/validation_hook.py"),
+    # What is tested is the guard's child and parent (a child that dies mid-check keeps
+    # what it captured); SGLang only supplies a log line to die on.
+    "tests/test_check_output.py::TestChildDiedKeepsOutput": (),
 }
 
 
