@@ -41,7 +41,7 @@ def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = 
     run = ContractRun(endpoint_of(prefill), endpoint_of(decode), prefill, decode, release,
                       derive)
     findings: list[Finding] = []
-    unknowns: list[str] = []
+    unknowns: list[str] = [*run.prefill.notes, *run.decode.notes]
     for name, row in ROWS.items():
         try:
             found, unknown = row(run)
