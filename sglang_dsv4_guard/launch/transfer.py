@@ -73,9 +73,8 @@ def _refused_width(side: Side) -> str | None:
     flag = flag_for_field("sampling_mask_max_tokens")
     option = flag.option if flag is not None else "--sampling-mask-max-tokens"
     return (f"DSV4G045: not judged: {option} {width}: SGLang's "
-            "validate_sampling_mask_max_tokens refuses it (it must be positive) and "
-            "MetadataBuffers could not allocate it: the server would not start; its "
-            "metadata buffers are not counted")
+            "validate_sampling_mask_max_tokens refuses it at start-up (it must be "
+            "positive): the server would not start; its metadata buffers are not counted")
 
 
 def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:

@@ -7,8 +7,8 @@ the middle of the list; ``--disaggregation-enable-kv-checksum`` from 0.5.21, who
 is last) shifts every later one. 0.5.23 logs it when the decode registers
 (``check_peer_aux_buffer_count``); earlier releases say nothing.
 
-The buffers are built for real on CPU with the smallest sizes giving the same count, in the server's environment (the
-caller applies it: SGLang reads the variable in the constructor).
+The buffers are built for real on CPU with the smallest sizes giving the same count, in the
+server's environment (the caller applies it: SGLang reads the variable in the constructor).
 """
 
 from __future__ import annotations
