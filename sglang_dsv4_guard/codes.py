@@ -454,14 +454,17 @@ CODES: dict[str, CodeInfo] = {
             "prefill and decode register different numbers of metadata buffers",
             "Decode ... registered N metadata buffers but this prefill has M; ...",
             "The two servers' metadata (aux) buffers pair up by position. "
-            "SGLANG_ENABLE_DISAGG_SAMPLING_MASK on one server only (read from 0.5.20) adds "
+            "SGLANG_ENABLE_DISAGG_SAMPLING_MASK read as true on one server only (read from "
+            "0.5.20; a value SGLang's EnvBool refuses is read as false, with a warning) adds "
             "three buffers in the middle of the list: every later one (speculative top-k, "
             "hidden states, the bootstrap room) is read from the wrong slot, an error. "
             "--disaggregation-enable-kv-checksum on one server only (0.5.21+) adds the last "
             "buffer: harmless in practice (decode skips verification without a digest), a "
             "warning. 0.5.23 logs the mismatch when a decode rank registers "
             "(`check_peer_aux_buffer_count`); 0.5.20 to 0.5.22 transfer on silently.",
-            ("check derives flag fixes: the variable or flag set (or unset) as on the other server",),
+            ("check derives flag fixes: the variable or flag set (or unset) as on the other "
+             "server; a value SGLang refuses is never copied: unset gives what SGLang reads "
+             "from it",),
             sglang_releases=("0.5.20", None),
         ),
         CodeInfo(

@@ -29,7 +29,7 @@ from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYP
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_copy, field_source
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.pools import _published
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
@@ -223,8 +223,7 @@ def _edits(name: str, src: Side, dst: Side, run: ContractRun) -> list[Edit | Non
             return [_set(dst.role, name, None)]  # back to the release's default (1 / off)
         return []
     if name == "kv_layout":
-        return [Edit(dst.role, key, src.args.env.get(key), remove=key not in src.args.env,
-                     env=True) for key in _LAYOUT_ENV
+        return [env_copy(dst.role, key, src.args.env.get(key)) for key in _LAYOUT_ENV
                 if src.args.env.get(key) != dst.args.env.get(key)] or [None]
     return []
 

@@ -48,7 +48,7 @@ def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = 
         second = endpoint_of(decode)
     run = ContractRun(first, second, prefill, decode, release, derive)
     findings: list[Finding] = []
-    unknowns: list[str] = []
+    unknowns: list[str] = [*run.prefill.notes, *run.decode.notes]
     for name, row in ROWS.items():
         try:
             found, unknown = row(run)

@@ -22,7 +22,13 @@ from sglang_dsv4_guard.launch import state_types as _state_types  # registers it
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.endpoint import (
+    CONTRIBUTORS,
+    NotDerived,
+    env_copy,
+    env_reading,
+    field_source,
+)
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
@@ -56,26 +62,58 @@ def _aux(side: Side, checksum: bool | None = None) -> int:
                                 _field(side, "sampling_mask_max_tokens"))
 
 
+def _refused_width(side: Side) -> str | None:
+    """Why SGLang would not start this server on its ``--sampling-mask-max-tokens``: a
+    width of 0 or less is refused at resolution by 0.5.20+'s
+    ``arg_groups/validation_hook.py`` ``validate_sampling_mask_max_tokens`` ("must be
+    positive"); a resolved ``ServerArgs`` holds only a width it accepted."""
+    width = _field(side, "sampling_mask_max_tokens")
+    if side.args.server_args is not None or width is None or int(width) > 0:
+        return None
+    flag = flag_for_field("sampling_mask_max_tokens")
+    option = flag.option if flag is not None else "--sampling-mask-max-tokens"
+    return (f"DSV4G045: not judged: {option} {width}: SGLang's "
+            "validate_sampling_mask_max_tokens refuses it at start-up (it must be "
+            "positive): the server would not start; its metadata buffers are not counted")
+
+
+def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+    """The metadata buffer count (its own contributor: when it cannot be known, the
+    other transfer values still are)."""
+    del values
+    refused = _refused_width(side)
+    if refused:
+        raise NotDerived(refused)
+    mask = side.args.env.get(SAMPLING_MASK)
+    return {"aux_buffer_count": Value(_aux(side), (
+        "SGLang's MetadataBuffers(...).get_buf_infos() built on CPU with this server's "
+        f"{SAMPLING_MASK}" + (f"={mask}" if mask is not None else " (unset)")
+        + " and " + field_source(side, "disaggregation_enable_kv_checksum",
+                                 "--disaggregation-enable-kv-checksum")))}
+
+
+def _mask_value(side: Side) -> Value:
+    """``SAMPLING_MASK`` as SGLang reads it, and what was typed."""
+    mask = side.args.env.get(SAMPLING_MASK)
+    read, refused = env_reading(SAMPLING_MASK, mask)
+    if mask is None:
+        return Value(read, f"{SAMPLING_MASK} not set (the release's default)")
+    return Value(read, f"{SAMPLING_MASK}={mask} in the server's environment"
+                 + (f": {refused}" if refused else ""))
+
+
 def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     del values
-    a = side.args
-    mask = a.env.get(SAMPLING_MASK)
     return {
-        "aux_buffer_count": Value(_aux(side), (
-            "SGLang's MetadataBuffers(...).get_buf_infos() built on CPU with this server's "
-            f"{SAMPLING_MASK}" + (f"={mask}" if mask is not None else " (unset)")
-            + " and " + field_source(side, "disaggregation_enable_kv_checksum",
-                                     "--disaggregation-enable-kv-checksum"))),
         "kv_checksum": Value(bool(_field(side, "disaggregation_enable_kv_checksum")), field_source(
             side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
-        "sampling_mask_env": Value(mask, f"{SAMPLING_MASK} in the server's environment"
-                                   if mask is not None else f"{SAMPLING_MASK} not set"),
+        "sampling_mask_env": _mask_value(side),
         "enable_hisparse": Value(bool(_field(side, "enable_hisparse")),
                                  field_source(side, "enable_hisparse", "--enable-hisparse")),
     }
 
 
-CONTRIBUTORS.append(_contribute)
+CONTRIBUTORS.extend((_contribute, _aux_values))
 
 
 def _tp_fixes(run: ContractRun, pp: bool) -> tuple[Fix, ...]:
@@ -141,6 +179,8 @@ def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
 def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     """DSV4G045: metadata buffer counts that differ."""
     p, d = run.prefill, run.decode
+    if not (p.has("aux_buffer_count") and d.has("aux_buffer_count")):
+        return [], []  # the endpoint's note says why the count is not known
     local, remote = int(p.get("aux_buffer_count")), int(d.get("aux_buffer_count"))
     if local == remote:
         return [], []
@@ -180,9 +220,7 @@ def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
     for src, dst in (("prefill", "decode"), ("decode", "prefill")):
         s, t = sides[src], sides[dst]
         if not checksum_only and s.args.env.get(SAMPLING_MASK) != t.args.env.get(SAMPLING_MASK):
-            value = s.args.env.get(SAMPLING_MASK)
-            edit = (Edit(dst, SAMPLING_MASK, remove=True, env=True) if value is None
-                    else Edit(dst, SAMPLING_MASK, value, env=True))
+            edit = env_copy(dst, SAMPLING_MASK, s.args.env.get(SAMPLING_MASK))
             found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s "
                                             f"{SAMPLING_MASK}", field="sampling_mask_env",
                              edits=(edit,)))
@@ -247,6 +285,8 @@ def nixl_payload_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     p, d = run.prefill, run.decode
     if not p.get("transfer_backend") == d.get("transfer_backend") == "nixl":
         return [], []
+    if not all(e.has(n) for e in (p, d) for n in ("enable_hisparse", "dcp_size")):
+        return [], []  # a value it reads was not derived: the endpoint's note says why
     changed = _changed(("nixl.hisparse_spec", "nixl.direct_to_host"), "DSV4G042/DSV4G043")
     if changed:
         return [], [changed]

@@ -7,8 +7,8 @@ the middle of the list; ``--disaggregation-enable-kv-checksum`` from 0.5.21, who
 is last) shifts every later one. 0.5.23 logs it when the decode registers
 (``check_peer_aux_buffer_count``); earlier releases say nothing.
 
-The buffers are built for real on CPU with tiny sizes, in the server's environment (the
-caller applies it: SGLang reads the variable in the constructor).
+The buffers are built for real on CPU with the smallest sizes giving the same count, in the
+server's environment (the caller applies it: SGLang reads the variable in the constructor).
 """
 
 from __future__ import annotations
@@ -23,21 +23,33 @@ from sglang_dsv4_guard.host.targets import PD_AUX_COUNT, PD_METADATA_BUFFERS
 
 __all__ = ["aux_buffer_count", "peer_count_log"]
 
-_ROWS = 2
+_ROWS = 1
 
 
 def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None,
                      dsa_topk_dim: int = 0) -> int:
     """How many metadata buffers the release's ``MetadataBuffers`` registers for these
-    settings (the environment as it is now)."""
+    settings (the environment as it is now).
+
+    Built with the smallest sizes that give the same count, never the flags' widths (a
+    server's ``--sampling-mask-max-tokens`` may be far more than this machine holds). Read
+    in each release's ``sglang/srt/disaggregation/utils.py`` ``MetadataBuffers.__init__`` /
+    ``get_buf_infos``: in 0.5.16 - 0.5.19 the sampling-mask buffers exist iff
+    ``max_sampling_mask_tokens > 0`` (only the sign counts: 1 or 0 is kept); from 0.5.20
+    iff ``envs.SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` (the width only sizes them); the
+    DSA top-k buffer iff ``output_dsa_topk_indices_dim > 0``; the KV checksum's (0.5.21+)
+    iff ``kv_checksum_enabled``; every other buffer always. ``None`` (a release without
+    the flag) counts as a positive width, as before."""
     import torch
 
     cls = getattr(importlib.import_module(PD_METADATA_BUFFERS.module),  # unscanned: targets
                   PD_METADATA_BUFFERS.qualname)
+    width = 1 if sampling_mask_tokens is None else min(max(int(sampling_mask_tokens), 0), 1)
     wanted: dict[str, Any] = dict(
-        size=_ROWS, hidden_size=16, hidden_states_dtype=torch.float32,
-        max_sampling_mask_tokens=int(sampling_mask_tokens or 16),
-        output_dsa_topk_indices_dim=dsa_topk_dim, kv_checksum_enabled=kv_checksum)
+        size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
+        max_sampling_mask_tokens=width, max_top_logprobs_num=1,
+        output_dsa_topk_indices_dim=min(max(dsa_topk_dim, 0), 1),
+        kv_checksum_enabled=kv_checksum)
     params = inspect.signature(cls.__init__).parameters
     buffers = cls(**{k: v for k, v in wanted.items() if k in params})
     ptrs, _, _ = buffers.get_buf_infos()

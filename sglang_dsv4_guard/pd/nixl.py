@@ -23,6 +23,7 @@ from typing import Any
 from sglang_dsv4_guard.host.pd_digests import SITES, locate
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
 from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.relayout import requires_relayout
 
 __all__ = ["REGIONS", "NixlVerdict", "decode_kv_kinds", "hisparse_backend_verdict",
            "payload_verdict"]
@@ -48,7 +49,16 @@ def decode_kv_kinds(decode: Endpoint, decode_only_draft: bool) -> list[str]:
 
 
 def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
-    """SGLang's ``_prepare_payload_xfer`` on the pair's registration: its refusal, if any."""
+    """SGLang's ``_prepare_payload_xfer`` on the pair's registration: its refusal, if any.
+
+    The peer carries the release's own ``requires_dcp_relayout`` result, as NIXL's
+    ``NixlKVManager._add_remote_peer`` sets it just before (0.5.17+,
+    sglang/srt/disaggregation/nixl/conn.py); with it, ``_prepare_payload_xfer`` takes its
+    DCP branch first and returns before either HiSparse check (0.5.17 - 0.5.23). When the
+    relayout itself raises (DSV4G036), registration stops there: no verdict here."""
+    relayout = requires_relayout(prefill, decode)
+    if relayout is None:
+        return None
     module = importlib.import_module(PD_NIXL_PAYLOAD.module)  # unscanned: targets
     owner, method = PD_NIXL_PAYLOAD.qualname.split(".")
     cls = getattr(module, owner)
@@ -66,7 +76,8 @@ def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
     peer = SimpleNamespace(
         dst_kv_item_lens=[64] * len(kinds), dst_kv_mem_kinds=kinds,
         dst_kv_ptrs=[0] * len(kinds), decode_tp_size=int(decode.get("attn_tp_size")),
-        requires_dcp_relayout=False, agent_name="decode", gpu_id=0, dst_num_slots=None)
+        requires_dcp_relayout=relayout, agent_name="decode", gpu_id=0, dst_num_slots=None,
+        dst_kv_layer_ids=list(range(len(kinds))), dst_dcp_size=int(decode.get("dcp_size", 1) or 1))
     try:
         getattr(cls, method)(manager, peer)
     except NotImplementedError as exc:

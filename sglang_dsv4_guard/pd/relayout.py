@@ -17,33 +17,47 @@ from sglang_dsv4_guard.host.targets import PD_COMMON_MANAGER, PD_COMMON_MODULE, 
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["CODE", "relayout_findings", "relayout_raise"]
+__all__ = ["CODE", "relayout_findings", "relayout_raise", "requires_relayout"]
 
 CODE = "DSV4G036"
 _OWN_RELAYOUT = ("ascend",)  # backends whose manager overrides the method
 
 
-def relayout_raise(prefill: Endpoint, decode: Endpoint) -> tuple[str | None, str | None]:
-    """(SGLang's message, ``None``) when the release's relayout raises for rank 0 of each
-    server, (``None``, ``None``) when it accepts, (``None``, why) when it cannot be run."""
+def _run(prefill: Endpoint, decode: Endpoint) -> tuple[bool | None, str | None, str | None]:
+    """The release's ``requires_dcp_relayout`` for rank 0 of each server: (its result,
+    its message when it raises, why it could not be run)."""
     cls = getattr(importlib.import_module(  # unscanned: SGLang
         PD_COMMON_MODULE), PD_COMMON_MANAGER)
     function = getattr(cls, PD_RELAYOUT.attr, None)
     if function is None:
-        return None, None  # the release has no DCP relayout (0.5.16): nothing to compare
+        return False, None, None  # the release has no DCP relayout (0.5.16)
     manager = object.__new__(cls)
     manager.dcp_size = int(prefill.get("dcp_size", 1) or 1)
     manager.dcp_rank = 0
     manager.is_mla_backend = bool(prefill.get("is_mla_backend", False))
     manager.is_hybrid_mla_backend = bool(prefill.get("is_hybrid_mla_backend", False))
     try:
-        function(manager, int(decode.get("dcp_size", 1) or 1), 0)
+        return bool(function(manager, int(decode.get("dcp_size", 1) or 1), 0)), None, None
     except (AttributeError, TypeError) as exc:
-        return None, (f"SGLang's {PD_RELAYOUT.qualname} read what this check does not set "
-                      f"({type(exc).__name__}: {exc})")
+        return None, None, (f"SGLang's {PD_RELAYOUT.qualname} read what this check does not "
+                            f"set ({type(exc).__name__}: {exc})")
     except Exception as exc:
-        return str(exc), None
-    return None, None
+        return None, str(exc), None
+
+
+def relayout_raise(prefill: Endpoint, decode: Endpoint) -> tuple[str | None, str | None]:
+    """(SGLang's message, ``None``) when the release's relayout raises for rank 0 of each
+    server, (``None``, ``None``) when it accepts, (``None``, why) when it cannot be run."""
+    _, message, unknown = _run(prefill, decode)
+    return message, unknown
+
+
+def requires_relayout(prefill: Endpoint, decode: Endpoint) -> bool | None:
+    """Whether the release's own ``requires_dcp_relayout`` asks for the relayout when rank 0
+    of the decode registers with rank 0 of the prefill (``False`` on a release without
+    it); ``None`` when it raises (DSV4G036: registration stops there) or cannot be run."""
+    result, _, _ = _run(prefill, decode)
+    return result
 
 
 def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
