@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.pd import first_contact as fc
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
@@ -43,6 +44,43 @@ def messages(prefill: dict[str, Any], decode: dict[str, Any]) -> list[str]:
     contact = fc.first_contact(endpoint("prefill", **prefill), endpoint("decode", **decode),
                                str(RELEASE))
     return [r.message for r in contact.raised]
+
+
+def report_codes(prefill: dict[str, Any], decode: dict[str, Any]) -> list[str]:
+    """The codes of the report the first contact's findings make (as ``check`` builds it)."""
+    findings, _ = fc.contact_findings(endpoint("prefill", **prefill),
+                                      endpoint("decode", **decode), str(RELEASE))
+    return list(Report.of(findings, {"function": "test"}).codes)
+
+
+class TestConditionFindings(GuardTestCase):
+    """Each condition launch lines cannot reach on this CPU, as the finding ``check``
+    reports when the endpoint holds the value: its own code, on the releases with it."""
+
+    def test_mxfp8_is_dsv4g033(self) -> None:
+        """Block scales with different attention TP: DSV4G033 from 0.5.22, none before."""
+        got = report_codes({"attn_tp_size": 2},
+                           {"attn_tp_size": 4, "state_types": ("block_scale",)})
+        self.assertEqual(got, ["DSV4G033"] if RELEASE >= Version("0.5.22") else [])
+
+    def test_minimax_is_dsv4g041(self) -> None:
+        """MiniMax index state with different attention TP at first contact: DSV4G041 in
+        0.5.23, none before (earlier releases find it per request)."""
+        got = report_codes({"attn_tp_size": 2},
+                           {"attn_tp_size": 4, "state_types": ("minimax_index_k",)})
+        self.assertEqual(got, ["DSV4G041"] if RELEASE >= Version("0.5.23") else [])
+
+    def test_kv_layout_is_dsv4g031(self) -> None:
+        """Different DeepSeek-V4 KV layouts: DSV4G031 in 0.5.23, none before."""
+        got = report_codes({"kv_layout": "v4,c4:v4"}, {"kv_layout": "v41,c4:v41"})
+        self.assertEqual(got, ["DSV4G031"] if RELEASE >= Version("0.5.23") else [])
+
+    def test_dspark_is_dsv4g032(self) -> None:
+        """Different DSpark layouts and TP: two DSV4G032 from 0.5.21, none before."""
+        got = report_codes(
+            {"dsv41_spec_layout": {"num_draft_tokens": 4}, "attn_tp_size": 2},
+            {"dsv41_spec_layout": {"num_draft_tokens": 8}, "attn_tp_size": 4})
+        self.assertEqual(got, ["DSV4G032"] * 2 if RELEASE >= Version("0.5.21") else [])
 
 
 class TestConditionsByRelease(GuardTestCase):

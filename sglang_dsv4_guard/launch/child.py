@@ -367,6 +367,7 @@ def main() -> int:
     from sglang_dsv4_guard.launch import sandbox
 
     sandbox.install(sys.argv[1])
+    # deferred: the capture is the child's only, imported behind its walls
     from sglang_dsv4_guard.launch.chatter import mirrored
 
     out = os.fdopen(os.dup(1), "w")
