@@ -61,26 +61,26 @@ class TestConditionFindings(GuardTestCase):
         """Block scales with different attention TP: DSV4G033 from 0.5.22, none before."""
         got = report_codes({"attn_tp_size": 2},
                            {"attn_tp_size": 4, "state_types": ("block_scale",)})
-        self.assertEqual(got, ["DSV4G033"] if RELEASE >= Version("0.5.22") else [])
+        self.assertEqual(got, ["DSV4G033"] if Version("0.5.22") <= RELEASE else [])
 
     def test_minimax_is_dsv4g041(self) -> None:
         """MiniMax index state with different attention TP at first contact: DSV4G041 in
         0.5.23, none before (earlier releases find it per request)."""
         got = report_codes({"attn_tp_size": 2},
                            {"attn_tp_size": 4, "state_types": ("minimax_index_k",)})
-        self.assertEqual(got, ["DSV4G041"] if RELEASE >= Version("0.5.23") else [])
+        self.assertEqual(got, ["DSV4G041"] if Version("0.5.23") <= RELEASE else [])
 
     def test_kv_layout_is_dsv4g031(self) -> None:
         """Different DeepSeek-V4 KV layouts: DSV4G031 in 0.5.23, none before."""
         got = report_codes({"kv_layout": "v4,c4:v4"}, {"kv_layout": "v41,c4:v41"})
-        self.assertEqual(got, ["DSV4G031"] if RELEASE >= Version("0.5.23") else [])
+        self.assertEqual(got, ["DSV4G031"] if Version("0.5.23") <= RELEASE else [])
 
     def test_dspark_is_dsv4g032(self) -> None:
         """Different DSpark layouts and TP: two DSV4G032 from 0.5.21, none before."""
         got = report_codes(
             {"dsv41_spec_layout": {"num_draft_tokens": 4}, "attn_tp_size": 2},
             {"dsv41_spec_layout": {"num_draft_tokens": 8}, "attn_tp_size": 4})
-        self.assertEqual(got, ["DSV4G032"] * 2 if RELEASE >= Version("0.5.21") else [])
+        self.assertEqual(got, ["DSV4G032"] * 2 if Version("0.5.21") <= RELEASE else [])
 
 
 class TestConditionsByRelease(GuardTestCase):
