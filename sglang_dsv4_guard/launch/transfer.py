@@ -25,6 +25,7 @@ from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
+from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, AuxSend, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
@@ -138,40 +139,71 @@ def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     return findings, unknowns
 
 
+def _aux_details(local: int, remote: int, checksum_only: bool, sent: AuxSend) -> list[str]:
+    """What happens to the buffers, as SGLang's ``send_aux`` of the backend ran on them."""
+    if sent.prefill_raised:
+        return [f"SGLang's {sent.function} raises {sent.prefill_raised} on the prefill: it "
+                f"loops over the decode's {remote} buffers, indexing the prefill's {local}"]
+    if sent.decode_raised:
+        return [f"SGLang's {sent.function} sends the prefill's {local} buffers one by one with "
+                f"their index; the decode's AuxDataCodec.deserialize_data_to_buffer raises "
+                f"{sent.decode_raised}: the decode has {remote}"]
+    head = f"only the first {sent.written} buffers are transferred; "
+    if checksum_only:
+        return [head + (
+            "the decode's extra one is the KV checksum, the last: it stays 0 and the decode "
+            "skips verification for a 0 digest (decode.py _verify_kv_checksums)"
+            if remote > local else
+            "the prefill's extra one is the KV checksum, the last: it is not sent and the "
+            "decode, without the checksum, verifies nothing")
+                + ", so transfers stay correct (a warning, not an error)"]
+    return [head + f"{SAMPLING_MASK} on one server adds buffers in the middle of the list: "
+            "every later buffer (speculative top-k, hidden states, the bootstrap room) is read "
+            "from the wrong slot"]
+
+
 def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G045: metadata buffer counts that differ."""
+    """DSV4G045: metadata buffer counts that differ, with what the prefill's backend's
+    ``send_aux`` then does (run from the release's source, :mod:`..pd.aux_send`):
+    an error where it raises (0.5.20 - 0.5.22's Mooncake and NIXL loop over the decode's
+    buffers; the TCP paths send the prefill's by index), a warning where only the KV
+    checksum, the last buffer, is left out."""
     p, d = run.prefill, run.decode
     local, remote = int(p.get("aux_buffer_count")), int(d.get("aux_buffer_count"))
     if local == remote:
         return [], []
+    backend = str(p.get("transfer_backend"))
+    package = imported_package_dir()
+    if backend not in AUX_BACKENDS or package is None:
+        return [], [f"DSV4G045: not judged: prefill {local} and decode {remote} metadata "
+                    f"buffers, and the {backend} transfer's send_aux is not one this guard "
+                    "runs" if package is not None else
+                    "DSV4G045: not judged: the imported SGLang's source was not found"]
+    try:
+        with offline_env(run.prefill_side.args.env):
+            sent = aux_send(backend, package, local, remote)
+    except NotJudged as exc:
+        return [], [f"DSV4G045 ({backend}): not judged: {exc}"]
     checksum_only = _aux(run.prefill_side, bool(d.get("kv_checksum"))) == remote
     try:
         logged = peer_count_log(local, remote)
     except AttributeError:  # a release without the check: nothing is logged
         logged = None
-    backend = str(p.get("transfer_backend"))
-    info = CODES["DSV4G045"]
-    details = [
-        "only the first "
-        f"{min(local, remote)} buffers are transferred; "
-        + ("the extra one is the KV checksum, the last: decode skips verification without a "
-           "digest, so transfers stay correct in practice (a warning, not an error)"
-           if checksum_only else
-           f"{SAMPLING_MASK} on one server adds buffers in the middle of the list: every "
-           "later buffer (speculative top-k, hidden states, the bootstrap room) is read "
-           "from the wrong slot")]
-    fixes: list[Fix] = []
-    if run.derive:
-        fixes = _aux_fixes(run, checksum_only)
+    fails = bool(sent.prefill_raised or sent.decode_raised)
+    env = run.prefill_side.args.env
+    when = (when_text(Phase.PER_REQUEST, backend, env, receiver=not sent.prefill_raised)
+            if fails else when_text(Phase.SILENT, backend, env, logged=logged is not None,
+                                    aligned=checksum_only))
     return [Finding(
-        code="DSV4G045", severity=Severity.WARNING if checksum_only else Severity.ERROR,
-        summary=info.title, subject="prefill and decode metadata buffers",
+        code="DSV4G045", severity=Severity.WARNING if checksum_only and not fails
+        else Severity.ERROR, summary=CODES["DSV4G045"].title,
+        subject=f"prefill -> decode {backend} transfer of the metadata buffers",
         observations=tuple(e.observation(n) for n in ("aux_buffer_count", "sampling_mask_env",
                                                         "kv_checksum") for e in (p, d)),
-        details=tuple(details), fixes=tuple(fixes), docs=docs_url("DSV4G045"),
-        host_message=logged,
-        when=when_text(Phase.SILENT, backend, run.prefill_side.args.env,
-                       logged=logged is not None))], []
+        details=tuple(_aux_details(local, remote, checksum_only, sent)),
+        fixes=tuple(_aux_fixes(run, checksum_only)) if run.derive else (),
+        docs=docs_url("DSV4G045"), host_message=logged or sent.prefill_raised
+        or sent.decode_raised, when=when)], []
 
 
 def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
