@@ -257,6 +257,22 @@ def _hisparse_fixes(run: ContractRun, tp: bool) -> tuple[Fix, ...]:
     return tuple(f for f in (accepted_fix(f, sides) for f in found) if f is not None)
 
 
+def _hisparse_details(run: ContractRun, verdict: NixlVerdict) -> str:
+    d = run.decode
+    if verdict.code == "DSV4G044":
+        # decode.py DecodePreallocQueue.pop_preallocated (0.5.17+; a draft pool from 0.5.22)
+        pools = " and ".join(n for n, on in (("a DeepSeek-V4 KV pool", d.get("is_dsv4")), (
+            "a draft KV pool", d.get("speculative_algorithm"))) if on)
+        return (f"SGLang's {verdict.function} raises it: the decode runs HiSparse with "
+                f"{pools or 'the pool the release tests'} on the "
+                f"{d.get('transfer_backend')} backend, and its HiSparse transfer is "
+                "Mooncake's only")
+    draft = (", its draft's on the GPU" if d.get("speculative_algorithm") else "")
+    return (f"SGLang's {verdict.function} raises it; the decode's HiSparse KV is in host "
+            f"memory (DRAM){draft} (the memory kinds NIXL reads from the registration, as "
+            "HiSparse allocates them)")
+
+
 def _hisparse_finding(run: ContractRun, verdict: NixlVerdict, phase: Phase) -> Finding:
     p, d = run.prefill, run.decode
     info = CODES[verdict.code]
@@ -266,9 +282,7 @@ def _hisparse_finding(run: ContractRun, verdict: NixlVerdict, phase: Phase) -> F
         code=verdict.code, severity=Severity.ERROR, summary=info.title,
         subject="decode server HiSparse transfer", observations=tuple(
             e.observation(n) for n in names for e in (p, d)),
-        details=(f"SGLang's {verdict.function} raises it; the decode's HiSparse KV is in "
-                 "host memory (DRAM), its draft's on the GPU (the memory kinds NIXL reads "
-                 "from the registration, as HiSparse allocates them)",),
+        details=(_hisparse_details(run, verdict),),
         fixes=_hisparse_fixes(run, verdict.code == "DSV4G043"), docs=docs_url(verdict.code),
         host_message=verdict.message,
         when=when_text(phase, str(p.get("transfer_backend")), run.prefill_side.args.env))
@@ -299,4 +313,4 @@ def hisparse_backend_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
         verdict = hisparse_backend_verdict(d, package)
     except NotJudged as exc:
         return [], [f"DSV4G044: not judged: {exc}"]
-    return ([_hisparse_finding(run, verdict, Phase.FIRST_CONTACT)] if verdict else []), []
+    return ([_hisparse_finding(run, verdict, Phase.FIRST_REQUEST)] if verdict else []), []
