@@ -102,6 +102,24 @@ class TestSendExtraHeterogeneousTP(GuardTestCase):
         status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])
         self.assertEqual((status, g040(again)), (0, []))
 
+    def test_pipeline_parallel_fix_holds_for_both_servers(self) -> None:
+        """P TP1 PP2 / D TP2 PP2 on Mooncake: every pipeline-parallelism fix check offers
+        is proven (the decode's PP must equal the prefill's or be 1, so PP 1 goes on both
+        servers), and check --fix's corrected pair passes check."""
+        prefill = server("prefill", GPT_OSS, "--tp-size 1 --pp-size 2", backend="mooncake")
+        decode = server("decode", GPT_OSS, "--tp-size 2 --pp-size 2", backend="mooncake")
+        _, doc = check_json(prefill, decode, "--fix")
+        found = g040(doc)
+        self.assertEqual(len(found), 1)
+        self.assertTrue(found[0]["fixes"])
+        self.assertEqual([f for f in found[0]["fixes"] if not f["proven"]], [])
+        pp = [f for f in found[0]["fixes"] if f.get("field") == "pp_size"]
+        if SLICES_SWA:  # the head-slice path's PP refusal: PP 1 on both servers
+            self.assertEqual(len(pp), 1)
+            self.assertEqual(sorted(e["server"] for e in pp[0]["edits"]), ["decode", "prefill"])
+        status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])
+        self.assertEqual((status, g040(again)), (0, []))
+
 
 def _real_nixl(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str) -> str | None:
     """SGLang's real ``NixlKVManager.maybe_send_extra`` on a half-built manager (no engine):

@@ -86,9 +86,17 @@ def _tp_fixes(run: ContractRun, pp: bool) -> tuple[Fix, ...]:
     found: list[Fix | None] = list(attention_tp_fixes(run.prefill_side, run.decode_side))
     pp_flag = flag_for_field("pp_size")
     if pp and pp_flag is not None:
-        found.insert(0, Fix(FixKind.FLAGS, "run the prefill without pipeline parallelism "
-                                           "(head-sliced SWA transfer needs PP 1)",
-                            field="pp_size", edits=(Edit("prefill", pp_flag.option, "1"),)))
+        # The head-sliced transfer needs the prefill's PP 1 (common/conn.py
+        # CommonKVManager._get_mha_head_slice_blocks, 0.5.22+), and the decode's first
+        # contact asserts its PP equal to the prefill's or 1 (common/conn.py
+        # CommonKVManager._resolve_rank_mapping, 0.5.23): PP 1 on every server that has more.
+        roles = [r for r, e in (("prefill", run.prefill), ("decode", run.decode))
+                 if int(e.get("pp_size") or 1) > 1]
+        found.insert(0, Fix(FixKind.FLAGS, "run " + " and ".join(f"the {r}" for r in roles)
+                            + " without pipeline parallelism (head-sliced SWA transfer needs "
+                            "the prefill's PP 1, and a decode's PP must equal it or be 1)",
+                            field="pp_size",
+                            edits=tuple(Edit(r, pp_flag.option, "1") for r in roles)))
     kept = [accepted_fix(f, sides) for f in found]
     return tuple(f for f in kept if f is not None)
 
