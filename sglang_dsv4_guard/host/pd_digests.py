@@ -73,6 +73,7 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("nixl.minimax", PD_NIXL_SEND_EXTRA, phrase="heterogeneous TP not supported for MiniMax"),
     SiteSpec("nixl.minimax_pp", PD_NIXL_SEND_EXTRA, phrase="PP>1 not supported for MiniMax"),
     SiteSpec("head_slice.pp", PD_HEAD_SLICE, phrase="pipeline parallelism"),
+    SiteSpec("head_slice.layout", PD_HEAD_SLICE, phrase="needs the NHD KV cache layout"),
     SiteSpec("nixl.hisparse_spec", PD_NIXL_PAYLOAD, phrase="decode-only speculative"),
     SiteSpec("nixl.direct_to_host", PD_NIXL_PAYLOAD, phrase="direct-to-host"),
     SiteSpec("decode.hisparse_mooncake", PD_POP_PREALLOCATED, phrase="requires the"),

@@ -16,10 +16,19 @@ from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.remedy import page_size_source
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 
-__all__ = ["CONTRIBUTORS", "endpoint_of", "field_source"]
+__all__ = ["CONTRIBUTORS", "endpoint_of", "field_source", "side_field"]
 
 # Each takes a side and the values derived so far and returns values to add.
 CONTRIBUTORS: list[Callable[[Side, dict[str, Value]], dict[str, Value]]] = []
+
+
+def side_field(side: Side, name: str) -> Any:
+    """A field the contract's parse does not keep: from the resolved ``ServerArgs``, else
+    (resolution did not complete) whether the line typed it (a switch) or its typed value."""
+    if side.args.server_args is not None:
+        return getattr(side.args.server_args, name, None)
+    typed = typed_flags(list(side.args.argv)).get(name)
+    return None if typed is None else (typed[1] if typed[1] is not None else True)
 
 
 def field_source(side: Side, field: str, option: str) -> str:

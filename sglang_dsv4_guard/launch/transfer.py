@@ -10,8 +10,6 @@ they read.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -19,10 +17,10 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, digest_pd_tree, locate, row_releases
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch import state_types as _state_types  # registers its contributor
+from sglang_dsv4_guard.launch import swa_layout as _swa_layout  # registers its contributor
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source, side_field
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, AuxSend, aux_send
@@ -35,26 +33,15 @@ from sglang_dsv4_guard.pd.when import Phase, when_text
 __all__ = ["SAMPLING_MASK", "aux_row", "hisparse_backend_row", "nixl_payload_row",
            "send_extra_row"]
 
-del _state_types
+del _state_types, _swa_layout
 SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
-
-
-
-
-def _field(side: Side, name: str) -> Any:
-    """A field the contract's parse does not keep: from the resolved ``ServerArgs``, else
-    (resolution did not complete) whether the line typed it (a switch) or its typed value."""
-    if side.args.server_args is not None:
-        return getattr(side.args.server_args, name, None)
-    typed = typed_flags(list(side.args.argv)).get(name)
-    return None if typed is None else (typed[1] if typed[1] is not None else True)
 
 
 def _aux(side: Side, checksum: bool | None = None) -> int:
     with offline_env(side.args.env):
-        return aux_buffer_count(bool(_field(side, "disaggregation_enable_kv_checksum"))
+        return aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum"))
                                 if checksum is None else checksum,
-                                _field(side, "sampling_mask_max_tokens"))
+                                side_field(side, "sampling_mask_max_tokens"))
 
 
 def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
@@ -67,11 +54,11 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
             f"{SAMPLING_MASK}" + (f"={mask}" if mask is not None else " (unset)")
             + " and " + field_source(side, "disaggregation_enable_kv_checksum",
                                      "--disaggregation-enable-kv-checksum"))),
-        "kv_checksum": Value(bool(_field(side, "disaggregation_enable_kv_checksum")), field_source(
+        "kv_checksum": Value(bool(side_field(side, "disaggregation_enable_kv_checksum")), field_source(
             side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
         "sampling_mask_env": Value(mask, f"{SAMPLING_MASK} in the server's environment"
                                    if mask is not None else f"{SAMPLING_MASK} not set"),
-        "enable_hisparse": Value(bool(_field(side, "enable_hisparse")),
+        "enable_hisparse": Value(bool(side_field(side, "enable_hisparse")),
                                  field_source(side, "enable_hisparse", "--enable-hisparse")),
     }
 
@@ -79,11 +66,18 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
 CONTRIBUTORS.append(_contribute)
 
 
-def _tp_fixes(run: ContractRun, pp: bool) -> tuple[Fix, ...]:
+def _tp_fixes(run: ContractRun, pp: bool, layout: bool = False) -> tuple[Fix, ...]:
     if not run.derive:
         return ()
     sides = {"prefill": run.prefill_side, "decode": run.decode_side}
     found: list[Fix | None] = list(attention_tp_fixes(run.prefill_side, run.decode_side))
+    unified = flag_for_field("enable_unified_memory")
+    if layout and unified is not None and side_field(run.prefill_side, "enable_unified_memory"):
+        # the plain SWAKVPool's SWA layout is NHD, which the head-sliced transfer takes
+        found.insert(0, Fix(FixKind.FLAGS, "run the prefill without the unified memory pool "
+                                           "(its page_major SWA layout cannot be head-sliced)",
+                            field="swa_kv_cache_layout",
+                            edits=(Edit("prefill", unified.option, remove=True),)))
     pp_flag = flag_for_field("pp_size")
     if pp and pp_flag is not None:
         # The head-sliced transfer needs the prefill's PP 1 (common/conn.py
@@ -104,8 +98,10 @@ def _tp_fixes(run: ContractRun, pp: bool) -> tuple[Fix, ...]:
 def _send_extra_finding(run: ContractRun, backend: str, verdict: StateVerdict) -> Finding:
     p, d = run.prefill, run.decode
     pp = "pipeline parallelism" in verdict.message
+    layout = "KV cache layout" in verdict.message
     info = CODES[verdict.code]
-    names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else [])]
+    names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else []),
+             *(["swa_kv_cache_layout"] if layout else [])]
     return Finding(
         code=verdict.code, severity=Severity.ERROR, summary=info.title,
         subject=f"prefill -> decode {backend} transfer of the {verdict.state_type} state",
@@ -114,7 +110,7 @@ def _send_extra_finding(run: ContractRun, backend: str, verdict: StateVerdict) -
         details=(f"SGLang's {verdict.function} raises it on the prefill for every request "
                  f"that carries {verdict.state_type} state: the prefill has attention TP "
                  f"{p.get('attn_tp_size')}, the decode {d.get('attn_tp_size')}",),
-        fixes=_tp_fixes(run, pp), docs=docs_url(verdict.code), host_message=verdict.message,
+        fixes=_tp_fixes(run, pp, layout), docs=docs_url(verdict.code), host_message=verdict.message,
         when=when_text(Phase.PER_REQUEST, backend, run.prefill_side.args.env))
 
 
@@ -227,8 +223,8 @@ def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
                                             f"{SAMPLING_MASK}", field="sampling_mask_env",
                              edits=(edit,)))
         flag = flag_for_field("disaggregation_enable_kv_checksum")
-        on = bool(_field(s, "disaggregation_enable_kv_checksum"))
-        if flag is not None and on != bool(_field(t, "disaggregation_enable_kv_checksum")):
+        on = bool(side_field(s, "disaggregation_enable_kv_checksum"))
+        if flag is not None and on != bool(side_field(t, "disaggregation_enable_kv_checksum")):
             found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s KV checksum "
                                             "setting", field="kv_checksum",
                              edits=(Edit(dst, flag.option, remove=not on),)))
