@@ -149,7 +149,8 @@ def _real_nixl(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str,
             list(out)
     except RuntimeError as exc:
         text = str(exc)
-        return text if text.startswith(("PD Disaggregation ", "PD disagg: ", "Head-sliced PD transfer needs")) else None
+        refusals = ("PD Disaggregation ", "PD disagg: ", "Head-sliced PD transfer needs")
+        return text if text.startswith(refusals) else None
     except Exception:  # past the check, into the transfer this half-built manager cannot do
         return None
     return None
