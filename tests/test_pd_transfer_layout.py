@@ -68,7 +68,8 @@ class TestSwaLayout(GuardTestCase):
 
     def test_the_fixed_lines_pass_check(self) -> None:
         """``check --fix`` on the unified-memory pair: every fix offered is proven and the
-        corrected pair has no DSV4G040."""
+        corrected pair has no DSV4G040 (and, from 0.5.22, whose resolution accepts unified
+        memory with PD, no finding at all)."""
         if not UNIFIED:
             self.assertLess(sglang_release(), Version("0.5.22"))
             return
@@ -77,7 +78,9 @@ class TestSwaLayout(GuardTestCase):
         fixes = [f for x in g040(doc) for f in x["fixes"]]
         self.assertTrue(fixes and all(f["proven"] for f in fixes))
         status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])
-        self.assertEqual((status, g040(again)), (0, []))
+        self.assertEqual(g040(again), [])
+        if SLICES_SWA:
+            self.assertEqual(status, 0)
 
     def test_unified_memory_with_equal_tp_is_accepted(self) -> None:
         """Near miss: unified memory with the same attention TP is no DSV4G040."""
