@@ -40,6 +40,19 @@ def _pair(prefill_extra: str = "", decode_extra: str = "", *more: str,
 class TestMetadataBufferCount(GuardTestCase):
     """The sampling-mask variable and the KV checksum flag on one server only."""
 
+    def _checksum_on(self, role: str, backend: str = "mooncake") -> list[dict[str, Any]]:
+        """DSV4G045 with the KV checksum flag on ``role`` only: one finding, a warning on
+        0.5.23 (the transfer stops at the shorter list), an error before (checked by the
+        caller); none on a release without the flag (0.5.21's)."""
+        if not HAS_CHECKSUM:
+            self.assertLess(RELEASE, Version("0.5.21"))
+            return []
+        flag = "--disaggregation-enable-kv-checksum"
+        found = g045(_pair(*((flag, "") if role == "prefill" else ("", flag)), backend=backend))
+        self.assertEqual(len(found), 1)
+        self.assertEqual(found[0]["severity"], "warning" if SHORTER_LIST else "error")
+        return [] if SHORTER_LIST else found
+
     def test_sampling_mask_on_the_prefill_only(self) -> None:
         """The variable on the prefill only: an error from 0.5.20 (its buffers sit in the
         middle of the list), logged from 0.5.23 with SGLang's own line, silent before;
@@ -83,51 +96,29 @@ class TestMetadataBufferCount(GuardTestCase):
         loops over the decode's buffers and raises IndexError in the prefill's transfer
         worker (an error, per request: the worker dies); 0.5.23 stops at the shorter list
         (a warning whose ``when:`` is one statement: logged, transfers correct)."""
-        if not HAS_CHECKSUM:
-            self.assertLess(RELEASE, Version("0.5.21"))  # the flag is 0.5.21's
-            return
-        found = g045(_pair("", "--disaggregation-enable-kv-checksum"))
-        self.assertEqual(len(found), 1)
+        for f in self._checksum_on("decode"):
+            self.assertIn("Transfer thread failed", f["when"])
+            self.assertIn("IndexError", " ".join(f["details"]))
         if SHORTER_LIST:
-            self.assertEqual(found[0]["severity"], "warning")
-            self.assertNotIn("misaligned", found[0]["when"])
-            self.assertIn("SGLang logs an error", found[0]["when"])
-        else:
-            self.assertEqual(found[0]["severity"], "error")
-            self.assertIn("Transfer thread failed", found[0]["when"])
-            self.assertIn("IndexError", " ".join(found[0]["details"]))
+            when = g045(_pair("", "--disaggregation-enable-kv-checksum"))[0]["when"]
+            self.assertNotIn("misaligned", when)
+            self.assertIn("SGLang logs an error", when)
 
     def test_checksum_on_the_decode_only_fails_each_nixl_request(self) -> None:
         """The same on NIXL: before 0.5.23 its ``send_aux`` raises IndexError, which its
         transfer worker catches: each request fails (an error, per request)."""
-        if not HAS_CHECKSUM:
-            self.assertLess(RELEASE, Version("0.5.21"))  # the flag is 0.5.21's
-            return
-        found = g045(_pair("", "--disaggregation-enable-kv-checksum", backend="nixl"))
-        self.assertEqual(len(found), 1)
-        if SHORTER_LIST:
-            self.assertEqual(found[0]["severity"], "warning")
-        else:
-            self.assertEqual(found[0]["severity"], "error")
+        for f in self._checksum_on("decode", "nixl"):
             self.assertIn("per request, in the prefill's nixl transfer: each request fails",
-                          found[0]["when"])
+                          f["when"])
 
     def test_checksum_on_the_prefill_only_breaks_the_mori_decode_before_0_5_23(self) -> None:
         """The checksum on the prefill only, on MORI: its TCP path sends every prefill
         buffer with its index, and before 0.5.23 the decode's real codec raises for the
         checksum's index (an error, per request, in the decode's receiving thread); 0.5.23
         sends the shorter list (a warning)."""
-        if not HAS_CHECKSUM:
-            self.assertLess(RELEASE, Version("0.5.21"))  # the flag is 0.5.21's
-            return
-        found = g045(_pair("--disaggregation-enable-kv-checksum", "", backend="mori"))
-        self.assertEqual(len(found), 1)
-        if SHORTER_LIST:
-            self.assertEqual(found[0]["severity"], "warning")
-        else:
-            self.assertEqual(found[0]["severity"], "error")
-            self.assertIn("decode's mori thread", found[0]["when"])
-            self.assertIn("IndexError", found[0]["host_message"])
+        for f in self._checksum_on("prefill", "mori"):
+            self.assertIn("decode's mori thread", f["when"])
+            self.assertIn("IndexError", f["host_message"])
 
     def test_sampling_mask_on_the_decode_only_kills_the_mooncake_worker(self) -> None:
         """The variable on the decode only, on Mooncake: an error on every release that
