@@ -396,12 +396,17 @@ CODES: dict[str, CodeInfo] = {
             "attention TP on the decode it refuses a state type it cannot slice by heads: SWA "
             "(gpt-oss and other sliding-window models) before 0.5.22; from 0.5.22 SWA is "
             "sliced, except with pipeline parallelism on the prefill (`... non-MLA SWA "
-            "hybrid models with pipeline parallelism yet.`). MLA models are never refused. "
+            "hybrid models with pipeline parallelism yet.`) or a prefill SWA KV cache not in "
+            "the NHD layout (`Head-sliced PD transfer needs the NHD KV cache layout, got "
+            "page_major`: the unified memory pool of --enable-unified-memory; a ROCm AITER "
+            "layout is the hardware's and not predicted). MLA models are never refused. "
             "Mooncake: the transfer worker thread exits (\"Transfer thread failed ... "
             "Prefill instance ... is dead.\") and every request sharded to its queue hangs; "
             "NIXL: each request fails. MORI's own check is DSV4G006.",
             ("check derives flag fixes: the same attention TP on both servers (by attention DP, keeping the "
-             "GPU count, where the release's flags allow), or the prefill's --pp-size 1",),
+             "GPU count, where the release's flags allow), --pp-size 1 on every server with "
+             "more (a decode's PP must equal the prefill's or be 1), or the prefill without "
+             "--enable-unified-memory",),
         ),
         CodeInfo(
             "DSV4G041",
@@ -444,7 +449,8 @@ CODES: dict[str, CodeInfo] = {
             "The decode's first request (`pop_preallocated`) raises when HiSparse is on and "
             "the transfer backend is not Mooncake: for a DeepSeek-V4 pool from 0.5.17 (`DSV4 "
             "HiSparse direct PD transfer currently requires the Mooncake backend`), for a "
-            "DeepSeek-V4 or a draft pool from 0.5.22. The decode server exits.",
+            "DeepSeek-V4 or a draft pool from 0.5.22. The decode server exits. A decode on "
+            "the `fake` backend (decode-only) is exempt: its requests are fake transfers.",
             ("check derives flag fixes: --disaggregation-transfer-backend mooncake on both servers, or "
              "HiSparse off on the decode",),
             sglang_releases=("0.5.17", None),
@@ -459,9 +465,14 @@ CODES: dict[str, CodeInfo] = {
             "three buffers in the middle of the list: every later one (speculative top-k, "
             "hidden states, the bootstrap room) is read from the wrong slot, an error. "
             "--disaggregation-enable-kv-checksum on one server only (0.5.21+) adds the last "
-            "buffer: harmless in practice (decode skips verification without a digest), a "
-            "warning. 0.5.23 logs the mismatch when a decode rank registers "
-            "(`check_peer_aux_buffer_count`); 0.5.20 to 0.5.22 transfer on silently.",
+            "buffer: harmless where the transfer stops at the shorter list (a warning). "
+            "0.5.20 to 0.5.22's Mooncake and NIXL `send_aux` loop over the decode's buffers: "
+            "a decode with more raises IndexError on the prefill, per request (Mooncake: "
+            "the transfer worker exits; NIXL: each request fails), an error for either "
+            "cause. The TCP paths (MORI's, Mooncake's SGLANG_MOONCAKE_SEND_AUX_TCP) send "
+            "the prefill's buffers by index: before 0.5.23 a prefill with more makes the "
+            "decode's receiving thread raise, an error. 0.5.23 logs the mismatch when a "
+            "decode rank registers (`check_peer_aux_buffer_count`).",
             ("check derives flag fixes: the variable or flag set (or unset) as on the other "
              "server; a value SGLang refuses is never copied: unset gives what SGLang reads "
              "from it",),

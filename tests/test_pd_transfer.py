@@ -102,8 +102,27 @@ class TestSendExtraHeterogeneousTP(GuardTestCase):
         status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])
         self.assertEqual((status, g040(again)), (0, []))
 
+    def test_pipeline_parallel_fix_holds_for_both_servers(self) -> None:
+        """P TP1 PP2 / D TP2 PP2 on Mooncake: every pipeline-parallelism fix check offers
+        is proven (the decode's PP must equal the prefill's or be 1, so PP 1 goes on both
+        servers), and check --fix's corrected pair passes check."""
+        prefill = server("prefill", GPT_OSS, "--tp-size 1 --pp-size 2", backend="mooncake")
+        decode = server("decode", GPT_OSS, "--tp-size 2 --pp-size 2", backend="mooncake")
+        _, doc = check_json(prefill, decode, "--fix")
+        found = g040(doc)
+        self.assertEqual(len(found), 1)
+        self.assertTrue(found[0]["fixes"])
+        self.assertEqual([f for f in found[0]["fixes"] if not f["proven"]], [])
+        pp = [f for f in found[0]["fixes"] if f.get("field") == "pp_size"]
+        if SLICES_SWA:  # the head-slice path's PP refusal: PP 1 on both servers
+            self.assertEqual(len(pp), 1)
+            self.assertEqual(sorted(e["server"] for e in pp[0]["edits"]), ["decode", "prefill"])
+        status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])
+        self.assertEqual((status, g040(again)), (0, []))
 
-def _real_nixl(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str) -> str | None:
+
+def _real_nixl(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str,
+               layout: str = "nhd") -> str | None:
     """SGLang's real ``NixlKVManager.maybe_send_extra`` on a half-built manager (no engine):
     its RuntimeError's message when it refuses the state ("PD disagg..."), else ``None`` (it then
     goes on to the transfer, which fails for want of an engine: past the check)."""
@@ -117,7 +136,7 @@ def _real_nixl(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str) 
         _prepared_state_plans={}, kv_args=SimpleNamespace(
             state_types=[StateType(state)], state_data_ptrs=[[0, 0]],
             state_item_lens=[[64, 64]], state_dim_per_tensor=[], state_layer_ids=[[0]],
-            swa_kv_cache_layout="nhd", engine_rank=0, gpu_id=0))
+            swa_kv_cache_layout=layout, engine_rank=0, gpu_id=0))
     wanted = dict(peer_name="decode", prefill_state_indices=[[1]],
                   dst_state_data_ptrs=[[0, 0]], dst_state_indices=[[1]], dst_gpu_id=0,
                   decode_tp_size=decode_tp, decode_tp_rank=0, dst_state_item_lens=[[64, 64]],
@@ -130,16 +149,19 @@ def _real_nixl(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str) 
             list(out)
     except RuntimeError as exc:
         text = str(exc)
-        return text if text.startswith(("PD Disaggregation ", "PD disagg: ")) else None
+        refusals = ("PD Disaggregation ", "PD disagg: ", "Head-sliced PD transfer needs")
+        return text if text.startswith(refusals) else None
     except Exception:  # past the check, into the transfer this half-built manager cannot do
         return None
     return None
 
 
-def _ours(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str) -> str | None:
+def _ours(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str,
+          layout: str = "nhd") -> str | None:
     def ep(role: str, tp: int, pp_size: int) -> Endpoint:
         return Endpoint(role, {"attn_tp_size": Value(tp, "drawn"), "pp_size": Value(pp_size, "drawn"),
-                               "is_mla_backend": Value(mla, "drawn")})
+                               "is_mla_backend": Value(mla, "drawn"),
+                               "swa_kv_cache_layout": Value(layout, "drawn")})
 
     package = imported_package_dir()
     assert package is not None
@@ -192,17 +214,19 @@ class TestSendExtraParity(GuardTestCase):
     @settings(deadline=None)
     @given(prefill_tp=st.sampled_from([1, 2, 4, 8]), decode_tp=st.sampled_from([1, 2, 4, 8]),
            pp=st.sampled_from([1, 2]), mla=st.booleans(),
-           state=st.sampled_from(["swa", "swa_ring", "minimax_index_k", "mamba"]))
+           state=st.sampled_from(["swa", "swa_ring", "minimax_index_k", "mamba"]),
+           layout=st.sampled_from(["nhd", "page_major", "hnd"]))
     def test_parity(self, prefill_tp: int, decode_tp: int, pp: int, mla: bool,
-                    state: str) -> None:
-        """Drawn TP sizes, PP, MLA or not and state type: check's verdict is SGLang's."""
+                    state: str, layout: str) -> None:
+        """Drawn TP sizes, PP, MLA or not, state type and the prefill's SWA KV cache
+        layout: check's verdict is SGLang's."""
         try:
             from sglang.srt.disaggregation.base.conn import StateType
             StateType(state)
         except ValueError:
             state = "swa"  # a state type this release does not have
-        self.assertEqual(_ours(prefill_tp, decode_tp, pp, mla, state),
-                         _real_nixl(prefill_tp, decode_tp, pp, mla, state))
+        self.assertEqual(_ours(prefill_tp, decode_tp, pp, mla, state, layout),
+                         _real_nixl(prefill_tp, decode_tp, pp, mla, state, layout))
 
 
 class TestSendExtraDigest(GuardTestCase):

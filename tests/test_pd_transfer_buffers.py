@@ -22,6 +22,7 @@ RELEASE = sglang_release()
 READS_MASK = Version("0.5.20") <= RELEASE  # SGLANG_ENABLE_DISAGG_SAMPLING_MASK
 HAS_CHECKSUM = flag_for_field("disaggregation_enable_kv_checksum") is not None  # 0.5.21+
 LOGS = Version("0.5.23") <= RELEASE  # check_peer_aux_buffer_count
+SHORTER_LIST = Version("0.5.23") <= RELEASE  # send_aux stops at the shorter buffer list
 MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
 
@@ -29,14 +30,28 @@ def g045(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["code"] == "DSV4G045"]
 
 
-def _pair(prefill_extra: str = "", decode_extra: str = "", *more: str) -> dict[str, Any]:
-    _, doc = check_json(server("prefill", GPT_OSS, prefill_extra, backend="mooncake"),
-                        server("decode", GPT_OSS, decode_extra, backend="mooncake"), *more)
+def _pair(prefill_extra: str = "", decode_extra: str = "", *more: str,
+          backend: str = "mooncake") -> dict[str, Any]:
+    _, doc = check_json(server("prefill", GPT_OSS, prefill_extra, backend=backend),
+                        server("decode", GPT_OSS, decode_extra, backend=backend), *more)
     return doc
 
 
 class TestMetadataBufferCount(GuardTestCase):
     """The sampling-mask variable and the KV checksum flag on one server only."""
+
+    def _checksum_on(self, role: str, backend: str = "mooncake") -> list[dict[str, Any]]:
+        """DSV4G045 with the KV checksum flag on ``role`` only: one finding, a warning on
+        0.5.23 (the transfer stops at the shorter list), an error before (checked by the
+        caller); none on a release without the flag (0.5.21's)."""
+        if not HAS_CHECKSUM:
+            self.assertLess(RELEASE, Version("0.5.21"))
+            return []
+        flag = "--disaggregation-enable-kv-checksum"
+        found = g045(_pair(*((flag, "") if role == "prefill" else ("", flag)), backend=backend))
+        self.assertEqual(len(found), 1)
+        self.assertEqual(found[0]["severity"], "warning" if SHORTER_LIST else "error")
+        return [] if SHORTER_LIST else found
 
     def test_sampling_mask_on_the_prefill_only(self) -> None:
         """The variable on the prefill only: an error from 0.5.20 (its buffers sit in the
@@ -62,15 +77,62 @@ class TestMetadataBufferCount(GuardTestCase):
         self.assertEqual(g045(_pair("", "", "--prefill-env", f"{MASK}=1",
                                     "--decode-env", f"{MASK}=1")), [])
 
-    def test_checksum_on_one_side_is_a_warning(self) -> None:
-        """--disaggregation-enable-kv-checksum on the decode only: a warning (its buffer is
-        last; decode skips verification without a digest); no such flag before 0.5.21."""
+    def test_checksum_on_the_prefill_only_is_a_warning(self) -> None:
+        """--disaggregation-enable-kv-checksum on the prefill only, on Mooncake: a warning on
+        every release with the flag (its buffer is last: the decode's buffers are all
+        filled), whose ``when:`` says the transfers stay correct; no such flag before
+        0.5.21."""
         if not HAS_CHECKSUM:
             self.assertLess(RELEASE, Version("0.5.21"))  # the flag is 0.5.21's
             return
-        found = g045(_pair("", "--disaggregation-enable-kv-checksum"))
+        found = g045(_pair("--disaggregation-enable-kv-checksum", ""))
         self.assertEqual([f["severity"] for f in found], ["warning"])
         self.assertIn("warning, not an error", found[0]["details"][0])
+        self.assertNotIn("misaligned", found[0]["when"])
+        self.assertIn("correct", found[0]["when"])
+
+    def test_checksum_on_the_decode_only_kills_the_mooncake_worker(self) -> None:
+        """The checksum on the decode only, on Mooncake: 0.5.21 and 0.5.22's ``send_aux``
+        loops over the decode's buffers and raises IndexError in the prefill's transfer
+        worker (an error, per request: the worker dies); 0.5.23 stops at the shorter list
+        (a warning whose ``when:`` is one statement: logged, transfers correct)."""
+        for f in self._checksum_on("decode"):
+            self.assertIn("Transfer thread failed", f["when"])
+            self.assertIn("IndexError", " ".join(f["details"]))
+        if SHORTER_LIST:
+            when = g045(_pair("", "--disaggregation-enable-kv-checksum"))[0]["when"]
+            self.assertNotIn("misaligned", when)
+            self.assertIn("SGLang logs an error", when)
+
+    def test_checksum_on_the_decode_only_fails_each_nixl_request(self) -> None:
+        """The same on NIXL: before 0.5.23 its ``send_aux`` raises IndexError, which its
+        transfer worker catches: each request fails (an error, per request)."""
+        for f in self._checksum_on("decode", "nixl"):
+            self.assertIn("per request, in the prefill's nixl transfer: each request fails",
+                          f["when"])
+
+    def test_checksum_on_the_prefill_only_breaks_the_mori_decode_before_0_5_23(self) -> None:
+        """The checksum on the prefill only, on MORI: its TCP path sends every prefill
+        buffer with its index, and before 0.5.23 the decode's real codec raises for the
+        checksum's index (an error, per request, in the decode's receiving thread); 0.5.23
+        sends the shorter list (a warning)."""
+        for f in self._checksum_on("prefill", "mori"):
+            self.assertIn("decode's mori thread", f["when"])
+            self.assertIn("IndexError", f["host_message"])
+
+    def test_sampling_mask_on_the_decode_only_kills_the_mooncake_worker(self) -> None:
+        """The variable on the decode only, on Mooncake: an error on every release that
+        reads it; before 0.5.23 found per request (the prefill's worker raises IndexError
+        and dies), on 0.5.23 logged at registration (misaligned buffers)."""
+        found = g045(_pair("", "", "--decode-env", f"{MASK}=1"))
+        if not READS_MASK:
+            self.assertEqual(found, [])
+            return
+        self.assertEqual([f["severity"] for f in found], ["error"])
+        if SHORTER_LIST:
+            self.assertIn("misaligned", found[0]["when"])
+        else:
+            self.assertIn("Transfer thread failed", found[0]["when"])
 
     def test_the_fixed_lines_pass_check(self) -> None:
         """``check --fix`` with the variable on the prefill only: an environment edit,

@@ -106,6 +106,39 @@ class TestHisparseBackend(GuardTestCase):
                             server("decode", DSV4, "--enable-hisparse", backend="nixl"))
         self.assertEqual(found(doc, "DSV4G044"), [G044] if G044 else [])
 
+    def test_fake_backend_decode_is_accepted(self) -> None:
+        """Near miss: a decode on the ``fake`` backend (decode-only, no prefill) with
+        HiSparse: SGLang's own ``_is_fake_transfer`` holds for its requests, so
+        ``pop_preallocated`` does not refuse it: no DSV4G044."""
+        _, doc = check_json(server("prefill", DSV4, backend="fake"),
+                            server("decode", DSV4, "--enable-hisparse", backend="fake"))
+        self.assertEqual(found(doc, "DSV4G044"), [])
+
+    def test_the_finding_names_the_first_request_and_no_absent_draft(self) -> None:
+        """DSV4G044 without speculative decoding: its ``when:`` names the decode's first
+        request (``pop_preallocated``), not decode's first contact, and its details speak
+        of no draft, which neither server has."""
+        _, doc = check_json(server("prefill", DSV4, backend="nixl"),
+                            server("decode", DSV4, "--enable-hisparse", backend="nixl"))
+        if G044 is None:
+            self.assertEqual(found(doc, "DSV4G044"), [])
+            return
+        g044 = next(f for f in doc["findings"] if f["code"] == "DSV4G044")
+        self.assertIn("first request", g044["when"])
+        self.assertIn("pop_preallocated", g044["when"])
+        self.assertNotIn("first contact", g044["when"])
+        self.assertNotIn("draft", " ".join(g044["details"]))
+
+    def test_the_nixl_finding_speaks_of_no_absent_draft(self) -> None:
+        """DSV4G043 (gpt-oss, no speculative decoding): its details name the decode's
+        HiSparse KV in host memory and no draft."""
+        _, doc = check_json(server("prefill", GPT_OSS, "--tp-size 1", backend="nixl"),
+                            server("decode", GPT_OSS, "--tp-size 4 --enable-hisparse",
+                                   backend="nixl"))
+        g043 = next(f for f in doc["findings"] if f["code"] == "DSV4G043")
+        self.assertIn("host memory", " ".join(g043["details"]))
+        self.assertNotIn("draft", " ".join(g043["details"]))
+
     def test_mooncake_is_accepted(self) -> None:
         """Near miss: the same pair on Mooncake is no DSV4G044 (nor DSV4G042/043)."""
         _, doc = check_json(server("prefill", DSV4, backend="mooncake"),
@@ -139,6 +172,7 @@ class TestHisparseBackend(GuardTestCase):
             tree = disguised_tree(Path(tmp), edits={rel: (old, old.replace("!=", "=="))})
             self.assertEqual(row_releases(digest_pd_tree(tree / "sglang"), keys), [])
             self.assertTrue(row_releases(digest_pd_tree(real_package()), keys))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -27,8 +27,11 @@ from sglang_dsv4_guard.host.digests import MISSING, _digest, _find, _in_order, r
 from sglang_dsv4_guard.host.targets import (
     PD_FIRST_CONTACT,
     PD_HEAD_SLICE,
+    PD_MOONCAKE_SEND_AUX,
     PD_MOONCAKE_SEND_EXTRA,
+    PD_MORI_SEND_AUX,
     PD_NIXL_PAYLOAD,
+    PD_NIXL_SEND_AUX,
     PD_NIXL_SEND_EXTRA,
     PD_POP_PREALLOCATED,
     PatchTarget,
@@ -48,12 +51,14 @@ class NotJudged(Exception):
 @dataclass(frozen=True)
 class SiteSpec:
     """A check in SGLang: the function, and the phrase its raised message holds (or, with
-    ``call``, the method it calls there)."""
+    ``call``, the method it calls there; or, with ``helpers``, the whole function and those
+    of its class's methods it calls, run as they are rather than evaluated)."""
 
     key: str
     target: PatchTarget
     phrase: str = ""
     call: str = ""
+    helpers: tuple[str, ...] = ()
 
 
 SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
@@ -68,11 +73,15 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("nixl.minimax", PD_NIXL_SEND_EXTRA, phrase="heterogeneous TP not supported for MiniMax"),
     SiteSpec("nixl.minimax_pp", PD_NIXL_SEND_EXTRA, phrase="PP>1 not supported for MiniMax"),
     SiteSpec("head_slice.pp", PD_HEAD_SLICE, phrase="pipeline parallelism"),
+    SiteSpec("head_slice.layout", PD_HEAD_SLICE, phrase="needs the NHD KV cache layout"),
     SiteSpec("nixl.hisparse_spec", PD_NIXL_PAYLOAD, phrase="decode-only speculative"),
     SiteSpec("nixl.direct_to_host", PD_NIXL_PAYLOAD, phrase="direct-to-host"),
     SiteSpec("decode.hisparse_mooncake", PD_POP_PREALLOCATED, phrase="requires the"),
     SiteSpec("first_contact.minimax", PD_FIRST_CONTACT,
              phrase="MiniMax sparse PD requires matching attention TP"),
+    SiteSpec("mooncake.send_aux", PD_MOONCAKE_SEND_AUX, helpers=("send_aux_tcp",)),
+    SiteSpec("nixl.send_aux", PD_NIXL_SEND_AUX, helpers=("send_aux_tcp",)),
+    SiteSpec("mori.send_aux", PD_MORI_SEND_AUX, helpers=("send_aux_tcp", "send_aux_rdma")),
 )}
 
 
@@ -215,6 +224,10 @@ def locate(package_dir: Path, spec: SiteSpec) -> Located | None:
     fn = _find(cls.body, method) if isinstance(cls, ast.ClassDef) else None
     if not isinstance(cls, ast.ClassDef) or not isinstance(fn, ast.FunctionDef):
         return None
+    if spec.helpers:  # the whole function, with the helpers it calls that the class has
+        helpers = tuple(m for m in cls.body if isinstance(m, ast.FunctionDef)
+                        and m.name in spec.helpers)
+        return Located(spec, fn, (), (), helpers, str(package_dir / spec.target.path))
     for node, chain, seen in _walk(fn.body, spec, (), ()):
         assigns = _needed(chain, node, seen)
         tests: list[ast.AST] = [t for t, _ in chain]

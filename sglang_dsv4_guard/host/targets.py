@@ -33,6 +33,7 @@ __all__ = [
     "MORI_SEND",
     "MORI_SERVER_ARGS_ATTRS",
     "MORI_TARGETS",
+    "PD_AUX_CODEC",
     "PD_AUX_COUNT",
     "PD_BASE_MODULE",
     "PD_COMMON_MANAGER",
@@ -44,10 +45,14 @@ __all__ = [
     "PD_HEAD_SLICE",
     "PD_KV_DTYPE",
     "PD_METADATA_BUFFERS",
+    "PD_MOONCAKE_CUSTOM_POOL",
     "PD_MOONCAKE_MODULE",
+    "PD_MOONCAKE_SEND_AUX",
     "PD_MOONCAKE_SEND_EXTRA",
+    "PD_MORI_SEND_AUX",
     "PD_NIXL_MODULE",
     "PD_NIXL_PAYLOAD",
+    "PD_NIXL_SEND_AUX",
     "PD_NIXL_SEND_EXTRA",
     "PD_POP_PREALLOCATED",
     "PD_RELAYOUT",
@@ -164,6 +169,15 @@ PD_NIXL_PAYLOAD = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_payload_xf
 PD_POP_PREALLOCATED = PatchTarget(PD_DECODE_MODULE, "DecodePreallocQueue.pop_preallocated")
 PD_AUX_COUNT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.check_peer_aux_buffer_count")
 PD_METADATA_BUFFERS = PatchTarget("sglang.srt.disaggregation.utils", "MetadataBuffers")
+#: DSV4G045's transfer of the metadata buffers (``pd/aux_send.py``): each backend's
+#: ``send_aux`` (digested, run from its parsed source), the codec its TCP path and the
+#: decode's receiving side use, and Mooncake's custom memory pool switch.
+PD_MOONCAKE_SEND_AUX = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.send_aux")
+PD_NIXL_SEND_AUX = PatchTarget(PD_NIXL_MODULE, "NixlKVManager.send_aux")
+PD_MORI_SEND_AUX = PatchTarget("sglang.srt.disaggregation.mori.conn", "MoriKVManager.send_aux")
+PD_AUX_CODEC = PatchTarget("sglang.srt.disaggregation.common.utils", "AuxDataCodec")
+PD_MOONCAKE_CUSTOM_POOL = PatchTarget("sglang.srt.disaggregation.mooncake.utils",
+                                      "check_mooncake_custom_mem_pool_enabled")
 ENVIRON_MODULE = "sglang.srt.environ"
 
 REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"

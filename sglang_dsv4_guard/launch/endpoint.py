@@ -22,7 +22,7 @@ from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 
 __all__ = ["CONTRIBUTORS", "NotDerived", "endpoint_of", "env_copy", "env_reading",
-           "field_source"]
+           "field_source", "side_field"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -33,6 +33,15 @@ class NotDerived(Exception):
 
 # Each takes a side and the values derived so far and returns values to add.
 CONTRIBUTORS: list[Callable[[Side, dict[str, Value]], dict[str, Value]]] = []
+
+
+def side_field(side: Side, name: str) -> Any:
+    """A field the contract's parse does not keep: from the resolved ``ServerArgs``, else
+    (resolution did not complete) whether the line typed it (a switch) or its typed value."""
+    if side.args.server_args is not None:
+        return getattr(side.args.server_args, name, None)
+    typed = typed_flags(list(side.args.argv)).get(name)
+    return None if typed is None else (typed[1] if typed[1] is not None else True)
 
 
 def field_source(side: Side, field: str, option: str) -> str:

@@ -10,8 +10,6 @@ they read.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -19,6 +17,7 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, digest_pd_tree, locate, row_releases
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch import state_types as _state_types  # registers its contributor
+from sglang_dsv4_guard.launch import swa_layout as _swa_layout  # registers its contributor
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
@@ -28,9 +27,11 @@ from sglang_dsv4_guard.launch.endpoint import (
     env_copy,
     env_reading,
     field_source,
+    side_field,
 )
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
+from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, AuxSend, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
@@ -40,26 +41,15 @@ from sglang_dsv4_guard.pd.when import Phase, when_text
 __all__ = ["SAMPLING_MASK", "aux_row", "hisparse_backend_row", "nixl_payload_row",
            "send_extra_row"]
 
-del _state_types
+del _state_types, _swa_layout
 SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
-
-
-
-
-def _field(side: Side, name: str) -> Any:
-    """A field the contract's parse does not keep: from the resolved ``ServerArgs``, else
-    (resolution did not complete) whether the line typed it (a switch) or its typed value."""
-    if side.args.server_args is not None:
-        return getattr(side.args.server_args, name, None)
-    typed = typed_flags(list(side.args.argv)).get(name)
-    return None if typed is None else (typed[1] if typed[1] is not None else True)
 
 
 def _aux(side: Side, checksum: bool | None = None) -> int:
     with offline_env(side.args.env):
-        return aux_buffer_count(bool(_field(side, "disaggregation_enable_kv_checksum"))
+        return aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum"))
                                 if checksum is None else checksum,
-                                _field(side, "sampling_mask_max_tokens"))
+                                side_field(side, "sampling_mask_max_tokens"))
 
 
 def _refused_width(side: Side) -> str | None:
@@ -67,7 +57,7 @@ def _refused_width(side: Side) -> str | None:
     width of 0 or less is refused at resolution by 0.5.20+'s
     ``arg_groups/validation_hook.py`` ``validate_sampling_mask_max_tokens`` ("must be
     positive"); a resolved ``ServerArgs`` holds only a width it accepted."""
-    width = _field(side, "sampling_mask_max_tokens")
+    width = side_field(side, "sampling_mask_max_tokens")
     if side.args.server_args is not None or width is None or int(width) > 0:
         return None
     flag = flag_for_field("sampling_mask_max_tokens")
@@ -105,10 +95,10 @@ def _mask_value(side: Side) -> Value:
 def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     del values
     return {
-        "kv_checksum": Value(bool(_field(side, "disaggregation_enable_kv_checksum")), field_source(
+        "kv_checksum": Value(bool(side_field(side, "disaggregation_enable_kv_checksum")), field_source(
             side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
         "sampling_mask_env": _mask_value(side),
-        "enable_hisparse": Value(bool(_field(side, "enable_hisparse")),
+        "enable_hisparse": Value(bool(side_field(side, "enable_hisparse")),
                                  field_source(side, "enable_hisparse", "--enable-hisparse")),
     }
 
@@ -116,16 +106,31 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
 CONTRIBUTORS.extend((_contribute, _aux_values))
 
 
-def _tp_fixes(run: ContractRun, pp: bool) -> tuple[Fix, ...]:
+def _tp_fixes(run: ContractRun, pp: bool, layout: bool = False) -> tuple[Fix, ...]:
     if not run.derive:
         return ()
     sides = {"prefill": run.prefill_side, "decode": run.decode_side}
     found: list[Fix | None] = list(attention_tp_fixes(run.prefill_side, run.decode_side))
+    unified = flag_for_field("enable_unified_memory")
+    if layout and unified is not None and side_field(run.prefill_side, "enable_unified_memory"):
+        # the plain SWAKVPool's SWA layout is NHD, which the head-sliced transfer takes
+        found.insert(0, Fix(FixKind.FLAGS, "run the prefill without the unified memory pool "
+                                           "(its page_major SWA layout cannot be head-sliced)",
+                            field="swa_kv_cache_layout",
+                            edits=(Edit("prefill", unified.option, remove=True),)))
     pp_flag = flag_for_field("pp_size")
     if pp and pp_flag is not None:
-        found.insert(0, Fix(FixKind.FLAGS, "run the prefill without pipeline parallelism "
-                                           "(head-sliced SWA transfer needs PP 1)",
-                            field="pp_size", edits=(Edit("prefill", pp_flag.option, "1"),)))
+        # The head-sliced transfer needs the prefill's PP 1 (common/conn.py
+        # CommonKVManager._get_mha_head_slice_blocks, 0.5.22+), and the decode's first
+        # contact asserts its PP equal to the prefill's or 1 (common/conn.py
+        # CommonKVManager._resolve_rank_mapping, 0.5.23): PP 1 on every server that has more.
+        roles = [r for r, e in (("prefill", run.prefill), ("decode", run.decode))
+                 if int(e.get("pp_size") or 1) > 1]
+        found.insert(0, Fix(FixKind.FLAGS, "run " + " and ".join(f"the {r}" for r in roles)
+                            + " without pipeline parallelism (head-sliced SWA transfer needs "
+                            "the prefill's PP 1, and a decode's PP must equal it or be 1)",
+                            field="pp_size",
+                            edits=tuple(Edit(r, pp_flag.option, "1") for r in roles)))
     kept = [accepted_fix(f, sides) for f in found]
     return tuple(f for f in kept if f is not None)
 
@@ -133,8 +138,10 @@ def _tp_fixes(run: ContractRun, pp: bool) -> tuple[Fix, ...]:
 def _send_extra_finding(run: ContractRun, backend: str, verdict: StateVerdict) -> Finding:
     p, d = run.prefill, run.decode
     pp = "pipeline parallelism" in verdict.message
+    layout = "KV cache layout" in verdict.message
     info = CODES[verdict.code]
-    names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else [])]
+    names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else []),
+             *(["swa_kv_cache_layout"] if layout else [])]
     return Finding(
         code=verdict.code, severity=Severity.ERROR, summary=info.title,
         subject=f"prefill -> decode {backend} transfer of the {verdict.state_type} state",
@@ -143,7 +150,7 @@ def _send_extra_finding(run: ContractRun, backend: str, verdict: StateVerdict) -
         details=(f"SGLang's {verdict.function} raises it on the prefill for every request "
                  f"that carries {verdict.state_type} state: the prefill has attention TP "
                  f"{p.get('attn_tp_size')}, the decode {d.get('attn_tp_size')}",),
-        fixes=_tp_fixes(run, pp), docs=docs_url(verdict.code), host_message=verdict.message,
+        fixes=_tp_fixes(run, pp, layout), docs=docs_url(verdict.code), host_message=verdict.message,
         when=when_text(Phase.PER_REQUEST, backend, run.prefill_side.args.env))
 
 
@@ -176,42 +183,73 @@ def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     return findings, unknowns
 
 
+def _aux_details(local: int, remote: int, checksum_only: bool, sent: AuxSend) -> list[str]:
+    """What happens to the buffers, as SGLang's ``send_aux`` of the backend ran on them."""
+    if sent.prefill_raised:
+        return [f"SGLang's {sent.function} raises {sent.prefill_raised} on the prefill: it "
+                f"loops over the decode's {remote} buffers, indexing the prefill's {local}"]
+    if sent.decode_raised:
+        return [f"SGLang's {sent.function} sends the prefill's {local} buffers one by one with "
+                f"their index; the decode's AuxDataCodec.deserialize_data_to_buffer raises "
+                f"{sent.decode_raised}: the decode has {remote}"]
+    head = f"only the first {sent.written} buffers are transferred; "
+    if checksum_only:
+        return [head + (
+            "the decode's extra one is the KV checksum, the last: it stays 0 and the decode "
+            "skips verification for a 0 digest (decode.py _verify_kv_checksums)"
+            if remote > local else
+            "the prefill's extra one is the KV checksum, the last: it is not sent and the "
+            "decode, without the checksum, verifies nothing")
+                + ", so transfers stay correct (a warning, not an error)"]
+    return [head + f"{SAMPLING_MASK} on one server adds buffers in the middle of the list: "
+            "every later buffer (speculative top-k, hidden states, the bootstrap room) is read "
+            "from the wrong slot"]
+
+
 def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G045: metadata buffer counts that differ."""
+    """DSV4G045: metadata buffer counts that differ, with what the prefill's backend's
+    ``send_aux`` then does (run from the release's source, :mod:`..pd.aux_send`):
+    an error where it raises (0.5.20 - 0.5.22's Mooncake and NIXL loop over the decode's
+    buffers; the TCP paths send the prefill's by index), a warning where only the KV
+    checksum, the last buffer, is left out."""
     p, d = run.prefill, run.decode
     if not (p.has("aux_buffer_count") and d.has("aux_buffer_count")):
         return [], []  # the endpoint's note says why the count is not known
     local, remote = int(p.get("aux_buffer_count")), int(d.get("aux_buffer_count"))
     if local == remote:
         return [], []
+    backend = str(p.get("transfer_backend"))
+    package = imported_package_dir()
+    if backend not in AUX_BACKENDS or package is None:
+        return [], [f"DSV4G045: not judged: prefill {local} and decode {remote} metadata "
+                    f"buffers, and the {backend} transfer's send_aux is not one this guard "
+                    "runs" if package is not None else
+                    "DSV4G045: not judged: the imported SGLang's source was not found"]
+    try:
+        with offline_env(run.prefill_side.args.env):
+            sent = aux_send(backend, package, local, remote)
+    except NotJudged as exc:
+        return [], [f"DSV4G045 ({backend}): not judged: {exc}"]
     checksum_only = _aux(run.prefill_side, bool(d.get("kv_checksum"))) == remote
     try:
         logged = peer_count_log(local, remote)
     except AttributeError:  # a release without the check: nothing is logged
         logged = None
-    backend = str(p.get("transfer_backend"))
-    info = CODES["DSV4G045"]
-    details = [
-        "only the first "
-        f"{min(local, remote)} buffers are transferred; "
-        + ("the extra one is the KV checksum, the last: decode skips verification without a "
-           "digest, so transfers stay correct in practice (a warning, not an error)"
-           if checksum_only else
-           f"{SAMPLING_MASK} on one server adds buffers in the middle of the list: every "
-           "later buffer (speculative top-k, hidden states, the bootstrap room) is read "
-           "from the wrong slot")]
-    fixes: list[Fix] = []
-    if run.derive:
-        fixes = _aux_fixes(run, checksum_only)
+    fails = bool(sent.prefill_raised or sent.decode_raised)
+    env = run.prefill_side.args.env
+    when = (when_text(Phase.PER_REQUEST, backend, env, receiver=not sent.prefill_raised)
+            if fails else when_text(Phase.SILENT, backend, env, logged=logged is not None,
+                                    aligned=checksum_only))
     return [Finding(
-        code="DSV4G045", severity=Severity.WARNING if checksum_only else Severity.ERROR,
-        summary=info.title, subject="prefill and decode metadata buffers",
+        code="DSV4G045", severity=Severity.WARNING if checksum_only and not fails
+        else Severity.ERROR, summary=CODES["DSV4G045"].title,
+        subject=f"prefill -> decode {backend} transfer of the metadata buffers",
         observations=tuple(e.observation(n) for n in ("aux_buffer_count", "sampling_mask_env",
                                                         "kv_checksum") for e in (p, d)),
-        details=tuple(details), fixes=tuple(fixes), docs=docs_url("DSV4G045"),
-        host_message=logged,
-        when=when_text(Phase.SILENT, backend, run.prefill_side.args.env,
-                       logged=logged is not None))], []
+        details=tuple(_aux_details(local, remote, checksum_only, sent)),
+        fixes=tuple(_aux_fixes(run, checksum_only)) if run.derive else (),
+        docs=docs_url("DSV4G045"), host_message=logged or sent.prefill_raised
+        or sent.decode_raised, when=when)], []
 
 
 def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
@@ -225,8 +263,8 @@ def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
                                             f"{SAMPLING_MASK}", field="sampling_mask_env",
                              edits=(edit,)))
         flag = flag_for_field("disaggregation_enable_kv_checksum")
-        on = bool(_field(s, "disaggregation_enable_kv_checksum"))
-        if flag is not None and on != bool(_field(t, "disaggregation_enable_kv_checksum")):
+        on = bool(side_field(s, "disaggregation_enable_kv_checksum"))
+        if flag is not None and on != bool(side_field(t, "disaggregation_enable_kv_checksum")):
             found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s KV checksum "
                                             "setting", field="kv_checksum",
                              edits=(Edit(dst, flag.option, remove=not on),)))
@@ -263,6 +301,22 @@ def _hisparse_fixes(run: ContractRun, tp: bool) -> tuple[Fix, ...]:
     return tuple(f for f in (accepted_fix(f, sides) for f in found) if f is not None)
 
 
+def _hisparse_details(run: ContractRun, verdict: NixlVerdict) -> str:
+    d = run.decode
+    if verdict.code == "DSV4G044":
+        # decode.py DecodePreallocQueue.pop_preallocated (0.5.17+; a draft pool from 0.5.22)
+        pools = " and ".join(n for n, on in (("a DeepSeek-V4 KV pool", d.get("is_dsv4")), (
+            "a draft KV pool", d.get("speculative_algorithm"))) if on)
+        return (f"SGLang's {verdict.function} raises it: the decode runs HiSparse with "
+                f"{pools or 'the pool the release tests'} on the "
+                f"{d.get('transfer_backend')} backend, and its HiSparse transfer is "
+                "Mooncake's only")
+    draft = (", its draft's on the GPU" if d.get("speculative_algorithm") else "")
+    return (f"SGLang's {verdict.function} raises it; the decode's HiSparse KV is in host "
+            f"memory (DRAM){draft} (the memory kinds NIXL reads from the registration, as "
+            "HiSparse allocates them)")
+
+
 def _hisparse_finding(run: ContractRun, verdict: NixlVerdict, phase: Phase) -> Finding:
     p, d = run.prefill, run.decode
     info = CODES[verdict.code]
@@ -272,9 +326,7 @@ def _hisparse_finding(run: ContractRun, verdict: NixlVerdict, phase: Phase) -> F
         code=verdict.code, severity=Severity.ERROR, summary=info.title,
         subject="decode server HiSparse transfer", observations=tuple(
             e.observation(n) for n in names for e in (p, d)),
-        details=(f"SGLang's {verdict.function} raises it; the decode's HiSparse KV is in "
-                 "host memory (DRAM), its draft's on the GPU (the memory kinds NIXL reads "
-                 "from the registration, as HiSparse allocates them)",),
+        details=(_hisparse_details(run, verdict),),
         fixes=_hisparse_fixes(run, verdict.code == "DSV4G043"), docs=docs_url(verdict.code),
         host_message=verdict.message,
         when=when_text(phase, str(p.get("transfer_backend")), run.prefill_side.args.env))
@@ -307,4 +359,4 @@ def hisparse_backend_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
         verdict = hisparse_backend_verdict(d, package)
     except NotJudged as exc:
         return [], [f"DSV4G044: not judged: {exc}"]
-    return ([_hisparse_finding(run, verdict, Phase.FIRST_CONTACT)] if verdict else []), []
+    return ([_hisparse_finding(run, verdict, Phase.FIRST_REQUEST)] if verdict else []), []

@@ -5,7 +5,7 @@ and the decode's first request (``pop_preallocated``, DSV4G044).
 checks come before any transfer handle is made) with the prefill's values and the decode's
 registration as the flags imply it: one KV region per target pool entry on each side, more
 on the decode when only it has a draft; the decode's regions in host memory (``DRAM``)
-with HiSparse, its draft's on the GPU. Past the checks, the function goes on to build
+with HiSparse, a draft's (on a decode that has one) on the GPU. Past the checks, the function goes on to build
 transfer handles, which the half-built manager cannot: that is "accepted".
 
 ``pop_preallocated``'s check sits in the decode's scheduler loop: its digested condition
@@ -15,12 +15,13 @@ transfer handles, which the half-built manager cannot: that is "accepted".
 from __future__ import annotations
 
 import importlib
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.host.pd_digests import SITES, locate
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.relayout import requires_relayout
@@ -90,20 +91,39 @@ def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
     return None
 
 
+def _is_fake_transfer(utils: Any, backend: str) -> Any:
+    """SGLang's own ``_is_fake_transfer`` (``disaggregation/utils.py``), its code run with
+    the decode's transfer backend where it reads the server's (0.5.17 - 0.5.20: the
+    ``server_args`` the call passes; 0.5.21+: ``get_disagg()``, given here)."""
+    real = getattr(utils, "_is_fake_transfer", None)
+    if not isinstance(real, types.FunctionType):
+        raise NotJudged(f"{STATE.module} has no _is_fake_transfer function")
+    disagg = SimpleNamespace(disaggregation_transfer_backend=backend)
+    return types.FunctionType(real.__code__, {**real.__globals__, "get_disagg": lambda: disagg},
+                              real.__name__, real.__defaults__, real.__closure__)
+
+
 def _names(decode: Endpoint) -> dict[str, Any]:
+    """The names ``pop_preallocated``'s test reads, for the decode's first request: routed
+    from a prefill (``bootstrap_host`` set) on a real backend; without a bootstrap host on
+    the ``fake`` backend (decode-only: no prefill to name), so SGLang's own
+    ``_is_fake_transfer`` holds there and the check is skipped."""
     pools = importlib.import_module(DSV4_POOL.module)  # unscanned: targets
     pool_cls = getattr(pools, DSV4_POOL.qualname)
     utils = importlib.import_module(STATE.module)  # unscanned: targets (TransferBackend)
-    backend = utils.TransferBackend(str(decode.get("transfer_backend")))
+    name = str(decode.get("transfer_backend"))
+    backend = utils.TransferBackend(name)
+    args = SimpleNamespace(disaggregation_transfer_backend=name)
+    req = SimpleNamespace(bootstrap_host=None if name == "fake" else "prefill.bootstrap.host")
     queue = SimpleNamespace(
         scheduler=SimpleNamespace(enable_hisparse=bool(decode.get("enable_hisparse")),
-                                  server_args=None),
+                                  server_args=args),
         token_to_kv_pool=object.__new__(pool_cls) if decode.get("is_dsv4") else object(),
         draft_token_to_kv_pool=object() if decode.get("speculative_algorithm") else None,
         transfer_backend=backend)
     return {"self": queue, "DeepSeekV4TokenToKVPool": pool_cls,
-            "TransferBackend": utils.TransferBackend, "decode_req": SimpleNamespace(req=None),
-            "_is_fake_transfer": lambda *args: False}
+            "TransferBackend": utils.TransferBackend, "decode_req": SimpleNamespace(req=req),
+            "_is_fake_transfer": _is_fake_transfer(utils, name)}
 
 
 def hisparse_backend_verdict(decode: Endpoint, package: Path) -> NixlVerdict | None:

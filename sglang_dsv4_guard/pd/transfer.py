@@ -4,7 +4,8 @@ The prefill's transfer sends each state type its pool registered; for a non-MLA 
 with a different attention TP on the decode, the release either refuses the state type
 ("PD Disaggregation does NOT support PD different TP sizes for non-MLA {ST} hybrid models
 yet.", DSV4G040) or, from 0.5.22 for SWA, slices it by heads, which refuses pipeline
-parallelism in ``_get_mha_head_slice_blocks``. MiniMax sparse state refuses a different
+parallelism and a prefill SWA KV cache not in the NHD layout (the unified memory pool's
+``page_major``) in ``_get_mha_head_slice_blocks``. MiniMax sparse state refuses a different
 attention TP on every release (DSV4G041). These checks sit in a transfer thread that
 cannot be driven here, so the release's own conditions are evaluated
 (:mod:`sglang_dsv4_guard.host.pd_digests`) on a half-built manager carrying the prefill's
@@ -43,7 +44,7 @@ class StateVerdict:
 def site_keys(backend: str) -> tuple[str, ...]:
     """The digested sites the row reads on ``backend``."""
     return (f"{backend}.hetero_tp", f"{backend}.swa_slice", f"{backend}.minimax",
-            f"{backend}.minimax_pp", "head_slice.pp")
+            f"{backend}.minimax_pp", "head_slice.pp", "head_slice.layout")
 
 
 def _state_type_enum() -> Any:
@@ -58,10 +59,22 @@ def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str,
         attn_tp_size=tp, state_tp_size=tp, is_mla_backend=bool(prefill.get("is_mla_backend")),
         is_hybrid_mla_backend=bool(prefill.get("is_hybrid_mla_backend", False)),
         pp_size=int(prefill.get("pp_size") or 1))
+    layout = prefill.get("swa_kv_cache_layout")
+    if layout is not None:  # else reading it is not judged
+        manager.kv_args = SimpleNamespace(swa_kv_cache_layout=layout)
     dst = int(decode.get("attn_tp_size"))
     return {"self": manager, "st": st, "StateType": enum, "decode_tp_size": dst,
+            "_layout_unknown": (prefill.source("swa_kv_cache_layout")
+                                if prefill.has("swa_kv_cache_layout") and layout is None
+                                else None),
             "target_rank_registration_info": SimpleNamespace(dst_attn_tp_size=dst,
                                                              dst_tp_rank=0)}
+
+
+def _slices(package: Path, backend: str, names: dict[str, Any]) -> bool:
+    """Whether the release's transfer slices this state by heads for this decode."""
+    sliced = locate(package, SITES[f"{backend}.swa_slice"])
+    return sliced is not None and sliced.holds(names)
 
 
 def _one(package: Path, backend: str, names: dict[str, Any]) -> StateVerdict | None:
@@ -78,13 +91,19 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> StateVerdict | N
         site = locate(package, SITES[key])
         if site is not None and site.holds(names):
             return StateVerdict(st, code, site.message(names), str(site.spec.target))
-    sliced = locate(package, SITES[f"{backend}.swa_slice"])
-    if sliced is None or not sliced.holds(names):
+    if not _slices(package, backend, names):
         return None
-    pp = locate(package, SITES["head_slice.pp"])
-    if pp is not None and pp.holds({"self": names["self"]}):
-        return StateVerdict(st, "DSV4G040", pp.message({"self": names["self"]}),
-                            str(pp.spec.target))
+    # common/conn.py CommonKVManager._get_mha_head_slice_blocks (0.5.22+) refuses, in
+    # order, a prefill with PP > 1 and a prefill SWA KV cache not in the NHD layout
+    # (``kv_args.swa_kv_cache_layout`` as setup_state_kv_args copies it from the pool:
+    # ``page_major`` for the unified memory pool).
+    for key in ("head_slice.pp", "head_slice.layout"):
+        site = locate(package, SITES[key])
+        if site is not None and key == "head_slice.layout" and names["_layout_unknown"]:
+            raise NotJudged(f"the prefill's SWA KV cache layout is {names['_layout_unknown']}")
+        if site is not None and site.holds({"self": names["self"]}):
+            return StateVerdict(st, "DSV4G040", site.message({"self": names["self"]}),
+                                str(site.spec.target))
     return None
 
 

@@ -24,6 +24,7 @@ class Phase(enum.Enum):
 
     START_UP = "start-up"
     FIRST_CONTACT = "first contact"
+    FIRST_REQUEST = "first request"
     REGISTRATION = "registration"
     PER_REQUEST = "per request"
     SILENT = "silent"
@@ -70,11 +71,14 @@ def _timeout_words(env: Mapping[str, str] | None) -> str:
 
 
 def when_text(phase: Phase, backend: str, env: Mapping[str, str] | None = None,
-              logged: bool = False) -> str:
+              logged: bool = False, aligned: bool = False, receiver: bool = False) -> str:
     """``when:`` for a finding SGLang makes at ``phase`` on ``backend``.
 
     ``env`` is the prefill server's environment (its timeout); ``logged`` says that SGLang
-    logs the condition instead of failing (a silent row in releases that log it).
+    logs the condition instead of failing (a silent row in releases that log it);
+    ``aligned`` that the data transferred stays where the decode reads it (a silent row
+    whose transfers stay correct); ``receiver`` that the decode's receiving thread raises
+    per request, not the prefill's transfer.
     """
     if phase is Phase.START_UP:
         return "at start-up: the server stops with SGLang's error"
@@ -82,6 +86,10 @@ def when_text(phase: Phase, backend: str, env: Mapping[str, str] | None = None,
         return ("at decode's first contact with the prefill (the first request that pairs "
                 "them): SGLang raises in the decode scheduler and the decode server exits, "
                 "naming only this mismatch")
+    if phase is Phase.FIRST_REQUEST:
+        return ("at the decode's first request (its scheduler takes the request from the "
+                "preallocation queue, DecodePreallocQueue.pop_preallocated): SGLang raises "
+                "in the decode scheduler and the decode server exits")
     if phase is Phase.REGISTRATION:
         if backend == "mori":
             return ("when a decode rank registers with the prefill: MORI logs it, then each "
@@ -90,11 +98,19 @@ def when_text(phase: Phase, backend: str, env: Mapping[str, str] | None = None,
                 f"{backend} bootstrap thread dies, and every later request to that rank "
                 f"times out {_timeout_words(env)}")
     if phase is Phase.PER_REQUEST:
+        if receiver:
+            return (f"per request, in the decode's {backend} thread that receives the "
+                    "prefill's metadata buffers one by one: it raises for a buffer index the "
+                    "decode does not have")
         if backend == "mooncake":
             return ("per request, in the prefill's Mooncake transfer worker: the worker "
                     "thread exits (\"Transfer thread failed ... Prefill instance ... is "
                     "dead.\") and every request sharded to its queue hangs")
         return f"per request, in the prefill's {backend} transfer: each request fails"
+    if aligned:
+        return ("when a decode rank registers: SGLang logs an error; the transfers stay "
+                "correct" if logged else "never reported (no error, no log line); the "
+                "transfers stay correct")
     if logged:
         return ("when a decode rank registers: SGLang logs an error and transfers go on "
                 "with misaligned data")

@@ -1,0 +1,104 @@
+"""The SWA KV cache layout a hybrid sliding-window server registers
+(``kv_args.swa_kv_cache_layout``), as SGLang's own pool and ``setup_state_kv_args`` give it.
+
+The head-sliced SWA transfer (0.5.22+, ``common/conn.py``
+``CommonKVManager._get_mha_head_slice_blocks``) refuses a prefill whose SWA layout is not
+``nhd``. ``setup_state_kv_args`` (``disaggregation/utils.py``) copies it from the pool's
+``swa_kv_pool.kv_cache_layout``. Which pool: with ``--enable-unified-memory``,
+``mem_cache/kv_cache_configurator.py`` builds the unified SWA pool for a hybrid-SWA model
+that is not DeepSeek-V4 (``_init_unified_swa_pools`` -> ``unified_memory_pool.py``
+``init_unified_swa_pools``: a ``UnifiedSWAKVPool`` whose SWA pool is ``page_major``);
+otherwise the ``SWAKVPool`` :mod:`.state_types` builds. Each is built here by SGLang's own
+constructor, on CPU, in the server's environment (``SGLANG_USE_HND_KVCACHE`` gives
+``hnd``), with tiny sizes; the layout is what SGLang's ``setup_state_kv_args`` wrote.
+``SGLANG_AITER_KV_CACHE_LAYOUT`` only counts on ROCm with AITER (``memory_pool.py``
+``MHATokenToKVPool.__init__``): set to anything but ``nhd``, the layout depends on the
+hardware, and the value is given as unknown (``None``, its source saying why).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source, side_field
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.state_types import _pool, pool_kind
+from sglang_dsv4_guard.log import LOGGER_NAME, silenced
+from sglang_dsv4_guard.pd.endpoint import Value
+
+__all__ = ["registered_layout"]
+
+log = logging.getLogger(LOGGER_NAME)
+AITER = "SGLANG_AITER_KV_CACHE_LAYOUT"
+_ROWS = 64
+
+
+def _unified_pool() -> Any:
+    import torch
+    from sglang.srt.mem_cache.unified_memory_pool import init_unified_swa_pools
+
+    wanted: dict[str, Any] = dict(
+        device="cpu", kv_cache_dtype=torch.bfloat16, head_num=1, head_dim=8, v_head_dim=8,
+        swa_head_num=1, swa_head_dim=8, swa_v_head_dim=8, page_size=1, start_layer=0,
+        end_layer=2, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+        full_max_total_num_tokens=_ROWS, swa_max_total_num_tokens=_ROWS, total_bytes=None,
+        enable_memory_saver=False, need_sort=True)
+    params = inspect.signature(init_unified_swa_pools).parameters
+    return init_unified_swa_pools(**{k: v for k, v in wanted.items() if k in params}
+                                  ).token_to_kv_pool
+
+
+@functools.lru_cache(maxsize=8)
+def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
+                      ) -> tuple[str | None, bool] | str:
+    """``(layout, present)``: ``kv_args.swa_kv_cache_layout`` as the release's
+    ``setup_state_kv_args`` writes it for the pool (``present`` False on a release whose
+    ``KVArgs`` has no such field), or the reason the pool could not be built."""
+    from sglang.srt.disaggregation.utils import setup_state_kv_args
+
+    # deferred: samples loads SGLang's KVArgs; check imports it only when a pool is built
+    from sglang_dsv4_guard.samples import new_kv_args
+
+    try:
+        with offline_env(dict(env)), silenced():
+            kv_args = new_kv_args()
+            setup_state_kv_args(kv_args, _unified_pool() if unified else _pool("swa"), None)
+    except Exception as exc:  # the release's constructor or function refused: unknown
+        log.debug("SWA layout (unified=%s) not derived: %s", unified, exc, exc_info=True)
+        return f"{type(exc).__name__}: {exc}"
+    present = hasattr(kv_args, "swa_kv_cache_layout")
+    layout = getattr(kv_args, "swa_kv_cache_layout", None)
+    return (None if layout is None else str(layout)), present
+
+
+def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+    del values
+    if pool_kind(side) != "swa":
+        return {}
+    env: Mapping[str, str] = side.args.env
+    aiter = env.get(AITER)
+    if aiter is not None and aiter.lower() != "nhd":
+        return {"swa_kv_cache_layout": Value(None, (
+            f"not known here: {AITER}={aiter} in the server's environment gives that layout "
+            "on ROCm with AITER and NHD elsewhere (the GPU decides)"))}
+    unified = bool(side_field(side, "enable_unified_memory"))
+    got = registered_layout(unified, tuple(sorted(env.items())))
+    pool = ("SGLang's unified SWA pool (init_unified_swa_pools; "
+            + field_source(side, "enable_unified_memory", "--enable-unified-memory") + ")"
+            if unified else "a miniature SWAKVPool")
+    if isinstance(got, str):
+        return {"swa_kv_cache_layout": Value(None, f"not known here: {pool} could not be "
+                                                   f"built on CPU ({got})")}
+    layout, present = got
+    if not present:
+        return {}  # a release that registers no SWA layout (nor refuses one)
+    return {"swa_kv_cache_layout": Value(layout, f"SGLang's setup_state_kv_args on {pool}, "
+                                                 "built on CPU in this server's environment")}
+
+
+CONTRIBUTORS.append(_contribute)
