@@ -20,7 +20,6 @@ from sglang_dsv4_guard.launch import state_types as _state_types  # registers it
 from sglang_dsv4_guard.launch import swa_layout as _swa_layout  # registers its contributor
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import (
     CONTRIBUTORS,
     NotDerived,
