@@ -47,7 +47,8 @@ _ROWS = 64
 _CLASS_FLAGS = ("enable_page_major_kv_layout", "enable_kv_cache_sharding",
                 "prefill_only_disable_kv_cache")
 _POOLS = {"mha": "MHATokenToKVPool", "mla": "MLATokenToKVPool",
-          "swa": "SWAKVPool over MHATokenToKVPool"}
+          "swa": "SWAKVPool over MHATokenToKVPool",
+          "unified_swa": "init_unified_swa_pools' UnifiedSWAKVPool"}
 
 
 def _said(side: Side, name: str) -> tuple[Any, ...]:
@@ -94,9 +95,24 @@ def _model_kind(model: ModelFacts) -> str | None:
     return "swa" if model.is_hybrid_swa else "mha"
 
 
+def _unified(side: Side) -> bool:
+    """``--enable-unified-memory`` as resolved (its resolution also sets the page-major
+    layout flag, which alone means another pool class)."""
+    return any(bool(v) for v in _said(side, "enable_unified_memory"))
+
+
 def pool_kind(side: Side) -> str | None:
-    """``"dsv4"``, ``"mha"``, ``"mla"`` or ``"swa"``: the server's pool when it is one this
-    module knows (see the module's docstring); ``None`` for any other (unknown)."""
+    """``"dsv4"``, ``"mha"``, ``"mla"``, ``"swa"`` or ``"unified_swa"`` (a hybrid-SWA MHA
+    model with unified memory: SGLang's configurator builds ``init_unified_swa_pools``'
+    pool for it, 0.5.22+): the server's pool when it is one this module knows (see the
+    module's docstring); ``None`` for any other (unknown)."""
+    if _unified(side):
+        dtype_other = any("mxfp" in str(d) or "fp4" in str(d)
+                          for d in _said(side, "kv_cache_dtype"))
+        if dtype_other or side.model.is_dsv4 or _model_kind(side.model) != "swa" \
+                or (kv_dtype(side) == "auto" and _quantized_kv(side.model)):
+            return None
+        return "unified_swa"
     if _other_class(side):
         return None
     if side.model.is_dsv4:
@@ -111,7 +127,25 @@ def _quantized_kv(model: ModelFacts) -> bool:
     return isinstance(quant, dict) and bool(quant.get("kv_cache_quant_algo"))
 
 
+def unified_pool() -> Any:
+    """A miniature unified SWA pool by SGLang's own ``init_unified_swa_pools``."""
+    import torch
+    from sglang.srt.mem_cache.unified_memory_pool import init_unified_swa_pools
+
+    wanted: dict[str, Any] = dict(
+        device="cpu", kv_cache_dtype=torch.bfloat16, head_num=1, head_dim=8, v_head_dim=8,
+        swa_head_num=1, swa_head_dim=8, swa_v_head_dim=8, page_size=1, start_layer=0,
+        end_layer=2, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+        full_max_total_num_tokens=_ROWS, swa_max_total_num_tokens=_ROWS, total_bytes=None,
+        enable_memory_saver=False, need_sort=True)
+    params = inspect.signature(init_unified_swa_pools).parameters
+    return init_unified_swa_pools(**{k: v for k, v in wanted.items() if k in params}
+                                  ).token_to_kv_pool
+
+
 def _pool(kind: str) -> Any:
+    if kind == "unified_swa":
+        return unified_pool()
     import torch
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 

@@ -19,15 +19,13 @@ hardware, and the value is given as unknown (``None``, its source saying why).
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source, side_field
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.state_types import _pool, pool_kind
+from sglang_dsv4_guard.launch.state_types import _pool, pool_kind, unified_pool
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 from sglang_dsv4_guard.pd.endpoint import Value
 
@@ -36,21 +34,6 @@ __all__ = ["registered_layout"]
 log = logging.getLogger(LOGGER_NAME)
 AITER = "SGLANG_AITER_KV_CACHE_LAYOUT"
 _ROWS = 64
-
-
-def _unified_pool() -> Any:
-    import torch
-    from sglang.srt.mem_cache.unified_memory_pool import init_unified_swa_pools
-
-    wanted: dict[str, Any] = dict(
-        device="cpu", kv_cache_dtype=torch.bfloat16, head_num=1, head_dim=8, v_head_dim=8,
-        swa_head_num=1, swa_head_dim=8, swa_v_head_dim=8, page_size=1, start_layer=0,
-        end_layer=2, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-        full_max_total_num_tokens=_ROWS, swa_max_total_num_tokens=_ROWS, total_bytes=None,
-        enable_memory_saver=False, need_sort=True)
-    params = inspect.signature(init_unified_swa_pools).parameters
-    return init_unified_swa_pools(**{k: v for k, v in wanted.items() if k in params}
-                                  ).token_to_kv_pool
 
 
 @functools.lru_cache(maxsize=8)
@@ -67,7 +50,7 @@ def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
     try:
         with offline_env(dict(env)), silenced():
             kv_args = new_kv_args()
-            setup_state_kv_args(kv_args, _unified_pool() if unified else _pool("swa"), None)
+            setup_state_kv_args(kv_args, unified_pool() if unified else _pool("swa"), None)
     except Exception as exc:  # the release's constructor or function refused: unknown
         log.debug("SWA layout (unified=%s) not derived: %s", unified, exc, exc_info=True)
         return f"{type(exc).__name__}: {exc}"
@@ -78,7 +61,7 @@ def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
 
 def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     del values
-    if pool_kind(side) != "swa":
+    if pool_kind(side) not in ("swa", "unified_swa"):
         return {}
     env: Mapping[str, str] = side.args.env
     aiter = env.get(AITER)
