@@ -50,6 +50,7 @@ __all__ = [
     "PD_NIXL_PAYLOAD",
     "PD_NIXL_SEND_EXTRA",
     "PD_POP_PREALLOCATED",
+    "PD_QUANT_CONFIG",
     "PD_RELAYOUT",
     "PD_SERVER_INFO",
     "PD_STATE_TYPE",
@@ -151,6 +152,9 @@ PD_BASE_MODULE = "sglang.srt.disaggregation.base.conn"
 PD_STATE_TYPE = "StateType"
 #: The KV cache dtype string a runner publishes (``configure_kv_cache_dtype``, 0.5.16+).
 PD_KV_DTYPE = PatchTarget("sglang.srt.mem_cache.kv_cache_dtype", "configure_kv_cache_dtype")
+#: The checkpoint's quantization config as the model loader builds it from config.json
+#: (``get_quant_config``, 0.5.16+): the ``model.quant_config`` the KV cache dtype reads.
+PD_QUANT_CONFIG = PatchTarget("sglang.srt.model_loader.weight_utils", "get_quant_config")
 #: The DeepSeek-V4 pool's PD KV layout (0.5.23): its selector and the pool method.
 PD_DSV4_POOL_MODULE = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 PD_DSV4_LAYOUT = PatchTarget(PD_DSV4_POOL_MODULE, "select_dsv4_kv_layout")

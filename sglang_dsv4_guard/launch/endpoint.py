@@ -14,7 +14,7 @@ from typing import Any
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.remedy import page_size_source
-from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Endpoint, Value
 
 __all__ = ["CONTRIBUTORS", "endpoint_of", "field_source"]
 
@@ -67,4 +67,6 @@ def endpoint_of(side: Side) -> Endpoint:
     notes: list[str] = []
     for contribute in CONTRIBUTORS:
         values.update(contribute(side, dict(values)))
+    for name in values.get(UNKNOWN, Value((), "")).value:  # not known: left out
+        values.pop(name, None)
     return Endpoint(side.role, values, tuple(notes))
