@@ -37,7 +37,7 @@ from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, at
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
-from sglang_dsv4_guard.pd.relayout import relayout_findings
+from sglang_dsv4_guard.pd.relayout import relayout_findings, relayout_raise
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -309,6 +309,21 @@ def _edits(name: str, src: Side, dst: Side, run: ContractRun) -> list[Edit | Non
     return []
 
 
+def _dcp_taken(src: Side, dst: Side, run: ContractRun) -> list[Edit | None]:
+    """``dst`` launched with ``src``'s DCP size, when the release's relayout accepts the
+    pair then: equal DCP sizes need no relayout (``CommonKVManager.requires_dcp_relayout``,
+    0.5.17 - 0.5.23; ``pd_disaggregation_hook`` warns that a DCP prefill is supported with
+    the decode's DCP layout). The first-contact conditions are proven by ``check --fix``."""
+    ends = {"prefill": run.prefill, "decode": run.decode}
+    size = int(ends[src.role].get("dcp_size", 1) or 1)
+    if size == int(ends[dst.role].get("dcp_size", 1) or 1) or size == 1:
+        return []
+    ends[dst.role] = ends[dst.role].with_values(dcp_size=Value(size, src.role))
+    if relayout_raise(ends["prefill"], ends["decode"]) != (None, None):
+        return []
+    return [_set(dst.role, "dcp_size", size)]
+
+
 def _fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
     p, d = run.prefill_side, run.decode_side
     sides = {"prefill": p, "decode": d}
@@ -325,6 +340,10 @@ def _fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
                 label = _LABELS.get(name, name).format(src=src.role)
                 candidates.append(_fix(f"launch the {dst.role} server with {label}", name,
                                        edits, *inputs))
+            taken = _dcp_taken(src, dst, run) if name == "dcp_size" else []
+            if taken:
+                candidates.append(_fix(f"launch the {dst.role} server with the {src.role}'s "
+                                       "DCP size", name, taken, *inputs))
     fixes = tuple(dict.fromkeys(f for f in (accepted_fix(c, sides) for c in candidates)
                                 if f is not None))
     return fixes or (Fix(FixKind.NO_FLAG_FIX, "no flag change of either line that the "
