@@ -37,7 +37,7 @@ from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, at
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
-from sglang_dsv4_guard.pd.relayout import relayout_findings, relayout_raise
+from sglang_dsv4_guard.pd.relayout import CODE, relayout_findings, relayout_raise
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -340,7 +340,8 @@ def _fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
                 label = _LABELS.get(name, name).format(src=src.role)
                 candidates.append(_fix(f"launch the {dst.role} server with {label}", name,
                                        edits, *inputs))
-            taken = _dcp_taken(src, dst, run) if name == "dcp_size" else []
+            taken = (_dcp_taken(src, dst, run) if (name, finding.code) == ("dcp_size", CODE)
+                     else [])  # the relayout's own condition: DSV4G036
             if taken:
                 candidates.append(_fix(f"launch the {dst.role} server with the {src.role}'s "
                                        "DCP size", name, taken, *inputs))
