@@ -351,7 +351,26 @@ CODES: dict[str, CodeInfo] = {
             "that rank times out; on MORI it is logged and each request then fails. "
             "0.5.16 has no relayout. check runs it for rank 0 of each server.",
             ("check derives flag fixes: the server whose --dcp-size differs from 1 "
-             "launched without it, offered only when the edited line resolves",),
+             "launched without it, or the other server launched with its DCP size where "
+             "the release's relayout accepts the equal sizes; each offered only when the "
+             "edited line resolves",),
+        ),
+        CodeInfo(
+            "DSV4G037",
+            "prefill and decode use different decode allocation policies",
+            "Disaggregation decode allocation policy mismatch: prefill=..., decode=.... Set "
+            "--disaggregation-decode-allocation-policy identically on both roles.",
+            "0.5.22+: for every request the decode's receiver (`CommonKVReceiver.init`) "
+            "compares the --disaggregation-decode-allocation-policy the prefill's bootstrap "
+            "server published with its own, and with `prefill_complete` also needs the "
+            "prefill's attention TP, CP and PP to be 1 (\"prefill_complete requires peer "
+            "attention TP1/CP1/PP1\"). Each request then fails: the decode logs \"Decode "
+            "handshake failed\" with the message and the client gets HTTP 500; both "
+            "servers keep running. Releases before 0.5.22 have no such policy. check runs "
+            "the release's own method on a bare receiver.",
+            ("the same --disaggregation-decode-allocation-policy on both servers (check "
+             "derives it: one server launched with the other's policy, offered only when "
+             "the edited line resolves)",),
         ),
         CodeInfo(
             "DSV4G040",

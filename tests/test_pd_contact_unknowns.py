@@ -40,7 +40,7 @@ class TestCheckpointKvCacheDtype(GuardTestCase):
                             server("decode", LLAMA_FP8_KV, "--kv-cache-dtype bf16",
                                    backend="mooncake"))
         (finding,) = found(doc, "DSV4G030")
-        prefill = [o for o in finding["observations"] if o["role"] == "prefill"][0]
+        prefill = next(o for o in finding["observations"] if o["role"] == "prefill")
         self.assertEqual(prefill["value"], "fp8_e4m3")
         self.assertIn("quantization_config", prefill["source"])
 

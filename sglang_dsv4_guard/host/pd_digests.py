@@ -31,6 +31,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_NIXL_PAYLOAD,
     PD_NIXL_SEND_EXTRA,
     PD_POP_PREALLOCATED,
+    PD_RECEIVER_INIT,
     PatchTarget,
 )
 
@@ -54,6 +55,8 @@ class SiteSpec:
     target: PatchTarget
     phrase: str = ""
     call: str = ""
+    # The phrase of a message assigned there, not raised (a failure SGLang records).
+    assigned: str = ""
 
 
 SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
@@ -73,6 +76,10 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("decode.hisparse_mooncake", PD_POP_PREALLOCATED, phrase="requires the"),
     SiteSpec("first_contact.minimax", PD_FIRST_CONTACT,
              phrase="MiniMax sparse PD requires matching attention TP"),
+    SiteSpec("receiver.allocation_policy", PD_RECEIVER_INIT,
+             assigned="allocation policy mismatch"),
+    SiteSpec("receiver.prefill_complete_peer", PD_RECEIVER_INIT,
+             assigned="prefill_complete requires peer attention"),
 )}
 
 
@@ -145,11 +152,16 @@ def _names_read(nodes: Sequence[ast.AST]) -> set[str]:
     return {n.id for node in nodes for n in _with_children(node) if isinstance(n, ast.Name)}
 
 
+def _holds(stmt: ast.stmt, phrase: str) -> bool:
+    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and phrase in n.value
+               for n in _in_order(stmt))
+
+
 def _matches(spec: SiteSpec, stmt: ast.stmt) -> bool:
     if spec.phrase:
-        return isinstance(stmt, ast.Raise) and any(
-            isinstance(n, ast.Constant) and isinstance(n.value, str) and spec.phrase in n.value
-            for n in _in_order(stmt))
+        return isinstance(stmt, ast.Raise) and _holds(stmt, spec.phrase)
+    if spec.assigned:
+        return isinstance(stmt, ast.Assign) and _holds(stmt, spec.assigned)
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                and n.func.attr == spec.call for n in _in_order(stmt))
 
@@ -184,10 +196,10 @@ def _walk(body: list[ast.stmt], spec: SiteSpec, chain: tuple[tuple[ast.expr, boo
 
 
 def _needed(chain: Sequence[tuple[ast.expr, bool]], node: ast.stmt,
-            seen: Sequence[ast.Assign]) -> tuple[ast.Assign, ...]:
-    """The assignments (last of each name, transitively) that the tests (and a raise's
-    message) read."""
-    wanted = _names_read([t for t, _ in chain] + ([node] if isinstance(node, ast.Raise) else []))
+            seen: Sequence[ast.Assign], message: bool) -> tuple[ast.Assign, ...]:
+    """The assignments (last of each name, transitively) that the tests (and, with
+    ``message``, the raised or assigned message) read."""
+    wanted = _names_read([t for t, _ in chain] + ([node] if message else []))
     kept: list[ast.Assign] = []
     for assign in reversed(seen):
         name = assign.targets[0].id  # type: ignore[attr-defined]
@@ -216,7 +228,8 @@ def locate(package_dir: Path, spec: SiteSpec) -> Located | None:
     if not isinstance(cls, ast.ClassDef) or not isinstance(fn, ast.FunctionDef):
         return None
     for node, chain, seen in _walk(fn.body, spec, (), ()):
-        assigns = _needed(chain, node, seen)
+        assigns = _needed(chain, node, seen,
+                          isinstance(node, ast.Raise) or bool(spec.assigned))
         tests: list[ast.AST] = [t for t, _ in chain]
         methods = _self_methods(cls, [*tests, *(a.value for a in assigns)])
         return Located(spec, node, chain, assigns, methods,

@@ -51,6 +51,7 @@ __all__ = [
     "PD_NIXL_SEND_EXTRA",
     "PD_POP_PREALLOCATED",
     "PD_QUANT_CONFIG",
+    "PD_RECEIVER_INIT",
     "PD_RELAYOUT",
     "PD_SERVER_INFO",
     "PD_STATE_TYPE",
@@ -148,6 +149,8 @@ PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
 PD_COMMON_MANAGER = "CommonKVManager"
 PD_SERVER_INFO = "PrefillServerInfo"
 PD_RELAYOUT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.requires_dcp_relayout")
+#: The decode receiver's per-request set-up (0.5.22+: the decode allocation policies).
+PD_RECEIVER_INIT = PatchTarget(PD_COMMON_MODULE, "CommonKVReceiver.init")
 PD_BASE_MODULE = "sglang.srt.disaggregation.base.conn"
 PD_STATE_TYPE = "StateType"
 #: The KV cache dtype string a runner publishes (``configure_kv_cache_dtype``, 0.5.16+).
