@@ -257,11 +257,13 @@ CODES: dict[str, CodeInfo] = {
             "Decode's first contact with the prefill (`try_ensure_parallel_info`, at the "
             "first request that pairs them) compares the two servers' KV cache dtype "
             "strings and raises from the decode scheduler loop: the decode server exits. "
-            "0.5.16 compares the --kv-cache-dtype values; 0.5.17+ the string each target "
-            "runner publishes (the flag's, or the FP8 string a checkpoint's quantization "
-            "config gives `auto`). They are compared as strings, so `auto` on one server "
-            "and an explicit `bf16` or `bfloat16` on the other differ even when the memory "
-            "layout is the same.",
+            "0.5.17+ compare the string each target runner publishes, 0.5.16 the "
+            "servers' --kv-cache-dtype as the model runner rewrites it at load: both the "
+            "flag's, or the FP8 string a checkpoint's quantization config gives `auto` "
+            "(check reads that config with the release's own quant-config class; when it "
+            "cannot, the row is not judged for that server). They are compared as "
+            "strings, so `auto` on one server and an explicit `bf16` or `bfloat16` on the "
+            "other differ even when the memory layout is the same.",
             ("check derives a flag fix per server: --kv-cache-dtype set to the other "
              "server's published string, offered only when the edited line resolves",),
         ),

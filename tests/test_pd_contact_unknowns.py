@@ -16,6 +16,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
 LLAMA_FP8_KV = os.path.join(DATA, "llama_fp8_kv")  # ModelOpt FP8 weights and FP8 KV cache
+# An FP8 config whose activation scheme the release's Fp8Config refuses.
+LLAMA_FP8_REFUSED = os.path.join(DATA, "llama_fp8_refused")
 CONTACT_CODES = ("DSV4G022", "DSV4G030", "DSV4G031")
 
 
@@ -43,6 +45,18 @@ class TestCheckpointKvCacheDtype(GuardTestCase):
         prefill = next(o for o in finding["observations"] if o["role"] == "prefill")
         self.assertEqual(prefill["value"], "fp8_e4m3")
         self.assertIn("quantization_config", prefill["source"])
+
+    def test_unreadable_quant_config_is_unknown(self) -> None:
+        """A quantization config the release's own class refuses to build leaves the KV
+        cache dtype string unknown: no DSV4G030 against a bf16 decode, and an unknowns
+        line naming the prefill and the row."""
+        _, doc = check_json(server("prefill", LLAMA_FP8_REFUSED, backend="mooncake"),
+                            server("decode", LLAMA_FP8_REFUSED, "--kv-cache-dtype bf16",
+                                   backend="mooncake"))
+        self.assertEqual(found(doc, "DSV4G030"), [])
+        lines = [u for u in doc["unknowns"] if "DSV4G030 was not judged" in u]
+        self.assertEqual(len(lines), 1, doc["unknowns"])
+        self.assertTrue(lines[0].startswith("prefill: "), lines[0])
 
 
 class TestUnresolvedServer(GuardTestCase):
