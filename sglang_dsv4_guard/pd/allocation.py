@@ -5,8 +5,8 @@
 ``--disaggregation-decode-allocation-policy``) and the decode's own, and records a failure
 for the request when they differ ("Disaggregation decode allocation policy mismatch")
 or when ``prefill_complete`` meets a prefill whose attention TP, CP or PP is not 1. The
-release's own method runs here on a bare receiver and a bare manager (``object.__new__``:
-their constructors open sockets), holding the prefill's ``PrefillServerInfo`` as the
+release's own method runs here on a bare receiver state and a bare manager (their
+constructors open sockets), holding the prefill's ``PrefillServerInfo`` as the
 release builds it from the ``/route`` answer (:func:`.first_contact.route_answer`) and
 the decode's policy read through the conn module's ``get_disagg``; it stops right after
 the comparison (the manager's response table refuses the next write). It runs only when
@@ -78,12 +78,13 @@ def receiver_failure(prefill: Endpoint, decode: Endpoint) -> str | None:
     manager.failure_lock, manager.failure_records = threading.Lock(), {}
     manager.request_status, manager.deferred_bootstrap = {}, None
     manager.required_prefill_response_num_table = _StopTable()
-    receiver = object.__new__(getattr(module, owner))
-    receiver.conclude_state, receiver.bootstrap_addr, receiver.bootstrap_room = None, _ADDRESS, 0
-    receiver.kv_mgr = manager
+    # The method on a plain receiver state: the class is abstract in 0.5.22 (its backends
+    # add failure_exception), and init reads only these before the comparison.
+    receiver = SimpleNamespace(conclude_state=None, bootstrap_addr=_ADDRESS, bootstrap_room=0,
+                               kv_mgr=manager)
     with _decode_policy(module, str(decode.get(POLICY, "early"))):
         try:
-            getattr(receiver, method)(0)
+            getattr(getattr(module, owner), method)(receiver, 0)
         except _PastTheComparison:
             return None
         except Exception as exc:  # it read what this check does not set
@@ -98,6 +99,8 @@ def receiver_failure(prefill: Endpoint, decode: Endpoint) -> str | None:
 def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
                         package: Path | None) -> tuple[list[Finding], list[str]]:
     """DSV4G037 when the release's receiver fails every request of the pair."""
+    if decode.get("transfer_backend") == "fake":
+        return [], []  # FakeKVReceiver is not a CommonKVReceiver: it compares nothing
     if package is None:
         return [], [f"{CODE}: not judged: the imported SGLang's source was not found"]
     found = digest_pd_tree(package)
@@ -112,7 +115,7 @@ def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
                     "is not known"]
     try:
         failure = receiver_failure(prefill, decode)
-    except NotJudged as exc:
+    except (NotJudged, LookupError) as exc:  # LookupError: a /route field not derived
         return [], [f"{CODE} ({release}): not judged: {exc}"]
     if failure is None:
         return [], []
