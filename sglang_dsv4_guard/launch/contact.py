@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import logging
+import os
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -28,10 +30,10 @@ from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE, PD_QUANT_CONFIG
 from sglang_dsv4_guard.launch.contract_run import ContractRun
-from sglang_dsv4_guard.launch.derive import Side, _build_config
+from sglang_dsv4_guard.launch.derive import Side, _model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
-from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.launch.pools import _published
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.log import LOGGER_NAME
@@ -76,6 +78,22 @@ def _source(side: Side, field: str, option: str) -> str:
     return field_source(side, field, option)
 
 
+def _quantized(side: Side) -> bool:
+    """Whether the server loads a quantized checkpoint: ``--quantization``, or a
+    quantization config in config.json or hf_quant_config.json (what ``ModelConfig``
+    reads)."""
+    if _server_value(side, "quantization", None):
+        return True
+    path = os.path.join(side.model.path, "config.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if json.load(fh).get("quantization_config"):
+                return True
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable here: let SGLang's ModelConfig say what it reads
+    return os.path.isfile(os.path.join(side.model.path, "hf_quant_config.json"))
+
+
 def _stand_in_model(side: Side) -> tuple[Any, str | None, str | None]:
     """(the model object ``configure_kv_cache_dtype`` reads, its source, why not): a
     stand-in whose ``quant_config`` is the one the model loader builds from config.json.
@@ -86,9 +104,14 @@ def _stand_in_model(side: Side) -> tuple[Any, str | None, str | None]:
     ``ModelConfig``; that function builds the release's own quant-config class from
     config.json (or hf_quant_config.json next to it) and reads no weights. Without a
     quantization the model has no quant config (``None`` stands for it)."""
-    model_config = _build_config(side.model.path, False, side.speculative_algorithm,
-                                 side.args.server_args, side.args.env,
-                                 bool(side.args.typed.get("trust_remote_code")))
+    if not _quantized(side):
+        return None, None, None  # no quantization: the model has no quant config
+    try:
+        model_config, _ = _model_config(
+            f"--{side.role}", side.model.path, False, side.speculative_algorithm,
+            side.args.server_args, side.args.env, bool(side.args.typed.get("trust_remote_code")))
+    except CheckInputError as exc:
+        return None, None, f"SGLang's ModelConfig did not read it here ({exc})"
     if getattr(model_config, "quantization", None) is None:
         return None, None, None
     from sglang.srt.configs.load_config import LoadConfig
