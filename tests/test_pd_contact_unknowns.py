@@ -9,7 +9,7 @@ import os
 import unittest
 from typing import Any
 
-from check_helpers import DATA, DSV4, check_json, server
+from check_helpers import DATA, DSV4, LLAMA, check_json, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -82,6 +82,27 @@ class TestUnresolvedServer(GuardTestCase):
         self.assertIn("DSV4G030", lines[0])
         self.assertEqual([u for u in doc["unknowns"] if "not derived; those conditions" in u],
                          [])
+
+    def test_machine_refusal_defaults_not_judged(self) -> None:
+        """A Llama prefill whose resolution fails only on this machine (trtllm_mha needs a
+        Hopper or Blackwell GPU) against a decode typing fp8_e4m3: the prefill's KV cache
+        dtype is unknown, so no DSV4G030 on its parser default 'auto', and one unknowns
+        line for the prefill says so. (Where this release resolves the prefill here, its
+        'auto' is known and DSV4G030 is SGLang's verdict.)"""
+        _, doc = check_json(server("prefill", LLAMA, "--attention-backend trtllm_mha",
+                                   backend="mooncake"),
+                            server("decode", LLAMA, "--kv-cache-dtype fp8_e4m3",
+                                   backend="mooncake"))
+        refused_here = any(u.startswith("prefill: SGLang's resolution of these flags failed "
+                                        "on this machine") for u in doc["unknowns"])
+        if not refused_here:
+            self.assertEqual(len(found(doc, "DSV4G030")), 1, doc["unknowns"])
+            return
+        self.assertEqual(found(doc, "DSV4G030"), [])
+        lines = [u for u in doc["unknowns"]
+                 if u.startswith("prefill: SGLang's resolution did not complete")]
+        self.assertEqual(len(lines), 1, doc["unknowns"])
+        self.assertIn("DSV4G030", lines[0])
 
 
 if __name__ == "__main__":

@@ -259,10 +259,9 @@ def _unresolved(side: Side) -> tuple[list[str], str | None]:
         names.append("kv_cache_dtype_str")
     if side.model.is_dsv4:  # from the resolved --dsv4-attn-backend and published args
         names += ["kv_layout", "dsv41_spec_layout"]
-    a = side.args
+    a = side.args  # the refusal itself is said once, by DSV4G026 or its own unknowns line
     why = ("refused its flags (DSV4G026)" if a.resolution_error is not None else
-           f"did not complete on this machine ({a.machine_refusal})" if a.machine_refusal
-           else "did not complete")
+           "did not complete on this machine" if a.machine_refusal else "did not complete")
     labels = ", ".join(_RESOLVED_ONLY[n][0] for n in names)
     rows = ", ".join(dict.fromkeys(_RESOLVED_ONLY[n][1] for n in names))
     return names, (f"{side.role}: SGLang's resolution {why}, so what only it decides for "
