@@ -284,11 +284,13 @@ CODES: dict[str, CodeInfo] = {
             "Decode's first contact with the prefill (`try_ensure_parallel_info`, at the "
             "first request that pairs them) compares the two servers' KV cache dtype "
             "strings and raises from the decode scheduler loop: the decode server exits. "
-            "0.5.16 compares the --kv-cache-dtype values; 0.5.17+ the string each target "
-            "runner publishes (the flag's, or the FP8 string a checkpoint's quantization "
-            "config gives `auto`). They are compared as strings, so `auto` on one server "
-            "and an explicit `bf16` or `bfloat16` on the other differ even when the memory "
-            "layout is the same.",
+            "0.5.17+ compare the string each target runner publishes, 0.5.16 the "
+            "servers' --kv-cache-dtype as the model runner rewrites it at load: both the "
+            "flag's, or the FP8 string a checkpoint's quantization config gives `auto` "
+            "(check reads that config with the release's own quant-config class; when it "
+            "cannot, the row is not judged for that server). They are compared as "
+            "strings, so `auto` on one server and an explicit `bf16` or `bfloat16` on the "
+            "other differ even when the memory layout is the same.",
             ("check derives a flag fix per server: --kv-cache-dtype set to the other "
              "server's published string, offered only when the edited line resolves",),
         ),
@@ -382,8 +384,28 @@ CODES: dict[str, CodeInfo] = {
             "that rank times out; on MORI it is logged and each request then fails. "
             "0.5.16 has no relayout. check runs it for rank 0 of each server.",
             ("check derives flag fixes: the server whose --dcp-size differs from 1 "
-             "launched without it, offered only when the edited line resolves",),
+             "launched without it, or the other server launched with its DCP size where "
+             "the release's relayout accepts the equal sizes; each offered only when the "
+             "edited line resolves",),
             sglang_releases=("0.5.17", None),
+        ),
+        CodeInfo(
+            "DSV4G037",
+            "prefill and decode use different decode allocation policies",
+            "Disaggregation decode allocation policy mismatch: prefill=..., decode=.... Set "
+            "--disaggregation-decode-allocation-policy identically on both roles.",
+            "0.5.22+: for every request the decode's receiver (`CommonKVReceiver.init`) "
+            "compares the --disaggregation-decode-allocation-policy the prefill's bootstrap "
+            "server published with its own, and with `prefill_complete` also needs the "
+            "prefill's attention TP, CP and PP to be 1 (\"prefill_complete requires peer "
+            "attention TP1/CP1/PP1\"). Each request then fails: the decode logs \"Decode "
+            "handshake failed\" with the message and the client gets HTTP 500; both "
+            "servers keep running. Releases before 0.5.22 have no such policy. check runs "
+            "the release's own method on a bare receiver.",
+            ("the same --disaggregation-decode-allocation-policy on both servers (check "
+             "derives it: one server launched with the other's policy, offered only when "
+             "the edited line resolves)",),
+            sglang_releases=("0.5.22", None),
         ),
         CodeInfo(
             "DSV4G040",

@@ -62,6 +62,21 @@ class TestFirstContactFixesProven(GuardTestCase):
         self.assertEqual(codes(doc), ["DSV4G036"])
         self.assertEqual((status, left), (0, []))
 
+    def test_decode_takes_the_prefills_dcp_size(self) -> None:
+        """A prefill with DCP 2 and a decode without (0.5.17+): besides the prefill without
+        --dcp-size, the decode taking the prefill's DCP size (equal DCP layouts, which the
+        relayout accepts) is a fix proven by check."""
+        _, doc = check_json(server("prefill", DSV3, "--tp-size 2 --dcp-size 2", "mooncake"),
+                            server("decode", DSV3, "--tp-size 2", "mooncake"), "--fix")
+        if sglang_release() < Version("0.5.17"):
+            self.assertNotIn("DSV4G036", codes(doc))
+            return
+        (finding,) = [f for f in doc["findings"] if f["code"] == "DSV4G036"]
+        proven = {tuple((e["server"], e["name"], e["value"]) for e in f["edits"])
+                  for f in finding["fixes"] if f["proven"]}
+        self.assertEqual(proven, {(("prefill", "--dcp-size", None),),
+                                  (("decode", "--dcp-size", "2"),)})
+
 
 if __name__ == "__main__":
     unittest.main()

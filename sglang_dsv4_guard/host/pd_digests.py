@@ -34,6 +34,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_NIXL_SEND_AUX,
     PD_NIXL_SEND_EXTRA,
     PD_POP_PREALLOCATED,
+    PD_RECEIVER_INIT,
     PatchTarget,
 )
 
@@ -59,6 +60,8 @@ class SiteSpec:
     phrase: str = ""
     call: str = ""
     helpers: tuple[str, ...] = ()
+    # The phrase of a message assigned there, not raised (a failure SGLang records).
+    assigned: str = ""
 
 
 SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
@@ -82,6 +85,10 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("mooncake.send_aux", PD_MOONCAKE_SEND_AUX, helpers=("send_aux_tcp",)),
     SiteSpec("nixl.send_aux", PD_NIXL_SEND_AUX, helpers=("send_aux_tcp",)),
     SiteSpec("mori.send_aux", PD_MORI_SEND_AUX, helpers=("send_aux_tcp", "send_aux_rdma")),
+    SiteSpec("receiver.allocation_policy", PD_RECEIVER_INIT,
+             assigned="allocation policy mismatch"),
+    SiteSpec("receiver.prefill_complete_peer", PD_RECEIVER_INIT,
+             assigned="prefill_complete requires peer attention"),
 )}
 
 
@@ -154,11 +161,16 @@ def _names_read(nodes: Sequence[ast.AST]) -> set[str]:
     return {n.id for node in nodes for n in _with_children(node) if isinstance(n, ast.Name)}
 
 
+def _holds(stmt: ast.stmt, phrase: str) -> bool:
+    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and phrase in n.value
+               for n in _in_order(stmt))
+
+
 def _matches(spec: SiteSpec, stmt: ast.stmt) -> bool:
     if spec.phrase:
-        return isinstance(stmt, ast.Raise) and any(
-            isinstance(n, ast.Constant) and isinstance(n.value, str) and spec.phrase in n.value
-            for n in _in_order(stmt))
+        return isinstance(stmt, ast.Raise) and _holds(stmt, spec.phrase)
+    if spec.assigned:
+        return isinstance(stmt, ast.Assign) and _holds(stmt, spec.assigned)
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                and n.func.attr == spec.call for n in _in_order(stmt))
 
@@ -193,10 +205,10 @@ def _walk(body: list[ast.stmt], spec: SiteSpec, chain: tuple[tuple[ast.expr, boo
 
 
 def _needed(chain: Sequence[tuple[ast.expr, bool]], node: ast.stmt,
-            seen: Sequence[ast.Assign]) -> tuple[ast.Assign, ...]:
-    """The assignments (last of each name, transitively) that the tests (and a raise's
-    message) read."""
-    wanted = _names_read([t for t, _ in chain] + ([node] if isinstance(node, ast.Raise) else []))
+            seen: Sequence[ast.Assign], message: bool) -> tuple[ast.Assign, ...]:
+    """The assignments (last of each name, transitively) that the tests (and, with
+    ``message``, the raised or assigned message) read."""
+    wanted = _names_read([t for t, _ in chain] + ([node] if message else []))
     kept: list[ast.Assign] = []
     for assign in reversed(seen):
         name = assign.targets[0].id  # type: ignore[attr-defined]
@@ -229,7 +241,8 @@ def locate(package_dir: Path, spec: SiteSpec) -> Located | None:
                         and m.name in spec.helpers)
         return Located(spec, fn, (), (), helpers, str(package_dir / spec.target.path))
     for node, chain, seen in _walk(fn.body, spec, (), ()):
-        assigns = _needed(chain, node, seen)
+        assigns = _needed(chain, node, seen,
+                          isinstance(node, ast.Raise) or bool(spec.assigned))
         tests: list[ast.AST] = [t for t, _ in chain]
         methods = _self_methods(cls, [*tests, *(a.value for a in assigns)])
         return Located(spec, node, chain, assigns, methods,

@@ -55,6 +55,8 @@ __all__ = [
     "PD_NIXL_SEND_AUX",
     "PD_NIXL_SEND_EXTRA",
     "PD_POP_PREALLOCATED",
+    "PD_QUANT_CONFIG",
+    "PD_RECEIVER_INIT",
     "PD_RELAYOUT",
     "PD_SERVER_INFO",
     "PD_STATE_TYPE",
@@ -152,10 +154,15 @@ PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
 PD_COMMON_MANAGER = "CommonKVManager"
 PD_SERVER_INFO = "PrefillServerInfo"
 PD_RELAYOUT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.requires_dcp_relayout")
+#: The decode receiver's per-request set-up (0.5.22+: the decode allocation policies).
+PD_RECEIVER_INIT = PatchTarget(PD_COMMON_MODULE, "CommonKVReceiver.init")
 PD_BASE_MODULE = "sglang.srt.disaggregation.base.conn"
 PD_STATE_TYPE = "StateType"
 #: The KV cache dtype string a runner publishes (``configure_kv_cache_dtype``, 0.5.16+).
 PD_KV_DTYPE = PatchTarget("sglang.srt.mem_cache.kv_cache_dtype", "configure_kv_cache_dtype")
+#: The checkpoint's quantization config as the model loader builds it from config.json
+#: (``get_quant_config``, 0.5.16+): the ``model.quant_config`` the KV cache dtype reads.
+PD_QUANT_CONFIG = PatchTarget("sglang.srt.model_loader.weight_utils", "get_quant_config")
 #: The DeepSeek-V4 pool's PD KV layout (0.5.23): its selector and the pool method.
 PD_DSV4_POOL_MODULE = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 PD_DSV4_LAYOUT = PatchTarget(PD_DSV4_POOL_MODULE, "select_dsv4_kv_layout")

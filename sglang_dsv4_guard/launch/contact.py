@@ -3,12 +3,15 @@
 
 Values (each with its source): ``kv_cache_dtype_str`` from the release's own
 ``configure_kv_cache_dtype`` on the resolved ``--kv-cache-dtype`` (as a target runner
-calls it; the model object is not loaded here, so ``auto`` stays ``auto`` unless the
-checkpoint's quantization config sets an FP8 KV cache, said in the unknowns);
+calls it, with a stand-in model whose ``quant_config`` is the release's own, built from
+config.json: a checkpoint quantizing its KV cache to FP8 publishes ``fp8_e4m3`` under
+``auto``; unknown when the release cannot build that config here);
 ``dcp_size``, ``enable_kv_cache_sharding``, ``enable_dsa_cache_layer_split`` from the
 resolved ``ServerArgs``; ``kv_layout`` (0.5.23, DeepSeek-V4) from the release's
 ``select_dsv4_kv_layout`` and its pool's ``pd_kv_layout`` on a bare pool;
-``dsv41_spec_layout`` from the release's ``get_dsv41_spec_layout`` (0.5.21+).
+``dsv41_spec_layout`` from the release's ``get_dsv41_spec_layout`` (0.5.21+). For a
+server SGLang's resolution did not resolve, the values only resolution decides are
+unknown (:data:`~..pd.endpoint.UNKNOWN`, one ``unknowns`` line), never parser defaults.
 """
 
 from __future__ import annotations
@@ -25,18 +28,18 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE
+from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE, PD_QUANT_CONFIG
 from sglang_dsv4_guard.launch.contract_run import ContractRun
-from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.derive import Side, _model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_copy, field_source
-from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.launch.pools import _published
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.pd.endpoint import Value
+from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
-from sglang_dsv4_guard.pd.relayout import relayout_findings
+from sglang_dsv4_guard.pd.relayout import CODE, relayout_findings, relayout_raise
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -75,15 +78,83 @@ def _source(side: Side, field: str, option: str) -> str:
     return field_source(side, field, option)
 
 
-def _kv_dtype(side: Side) -> Value:
+def _quantized(side: Side) -> bool:
+    """Whether the server loads a quantized checkpoint: ``--quantization``, or a
+    quantization config in config.json or hf_quant_config.json (what ``ModelConfig``
+    reads)."""
+    if _server_value(side, "quantization", None):
+        return True
+    path = os.path.join(side.model.path, "config.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if json.load(fh).get("quantization_config"):
+                return True
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable here: let SGLang's ModelConfig say what it reads
+    return os.path.isfile(os.path.join(side.model.path, "hf_quant_config.json"))
+
+
+def _stand_in_model(side: Side) -> tuple[Any, str | None, str | None]:
+    """(the model object ``configure_kv_cache_dtype`` reads, its source, why not): a
+    stand-in whose ``quant_config`` is the one the model loader builds from config.json.
+
+    SGLang passes the loaded model (``ModelRunner.configure_kv_cache_dtype``, 0.5.16 -
+    0.5.23), whose ``quant_config`` comes from ``model_loader/loader.py``
+    ``_get_quantization_config`` -> ``weight_utils.get_quant_config`` on the
+    ``ModelConfig``; that function builds the release's own quant-config class from
+    config.json (or hf_quant_config.json next to it) and reads no weights. Without a
+    quantization the model has no quant config (``None`` stands for it)."""
+    if not _quantized(side):
+        return None, None, None  # no quantization: the model has no quant config
+    try:
+        model_config, _ = _model_config(
+            f"--{side.role}", side.model.path, False, side.speculative_algorithm,
+            side.args.server_args, side.args.env, bool(side.args.typed.get("trust_remote_code")))
+    except CheckInputError as exc:
+        return None, None, f"SGLang's ModelConfig did not read it here ({exc})"
+    if getattr(model_config, "quantization", None) is None:
+        return None, None, None
+    from sglang.srt.configs.load_config import LoadConfig
+
+    function = getattr(importlib.import_module(PD_QUANT_CONFIG.module),  # unscanned: SGLang
+                       PD_QUANT_CONFIG.attr)
+    try:
+        with offline_env(side.args.env):
+            quant = function(model_config, LoadConfig(), {})
+    except Exception as exc:  # a quantization whose config needs what is not here
+        return None, None, (f"the release's {PD_QUANT_CONFIG.attr} could not build the "
+                            f"{model_config.quantization} config from {side.model.path} "
+                            f"({type(exc).__name__}: {exc})")
+    algo = getattr(quant, "kv_cache_quant_algo", None)
+    source = (f"{side.model.path}/config.json quantization_config, read by the release's "
+              f"{type(quant).__name__} (kv_cache_quant_algo {algo})")
+    return SimpleNamespace(quant_config=quant), source, None
+
+
+def _kv_dtype(side: Side) -> tuple[Value | None, str | None]:
+    """The KV cache dtype string the server's target runner publishes, or (``None``,
+    why) when it is not known here.
+
+    From 0.5.17 ``try_ensure_parallel_info`` compares the runner's ``kv_cache_dtype_str``
+    (``configure_kv_cache_dtype``'s resolved string, else the flag's); 0.5.16 compares
+    ``server_args.kv_cache_dtype``, which ``ModelRunner._record_kv_cache_dtype`` rewrites
+    to that same resolved string when the model loads (before the KV manager is built):
+    one value for every release."""
     server = str(_server_value(side, "kv_cache_dtype", "auto"))
     source = _source(side, "kv_cache_dtype", "--kv-cache-dtype")
+    model, model_source, unknown = None, None, None
+    if server == "auto":
+        model, model_source, unknown = _stand_in_model(side)
+    if unknown is not None:
+        return None, (f"{side.role}: with --kv-cache-dtype auto the KV cache dtype string "
+                      f"follows the checkpoint's quantization config, and {unknown}; "
+                      "DSV4G030 was not judged for this server")
     try:
         module = importlib.import_module(PD_KV_DTYPE.module)  # unscanned: SGLang
         function = getattr(module, PD_KV_DTYPE.attr)
         import torch
 
-        candidates = {"server_args_kv_cache_dtype": server, "model": None,
+        candidates = {"server_args_kv_cache_dtype": server, "model": model,
                       "model_dtype": torch.bfloat16, "is_draft_worker": False,
                       "is_dflash": False, "speculative_draft_attention_backend": None,
                       "speculative_draft_kv_cache_dtype": None}
@@ -91,20 +162,11 @@ def _kv_dtype(side: Side) -> Value:
         resolved = function(**{k: v for k, v in candidates.items() if k in params})[0]
     except Exception as exc:  # a dtype this CPU cannot build (fp8_e5m2 on 0.5.23)
         return Value(server, f"{source} (the release's configure_kv_cache_dtype did not run "
-                             f"here: {type(exc).__name__}: {exc}; the string is the flag's)")
+                             f"here: {type(exc).__name__}: {exc}; the string is the flag's)"), None
     value = resolved if resolved is not None else server
-    return Value(value, f"{source}, as the release's configure_kv_cache_dtype publishes it "
-                        "for the target runner")
-
-
-def _quantized_kv(side: Side) -> str | None:
-    try:
-        with open(os.path.join(side.model.path, "config.json"), encoding="utf-8") as fh:
-            quant = json.load(fh).get("quantization_config") or {}
-    except (OSError, ValueError):
-        return None
-    algo = quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
-    return str(algo) if algo else None
+    via = f" and {model_source}" if model_source else ""
+    return Value(value, f"{source}{via}, as the release's configure_kv_cache_dtype "
+                        "publishes it for the target runner"), None
 
 
 def _kv_layout(side: Side) -> tuple[Value, str | None]:
@@ -172,20 +234,56 @@ def contact_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
                              "check")}
 
 
+# The first-contact values SGLang's resolution decides (a model override, a hook), with
+# the row each decides: not known for a server whose resolution did not complete.
+_RESOLVED_ONLY = {"page_size": ("the page size", "DSV4G022"),
+                  "kv_cache_dtype_str": ("the KV cache dtype string", "DSV4G030"),
+                  "kv_layout": ("the DeepSeek-V4 KV layout", "DSV4G031"),
+                  "dsv41_spec_layout": ("the DSpark layout", "DSV4G032")}
+
+
+def _unresolved(side: Side) -> tuple[list[str], str | None]:
+    """The values not known for a server SGLang's resolution did not resolve, and the
+    one ``unknowns`` line saying so (its parser defaults are not what it would run)."""
+    if side.args.resolved:
+        return [], None
+    typed = typed_flags(list(side.args.argv))
+    names = []
+    # DeepSeek-V4's model override sets the page size whatever --page-size says
+    # (arg_groups/model_overrides/deepseek_v4.py _deepseek_v4_overrides, 0.5.23; the
+    # DeepSeek-V4 hook before it); elsewhere an untyped page size is the backend's.
+    if side.model.is_dsv4 or "page_size" not in typed:
+        names.append("page_size")
+    # --kv-cache-dtype auto is rewritten by resolution (deepseek_v4_hook's fp8_e4m3).
+    if (typed.get("kv_cache_dtype") or (None, "auto"))[1] in (None, "auto"):
+        names.append("kv_cache_dtype_str")
+    if side.model.is_dsv4:  # from the resolved --dsv4-attn-backend and published args
+        names += ["kv_layout", "dsv41_spec_layout"]
+    a = side.args  # the refusal itself is said once, by DSV4G026 or its own unknowns line
+    why = ("refused its flags (DSV4G026)" if a.resolution_error is not None else
+           "did not complete on this machine" if a.machine_refusal else "did not complete")
+    labels = ", ".join(_RESOLVED_ONLY[n][0] for n in names)
+    rows = ", ".join(dict.fromkeys(_RESOLVED_ONLY[n][1] for n in names))
+    return names, (f"{side.role}: SGLang's resolution {why}, so what only it decides for "
+                   f"this server ({labels}) is not known: {rows} not judged on this "
+                   "server's values")
+
+
 def _contact_values(side: Side) -> dict[str, Value]:
-    notes: list[str] = []
-    layout, note = _kv_layout(side)
+    unknown, line = _unresolved(side)
+    notes: list[str] = [line] if line else []
+    layout, note = (Value(None, ""), None) if "kv_layout" in unknown else _kv_layout(side)
     notes += [note] if note else []
-    dspark, note = _dspark(side)
+    dspark, note = ((Value(None, ""), None) if "dsv41_spec_layout" in unknown
+                    else _dspark(side))
     notes += [note] if note else []
-    algo = _quantized_kv(side)
-    if algo is not None:
-        notes.append(f"{side.role}: {side.model.path}/config.json sets kv_cache_quant_algo "
-                     f"{algo}: with --kv-cache-dtype auto the loaded model's quantization "
-                     "config may publish another KV cache dtype string (DSV4G030)")
+    kv_dtype, note = ((None, None) if "kv_cache_dtype_str" in unknown
+                      else _kv_dtype(side))
+    notes += [note] if note else []
+    if kv_dtype is None and "kv_cache_dtype_str" not in unknown:
+        unknown.append("kv_cache_dtype_str")
     dcp = _server_value(side, "dcp_size", 1) or 1
-    return {
-        "kv_cache_dtype_str": _kv_dtype(side),
+    values = {
         "dcp_size": Value(int(dcp), _source(side, "dcp_size", "--dcp-size")),
         "is_hybrid_mla_backend": Value(False, "SGLang's setup_state_kv_args sets it only for "
                                               "a hybrid linear-attention pool"),
@@ -199,6 +297,10 @@ def _contact_values(side: Side) -> dict[str, Value]:
         "dsv41_spec_layout": dspark,
         NOTES: Value(tuple(notes), "what check could not derive for these rows"),
     }
+    if kv_dtype is not None:
+        values["kv_cache_dtype_str"] = kv_dtype
+    values[UNKNOWN] = Value(tuple(unknown), "values this check does not know for the server")
+    return values
 
 
 # What each fix gives the edited server, by the value SGLang's condition reads.
@@ -228,6 +330,21 @@ def _edits(name: str, src: Side, dst: Side, run: ContractRun) -> list[Edit | Non
     return []
 
 
+def _dcp_taken(src: Side, dst: Side, run: ContractRun) -> list[Edit | None]:
+    """``dst`` launched with ``src``'s DCP size, when the release's relayout accepts the
+    pair then: equal DCP sizes need no relayout (``CommonKVManager.requires_dcp_relayout``,
+    0.5.17 - 0.5.23; ``pd_disaggregation_hook`` warns that a DCP prefill is supported with
+    the decode's DCP layout). The first-contact conditions are proven by ``check --fix``."""
+    ends = {"prefill": run.prefill, "decode": run.decode}
+    size = int(ends[src.role].get("dcp_size", 1) or 1)
+    if size == int(ends[dst.role].get("dcp_size", 1) or 1) or size == 1:
+        return []
+    ends[dst.role] = ends[dst.role].with_values(dcp_size=Value(size, src.role))
+    if relayout_raise(ends["prefill"], ends["decode"]) != (None, None):
+        return []
+    return [_set(dst.role, "dcp_size", size)]
+
+
 def _fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
     p, d = run.prefill_side, run.decode_side
     sides = {"prefill": p, "decode": d}
@@ -244,6 +361,11 @@ def _fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
                 label = _LABELS.get(name, name).format(src=src.role)
                 candidates.append(_fix(f"launch the {dst.role} server with {label}", name,
                                        edits, *inputs))
+            taken = (_dcp_taken(src, dst, run) if (name, finding.code) == ("dcp_size", CODE)
+                     else [])  # the relayout's own condition: DSV4G036
+            if taken:
+                candidates.append(_fix(f"launch the {dst.role} server with the {src.role}'s "
+                                       "DCP size", name, taken, *inputs))
     fixes = tuple(dict.fromkeys(f for f in (accepted_fix(c, sides) for c in candidates)
                                 if f is not None))
     return fixes or (Fix(FixKind.NO_FLAG_FIX, "no flag change of either line that the "

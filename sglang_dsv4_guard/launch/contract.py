@@ -64,6 +64,8 @@ def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = 
 
 
 # The rows, each in its own module (imported last: they read ContractRun from here).
+from sglang_dsv4_guard.launch.allocation import allocation_row  # noqa: E402
 from sglang_dsv4_guard.launch.contact import contact_row  # noqa: E402
 
 ROWS["first contact"] = contact_row
+ROWS["receiver.allocation_policy"] = allocation_row

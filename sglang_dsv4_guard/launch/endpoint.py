@@ -19,7 +19,7 @@ from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.remedy import page_size_source
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Endpoint, Value
 
 __all__ = ["CONTRIBUTORS", "NotDerived", "endpoint_of", "env_copy", "env_reading",
            "field_source", "side_field"]
@@ -141,4 +141,6 @@ def endpoint_of(side: Side) -> Endpoint:
             notes.append(f"{side.role}: the values of {name} were not derived "
                          f"({type(exc).__name__}: {exc}); the rows that read them are not "
                          "judged (a guard bug, please report it)")
+    for name in values.get(UNKNOWN, Value((), "")).value:  # not known: left out
+        values.pop(name, None)
     return Endpoint(side.role, values, tuple(notes))

@@ -8,7 +8,12 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Observation
 
-__all__ = ["Endpoint", "Value"]
+__all__ = ["UNKNOWN", "Endpoint", "Value"]
+
+# The value naming the values left out of an endpoint on purpose (SGLang's resolution
+# did not run for that server, a checkpoint the release could not read ...): the rows
+# do not judge them, and one ``unknowns`` line of the row that left them out says why.
+UNKNOWN = "unknown_values"
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,10 @@ class Endpoint:
     def observation(self, name: str, label: str | None = None) -> Observation:
         """``name`` as an observation of this server's role."""
         return Observation(self.role, label or name, self.get(name), self.source(name))
+
+    def explained(self, name: str) -> bool:
+        """Whether ``name`` was left out on purpose (its ``unknowns`` line is said)."""
+        return name in (self.get(UNKNOWN, ()) or ())
 
     def with_values(self, **values: Value) -> Endpoint:
         """A copy with ``values`` added or replaced."""

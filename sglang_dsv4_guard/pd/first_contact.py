@@ -212,7 +212,8 @@ def _value(endpoint: Endpoint, other: Endpoint, name: str, default: Any,
     mismatch; the unknowns say so), else ``default``."""
     if endpoint.has(name) and (endpoint.get(name) is not None or name not in _NUMBERS):
         return endpoint.get(name)
-    missing.append(f"{endpoint.role} {name}")
+    if not endpoint.explained(name):  # else its unknowns line is said once, for the server
+        missing.append(f"{endpoint.role} {name}")
     return other.get(name, default)
 
 

@@ -27,6 +27,7 @@ class Phase(enum.Enum):
     FIRST_REQUEST = "first request"
     REGISTRATION = "registration"
     PER_REQUEST = "per request"
+    RECEIVER = "per request, at the decode's receiver"
     SILENT = "silent"
 
 
@@ -97,6 +98,14 @@ def when_text(phase: Phase, backend: str, env: Mapping[str, str] | None = None,
         return ("when a decode rank registers with the prefill: the prefill rank's "
                 f"{backend} bootstrap thread dies, and every later request to that rank "
                 f"times out {_timeout_words(env)}")
+    if phase is Phase.RECEIVER:
+        # decode.py: the prealloc queue's handshake poll reads KVPoll.Failed, logs
+        # "Decode handshake failed ... with exception <reason>" and aborts the request
+        # (prepare_abort, HTTP 500), 0.5.22 - 0.5.23; the scheduler goes on.
+        return ("per request, when the decode sets up its receiver: every request fails "
+                "(the decode logs \"Decode handshake failed ... with exception\" and "
+                "SGLang's message, the client gets HTTP 500 with it); both servers keep "
+                "running")
     if phase is Phase.PER_REQUEST:
         if receiver:
             return (f"per request, in the decode's {backend} thread that receives the "

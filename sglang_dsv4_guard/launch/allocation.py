@@ -1,0 +1,77 @@
+"""``check``'s decode allocation policy row (DSV4G037, :mod:`..pd.allocation`): the policy
+each server runs with, the row, and its fixes.
+
+The policy is ``--disaggregation-decode-allocation-policy`` (0.5.22+) as the release's
+resolution leaves it (the line's value, else the release's default): the prefill's
+bootstrap server publishes it in its ``/route`` answer (``CommonKVManager``'s
+registration payload, ``disaggregation/common/conn.py``, 0.5.22 - 0.5.23) and the
+decode's receiver reads its own from ``get_disagg()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.launch.contact import _server_value, _source
+from sglang_dsv4_guard.launch.contract_run import ContractRun
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS
+from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix
+from sglang_dsv4_guard.pd.allocation import CODE, POLICY, allocation_findings
+from sglang_dsv4_guard.pd.endpoint import Value
+
+__all__ = ["allocation_row"]
+
+FIELD = "disaggregation_decode_allocation_policy"
+
+
+def _policy(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+    """The server's decode allocation policy, where the release has the flag."""
+    del values
+    found = flag_for_field(FIELD)
+    if found is None:
+        return {}  # before 0.5.22: no policy, nothing published or compared
+    value = _server_value(side, FIELD, None)  # resolution does not change the line's value
+    if value is None:
+        return {}
+    return {POLICY: Value(str(value), _source(side, FIELD, found.option))}
+
+
+def _fixes(run: ContractRun) -> tuple[Fix, ...]:
+    """One server launched with the other's policy: its flag removed when the other runs
+    the release's default, else set to the other's value."""
+    p, d = run.prefill_side, run.decode_side
+    ends = {"prefill": run.prefill, "decode": run.decode}
+    inputs = tuple(f"{e.role}: {POLICY} {e.get(POLICY)!r} from {e.source(POLICY)}"
+                   for e in (run.prefill, run.decode))
+    candidates: list[Fix | None] = []
+    for src, dst in _pairs(p, d):
+        if FIELD in typed_flags(list(src.args.argv)):
+            edit = _set(dst.role, FIELD, ends[src.role].get(POLICY))
+        elif FIELD in typed_flags(list(dst.args.argv)):
+            edit = _set(dst.role, FIELD, None)  # back to the release's default, as src
+        else:
+            continue
+        candidates.append(_fix(f"launch the {dst.role} server with the {src.role}'s decode "
+                               "allocation policy", FIELD, [edit], *inputs))
+    fixes = tuple(dict.fromkeys(f for f in (accepted_fix(c, {"prefill": p, "decode": d})
+                                            for c in candidates) if f is not None))
+    return fixes or (Fix(FixKind.NO_FLAG_FIX, "no flag change of either line that the "
+                                              "release accepts fixes this"),)
+
+
+def allocation_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G037 for the pair, with its fixes."""
+    findings, unknowns = allocation_findings(run.prefill, run.decode, run.release,
+                                             imported_package_dir())
+    if run.derive:
+        findings = [replace(f, fixes=_fixes(run)) if f.code == CODE else f for f in findings]
+    return findings, unknowns
+
+
+CONTRIBUTORS.append(_policy)

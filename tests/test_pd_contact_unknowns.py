@@ -1,0 +1,109 @@
+"""``check``'s first-contact rows judge only values it knows: the KV cache dtype a
+checkpoint's quantization config chooses is read with the release's own quant-config
+class, and a server whose flags SGLang's resolution did not resolve has its
+resolution-decided values unknown (one ``unknowns`` line), never its parser defaults."""
+
+from __future__ import annotations
+
+import os
+import unittest
+from typing import Any
+
+from check_helpers import DATA, DSV4, LLAMA, check_json, server
+from helpers import GuardTestCase
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+LLAMA_FP8_KV = os.path.join(DATA, "llama_fp8_kv")  # ModelOpt FP8 weights and FP8 KV cache
+# An FP8 config whose activation scheme the release's Fp8Config refuses.
+LLAMA_FP8_REFUSED = os.path.join(DATA, "llama_fp8_refused")
+CONTACT_CODES = ("DSV4G022", "DSV4G030", "DSV4G031")
+
+
+def found(doc: dict[str, Any], code: str) -> list[dict[str, Any]]:
+    return [f for f in doc["findings"] if f["code"] == code]
+
+
+class TestCheckpointKvCacheDtype(GuardTestCase):
+    def test_checkpoint_fp8_kv_matches_an_explicit_fp8_decode(self) -> None:
+        """A checkpoint whose config.json quantizes the KV cache to FP8 publishes
+        fp8_e4m3 under the default --kv-cache-dtype auto (the release's quant-config class
+        read from config.json): a decode typing fp8_e4m3 passes first contact."""
+        status, doc = check_json(server("prefill", LLAMA_FP8_KV, backend="mooncake"),
+                                 server("decode", LLAMA_FP8_KV, "--kv-cache-dtype fp8_e4m3",
+                                        backend="mooncake"))
+        self.assertEqual((status, found(doc, "DSV4G030")), (0, []))
+
+    def test_checkpoint_fp8_kv_against_bf16_decode_shows_fp8(self) -> None:
+        """The same prefill against a decode typing bf16 is DSV4G030 with the prefill's
+        value fp8_e4m3, named as coming from the checkpoint's quantization config."""
+        _, doc = check_json(server("prefill", LLAMA_FP8_KV, backend="mooncake"),
+                            server("decode", LLAMA_FP8_KV, "--kv-cache-dtype bf16",
+                                   backend="mooncake"))
+        (finding,) = found(doc, "DSV4G030")
+        prefill = next(o for o in finding["observations"] if o["role"] == "prefill")
+        self.assertEqual(prefill["value"], "fp8_e4m3")
+        self.assertIn("quantization_config", prefill["source"])
+
+    def test_unreadable_quant_config_is_unknown(self) -> None:
+        """A quantization config the release's own class refuses to build leaves the KV
+        cache dtype string unknown: no DSV4G030 against a bf16 decode, and an unknowns
+        line naming the prefill and the row."""
+        _, doc = check_json(server("prefill", LLAMA_FP8_REFUSED, backend="mooncake"),
+                            server("decode", LLAMA_FP8_REFUSED, "--kv-cache-dtype bf16",
+                                   backend="mooncake"))
+        self.assertEqual(found(doc, "DSV4G030"), [])
+        lines = [u for u in doc["unknowns"] if "DSV4G030 was not judged" in u]
+        self.assertEqual(len(lines), 1, doc["unknowns"])
+        self.assertTrue(lines[0].startswith("prefill: "), lines[0])
+
+
+class TestUnresolvedServer(GuardTestCase):
+    def test_refused_server_defaults_not_judged(self) -> None:
+        """A DeepSeek-V4 prefill SGLang's resolution refuses (NEXTN) against a plain
+        DeepSeek-V4 decode (resolved: fp8_e4m3, page 256): only DSV4G026, no first-contact
+        finding on the prefill's parser defaults."""
+        _, doc = check_json(server("prefill", DSV4, "--speculative-algorithm NEXTN",
+                                   backend="mooncake"),
+                            server("decode", DSV4, backend="mooncake"))
+        self.assertEqual(found(doc, "DSV4G026")[0]["subject"], "prefill server flags")
+        self.assertEqual([f["code"] for f in doc["findings"] if f["code"] in CONTACT_CODES],
+                         [])
+
+    def test_refused_server_one_unknowns_line(self) -> None:
+        """The same pair says, in one unknowns line for the prefill, that its values only
+        SGLang's resolution decides are unknown and which rows were not judged on them."""
+        _, doc = check_json(server("prefill", DSV4, "--speculative-algorithm NEXTN",
+                                   backend="mooncake"),
+                            server("decode", DSV4, backend="mooncake"))
+        lines = [u for u in doc["unknowns"] if u.startswith("prefill: SGLang's resolution")]
+        self.assertEqual(len(lines), 1, doc["unknowns"])
+        self.assertIn("DSV4G030", lines[0])
+        self.assertEqual([u for u in doc["unknowns"] if "not derived; those conditions" in u],
+                         [])
+
+    def test_machine_refusal_defaults_not_judged(self) -> None:
+        """A Llama prefill whose resolution fails only on this machine (trtllm_mha needs a
+        Hopper or Blackwell GPU) against a decode typing fp8_e4m3: the prefill's KV cache
+        dtype is unknown, so no DSV4G030 on its parser default 'auto', and one unknowns
+        line for the prefill says so. (Where this release resolves the prefill here, its
+        'auto' is known and DSV4G030 is SGLang's verdict.)"""
+        _, doc = check_json(server("prefill", LLAMA, "--attention-backend trtllm_mha",
+                                   backend="mooncake"),
+                            server("decode", LLAMA, "--kv-cache-dtype fp8_e4m3",
+                                   backend="mooncake"))
+        refused_here = any(u.startswith("prefill: SGLang's resolution of these flags failed "
+                                        "on this machine") for u in doc["unknowns"])
+        if not refused_here:
+            self.assertEqual(len(found(doc, "DSV4G030")), 1, doc["unknowns"])
+            return
+        self.assertEqual(found(doc, "DSV4G030"), [])
+        lines = [u for u in doc["unknowns"]
+                 if u.startswith("prefill: SGLang's resolution did not complete")]
+        self.assertEqual(len(lines), 1, doc["unknowns"])
+        self.assertIn("DSV4G030", lines[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
