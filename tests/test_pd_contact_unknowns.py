@@ -25,6 +25,29 @@ def found(doc: dict[str, Any], code: str) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["code"] == code]
 
 
+def _dsv4_unknowns(*env: str) -> list[str]:
+    line = {r: server(r, DSV4, "--tp-size 8", backend="mooncake") for r in ("prefill", "decode")}
+    _, doc = check_json(line["prefill"], line["decode"], *env)
+    return [u for u in doc["unknowns"] if "SGLANG_DSV4_KV_LAYOUT" in u]
+
+
+class TestDeepSeekV4KvLayoutEnv(GuardTestCase):
+    def test_unset_layout_is_the_release_default_not_auto(self) -> None:
+        """SGLANG_DSV4_KV_LAYOUT unset reads as the release's default (v4 where the
+        variable exists), which gives the V4 layout on every GPU: no 'auto ... depends on
+        the GPU' line."""
+        self.assertEqual([u for u in _dsv4_unknowns() if "=auto" in u], [])
+
+    def test_a_value_sglang_refuses_everywhere_is_said_so(self) -> None:
+        """A layout value SGLang's select_dsv4_kv_layout asserts against on every machine
+        is said to stop the server, never called GPU-dependent."""
+        lines = _dsv4_unknowns("--prefill-env", "SGLANG_DSV4_KV_LAYOUT=nonsense")
+        self.assertFalse(any("depends on the GPU" in u for u in lines), lines)
+        if any("select_dsv4_kv_layout" in u for u in lines):  # releases with the selector
+            self.assertTrue(any("on every machine" in u and "nonsense" in u for u in lines),
+                            lines)
+
+
 class TestCheckpointKvCacheDtype(GuardTestCase):
     def test_checkpoint_fp8_kv_matches_an_explicit_fp8_decode(self) -> None:
         """A checkpoint whose config.json quantizes the KV cache to FP8 publishes

@@ -32,7 +32,7 @@ from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYP
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side, _model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_copy, field_source
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_copy, env_reading, field_source
 from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.launch.pools import _published
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
@@ -191,11 +191,18 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
             pool.compression_ratios = list(side.model.compress_ratios)
             pool.uniform_fp8 = backend == "trtllm" and not side.unified_kv
             value = pool.pd_kv_layout()
-    except Exception as exc:  # the V4.1 layouts need an SM100/SM103 GPU
+    except AssertionError as exc:  # select_dsv4_kv_layout's asserts hold on every machine
+        return Value(None, source), (
+            f"{side.role}: SGLang's {PD_DSV4_LAYOUT.attr} refuses {typed_env} with "
+            f"--dsv4-attn-backend {backend} on every machine ({exc}); the server would stop "
+            "when it builds its KV pool; the DeepSeek-V4 KV layout (DSV4G031) is not judged")
+    except Exception as exc:  # the V4.1 layouts need an SM100/SM103 GPU (or gfx950)
         return Value(None, source), (
             f"{side.role}: the DeepSeek-V4 KV layout (DSV4G031) depends on the GPU: "
             f"{type(exc).__name__}: {exc}; not decidable on this machine")
-    mode = side.args.env.get("SGLANG_DSV4_KV_LAYOUT", "auto").lower()
+    # What SGLang reads when the variable is unset is its own default (v4 in 0.5.22+).
+    read, _ = env_reading("SGLANG_DSV4_KV_LAYOUT", side.args.env.get("SGLANG_DSV4_KV_LAYOUT"))
+    mode = str(read).lower()
     note = (f"{side.role}: SGLANG_DSV4_KV_LAYOUT={mode} gives the V4.1 layout on an "
             "SM100/SM103 GPU and V4 elsewhere; this check computed the V4 case (DSV4G031 "
             "compares the layouts the two servers' GPUs give)") if mode == "auto" else None
