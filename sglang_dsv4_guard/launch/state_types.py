@@ -98,7 +98,9 @@ def _model_kind(model: ModelFacts) -> str | None:
 def _unified(side: Side) -> bool:
     """``--enable-unified-memory`` as resolved (its resolution also sets the page-major
     layout flag, which alone means another pool class)."""
-    return any(bool(v) for v in _said(side, "enable_unified_memory"))
+    # Only as resolved: a release whose resolution refuses unified memory with PD (before
+    # 0.5.22) never builds that pool, and its line is judged as the pool it types for.
+    return side.args.resolved and bool(side.args.resolved_field("enable_unified_memory"))
 
 
 def pool_kind(side: Side) -> str | None:
