@@ -44,8 +44,13 @@ class TestSwaLayout(GuardTestCase):
         if not UNIFIED:
             self.assertLess(sglang_release(), Version("0.5.22"))
             return
-        found = g040(_pair("--tp-size 1 --enable-unified-memory",
-                           "--tp-size 4 --enable-unified-memory"))
+        doc = _pair("--tp-size 1 --enable-unified-memory", "--tp-size 4 --enable-unified-memory")
+        found = g040(doc)
+        if not SLICES_SWA and any("refuses the unified SWA pool" in u for u in doc["unknowns"]):
+            # Before 0.5.22 SGLang's setup_state_kv_args refuses the unified pool itself: the
+            # server stops before any request, so no per-request finding is made on it.
+            self.assertEqual(found, [])
+            return
         self.assertEqual(len(found), 1)
         self.assertEqual(found[0]["severity"], "error")
         if SLICES_SWA:
@@ -75,6 +80,9 @@ class TestSwaLayout(GuardTestCase):
             return
         doc = _pair("--tp-size 1 --enable-unified-memory", "--tp-size 4 --enable-unified-memory",
                     "--fix")
+        if not SLICES_SWA and any("refuses the unified SWA pool" in u for u in doc["unknowns"]):
+            self.assertEqual(g040(doc), [])  # SGLang refuses the pool itself, before requests
+            return
         fixes = [f for x in g040(doc) for f in x["fixes"]]
         self.assertTrue(fixes and all(f["proven"] for f in fixes))
         status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])

@@ -32,7 +32,7 @@ from typing import Any
 
 from sglang_dsv4_guard.launch.derive import ModelFacts, Side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, NotDerived
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.pools import last_run, state_type_names
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
@@ -198,6 +198,14 @@ def _built(side: Side, kind: str) -> dict[str, Value]:
     if side.draft is not None and draft_kind is None:
         return {}  # a draft pool not built here: what the call registers is unknown
     got = registered_state(kind, draft_kind)
+    if isinstance(got, str) and kind == "unified_swa":
+        # SGLang's own setup_state_kv_args refuses the pool it would build (before 0.5.22:
+        # "unified layout has no per-layer contiguous regions; ... disaggregation is
+        # unsupported"): the server stops when its KV manager is set up, before any request.
+        raise NotDerived(f"SGLang's setup_state_kv_args refuses the unified SWA pool "
+                         f"--enable-unified-memory gives ({got}): the server would stop when "
+                         "its KV transfer is set up; its state types are not derived and the "
+                         "rows that need them are not judged")
     if isinstance(got, str):
         return {}
     types, hybrid_mla = got
