@@ -52,6 +52,9 @@ NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not der
 
 
 _LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
+# select_dsv4_kv_layout's assertions that hold before it looks at the GPU (0.5.23): a value
+# it does not know, and trtllm with a V4.1 layout; its SM100 assertion is the GPU's.
+_EVERY_MACHINE = ("unknown SGLANG_DSV4_KV_LAYOUT", "trtllm uses uniform FP8 pools")
 
 
 def _server_value(side: Side, name: str, default: Any) -> Any:
@@ -191,7 +194,11 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
             pool.compression_ratios = list(side.model.compress_ratios)
             pool.uniform_fp8 = backend == "trtllm" and not side.unified_kv
             value = pool.pd_kv_layout()
-    except AssertionError as exc:  # select_dsv4_kv_layout's asserts hold on every machine
+    except AssertionError as exc:
+        if not str(exc).startswith(_EVERY_MACHINE):  # the V4.1 layouts' GPU assertion
+            return Value(None, source), (
+                f"{side.role}: the DeepSeek-V4 KV layout (DSV4G031) depends on the GPU: "
+                f"{type(exc).__name__}: {exc}; not decidable on this machine")
         return Value(None, source), (
             f"{side.role}: SGLang's {PD_DSV4_LAYOUT.attr} refuses {typed_env} with "
             f"--dsv4-attn-backend {backend} on every machine ({exc}); the server would stop "
