@@ -1,8 +1,8 @@
 """``check``'s prefill/decode contract rows: every comparison SGLang makes between the two
 servers at run time, on the endpoints the two launch lines imply.
 
-Each row module registers a function in :data:`ROWS`; :func:`contract_findings` runs
-them all, so one failing row never hides another.
+Each row is a function of its own module, named in :data:`ROWS`;
+:func:`contract_findings` runs them all, so one failing row never hides another.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import logging
 from collections.abc import Callable
 
 from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.launch.allocation import allocation_row
 from sglang_dsv4_guard.launch.chatter import section
+from sglang_dsv4_guard.launch.contact import contact_row
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import endpoint_of
@@ -33,6 +35,7 @@ log = logging.getLogger(LOGGER_NAME)
 ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
     "transfer.send_extra": send_extra_row, "transfer.aux_buffers": aux_row,
     "transfer.nixl_payload": nixl_payload_row, "transfer.hisparse_backend": hisparse_backend_row,
+    "first contact": contact_row, "receiver.allocation_policy": allocation_row,
 }
 
 
@@ -62,10 +65,3 @@ def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = 
         unknowns.extend(unknown)
     return findings, unknowns
 
-
-# The rows, each in its own module (imported last: they read ContractRun from here).
-from sglang_dsv4_guard.launch.allocation import allocation_row  # noqa: E402
-from sglang_dsv4_guard.launch.contact import contact_row  # noqa: E402
-
-ROWS["first contact"] = contact_row
-ROWS["receiver.allocation_policy"] = allocation_row
