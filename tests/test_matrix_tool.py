@@ -133,7 +133,8 @@ class TestJudging(GuardTestCase):
     def test_every_property_test_must_report_statistics(self) -> None:
         """A full run missing a property test's statistics fails naming it; too few
         examples fail too; a partial run judges neither statistics nor codes."""
-        result = self._judge(STATISTICS, "")
+        short = STATISTICS.replace("nothing left to do", "settings.max_examples=512")
+        result = self._judge(short, "")
         self.assertIn("test_parity_property::TestParity::test_guard_agrees_with_sglang "
                       "reported no hypothesis statistics", result.problems)
         self.assertIn("test_autoshare::TestAutoshareHidesNothing::"
@@ -144,6 +145,15 @@ class TestJudging(GuardTestCase):
         partial = self._judge(STATISTICS, "", full=False)
         self.assertIsNone(partial.codes_missing)
         self.assertFalse(any("no hypothesis statistics" in p for p in partial.problems))
+
+    def test_a_drawn_out_space_is_not_short(self) -> None:
+        """512 examples where hypothesis says it drew every one there is ("nothing left
+        to do") is the test's whole space, not a short run; the same count stopped by
+        a setting is short."""
+        self.assertEqual(matrix.examples_exhausted(STATISTICS),
+                         {"test_autoshare::TestAutoshareHidesNothing::"
+                          "test_other_rejections_unchanged"})
+        self.assertFalse(any("drew 512" in p for p in self._judge(STATISTICS, "").problems))
 
     def test_property_tests_listed_are_the_given_tests(self) -> None:
         """PROPERTY_TESTS names exactly the tests decorated with hypothesis' @given."""

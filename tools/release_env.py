@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["MATRIX_FILE", "PROFILE_EXAMPLES", "ROOT", "WORK", "Release", "Result",
-           "base_version", "examples_drawn", "is_base", "prepare", "read_matrix",
+           "base_version", "examples_drawn", "examples_exhausted", "is_base", "prepare", "read_matrix",
            "release_env", "say", "sglang_package"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,3 +196,18 @@ def examples_drawn(log: str) -> dict[str, int]:
         elif test is not None and (m := re.search(r"- (\d+) passing", line)):
             counts[test] += int(m.group(1))
     return counts
+
+
+def examples_exhausted(log: str) -> set[str]:
+    """The property tests whose statistics say hypothesis drew every example there is
+    ("Stopped because nothing left to do"): fewer than the profile asks is their whole
+    space, not a short run."""
+    done: set[str] = set()
+    test = None
+    for line in log.splitlines():
+        if line.startswith("tests/") and line.rstrip().endswith(":"):
+            parts = line.strip()[:-1].split("::")
+            test = "::".join([Path(parts[0]).stem, *parts[1:]])
+        elif test is not None and "Stopped because nothing left to do" in line:
+            done.add(test)
+    return done
