@@ -230,6 +230,22 @@ def locate(package_dir: Path, spec: SiteSpec) -> Located | None:
     """The first statement of ``spec``'s function matching it; ``None`` when the function
     or the check is absent from the release. Raises
     :class:`~.digests.UnreadableSource` for a file that cannot be parsed."""
+    path = package_dir / spec.target.path
+    try:
+        stat = path.stat()
+    except OSError:  # absent or unreadable: read_module says which, uncached
+        return _locate(package_dir, spec)
+    return _located(package_dir, spec, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _located(package_dir: Path, spec: SiteSpec, mtime_ns: int, size: int) -> Located | None:
+    """:func:`_locate`, once per file version (a check looks up every site per row, and
+    ``check --fix`` runs many checks; a changed file has another mtime or size)."""
+    return _locate(package_dir, spec)
+
+
+def _locate(package_dir: Path, spec: SiteSpec) -> Located | None:
     module = read_module(package_dir, spec.target.path)
     owner, method = spec.target.qualname.split(".")
     cls = _find(module.body, owner) if module else None
