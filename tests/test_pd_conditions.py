@@ -7,17 +7,15 @@ function on the same values (property)."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import json
 import unittest
-from types import SimpleNamespace
 from typing import Any
 
 from helpers import GuardTestCase, sglang_release
 from hypothesis import given
 from hypothesis import strategies as st
 from packaging.version import Version
+from pd_real import first_contact_raise
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.findings import Report
@@ -202,40 +200,6 @@ class TestRunnerSafety(GuardTestCase):
                             for u in contact.unknowns), contact.unknowns)
 
 
-def _single_real_call(prefill: dict[str, Any], decode: dict[str, Any]) -> str | None:
-    """SGLang's try_ensure_parallel_info called once, on a bare manager set here from
-    ``decode`` and a bootstrap answer built here from ``prefill``: its first raise."""
-    module = importlib.import_module(targets.PD_COMMON_MODULE)
-    cls = getattr(module, targets.PD_COMMON_MANAGER)
-    info_fields = {f.name for f in
-                   dataclasses.fields(getattr(module, targets.PD_SERVER_INFO))}
-    answer = {"attn_tp_size": prefill["attn_tp_size"], "attn_cp_size": prefill["attn_cp_size"],
-              "dp_size": 1, "pp_size": prefill["pp_size"], "page_size": prefill["page_size"],
-              "kv_cache_dtype": prefill["kv_cache_dtype_str"], "follow_bootstrap_room": True,
-              "enable_kv_cache_sharding": prefill["enable_kv_cache_sharding"]}
-    body = json.dumps({k: v for k, v in answer.items() if k in info_fields})
-    manager = object.__new__(cls)
-    manager.__dict__.update(
-        prefill_info_table={}, kv_cache_dtype_str=decode["kv_cache_dtype_str"],
-        server_args=SimpleNamespace(kv_cache_dtype=decode["kv_cache_dtype_str"]),
-        kv_args=SimpleNamespace(page_size=decode["page_size"], engine_rank=0, pp_rank=0,
-                                state_types=[]),
-        attn_tp_size=decode["attn_tp_size"], attn_cp_size=decode["attn_cp_size"],
-        attn_cp_rank=0, pp_size=decode["pp_size"], pp_rank=0, dcp_size=decode["dcp_size"],
-        dcp_rank=0, is_mla_backend=decode["is_mla_backend"], is_hybrid_mla_backend=False,
-        kv_layout=None, dsv41_spec_layout=None, enable_all_cp_ranks_for_transfer=False)
-    response = SimpleNamespace(status_code=200, text="", json=lambda: json.loads(body))
-    saved = module.requests
-    module.requests = SimpleNamespace(get=lambda url, timeout=None: response)
-    try:
-        getattr(cls, targets.PD_FIRST_CONTACT.attr)(manager, "bootstrap:1")
-    except Exception as exc:
-        return str(exc)
-    finally:
-        module.requests = saved
-    return None
-
-
 _SIDE = st.fixed_dictionaries({
     "page_size": st.sampled_from([16, 64]),
     "kv_cache_dtype_str": st.sampled_from(["auto", "bf16", "fp8_e4m3"]),
@@ -254,7 +218,7 @@ class TestParityWithSGLang(GuardTestCase):
         contact = fc.first_contact(endpoint("prefill", **prefill),
                                    endpoint("decode", **decode), str(RELEASE))
         first = contact.first.message if contact.first else None
-        self.assertEqual(first, _single_real_call(prefill, decode))
+        self.assertEqual(first, first_contact_raise(prefill, decode))
         self.assertFalse(contact.unknowns)
 
 

@@ -3,12 +3,9 @@ attention TP (DSV4G040), exactly as narrow as each release's ``maybe_send_extra`
 
 from __future__ import annotations
 
-import inspect
 import tempfile
-import types
 import unittest
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from check_helpers import DSV3, GPT_OSS, check_json, codes, server
@@ -17,6 +14,7 @@ from host_trees import disguised_tree, real_package
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
+from pd_real import send_extra_refusal
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.findings import Report
@@ -121,41 +119,6 @@ class TestSendExtraHeterogeneousTP(GuardTestCase):
         self.assertEqual((status, g040(again)), (0, []))
 
 
-def _real_nixl(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str,
-               layout: str = "nhd") -> str | None:
-    """SGLang's real ``NixlKVManager.maybe_send_extra`` on a half-built manager (no engine):
-    its RuntimeError's message when it refuses the state ("PD disagg..."), else ``None`` (it then
-    goes on to the transfer, which fails for want of an engine: past the check)."""
-    from sglang.srt.disaggregation.base.conn import StateType
-    from sglang.srt.disaggregation.nixl.conn import NixlKVManager
-
-    manager = object.__new__(NixlKVManager)
-    manager.__dict__.update(
-        attn_tp_size=prefill_tp, state_tp_size=prefill_tp, is_mla_backend=mla,
-        is_hybrid_mla_backend=False, pp_size=pp, _state_layout_rejections={},
-        _prepared_state_plans={}, kv_args=SimpleNamespace(
-            state_types=[StateType(state)], state_data_ptrs=[[0, 0]],
-            state_item_lens=[[64, 64]], state_dim_per_tensor=[], state_layer_ids=[[0]],
-            swa_kv_cache_layout=layout, engine_rank=0, gpu_id=0))
-    wanted = dict(peer_name="decode", prefill_state_indices=[[1]],
-                  dst_state_data_ptrs=[[0, 0]], dst_state_indices=[[1]], dst_gpu_id=0,
-                  decode_tp_size=decode_tp, decode_tp_rank=0, dst_state_item_lens=[[64, 64]],
-                  notif="n", comp_notif="n")
-    params = inspect.signature(NixlKVManager.maybe_send_extra).parameters
-    try:
-        out = NixlKVManager.maybe_send_extra(manager, **{k: v for k, v in wanted.items()
-                                                          if k in params})
-        if isinstance(out, types.GeneratorType):
-            list(out)
-    except RuntimeError as exc:
-        text = str(exc)
-        refusals = ("PD Disaggregation ", "PD disagg: ", "Head-sliced PD transfer needs")
-        return text if text.startswith(refusals) else None
-    except Exception:  # past the check, into the transfer this half-built manager cannot do
-        return None
-    return None
-
-
 def _ours(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str,
           layout: str = "nhd") -> str | None:
     def ep(role: str, tp: int, pp_size: int) -> Endpoint:
@@ -208,8 +171,10 @@ class TestSendExtraParity(GuardTestCase):
     def test_tp1_tp4_agrees_with_the_real_function(self) -> None:
         """P TP1 / D TP4, SWA state, PP 1 and 2: the same message (or none) as SGLang's."""
         for pp in (1, 2):
-            self.assertEqual(_ours(1, 4, pp, False, "swa"), _real_nixl(1, 4, pp, False, "swa"))
-        self.assertEqual(_real_nixl(1, 4, 2, False, "swa"), WITH_PP if SLICES_SWA else PLAIN)
+            self.assertEqual(_ours(1, 4, pp, False, "swa"),
+                             send_extra_refusal("nixl", 1, 4, pp, False, ("swa",)))
+        self.assertEqual(send_extra_refusal("nixl", 1, 4, 2, False, ("swa",)),
+                         WITH_PP if SLICES_SWA else PLAIN)
 
     @settings(deadline=None)
     @given(prefill_tp=st.sampled_from([1, 2, 4, 8]), decode_tp=st.sampled_from([1, 2, 4, 8]),
@@ -226,7 +191,8 @@ class TestSendExtraParity(GuardTestCase):
         except ValueError:
             state = "swa"  # a state type this release does not have
         self.assertEqual(_ours(prefill_tp, decode_tp, pp, mla, state, layout),
-                         _real_nixl(prefill_tp, decode_tp, pp, mla, state, layout))
+                         send_extra_refusal("nixl", prefill_tp, decode_tp, pp, mla, (state,),
+                                            layout))
 
 
 class TestSendExtraDigest(GuardTestCase):

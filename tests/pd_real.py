@@ -1,0 +1,162 @@
+"""SGLang's own prefill/decode comparisons, called once on values the tests give: the
+oracles the PD contract tests compare ``check`` with (never the guard's runners).
+
+- :func:`first_contact_raise`: the release's real ``try_ensure_parallel_info`` once, on a
+  bare decode manager and a bootstrap answer built here from the prefill's values;
+- :func:`send_extra_refusal`: the release's real Mooncake or NIXL ``maybe_send_extra`` on
+  a half-built prefill manager (no engine) and the decode's registration.
+
+Only what cannot run on CPU is stubbed: the bootstrap HTTP GET is answered locally, and
+``prometheus_client`` (the Mooncake module's metrics counter, not installed here) is a
+module whose ``Counter`` records nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+import types
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_dsv4_guard.host import targets
+
+# SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
+# each; a disabled one marks a helper module (listed as skipped, never run).
+register_cpu_ci(est_time=1, suite="stage-a-test-cpu",
+                disabled="helper module of the sglang-dsv4-guard tests, not a test")
+
+# What SGLang's transfer raises when it refuses a state (DSV4G040/041's messages); any
+# other exception is past the check, in the transfer a half-built manager cannot do.
+_REFUSALS = ("PD Disaggregation ", "PD disagg: ", "Head-sliced PD transfer needs")
+
+
+def _state_types(values: Sequence[Any]) -> list[Any]:
+    from sglang.srt.disaggregation.base.conn import StateType
+
+    return [StateType(getattr(v, "value", v)) for v in values]
+
+
+def first_contact_raise(prefill: Mapping[str, Any], decode: Mapping[str, Any]) -> str | None:
+    """SGLang's try_ensure_parallel_info called once, on a bare manager set here from
+    ``decode`` and a bootstrap answer built here from ``prefill``: its first raise.
+
+    Each mapping holds ``attn_tp_size``, ``attn_cp_size``, ``pp_size``, ``page_size``,
+    ``kv_cache_dtype_str``, ``enable_kv_cache_sharding`` and (decode) ``dcp_size``,
+    ``is_mla_backend``; optional: ``attn_dp_size``, ``state_types``,
+    ``is_hybrid_mla_backend``, ``kv_layout``, ``dsv41_spec_layout``,
+    ``enable_dsa_cache_layer_split`` (absent: 1, none, off)."""
+    module = importlib.import_module(targets.PD_COMMON_MODULE)
+    cls = getattr(module, targets.PD_COMMON_MANAGER)
+    info_fields = {f.name for f in
+                   dataclasses.fields(getattr(module, targets.PD_SERVER_INFO))}
+    answer = {"attn_tp_size": prefill["attn_tp_size"], "attn_cp_size": prefill["attn_cp_size"],
+              "dp_size": prefill.get("attn_dp_size", 1), "pp_size": prefill["pp_size"],
+              "page_size": prefill["page_size"], "kv_cache_dtype": prefill["kv_cache_dtype_str"],
+              "follow_bootstrap_room": True,
+              "enable_kv_cache_sharding": prefill["enable_kv_cache_sharding"],
+              "enable_dsa_cache_layer_split": prefill.get("enable_dsa_cache_layer_split", False),
+              "kv_layout": prefill.get("kv_layout"),
+              "dsv41_spec_layout": prefill.get("dsv41_spec_layout")}
+    body = json.dumps({k: v for k, v in answer.items() if k in info_fields})
+    manager = object.__new__(cls)
+    manager.__dict__.update(
+        prefill_info_table={}, kv_cache_dtype_str=decode["kv_cache_dtype_str"],
+        server_args=SimpleNamespace(kv_cache_dtype=decode["kv_cache_dtype_str"]),
+        kv_args=SimpleNamespace(page_size=decode["page_size"], engine_rank=0, pp_rank=0,
+                                state_types=_state_types(decode.get("state_types", ()))),
+        attn_tp_size=decode["attn_tp_size"], attn_cp_size=decode["attn_cp_size"],
+        attn_cp_rank=0, pp_size=decode["pp_size"], pp_rank=0, dcp_size=decode["dcp_size"],
+        dcp_rank=0, is_mla_backend=decode["is_mla_backend"],
+        is_hybrid_mla_backend=decode.get("is_hybrid_mla_backend", False),
+        kv_layout=decode.get("kv_layout"), dsv41_spec_layout=decode.get("dsv41_spec_layout"),
+        enable_all_cp_ranks_for_transfer=False)
+    response = SimpleNamespace(status_code=200, text="", json=lambda: json.loads(body))
+    saved = module.requests
+    module.requests = SimpleNamespace(get=lambda url, timeout=None: response)
+    try:
+        getattr(cls, targets.PD_FIRST_CONTACT.attr)(manager, "bootstrap:1")
+    except Exception as exc:
+        return str(exc)
+    finally:
+        module.requests = saved
+    return None
+
+
+def _metrics_stub() -> None:
+    """``prometheus_client`` for the Mooncake module's import when it is not installed: a
+    ``Counter`` that records nothing (metrics only; the transfer code is SGLang's)."""
+    if "prometheus_client" in sys.modules or importlib.util.find_spec("prometheus_client"):
+        return
+    module = types.ModuleType("prometheus_client")
+
+    class Counter:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            del args, kwargs
+
+        def inc(self, *args: Any, **kwargs: Any) -> None:
+            del args, kwargs
+
+    module.Counter = Counter  # type: ignore[attr-defined]
+    sys.modules["prometheus_client"] = module
+
+
+def _manager_class(backend: str) -> Any:
+    if backend == "nixl":
+        from sglang.srt.disaggregation.nixl.conn import NixlKVManager
+
+        return NixlKVManager
+    _metrics_stub()
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+
+    return MooncakeKVManager
+
+
+def send_extra_refusal(backend: str, prefill_tp: int, decode_tp: int, pp: int, mla: bool,
+                       states: Sequence[str], layout: str = "nhd",
+                       hybrid_mla: bool = False) -> str | None:
+    """SGLang's real ``maybe_send_extra`` of ``backend`` (``mooncake`` or ``nixl``) on a
+    half-built prefill manager (no engine) sending ``states`` (one request, one page each)
+    to a decode of attention TP ``decode_tp``: its RuntimeError's message when it refuses a
+    state ("PD Disaggregation ..."), else ``None`` (it then goes on to the transfer, which
+    fails for want of an engine or a published runtime context: past the check)."""
+    cls = _manager_class(backend)
+    count = len(states)
+    manager = object.__new__(cls)
+    manager.__dict__.update(
+        attn_tp_size=prefill_tp, state_tp_size=prefill_tp, is_mla_backend=mla,
+        is_hybrid_mla_backend=hybrid_mla, pp_size=pp, _state_layout_rejections={},
+        _prepared_state_plans={}, kv_args=SimpleNamespace(
+            state_types=_state_types(states), state_data_ptrs=[[0, 0]] * count,
+            state_item_lens=[[64, 64]] * count, state_dim_per_tensor=[],
+            state_layer_ids=[[0]] * count, swa_kv_cache_layout=layout, engine_rank=0,
+            gpu_id=0, prefill_start_layer=0))
+    registration = SimpleNamespace(
+        dst_state_data_ptrs=[[0, 0]] * count, dst_state_item_lens=[[64, 64]] * count,
+        dst_state_dim_per_tensor=[], dst_state_layer_ids=[[0]] * count,
+        dst_attn_tp_size=decode_tp, dst_tp_rank=0)
+    wanted: dict[str, Any] = dict(
+        peer_name="decode", prefill_state_indices=[[1]] * count,
+        dst_state_data_ptrs=[[0, 0]] * count, dst_state_indices=[[1]] * count, dst_gpu_id=0,
+        decode_tp_size=decode_tp, decode_tp_rank=0, dst_state_item_lens=[[64, 64]] * count,
+        notif="n", comp_notif="n",
+        req=SimpleNamespace(dst_state_indices=[[1]] * count, mooncake_session_id="decode"),
+        executor=SimpleNamespace(), target_rank_registration_info=registration)
+    params = inspect.signature(cls.maybe_send_extra).parameters
+    try:
+        out = cls.maybe_send_extra(manager, **{k: v for k, v in wanted.items() if k in params})
+        if isinstance(out, types.GeneratorType):
+            list(out)
+    except RuntimeError as exc:
+        text = str(exc)
+        return text if text.startswith(_REFUSALS) else None
+    except Exception:  # past the check, into the transfer this half-built manager cannot do
+        return None
+    return None
