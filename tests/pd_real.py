@@ -6,19 +6,16 @@ oracles the PD contract tests compare ``check`` with (never the guard's runners)
 - :func:`send_extra_refusal`: the release's real Mooncake or NIXL ``maybe_send_extra`` on
   a half-built prefill manager (no engine) and the decode's registration.
 
-Only what cannot run on CPU is stubbed: the bootstrap HTTP GET is answered locally, and
-``prometheus_client`` (the Mooncake module's metrics counter, not installed here) is a
-module whose ``Counter`` records nothing.
+Only what cannot run on CPU is stubbed: the bootstrap HTTP GET is answered locally (the
+Mooncake module's ``prometheus_client`` is in the CPU closure, requirements/).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 import inspect
 import json
-import sys
 import types
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
@@ -90,30 +87,11 @@ def first_contact_raise(prefill: Mapping[str, Any], decode: Mapping[str, Any]) -
     return None
 
 
-def _metrics_stub() -> None:
-    """``prometheus_client`` for the Mooncake module's import when it is not installed: a
-    ``Counter`` that records nothing (metrics only; the transfer code is SGLang's)."""
-    if "prometheus_client" in sys.modules or importlib.util.find_spec("prometheus_client"):
-        return
-    module = types.ModuleType("prometheus_client")
-
-    class Counter:
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            del args, kwargs
-
-        def inc(self, *args: Any, **kwargs: Any) -> None:
-            del args, kwargs
-
-    module.Counter = Counter  # type: ignore[attr-defined]
-    sys.modules["prometheus_client"] = module
-
-
 def _manager_class(backend: str) -> Any:
     if backend == "nixl":
         from sglang.srt.disaggregation.nixl.conn import NixlKVManager
 
         return NixlKVManager
-    _metrics_stub()
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
 
     return MooncakeKVManager
