@@ -94,6 +94,17 @@ class TestUnresolvedServer(GuardTestCase):
         self.assertEqual([f["code"] for f in doc["findings"] if f["code"] in CONTACT_CODES],
                          [])
 
+    def test_refused_server_gets_no_page_size_warning(self) -> None:
+        """A DeepSeek-V4 prefill SGLang's resolution refuses (NEXTN) against a Llama
+        decode (page size 1): DSV4G026, and no DSV4G022 warning built on the refused
+        server's unresolved page size, which check does not know (its unknowns line says
+        DSV4G022 was not judged)."""
+        _, doc = check_json(server("prefill", DSV4, "--speculative-algorithm NEXTN",
+                                   backend="mooncake"),
+                            server("decode", LLAMA, backend="mooncake"))
+        self.assertIn("DSV4G026", [f["code"] for f in doc["findings"]])
+        self.assertEqual(found(doc, "DSV4G022"), [])
+
     def test_refused_server_one_unknowns_line(self) -> None:
         """The same pair says, in one unknowns line for the prefill, that its values only
         SGLang's resolution decides are unknown and which rows were not judged on them."""

@@ -270,8 +270,12 @@ def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, st
         findings.extend(_mori(prefill, decode, profile))
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
     contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive)
-    if any(f.code == "DSV4G022" for f in contract):  # SGLang's first contact raises on it:
-        findings = [f for f in findings if f.code != "DSV4G022"]  # its error, not a warning
+    # The first-contact row judges page sizes: where it raised, its error replaces this
+    # warning; where a server's resolution did not complete, its page size is not known
+    # (the row's unknowns line says DSV4G022 was not judged), so no warning is built on it.
+    unresolved = not (prefill.args.resolved and decode.args.resolved)
+    if unresolved or any(f.code == "DSV4G022" for f in contract):
+        findings = [f for f in findings if f.code != "DSV4G022"]
     findings.extend(contract)
     if derive:
         findings = [derived_fixes(f, prefill, decode) for f in findings]
