@@ -501,6 +501,18 @@ CODES: dict[str, CodeInfo] = {
             sglang_releases=("0.5.20", None),
         ),
         CodeInfo(
+            "DSV4G046",
+            "NIXL with speculative decoding on the prefill only",
+            "NIXL PD transfer: decode registered fewer KV regions (N) than prefill (M); "
+            "unexpected geometry",
+            "A prefill with a draft model registers its draft pool's KV regions after the "
+            "target's; a decode without speculative decoding registers only the target's. "
+            "NIXL's registration of that decode peer (`_prepare_payload_xfer`) raises: the "
+            "prefill's bootstrap thread dies and every request to that rank times out.",
+            ("check derives flag fixes: the prefill's speculative flags on the decode, or "
+             "speculative decoding off on the prefill",),
+        ),
+        CodeInfo(
             "DSV4G090",
             "a guard plug-in failed",
             None,

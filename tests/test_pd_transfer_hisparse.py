@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from check_helpers import DSV4, GPT_OSS, check_json, server
+from check_helpers import DSV3, DSV4, GPT_OSS, check_json, server
 from helpers import GuardTestCase, sglang_release
 from host_trees import disguised_tree, real_package
 from packaging.version import Version
@@ -54,6 +54,30 @@ class TestNixlRegistration(GuardTestCase):
         _, doc = check_json(server("prefill", DSV4, EAGLE, backend="nixl"),
                             server("decode", DSV4, f"--enable-hisparse {EAGLE}", backend="nixl"))
         self.assertEqual(found(doc, "DSV4G042"), [])
+
+    def test_draft_on_the_prefill_only_is_dsv4g046(self) -> None:
+        """DeepSeek-V3 with EAGLE on the prefill only, on NIXL: the prefill registers its
+        draft's KV regions too, the decode fewer; DSV4G046, an error at registration with
+        SGLang's message, in place of DSV4G020's warning, with proven speculative-flag
+        fixes. Near misses: the draft on both servers, and the same pair on Mooncake."""
+        prefill = server("prefill", DSV3, f"--tp-size 8 {EAGLE}", backend="nixl")
+        status, doc = check_json(prefill, server("decode", DSV3, "--tp-size 8", backend="nixl"),
+                                 "--fix")
+        self.assertEqual(status, 1)
+        [message] = found(doc, "DSV4G046")
+        self.assertTrue(str(message).startswith(
+            "NIXL PD transfer: decode registered fewer KV regions"), message)
+        finding = next(f for f in doc["findings"] if f["code"] == "DSV4G046")
+        self.assertIn("bootstrap thread dies", finding["when"])
+        self.assertEqual(found(doc, "DSV4G020"), [])
+        self.assertTrue(finding["fixes"])
+        self.assertTrue(all(f["proven"] for f in finding["fixes"]), finding["fixes"])
+        _, doc = check_json(prefill, server("decode", DSV3, f"--tp-size 8 {EAGLE}",
+                                            backend="nixl"))
+        self.assertEqual(found(doc, "DSV4G046"), [])
+        _, doc = check_json(prefill.replace("nixl", "mooncake"),
+                            server("decode", DSV3, "--tp-size 8", backend="mooncake"))
+        self.assertEqual(found(doc, "DSV4G046"), [])
 
     def test_direct_to_host_with_heterogeneous_tp(self) -> None:
         """gpt-oss (MHA), HiSparse on a TP4 decode behind a TP1 prefill: DSV4G043; with

@@ -79,6 +79,7 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("head_slice.layout", PD_HEAD_SLICE, phrase="needs the NHD KV cache layout"),
     SiteSpec("nixl.hisparse_spec", PD_NIXL_PAYLOAD, phrase="decode-only speculative"),
     SiteSpec("nixl.direct_to_host", PD_NIXL_PAYLOAD, phrase="direct-to-host"),
+    SiteSpec("nixl.fewer_regions", PD_NIXL_PAYLOAD, phrase="registered fewer KV regions"),
     SiteSpec("decode.hisparse_mooncake", PD_POP_PREALLOCATED, phrase="requires the"),
     SiteSpec("first_contact.minimax", PD_FIRST_CONTACT,
              phrase="MiniMax sparse PD requires matching attention TP"),

@@ -279,7 +279,9 @@ _DERIVERS = {"DSV4G006": attention_tp_fixes, "DSV4G020": _g020, "DSV4G021": _g02
                  "disaggregation_transfer_backend", "transfer backend", p, d,
                  tuple(f"{s.role}: --disaggregation-transfer-backend {s.transfer_backend}"
                        for s in (p, d))),
-             "DSV4G024": _g024, "DSV4G025": _g025}
+             "DSV4G024": _g024, "DSV4G025": _g025,
+             # NIXL's registration refusing a prefill-only draft: DSV4G020's fixes
+             "DSV4G046": _g020}
 
 
 def derived_fixes(finding: Finding, p: Side, d: Side) -> Finding:

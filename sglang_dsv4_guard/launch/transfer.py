@@ -302,6 +302,11 @@ def _hisparse_fixes(run: ContractRun, tp: bool) -> tuple[Fix, ...]:
 
 def _hisparse_details(run: ContractRun, verdict: NixlVerdict) -> str:
     d = run.decode
+    if verdict.code == "DSV4G046":
+        return (f"SGLang's {verdict.function} raises it: the prefill runs "
+                f"{run.prefill.get('speculative_algorithm')} and registers its draft pool's "
+                "KV regions after the target's (PrefillBootstrapQueue._init_kv_manager); the "
+                "decode, without speculative decoding, registers only the target's")
     if verdict.code == "DSV4G044":
         # decode.py DecodePreallocQueue.pop_preallocated (0.5.17+; a draft pool from 0.5.22)
         pools = " and ".join(n for n, on in (("a DeepSeek-V4 KV pool", d.get("is_dsv4")), (
@@ -319,26 +324,32 @@ def _hisparse_details(run: ContractRun, verdict: NixlVerdict) -> str:
 def _hisparse_finding(run: ContractRun, verdict: NixlVerdict, phase: Phase) -> Finding:
     p, d = run.prefill, run.decode
     info = CODES[verdict.code]
-    names = ("transfer_backend", "enable_hisparse", "speculative_algorithm", "is_dsv4",
-             *(("attn_tp_size", "is_mla_backend") if verdict.code == "DSV4G043" else ()))
+    names = (("transfer_backend", "speculative_algorithm") if verdict.code == "DSV4G046" else (
+        "transfer_backend", "enable_hisparse", "speculative_algorithm", "is_dsv4",
+        *(("attn_tp_size", "is_mla_backend") if verdict.code == "DSV4G043" else ())))
     return Finding(
         code=verdict.code, severity=Severity.ERROR, summary=info.title,
-        subject="decode server HiSparse transfer", observations=tuple(
+        subject=("decode peer's NIXL registration" if verdict.code == "DSV4G046"
+                 else "decode server HiSparse transfer"), observations=tuple(
             e.observation(n) for n in names for e in (p, d)),
         details=(_hisparse_details(run, verdict),),
-        fixes=_hisparse_fixes(run, verdict.code == "DSV4G043"), docs=docs_url(verdict.code),
+        # DSV4G046's fixes are the speculative flags' (remedy's derived_fixes)
+        fixes=(() if verdict.code == "DSV4G046" else _hisparse_fixes(
+            run, verdict.code == "DSV4G043")), docs=docs_url(verdict.code),
         host_message=verdict.message,
         when=when_text(phase, str(p.get("transfer_backend")), run.prefill_side.args.env))
 
 
 def nixl_payload_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G042/DSV4G043: NIXL's registration of the decode (both servers on NIXL)."""
+    """DSV4G042/DSV4G043/DSV4G046: NIXL's registration of the decode (both servers on
+    NIXL)."""
     p, d = run.prefill, run.decode
     if not p.get("transfer_backend") == d.get("transfer_backend") == "nixl":
         return [], []
     if not all(e.has(n) for e in (p, d) for n in ("enable_hisparse", "dcp_size")):
         return [], []  # a value it reads was not derived: the endpoint's note says why
-    changed = _changed(("nixl.hisparse_spec", "nixl.direct_to_host"), "DSV4G042/DSV4G043")
+    changed = _changed(("nixl.hisparse_spec", "nixl.direct_to_host", "nixl.fewer_regions"),
+                       "DSV4G042/DSV4G043/DSV4G046")
     if changed:
         return [], [changed]
     verdict = payload_verdict(p, d)

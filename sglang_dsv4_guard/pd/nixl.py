@@ -1,10 +1,11 @@
-"""HiSparse on the decode: NIXL's registration (``_prepare_payload_xfer``, DSV4G042/043)
-and the decode's first request (``pop_preallocated``, DSV4G044).
+"""NIXL's registration (``_prepare_payload_xfer``: HiSparse on the decode, DSV4G042/043; a
+draft pool on the prefill only, DSV4G046) and the decode's first request with HiSparse
+(``pop_preallocated``, DSV4G044).
 
 ``_prepare_payload_xfer`` runs for real, on a half-built ``NixlKVManager`` (no agent: the
 checks come before any transfer handle is made) with the prefill's values and the decode's
 registration as the flags imply it: one KV region per target pool entry on each side, more
-on the decode when only it has a draft; the decode's regions in host memory (``DRAM``)
+on the side that alone has a draft; the decode's regions in host memory (``DRAM``)
 with HiSparse, a draft's (on a decode that has one) on the GPU. Past the checks, the function goes on to build
 transfer handles, which the half-built manager cannot: that is "accepted".
 
@@ -30,7 +31,8 @@ __all__ = ["REGIONS", "NixlVerdict", "decode_kv_kinds", "hisparse_backend_verdic
            "payload_verdict"]
 
 REGIONS = 2  # KV regions of a target pool in the miniature registration
-_PHRASES = {"decode-only speculative": "DSV4G042", "direct-to-host": "DSV4G043"}
+_PHRASES = {"decode-only speculative": "DSV4G042", "direct-to-host": "DSV4G043",
+            "registered fewer KV regions": "DSV4G046"}
 
 
 @dataclass(frozen=True)
@@ -66,14 +68,19 @@ def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
     only_decode = bool(decode.get("speculative_algorithm")) and not prefill.get(
         "speculative_algorithm")
     kinds = decode_kv_kinds(decode, only_decode)
+    # A prefill with a draft pool registers its regions after the target's (prefill.py
+    # PrefillBootstrapQueue._init_kv_manager); a decode without one registers fewer.
+    only_prefill = bool(prefill.get("speculative_algorithm")) and not decode.get(
+        "speculative_algorithm")
+    sources = REGIONS * (2 if only_prefill else 1)
     manager = object.__new__(cls)
     manager.__dict__.update(
         attn_tp_size=int(prefill.get("attn_tp_size")), src_mem_kind="VRAM",
         is_mla_backend=bool(prefill.get("is_mla_backend")),
         is_hybrid_mla_backend=bool(prefill.get("is_hybrid_mla_backend", False)),
         prep_handles={}, kv_args=SimpleNamespace(
-            kv_item_lens=[64] * REGIONS, kv_data_mem_kinds=["VRAM"] * REGIONS,
-            kv_data_ptrs=[0] * REGIONS, kv_layer_ids=list(range(REGIONS)), gpu_id=0))
+            kv_item_lens=[64] * sources, kv_data_mem_kinds=["VRAM"] * sources,
+            kv_data_ptrs=[0] * sources, kv_layer_ids=list(range(sources)), gpu_id=0))
     peer = SimpleNamespace(
         dst_kv_item_lens=[64] * len(kinds), dst_kv_mem_kinds=kinds,
         dst_kv_ptrs=[0] * len(kinds), decode_tp_size=int(decode.get("attn_tp_size")),
@@ -81,7 +88,7 @@ def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
         dst_kv_layer_ids=list(range(len(kinds))), dst_dcp_size=int(decode.get("dcp_size", 1) or 1))
     try:
         getattr(cls, method)(manager, peer)
-    except NotImplementedError as exc:
+    except (NotImplementedError, ValueError) as exc:
         for phrase, code in _PHRASES.items():
             if phrase in str(exc):
                 return NixlVerdict(code, str(exc), str(PD_NIXL_PAYLOAD))
