@@ -21,12 +21,13 @@ import subprocess
 import sys
 import threading
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["MATRIX_FILE", "PROFILE_EXAMPLES", "ROOT", "WORK", "Release", "Result",
-           "base_version", "examples_drawn", "examples_exhausted", "is_base", "prepare", "read_matrix",
-           "release_env", "say", "sglang_package"]
+           "base_version", "examples_drawn", "examples_exhausted", "is_base", "prepare",
+           "read_matrix", "release_env", "say", "sglang_package"]
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX_FILE = ROOT / "matrix.txt"
@@ -183,17 +184,26 @@ def release_env(release: Release, **extra: str) -> dict[str, str]:
     return env
 
 
-def examples_drawn(log: str) -> dict[str, int]:
-    """Passing examples per property test, from ``--hypothesis-show-statistics`` output."""
-    counts: dict[str, int] = {}
+def _statistics(log: str) -> Iterator[tuple[str, str | None]]:
+    """``--hypothesis-show-statistics`` output as (test, line): ``(test, None)`` at each
+    test's heading, then its lines. Tests are ``module::Class::test`` (same-named tests in
+    two classes stay apart)."""
     test = None
     for line in log.splitlines():
         if line.startswith("tests/") and line.rstrip().endswith(":"):
             parts = line.strip()[:-1].split("::")  # tests/test_mori.py::Class::test_x
-            # module::Class::test: same-named tests in two classes stay apart
             test = "::".join([Path(parts[0]).stem, *parts[1:]])
-            counts[test] = 0
-        elif test is not None and (m := re.search(r"- (\d+) passing", line)):
+            yield test, None
+        elif test is not None:
+            yield test, line
+
+
+def examples_drawn(log: str) -> dict[str, int]:
+    """Passing examples per property test, from ``--hypothesis-show-statistics`` output."""
+    counts: dict[str, int] = {}
+    for test, line in _statistics(log):
+        counts.setdefault(test, 0)
+        if line is not None and (m := re.search(r"- (\d+) passing", line)):
             counts[test] += int(m.group(1))
     return counts
 
@@ -202,12 +212,5 @@ def examples_exhausted(log: str) -> set[str]:
     """The property tests whose statistics say hypothesis drew every example there is
     ("Stopped because nothing left to do"): fewer than the profile asks is their whole
     space, not a short run."""
-    done: set[str] = set()
-    test = None
-    for line in log.splitlines():
-        if line.startswith("tests/") and line.rstrip().endswith(":"):
-            parts = line.strip()[:-1].split("::")
-            test = "::".join([Path(parts[0]).stem, *parts[1:]])
-        elif test is not None and "Stopped because nothing left to do" in line:
-            done.add(test)
-    return done
+    return {test for test, line in _statistics(log)
+            if line is not None and "Stopped because nothing left to do" in line}
