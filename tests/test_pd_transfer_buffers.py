@@ -17,7 +17,12 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.pd.buffers import aux_buffer_count, aux_row_widths, peer_count_log
+from sglang_dsv4_guard.pd.buffers import (
+    MAX_WIDTH,
+    aux_buffer_count,
+    aux_row_widths,
+    peer_count_log,
+)
 
 register_cpu_ci(est_time=130, suite="stage-a-test-cpu")
 
@@ -276,6 +281,21 @@ class TestMetadataBufferRowWidths(GuardTestCase):
         (wide,) = g048(_widths(128, 64, backend="mori"))
         self.assertEqual(wide["severity"], "error")
         self.assertIn("past the end", " ".join(wide["details"]))
+
+    def test_a_width_too_wide_to_build_is_not_judged(self) -> None:
+        """A width wider than check builds (MAX_WIDTH) is an unknowns line when the widths
+        differ with the mask on, never a guess; with the mask off SGLang's class sizes
+        nothing with it, and nothing is said."""
+        if not self._has_widths():
+            return
+        wide = MAX_WIDTH + 1
+        doc = _widths(wide, 64)
+        self.assertEqual(g048(doc), [])
+        self.assertTrue(any(u.startswith("DSV4G048: not judged") and str(wide) in u
+                            for u in doc["unknowns"]), doc["unknowns"])
+        quiet = _widths(wide, 64, masked=False)
+        self.assertEqual(g048(quiet), [])
+        self.assertFalse(any("DSV4G048" in u for u in quiet["unknowns"]))
 
     def test_the_fixed_lines_pass_check(self) -> None:
         """``check --fix``: one server takes the other's width, proven; the corrected pair

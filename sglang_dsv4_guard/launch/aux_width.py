@@ -49,12 +49,14 @@ def _widths(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     if width is None or int(width) <= 0:
         return {}
     checksum = bool(side_field(side, "disaggregation_enable_kv_checksum"))
+    source = field_source(side, _FIELD, _option())
     try:
         with offline_env(side.args.env):
             rows = aux_row_widths(checksum, int(width))
     except TypeError:  # before 0.5.20: the class reads an environment variable instead
         return {}
-    source = field_source(side, _FIELD, _option())
+    except ValueError as exc:  # wider than this check builds: the row says so if it differs
+        return {_FIELD: Value(int(width), source), "aux_row_widths_unbuilt": Value(str(exc), source)}
     return {"aux_row_widths": Value(tuple(rows), (
         "SGLang's MetadataBuffers(...).get_buf_infos() item_lens, built on CPU with this "
         f"server's {source} and its environment")),
@@ -125,6 +127,11 @@ def aux_width_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     """DSV4G048 for the pair: as many metadata buffers on both servers, some of different
     row widths, with what the prefill's backend's ``send_aux`` then does to them."""
     p, d = run.prefill, run.decode
+    unbuilt = [str(e.get("aux_row_widths_unbuilt")) for e in (p, d)
+               if e.has("aux_row_widths_unbuilt")]
+    if unbuilt and p.has(_FIELD) and d.has(_FIELD) and p.get(_FIELD) != d.get(_FIELD):
+        return [], [f"{CODE}: not judged: {unbuilt[0]} ({_option()} {p.get(_FIELD)} vs "
+                    f"{d.get(_FIELD)})"]
     if not (p.has("aux_row_widths") and d.has("aux_row_widths")):
         return [], []
     local = [n for _, n in p.get("aux_row_widths")]

@@ -75,14 +75,23 @@ def aux_row_widths(kv_checksum: bool, sampling_mask_tokens: int) -> list[tuple[s
     if "max_sampling_mask_tokens" not in params or params[
             "max_sampling_mask_tokens"].default is not inspect.Parameter.empty:
         raise TypeError("this release's MetadataBuffers takes no --sampling-mask-max-tokens")
+
+    def build(width: int) -> Any:
+        wanted: dict[str, Any] = dict(
+            size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
+            max_sampling_mask_tokens=width, max_top_logprobs_num=1,
+            output_dsa_topk_indices_dim=0, kv_checksum_enabled=kv_checksum)
+        return cls(**{k: v for k, v in wanted.items() if k in params})
+
     if int(sampling_mask_tokens) > MAX_WIDTH:
-        raise ValueError(f"--sampling-mask-max-tokens {sampling_mask_tokens} is wider than "
-                         f"{MAX_WIDTH}, the widest row this check builds")
-    wanted: dict[str, Any] = dict(
-        size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
-        max_sampling_mask_tokens=int(sampling_mask_tokens), max_top_logprobs_num=1,
-        output_dsa_topk_indices_dim=0, kv_checksum_enabled=kv_checksum)
-    buffers = cls(**{k: v for k, v in wanted.items() if k in params})
+        # built at widths 1 and 2: when no row changes, the width sizes nothing here (the
+        # sampling mask is off) and the narrow build is the answer
+        buffers = build(1)
+        if buffers.get_buf_infos()[2] != build(2).get_buf_infos()[2]:
+            raise ValueError(f"--sampling-mask-max-tokens {sampling_mask_tokens} is wider than "
+                             f"{MAX_WIDTH}, the widest row this check builds")
+    else:
+        buffers = build(int(sampling_mask_tokens))
     ptrs, _, item_lens = buffers.get_buf_infos()
     names = {t.data_ptr(): name for name, t in vars(buffers).items()
              if isinstance(t, torch.Tensor)}
