@@ -513,6 +513,41 @@ CODES: dict[str, CodeInfo] = {
              "speculative decoding off on the prefill",),
         ),
         CodeInfo(
+            "DSV4G047",
+            "SGLang refuses the server's SGLANG_DSV4_KV_LAYOUT on every machine",
+            "unknown SGLANG_DSV4_KV_LAYOUT=...",
+            "A DeepSeek-V4 server's KV pool layout is chosen by SGLang's "
+            "`select_dsv4_kv_layout` from SGLANG_DSV4_KV_LAYOUT (and, with "
+            "`--dsv4-attn-backend trtllm`, SGLANG_DSV4_COMPRESSED_KV_LAYOUT) when the server "
+            "builds its KV pool. A value it asserts against before it looks at the GPU (a "
+            "layout it does not know; a V4.1 layout with trtllm, 0.5.22+) stops the server at "
+            "start-up with an AssertionError on every machine. A V4.1 layout that needs an "
+            "SM100/SM103 GPU depends on the GPU and is not this code.",
+            ("check derives environment fixes: the variable unset (the release's default), or "
+             "the other server's value where SGLang's selection accepts it for this server",),
+            sglang_releases=("0.5.21", None),
+        ),
+        CodeInfo(
+            "DSV4G048",
+            "prefill and decode metadata buffers have different row widths",
+            None,
+            "With SGLANG_ENABLE_DISAGG_SAMPLING_MASK on both servers, two metadata buffers "
+            "(the sampling mask's token ids and logprobs) are --sampling-mask-max-tokens "
+            "wide. SGLang compares nothing: the counts agree, the rows do not. Mooncake's "
+            "and NIXL's `send_aux` (and MORI's with SGLANG_MORI_SEND_AUX_RDMA) write each "
+            "request's row at the prefill's stride and length into the decode's buffer, "
+            "which the decode reads at its own: every request slot but the first reads other "
+            "bytes, a wider prefill overwrites other requests' rows and hands the engine "
+            "destinations past the decode's buffer. The TCP paths (MORI's default, "
+            "Mooncake's SGLANG_MOONCAKE_SEND_AUX_TCP) write at the decode's stride: a wider "
+            "prefill's rows overrun into the next request's row and, for the last slot, past "
+            "the decode's buffer (an error); a narrower one stays correct (a warning). "
+            "Nothing is logged.",
+            ("check derives flag fixes: one server takes the other's --sampling-mask-max-tokens "
+             "(a value that server's resolution accepted)",),
+            sglang_releases=("0.5.20", None),
+        ),
+        CodeInfo(
             "DSV4G090",
             "a guard plug-in failed",
             None,

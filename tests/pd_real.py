@@ -4,7 +4,10 @@ oracles the PD contract tests compare ``check`` with (never the guard's runners)
 - :func:`first_contact_raise`: the release's real ``try_ensure_parallel_info`` once, on a
   bare decode manager and a bootstrap answer built here from the prefill's values;
 - :func:`send_extra_refusal`: the release's real Mooncake or NIXL ``maybe_send_extra`` on
-  a half-built prefill manager (no engine) and the decode's registration.
+  a half-built prefill manager (no engine) and the decode's registration;
+- :func:`mooncake_mask_rows`: the release's real ``MooncakeKVManager.send_aux`` between
+  two servers' real ``MetadataBuffers`` (sampling mask on, each its own width), and what
+  the decode's real ``get_buf`` then reads.
 
 Only what cannot run on CPU is stubbed: the bootstrap HTTP GET is answered locally (the
 Mooncake module's ``prometheus_client`` is in the CPU closure, requirements/).
@@ -138,3 +141,56 @@ def send_extra_refusal(backend: str, prefill_tp: int, decode_tp: int, pp: int, m
     except Exception:  # past the check, into the transfer this half-built manager cannot do
         return None
     return None
+
+
+def _metadata_buffers(width: int, rows: int) -> Any:
+    """SGLang's real ``MetadataBuffers`` of ``rows`` slots as the scheduler builds it with
+    ``--sampling-mask-max-tokens width`` (the caller sets the sampling-mask variable)."""
+    import torch
+
+    cls = getattr(importlib.import_module(targets.PD_METADATA_BUFFERS.module),
+                  targets.PD_METADATA_BUFFERS.qualname)
+    return cls(size=rows, hidden_size=4, hidden_states_dtype=torch.float32,
+               max_sampling_mask_tokens=width)
+
+
+def mooncake_mask_rows(prefill_width: int, decode_width: int, rows: int = 3
+                       ) -> tuple[list[int], list[int]]:
+    """SGLang's real Mooncake RDMA ``send_aux`` (its class's own method, on a half-built
+    manager whose engine records the copies) from a prefill's real ``MetadataBuffers`` to
+    a decode's, once per request slot; each copy made (``ctypes.memmove``) only when it
+    falls inside one of the decode's tensors. Returns the slots whose sampling-mask row the
+    decode reads (its ``get_buf``'s row) differently from the prefill's, and the slots with a
+    copy that falls outside the decode's tensors (not made)."""
+    import ctypes
+
+    import torch
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+
+    src, dst = _metadata_buffers(prefill_width, rows), _metadata_buffers(decode_width, rows)
+    keep = min(prefill_width, decode_width)
+    src.output_token_sampling_mask_idx.copy_(torch.arange(
+        1, 1 + rows * prefill_width, dtype=torch.int32).view(rows, prefill_width))
+    ptrs, data_lens, item_lens = src.get_buf_infos()
+    dst_ptrs, dst_lens, _ = dst.get_buf_infos()
+    misplaced, outside = [], []
+    for slot in range(rows):
+        blocks: list[tuple[int, int, int]] = []
+        manager = object.__new__(MooncakeKVManager)
+        manager.__dict__.update(
+            enable_custom_mem_pool=False, custom_mem_pool_type=None,
+            kv_args=SimpleNamespace(aux_data_ptrs=ptrs, aux_data_lens=data_lens,
+                                    aux_item_lens=item_lens),
+            _transfer_data=lambda _session, found, into=blocks: into.extend(found) or 0)
+        req = SimpleNamespace(dst_aux_index=slot, mooncake_session_id="decode")
+        MooncakeKVManager.send_aux(manager, req, slot, dst_ptrs)
+        for source, target, length in blocks:
+            if any(p <= target and target + length <= p + n
+                   for p, n in zip(dst_ptrs, dst_lens, strict=True)):
+                ctypes.memmove(target, source, length)
+            elif slot not in outside:
+                outside.append(slot)
+        got = dst.output_token_sampling_mask_idx[slot][:keep]  # what get_buf(slot) clones
+        if not torch.equal(got, src.output_token_sampling_mask_idx[slot][:keep]):
+            misplaced.append(slot)
+    return misplaced, outside

@@ -13,22 +13,46 @@ from check_helpers import DATA, DSV4, LLAMA, check_json, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.pools import _published
+
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 LLAMA_FP8_KV = os.path.join(DATA, "llama_fp8_kv")  # ModelOpt FP8 weights and FP8 KV cache
 # An FP8 config whose activation scheme the release's Fp8Config refuses.
 LLAMA_FP8_REFUSED = os.path.join(DATA, "llama_fp8_refused")
 CONTACT_CODES = ("DSV4G022", "DSV4G030", "DSV4G031")
+LAYOUT = "SGLANG_DSV4_KV_LAYOUT"
 
 
 def found(doc: dict[str, Any], code: str) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["code"] == code]
 
 
-def _dsv4_unknowns(*env: str) -> list[str]:
+def _dsv4_check(*env: str) -> tuple[int, dict[str, Any]]:
     line = {r: server(r, DSV4, "--tp-size 8", backend="mooncake") for r in ("prefill", "decode")}
-    _, doc = check_json(line["prefill"], line["decode"], *env)
-    return [u for u in doc["unknowns"] if "SGLANG_DSV4_KV_LAYOUT" in u]
+    return check_json(line["prefill"], line["decode"], *env)
+
+
+def _dsv4_unknowns(*env: str) -> list[str]:
+    return [u for u in _dsv4_check(*env)[1]["unknowns"] if LAYOUT in u]
+
+
+def _sglang_says(env: dict[str, str]) -> str | None:
+    """What SGLang's real select_dsv4_kv_layout raises in ``env`` on this machine (a
+    dummy runtime context published, as a server's would be), ``""`` when it returns;
+    ``None`` on a release without the selector."""
+    from sglang.srt.mem_cache import deepseek_v4_memory_pool as pool
+
+    select = getattr(pool, "select_dsv4_kv_layout", None)
+    if select is None:
+        return None
+    with offline_env(env), _published(None):
+        try:
+            select()
+        except (AssertionError, ValueError) as exc:
+            return str(exc)
+    return ""
 
 
 class TestDeepSeekV4KvLayoutEnv(GuardTestCase):
@@ -38,14 +62,52 @@ class TestDeepSeekV4KvLayoutEnv(GuardTestCase):
         the GPU' line."""
         self.assertEqual([u for u in _dsv4_unknowns() if "=auto" in u], [])
 
-    def test_a_value_sglang_refuses_everywhere_is_said_so(self) -> None:
+    def test_a_value_sglang_refuses_everywhere_is_an_error(self) -> None:
         """A layout value SGLang's select_dsv4_kv_layout asserts against on every machine
-        is said to stop the server, never called GPU-dependent."""
-        lines = _dsv4_unknowns("--prefill-env", "SGLANG_DSV4_KV_LAYOUT=nonsense")
+        (0.5.21+) is DSV4G047, an error at start-up with SGLang's own message (the real
+        function, run here in that environment, raises the same), never GPU-dependent;
+        the first-contact row's line says DSV4G031 is not judged. 0.5.16 - 0.5.20 have no
+        selector: no DSV4G047."""
+        expected = _sglang_says({LAYOUT: "nonsense"})
+        status, doc = _dsv4_check("--prefill-env", f"{LAYOUT}=nonsense")
+        lines = [u for u in doc["unknowns"] if LAYOUT in u]
         self.assertFalse(any("depends on the GPU" in u for u in lines), lines)
-        if any("select_dsv4_kv_layout" in u for u in lines):  # releases with the selector
-            self.assertTrue(any("on every machine" in u and "nonsense" in u for u in lines),
-                            lines)
+        if expected is None:  # no selector in this release: the variable is not read
+            self.assertEqual(found(doc, "DSV4G047"), [])
+            return
+        (finding,) = found(doc, "DSV4G047")
+        self.assertEqual((status, finding["severity"]), (1, "error"))
+        self.assertEqual(finding["host_message"], expected)
+        self.assertIn("nonsense", finding["observations"][0]["value"])
+        self.assertIn("at start-up", finding["when"])
+        self.assertIn("v4", finding["details"][0])
+        self.assertIn("prefill", finding["subject"])
+
+    def test_values_sglang_accepts_are_no_error(self) -> None:
+        """Near misses: V4 (SGLang lowercases it), auto, and v41 (which needs an SM100
+        GPU: GPU-dependent, an unknowns line on 0.5.23, never DSV4G047); SGLang's real
+        selector refuses none of them on every machine."""
+        for value in ("V4", "auto", "v41"):
+            said = _sglang_says({LAYOUT: value})
+            self.assertFalse(said and said.startswith("unknown"), said)
+            _, doc = _dsv4_check("--decode-env", f"{LAYOUT}={value}")
+            self.assertEqual(found(doc, "DSV4G047"), [], value)
+
+    def test_the_fix_is_proven(self) -> None:
+        """``check --fix``: the decode's refused value becomes the prefill's (accepted by
+        SGLang's selector), or is unset; each fix proven, the corrected pair exits 0."""
+        if _sglang_says({LAYOUT: "nonsense"}) is None:
+            return  # no selector: nothing to fix (asserted above)
+        _, doc = _dsv4_check("--prefill-env", f"{LAYOUT}=v4", "--decode-env",
+                             f"{LAYOUT}=nonsense", "--fix")
+        fixes = found(doc, "DSV4G047")[0]["fixes"]
+        self.assertEqual([(e["server"], e["name"], e["value"], e["remove"])
+                          for f in fixes for e in f["edits"]],
+                         [("decode", LAYOUT, "v4", False), ("decode", LAYOUT, None, True)])
+        self.assertTrue(all(f["proven"] for f in fixes))
+        self.assertEqual((doc["fix_status"], doc["fixed_check"]["exit_status"]),
+                         ("corrected", 0))
+        self.assertIn(doc["fixed"]["decode_env"], ({LAYOUT: "v4"}, {}))
 
 
 class TestCheckpointKvCacheDtype(GuardTestCase):

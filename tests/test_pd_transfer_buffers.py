@@ -1,5 +1,7 @@
 """``check`` predicts prefill and decode registering different numbers of metadata buffers
-(DSV4G045), counted by SGLang's own ``MetadataBuffers``, as each release builds them."""
+(DSV4G045), counted by SGLang's own ``MetadataBuffers``, as each release builds them, and
+buffers of different row widths (DSV4G048, ``--sampling-mask-max-tokens``), compared with
+SGLang's own ``send_aux`` between the two servers' real buffers."""
 
 from __future__ import annotations
 
@@ -10,13 +12,19 @@ from typing import Any
 from check_helpers import GPT_OSS, check_json, server
 from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
+from pd_real import mooncake_mask_rows
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
+from sglang_dsv4_guard.pd.buffers import (
+    MAX_WIDTH,
+    aux_buffer_count,
+    aux_row_widths,
+    peer_count_log,
+)
 
-register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=130, suite="stage-a-test-cpu")
 
 RELEASE = sglang_release()
 READS_MASK = Version("0.5.20") <= RELEASE  # SGLANG_ENABLE_DISAGG_SAMPLING_MASK
@@ -24,6 +32,8 @@ HAS_CHECKSUM = flag_for_field("disaggregation_enable_kv_checksum") is not None  
 LOGS = Version("0.5.23") <= RELEASE  # check_peer_aux_buffer_count
 SHORTER_LIST = Version("0.5.23") <= RELEASE  # send_aux stops at the shorter buffer list
 MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
+WIDTH_FLAG = flag_for_field("sampling_mask_max_tokens")  # 0.5.20+
+BOTH_MASKED = ("--prefill-env", f"{MASK}=1", "--decode-env", f"{MASK}=1")
 
 
 def g045(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,6 +179,136 @@ class TestMetadataBufferParity(GuardTestCase):
                 with self.assertRaises(AttributeError):
                     peer_count_log(local, remote)
         self.assertNotIn(MASK, os.environ)
+
+
+
+def g048(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in doc["findings"] if f["code"] == "DSV4G048"]
+
+
+def _widths(prefill: int, decode: int, *more: str, backend: str = "mooncake",
+            masked: bool = True) -> dict[str, Any]:
+    return _pair(f"--sampling-mask-max-tokens {prefill}", f"--sampling-mask-max-tokens {decode}",
+                 *(BOTH_MASKED if masked else ()), *more, backend=backend)
+
+
+def _slots(finding: dict[str, Any], words: str) -> list[int]:
+    """The request slots a finding's details name after ``words``."""
+    text = " ".join(finding["details"])
+    if words not in text:
+        return []
+    listed = text.split(words, 1)[1].split("]", 1)[0].split("[", 1)[1]
+    return [int(x) for x in listed.split(",")]
+
+
+class TestMetadataBufferRowWidths(GuardTestCase):
+    """DSV4G048: --sampling-mask-max-tokens differs with the sampling mask on both servers
+    (0.5.20+): as many buffers, rows of different widths. What check says is compared with
+    SGLang's own MooncakeKVManager.send_aux between the two servers' real MetadataBuffers."""
+
+    def _has_widths(self) -> bool:
+        """Whether the release sizes the sampling-mask buffers with the flag (0.5.20+);
+        before, the flag does not exist and the class reads an environment variable."""
+        if WIDTH_FLAG is None:
+            self.assertLess(RELEASE, Version("0.5.20"))
+            with self.assertRaises(TypeError):
+                aux_row_widths(False, 64)
+            return False
+        return True
+
+    def test_wider_decode_on_mooncake_misplaces_rows(self) -> None:
+        """Prefill 64, decode 128 on Mooncake: an error, silent; the slots check names are
+        the ones SGLang's real send_aux leaves misplaced in the decode's real buffers."""
+        if not self._has_widths():
+            return
+        with offline_env({MASK: "1"}):
+            misplaced, outside = mooncake_mask_rows(64, 128)
+        (found,) = g048(_widths(64, 128))
+        self.assertEqual(found["severity"], "error")
+        self.assertTrue(misplaced)
+        self.assertEqual(_slots(found, "than the prefill's row for request slots "), misplaced)
+        self.assertEqual(outside, [])
+        self.assertIn("never reported", found["when"])
+        self.assertIsNone(found["host_message"])  # SGLang compares nothing here
+
+    def test_wider_prefill_on_mooncake_reaches_past_the_decode_buffer(self) -> None:
+        """Prefill 128, decode 64: SGLang's real send_aux hands the engine copies past the
+        decode's buffers; check names those slots."""
+        if not self._has_widths():
+            return
+        with offline_env({MASK: "1"}):
+            misplaced, outside = mooncake_mask_rows(128, 64)
+        (found,) = g048(_widths(128, 64))
+        self.assertEqual(found["severity"], "error")
+        self.assertTrue(outside)
+        self.assertIn(f"a request in slots {outside} reaches past the end",
+                      " ".join(found["details"]))
+        self.assertEqual(_slots(found, "than the prefill's row for request slots "), misplaced)
+
+    def test_equal_widths_are_accepted(self) -> None:
+        """Near miss: the same width on both servers; SGLang's send_aux misplaces nothing."""
+        if not self._has_widths():
+            return
+        with offline_env({MASK: "1"}):
+            self.assertEqual(mooncake_mask_rows(64, 64), ([], []))
+        self.assertEqual(g048(_widths(64, 64)), [])
+
+    def test_widths_without_the_mask_are_accepted(self) -> None:
+        """Near miss: different widths with the sampling mask off on both servers: SGLang's
+        MetadataBuffers builds no sampling-mask buffer, so every row width agrees."""
+        if not self._has_widths():
+            return
+        self.assertEqual(aux_row_widths(False, 64), aux_row_widths(False, 128))
+        self.assertEqual(g048(_widths(64, 128, masked=False)), [])
+
+    def test_nixl_is_an_error_both_ways(self) -> None:
+        """NIXL's send_aux writes at the prefill's stride too: an error either way."""
+        if not self._has_widths():
+            return
+        for prefill, decode in ((64, 128), (128, 64)):
+            self.assertEqual([f["severity"] for f in g048(_widths(prefill, decode,
+                                                                   backend="nixl"))], ["error"])
+
+    def test_mori_tcp_narrower_prefill_stays_correct(self) -> None:
+        """MORI's default TCP path writes at the decode's stride: a narrower prefill is a
+        warning (its rows land where the decode reads them), a wider one an error (its rows
+        run into the next slot and past the buffer's end)."""
+        if not self._has_widths():
+            return
+        (narrow,) = g048(_widths(64, 128, backend="mori"))
+        self.assertEqual(narrow["severity"], "warning")
+        self.assertIn("transfers stay correct", narrow["when"])
+        (wide,) = g048(_widths(128, 64, backend="mori"))
+        self.assertEqual(wide["severity"], "error")
+        self.assertIn("past the end", " ".join(wide["details"]))
+
+    def test_a_width_too_wide_to_build_is_not_judged(self) -> None:
+        """A width wider than check builds (MAX_WIDTH) is an unknowns line when the widths
+        differ with the mask on, never a guess; with the mask off SGLang's class sizes
+        nothing with it, and nothing is said."""
+        if not self._has_widths():
+            return
+        wide = MAX_WIDTH + 1
+        doc = _widths(wide, 64)
+        self.assertEqual(g048(doc), [])
+        self.assertTrue(any(u.startswith("DSV4G048: not judged") and str(wide) in u
+                            for u in doc["unknowns"]), doc["unknowns"])
+        quiet = _widths(wide, 64, masked=False)
+        self.assertEqual(g048(quiet), [])
+        self.assertFalse(any("DSV4G048" in u for u in quiet["unknowns"]))
+
+    def test_the_fixed_lines_pass_check(self) -> None:
+        """``check --fix``: one server takes the other's width, proven; the corrected pair
+        has no DSV4G048."""
+        if not self._has_widths():
+            return
+        doc = _widths(64, 128, "--fix")
+        fixes = g048(doc)[0]["fixes"]
+        self.assertTrue(fixes and all(f["proven"] for f in fixes))
+        self.assertEqual({(e["server"], e["value"]) for f in fixes for e in f["edits"]},
+                         {("decode", "64"), ("prefill", "128")})
+        self.assertEqual(doc["fix_status"], "corrected")
+        self.assertEqual(g048(doc["fixed_check"]), [])
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side, _model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_copy, env_reading, field_source
+from sglang_dsv4_guard.launch.kv_layout_env import EVERY_MACHINE, LAYOUT_ENV
 from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.launch.pools import _published
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
@@ -51,10 +52,7 @@ NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not der
 
 
 
-_LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
-# select_dsv4_kv_layout's assertions that hold before it looks at the GPU (0.5.23): a value
-# it does not know, and trtllm with a V4.1 layout; its SM100 assertion is the GPU's.
-_EVERY_MACHINE = ("unknown SGLANG_DSV4_KV_LAYOUT", "trtllm uses uniform FP8 pools")
+_LAYOUT_ENV = LAYOUT_ENV
 
 
 def _server_value(side: Side, name: str, default: Any) -> Any:
@@ -195,14 +193,14 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
             pool.uniform_fp8 = backend == "trtllm" and not side.unified_kv
             value = pool.pd_kv_layout()
     except AssertionError as exc:
-        if not str(exc).startswith(_EVERY_MACHINE):  # the V4.1 layouts' GPU assertion
+        if not str(exc).startswith(EVERY_MACHINE):  # the V4.1 layouts' GPU assertion
             return Value(None, source), (
                 f"{side.role}: the DeepSeek-V4 KV layout (DSV4G031) depends on the GPU: "
                 f"{type(exc).__name__}: {exc}; not decidable on this machine")
         return Value(None, source), (
             f"{side.role}: SGLang's {PD_DSV4_LAYOUT.attr} refuses {typed_env} with "
-            f"--dsv4-attn-backend {backend} on every machine ({exc}); the server would stop "
-            "when it builds its KV pool; the DeepSeek-V4 KV layout (DSV4G031) is not judged")
+            f"--dsv4-attn-backend {backend} on every machine ({exc}): the server would not "
+            "start (DSV4G047); the DeepSeek-V4 KV layout (DSV4G031) is not judged")
     except Exception as exc:  # the V4.1 layouts need an SM100/SM103 GPU (or gfx950)
         return Value(None, source), (
             f"{side.role}: the DeepSeek-V4 KV layout (DSV4G031) depends on the GPU: "

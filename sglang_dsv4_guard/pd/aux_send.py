@@ -14,6 +14,13 @@ fallback when the counts differ) send each prefill buffer by index: the decode's
 its own list. The engines (Mooncake's ``_transfer_data``, NIXL's agent, MORI's engine and
 sockets) are recorders: what is sent is counted, nothing leaves the process.
 
+:func:`aux_rows` (DSV4G048) runs the same functions when the counts agree but some rows
+differ in width (``--sampling-mask-max-tokens``): once per request slot, into a fresh
+decode each time, it records where each request's bytes land (the RDMA paths' copies are
+made only inside the decode's registered buffers; the TCP path's are written by the
+decode's real codec into buffers followed by spare bytes, so an overrun is seen, never
+harmful).
+
 The caller applies the prefill's environment (``send_aux`` reads ``envs`` when it runs).
 """
 
@@ -33,7 +40,7 @@ from typing import Any
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE, PD_AUX_CODEC
 
-__all__ = ["AUX_BACKENDS", "AuxSend", "aux_send"]
+__all__ = ["AUX_BACKENDS", "AuxSend", "RowLanding", "aux_rows", "aux_send"]
 
 AUX_BACKENDS = ("mooncake", "nixl", "mori")
 _ITEM = 8  # bytes of one buffer's row in the miniature
@@ -55,11 +62,47 @@ class AuxSend:
 
 
 class _Memory:
-    """``count`` real buffers of one row each: their addresses stand for SGLang's."""
+    """Real buffers of ``rows`` rows of ``item_lens[i]`` bytes each (one row of
+    :data:`_ITEM` bytes per buffer when only a count is given), each followed by ``guard``
+    spare bytes, so a write past a buffer's end lands in memory this miniature owns and
+    is seen; their addresses stand for SGLang's."""
 
-    def __init__(self, count: int) -> None:
-        self.arrays = [(ctypes.c_byte * _ITEM)() for _ in range(count)]
+    def __init__(self, count: int, item_lens: list[int] | None = None, rows: int = 1,
+                 guard: int = 0) -> None:
+        self.item_lens = list(item_lens) if item_lens is not None else [_ITEM] * count
+        self.rows, self.guard = rows, guard
+        self.arrays = [(ctypes.c_ubyte * (n * rows + guard))() for n in self.item_lens]
         self.ptrs = [ctypes.addressof(a) for a in self.arrays]
+        self.data_lens = [n * rows for n in self.item_lens]
+
+    def fill(self) -> None:
+        """Each row's bytes say its buffer and row (never 0: an unwritten byte is 0)."""
+        base = bytes(1 + k % 251 for k in range(251))
+        for b, (ptr, n) in enumerate(zip(self.ptrs, self.item_lens, strict=True)):
+            for row in range(self.rows):
+                start = (b * 31 + row * 7) % 251
+                ctypes.memmove(ptr + row * n, (base * (n // 251 + 2))[start:start + n], n)
+
+    def clear(self) -> None:
+        for array in self.arrays:
+            ctypes.memset(array, 0, len(array))
+
+    def inside(self, addr: int, length: int) -> bool:
+        """Whether ``length`` bytes at ``addr`` lie inside one buffer (its registered
+        region, ``aux_data_lens``)."""
+        return any(ptr <= addr and addr + length <= ptr + n
+                   for ptr, n in zip(self.ptrs, self.data_lens, strict=True))
+
+    def row(self, buffer: int, row: int, length: int) -> bytes:
+        n = self.item_lens[buffer]
+        return bytes(self.arrays[buffer][row * n:row * n + length])
+
+    def outside(self, buffer: int, row: int) -> tuple[bool, bool]:
+        """Whether bytes were written in ``buffer`` outside its row ``row``: in another
+        row, and past the buffer's end (its guard bytes)."""
+        array, n, end = self.arrays[buffer], self.item_lens[buffer], self.data_lens[buffer]
+        others = bytes(array[:row * n]) + bytes(array[(row + 1) * n:end])
+        return any(others), any(bytes(array[end:]))
 
 
 def _compiled(site: Any, scope: dict[str, Any], owner: Any) -> Any:
@@ -74,23 +117,34 @@ def _compiled(site: Any, scope: dict[str, Any], owner: Any) -> Any:
     return local[site.node.name]
 
 
-def _manager(local: _Memory, sent: list[tuple[int, bytes]], written: list[int],
-             envs: Any) -> SimpleNamespace:
+def _manager(local: _Memory, sent: list[tuple[int, int, bytes]], written: list[int],
+             envs: Any, moves: list[tuple[int, int, int]] | None = None) -> SimpleNamespace:
+    """A half-built manager of the prefill whose engines record what SGLang hands them:
+    ``sent`` the TCP path's (buffer index, row index, bytes), ``moves`` the RDMA paths'
+    (source, destination, length) copies, ``written`` how many buffers each call moved."""
+    moved: list[tuple[int, int, int]] = [] if moves is None else moves
+
     def by_index(*args: Any, **kwargs: Any) -> None:
-        sent.append((int(kwargs["buffer_index"]), bytes(kwargs["data"])))
+        sent.append((int(kwargs["buffer_index"]), int(kwargs["aux_index"]),
+                     bytes(kwargs["data"])))
 
     def blocks(_session: Any, transfer_blocks: list[Any]) -> int:
+        moved.extend((int(s), int(d), int(n)) for s, d, n in transfer_blocks)
         written.append(len(transfer_blocks))
         return 0
 
     def descs(addrs: list[Any], _kind: str) -> list[Any]:
         return list(addrs)
 
-    def xfer(_op: str, _src: list[Any], dst: list[Any], *args: Any) -> object:
+    def xfer(_op: str, src: list[Any], dst: list[Any], *args: Any) -> object:
+        moved.extend((int(s[0]), int(d[0]), int(s[1])) for s, d in zip(src, dst, strict=True))
         written.append(len(dst))
         return object()
 
-    def batch_write(src: list[Any], *args: Any) -> list[Any]:
+    def batch_write(src: list[Any], local_offsets: list[Any], dst: list[Any],
+                    remote_offsets: list[Any], sizes: list[Any], *args: Any) -> list[Any]:
+        moved.extend((s.addr + lo[0], d.addr + ro[0], n[0]) for s, lo, d, ro, n in zip(
+            src, local_offsets, dst, remote_offsets, sizes, strict=True))
         written.append(len(src))
         return []
 
@@ -99,12 +153,15 @@ def _manager(local: _Memory, sent: list[tuple[int, bytes]], written: list[int],
     # Mooncake's __init__: check_mooncake_custom_mem_pool_enabled() is (False, None) when
     # the variable is unset; the caller refuses to judge a prefill that sets it.
     return SimpleNamespace(
-        kv_args=SimpleNamespace(aux_data_ptrs=local.ptrs, aux_item_lens=[_ITEM] * count,
-                                aux_data_lens=[_ITEM] * count),
+        kv_args=SimpleNamespace(aux_data_ptrs=local.ptrs, aux_item_lens=local.item_lens,
+                                aux_data_lens=local.data_lens),
         enable_custom_mem_pool=False, custom_mem_pool_type=None,
         # MoriKVManager.__init__: self._send_aux_rdma = envs.SGLANG_MORI_SEND_AUX_RDMA.get()
         _send_aux_rdma=bool(rdma.get()) if rdma is not None else False,
-        aux_mem_descs=[object()] * count, _transfer_data=blocks,
+        # MORI's registered memory descriptors, one per buffer (its batch_write offsets
+        # are from their start)
+        aux_mem_descs=[SimpleNamespace(addr=p) for p in local.ptrs][:count],
+        _transfer_data=blocks, _record_submitted_statuses=lambda *a: None,
         send_aux_data_to_endpoint=by_index, _send_aux_data_to_endpoint=by_index,
         agent=SimpleNamespace(get_xfer_descs=descs, initialize_xfer=xfer,
                               transfer=lambda *a: "DONE"),
@@ -112,10 +169,8 @@ def _manager(local: _Memory, sent: list[tuple[int, bytes]], written: list[int],
         engine=SimpleNamespace(batch_write=batch_write, allocate_transfer_uid=lambda: 0))
 
 
-def aux_send(backend: str, package: Path, local: int, remote: int) -> AuxSend:
-    """Run the release's ``send_aux`` of ``backend`` from a prefill with ``local``
-    metadata buffers to a decode with ``remote``. Raises :class:`NotJudged` for a release
-    whose function differs from every known one, or a value the guard does not derive."""
+def _function(backend: str, package: Path) -> tuple[Any, str, Any]:
+    """The release's digested ``send_aux`` site of ``backend``, its name and the codec."""
     key = f"{backend}.send_aux"
     site = locate(package, SITES[key])
     target = str(SITES[key].target)
@@ -128,34 +183,118 @@ def aux_send(backend: str, package: Path, local: int, remote: int) -> AuxSend:
                         "takes its TCP path (an NVLINK pool) is not derived here")
     codec = getattr(importlib.import_module(PD_AUX_CODEC.module),  # unscanned: targets
                     PD_AUX_CODEC.qualname)
-    envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
-    src, dst = _Memory(local), _Memory(remote)
-    sent: list[tuple[int, bytes]] = []
-    written: list[int] = []
-    manager = _manager(src, sent, written, envs)
-    function = _compiled(site, {"envs": envs, "AuxDataCodec": codec}, manager)
-    peer = SimpleNamespace(endpoint="decode", dst_port=0, room=0, dst_aux_index=0,
-                           mooncake_session_id="decode", dst_aux_mem_descs=[object()] * remote)
-    offered = {"req": peer, "peer_info": peer, "peer_name": "decode", "prefill_aux_index": 0,
-               "dst_aux_ptrs": dst.ptrs, "dst_aux_index": 0, "room": 0, "notif": "decode"}
+    return site, target, codec
+
+
+def _call(function: Any, manager: Any, target: str, dst: _Memory, row: int) -> str | None:
+    """Run SGLang's ``send_aux`` for the prefill's row ``row`` into the decode's row
+    ``row``; what it raised (SGLang's own failure), ``None`` when it returned."""
+    peer = SimpleNamespace(endpoint="decode", dst_port=0, room=0, dst_aux_index=row,
+                           mooncake_session_id="decode",
+                           dst_aux_mem_descs=[SimpleNamespace(addr=p) for p in dst.ptrs])
+    offered = {"req": peer, "peer_info": peer, "peer_name": "decode", "prefill_aux_index": row,
+               "dst_aux_ptrs": dst.ptrs, "dst_aux_index": row, "room": 0, "notif": "decode"}
     wanted = [p for p in inspect.signature(function).parameters if p != "self"]
     if any(p not in offered for p in wanted):
         raise NotJudged(f"SGLang's {target} takes {wanted}, not all of which are derived")
-    prefill_raised = None
     try:
         function(manager, **{p: offered[p] for p in wanted})
     except _HARNESS as exc:
         raise NotJudged(f"{target} reads what the guard does not derive "
                         f"({type(exc).__name__}: {exc})") from exc
     except Exception as exc:  # SGLang's own failure on these buffers: the verdict
-        prefill_raised = f"{type(exc).__name__}: {exc}"
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def aux_send(backend: str, package: Path, local: int, remote: int) -> AuxSend:
+    """Run the release's ``send_aux`` of ``backend`` from a prefill with ``local``
+    metadata buffers to a decode with ``remote``. Raises :class:`NotJudged` for a release
+    whose function differs from every known one, or a value the guard does not derive."""
+    site, target, codec = _function(backend, package)
+    envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
+    src, dst = _Memory(local), _Memory(remote)
+    sent: list[tuple[int, int, bytes]] = []
+    written: list[int] = []
+    manager = _manager(src, sent, written, envs)
+    function = _compiled(site, {"envs": envs, "AuxDataCodec": codec}, manager)
+    prefill_raised = _call(function, manager, target, dst, 0)
     decode_raised = None
-    decode_args = SimpleNamespace(aux_data_ptrs=dst.ptrs, aux_item_lens=[_ITEM] * remote)
-    for index, data in sent:
+    decode_args = SimpleNamespace(aux_data_ptrs=dst.ptrs, aux_item_lens=dst.item_lens)
+    for index, row, data in sent:
         try:
-            codec.deserialize_data_to_buffer(decode_args, index, 0, data)
+            codec.deserialize_data_to_buffer(decode_args, index, row, data)
         except Exception as exc:  # the decode's real codec refuses this buffer index
             decode_raised = f"{type(exc).__name__}: {exc} (buffer {index})"
             break
         written.append(1)
     return AuxSend(backend, target, prefill_raised, decode_raised, sum(written), bool(sent))
+
+
+@dataclass(frozen=True)
+class RowLanding:
+    """Where one request's metadata row lands in the decode's buffers when the two servers'
+    rows of some buffers have different widths, for each request slot of the miniature."""
+
+    backend: str
+    function: str
+    by_index: bool  # the TCP path: each buffer sent with its index, written by the decode
+    raised: str | None  # what SGLang raised (the prefill's send_aux or the decode's codec)
+    buffers: tuple[int, ...]  # the buffers whose row widths differ
+    rows: int  # the miniature's request slots
+    misplaced: tuple[int, ...]  # slots whose own row the decode reads with other bytes
+    spilled: tuple[int, ...]  # slots whose transfer wrote into another slot's row
+    past_end: tuple[int, ...]  # slots whose transfer reaches past the decode buffer's end
+
+
+def aux_rows(backend: str, package: Path, local: list[int], remote: list[int],
+             rows: int = 3) -> RowLanding:
+    """Run the release's ``send_aux`` of ``backend`` once per request slot from a prefill
+    whose metadata buffers have rows of ``local`` bytes to a decode with ``remote`` (the
+    item lengths SGLang's own ``MetadataBuffers`` gives each server; as many buffers on
+    each), into a fresh decode each time, and observe where the bytes land: the RDMA
+    paths' copies are made where they fall inside the decode's registered buffers (a copy
+    reaching past a buffer's end is recorded, never made: the engine would be handed it),
+    the TCP path's buffers are written by the decode's real ``AuxDataCodec`` into buffers
+    followed by spare bytes. Raises :class:`NotJudged` as :func:`aux_send`."""
+    site, target, codec = _function(backend, package)
+    envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
+    src = _Memory(len(local), local, rows)
+    src.fill()
+    dst = _Memory(len(remote), remote, rows, guard=max([*local, *remote, 1]) * rows)
+    differ = tuple(b for b, (p, d) in enumerate(zip(local, remote, strict=True)) if p != d)
+    found: dict[str, set[int]] = {"misplaced": set(), "spilled": set(), "past_end": set()}
+    raised, by_index = None, False
+    for row in range(rows):
+        dst.clear()
+        sent: list[tuple[int, int, bytes]] = []
+        moves: list[tuple[int, int, int]] = []
+        manager = _manager(src, sent, [], envs, moves)
+        function = _compiled(site, {"envs": envs, "AuxDataCodec": codec}, manager)
+        raised = _call(function, manager, target, dst, row)
+        by_index = by_index or bool(sent)
+        for source, target_addr, length in moves:
+            if dst.inside(target_addr, length):
+                ctypes.memmove(target_addr, source, length)
+            else:  # outside every registered buffer of the decode
+                found["past_end"].add(row)
+        decode_args = SimpleNamespace(aux_data_ptrs=dst.ptrs, aux_item_lens=dst.item_lens)
+        for index, aux_index, data in sent:
+            try:
+                codec.deserialize_data_to_buffer(decode_args, index, aux_index, data)
+            except Exception as exc:  # the decode's real codec refuses this buffer
+                raised = f"{type(exc).__name__}: {exc} (buffer {index})"
+                break
+        if raised:
+            break
+        for b in differ:
+            keep = min(local[b], remote[b])
+            if dst.row(b, row, keep) != src.row(b, row, keep):
+                found["misplaced"].add(row)
+            other_row, past = dst.outside(b, row)
+            if other_row:
+                found["spilled"].add(row)
+            if past:
+                found["past_end"].add(row)
+    return RowLanding(backend, target, by_index, raised, differ, rows,
+                      *(tuple(sorted(found[k])) for k in ("misplaced", "spilled", "past_end")))

@@ -21,9 +21,12 @@ from typing import Any
 
 from sglang_dsv4_guard.host.targets import PD_AUX_COUNT, PD_METADATA_BUFFERS
 
-__all__ = ["aux_buffer_count", "peer_count_log"]
+__all__ = ["MAX_WIDTH", "aux_buffer_count", "aux_row_widths", "peer_count_log"]
 
 _ROWS = 1
+#: The widest ``--sampling-mask-max-tokens`` whose buffers are built at their real width
+#: (one row: 4 bytes a token in each of its two buffers); a wider one is not judged.
+MAX_WIDTH = 1 << 20
 
 
 def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None,
@@ -54,6 +57,46 @@ def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None,
     buffers = cls(**{k: v for k, v in wanted.items() if k in params})
     ptrs, _, _ = buffers.get_buf_infos()
     return len(ptrs)
+
+
+def aux_row_widths(kv_checksum: bool, sampling_mask_tokens: int) -> list[tuple[str, int]]:
+    """The name and row width in bytes (``item_lens``) of each metadata buffer the release's
+    ``MetadataBuffers`` registers, built as the scheduler builds it (from 0.5.20:
+    ``max_sampling_mask_tokens=server_args.sampling_mask_max_tokens``) with one row, in the
+    environment as it is now (``SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` decides whether the
+    sampling-mask buffers exist; the flag sizes two of them). Raises ``ValueError`` for a
+    width over :data:`MAX_WIDTH` (not built here) and ``TypeError`` on a release whose
+    class takes no width (before 0.5.20 it reads an environment variable)."""
+    import torch
+
+    cls = getattr(importlib.import_module(PD_METADATA_BUFFERS.module),  # unscanned: targets
+                  PD_METADATA_BUFFERS.qualname)
+    params = inspect.signature(cls.__init__).parameters
+    if "max_sampling_mask_tokens" not in params or params[
+            "max_sampling_mask_tokens"].default is not inspect.Parameter.empty:
+        raise TypeError("this release's MetadataBuffers takes no --sampling-mask-max-tokens")
+
+    def build(width: int) -> Any:
+        wanted: dict[str, Any] = dict(
+            size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
+            max_sampling_mask_tokens=width, max_top_logprobs_num=1,
+            output_dsa_topk_indices_dim=0, kv_checksum_enabled=kv_checksum)
+        return cls(**{k: v for k, v in wanted.items() if k in params})
+
+    if int(sampling_mask_tokens) > MAX_WIDTH:
+        # built at widths 1 and 2: when no row changes, the width sizes nothing here (the
+        # sampling mask is off) and the narrow build is the answer
+        buffers = build(1)
+        if buffers.get_buf_infos()[2] != build(2).get_buf_infos()[2]:
+            raise ValueError(f"--sampling-mask-max-tokens {sampling_mask_tokens} is wider than "
+                             f"{MAX_WIDTH}, the widest row this check builds")
+    else:
+        buffers = build(int(sampling_mask_tokens))
+    ptrs, _, item_lens = buffers.get_buf_infos()
+    names = {t.data_ptr(): name for name, t in vars(buffers).items()
+             if isinstance(t, torch.Tensor)}
+    return [(names.get(ptr, f"buffer {i}"), int(n))
+            for i, (ptr, n) in enumerate(zip(ptrs, item_lens, strict=True))]
 
 
 def peer_count_log(local: int, remote: int) -> str | None:

@@ -1,0 +1,153 @@
+"""``check``'s start-up row for a DeepSeek-V4 server's KV layout variables (DSV4G047).
+
+SGLang's ``select_dsv4_kv_layout`` (0.5.21+, ``mem_cache/deepseek_v4_memory_pool.py``)
+reads ``SGLANG_DSV4_KV_LAYOUT`` (and ``SGLANG_DSV4_COMPRESSED_KV_LAYOUT``) when the server
+builds its KV pool. It is run here, as the server would run it (its resolved
+``ServerArgs`` published, its layout variables set), never re-derived: an assertion it
+makes before it looks at the GPU (:data:`EVERY_MACHINE`) stops that server on every
+machine, an error; its SM100 assertion depends on the GPU and stays an ``unknowns`` line
+(the first-contact row's). What it accepts is found the same way: each name its own code
+compares the variable with (the string constants of the function) is tried, and the fixes
+are the values it accepts here (unset: the release's default; the other server's value).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from typing import Any
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.targets import PD_DSV4_LAYOUT
+from sglang_dsv4_guard.launch.contract_run import ContractRun
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.pools import _published
+from sglang_dsv4_guard.launch.remedy import accepted_fix
+from sglang_dsv4_guard.pd.endpoint import Value
+from sglang_dsv4_guard.pd.when import Phase, when_text
+
+__all__ = ["EVERY_MACHINE", "LAYOUT_ENV", "kv_layout_env_row"]
+
+CODE = "DSV4G047"
+LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
+# select_dsv4_kv_layout's assertions that hold before it looks at the GPU (0.5.21+): a
+# value it does not know, and (0.5.22+) trtllm with a V4.1 layout; its SM100 assertion is
+# the GPU's.
+EVERY_MACHINE = ("unknown SGLANG_DSV4_KV_LAYOUT", "trtllm uses uniform FP8 pools")
+_NAME = re.compile(r"^[a-z0-9_]+$")
+
+
+def _select() -> Any:
+    module = importlib.import_module(PD_DSV4_LAYOUT.module)  # unscanned: SGLang
+    return getattr(module, PD_DSV4_LAYOUT.attr, None)
+
+
+def selection(side: Side, env: dict[str, str]) -> tuple[str, str | None]:
+    """SGLang's ``select_dsv4_kv_layout`` for ``side`` with its layout variables ``env``
+    (the others unset): ``("accepted", None)``, ``("refused", message)`` on every machine,
+    or ``("gpu", message)`` when what it says depends on the GPU."""
+    select = _select()
+    with offline_env(env), _published(side.args.server_args):
+        for name in LAYOUT_ENV:
+            if name not in env:
+                os.environ.pop(name, None)
+        try:
+            select()
+        except AssertionError as exc:
+            if str(exc).startswith(EVERY_MACHINE):
+                return "refused", str(exc)
+            return "gpu", f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # the V4.1 layouts read the GPU (HIP: gfx950)
+            return "gpu", f"{type(exc).__name__}: {exc}"
+    return "accepted", None
+
+
+def _layout_env(side: Side) -> dict[str, str]:
+    return {k: v for k, v in side.args.env.items() if k in LAYOUT_ENV}
+
+
+def _accepted(side: Side) -> list[str]:
+    """The ``SGLANG_DSV4_KV_LAYOUT`` values SGLang's selection does not refuse on every
+    machine for this server: the names its own code compares the variable with, each
+    tried (a value needing an SM100 GPU marked so)."""
+    code = getattr(_select(), "__code__", None)
+    names = sorted({c for c in (code.co_consts if code is not None else ())
+                    if isinstance(c, str) and _NAME.match(c)})
+    found = []
+    for name in names:
+        outcome, _ = selection(side, {**_layout_env(side), LAYOUT_ENV[0]: name})
+        if outcome != "refused":
+            found.append(name + (" (needs an SM100/SM103 GPU)" if outcome == "gpu" else ""))
+    return found
+
+
+def _refusal(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+    """The refusal of this server's layout variables, when SGLang's selection refuses
+    them on every machine (a resolved DeepSeek-V4 server on a release with the selector)."""
+    del values
+    env = _layout_env(side)
+    if not env or not side.model.is_dsv4 or side.args.server_args is None or _select() is None:
+        return {}
+    outcome, message = selection(side, env)
+    if outcome != "refused":
+        return {}
+    typed = ", ".join(f"{k}={v}" for k, v in env.items())
+    return {"dsv4_kv_layout_refused": Value(message, (
+        f"{typed} in the server's environment, run through the release's "
+        f"{PD_DSV4_LAYOUT.attr} with its resolved flags")),
+        "dsv4_kv_layout_env": Value(typed, "the server's environment")}
+
+
+CONTRIBUTORS.append(_refusal)
+
+
+def _fixes(run: ContractRun, side: Side, other: Side) -> tuple[Fix, ...]:
+    """The layout variables unset (the release's default), or the other server's values,
+    each only where SGLang's selection accepts the result for this server here."""
+    env, theirs = _layout_env(side), _layout_env(other)
+    candidates: list[tuple[str, dict[str, str]]] = []
+    if theirs != env and (theirs or other.args.server_args is not None):
+        said = ", ".join(f"{k}={v}" for k, v in theirs.items()) or "unset"
+        candidates.append((f"give the {side.role} server the {other.role}'s DeepSeek-V4 "
+                           f"layout variables ({said})", theirs))
+    if theirs:  # unset is the other candidate; when theirs is empty it is the same
+        candidates.append((f"unset the {side.role} server's DeepSeek-V4 layout variables "
+                           "(the release's default)", {}))
+    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+    fixes = []
+    for text, wanted in candidates:
+        if selection(side, wanted)[0] != "accepted":
+            continue
+        edits = tuple(Edit(side.role, k, wanted[k], env=True) if k in wanted
+                      else Edit(side.role, k, remove=True, env=True)
+                      for k in LAYOUT_ENV if env.get(k) != wanted.get(k))
+        fixes.append(accepted_fix(Fix(FixKind.FLAGS, text, field="dsv4_kv_layout_env",
+                                      edits=edits), sides))
+    return tuple(f for f in fixes if f is not None)
+
+
+def kv_layout_env_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G047 for each server whose layout variables SGLang refuses on every machine."""
+    findings = []
+    for end, side, other in ((run.prefill, run.prefill_side, run.decode_side),
+                             (run.decode, run.decode_side, run.prefill_side)):
+        if not end.has("dsv4_kv_layout_refused"):
+            continue
+        message = str(end.get("dsv4_kv_layout_refused"))
+        findings.append(Finding(
+            code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
+            subject=f"{side.role} server's DeepSeek-V4 KV pool",
+            observations=(end.observation("dsv4_kv_layout_env"),),
+            details=(f"SGLang's {PD_DSV4_LAYOUT.attr} (called when the server builds its KV "
+                     f"pool) asserts: {message}; for this server it accepts "
+                     f"{LAYOUT_ENV[0]} = " + ", ".join(_accepted(side))
+                     + " (unset: the release's default)",),
+            fixes=_fixes(run, side, other) if run.derive else (), docs=docs_url(CODE),
+            host_message=message,
+            when=when_text(Phase.START_UP, str(end.get("transfer_backend")))))
+    return findings, []
