@@ -30,6 +30,7 @@ from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.launch.contract import contract_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
 from sglang_dsv4_guard.launch.endpoint import endpoint_of
+from sglang_dsv4_guard.launch.gpus import page_sizes
 from sglang_dsv4_guard.launch.parse import parse_side
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
@@ -76,6 +77,12 @@ def _endpoint(role: str, line: str) -> Endpoint:
     return endpoint_of(_side(role, line))
 
 
+@functools.cache
+def _page_sizes(role: str, line: str) -> dict[str, int | None]:
+    """The page size SGLang's resolution gives the line as each GPU model."""
+    return page_sizes(_side(role, line))
+
+
 def _messages(findings: list[Finding]) -> set[str | None]:
     return {f.host_message for f in findings}
 
@@ -84,7 +91,8 @@ class TestContractAgreesWithSGLang(GuardTestCase):
     """``check``'s first-contact and send-extra rows against SGLang's own functions."""
 
     counts: ClassVar[dict[str, int]] = {"drawn": 0, "first contact raises": 0,
-                                        "send extra refuses": 0, "both accept": 0}
+                                        "send extra refuses": 0, "both accept": 0,
+                                        "page size depends on the GPU": 0}
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -110,14 +118,26 @@ class TestContractAgreesWithSGLang(GuardTestCase):
         p, d = (_endpoint(role, line) for role, line in roles)
         findings, _ = contract_findings(sides[0], sides[1], str(sglang_release()))
         errors = [f for f in findings if f.severity is Severity.ERROR]
-        contact = [f for f in errors if f.subject == FIRST_CONTACT]
+        contact = [f for f in findings if f.subject == FIRST_CONTACT
+                   and (f.severity is Severity.ERROR or f.code == "DSV4G022")]
         send = [f for f in errors if f.code == SEND_EXTRA]
 
-        raised = first_contact_raise({n: p.get(n) for n in CONTACT_VALUES if p.has(n)},
-                                     {n: d.get(n) for n in CONTACT_VALUES if d.has(n)})
+        pv = {n: p.get(n) for n in CONTACT_VALUES if p.has(n)}
+        dv = {n: d.get(n) for n in CONTACT_VALUES if d.has(n)}
+        raised = first_contact_raise(pv, dv)
         self.assertEqual(bool(contact), raised is not None, (lines, raised, _messages(contact)))
         if raised is not None:
             self.assertIn(raised, _messages(contact), lines)
+        page = [f for f in contact if f.code == "DSV4G022"]
+        if page:  # an error exactly when SGLang refuses the pair on every GPU model
+            sizes = [(a, _page_sizes("decode", lines[1]).get(gpu))
+                     for gpu, a in _page_sizes("prefill", lines[0]).items()]
+            everywhere = all(str(first_contact_raise({**pv, "page_size": a},
+                                                     {**dv, "page_size": b})
+                                 ).startswith("Page size mismatch")  # SGLang's first check
+                             for a, b in sizes if a is not None and b is not None)
+            self.assertEqual(page[0].severity is Severity.ERROR, everywhere, (lines, sizes))
+            counts["page size depends on the GPU"] += not everywhere
 
         refused = send_extra_refusal(
             str(p.get("transfer_backend")), int(p.get("attn_tp_size")),

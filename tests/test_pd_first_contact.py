@@ -14,9 +14,16 @@ from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.launch.derive import derive_side
+from sglang_dsv4_guard.launch.gpus import page_sizes
+from sglang_dsv4_guard.launch.parse import parse_side
+
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
 DCP_RELEASE = Version("0.5.17")  # the first with DCP conditions and requires_dcp_relayout
+# The first whose resolution gives an MHA model trtllm_mha on SM100, with its page sizes
+# ("TensorRT-LLM MHA only supports page_size of 16, 32, 64 or 128", arg_groups/overrides.py).
+TRTLLM_MHA_RELEASE = Version("0.5.17")
 
 
 def pair(prefill: str, decode: str, model: str = LLAMA) -> tuple[int, dict[str, Any]]:
@@ -81,6 +88,52 @@ class TestFirstContactRows(GuardTestCase):
                                   "Page size mismatch: prefill server has page_size=16, but "
                                   "decode server has page_size=32.")
         self.assertTrue(finding["fixes"] and finding["fixes"][0]["edits"], finding["fixes"])
+
+    def test_page_size_chosen_by_the_gpu(self) -> None:
+        """A typed --page-size 64 on the prefill and none on the decode: the decode's page
+        size is its attention backend's, which SGLang chooses by the GPU model (from 0.5.17
+        an MHA model's default on SM100 is trtllm_mha, which sets 64). DSV4G022 is an error
+        exactly when the page sizes SGLang resolves differ as every GPU model, otherwise a
+        warning whose details name each GPU model's page sizes (outside review: check had
+        called this pair broken although SGLang accepts it on a B200)."""
+        prefill = server("prefill", LLAMA, "--page-size 64", backend="mooncake")
+        decode = server("decode", LLAMA, "", backend="mooncake")
+        _, doc = check_json(prefill, decode)
+        (finding,) = found(doc, "DSV4G022")
+        sizes = {gpu: (a, page_sizes(derive_side(parse_side("decode", decode, {})))[gpu])
+                 for gpu, a in page_sizes(derive_side(parse_side("prefill", prefill, {}))
+                                          ).items()}
+        if sglang_release() >= TRTLLM_MHA_RELEASE:
+            self.assertEqual(sizes["SM100 (B200)"], (64, 64), sizes)
+            self.assertEqual(sizes["SM90 (H100/H200)"], (64, 1), sizes)
+        accepted = [gpu for gpu, (a, b) in sizes.items() if a == b]
+        self.assertEqual(finding["severity"], "warning" if accepted else "error", sizes)
+        for gpu in accepted:
+            self.assertTrue(any(gpu in line and "SGLang accepts the pair" in line
+                                for line in finding["details"]), finding["details"])
+        self.assertTrue(any(e["name"] == "--page-size" for f in finding["fixes"]
+                            for e in f["edits"]), finding["fixes"])
+
+    def test_page_sizes_typed_apart_refused_on_every_gpu(self) -> None:
+        """16 and 32, both typed: the same on every GPU model, so still an error."""
+        _, doc = pair("--page-size 16", "--page-size 32")
+        (finding,) = found(doc, "DSV4G022")
+        self.assertEqual(finding["severity"], "error")
+        self.assertFalse(any("SGLang accepts the pair" in line for line in finding["details"]))
+
+    def test_fake_backend_decode_makes_no_first_contact(self) -> None:
+        """A decode on the fake transfer backend: SGLang's FakeKVManager is no
+        CommonKVManager and never calls try_ensure_parallel_info, so no first-contact
+        finding claims SGLang's message (outside review); one unknowns line says why, and
+        the different backends stay an error."""
+        status, doc = check_json(server("prefill", LLAMA, "--page-size 16", backend="mooncake"),
+                                 server("decode", LLAMA, "--page-size 32", backend="fake"))
+        self.assertEqual(status, 1)
+        self.assertEqual([f for f in doc["findings"]
+                          if f["subject"] == "decode's first contact with the prefill"], [])
+        self.assertIn("DSV4G023", errors(doc))
+        self.assertTrue(any("FakeKVManager" in u and "no try_ensure_parallel_info" in u
+                            for u in doc["unknowns"]), doc["unknowns"])
 
     def test_every_mismatch_reported_in_sglang_order(self) -> None:
         """Page size, KV cache dtype and a decode PP that neither equals the prefill's nor

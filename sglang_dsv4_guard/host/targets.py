@@ -41,6 +41,7 @@ __all__ = [
     "PD_DECODE_MODULE",
     "PD_DSV4_LAYOUT",
     "PD_DSV4_POOL_MODULE",
+    "PD_FAKE_MANAGER",
     "PD_FIRST_CONTACT",
     "PD_HEAD_SLICE",
     "PD_KV_DTYPE",
@@ -153,6 +154,10 @@ PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
 # ``/route`` answer's dataclass, the state types a pool publishes.
 PD_COMMON_MANAGER = "CommonKVManager"
 PD_SERVER_INFO = "PrefillServerInfo"
+#: The ``fake`` transfer backend's manager (a ``BaseKVManager``, not a ``CommonKVManager``,
+#: 0.5.16 - 0.5.23): a decode with it makes no first contact where it lacks
+#: :data:`PD_FIRST_CONTACT`'s method.
+PD_FAKE_MANAGER = PatchTarget("sglang.srt.disaggregation.fake.conn", "FakeKVManager")
 PD_RELAYOUT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.requires_dcp_relayout")
 #: The decode receiver's per-request set-up (0.5.22+: the decode allocation policies).
 PD_RECEIVER_INIT = PatchTarget(PD_COMMON_MODULE, "CommonKVReceiver.init")

@@ -33,6 +33,7 @@ from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side, _model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_copy, env_reading, field_source
+from sglang_dsv4_guard.launch.gpus import page_size_by_gpu
 from sglang_dsv4_guard.launch.kv_layout_env import EVERY_MACHINE, LAYOUT_ENV
 from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.launch.pools import _published
@@ -387,6 +388,7 @@ def _fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
 def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     """Decode's first contact and the DCP relayout, on the pair's endpoints."""
     findings, unknowns = contact_findings(run.prefill, run.decode, run.release)
+    findings = [page_size_by_gpu(f, run.prefill_side, run.decode_side) for f in findings]
     more, relayout_unknowns = relayout_findings(run.prefill, run.decode, run.release,
                                                 run.prefill_side.args.env)
     findings += more

@@ -35,7 +35,7 @@ from sglang_dsv4_guard.launch.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
            "machine_cause", "offline_env", "one_line", "parse_env", "parse_side",
-           "strip_launcher"]
+           "resolve_as", "strip_launcher"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -343,6 +343,31 @@ def _validate(option: str, values: Mapping[str, Any]) -> None:
                                           "local directory; weights are not needed)")
 
 
+def _resolving(namespace: argparse.Namespace, env: Mapping[str, str]
+               ) -> tuple[argparse.Namespace, dict[str, str], tuple[str, ...]]:
+    """What SGLang's resolution runs on for these flags: the namespace (without
+    ``--trust-remote-code`` when the code is not here: derive_side says so), the
+    environment (without a ModelScope fetch) and the notes saying what was left out."""
+    resolve_env, notes = _without_modelscope(namespace, env)
+    if getattr(namespace, "trust_remote_code", False) and missing_code(
+            str(getattr(namespace, "model_path", ""))):
+        namespace = copy.copy(namespace)
+        namespace.trust_remote_code = False
+    return namespace, resolve_env, notes
+
+
+def resolve_as(args: SideArgs, device: Device) -> Any | None:
+    """``args`` resolved by the release as if its server had ``device``: the resolved
+    ``ServerArgs`` as the release's resolving view shows them, or ``None`` when the
+    release refuses the flags on that device. Only for flags SGLang resolved here."""
+    from sglang.srt.server_args import ServerArgs
+
+    namespace = _release_parser(ServerArgs).parse_args(list(args.argv))
+    resolving, env, _ = _resolving(namespace, args.env)
+    server_args, _, _ = _resolve_on(resolving, env, args.resolved_device, device)
+    return None if server_args is None else _view(server_args)
+
+
 def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     """Parse one server's launch arguments with the installed release's ``ServerArgs``."""
     from sglang.srt.server_args import ServerArgs
@@ -356,11 +381,7 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
         raise CheckInputError(option, str(exc)) from None
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
-    resolve_env, notes = _without_modelscope(namespace, env)
-    resolving = namespace
-    if typed.get("trust_remote_code") and missing_code(str(typed["model_path"])):
-        resolving = copy.copy(namespace)  # the code is not here: derive_side says so
-        resolving.trust_remote_code = False
+    resolving, resolve_env, notes = _resolving(namespace, env)
     resolution = _resolve(resolving, resolve_env)
     if resolution.values is not None:
         values = resolution.values

@@ -32,6 +32,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_BASE_MODULE,
     PD_COMMON_MANAGER,
     PD_COMMON_MODULE,
+    PD_FAKE_MANAGER,
     PD_FIRST_CONTACT,
     PD_SERVER_INFO,
     PD_STATE_TYPE,
@@ -361,9 +362,26 @@ def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) ->
         when=when_text(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
 
 
+def _without_first_contact(backend: str) -> str | None:
+    """The release's manager class of ``backend`` when it lacks the first-contact method
+    (the ``fake`` backend's), else ``None``."""
+    if backend != "fake":
+        return None
+    target = PD_FAKE_MANAGER
+    cls = getattr(importlib.import_module(target.module), target.qualname, None)  # unscanned: SGLang
+    has = cls is None or hasattr(cls, PD_FIRST_CONTACT.attr)
+    return None if has else str(target)
+
+
 def contact_findings(prefill: Endpoint, decode: Endpoint, release: str
                      ) -> tuple[list[Finding], list[str]]:
     """The first contact's findings (one per condition SGLang raises) and unknowns."""
+    lacking = _without_first_contact(str(decode.get("transfer_backend", "?")))
+    if lacking:
+        return [], [f"decode: its transfer backend's manager ({lacking}) has no "
+                    f"{PD_FIRST_CONTACT.attr}: it makes no first contact with the prefill, "
+                    f"so the first-contact conditions "
+                    f"({', '.join(dict.fromkeys(rule[1] for rule in _RULES))}) are not judged"]
     contact = first_contact(prefill, decode, release)
     return ([_finding(r, i, prefill, decode) for i, r in enumerate(contact.raised)],
             list(contact.unknowns))

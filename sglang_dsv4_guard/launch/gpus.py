@@ -1,0 +1,66 @@
+"""The first-contact page-size verdict on each GPU model a server may have (DSV4G022).
+
+``check`` resolves both launch lines on this machine, which need not have the servers'
+GPU. A page size that is not typed is the attention backend's, and SGLang chooses the
+backend, and rewrites page sizes to ones it supports, by the GPU model: on SM100 an MHA
+model's default ``trtllm_mha`` sets an untyped page size to 64, on SM90 ``fa3`` keeps
+1 (``arg_groups/model_override_base.py``, ``arg_groups/overrides.py``, 0.5.23). So when
+the first-contact row finds the page sizes different on this machine's resolution, both
+lines are resolved again by SGLang as each GPU model its probes tell apart
+(:func:`~sglang_dsv4_guard.launch.probes.devices_for`). A pair whose page sizes agree on
+some GPU model is not refused everywhere: the finding becomes a warning naming, per GPU
+model, both page sizes and what SGLang does. Refused on every GPU model, the error
+stands, with the per-GPU page sizes in its details where they vary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.parse import resolve_as
+from sglang_dsv4_guard.launch.probes import devices_for
+
+__all__ = ["CODE", "page_size_by_gpu", "page_sizes"]
+
+CODE = "DSV4G022"
+
+
+def page_sizes(side: Side) -> dict[str, int | None]:
+    """The page size SGLang's resolution gives ``side`` as each GPU model (``None`` where
+    the release refuses the flags on that model: that server would not start there)."""
+    sizes: dict[str, int | None] = {}
+    for device in devices_for(side.args.resolved_device):
+        view = resolve_as(side.args, device)
+        sizes[device.name] = None if view is None else getattr(view, "page_size", None)
+    return sizes
+
+
+def page_size_by_gpu(finding: Finding, prefill: Side, decode: Side) -> Finding:
+    """``finding`` (the first-contact row's DSV4G022) judged on each GPU model."""
+    if finding.code != CODE or not (prefill.args.resolved and decode.args.resolved):
+        return finding
+    p, d = page_sizes(prefill), page_sizes(decode)
+    rows = [(name, p[name], d[name]) for name in p
+            if p[name] is not None and d.get(name) is not None]
+    if not rows:
+        return finding
+    refused = [name for name, a, b in rows if a != b]
+    accepted = [name for name, a, b in rows if a == b]
+    if not accepted and len({(a, b) for _, a, b in rows}) == 1:
+        return finding  # the same page sizes, and the same refusal, on every GPU model
+    lines = tuple(f"  as {name}: prefill page size {a}, decode page size {b}: "
+                  + ("SGLang accepts the pair" if a == b else
+                     "SGLang refuses the pair at first contact") for name, a, b in rows)
+    header = ("the page sizes depend on the GPU model (the attention backend SGLang "
+              "chooses for it, and that backend's page sizes); SGLang's resolution of both "
+              "lines as each GPU model:")
+    details = (*finding.details, header, *lines)
+    if not accepted:
+        return replace(finding, details=details)
+    if not refused:
+        return replace(finding, severity=Severity.INFO, details=details, when=(
+            "on no GPU model: the page sizes differ only in this machine's resolution"))
+    return replace(finding, severity=Severity.WARNING, details=details,
+                   when=f"on {', '.join(refused)} only: {finding.when}")
