@@ -336,13 +336,22 @@ class TestSamplingMaskWidthVariable(GuardTestCase):
         return local, remote
 
     def _refused(self, doc: dict[str, Any]) -> None:
-        """0.5.20+: SGLang's resolution refuses the variable (DSV4G026 with its message);
-        no metadata-buffer finding."""
+        """0.5.20+: SGLang's resolution refuses the variable (DSV4G026 with its message,
+        whose fix unsets it, proven with ``--fix``); no metadata-buffer finding."""
         self.assertIn("DSV4G026", [f["code"] for f in doc["findings"]])
         self.assertTrue(any("SAMPLING_MASK_MAX_TOKENS is no longer supported" in o["value"]
                             for f in doc["findings"] for o in f["observations"]
                             if o["name"] == "resolution"), doc["findings"])
         self.assertEqual(g045(doc) + g048(doc), [])
+        for f in doc["findings"]:  # SGLang says "Unset it": the fix unsets it
+            if f["code"] == "DSV4G026":
+                unset = [x for x in f["fixes"] if any(
+                    e["name"] == WIDTH_ENV and e["remove"] and e["env"] for e in x["edits"])]
+                self.assertTrue(unset, f["fixes"])
+                if "fixed_check" in doc:
+                    self.assertTrue(all(x["proven"] for x in unset))
+        if "fixed_check" in doc:
+            self.assertEqual(doc["fix_status"], "corrected")
 
     def test_variable_on_the_prefill_only(self) -> None:
         """The variable on the prefill only: before 0.5.20 SGLang's class builds three more
