@@ -76,6 +76,18 @@ class TestNixlRegistration(GuardTestCase):
         sglang_dsv4_guard.uninstall()
         self.assertIs(vars(nixl.NixlKVManager)["_add_remote_peer"], _RAW["nixl"])
 
+    def test_changed_release_is_not_wrapped_and_says_so(self) -> None:
+        """A release whose registration code no known release has (its digest differs) is
+        left unwrapped, with one line saying it is unknown for this release."""
+        sglang_dsv4_guard.uninstall()
+        with mock.patch("sglang_dsv4_guard.peers.wrapper.row_releases", lambda *a: []), \
+                self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            self.install_guard("on", load_entry_points=False)
+        self.assertIs(vars(nixl.NixlKVManager)["_add_remote_peer"], _RAW["nixl"])
+        self.assertIs(vars(mooncake.MooncakeKVManager)["transfer_worker"], _RAW["worker"])
+        text = "\n".join(r.getMessage() for r in logs.records)
+        self.assertEqual(text.count("unknown for this release"), 2, text)
+
     def test_thread_death_reported_at_registration_and_named_once(self) -> None:
         """A HiSparse decode (host-memory KV) with another attention TP: SGLang's real
         bootstrap thread dies of its own NotImplementedError, unchanged; the guard logs

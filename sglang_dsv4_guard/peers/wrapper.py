@@ -36,11 +36,13 @@ from typing import Any
 from sglang_dsv4_guard.dedup.markers import fingerprint
 from sglang_dsv4_guard.dedup.mismatch import Mismatch, sparse
 from sglang_dsv4_guard.findings import Finding, Report
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PEERS_MOONCAKE_START,
     PEERS_MOONCAKE_WORKER,
     PEERS_NIXL_REGISTER,
 )
+from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
 from sglang_dsv4_guard.pd.when import Phase, when_text
@@ -291,13 +293,32 @@ def _mooncake_worker(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callabl
     return make
 
 
+def _judged(*keys: str) -> None:
+    """Raise :class:`NotJudged` unless the imported release's code at ``keys`` is one a
+    known release has (``host/pd_digests.json``): a changed release is "unknown for this
+    release", never guessed at."""
+    package = imported_package_dir()
+    if package is None:
+        raise NotJudged("the imported SGLang's source was not found")
+    found = {}
+    for key in keys:
+        site = locate(package, SITES[key])
+        found[key] = site.digest if site is not None else "missing"
+    if not row_releases(found, keys):
+        names = " / ".join(str(SITES[k].target) for k in keys)
+        raise NotJudged(f"SGLang's {names} differs from every release this guard knows: "
+                        "unknown for this release")
+
+
 def patch_nixl(module: ModuleType, guard: PeerGuard) -> list[AppliedPatch]:
     """Wrap NIXL's registration in SGLang's imported connector module."""
+    _judged("peers.nixl_register")
     return apply_all(module, [(PEERS_NIXL_REGISTER, _nixl_register(guard))])
 
 
 def patch_mooncake(module: ModuleType, guard: PeerGuard) -> list[AppliedPatch]:
     """Wrap Mooncake's prefill bootstrap start and transfer worker."""
+    _judged("peers.mooncake_start", "peers.mooncake_worker")
     return apply_all(module, [(PEERS_MOONCAKE_START, _mooncake_start(guard)),
                               (PEERS_MOONCAKE_WORKER, _mooncake_worker(guard))])
 
