@@ -13,7 +13,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from sglang_dsv4_guard.dedup.markers import Seen
+from sglang_dsv4_guard.dedup.markers import Seen, fingerprint
+from sglang_dsv4_guard.findings import Report
 
 __all__ = ["PLACED_WAIT", "Mismatch", "sparse"]
 
@@ -40,6 +41,16 @@ class Mismatch:
     where: Seen | None = None  # where that full report was printed
     # Set once ``where`` is known: a concurrent occurrence waits for it to name its pointer.
     placed: threading.Event = field(default_factory=threading.Event)
+
+    def claim(self, peer: str, report: Report) -> tuple[int, bool]:
+        """Count ``peer`` under this mismatch: (its peers so far, whether the full report
+        was shown before). The first claim takes the report's fingerprint. Call it under
+        the owner's lock."""
+        self.peers.add(peer)
+        quiet, self.shown = self.shown, True
+        if not quiet:
+            self.fingerprint = fingerprint(report)
+        return len(self.peers), quiet
 
     def place(self, where: Seen | None) -> None:
         """Record where the full report was printed and release the waiters."""

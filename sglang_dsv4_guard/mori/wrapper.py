@@ -54,7 +54,14 @@ from sglang_dsv4_guard.patching import AppliedPatch, apply_all
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, pointer
 from sglang_dsv4_guard.runtime import Runtime
-from sglang_dsv4_guard.wrapping import note_on, our_failure, prints_in_full, publish, upgrades
+from sglang_dsv4_guard.wrapping import (
+    note_on,
+    our_failure,
+    prints_in_full,
+    publish,
+    publish_registration,
+    upgrades,
+)
 
 __all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
 
@@ -182,20 +189,10 @@ class MoriGuard:
             if self.rt.strict:
                 self.blocked[ident] = (report, rendered)
             m = self.mismatches.setdefault(mkey, Mismatch(describe(mkey)))
-            m.peers.add(ident)
-            peers, quiet, m.shown = len(m.peers), m.shown, True
+            peers, quiet = m.claim(ident, report)
             failures = m.failures
-            if not quiet:
-                m.fingerprint = fingerprint(report)
-        note = None if quiet else (
-            f"this mismatch covers {peers} decode peer(s) so far; later peers with the same "
-            "mismatch are counted, not reported again (count logged at 10, 100, ... peers; "
-            "exact counts: sglang_dsv4_guard.summary() and at uninstall)")
-        d = publish(self.rt, report, Delivery(quiet=quiet, note=note, extra={
-            "mismatch": m.label, "peer": ident, "peers": peers}))
-        if not quiet:
-            m.place(d.seen)
-        elif sparse(peers):
+        if publish_registration(self.rt, report, m, peers, quiet, {
+                "mismatch": m.label, "peer": ident, "peers": peers}):
             self._count_line(mkey, m, "peers", peers, failures)
 
     def blocked_error(self, sig: inspect.Signature, args: tuple[Any, ...],

@@ -33,8 +33,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from sglang_dsv4_guard.dedup.markers import fingerprint
-from sglang_dsv4_guard.dedup.mismatch import Mismatch, sparse
+from sglang_dsv4_guard.dedup.mismatch import Mismatch
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
@@ -53,9 +52,9 @@ from sglang_dsv4_guard.peers.snapshot import (
     peer_name,
     snapshot_registration,
 )
-from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery
+from sglang_dsv4_guard.reporter import EXTRA_KEY
 from sglang_dsv4_guard.runtime import Runtime
-from sglang_dsv4_guard.wrapping import publish
+from sglang_dsv4_guard.wrapping import publish_registration
 
 __all__ = ["CONNECTORS", "PeerGuard", "WatchedTable", "patch_mooncake", "patch_nixl"]
 
@@ -117,19 +116,9 @@ class PeerGuard:
                 if f.host_message:
                     causes.setdefault((f.code, f.host_message), []).append(ident)
             m = self.mismatches.setdefault(mkey, Mismatch(_label(reg, findings)))
-            m.peers.add(f"{ident}@{id(manager):x}")
-            peers, quiet, m.shown = len(m.peers), m.shown, True
-            if not quiet:
-                m.fingerprint = fingerprint(report)
-        note = None if quiet else (
-            f"this mismatch covers {peers} decode peer(s) so far; later peers with the same "
-            "mismatch are counted, not reported again (count logged at 10, 100, ... peers; "
-            "exact counts: sglang_dsv4_guard.summary() and at uninstall)")
-        d = publish(self.rt, report, Delivery(quiet=quiet, note=note, extra={
-            "mismatch": m.label, "peer": reg.peer, "peers": peers}))
-        if not quiet:
-            m.place(d.seen)
-        elif sparse(peers):
+            peers, quiet = m.claim(f"{ident}@{id(manager):x}", report)
+        if publish_registration(self.rt, report, m, peers, quiet, {
+                "mismatch": m.label, "peer": reg.peer, "peers": peers}):
             self._count_line(m, peers, [f.code for f in findings])
         return report
 
