@@ -192,6 +192,27 @@ class TestNixlRegistration(GuardTestCase):
         self.assertIn("internal error", logs.records[0].getMessage())
 
 
+class TestNixlStrict(GuardTestCase):
+    """Strict mode: a failure of the guard's own never replaces SGLang's error."""
+
+    def test_our_bug_is_a_note_on_sglangs_error(self) -> None:
+        """SGLang refuses the registration; the guard's snapshot fails: SGLang's own
+        NotImplementedError rises, carrying the guard's strict failure as a note."""
+        self.install_guard("strict", load_entry_points=False)
+        _, info = peers_real.registration(nixl, "nixl", tp=2, kinds=("DRAM", "DRAM"))
+        mgr = peers_real.prefill(nixl, "nixl", tp=1)
+
+        class Exploding:
+            def __getattr__(self, name: str) -> Any:
+                raise ZeroDivisionError(name)
+
+        mgr.server_args = Exploding()
+        with guard_logs_off(), self.assertRaises(NotImplementedError) as caught:
+            nixl.NixlKVManager._add_remote_peer(mgr, info)
+        self.assertIn("direct-to-host", str(caught.exception))
+        self.assertIn("strict mode", "".join(getattr(caught.exception, "__notes__", [])))
+
+
 def _payload_refusal(outcome: tuple[str, str]) -> str | None:
     return next((code for phrase, code in _PHRASES.items() if phrase in outcome[1]), None)
 

@@ -17,7 +17,9 @@ peer): the first peer gets the full report (fingerprinted across the server's pr
 :mod:`sglang_dsv4_guard.dedup.markers`), later peers are counted, and the count is logged
 at 1, 10, 100 ... peers (:mod:`sglang_dsv4_guard.dedup.mismatch`). Strict mode refuses no
 peer here: every condition is one SGLang meets by itself, and raising from the
-registration would end the bootstrap thread, worse than SGLang's own outcome.
+registration would end the bootstrap thread, worse than SGLang's own outcome. A failure of
+the guard's own is logged; in strict mode it rises once SGLang's outcome is in (a note on
+SGLang's exception when SGLang raised, never in its place).
 
 Nothing here imports ``nixl``, ``mooncake`` or SGLang's connector modules.
 """
@@ -34,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from sglang_dsv4_guard.dedup.mismatch import Mismatch
+from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
@@ -54,7 +57,7 @@ from sglang_dsv4_guard.peers.snapshot import (
 )
 from sglang_dsv4_guard.reporter import EXTRA_KEY
 from sglang_dsv4_guard.runtime import Runtime
-from sglang_dsv4_guard.wrapping import publish_registration
+from sglang_dsv4_guard.wrapping import note_on, our_failure, publish_registration
 
 __all__ = ["CONNECTORS", "PeerGuard", "WatchedTable", "patch_mooncake", "patch_nixl"]
 
@@ -197,12 +200,23 @@ def _prefill(manager: Any) -> bool:
     return str(getattr(mode, "value", mode)) == "prefill"
 
 
-def _checked(guard: PeerGuard, backend: str, manager: object, info: object) -> None:
+def _checked(guard: PeerGuard, backend: str, manager: object, info: object
+             ) -> DSV4GuardError | None:
+    """Check the peer; a failure of ours is logged, and in strict mode returned to raise
+    once SGLang's outcome is in (a note on SGLang's own error when it raised)."""
     if guard.rt.active:
         try:
             guard.on_register(backend, manager, info)
         except Exception as exc:
-            guard.rt.internal_error(f"checking a registering {backend} decode peer", exc)
+            return our_failure(guard.rt, f"checking a registering {backend} decode peer", exc)
+    return None
+
+
+def _watched(guard: PeerGuard, manager: object, info: object) -> None:
+    """Mooncake's table write: the peer is in the table; a strict failure of ours rises."""
+    ours = _checked(guard, "mooncake", manager, info)
+    if ours is not None:
+        raise ours
 
 
 def _timeout() -> str:
@@ -222,15 +236,18 @@ def _nixl_register(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[
                 result = original(self, decode_kv_args, *args, **kwargs)
             except Exception as error:
                 if fresh:
-                    _checked(guard, "nixl", self, decode_kv_args)
+                    ours = _checked(guard, "nixl", self, decode_kv_args)
                     try:
                         guard.on_death("nixl", "bootstrap thread", self, error, _timeout())
                     except Exception as exc:
-                        guard.rt.internal_error("naming why the NIXL bootstrap thread died",
-                                                exc)
+                        ours = ours or our_failure(
+                            guard.rt, "naming why the NIXL bootstrap thread died", exc)
+                    if ours is not None:
+                        note_on(error, ours)
                 raise
-            if fresh:
-                _checked(guard, "nixl", self, decode_kv_args)
+            ours = _checked(guard, "nixl", self, decode_kv_args) if fresh else None
+            if ours is not None:
+                raise ours
             return result
 
         return _add_remote_peer
@@ -247,8 +264,8 @@ def _mooncake_start(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable
                     table = self.decode_kv_args_table
                     if type(table) is dict:
                         self.decode_kv_args_table = WatchedTable(
-                            table, functools.partial(_checked, guard, "mooncake", self))
-                except Exception as exc:
+                            table, functools.partial(_watched, guard, self))
+                except Exception as exc:  # strict: rises before SGLang's thread starts
                     guard.rt.internal_error("watching Mooncake's decode peer table", exc)
             return original(self, *args, **kwargs)
 
@@ -273,8 +290,10 @@ def _mooncake_worker(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callabl
                         guard.on_death("mooncake", "transfer worker", self, error,
                                        _WORKER_HANGS)
                     except Exception as exc:
-                        guard.rt.internal_error("naming why a Mooncake transfer worker died",
-                                                exc)
+                        ours = our_failure(guard.rt, "naming why a Mooncake transfer worker "
+                                           "died", exc)
+                        if ours is not None:
+                            note_on(error, ours)
                 raise
 
         return transfer_worker
