@@ -2,14 +2,19 @@
 
 Both pass paths are timed interleaved (best of several repeats) on SGLang's real
 functions: setup_state_kv_args on a healthy DSV4 target+draft pair, and
-MoriKVManager._send_swa_dsa_state with a trivial transfer plan (MORI stubbed).
+MoriKVManager._send_swa_dsa_state with a trivial transfer plan (MORI stubbed). Then the
+cost the registration check adds per decode peer on SGLang's real NIXL
+``_add_remote_peer`` (CPU time per peer, engine stubbed: a pair SGLang accepts and one it
+refuses per request), and a read of Mooncake's watched peer table against a plain dict's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import time
 import timeit
 import warnings
 
@@ -19,10 +24,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import mori_stub  # noqa: E402
 
 mori_stub.install_stub()
+import peers_real  # noqa: E402
 import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402
+import sglang.srt.disaggregation.nixl.conn as nixl  # noqa: E402
 import sglang.srt.disaggregation.utils as utils  # noqa: E402
 
 import sglang_dsv4_guard  # noqa: E402
+from sglang_dsv4_guard.peers.wrapper import WatchedTable  # noqa: E402
 from sglang_dsv4_guard.testing import build_pair, new_kv_args  # noqa: E402
 
 
@@ -55,8 +63,37 @@ def main() -> None:
                 lambda: guarded_setup(kv, target, draft), number=2000)
         measure("_send_swa_dsa_state pass path", lambda: raw_send(mgr, *args),
                 lambda: guarded_send(mgr, *args), number=20000)
+        raw_register = vars(nixl.NixlKVManager)["_add_remote_peer"]
+        for label, tp in (("accepted", 1), ("refused per request", 2)):
+            per_peer(label, raw_register, nixl.NixlKVManager._add_remote_peer, tp)
+        table = {f"session-{i}": i for i in range(64)}
+        watched = WatchedTable(table, lambda value: None)
+        measure("Mooncake peer-table read", lambda: table["session-7"],
+                lambda: watched["session-7"], number=200000)
     finally:
         sglang_dsv4_guard.uninstall()
+
+
+def per_peer(label: str, raw, guarded, decode_tp: int, peers: int = 40) -> None:
+    """CPU time per new decode peer, unwrapped then guarded, each peer registered once."""
+    swa = nixl.StateType("swa")
+    times = {0: [], 1: []}
+    for round_ in range(4):  # round 0 warms both up; then interleaved, best kept
+        for which, fn in enumerate((raw, guarded)):
+            pairs = [(peers_real.prefill(nixl, "nixl", tp=1, state_types=(swa,)),
+                      peers_real.registration(nixl, "nixl", tp=decode_tp,
+                                              name=f"{label}{round_}{which}{i}")[1])
+                     for i in range(peers)]
+            start = time.process_time()
+            for mgr, info in pairs:
+                # past SGLang's checks it raises where the half-built manager ends
+                with contextlib.suppress(Exception):
+                    fn(mgr, info)
+            if round_:
+                times[which].append((time.process_time() - start) / peers)
+    times = {k: min(v) for k, v in times.items()}
+    print(f"NIXL _add_remote_peer, {label}: unwrapped {times[0] * 1e3:.3f} ms, guarded "
+          f"{times[1] * 1e3:.3f} ms, added {(times[1] - times[0]) * 1e3:.3f} ms per peer")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ __all__ = [
     "DSV4GuardInstallError",
     "DSV4GuardStartupRefused",
     "Edit",
+    "Endpoint",
     "Finding",
     "Fix",
     "FixKind",
@@ -32,6 +33,8 @@ __all__ = [
     "NotASequence",
     "Observation",
     "PoolSnapshot",
+    "Registration",
+    "RegistrationContext",
     "Report",
     "SendContext",
     "SendSnapshot",
@@ -44,6 +47,7 @@ __all__ = [
     "TensorInfo",
     "Undo",
     "Unreadable",
+    "Value",
     "__version__",
     "hookimpl",
     "install",
@@ -80,6 +84,10 @@ _LAZY = {
     "TensorInfo": "sglang_dsv4_guard.state.tensors",
     "SendContext": "sglang_dsv4_guard.mori.snapshot",
     "SendSnapshot": "sglang_dsv4_guard.mori.snapshot",
+    "Endpoint": "sglang_dsv4_guard.pd.endpoint",
+    "Value": "sglang_dsv4_guard.pd.endpoint",
+    "Registration": "sglang_dsv4_guard.peers.snapshot",
+    "RegistrationContext": "sglang_dsv4_guard.peers.snapshot",
     "hookimpl": "sglang_dsv4_guard.hookspecs",
     "install": "sglang_dsv4_guard.lifecycle",
     "is_installed": "sglang_dsv4_guard.lifecycle",
@@ -101,6 +109,8 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.host.releases import GeometryField, HostProfile
     from sglang_dsv4_guard.lifecycle import install, is_installed, summary, uninstall
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+    from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+    from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
     from sglang_dsv4_guard.settings import Mode, Setting, Settings
     from sglang_dsv4_guard.state.cuda_graphs import CudaGraphs
     from sglang_dsv4_guard.state.snapshot import (

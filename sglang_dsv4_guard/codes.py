@@ -382,7 +382,9 @@ CODES: dict[str, CodeInfo] = {
             "DCP 1 and an MLA (or hybrid-MLA) pool, are accepted; anything else raises. On "
             "Mooncake and NIXL the prefill's bootstrap thread dies and every request to "
             "that rank times out; on MORI it is logged and each request then fails. "
-            "0.5.16 has no relayout. check runs it for rank 0 of each server.",
+            "0.5.16 has no relayout. check runs it for rank 0 of each server. At run time the "
+            "guard reports it for NIXL when the registering rank meets it (with its DCP rank) and "
+            "names the dead bootstrap thread's cause, once.",
             ("check derives flag fixes: the server whose --dcp-size differs from 1 "
              "launched without it, or the other server launched with its DCP size where "
              "the release's relayout accepts the equal sizes; each offered only when the "
@@ -424,7 +426,9 @@ CODES: dict[str, CodeInfo] = {
             "layout is the hardware's and not predicted). MLA models are never refused. "
             "Mooncake: the transfer worker thread exits (\"Transfer thread failed ... "
             "Prefill instance ... is dead.\") and every request sharded to its queue hangs; "
-            "NIXL: each request fails. MORI's own check is DSV4G006.",
+            "NIXL: each request fails. MORI's own check is DSV4G006. At run time the guard reports "
+            "it when the decode peer registers, before any request (once per distinct "
+            "mismatch), and names the cause once when a Mooncake transfer worker dies of it.",
             ("check derives flag fixes: the same attention TP on both servers (by attention DP, keeping the "
              "GPU count, where the release's flags allow), --pp-size 1 on every server with "
              "more (a decode's PP must equal the prefill's or be 1), or the prefill without "
@@ -438,7 +442,8 @@ CODES: dict[str, CodeInfo] = {
             "too) cannot be resliced by head: every release refuses a different attention TP "
             "per request in Mooncake's and NIXL's transfer; 0.5.23 refuses it already at "
             "decode's first contact (`MiniMax sparse PD requires matching attention TP "
-            "sizes`), reported by that row.",
+            "sizes`), reported by that row. At run time (before 0.5.23) the guard reports it "
+            "when the decode peer registers.",
             ("check derives flag fixes: the same attention TP on both servers",),
         ),
         CodeInfo(
@@ -450,7 +455,8 @@ CODES: dict[str, CodeInfo] = {
             "decode with HiSparse (KV in host memory) and a draft KV pool the prefill does "
             "not send (speculative decoding on the decode only): the prefill's bootstrap "
             "thread dies and every request to that rank times out. NIXL stores the peer "
-            "before it raises, so the rank looks registered.",
+            "before it raises, so the rank looks registered. At run time the guard reports it when "
+            "the peer registers and names the dead bootstrap thread's cause, once.",
             ("check derives flag fixes: HiSparse off on the decode, or the Mooncake backend on "
              "both servers",),
         ),
@@ -460,7 +466,8 @@ CODES: dict[str, CodeInfo] = {
             "NIXL heterogeneous-TP direct-to-host KV transfer is not implemented safely yet",
             "NIXL's registration refuses a non-MLA pair with different attention TP whose "
             "decode receives its KV into host memory (HiSparse): the prefill's bootstrap "
-            "thread dies and every request to that rank times out.",
+            "thread dies and every request to that rank times out. At run time the guard reports "
+            "it when the peer registers and names the dead bootstrap thread's cause, once.",
             ("check derives flag fixes: the same attention TP on both servers, or HiSparse off "
              "on the decode",),
         ),
@@ -494,7 +501,8 @@ CODES: dict[str, CodeInfo] = {
             "cause. The TCP paths (MORI's, Mooncake's SGLANG_MOONCAKE_SEND_AUX_TCP) send "
             "the prefill's buffers by index: before 0.5.23 a prefill with more makes the "
             "decode's receiving thread raise, an error. 0.5.23 logs the mismatch when a "
-            "decode rank registers (`check_peer_aux_buffer_count`).",
+            "decode rank registers (`check_peer_aux_buffer_count`). At run time (Mooncake, NIXL, "
+            "every release from 0.5.20) the guard reports it when the decode peer registers.",
             ("check derives flag fixes: the variable or flag set (or unset) as on the other "
              "server; a value SGLang refuses is never copied: unset gives what SGLang reads "
              "from it",),
@@ -508,7 +516,9 @@ CODES: dict[str, CodeInfo] = {
             "A prefill with a draft model registers its draft pool's KV regions after the "
             "target's; a decode without speculative decoding registers only the target's. "
             "NIXL's registration of that decode peer (`_prepare_payload_xfer`) raises: the "
-            "prefill's bootstrap thread dies and every request to that rank times out.",
+            "prefill's bootstrap thread dies and every request to that rank times out. At run "
+            "time the guard reports it when the peer registers and names the dead bootstrap "
+            "thread's cause, once.",
             ("check derives flag fixes: the prefill's speculative flags on the decode, or "
              "speculative decoding off on the prefill",),
         ),

@@ -62,6 +62,13 @@ __all__ = [
     "PD_SERVER_INFO",
     "PD_STATE_TYPE",
     "PD_STATE_TYPE_MODULE",
+    "PEERS_INFO_ATTRS",
+    "PEERS_KV_ARGS_ATTRS",
+    "PEERS_MANAGER_ATTRS",
+    "PEERS_MOONCAKE_START",
+    "PEERS_MOONCAKE_WORKER",
+    "PEERS_NIXL_REGISTER",
+    "PEERS_SERVER_ARGS_ATTRS",
     "POOL_ATTRS",
     "POOL_REGISTER",
     "POOL_REGISTER_TARGET",
@@ -122,6 +129,17 @@ MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
 MORI_SEND = PatchTarget(MORI_MODULE, "MoriKVManager._send_swa_dsa_state")
 MORI_REGISTER = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
 MORI_TARGETS = (MORI_SEND, MORI_REGISTER)
+
+#: Decode peers' registration and the threads that die of it (``peers/``): NIXL's
+#: registration method (run in its bootstrap thread), Mooncake's transfer worker (a
+#: thread target) and the method that starts Mooncake's prefill bootstrap thread, whose
+#: ``decode_kv_args_table`` the guard watches (the thread is a closure of it).
+PEERS_NIXL_REGISTER = PatchTarget("sglang.srt.disaggregation.nixl.conn",
+                                  "NixlKVManager._add_remote_peer")
+PEERS_MOONCAKE_WORKER = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
+                                    "MooncakeKVManager.transfer_worker")
+PEERS_MOONCAKE_START = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
+                                   "MooncakeKVManager.start_prefill_thread")
 
 
 @dataclass(frozen=True)
@@ -250,6 +268,22 @@ MORI_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "attn_tp_size"
 MORI_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention")
 MORI_KV_ARGS_ATTRS = ("state_types",)
 MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
+
+#: What the registration snapshot (``peers/snapshot.py``) reads from a Mooncake or NIXL
+#: prefill manager, its ``kv_args`` and ``server_args``, and from a decode peer's
+#: ``KVArgsRegisterInfo`` (NIXL names the decode's TP ``decode_tp_size``, Mooncake
+#: ``dst_attn_tp_size``). Not digested, like the MORI attributes; a missing one is
+#: "not known" in the endpoint, never a default.
+PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_mla_backend",
+                       "attn_tp_size", "pp_size", "dcp_size", "dcp_rank", "bootstrap_port",
+                       "decode_kv_args_table")
+PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
+                       "engine_rank")
+PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "speculative_algorithm",
+                           "disaggregation_enable_kv_checksum")
+PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_dcp_rank",
+                    "dst_kv_mem_kinds", "dst_kv_item_lens", "dst_kv_ptrs", "dst_aux_ptrs",
+                    "agent_name", "mooncake_session_id", "endpoint", "dst_port")
 
 
 def pool_attributes_read() -> tuple[str, ...]:
