@@ -17,6 +17,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MISSING",
+    "ContactContext",
+    "ContactSnapshot",
     "CudaGraphs",
     "DSV4GuardError",
     "DSV4GuardInstallError",
@@ -79,6 +81,8 @@ _LAZY = {
     "MappingComparison": "sglang_dsv4_guard.state.tensors",
     "TensorInfo": "sglang_dsv4_guard.state.tensors",
     "SendContext": "sglang_dsv4_guard.mori.snapshot",
+    "ContactContext": "sglang_dsv4_guard.contact.snapshot",
+    "ContactSnapshot": "sglang_dsv4_guard.contact.snapshot",
     "SendSnapshot": "sglang_dsv4_guard.mori.snapshot",
     "hookimpl": "sglang_dsv4_guard.hookspecs",
     "install": "sglang_dsv4_guard.lifecycle",
@@ -89,6 +93,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot
     from sglang_dsv4_guard.errors import (
         DSV4GuardError,
         DSV4GuardInstallError,
