@@ -17,6 +17,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MISSING",
+    "ContactContext",
+    "ContactSnapshot",
     "CudaGraphs",
     "DSV4GuardError",
     "DSV4GuardInstallError",
@@ -83,6 +85,8 @@ _LAZY = {
     "MappingComparison": "sglang_dsv4_guard.state.tensors",
     "TensorInfo": "sglang_dsv4_guard.state.tensors",
     "SendContext": "sglang_dsv4_guard.mori.snapshot",
+    "ContactContext": "sglang_dsv4_guard.contact.snapshot",
+    "ContactSnapshot": "sglang_dsv4_guard.contact.snapshot",
     "SendSnapshot": "sglang_dsv4_guard.mori.snapshot",
     "Endpoint": "sglang_dsv4_guard.pd.endpoint",
     "Value": "sglang_dsv4_guard.pd.endpoint",
@@ -97,6 +101,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot
     from sglang_dsv4_guard.errors import (
         DSV4GuardError,
         DSV4GuardInstallError,

@@ -13,6 +13,15 @@ from packaging.version import InvalidVersion, Version
 __all__ = ["CODES", "CodeInfo", "docs_url"]
 
 
+# How a first-contact code is fixed when the guard meets it at run time (the remedies
+# line ``explain`` adds for each code decode's first contact raises).
+_RUNTIME = ("at run time (the guard on the decode server): decode's first contact raises "
+            "SGLang's error with every mismatch under these codes, both servers' values by "
+            "role (the prefill's from its /route answer); each fix names the server to "
+            "change and the value it needs (the flag when the decode's release has it) and "
+            "points to `check --fix`, which proves it on both launch lines")
+
+
 @dataclass(frozen=True)
 class CodeInfo:
     """One catalogue entry."""
@@ -215,7 +224,8 @@ CODES: dict[str, CodeInfo] = {
             ("check derives a flag fix per server: --page-size set to the other server's "
              "resolved page size; never on a server whose resolution replaced a typed "
              "--page-size (the release sets that model's page size itself: DeepSeek-V4 "
-             "resolves to 256 on GPU from 0.5.22)",),
+             "resolves to 256 on GPU from 0.5.22)",
+             _RUNTIME),
         ),
         CodeInfo(
             "DSV4G023",
@@ -292,7 +302,8 @@ CODES: dict[str, CodeInfo] = {
             "strings, so `auto` on one server and an explicit `bf16` or `bfloat16` on the "
             "other differ even when the memory layout is the same.",
             ("check derives a flag fix per server: --kv-cache-dtype set to the other "
-             "server's published string, offered only when the edited line resolves",),
+             "server's published string, offered only when the edited line resolves",
+             _RUNTIME),
         ),
         CodeInfo(
             "DSV4G031",
@@ -307,7 +318,8 @@ CODES: dict[str, CodeInfo] = {
             "and trtllm need an SM100/SM103 GPU, and `auto` picks V4.1 only there: check "
             "computes the layout a non-SM100 GPU gives and says so in its unknowns.",
             ("check derives an environment fix per server: the other server's "
-             "SGLANG_DSV4_KV_LAYOUT / SGLANG_DSV4_COMPRESSED_KV_LAYOUT",),
+             "SGLANG_DSV4_KV_LAYOUT / SGLANG_DSV4_COMPRESSED_KV_LAYOUT",
+             _RUNTIME),
             sglang_releases=("0.5.23", None),
         ),
         CodeInfo(
@@ -325,7 +337,8 @@ CODES: dict[str, CodeInfo] = {
             "where check cannot build it, its unknowns say so.",
             ("check derives the attention-TP fixes for the TP condition; a layout "
              "difference has no flag fix of its own (run DSPARK on both servers, one "
-             "release)",),
+             "release)",
+             _RUNTIME),
             sglang_releases=("0.5.21", None),
         ),
         CodeInfo(
@@ -340,7 +353,8 @@ CODES: dict[str, CodeInfo] = {
             "SM100 GPU (ServerArgs refuses it on CPU), so check judges it only with the "
             "servers' state types known.",
             ("check derives the attention-TP fixes (the same attention TP on both "
-             "servers)",),
+             "servers)",
+             _RUNTIME),
             sglang_releases=("0.5.22", None),
         ),
         CodeInfo(
@@ -355,7 +369,8 @@ CODES: dict[str, CodeInfo] = {
             "fails: the decode server exits. 0.5.16 has no DCP check.",
             ("check derives flag fixes from the condition: the decode without --dcp-size, "
              "the prefill without --attn-cp-size / --enable-kv-cache-sharding, each "
-             "offered only when the edited line resolves",),
+             "offered only when the edited line resolves",
+             _RUNTIME),
             sglang_releases=("0.5.17", None),
         ),
         CodeInfo(
@@ -370,7 +385,8 @@ CODES: dict[str, CodeInfo] = {
             "map to a value is reported under this code as SGLang wrote it.",
             ("check derives flag fixes from the assertion: the decode's --pp-size set to "
              "the prefill's, the decode without --attn-cp-size, the prefill without "
-             "--enable-kv-cache-sharding, or the attention-TP fixes",),
+             "--enable-kv-cache-sharding, or the attention-TP fixes",
+             _RUNTIME),
         ),
         CodeInfo(
             "DSV4G036",
@@ -444,7 +460,8 @@ CODES: dict[str, CodeInfo] = {
             "decode's first contact (`MiniMax sparse PD requires matching attention TP "
             "sizes`), reported by that row. At run time (before 0.5.23) the guard reports it "
             "when the decode peer registers.",
-            ("check derives flag fixes: the same attention TP on both servers",),
+            ("check derives flag fixes: the same attention TP on both servers",
+             _RUNTIME),
         ),
         CodeInfo(
             "DSV4G042",

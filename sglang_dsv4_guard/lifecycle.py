@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from sglang_dsv4_guard.contact.wrapper import CONTACT_MODULE, contact_patcher
 from sglang_dsv4_guard.dedup.markers import cleanup_at_exit
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
 from sglang_dsv4_guard.host.registry import (
@@ -239,7 +240,10 @@ def _install(chosen: Settings, load_entry_points: bool,
             current.patches.append(apply(STATE, utils, make_state_wrapper(runtime)))
             how = "patched " + ", ".join(current.patches[0].rebound)
         _current = current
-        current.hooks.watch(MORI_MODULE, functools.partial(_on_mori, current))
+        current.hooks.watch(MORI_MODULE, functools.partial(
+            _on_connector, current, MORI_MODULE, functools.partial(patch_module, guard=current.mori)))
+        current.hooks.watch(CONTACT_MODULE, functools.partial(
+            _on_connector, current, CONTACT_MODULE, contact_patcher(runtime)))
         current.hooks.watch(DSV4_POOL.module, functools.partial(_on_pool_module, current))
         for name, patcher in CONNECTORS:
             current.hooks.watch(name, functools.partial(_on_peers, current, patcher))
@@ -265,8 +269,10 @@ def _install(chosen: Settings, load_entry_points: bool,
     return current.undo
 
 
-def _on_mori(current: Installation, module: ModuleType) -> None:
-    """Wrap SGLang's MORI connector: now (inside ``install()``) or when SGLang imports it.
+def _on_connector(current: Installation, name: str,
+                  patch: Callable[[ModuleType], list[AppliedPatch]], module: ModuleType) -> None:
+    """Wrap an SGLang connector module (MORI's; the common one, for decode's first
+    contact): now (inside ``install()``) or when SGLang imports it.
 
     Inside ``install()`` a failure rises to it, which rolls everything back. Later, at
     SGLang's import, a failure uninstalls the whole guard (installed means guarding)
@@ -276,13 +282,13 @@ def _on_mori(current: Installation, module: ModuleType) -> None:
         if _current is not current:
             return
         try:
-            current.patches.extend(patch_module(module, current.mori))
+            current.patches.extend(patch(module))
         except Exception as exc:
             if not current.ready:
                 raise
             uninstall()
             reason, target = _failure_reason(
-                f"wrapping {MORI_MODULE} after SGLang imported it failed, the guard was "
+                f"wrapping {name} after SGLang imported it failed, the guard was "
                 "uninstalled", exc)
             _refuse(current.runtime.settings, reason, target)
 

@@ -54,6 +54,7 @@ _RAW = {"setup_state_kv_args": getattr(utils.setup_state_kv_args, WRAPPER_MARK,
                                        utils.setup_state_kv_args)}
 MORI_CONN = targets.MORI_MODULE
 MORI_METHODS = tuple(target.attr for target in targets.MORI_TARGETS)
+CONTACT = targets.PD_FIRST_CONTACT.attr
 
 
 def leftovers() -> list[str]:
@@ -69,6 +70,9 @@ def leftovers() -> list[str]:
         for name in MORI_METHODS:
             if hasattr(vars(conn.MoriKVManager)[name], WRAPPER_MARK):
                 left.append(f"MoriKVManager.{name} is still wrapped")
+    common = sys.modules.get(targets.PD_COMMON_MODULE)
+    if common is not None and hasattr(vars(common.CommonKVManager)[CONTACT], WRAPPER_MARK):
+        left.append(f"CommonKVManager.{CONTACT} is still wrapped")
     pool_cls = _pool_class()
     if pool_cls is not None and hasattr(vars(pool_cls)[targets.POOL_REGISTER], WRAPPER_MARK):
         left.append(f"{targets.POOL_REGISTER_TARGET} is still wrapped")
@@ -112,6 +116,10 @@ def reset_guard() -> None:
         for name in MORI_METHODS:
             method = vars(conn.MoriKVManager)[name]
             setattr(conn.MoriKVManager, name, getattr(method, WRAPPER_MARK, method))
+    common = sys.modules.get(targets.PD_COMMON_MODULE)
+    if common is not None:
+        method = vars(common.CommonKVManager)[CONTACT]
+        setattr(common.CommonKVManager, CONTACT, getattr(method, WRAPPER_MARK, method))
     pool_cls = _pool_class()
     if pool_cls is not None:
         method = vars(pool_cls)[targets.POOL_REGISTER]

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 __all__ = [
     "AUTOSHARE_POOL_ATTRS",
     "CALLERS",
+    "CONTACT_INFO_FIELDS",
+    "CONTACT_MANAGER_ATTRS",
     "CUDA_GRAPH_CONFIG",
     "DSV4_POOL",
     "ENVIRON_MODULE",
@@ -164,6 +166,29 @@ CALLERS: dict[str, CallerRole] = {
 # The prefill/decode contract (``pd/``): where SGLang compares the two servers.
 PD_COMMON_MODULE = "sglang.srt.disaggregation.common.conn"
 PD_FIRST_CONTACT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.try_ensure_parallel_info")
+#: What the run-time first-contact report reads of the live decode manager (``self`` of
+#: ``try_ensure_parallel_info``): the values its comparisons read, by the endpoint name
+#: :mod:`sglang_dsv4_guard.pd.first_contact` gives them, and the dotted attribute
+#: (0.5.16 compares ``server_args.kv_cache_dtype``; 0.5.17+ ``kv_cache_dtype_str``).
+CONTACT_MANAGER_ATTRS = (
+    ("page_size", "kv_args.page_size"), ("kv_cache_dtype_str", "kv_cache_dtype_str"),
+    ("attn_tp_size", "attn_tp_size"), ("attn_cp_size", "attn_cp_size"),
+    ("attn_dp_size", "attn_dp_size"), ("pp_size", "pp_size"), ("dcp_size", "dcp_size"),
+    ("is_mla_backend", "is_mla_backend"), ("is_hybrid_mla_backend", "is_hybrid_mla_backend"),
+    ("kv_layout", "kv_layout"), ("dsv41_spec_layout", "dsv41_spec_layout"),
+    ("state_types", "kv_args.state_types"),
+    ("enable_all_cp_ranks_for_transfer", "enable_all_cp_ranks_for_transfer"),
+)
+#: The ``PrefillServerInfo`` fields (the prefill's ``/route`` answer) by endpoint name.
+CONTACT_INFO_FIELDS = (
+    ("attn_tp_size", "attn_tp_size"), ("attn_cp_size", "attn_cp_size"),
+    ("attn_dp_size", "dp_size"), ("pp_size", "pp_size"), ("page_size", "page_size"),
+    ("kv_cache_dtype_str", "kv_cache_dtype"), ("follow_bootstrap_room", "follow_bootstrap_room"),
+    ("enable_dsa_cache_layer_split", "enable_dsa_cache_layer_split"),
+    ("dsv41_spec_layout", "dsv41_spec_layout"), ("kv_layout", "kv_layout"),
+    ("decode_allocation_policy", "decode_allocation_policy"),
+    ("enable_kv_cache_sharding", "enable_kv_cache_sharding"),
+)
 PD_MOONCAKE_MODULE = "sglang.srt.disaggregation.mooncake.conn"
 PD_NIXL_MODULE = "sglang.srt.disaggregation.nixl.conn"
 PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
