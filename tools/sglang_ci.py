@@ -29,6 +29,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "stage-a-test-cpu"
@@ -40,6 +41,26 @@ def _part(text: str) -> tuple[int, int]:
     if not found or not 1 <= int(found.group(1)) <= int(found.group(2)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a part K/N with 1 <= K <= N")
     return int(found.group(1)), int(found.group(2))
+
+
+def select(files: list[str], suite: str, part: tuple[int, int] = (1, 1)) -> tuple[list[Any], int]:
+    """The registries SGLang's ``collect_tests`` reads from ``files`` that its CPU suite
+    ``suite`` runs, of them ``part`` (K, N) by SGLang's ``auto_partition``, and how many
+    the suite runs in all; a rejected file or one not registered raises ``ValueError``."""
+    from sglang.test.ci.ci_register import HWBackend, auto_partition, collect_tests
+
+    try:
+        registered = collect_tests(files)
+    except ValueError as exc:
+        raise ValueError(f"collect_tests rejected the tests: {exc}") from exc
+    chosen = [r for r in registered if r.backend is HWBackend.CPU
+              and r.effective_suite == suite and r.disabled is None and not r.nightly]
+    helpers = {r.filename for r in registered if r.disabled is not None}
+    missing = sorted(set(files) - helpers - {r.filename for r in chosen})
+    if missing:
+        raise ValueError(f"not registered for CPU suite {suite}: {', '.join(missing)}")
+    k, n = part
+    return (auto_partition(chosen, k - 1, n) if n > 1 else chosen), len(chosen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,27 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
                                                              os.environ.get("PYTHONPATH")]))
 
-    from sglang.test.ci.ci_register import HWBackend, auto_partition, collect_tests
-
     try:
-        registered = collect_tests(files)
+        chosen, total = select(files, args.suite, args.part)
     except ValueError as exc:  # SGLang's harness rejects a file: name it, in one line
-        print(f"sglang CI harness: collect_tests rejected the tests: {exc}")
+        print(f"sglang CI harness: {exc}")
         return 1
-    chosen = [r for r in registered if r.backend is HWBackend.CPU
-              and r.effective_suite == args.suite and r.disabled is None and not r.nightly]
-    helpers = {r.filename for r in registered if r.disabled is not None}
-    missing = sorted(set(files) - helpers - {r.filename for r in chosen})
-    if missing:
-        print(f"sglang CI harness: not registered for CPU suite {args.suite}: "
-              f"{', '.join(missing)}")
-        return 1
-    part: int
-    parts: int
     part, parts = args.part
-    total = len(chosen)
-    if parts > 1:
-        chosen = auto_partition(chosen, part - 1, parts)
 
     args.log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
