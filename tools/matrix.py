@@ -124,6 +124,9 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
         "srt/arg_groups/serving_hook.py::handle_crash_dump_env",
         "srt/arg_groups/model_path_hook.py::handle_modelscope_paths",
         "srt/utils/hf_transformers_utils.py"),
+    "tests/test_check_process.py::TestDoctorProcessTouchesNothing": _LOADER,
+    # The check child's import path, time limit and SIGTERM: the guard's own code.
+    "tests/test_check_process.py::TestCheckChildLifecycle": (),
     # The warnings SGLang's import emits once per process (check keeps them under "import").
     "tests/test_check_output.py::TestImportWarningsInAFreshProcess": (
         "srt/layers/quantization/awq/awq.py", "srt/layers/quantization/gguf.py"),
