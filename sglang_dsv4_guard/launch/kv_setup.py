@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.launch.chatter import section
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import env_copy
@@ -99,7 +100,8 @@ def kv_setup_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     """DSV4G047 for each server whose pool SGLang refuses at KV set-up."""
     findings = []
     for side in (run.prefill_side, run.decode_side):
-        refused = setup_refusal(side, side.args.env)
-        if refused is not None:
-            findings.append(_finding(run, side, refused))
+        with section(side.role):  # what SGLang logs building its pool is that server's
+            refused = setup_refusal(side, side.args.env)
+            if refused is not None:
+                findings.append(_finding(run, side, refused))
     return findings, []
