@@ -258,6 +258,27 @@ class TestMiniMaxSparse(GuardTestCase):
                                  server("decode", MINIMAX, "--tp-size 4", "mooncake"))
         self.assertEqual((status, doc["findings"], unknown_state_lines(doc)), (0, [], []))
 
+    def test_index_value_layers_stop_both_servers(self) -> None:
+        """Sparse layers with index value (``sparse_disable_index_value`` all 0): SGLang's
+        own setup_state_kv_args refuses that pool ("only K-only sparse layers are") on
+        every machine: DSV4G047 on both servers, at start-up, with no flag fix; equal TP."""
+        path = tempfile.mkdtemp(prefix="minimax_kv_")
+        self.addCleanup(shutil.rmtree, path, ignore_errors=True)
+        with open(os.path.join(MINIMAX, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+        config["sparse_attention_config"]["sparse_disable_index_value"] = [0, 0, 0, 0]
+        with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as fh:
+            json.dump(config, fh)
+        status, doc = check_json(server("prefill", path, "--tp-size 4", "mooncake"),
+                                 server("decode", path, "--tp-size 4", "mooncake"))
+        found = [f for f in doc["findings"] if f["code"] == "DSV4G047"]
+        self.assertEqual(status, 1)
+        self.assertEqual(sorted(f["subject"].split()[0] for f in found), ["decode", "prefill"])
+        for finding in found:
+            self.assertIn("only K-only sparse layers are", finding["host_message"])
+            self.assertIn("start-up", finding["when"])
+            self.assertEqual(finding["fixes"], [])
+
     def test_the_fixed_lines_pass_check(self) -> None:
         """``check --fix``: every DSV4G041 fix is proven, the corrected pair exits 0."""
         _, doc = check_json(server("prefill", MINIMAX, "--tp-size 2", "mooncake"),

@@ -26,8 +26,8 @@ KV transfer is set up: :class:`Refused` carries SGLang's message (reported by
 :mod:`.kv_setup`), distinct from a pool that cannot be built on this CPU.
 
 Anything else stays unknown, and the rows that need it say so in ``unknowns``: DSA/NSA,
-MLA with hybrid SWA, Mamba and linear-attention hybrids, MiniMax sparse otherwise, a block-scaled KV
-dtype (MXFP8, FP4: its own pool classes), the pool classes chosen by flags
+MLA with hybrid SWA, Mamba and linear-attention hybrids, other MiniMax sparse servers, a
+block-scaled KV dtype (MXFP8, FP4: its own pool classes), the pool classes chosen by flags
 (``--enable-page-major-kv-layout``, ``--enable-kv-cache-sharding``,
 ``--prefill-only-disable-kv-cache``), Ascend, and DeepSeek-V4 without a pool run.
 """
@@ -147,9 +147,9 @@ def pool_kind(side: Side) -> str | None:
     if kv_dtype(side) == "auto" and _quantized_kv(side.model):
         return None  # the model's quantization config may give a block-scaled KV pool
     kind = _model_kind(side.model)
-    if kind == "minimax" and (
-            int(side.args.get("pp_size") or 1) > 1 or any(any(_said(side, f)) for f in (
-                "enable_hisparse",)) or any("nvfp4" in str(q) for q in _said(side, "quantization"))):
+    if kind == "minimax" and (int(side.args.get("pp_size") or 1) > 1
+                              or any(_said(side, "enable_hisparse"))
+                              or any("nvfp4" in str(q) for q in _said(side, "quantization"))):
         return None  # per-rank layers, HiSparse's pools, the GPU's NVFP4 pool: not built
     return kind
 
