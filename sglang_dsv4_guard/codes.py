@@ -575,6 +575,25 @@ CODES: dict[str, CodeInfo] = {
             sglang_releases=("0.5.20", None),
         ),
         CodeInfo(
+            "DSV4G049",
+            "SGLang refuses a server's KV pool when its KV transfer is set up",
+            "PD-disaggregation KV transfer assumes NHD slot-row layout; HND KV cache "
+            "(SGLANG_USE_HND_KVCACHE) is not supported with disagg yet.",
+            "`sglang-dsv4-guard check`: a PD server builds its KV manager at start-up "
+            "(`_init_kv_manager`), calling the release's `get_kv_transfer_buf_infos` (else "
+            "the pool's `get_contiguous_buf_infos`) and `setup_state_kv_args` on its pool. "
+            "Some pools are refused there on every machine: an MHA-based pool with "
+            "SGLANG_USE_HND_KVCACHE set (the HND layout; every release), a MiniMax sparse "
+            "pool with index-value sparse layers (`only K-only sparse layers are`). The "
+            "server stops before serving. check runs those calls on the pool SGLang's "
+            "constructor builds for the server, in its environment; a pool that cannot be "
+            "built on this CPU is an `unknowns` line, not this finding.",
+            ("check derives environment fixes: each variable of the server's line whose "
+             "removal makes the same calls accept the pool, unset on that server (the "
+             "edited line resolved by the release); none: a checkpoint SGLang's PD cannot "
+             "serve (no flag fixes it)",),
+        ),
+        CodeInfo(
             "DSV4G090",
             "a guard plug-in failed",
             None,

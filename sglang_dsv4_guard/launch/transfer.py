@@ -10,6 +10,8 @@ they read.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -177,7 +179,17 @@ def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
         return [], []
     verdicts, unknowns = send_extra_verdicts(p, d, backend, package, p.get("state_types"))
     skip_minimax = _first_contact_minimax()
-    findings = [_send_extra_finding(run, backend, v) for v in verdicts
+    # State types refused by one branch with one message (0.5.21+: MiniMax's index and
+    # dense KV) are one refusal: the transfer raises at the first of them.
+    merged: dict[tuple[str, str], StateVerdict] = {}
+    for v in verdicts:
+        key = (v.code, v.message)
+        if key in merged:
+            first = merged[key]
+            merged[key] = replace(first, state_type=f"{first.state_type} and {v.state_type}")
+        else:
+            merged[key] = v
+    findings = [_send_extra_finding(run, backend, v) for v in merged.values()
                 if not (v.code == "DSV4G041" and skip_minimax)]
     return findings, unknowns
 
