@@ -2,14 +2,23 @@
 
 Both pass paths are timed interleaved (best of several repeats) on SGLang's real
 functions: setup_state_kv_args on a healthy DSV4 target+draft pair, and
-MoriKVManager._send_swa_dsa_state with a trivial transfer plan (MORI stubbed).
+MoriKVManager._send_swa_dsa_state with a trivial transfer plan (MORI stubbed);
+CommonKVManager.try_ensure_parallel_info (decode's first contact) on its two pass paths: the
+prefill's info cached (what every later call does) and a successful fetch, the bootstrap
+server's answer handed back in-process (a real HTTP round trip would hide the wrapper's
+cost in its own noise), on a bare decode manager of equal values. Then the
+cost the registration check adds per decode peer on SGLang's real NIXL
+``_add_remote_peer`` (CPU time per peer, engine stubbed: a pair SGLang accepts and one it
+refuses per request), and a read of Mooncake's watched peer table against a plain dict's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import time
 import timeit
 import warnings
 
@@ -17,17 +26,25 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import mori_stub  # noqa: E402
+import pd_real  # noqa: E402
 
 mori_stub.install_stub()
+import peers_real  # noqa: E402
 import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402
+import sglang.srt.disaggregation.nixl.conn as nixl  # noqa: E402
 import sglang.srt.disaggregation.utils as utils  # noqa: E402
+from sglang.srt.disaggregation.common import conn as common  # noqa: E402
 
 import sglang_dsv4_guard  # noqa: E402
+from sglang_dsv4_guard.peers.wrapper import WatchedTable  # noqa: E402
 from sglang_dsv4_guard.testing import build_pair, new_kv_args  # noqa: E402
 
 
 def best(fn, number: int, repeat: int) -> float:
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+    """Seconds of this process' CPU time per call (other jobs on a shared machine take
+    wall time, not this process' CPU time), best of ``repeat``."""
+    return min(timeit.repeat(fn, number=number, repeat=repeat,
+                             timer=time.process_time)) / number
 
 
 def measure(label: str, raw, wrapped, number: int, rounds: int = 5) -> None:
@@ -39,9 +56,36 @@ def measure(label: str, raw, wrapped, number: int, rounds: int = 5) -> None:
     print(f"{label}: unwrapped {r * 1e6:.2f} us, guarded {w * 1e6:.2f} us, ratio {w / r:.3f}")
 
 
+_PAIR = dict(attn_tp_size=1, attn_cp_size=1, pp_size=1, page_size=64, kv_cache_dtype_str="auto",
+             enable_kv_cache_sharding=False, dcp_size=1, is_mla_backend=True)
+
+
+def contact_paths() -> tuple[object, object, object]:
+    """A cached call, a fetching call (the answer in-process) and the restore of requests."""
+    body = pd_real.route_answer(_PAIR)
+    response = type("Response", (), {"status_code": 200, "text": "",
+                                      "json": staticmethod(lambda: dict(body))})()
+    saved = common.requests
+    common.requests = type("Requests", (), {"get": staticmethod(lambda url, timeout=None:
+                                                                response)})()
+    cached, fresh = pd_real.decode_manager(_PAIR), pd_real.decode_manager(_PAIR)
+    cached.prefill_info_table["prefill:8998"] = object()
+
+    def fetch(fn):
+        def call():
+            fresh.prefill_info_table = {}
+            return fn(fresh, "prefill:8998")
+        return call
+
+    def restore() -> None:
+        common.requests = saved
+    return cached, fetch, restore
+
+
 def main() -> None:
     raw_setup = utils.setup_state_kv_args
     raw_send = vars(conn.MoriKVManager)["_send_swa_dsa_state"]
+    raw_contact = vars(common.CommonKVManager)["try_ensure_parallel_info"]
     target, draft = build_pair()
     kv = new_kv_args()
     mgr = mori_stub.manager(conn, attn_tp=8)
@@ -55,8 +99,46 @@ def main() -> None:
                 lambda: guarded_setup(kv, target, draft), number=2000)
         measure("_send_swa_dsa_state pass path", lambda: raw_send(mgr, *args),
                 lambda: guarded_send(mgr, *args), number=20000)
+        guarded_contact = vars(common.CommonKVManager)["try_ensure_parallel_info"]
+        cached, fetch, restore = contact_paths()
+        try:
+            measure("try_ensure_parallel_info cached", lambda: raw_contact(cached, "prefill:8998"),
+                    lambda: guarded_contact(cached, "prefill:8998"), number=200000, rounds=15)
+            measure("try_ensure_parallel_info fetch", fetch(raw_contact),
+                    fetch(guarded_contact), number=5000, rounds=15)
+        finally:
+            restore()
+        raw_register = vars(nixl.NixlKVManager)["_add_remote_peer"]
+        for label, tp in (("accepted", 1), ("refused per request", 2)):
+            per_peer(label, raw_register, nixl.NixlKVManager._add_remote_peer, tp)
+        table = {f"session-{i}": i for i in range(64)}
+        watched = WatchedTable(table, lambda value: None)
+        measure("Mooncake peer-table read", lambda: table["session-7"],
+                lambda: watched["session-7"], number=200000)
     finally:
         sglang_dsv4_guard.uninstall()
+
+
+def per_peer(label: str, raw, guarded, decode_tp: int, peers: int = 40) -> None:
+    """CPU time per new decode peer, unwrapped then guarded, each peer registered once."""
+    swa = nixl.StateType("swa")
+    times = {0: [], 1: []}
+    for round_ in range(4):  # round 0 warms both up; then interleaved, best kept
+        for which, fn in enumerate((raw, guarded)):
+            pairs = [(peers_real.prefill(nixl, "nixl", tp=1, state_types=(swa,)),
+                      peers_real.registration(nixl, "nixl", tp=decode_tp,
+                                              name=f"{label}{round_}{which}{i}")[1])
+                     for i in range(peers)]
+            start = time.process_time()
+            for mgr, info in pairs:
+                # past SGLang's checks it raises where the half-built manager ends
+                with contextlib.suppress(Exception):
+                    fn(mgr, info)
+            if round_:
+                times[which].append((time.process_time() - start) / peers)
+    times = {k: min(v) for k, v in times.items()}
+    print(f"NIXL _add_remote_peer, {label}: unwrapped {times[0] * 1e3:.3f} ms, guarded "
+          f"{times[1] * 1e3:.3f} ms, added {(times[1] - times[0]) * 1e3:.3f} ms per peer")
 
 
 if __name__ == "__main__":

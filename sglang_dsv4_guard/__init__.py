@@ -17,11 +17,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MISSING",
+    "ContactContext",
+    "ContactSnapshot",
     "CudaGraphs",
     "DSV4GuardError",
     "DSV4GuardInstallError",
     "DSV4GuardStartupRefused",
     "Edit",
+    "Endpoint",
     "Finding",
     "Fix",
     "FixKind",
@@ -32,6 +35,8 @@ __all__ = [
     "NotASequence",
     "Observation",
     "PoolSnapshot",
+    "Registration",
+    "RegistrationContext",
     "Report",
     "SendContext",
     "SendSnapshot",
@@ -44,6 +49,7 @@ __all__ = [
     "TensorInfo",
     "Undo",
     "Unreadable",
+    "Value",
     "__version__",
     "hookimpl",
     "install",
@@ -79,7 +85,13 @@ _LAZY = {
     "MappingComparison": "sglang_dsv4_guard.state.tensors",
     "TensorInfo": "sglang_dsv4_guard.state.tensors",
     "SendContext": "sglang_dsv4_guard.mori.snapshot",
+    "ContactContext": "sglang_dsv4_guard.contact.snapshot",
+    "ContactSnapshot": "sglang_dsv4_guard.contact.snapshot",
     "SendSnapshot": "sglang_dsv4_guard.mori.snapshot",
+    "Endpoint": "sglang_dsv4_guard.pd.endpoint",
+    "Value": "sglang_dsv4_guard.pd.endpoint",
+    "Registration": "sglang_dsv4_guard.peers.snapshot",
+    "RegistrationContext": "sglang_dsv4_guard.peers.snapshot",
     "hookimpl": "sglang_dsv4_guard.hookspecs",
     "install": "sglang_dsv4_guard.lifecycle",
     "is_installed": "sglang_dsv4_guard.lifecycle",
@@ -89,6 +101,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot
     from sglang_dsv4_guard.errors import (
         DSV4GuardError,
         DSV4GuardInstallError,
@@ -101,6 +114,8 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.host.releases import GeometryField, HostProfile
     from sglang_dsv4_guard.lifecycle import install, is_installed, summary, uninstall
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+    from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+    from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
     from sglang_dsv4_guard.settings import Mode, Setting, Settings
     from sglang_dsv4_guard.state.cuda_graphs import CudaGraphs
     from sglang_dsv4_guard.state.snapshot import (

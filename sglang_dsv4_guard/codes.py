@@ -13,6 +13,15 @@ from packaging.version import InvalidVersion, Version
 __all__ = ["CODES", "CodeInfo", "docs_url"]
 
 
+# How a first-contact code is fixed when the guard meets it at run time (the remedies
+# line ``explain`` adds for each code decode's first contact raises).
+_RUNTIME = ("at run time (the guard on the decode server): decode's first contact raises "
+            "SGLang's error with every mismatch under these codes, both servers' values by "
+            "role (the prefill's from its /route answer); each fix names the server to "
+            "change and the value it needs (the flag when the decode's release has it) and "
+            "points to `check --fix`, which proves it on both launch lines")
+
+
 @dataclass(frozen=True)
 class CodeInfo:
     """One catalogue entry."""
@@ -215,7 +224,8 @@ CODES: dict[str, CodeInfo] = {
             ("check derives a flag fix per server: --page-size set to the other server's "
              "resolved page size; never on a server whose resolution replaced a typed "
              "--page-size (the release sets that model's page size itself: DeepSeek-V4 "
-             "resolves to 256 on GPU from 0.5.22)",),
+             "resolves to 256 on GPU from 0.5.22)",
+             _RUNTIME),
         ),
         CodeInfo(
             "DSV4G023",
@@ -292,7 +302,8 @@ CODES: dict[str, CodeInfo] = {
             "strings, so `auto` on one server and an explicit `bf16` or `bfloat16` on the "
             "other differ even when the memory layout is the same.",
             ("check derives a flag fix per server: --kv-cache-dtype set to the other "
-             "server's published string, offered only when the edited line resolves",),
+             "server's published string, offered only when the edited line resolves",
+             _RUNTIME),
         ),
         CodeInfo(
             "DSV4G031",
@@ -307,7 +318,8 @@ CODES: dict[str, CodeInfo] = {
             "and trtllm need an SM100/SM103 GPU, and `auto` picks V4.1 only there: check "
             "computes the layout a non-SM100 GPU gives and says so in its unknowns.",
             ("check derives an environment fix per server: the other server's "
-             "SGLANG_DSV4_KV_LAYOUT / SGLANG_DSV4_COMPRESSED_KV_LAYOUT",),
+             "SGLANG_DSV4_KV_LAYOUT / SGLANG_DSV4_COMPRESSED_KV_LAYOUT",
+             _RUNTIME),
             sglang_releases=("0.5.23", None),
         ),
         CodeInfo(
@@ -325,7 +337,8 @@ CODES: dict[str, CodeInfo] = {
             "where check cannot build it, its unknowns say so.",
             ("check derives the attention-TP fixes for the TP condition; a layout "
              "difference has no flag fix of its own (run DSPARK on both servers, one "
-             "release)",),
+             "release)",
+             _RUNTIME),
             sglang_releases=("0.5.21", None),
         ),
         CodeInfo(
@@ -340,7 +353,8 @@ CODES: dict[str, CodeInfo] = {
             "SM100 GPU (ServerArgs refuses it on CPU), so check judges it only with the "
             "servers' state types known.",
             ("check derives the attention-TP fixes (the same attention TP on both "
-             "servers)",),
+             "servers)",
+             _RUNTIME),
             sglang_releases=("0.5.22", None),
         ),
         CodeInfo(
@@ -355,7 +369,8 @@ CODES: dict[str, CodeInfo] = {
             "fails: the decode server exits. 0.5.16 has no DCP check.",
             ("check derives flag fixes from the condition: the decode without --dcp-size, "
              "the prefill without --attn-cp-size / --enable-kv-cache-sharding, each "
-             "offered only when the edited line resolves",),
+             "offered only when the edited line resolves",
+             _RUNTIME),
             sglang_releases=("0.5.17", None),
         ),
         CodeInfo(
@@ -370,7 +385,8 @@ CODES: dict[str, CodeInfo] = {
             "map to a value is reported under this code as SGLang wrote it.",
             ("check derives flag fixes from the assertion: the decode's --pp-size set to "
              "the prefill's, the decode without --attn-cp-size, the prefill without "
-             "--enable-kv-cache-sharding, or the attention-TP fixes",),
+             "--enable-kv-cache-sharding, or the attention-TP fixes",
+             _RUNTIME),
         ),
         CodeInfo(
             "DSV4G036",
@@ -382,7 +398,9 @@ CODES: dict[str, CodeInfo] = {
             "DCP 1 and an MLA (or hybrid-MLA) pool, are accepted; anything else raises. On "
             "Mooncake and NIXL the prefill's bootstrap thread dies and every request to "
             "that rank times out; on MORI it is logged and each request then fails. "
-            "0.5.16 has no relayout. check runs it for rank 0 of each server.",
+            "0.5.16 has no relayout. check runs it for rank 0 of each server. At run time the "
+            "guard reports it for NIXL when the registering rank meets it (with its DCP rank) and "
+            "names the dead bootstrap thread's cause, once.",
             ("check derives flag fixes: the server whose --dcp-size differs from 1 "
              "launched without it, or the other server launched with its DCP size where "
              "the release's relayout accepts the equal sizes; each offered only when the "
@@ -424,7 +442,9 @@ CODES: dict[str, CodeInfo] = {
             "layout is the hardware's and not predicted). MLA models are never refused. "
             "Mooncake: the transfer worker thread exits (\"Transfer thread failed ... "
             "Prefill instance ... is dead.\") and every request sharded to its queue hangs; "
-            "NIXL: each request fails. MORI's own check is DSV4G006.",
+            "NIXL: each request fails. MORI's own check is DSV4G006. At run time the guard reports "
+            "it when the decode peer registers, before any request (once per distinct "
+            "mismatch), and names the cause once when a Mooncake transfer worker dies of it.",
             ("check derives flag fixes: the same attention TP on both servers (by attention DP, keeping the "
              "GPU count, where the release's flags allow), --pp-size 1 on every server with "
              "more (a decode's PP must equal the prefill's or be 1), or the prefill without "
@@ -438,8 +458,10 @@ CODES: dict[str, CodeInfo] = {
             "too) cannot be resliced by head: every release refuses a different attention TP "
             "per request in Mooncake's and NIXL's transfer; 0.5.23 refuses it already at "
             "decode's first contact (`MiniMax sparse PD requires matching attention TP "
-            "sizes`), reported by that row.",
-            ("check derives flag fixes: the same attention TP on both servers",),
+            "sizes`), reported by that row. At run time (before 0.5.23) the guard reports it "
+            "when the decode peer registers.",
+            ("check derives flag fixes: the same attention TP on both servers",
+             _RUNTIME),
         ),
         CodeInfo(
             "DSV4G042",
@@ -450,7 +472,8 @@ CODES: dict[str, CodeInfo] = {
             "decode with HiSparse (KV in host memory) and a draft KV pool the prefill does "
             "not send (speculative decoding on the decode only): the prefill's bootstrap "
             "thread dies and every request to that rank times out. NIXL stores the peer "
-            "before it raises, so the rank looks registered.",
+            "before it raises, so the rank looks registered. At run time the guard reports it when "
+            "the peer registers and names the dead bootstrap thread's cause, once.",
             ("check derives flag fixes: HiSparse off on the decode, or the Mooncake backend on "
              "both servers",),
         ),
@@ -460,7 +483,8 @@ CODES: dict[str, CodeInfo] = {
             "NIXL heterogeneous-TP direct-to-host KV transfer is not implemented safely yet",
             "NIXL's registration refuses a non-MLA pair with different attention TP whose "
             "decode receives its KV into host memory (HiSparse): the prefill's bootstrap "
-            "thread dies and every request to that rank times out.",
+            "thread dies and every request to that rank times out. At run time the guard reports "
+            "it when the peer registers and names the dead bootstrap thread's cause, once.",
             ("check derives flag fixes: the same attention TP on both servers, or HiSparse off "
              "on the decode",),
         ),
@@ -497,7 +521,8 @@ CODES: dict[str, CodeInfo] = {
             "cause. The TCP paths (MORI's, Mooncake's SGLANG_MOONCAKE_SEND_AUX_TCP) send "
             "the prefill's buffers by index: before 0.5.23 a prefill with more makes the "
             "decode's receiving thread raise, an error. 0.5.23 logs the mismatch when a "
-            "decode rank registers (`check_peer_aux_buffer_count`).",
+            "decode rank registers (`check_peer_aux_buffer_count`). At run time (Mooncake, NIXL, "
+            "every release from 0.5.20) the guard reports it when the decode peer registers.",
             ("check derives flag fixes: the variable or flag set (or unset) as on the other "
              "server; a value SGLang refuses is never copied: unset gives what SGLang reads "
              "from it",),
@@ -511,7 +536,9 @@ CODES: dict[str, CodeInfo] = {
             "A prefill with a draft model registers its draft pool's KV regions after the "
             "target's; a decode without speculative decoding registers only the target's. "
             "NIXL's registration of that decode peer (`_prepare_payload_xfer`) raises: the "
-            "prefill's bootstrap thread dies and every request to that rank times out.",
+            "prefill's bootstrap thread dies and every request to that rank times out. At run "
+            "time the guard reports it when the peer registers and names the dead bootstrap "
+            "thread's cause, once.",
             ("check derives flag fixes: the prefill's speculative flags on the decode, or "
              "speculative decoding off on the prefill",),
         ),
@@ -552,6 +579,25 @@ CODES: dict[str, CodeInfo] = {
              "(a value that server's resolution accepted); in 0.5.16 to 0.5.19 environment "
              "fixes: one server takes the other's variable",),
             sglang_releases=("0.5.16", None),
+        ),
+        CodeInfo(
+            "DSV4G049",
+            "SGLang refuses a server's KV pool when its KV transfer is set up",
+            "PD-disaggregation KV transfer assumes NHD slot-row layout; HND KV cache "
+            "(SGLANG_USE_HND_KVCACHE) is not supported with disagg yet.",
+            "`sglang-dsv4-guard check`: a PD server builds its KV manager at start-up "
+            "(`_init_kv_manager`), calling the release's `get_kv_transfer_buf_infos` (else "
+            "the pool's `get_contiguous_buf_infos`) and `setup_state_kv_args` on its pool. "
+            "Some pools are refused there on every machine: an MHA-based pool with "
+            "SGLANG_USE_HND_KVCACHE set (the HND layout; every release), a MiniMax sparse "
+            "pool with index-value sparse layers (`only K-only sparse layers are`). The "
+            "server stops before serving. check runs those calls on the pool SGLang's "
+            "constructor builds for the server, in its environment; a pool that cannot be "
+            "built on this CPU is an `unknowns` line, not this finding.",
+            ("check derives environment fixes: each variable of the server's line whose "
+             "removal makes the same calls accept the pool, unset on that server (the "
+             "edited line resolved by the release); none: a checkpoint SGLang's PD cannot "
+             "serve (no flag fixes it)",),
         ),
         CodeInfo(
             "DSV4G090",

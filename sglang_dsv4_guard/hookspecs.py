@@ -29,8 +29,10 @@ from collections.abc import Sequence
 
 import pluggy
 
+from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
 from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 
 PROJECT = "sglang_dsv4_guard"
@@ -78,6 +80,44 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
     :param transfer: the prefill manager's and the decode peer's values.
     :param context: the release profile, mode and phase ("register", "send" or "check").
     :return: every problem found.
+    """
+    raise NotImplementedError  # pragma: no cover
+
+
+@hookspec
+def sglang_dsv4_guard_check_registration(
+    registration: Registration, context: RegistrationContext
+) -> Sequence[Finding]:
+    """Check a decode peer registering with a Mooncake or NIXL prefill rank.
+
+    Must be pure. Called once per new peer, after SGLang's registration code ran (also
+    when it raised); never per request.
+
+    :param registration: the prefill's and the decode's values as two
+        :class:`~sglang_dsv4_guard.pd.endpoint.Endpoint` (each value with its source),
+        the backend, the peer's name and address.
+    :param context: the release profile and mode.
+    :return: every refusal SGLang will make for this peer, at registration or later.
+    """
+    raise NotImplementedError  # pragma: no cover
+
+
+@hookspec
+def sglang_dsv4_guard_check_first_contact(
+    contact: ContactSnapshot, context: ContactContext
+) -> Sequence[Finding]:
+    """Check decode's first contact with a prefill, once SGLang refused it.
+
+    Must be pure. Called only on the failure path: SGLang's
+    ``CommonKVManager.try_ensure_parallel_info`` raised (the decode server is about to
+    exit), never while the prefill's info is fetched or cached.
+
+    :param contact: both servers' values by endpoint name, each with its source (the
+        decode's from its live manager, the prefill's from the ``PrefillServerInfo``
+        SGLang built, ``None`` when not readable), the prefill's bootstrap address and
+        SGLang's error message and type.
+    :param context: the decode's release profile, mode and transfer backend.
+    :return: every mismatch found.
     """
     raise NotImplementedError  # pragma: no cover
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from sglang_dsv4_guard.contact.wrapper import CONTACT_MODULE, contact_patcher
 from sglang_dsv4_guard.dedup.markers import cleanup_at_exit
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
 from sglang_dsv4_guard.host.registry import (
@@ -35,6 +36,7 @@ from sglang_dsv4_guard.host.verdict import forget_verdicts, judge_imported
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, restore
+from sglang_dsv4_guard.peers.wrapper import CONNECTORS, PeerGuard
 from sglang_dsv4_guard.plugins import add_all, build_plugins
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import Mode, Settings, settings_for
@@ -46,7 +48,7 @@ __all__ = ["Installation", "install", "install_from_sglang_loader", "installatio
            "is_installed", "reset", "standalone_runtime", "summary", "uninstall"]
 
 logger = logging.getLogger(LOGGER_NAME)
-
+Patcher = Callable[[ModuleType, PeerGuard], list[AppliedPatch]]
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Installation:
     runtime: Runtime
     mori: MoriGuard
     hooks: PostImportHooks
+    peers: PeerGuard
     patches: list[AppliedPatch] = field(default_factory=list)
     undo: Undo = field(default=nothing_to_undo)
     ready: bool = False  # True once install() has returned it
@@ -225,7 +228,8 @@ def _install(chosen: Settings, load_entry_points: bool,
     try:
         runtime = Runtime(chosen, build_plugins(load_entry_points, chosen.log_format.value),
                           host.profile())
-        current = Installation(runtime, MoriGuard(runtime), PostImportHooks())
+        current = Installation(runtime, MoriGuard(runtime), PostImportHooks(),
+                               PeerGuard(runtime))
         current.undo = _undo_for(current)
         if via_sglang_registry:
             current.host_hook = register_state_hook(
@@ -236,8 +240,13 @@ def _install(chosen: Settings, load_entry_points: bool,
             current.patches.append(apply(STATE, utils, make_state_wrapper(runtime)))
             how = "patched " + ", ".join(current.patches[0].rebound)
         _current = current
-        current.hooks.watch(MORI_MODULE, functools.partial(_on_mori, current))
+        current.hooks.watch(MORI_MODULE, functools.partial(
+            _on_connector, current, MORI_MODULE, functools.partial(patch_module, guard=current.mori)))
+        current.hooks.watch(CONTACT_MODULE, functools.partial(
+            _on_connector, current, CONTACT_MODULE, contact_patcher(runtime)))
         current.hooks.watch(DSV4_POOL.module, functools.partial(_on_pool_module, current))
+        for name, patcher in CONNECTORS:
+            current.hooks.watch(name, functools.partial(_on_peers, current, patcher))
     except BaseException as exc:  # KeyboardInterrupt included: roll back, then let it rise
         if current is not None:
             if _current is current:
@@ -260,8 +269,10 @@ def _install(chosen: Settings, load_entry_points: bool,
     return current.undo
 
 
-def _on_mori(current: Installation, module: ModuleType) -> None:
-    """Wrap SGLang's MORI connector: now (inside ``install()``) or when SGLang imports it.
+def _on_connector(current: Installation, name: str,
+                  patch: Callable[[ModuleType], list[AppliedPatch]], module: ModuleType) -> None:
+    """Wrap an SGLang connector module (MORI's; the common one, for decode's first
+    contact): now (inside ``install()``) or when SGLang imports it.
 
     Inside ``install()`` a failure rises to it, which rolls everything back. Later, at
     SGLang's import, a failure uninstalls the whole guard (installed means guarding)
@@ -271,13 +282,13 @@ def _on_mori(current: Installation, module: ModuleType) -> None:
         if _current is not current:
             return
         try:
-            current.patches.extend(patch_module(module, current.mori))
+            current.patches.extend(patch(module))
         except Exception as exc:
             if not current.ready:
                 raise
             uninstall()
             reason, target = _failure_reason(
-                f"wrapping {MORI_MODULE} after SGLang imported it failed, the guard was "
+                f"wrapping {name} after SGLang imported it failed, the guard was "
                 "uninstalled", exc)
             _refuse(current.runtime.settings, reason, target)
 
@@ -296,6 +307,18 @@ def _on_pool_module(current: Installation, module: ModuleType) -> None:
                         "usually registers the mappings instead", POOL_REGISTER_TARGET, exc)
 
 
+def _on_peers(current: Installation, patcher: Patcher, module: ModuleType) -> None:
+    """Check decode peers registering on Mooncake / NIXL (optional: a failure is logged)."""
+    with _lock:
+        if _current is not current:
+            return
+        try:
+            current.patches.extend(patcher(module, current.peers))
+        except Exception as exc:
+            logger.warning("sglang-dsv4-guard does not check the decode peers registering "
+                           "through %s (%s: %s)", module.__name__, type(exc).__name__, exc)
+
+
 def _dismantle(current: Installation, what: str) -> None:
     current.runtime.active = False
     current.mori.blocked.clear()  # a wrapper held by someone else must refuse nothing
@@ -310,7 +333,7 @@ def _at_exit(current: Installation) -> None:
     """At interpreter exit (schedulers never call ``uninstall()``): the exact counts, if
     there was anything to count, and this process' marker clean-up."""
     try:
-        if current.mori.mismatches or _reported(current):
+        if current.mori.mismatches or current.peers.mismatches or _reported(current):
             logger.info("%s", _summary_of(current))
     except Exception as exc:
         logger.debug("sglang-dsv4-guard: no summary at exit (%s: %s)", type(exc).__name__, exc)
@@ -333,7 +356,7 @@ def _summary_of(current: Installation | None) -> str:
         return "sglang-dsv4-guard: not installed"
     reporter = current.runtime.plugins.log_reporter
     lines = reporter.summary_lines() if reporter is not None else []
-    lines += current.mori.summary_lines()
+    lines += current.mori.summary_lines() + current.peers.summary_lines()
     return "\n".join(["sglang-dsv4-guard summary (this process):",
                       *(f"  {line}" for line in lines or ["no reports"])])
 
@@ -351,7 +374,7 @@ def uninstall() -> bool:
             return False
         if current.at_exit is not None:
             atexit.unregister(current.at_exit)
-        if current.mori.mismatches or _reported(current):
+        if current.mori.mismatches or current.peers.mismatches or _reported(current):
             logger.info("%s", _summary_of(current))
         _dismantle(current, "uninstall")
         if current.host_hook is not None:

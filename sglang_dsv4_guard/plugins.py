@@ -44,6 +44,7 @@ from sglang_dsv4_guard import hookspecs
 from sglang_dsv4_guard.autoshare import remedy as autoshare_remedy
 from sglang_dsv4_guard.boundary import clean_finding, raised_text, safe_text
 from sglang_dsv4_guard.codes import docs_url
+from sglang_dsv4_guard.contact import checks as contact_checks
 from sglang_dsv4_guard.findings import (
     Finding,
     Report,
@@ -52,6 +53,7 @@ from sglang_dsv4_guard.findings import (
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori import checks as mori_checks
+from sglang_dsv4_guard.peers import checks as peers_checks
 from sglang_dsv4_guard.reporter import LogReporter
 from sglang_dsv4_guard.state import checks as state_checks
 
@@ -66,6 +68,8 @@ BUILTIN_PLUGINS: tuple[tuple[str, ModuleType], ...] = (
     ("builtin_autoshare", autoshare_remedy),
     ("builtin_state", state_checks),
     ("builtin_mori", mori_checks),
+    ("builtin_peers", peers_checks),
+    ("builtin_first_contact", contact_checks),
 )
 LOG_REPORTER = "builtin_log_reporter"
 _BUILTIN_NAMES = frozenset(name for name, _ in BUILTIN_PLUGINS) | {LOG_REPORTER}

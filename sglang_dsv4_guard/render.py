@@ -12,13 +12,14 @@ from sglang_dsv4_guard.findings import (
     cut_text,
 )
 from sglang_dsv4_guard.fixes import Fix
-from sglang_dsv4_guard.host.targets import MORI_SEND, STATE
+from sglang_dsv4_guard.host.targets import MORI_SEND, PD_FIRST_CONTACT, STATE
 
 __all__ = ["render_finding", "render_report"]
 
 _HEADINGS = {
     str(STATE): "the DeepSeek-V4 target/draft KV pools",
     MORI_SEND.qualname: "the MORI state transfer",
+    PD_FIRST_CONTACT.qualname: "decode's first contact with the prefill",
 }
 
 

@@ -24,6 +24,7 @@ import sys
 from types import FrameType
 
 from sglang_dsv4_guard.dedup.markers import Seen
+from sglang_dsv4_guard.dedup.mismatch import Mismatch, sparse
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.targets import REGISTRY_MODULE, SCHEDULER_MODULE
@@ -41,6 +42,7 @@ __all__ = [
     "our_failure",
     "prints_in_full",
     "publish",
+    "publish_registration",
     "upgrades",
 ]
 
@@ -84,6 +86,23 @@ def publish(rt: Runtime, report: Report, delivery: Delivery) -> Delivery:
     with delivering(delivery):
         rt.publish(report)
     return delivery
+
+
+def publish_registration(rt: Runtime, report: Report, m: Mismatch, peers: int, quiet: bool,
+                         extra: dict[str, object]) -> bool:
+    """A registering decode peer's report (MORI, NIXL, Mooncake): in full, with a note on
+    how later peers are counted, for the first peer of its mismatch (``quiet`` false, as
+    :meth:`Mismatch.claim` said); quietly after. Returns whether the running count of
+    ``peers`` is due in the log (at 10, 100, ...)."""
+    note = None if quiet else (
+        f"this mismatch covers {peers} decode peer(s) so far; later peers with the same "
+        "mismatch are counted, not reported again (count logged at 10, 100, ... peers; "
+        "exact counts: sglang_dsv4_guard.summary() and at uninstall)")
+    d = publish(rt, report, Delivery(quiet=quiet, note=note, extra=extra))
+    if not quiet:
+        m.place(d.seen)
+        return False
+    return sparse(peers)
 
 
 def prints_in_full(seen: Seen | None) -> bool:

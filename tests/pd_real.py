@@ -3,6 +3,9 @@ oracles the PD contract tests compare ``check`` with (never the guard's runners)
 
 - :func:`first_contact_raise`: the release's real ``try_ensure_parallel_info`` once, on a
   bare decode manager and a bootstrap answer built here from the prefill's values;
+- :func:`decode_manager`, :func:`route_answer` and :func:`bootstrap_server`: those two
+  pieces, and a real HTTP server on 127.0.0.1 answering ``/route`` with that answer (the
+  run-time first-contact tests drive SGLang's own ``requests`` code through it);
 - :func:`send_extra_refusal`: the release's real Mooncake or NIXL ``maybe_send_extra`` on
   a half-built prefill manager (no engine) and the decode's registration;
 - :func:`mooncake_mask_rows`: the release's real ``MooncakeKVManager.send_aux`` between
@@ -15,12 +18,15 @@ Mooncake module's ``prometheus_client`` is in the CPU closure, requirements/).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import http.server
 import importlib
 import inspect
 import json
+import threading
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,17 +51,14 @@ def _state_types(values: Sequence[Any]) -> list[Any]:
     return [StateType(getattr(v, "value", v)) for v in values]
 
 
-def first_contact_raise(prefill: Mapping[str, Any], decode: Mapping[str, Any]) -> str | None:
-    """SGLang's try_ensure_parallel_info called once, on a bare manager set here from
-    ``decode`` and a bootstrap answer built here from ``prefill``: its first raise.
+def route_answer(prefill: Mapping[str, Any]) -> dict[str, Any]:
+    """The bootstrap server's ``/route`` answer for a prefill of these values: the
+    release's own ``PrefillServerInfo`` fields (a field the release lacks is left out).
 
-    Each mapping holds ``attn_tp_size``, ``attn_cp_size``, ``pp_size``, ``page_size``,
-    ``kv_cache_dtype_str``, ``enable_kv_cache_sharding`` and (decode) ``dcp_size``,
-    ``is_mla_backend``; optional: ``attn_dp_size``, ``state_types``,
-    ``is_hybrid_mla_backend``, ``kv_layout``, ``dsv41_spec_layout``,
-    ``enable_dsa_cache_layer_split`` (absent: 1, none, off)."""
+    ``prefill`` holds ``attn_tp_size``, ``attn_cp_size``, ``pp_size``, ``page_size``,
+    ``kv_cache_dtype_str``, ``enable_kv_cache_sharding``; optional: ``attn_dp_size``,
+    ``kv_layout``, ``dsv41_spec_layout``, ``enable_dsa_cache_layer_split``."""
     module = importlib.import_module(targets.PD_COMMON_MODULE)
-    cls = getattr(module, targets.PD_COMMON_MANAGER)
     info_fields = {f.name for f in
                    dataclasses.fields(getattr(module, targets.PD_SERVER_INFO))}
     answer = {"attn_tp_size": prefill["attn_tp_size"], "attn_cp_size": prefill["attn_cp_size"],
@@ -66,19 +69,40 @@ def first_contact_raise(prefill: Mapping[str, Any], decode: Mapping[str, Any]) -
               "enable_dsa_cache_layer_split": prefill.get("enable_dsa_cache_layer_split", False),
               "kv_layout": prefill.get("kv_layout"),
               "dsv41_spec_layout": prefill.get("dsv41_spec_layout")}
-    body = json.dumps({k: v for k, v in answer.items() if k in info_fields})
-    manager = object.__new__(cls)
+    return {k: v for k, v in answer.items() if k in info_fields}
+
+
+def decode_manager(decode: Mapping[str, Any]) -> Any:
+    """A bare ``CommonKVManager`` (``object.__new__``: its constructor binds sockets)
+    holding the attributes its first contact reads, set from ``decode`` (``attn_tp_size``,
+    ``attn_cp_size``, ``pp_size``, ``page_size``, ``kv_cache_dtype_str``, ``dcp_size``,
+    ``is_mla_backend``; optional ``state_types``, ``is_hybrid_mla_backend``,
+    ``kv_layout``, ``dsv41_spec_layout``, ``attn_dp_size``)."""
+    module = importlib.import_module(targets.PD_COMMON_MODULE)
+    manager = object.__new__(getattr(module, targets.PD_COMMON_MANAGER))
     manager.__dict__.update(
         prefill_info_table={}, kv_cache_dtype_str=decode["kv_cache_dtype_str"],
         server_args=SimpleNamespace(kv_cache_dtype=decode["kv_cache_dtype_str"]),
         kv_args=SimpleNamespace(page_size=decode["page_size"], engine_rank=0, pp_rank=0,
                                 state_types=_state_types(decode.get("state_types", ()))),
         attn_tp_size=decode["attn_tp_size"], attn_cp_size=decode["attn_cp_size"],
-        attn_cp_rank=0, pp_size=decode["pp_size"], pp_rank=0, dcp_size=decode["dcp_size"],
+        attn_cp_rank=0, attn_dp_size=decode.get("attn_dp_size", 1), pp_size=decode["pp_size"],
+        pp_rank=0, dcp_size=decode["dcp_size"],
         dcp_rank=0, is_mla_backend=decode["is_mla_backend"],
         is_hybrid_mla_backend=decode.get("is_hybrid_mla_backend", False),
         kv_layout=decode.get("kv_layout"), dsv41_spec_layout=decode.get("dsv41_spec_layout"),
         enable_all_cp_ranks_for_transfer=False)
+    return manager
+
+
+def first_contact_raise(prefill: Mapping[str, Any], decode: Mapping[str, Any]) -> str | None:
+    """SGLang's try_ensure_parallel_info called once, on a bare manager set here from
+    ``decode`` (:func:`decode_manager`) and a bootstrap answer built here from ``prefill``
+    (:func:`route_answer`), answered locally: its first raise."""
+    module = importlib.import_module(targets.PD_COMMON_MODULE)
+    cls = getattr(module, targets.PD_COMMON_MANAGER)
+    body = json.dumps(route_answer(prefill))
+    manager = decode_manager(decode)
     response = SimpleNamespace(status_code=200, text="", json=lambda: json.loads(body))
     saved = module.requests
     module.requests = SimpleNamespace(get=lambda url, timeout=None: response)
@@ -89,6 +113,42 @@ def first_contact_raise(prefill: Mapping[str, Any], decode: Mapping[str, Any]) -
     finally:
         module.requests = saved
     return None
+
+
+@contextlib.contextmanager
+def bootstrap_server(answer: Mapping[str, Any] | None, status: int = 200
+                     ) -> Iterator[SimpleNamespace]:
+    """A real HTTP server on 127.0.0.1 (port 0, one thread) answering every GET as a
+    prefill's bootstrap server answers ``/route``: ``answer`` as JSON with ``status``
+    (another status: a text, as a bootstrap server not ready yet answers). Yields
+    ``addr`` (``host:port``), ``asked`` (the paths asked) and ``answer`` / ``status``,
+    which a test may change between requests."""
+    state = SimpleNamespace(addr="", asked=[], answer=answer, status=status)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            state.asked.append(self.path)
+            ok = state.status == 200
+            body = json.dumps(state.answer).encode() if ok else b"not ready"
+            self.send_response(state.status)
+            self.send_header("Content-Type", "application/json" if ok else "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return  # quiet: the tests assert on what was asked
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    state.addr = f"127.0.0.1:{httpd.server_address[1]}"
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
 
 
 def _manager_class(backend: str) -> Any:

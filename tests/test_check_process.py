@@ -79,8 +79,9 @@ _MAIN = "import sys; from sglang_dsv4_guard.cli import main; sys.exit(main(sys.a
 _SCRIPT = "import sys; sys.path.pop(0); " + _MAIN
 
 
-class TestCheckProcessTouchesNothing(GuardTestCase):
-    """The command and its child, audited from outside."""
+class _AuditedCommand(GuardTestCase):
+    """The command and its child in a fresh interpreter, audited from outside (no tests of
+    its own: the classes below are keyed in tools/matrix.py by the SGLang code they drive)."""
 
     def setUp(self) -> None:
         super().setUp()
@@ -120,6 +121,12 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
         return sorted(str(p) for name in ("home", "tmp", "cwd", "dumps")
                       for p in (self.root / name).rglob("*"))
 
+
+
+class TestCheckProcessTouchesNothing(_AuditedCommand):
+    """SGLang's resolution inside the check child fetches nothing and writes nothing (what
+    it might fetch or write is the release's ServerArgs and ModelConfig: every release)."""
+
     def test_check_makes_no_network_call_on_hostile_inputs(self) -> None:
         """``--trust-remote-code`` with an ``auto_map`` naming a Hub repository, and
         ``SGLANG_USE_MODELSCOPE=1`` with a Hub-style ``--tokenizer-path``: no socket
@@ -141,12 +148,6 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
                 notes = [u for u in json.loads(out)["unknowns"] if u.startswith(f"prefill: {flag}")]
                 self.assertEqual(len(notes), 1, out)
 
-    def test_doctor_makes_no_network_call(self) -> None:
-        """``doctor`` makes no socket look-up or connection."""
-        self.run_command("doctor")
-        self.assertEqual([line for line in self.log.read_text().splitlines()
-                          if " socket." in line], [])
-
     def test_check_writes_nothing(self) -> None:
         """``--crash-dump-folder X`` (SGLang's resolution creates ``X/<hostname>``) on both
         servers: nothing is left in the command's cwd, HOME, TMPDIR or X, and every write
@@ -167,6 +168,37 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
         self.assertNotEqual(tried, [])
         for path in tried:
             self.assertIn(path.strip("'"), refused[0])
+
+    def test_model_config_error_is_one_line(self) -> None:
+        """A config.json whose ``model_type`` transformers does not know (its message spans
+        three lines): exit 2, one line on stderr naming the server and the path, nothing on
+        stdout."""
+        model = self.root / "unknown_type"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(
+            {"architectures": ["LlamaForCausalLM"], "model_type": "no_such_type"}))
+        status, out, err = self.run_command(
+            "check", "--prefill", server("prefill", str(model), backend="mooncake"),
+            "--decode", server("decode", LLAMA, backend="mooncake"))
+        self.assertEqual((status, out), (2, ""))
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertTrue(err.startswith(f"sglang-dsv4-guard check: error: --prefill: SGLang's "
+                                       f"ModelConfig cannot read {model}/config.json"), err)
+        self.assertIn("no_such_type", err)
+
+
+class TestDoctorProcessTouchesNothing(_AuditedCommand):
+    """``doctor`` reads SGLang's plug-in loader and its sources, nothing from the network."""
+
+    def test_doctor_makes_no_network_call(self) -> None:
+        """``doctor`` makes no socket look-up or connection."""
+        self.run_command("doctor")
+        self.assertEqual([line for line in self.log.read_text().splitlines()
+                          if " socket." in line], [])
+
+
+class TestCheckChildLifecycle(_AuditedCommand):
+    """The guard's own child machinery: which SGLang it imports, its time limit, SIGTERM."""
 
     def test_child_imports_the_commands_sglang(self) -> None:
         """A package named ``sglang`` in the working directory (which the command itself
@@ -221,23 +253,6 @@ class TestCheckProcessTouchesNothing(GuardTestCase):
         proc.communicate(timeout=60)
         self.assertEqual(proc.returncode, -signal.SIGTERM)
         self.assertEqual(self.created(), [])
-
-    def test_model_config_error_is_one_line(self) -> None:
-        """A config.json whose ``model_type`` transformers does not know (its message spans
-        three lines): exit 2, one line on stderr naming the server and the path, nothing on
-        stdout."""
-        model = self.root / "unknown_type"
-        model.mkdir()
-        (model / "config.json").write_text(json.dumps(
-            {"architectures": ["LlamaForCausalLM"], "model_type": "no_such_type"}))
-        status, out, err = self.run_command(
-            "check", "--prefill", server("prefill", str(model), backend="mooncake"),
-            "--decode", server("decode", LLAMA, backend="mooncake"))
-        self.assertEqual((status, out), (2, ""))
-        self.assertEqual(len(err.splitlines()), 1, err)
-        self.assertTrue(err.startswith(f"sglang-dsv4-guard check: error: --prefill: SGLang's "
-                                       f"ModelConfig cannot read {model}/config.json"), err)
-        self.assertIn("no_such_type", err)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import sys
 import tempfile
@@ -21,6 +22,7 @@ register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import matrix  # noqa: E402 - tools/ is not a package
+import sglang_ci  # noqa: E402
 
 STATISTICS = """\
 ============================ Hypothesis Statistics =============================
@@ -254,6 +256,32 @@ class TestProcessTestPlan(GuardTestCase):
                      "tests/test_mori_scale.py", "tests/test_autoshare.py",
                      "tests/test_check.py"):
             self.assertNotIn(name, listed_files)
+
+
+class TestHarnessParts(GuardTestCase):
+    """SGLang's CI harness run, split into make test's jobs by SGLang's own
+    auto_partition, still runs every test file, each once."""
+
+    def test_parts_run_every_file_once(self) -> None:
+        """The parts of tools/sglang_ci.py (as tools/matrix.py asks for them) hold every
+        file SGLang's collect_tests keeps for the suite, none twice, and none is empty."""
+        files = sorted(str(p) for p in (ROOT / "tests").glob("*.py")
+                       if p.name not in ("conftest.py", "__init__.py"))
+        whole, total = sglang_ci.select(files, sglang_ci.SUITE)
+        self.assertEqual(total, len(whole))
+        self.assertGreater(total, 1)
+        n = matrix.HARNESS_PARTS
+        parts = [sglang_ci.select(files, sglang_ci.SUITE, (k, n))[0] for k in range(1, n + 1)]
+        self.assertEqual(sorted(r.filename for part in parts for r in part),
+                         sorted(r.filename for r in whole))
+        self.assertTrue(all(parts), [len(part) for part in parts])
+
+    def test_part_spelling(self) -> None:
+        """--part is K/N with 1 <= K <= N; anything else is refused, naming it."""
+        self.assertEqual(sglang_ci._part("2/4"), (2, 4))
+        for bad in ("0/4", "5/4", "2", "a/b", "-1/4"):
+            with self.assertRaisesRegex(argparse.ArgumentTypeError, "is not a part K/N"):
+                sglang_ci._part(bad)
 
 if __name__ == "__main__":
     import unittest

@@ -1,14 +1,16 @@
 """``check`` predicts the head-sliced SWA transfer refusing a prefill whose SWA KV cache is
 not in the NHD layout (DSV4G040): SGLang's unified memory pool (``--enable-unified-memory``)
 lays it out ``page_major``; a ROCm AITER layout depends on the hardware and is not
-predicted."""
+predicted. ``SGLANG_USE_HND_KVCACHE`` on a PD server is SGLang's own refusal at start-up
+(``get_contiguous_buf_infos`` asserts NHD when the KV manager is set up): DSV4G049, an
+error with the derived fix, never "could not be built on CPU"."""
 
 from __future__ import annotations
 
 import unittest
 from typing import Any
 
-from check_helpers import GPT_OSS, check_json, server
+from check_helpers import DSV3, GPT_OSS, check_json, server
 from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -21,10 +23,41 @@ SLICES_SWA = sglang_release() >= Version("0.5.22")  # head-sliced SWA transfer
 UNIFIED = flag_for_field("enable_unified_memory") is not None
 LAYOUT = "Head-sliced PD transfer needs the NHD KV cache layout, got page_major"
 AITER = "SGLANG_AITER_KV_CACHE_LAYOUT"
+HND = "SGLANG_USE_HND_KVCACHE"
 
 
 def g040(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["code"] == "DSV4G040"]
+
+
+def g047(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in doc["findings"] if f["code"] == "DSV4G049"]
+
+
+def hnd_refusal() -> str:
+    """What the release's own ``get_contiguous_buf_infos`` raises on an MHA pool its
+    constructor builds with the variable set: the message of its assertion."""
+    import os
+
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    saved = os.environ.get(HND)
+    os.environ[HND] = "1"
+    try:
+        pool = MHATokenToKVPool(64, page_size=1, dtype=torch.bfloat16, head_num=1,
+                                head_dim=8, layer_num=1, device="cpu",
+                                enable_memory_saver=False)
+        try:
+            pool.get_contiguous_buf_infos()
+        except AssertionError as exc:
+            return str(exc)
+        raise AssertionError("the release accepts an HND pool for PD")
+    finally:
+        if saved is None:
+            os.environ.pop(HND, None)
+        else:
+            os.environ[HND] = saved
 
 
 def _pair(prefill: str, decode: str, *more: str, backend: str = "mooncake") -> dict[str, Any]:
@@ -115,6 +148,50 @@ class TestSwaLayout(GuardTestCase):
             return
         self.assertEqual(g040(doc), [])
         self.assertTrue([u for u in doc["unknowns"] if u.startswith("DSV4G040") and AITER in u])
+
+
+
+class TestHndKvCache(GuardTestCase):
+    """gpt-oss P TP2 / D TP4 over Mooncake with SGLANG_USE_HND_KVCACHE on the prefill."""
+
+    def test_hnd_stops_the_server_at_start_up(self) -> None:
+        """The prefill's pool is refused by SGLang's own assertion when its KV manager is
+        set up: one DSV4G049 error on the prefill, at start-up, with SGLang's message and
+        the fix unsetting the variable; not a "could not be built on CPU" line."""
+        doc = _pair("--tp-size 2", "--tp-size 4", "--prefill-env", f"{HND}=1")
+        [found] = g047(doc)
+        self.assertEqual(found["severity"], "error")
+        self.assertEqual(found["host_message"], hnd_refusal())
+        self.assertIn("start-up", found["when"])
+        self.assertTrue(found["subject"].startswith("prefill server"))
+        edits = [e for f in found["fixes"] for e in f["edits"]]
+        self.assertIn({"server": "prefill", "name": HND, "value": None, "remove": True,
+                       "env": True}, edits)
+        self.assertFalse([u for u in doc["unknowns"] if "could not be built" in u])
+
+    def test_the_fixed_lines_pass_check(self) -> None:
+        """``check --fix``: the unset variable is proven and the corrected pair has no
+        DSV4G049 (from 0.5.22, which slices SWA by heads, no finding at all)."""
+        doc = _pair("--tp-size 2", "--tp-size 4", "--prefill-env", f"{HND}=1", "--fix")
+        fixes = [f for x in g047(doc) for f in x["fixes"]]
+        self.assertTrue(fixes and all(f["proven"] for f in fixes), fixes)
+        self.assertIn(HND, doc["fixed"]["prefill_unset"])
+        status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])
+        self.assertEqual(g047(again), [])
+        if SLICES_SWA:
+            self.assertEqual((status, again["findings"]), (0, []))
+
+    def test_variable_off_or_mla_pool_is_accepted(self) -> None:
+        """Near misses: the variable read as off (SGLang's EnvBool: 0, false) on both
+        servers; set on both servers of an MLA model (DeepSeek-V3), whose pool's
+        ``get_contiguous_buf_infos`` has no such assertion: no DSV4G049."""
+        doc = _pair("--tp-size 2", "--tp-size 4", "--prefill-env", f"{HND}=0",
+                    "--decode-env", f"{HND}=false")
+        self.assertEqual(g047(doc), [])
+        _, doc = check_json(server("prefill", DSV3, "--tp-size 2", backend="mooncake"),
+                            server("decode", DSV3, "--tp-size 4", backend="mooncake"),
+                            "--prefill-env", f"{HND}=1", "--decode-env", f"{HND}=1")
+        self.assertEqual(g047(doc), [])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """``check`` derives the state types each server's KV pool registers, as the installed
 release's real ``setup_state_kv_args`` registers them: for plain MHA (llama), MLA
-(DeepSeek-V3), hybrid SWA (gpt-oss) and DeepSeek-V4 (read from its pool run); pools it
-does not build (block-scaled KV dtypes, hybrid linear attention) stay unknown."""
+(DeepSeek-V3), hybrid SWA (gpt-oss), MiniMax-M3 sparse (its ``MiniMaxSparseKVPool``, with
+DSV4G041 then judged on a pair with different attention TP) and DeepSeek-V4 (read from its
+pool run); pools it does not build (block-scaled KV dtypes, hybrid linear attention) stay
+unknown."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import tempfile
 import unittest
 from typing import Any
 
-from check_helpers import DSV3, DSV4, GPT_OSS, LLAMA, check_json, server
+from check_helpers import DATA, DSV3, DSV4, GPT_OSS, LLAMA, check_json, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -21,6 +23,8 @@ register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 # DeepSeek-V4 takes EAGLE with top-k 1 (SGLang's resolution refuses NEXTN for it).
 NEXTN = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "
          "--speculative-num-draft-tokens 4")
+# MiniMax-M3 sparse: layers 1 and 3 sparse, both without index value (K-only).
+MINIMAX = os.path.join(DATA, "minimax_m3")
 # A hybrid linear-attention model (Qwen3-Next): a Mamba-like state pool, not built by check.
 QWEN3_NEXT = {
     "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
@@ -181,6 +185,108 @@ class TestPairsSGLangAccepts(GuardTestCase):
         status, doc = check_json(server("prefill", DSV3, "--tp-size 2", "nixl"),
                                  server("decode", DSV3, "--tp-size 4", "nixl"))
         self.assertEqual((status, doc["findings"], unknown_state_lines(doc)), (0, [], []))
+
+
+def minimax_pool() -> Any:
+    """The ``MiniMaxSparseKVPool`` SGLang's configurator builds for MINIMAX at TP 4 (two KV
+    heads of 128), its layers read by SGLang's own helpers, built here on CPU."""
+    import inspect
+
+    import torch
+    from sglang.srt.configs import model_config as mc
+    from sglang.srt.mem_cache.memory_pool import MiniMaxSparseKVPool
+    from transformers import PretrainedConfig
+
+    with open(os.path.join(MINIMAX, "config.json"), encoding="utf-8") as fh:
+        hf = PretrainedConfig(**json.load(fh))
+    sparse_cfg = mc.get_minimax_sparse_attention_config(hf)
+    dense, sparse = mc.get_minimax_sparse_layer_ids(sparse_cfg)
+    wanted = dict(size=256, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=128,
+                  idx_head_dim=128, dense_layer_ids=dense, sparse_layer_ids=sparse,
+                  device="cpu", enable_memory_saver=False, start_layer=0, end_layer=4,
+                  disable_value_sparse_layer_ids=mc.get_minimax_sparse_disable_value_layer_ids(
+                      sparse_cfg))
+    params = inspect.signature(MiniMaxSparseKVPool.__init__).parameters
+    return MiniMaxSparseKVPool(**{k: v for k, v in wanted.items() if k in params})
+
+
+def first_contact_refuses_minimax() -> bool:
+    """Whether the release's own try_ensure_parallel_info compares MiniMax TP (0.5.23)."""
+    import inspect
+
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+
+    return "MiniMax sparse PD requires matching attention TP" in inspect.getsource(
+        CommonKVManager.try_ensure_parallel_info)
+
+
+def g041(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in doc["findings"] if f["code"] == "DSV4G041"]
+
+
+class TestMiniMaxSparse(GuardTestCase):
+    """MiniMax-M3 sparse (``MiniMaxM3SparseForCausalLM``, K-only sparse layers): check
+    builds its ``MiniMaxSparseKVPool`` and judges DSV4G041, on every release."""
+
+    def test_state_types_parity(self) -> None:
+        """The state types check derives are the real function's on the pool SGLang's
+        constructor builds at the model's dimensions: the MiniMax index state among them."""
+        ep = endpoint(MINIMAX, backend="mooncake")
+        self.assertEqual(tuple(ep.get("state_types")), real_state_types(minimax_pool()))
+        self.assertIn("minimax_index_k", ep.get("state_types"))
+        self.assertIn("MiniMaxSparseKVPool", ep.values["state_types"].source)
+
+    def test_different_tp_is_an_error(self) -> None:
+        """P TP2 / D TP4 over Mooncake and NIXL: one DSV4G041 error, at decode's first
+        contact where the release's try_ensure_parallel_info compares it (0.5.23), else
+        per request in the prefill's transfer; no "not judged" line."""
+        first = first_contact_refuses_minimax()
+        for backend in ("mooncake", "nixl"):
+            with self.subTest(backend=backend):
+                status, doc = check_json(server("prefill", MINIMAX, "--tp-size 2", backend),
+                                         server("decode", MINIMAX, "--tp-size 4", backend))
+                [found] = g041(doc)
+                self.assertEqual((status, found["severity"]), (1, "error"))
+                self.assertIn("first contact" if first else "per request", found["when"])
+                self.assertIn("MiniMax", found["host_message"])
+                self.assertEqual(unknown_state_lines(doc), [])
+                self.assertFalse([u for u in doc["unknowns"] if "DSV4G04" in u])
+
+    def test_equal_tp_is_accepted(self) -> None:
+        """Near miss: the same attention TP on both: exit 0, no finding, nothing unknown."""
+        status, doc = check_json(server("prefill", MINIMAX, "--tp-size 4", "mooncake"),
+                                 server("decode", MINIMAX, "--tp-size 4", "mooncake"))
+        self.assertEqual((status, doc["findings"], unknown_state_lines(doc)), (0, [], []))
+
+    def test_index_value_layers_stop_both_servers(self) -> None:
+        """Sparse layers with index value (``sparse_disable_index_value`` all 0): SGLang's
+        own setup_state_kv_args refuses that pool ("only K-only sparse layers are") on
+        every machine: DSV4G049 on both servers, at start-up, with no flag fix; equal TP."""
+        path = tempfile.mkdtemp(prefix="minimax_kv_")
+        self.addCleanup(shutil.rmtree, path, ignore_errors=True)
+        with open(os.path.join(MINIMAX, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+        config["sparse_attention_config"]["sparse_disable_index_value"] = [0, 0, 0, 0]
+        with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as fh:
+            json.dump(config, fh)
+        status, doc = check_json(server("prefill", path, "--tp-size 4", "mooncake"),
+                                 server("decode", path, "--tp-size 4", "mooncake"))
+        found = [f for f in doc["findings"] if f["code"] == "DSV4G049"]
+        self.assertEqual(status, 1)
+        self.assertEqual(sorted(f["subject"].split()[0] for f in found), ["decode", "prefill"])
+        for finding in found:
+            self.assertIn("only K-only sparse layers are", finding["host_message"])
+            self.assertIn("start-up", finding["when"])
+            self.assertEqual(finding["fixes"], [])
+
+    def test_the_fixed_lines_pass_check(self) -> None:
+        """``check --fix``: every DSV4G041 fix is proven, the corrected pair exits 0."""
+        _, doc = check_json(server("prefill", MINIMAX, "--tp-size 2", "mooncake"),
+                            server("decode", MINIMAX, "--tp-size 4", "mooncake"), "--fix")
+        fixes = [f for x in g041(doc) for f in x["fixes"]]
+        self.assertTrue(fixes and all(f["proven"] for f in fixes), fixes)
+        status, again = check_json(doc["fixed"]["prefill"], doc["fixed"]["decode"])
+        self.assertEqual((status, again["findings"]), (0, []))
 
 
 class TestStaysUnknown(GuardTestCase):

@@ -69,13 +69,20 @@ PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sgla
                   "test_fixes_runtime::TestFlagsAccepted::test_every_flag_accepted",
                   "test_pd_conditions::TestParityWithSGLang::test_runner_agrees_with_one_real_call",
                   "test_pd_transfer::TestSendExtraParity::test_parity",
-                  "test_pd_contract_property::TestContractAgreesWithSGLang::test_rows_agree_with_sglang")
+                  "test_pd_contract_property::TestContractAgreesWithSGLang::test_rows_agree_with_sglang",
+                  "test_peers::TestNixlRegistrationParity::test_parity",
+                  "test_first_contact_runtime::TestFirstContactParity::test_parity")
 # Property tests that draw a fixed, small number of examples whatever the profile (each
 # example costs several SGLang resolutions), with that number.
 FIXED_EXAMPLES = {
     "test_check_fix_property::TestCheckFixProperty::test_fixed_lines_pass_or_say_no_flag_fix": 12,
-    "test_pd_contract_property::TestContractAgreesWithSGLang::test_rows_agree_with_sglang": 20}
+    "test_pd_contract_property::TestContractAgreesWithSGLang::test_rows_agree_with_sglang": 20,
+    "test_peers::TestNixlRegistrationParity::test_parity": 40,
+    "test_first_contact_runtime::TestFirstContactParity::test_parity": 25}
 CODES_VARIABLE = "DSV4_GUARD_CODES_FILE"
+# Jobs SGLang's auto_partition splits the harness run (every file, one interpreter each,
+# ~40 minutes of CPU) into, so that it spreads over both job slots like the releases.
+HARNESS_PARTS = 4
 # Test classes that spawn fresh SGLang interpreters, by the SGLang code their process
 # machinery drives: a path under the ``sglang`` package, or ``path::name`` for one
 # top-level function or class of it (SGLang's big modules change every release; the
@@ -117,6 +124,9 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
         "srt/arg_groups/serving_hook.py::handle_crash_dump_env",
         "srt/arg_groups/model_path_hook.py::handle_modelscope_paths",
         "srt/utils/hf_transformers_utils.py"),
+    "tests/test_check_process.py::TestDoctorProcessTouchesNothing": _LOADER,
+    # The check child's import path, time limit and SIGTERM: the guard's own code.
+    "tests/test_check_process.py::TestCheckChildLifecycle": (),
     # The warnings SGLang's import emits once per process (check keeps them under "import").
     "tests/test_check_output.py::TestImportWarningsInAFreshProcess": (
         "srt/layers/quantization/awq/awq.py", "srt/layers/quantization/gguf.py"),
@@ -306,19 +316,21 @@ def summary(results: list[Result], profile: str, total: float) -> str:
     return "\n".join(lines)
 
 
-def run_sglang_ci(release: Release) -> Result:
-    """Every test file on ``release`` (the base) under SGLang's own CI harness."""
-    result = Result(release, label=f"{release.version}, SGLang's CI harness")
-    log = WORK / "reports" / "sglang-ci.log"
-    say(release, "===== SGLang's CI harness: tools/sglang_ci.py (collect_tests, "
-                 "run_unittest_files)")
+def run_sglang_ci(release: Release, part: int = 1, parts: int = 1) -> Result:
+    """Every test file on ``release`` (the base) under SGLang's own CI harness; with
+    ``parts`` > 1, the ``part``-th of SGLang's ``auto_partition`` of them."""
+    share = f" {part}/{parts}" if parts > 1 else ""
+    result = Result(release, label=f"{release.version}, SGLang's CI harness{share}")
+    log = WORK / "reports" / (f"sglang-ci-{part}.log" if parts > 1 else "sglang-ci.log")
+    say(release, f"===== SGLang's CI harness{share}: tools/sglang_ci.py (collect_tests, "
+                 "auto_partition, run_unittest_files)")
     start = time.monotonic()
     # The dev profile: example counts are judged on this release's pytest run; this job
     # shows that every file runs under SGLang's runner, and runs the process tests.
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "sglang_ci.py"), "--log",
-                           str(log)], cwd=ROOT, env=release_env(release, HYPOTHESIS_PROFILE="dev"),
-                          capture_output=True,
-                          text=True, check=False)
+                           str(log), "--part", f"{part}/{parts}"], cwd=ROOT,
+                          env=release_env(release, HYPOTHESIS_PROFILE="dev"),
+                          capture_output=True, text=True, check=False)
     result.seconds = time.monotonic() - start
     for line in (done.stdout + done.stderr).splitlines():
         say(release, line)
@@ -341,7 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", help="run this Python script per release instead of pytest")
     parser.add_argument("--sglang-ci", action="store_true",
                         help="also run every file on the base release under SGLang's CI "
-                             "harness (tools/sglang_ci.py), as one more job")
+                             "harness (tools/sglang_ci.py), as more jobs of the pool")
+    parser.add_argument("--harness-parts", type=int, default=HARNESS_PARTS,
+                        help="jobs SGLang's auto_partition splits the harness run into "
+                             "(default: %(default)s)")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest or --script (after --)")
     args = parser.parse_args(argv)
     releases = read_matrix()
@@ -354,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         releases = [r for r in releases if r.version in wanted]
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} is not a positive number of releases")
+    if args.harness_parts < 1:
+        parser.error(f"--harness-parts: {args.harness_parts} is not a positive number")
     if args.prepare_only:
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(prepare, releases))
@@ -386,14 +403,17 @@ def main(argv: list[str] | None = None) -> int:
             patched_tree.run_series(result, profile)
         return result
 
-    # The longest jobs first: SGLang's harness, then the releases that run every test.
+    # Longest-processing-time first, so that both job slots end together: the harness
+    # parts (each about a release's run or longer), then the releases by how many process
+    # tests they run (each spawns interpreters; the plainest releases fill the end).
     order = sorted(releases, key=lambda r: len(skips[r.version]))
+    parts = args.harness_parts
     with ThreadPoolExecutor(args.jobs) as pool:
-        harness_run = pool.submit(run_sglang_ci, harness) if harness else None
+        harness_runs = [pool.submit(run_sglang_ci, harness, k, parts)
+                        for k in range(1, parts + 1) if harness is not None]
         futures = {r.version: pool.submit(job, r) for r in order}
         results = [futures[r.version].result() for r in releases]
-        if harness_run is not None:
-            results.append(harness_run.result())
+        results.extend(run.result() for run in harness_runs)
     table = summary(results, profile, time.monotonic() - start)
     (WORK / "summary.md").write_text(table + "\n")
     print("\n" + table)

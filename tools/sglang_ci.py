@@ -4,7 +4,11 @@
    ``conftest.py``, as SGLang's ``test/run_suite.py`` does for ``test/registered/`` (a
    ``register_cpu_ci`` call is required in each, and an ``if __name__ == "__main__":``
    block in each enabled one); the enabled files of the suite are kept;
-2. ``sglang.test.ci.ci_utils.run_unittest_files`` runs each registered file as
+2. with ``--part K/N``, ``sglang.test.ci.ci_register.auto_partition`` keeps the K-th of N
+   parts, balanced by each file's ``est_time`` (longest-processing-time first), as SGLang's
+   ``run_suite.py --auto-partition-id/--auto-partition-size`` splits a suite over runners;
+   the N parts together run every file (``tools/matrix.py`` runs them as jobs of its pool);
+3. ``sglang.test.ci.ci_utils.run_unittest_files`` runs each registered file as
    ``python3 <cwd>/<file> -f`` (no pytest, no conftest), with the timeout SGLang derives
    from its ``est_time``.
 
@@ -14,19 +18,49 @@ here would also try to import SGLang's serving engine before every test class).
 ``python3`` is this interpreter (its directory goes first on ``PATH``). The runner's
 output goes to ``--log``; one summary line is printed.
 
-Usage: ``python tools/sglang_ci.py [--log FILE] [--suite stage-a-test-cpu] [FILE ...]``
+Usage: ``python tools/sglang_ci.py [--log FILE] [--suite stage-a-test-cpu] [--part K/N] [FILE ...]``
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "stage-a-test-cpu"
+
+
+def _part(text: str) -> tuple[int, int]:
+    """``K/N`` (1 <= K <= N) as ``(K, N)``; anything else is an argparse error naming it."""
+    found = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not found or not 1 <= int(found.group(1)) <= int(found.group(2)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a part K/N with 1 <= K <= N")
+    return int(found.group(1)), int(found.group(2))
+
+
+def select(files: list[str], suite: str, part: tuple[int, int] = (1, 1)) -> tuple[list[Any], int]:
+    """The registries SGLang's ``collect_tests`` reads from ``files`` that its CPU suite
+    ``suite`` runs, of them ``part`` (K, N) by SGLang's ``auto_partition``, and how many
+    the suite runs in all; a rejected file or one not registered raises ``ValueError``."""
+    from sglang.test.ci.ci_register import HWBackend, auto_partition, collect_tests
+
+    try:
+        registered = collect_tests(files)
+    except ValueError as exc:
+        raise ValueError(f"collect_tests rejected the tests: {exc}") from exc
+    chosen = [r for r in registered if r.backend is HWBackend.CPU
+              and r.effective_suite == suite and r.disabled is None and not r.nightly]
+    helpers = {r.filename for r in registered if r.disabled is not None}
+    missing = sorted(set(files) - helpers - {r.filename for r in chosen})
+    if missing:
+        raise ValueError(f"not registered for CPU suite {suite}: {', '.join(missing)}")
+    k, n = part
+    return (auto_partition(chosen, k - 1, n) if n > 1 else chosen), len(chosen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", help="test files relative to the project root")
     parser.add_argument("--log", type=Path, default=ROOT / ".matrix" / "reports" / "sglang-ci.log")
     parser.add_argument("--suite", default=SUITE)
+    parser.add_argument("--part", type=_part, default=(1, 1), metavar="K/N",
+                        help="run the K-th of N parts (SGLang's auto_partition), 1-based")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     files = args.files or sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/*.py")
@@ -46,21 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
                                                              os.environ.get("PYTHONPATH")]))
 
-    from sglang.test.ci.ci_register import HWBackend, collect_tests
-
     try:
-        registered = collect_tests(files)
+        chosen, total = select(files, args.suite, args.part)
     except ValueError as exc:  # SGLang's harness rejects a file: name it, in one line
-        print(f"sglang CI harness: collect_tests rejected the tests: {exc}")
+        print(f"sglang CI harness: {exc}")
         return 1
-    chosen = [r for r in registered if r.backend is HWBackend.CPU
-              and r.effective_suite == args.suite and r.disabled is None and not r.nightly]
-    helpers = {r.filename for r in registered if r.disabled is not None}
-    missing = sorted(set(files) - helpers - {r.filename for r in chosen})
-    if missing:
-        print(f"sglang CI harness: not registered for CPU suite {args.suite}: "
-              f"{', '.join(missing)}")
-        return 1
+    part, parts = args.part
 
     args.log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -81,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(summary, 1)
             os.dup2(saved_err, 2)
     verdict = "all passed" if code == 0 else "FAILED"
-    print(f"sglang CI harness: {len(chosen)} files collected by collect_tests, "
+    share = f" (part {part}/{parts} of {total}, by auto_partition)" if parts > 1 else ""
+    print(f"sglang CI harness: {len(chosen)} files collected by collect_tests{share}, "
           f"run by run_unittest_files: {verdict} in {time.monotonic() - start:.0f}s "
           f"(log: {args.log.relative_to(ROOT) if args.log.is_relative_to(ROOT) else args.log})")
     if code != 0:

@@ -35,6 +35,9 @@ from sglang_dsv4_guard.host.targets import (
     PD_NIXL_SEND_EXTRA,
     PD_POP_PREALLOCATED,
     PD_RECEIVER_INIT,
+    PEERS_MOONCAKE_START,
+    PEERS_MOONCAKE_WORKER,
+    PEERS_NIXL_REGISTER,
     PatchTarget,
 )
 
@@ -86,6 +89,13 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("mooncake.send_aux", PD_MOONCAKE_SEND_AUX, helpers=("send_aux_tcp",)),
     SiteSpec("nixl.send_aux", PD_NIXL_SEND_AUX, helpers=("send_aux_tcp",)),
     SiteSpec("mori.send_aux", PD_MORI_SEND_AUX, helpers=("send_aux_tcp", "send_aux_rdma")),
+    # What the registration guard (peers/) relies on: NIXL's registration as a whole (its
+    # order: relayout, table, aux count, payload, state), Mooncake's bootstrap closure
+    # (it writes decode_kv_args_table) and the transfer worker's dying re-raise.
+    SiteSpec("peers.nixl_register", PEERS_NIXL_REGISTER, helpers=("_prepare_payload_xfer",)),
+    SiteSpec("peers.mooncake_start", PEERS_MOONCAKE_START,
+             helpers=("_publish_peer_registration",)),
+    SiteSpec("peers.mooncake_worker", PEERS_MOONCAKE_WORKER, phrase="is dead"),
     SiteSpec("receiver.allocation_policy", PD_RECEIVER_INIT,
              assigned="allocation policy mismatch"),
     SiteSpec("receiver.prefill_complete_peer", PD_RECEIVER_INIT,

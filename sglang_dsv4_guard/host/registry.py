@@ -17,7 +17,11 @@ naming the plug-ins whose hooks are in the way.
 The registry has no undo, so this path is only for SGLang's loader. Programmatic
 ``install()`` patches directly and restores on ``uninstall()``. MORI stays lazily
 patched on both paths: ``apply_hooks()`` imports every target's module, and the MORI
-connector's module imports ``mori``, which needs ROCm.
+connector's module imports ``mori``, which needs ROCm. Decode's first contact too: its
+pass path runs per pending prefill address in the decode scheduler, and the registry's
+``AROUND`` chain would add two Python frames and argument packing to it, while
+``apply_hooks()`` would import the connector in every server process, PD or not. Both
+lazy targets are in the chain check after ``apply_hooks()`` (:data:`LAZY_TARGETS`).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from typing import Any
 
 from sglang_dsv4_guard.host.loader import guard_names
 from sglang_dsv4_guard.host.targets import (
-    MORI_MODULE,
     MORI_TARGETS,
+    PD_FIRST_CONTACT,
     REGISTRY_MODULE,
     STATE,
     STATE_HOLDERS,
@@ -55,10 +59,13 @@ __all__ = [
 logger = logging.getLogger(LOGGER_NAME)
 
 STATE_PATH = str(STATE)
-MORI_METHODS = tuple(target.attr for target in MORI_TARGETS)
+#: The methods the guard patches lazily when SGLang imports their connector module:
+#: MORI's, and decode's first contact (``CommonKVManager.try_ensure_parallel_info``).
+LAZY_TARGETS = (*MORI_TARGETS, PD_FIRST_CONTACT)
+LAZY_METHODS = tuple(target.attr for target in LAZY_TARGETS)
 #: The names the guard wraps; a hook on any target ending in one of them is on the
 #: guard's target or on another name for it (``prefill.setup_state_kv_args``).
-GUARD_TARGETS = (STATE.qualname, *(target.qualname for target in MORI_TARGETS))
+GUARD_TARGETS = (STATE.qualname, *(target.qualname for target in LAZY_TARGETS))
 
 
 @dataclass(frozen=True)
@@ -206,10 +213,9 @@ def _bound_functions() -> list[tuple[str, object]]:
         module = sys.modules.get(name)
         if module is not None and hasattr(module, STATE.attr):
             found.append((f"{name}.{STATE.attr}", getattr(module, STATE.attr)))
-    conn = sys.modules.get(MORI_MODULE)
-    for target in MORI_TARGETS:
+    for target in LAZY_TARGETS:
         owner_name, method = target.qualname.rsplit(".", 1)
-        owner = getattr(conn, owner_name, None)
+        owner = getattr(sys.modules.get(target.module), owner_name, None)
         if owner is not None and method in vars(owner):
             found.append((str(target), vars(owner)[method]))
     return found
@@ -240,11 +246,11 @@ def _verify(hook: StateHook | None, active: Callable[[], bool]) -> None:
 
 def effect(record: HookRecord) -> tuple[str, bool]:
     """What another plug-in's hook does to the guard, and whether that is a problem."""
-    if record.target.endswith(tuple("." + m for m in MORI_METHODS)):
+    if record.target.endswith(tuple("." + m for m in LAZY_METHODS)):
         if record.kind == "replace":
             return ("applied after the guard wrapped the connector: takes the guard out of "
-                    "the MORI call chain", True)
-        return "wraps the guard's MORI wrapper", False
+                    "that call chain", True)
+        return "wraps the guard's wrapper of the connector method", False
     if record.kind == "replace":
         if record.target == STATE_PATH or record.target < STATE_PATH:
             return ("replaces SGLang's function under the guard: the guard wraps the "

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 __all__ = [
     "AUTOSHARE_POOL_ATTRS",
     "CALLERS",
+    "CONTACT_INFO_FIELDS",
+    "CONTACT_MANAGER_ATTRS",
     "CUDA_GRAPH_CONFIG",
     "DSV4_POOL",
     "ENVIRON_MODULE",
@@ -62,6 +64,13 @@ __all__ = [
     "PD_SERVER_INFO",
     "PD_STATE_TYPE",
     "PD_STATE_TYPE_MODULE",
+    "PEERS_INFO_ATTRS",
+    "PEERS_KV_ARGS_ATTRS",
+    "PEERS_MANAGER_ATTRS",
+    "PEERS_MOONCAKE_START",
+    "PEERS_MOONCAKE_WORKER",
+    "PEERS_NIXL_REGISTER",
+    "PEERS_SERVER_ARGS_ATTRS",
     "POOL_ATTRS",
     "POOL_REGISTER",
     "POOL_REGISTER_TARGET",
@@ -123,6 +132,17 @@ MORI_SEND = PatchTarget(MORI_MODULE, "MoriKVManager._send_swa_dsa_state")
 MORI_REGISTER = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
 MORI_TARGETS = (MORI_SEND, MORI_REGISTER)
 
+#: Decode peers' registration and the threads that die of it (``peers/``): NIXL's
+#: registration method (run in its bootstrap thread), Mooncake's transfer worker (a
+#: thread target) and the method that starts Mooncake's prefill bootstrap thread, whose
+#: ``decode_kv_args_table`` the guard watches (the thread is a closure of it).
+PEERS_NIXL_REGISTER = PatchTarget("sglang.srt.disaggregation.nixl.conn",
+                                  "NixlKVManager._add_remote_peer")
+PEERS_MOONCAKE_WORKER = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
+                                    "MooncakeKVManager.transfer_worker")
+PEERS_MOONCAKE_START = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
+                                   "MooncakeKVManager.start_prefill_thread")
+
 
 @dataclass(frozen=True)
 class CallerRole:
@@ -146,6 +166,29 @@ CALLERS: dict[str, CallerRole] = {
 # The prefill/decode contract (``pd/``): where SGLang compares the two servers.
 PD_COMMON_MODULE = "sglang.srt.disaggregation.common.conn"
 PD_FIRST_CONTACT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.try_ensure_parallel_info")
+#: What the run-time first-contact report reads of the live decode manager (``self`` of
+#: ``try_ensure_parallel_info``): the values its comparisons read, by the endpoint name
+#: :mod:`sglang_dsv4_guard.pd.first_contact` gives them, and the dotted attribute
+#: (0.5.16 compares ``server_args.kv_cache_dtype``; 0.5.17+ ``kv_cache_dtype_str``).
+CONTACT_MANAGER_ATTRS = (
+    ("page_size", "kv_args.page_size"), ("kv_cache_dtype_str", "kv_cache_dtype_str"),
+    ("attn_tp_size", "attn_tp_size"), ("attn_cp_size", "attn_cp_size"),
+    ("attn_dp_size", "attn_dp_size"), ("pp_size", "pp_size"), ("dcp_size", "dcp_size"),
+    ("is_mla_backend", "is_mla_backend"), ("is_hybrid_mla_backend", "is_hybrid_mla_backend"),
+    ("kv_layout", "kv_layout"), ("dsv41_spec_layout", "dsv41_spec_layout"),
+    ("state_types", "kv_args.state_types"),
+    ("enable_all_cp_ranks_for_transfer", "enable_all_cp_ranks_for_transfer"),
+)
+#: The ``PrefillServerInfo`` fields (the prefill's ``/route`` answer) by endpoint name.
+CONTACT_INFO_FIELDS = (
+    ("attn_tp_size", "attn_tp_size"), ("attn_cp_size", "attn_cp_size"),
+    ("attn_dp_size", "dp_size"), ("pp_size", "pp_size"), ("page_size", "page_size"),
+    ("kv_cache_dtype_str", "kv_cache_dtype"), ("follow_bootstrap_room", "follow_bootstrap_room"),
+    ("enable_dsa_cache_layer_split", "enable_dsa_cache_layer_split"),
+    ("dsv41_spec_layout", "dsv41_spec_layout"), ("kv_layout", "kv_layout"),
+    ("decode_allocation_policy", "decode_allocation_policy"),
+    ("enable_kv_cache_sharding", "enable_kv_cache_sharding"),
+)
 PD_MOONCAKE_MODULE = "sglang.srt.disaggregation.mooncake.conn"
 PD_NIXL_MODULE = "sglang.srt.disaggregation.nixl.conn"
 PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
@@ -250,6 +293,22 @@ MORI_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "attn_tp_size"
 MORI_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention")
 MORI_KV_ARGS_ATTRS = ("state_types",)
 MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
+
+#: What the registration snapshot (``peers/snapshot.py``) reads from a Mooncake or NIXL
+#: prefill manager, its ``kv_args`` and ``server_args``, and from a decode peer's
+#: ``KVArgsRegisterInfo`` (NIXL names the decode's TP ``decode_tp_size``, Mooncake
+#: ``dst_attn_tp_size``). Not digested, like the MORI attributes; a missing one is
+#: "not known" in the endpoint, never a default.
+PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_mla_backend",
+                       "attn_tp_size", "pp_size", "dcp_size", "dcp_rank", "bootstrap_port",
+                       "decode_kv_args_table")
+PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
+                       "engine_rank")
+PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "speculative_algorithm",
+                           "disaggregation_enable_kv_checksum")
+PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_dcp_rank",
+                    "dst_kv_mem_kinds", "dst_kv_item_lens", "dst_kv_ptrs", "dst_aux_ptrs",
+                    "agent_name", "mooncake_session_id", "endpoint", "dst_port")
 
 
 def pool_attributes_read() -> tuple[str, ...]:

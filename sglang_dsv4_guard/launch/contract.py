@@ -19,6 +19,7 @@ from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import endpoint_of
 from sglang_dsv4_guard.launch.kv_layout_env import kv_layout_env_row
+from sglang_dsv4_guard.launch.kv_setup import kv_setup_row
 from sglang_dsv4_guard.launch.transfer import (
     aux_row,
     hisparse_backend_row,
@@ -38,8 +39,8 @@ ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
     "transfer.send_extra": send_extra_row, "transfer.aux_buffers": aux_row,
     "transfer.aux_row_widths": aux_width_row,
     "transfer.nixl_payload": nixl_payload_row, "transfer.hisparse_backend": hisparse_backend_row,
-    "start-up.dsv4_kv_layout": kv_layout_env_row, "first contact": contact_row,
-    "receiver.allocation_policy": allocation_row,
+    "start-up.dsv4_kv_layout": kv_layout_env_row, "start-up.kv_setup": kv_setup_row,
+    "first contact": contact_row, "receiver.allocation_policy": allocation_row,
 }
 
 

@@ -13,12 +13,21 @@ miniature draft pool of the draft model's kind when the server has one; the stat
 - ``mha``: ``MHATokenToKVPool`` (plain MHA);
 - ``mla``: ``MLATokenToKVPool`` (MLA, not DSA/NSA, not hybrid SWA: DeepSeek-V3 and the like);
 - ``swa``: ``SWAKVPool`` over ``MHATokenToKVPool`` (hybrid sliding-window MHA: gpt-oss);
+- ``minimax``: ``MiniMaxSparseKVPool`` (MiniMax-M3 sparse, ``is_minimax_sparse``, MHA, not
+  hybrid SWA), its dense, sparse and value-less sparse layers read from config.json's
+  ``sparse_attention_config`` by SGLang's own ``get_minimax_sparse_*`` helpers, the whole
+  model on one rank (PP 1; HiSparse and the NVFP4 pool class, chosen by the GPU, not built);
 - DeepSeek-V4 is not built again: the state types are read from the run of
   :mod:`.pools` on the server's own miniature ``DeepSeekV4TokenToKVPool``\\ s.
 
+Where SGLang's own ``setup_state_kv_args`` refuses a pool built here (the unified SWA pool
+before 0.5.22; a MiniMax pool with index-value sparse layers) the server stops when its
+KV transfer is set up: :class:`Refused` carries SGLang's message (reported by
+:mod:`.kv_setup`), distinct from a pool that cannot be built on this CPU.
+
 Anything else stays unknown, and the rows that need it say so in ``unknowns``: DSA/NSA,
-MLA with hybrid SWA, Mamba and linear-attention hybrids, MiniMax sparse, a block-scaled KV
-dtype (MXFP8, FP4: its own pool classes), the pool classes chosen by flags
+MLA with hybrid SWA, Mamba and linear-attention hybrids, other MiniMax sparse servers, a
+block-scaled KV dtype (MXFP8, FP4: its own pool classes), the pool classes chosen by flags
 (``--enable-page-major-kv-layout``, ``--enable-kv-cache-sharding``,
 ``--prefill-only-disable-kv-cache``), Ascend, and DeepSeek-V4 without a pool run.
 """
@@ -28,6 +37,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from sglang_dsv4_guard.launch.derive import ModelFacts, Side
@@ -38,7 +48,7 @@ from sglang_dsv4_guard.launch.pools import last_run, state_type_names
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 from sglang_dsv4_guard.pd.endpoint import Value
 
-__all__ = ["pool_kind", "registered_state"]
+__all__ = ["Refused", "layers_of", "minimax_layers", "pool_kind", "registered_state"]
 
 log = logging.getLogger(LOGGER_NAME)
 _ROWS = 64
@@ -47,7 +57,7 @@ _ROWS = 64
 _CLASS_FLAGS = ("enable_page_major_kv_layout", "enable_kv_cache_sharding",
                 "prefill_only_disable_kv_cache")
 _POOLS = {"mha": "MHATokenToKVPool", "mla": "MLATokenToKVPool",
-          "swa": "SWAKVPool over MHATokenToKVPool",
+          "swa": "SWAKVPool over MHATokenToKVPool", "minimax": "MiniMaxSparseKVPool",
           "unified_swa": "init_unified_swa_pools' UnifiedSWAKVPool"}
 
 
@@ -86,13 +96,28 @@ def _model_kind(model: ModelFacts) -> str | None:
     from sglang.srt.configs.model_config import is_deepseek_dsa, is_minimax_sparse
 
     hf = config.hf_config
-    if mambaish_config(config) is not None or is_minimax_sparse(hf) or is_deepseek_dsa(hf):
+    if is_minimax_sparse(hf):
+        # the configurator's MHA branch: hybrid SWA first, then MiniMax sparse
+        plain = model.attention_arch == "MHA" and not model.is_hybrid_swa
+        return "minimax" if plain and not is_deepseek_dsa(hf) else None
+    if mambaish_config(config) is not None or is_deepseek_dsa(hf):
         return None
     if model.attention_arch == "MLA":
         return None if model.is_hybrid_swa else "mla"
     if model.attention_arch != "MHA":
         return None
     return "swa" if model.is_hybrid_swa else "mha"
+
+
+def minimax_layers(model: ModelFacts) -> tuple[tuple[int, ...], ...]:
+    """``(dense, sparse, value-less sparse)`` layer ids as SGLang's own
+    ``get_minimax_sparse_*`` helpers read them from ``model``'s config.json."""
+    from sglang.srt.configs import model_config as mc
+
+    config = mc.get_minimax_sparse_attention_config(model.config.hf_config)
+    dense, sparse = mc.get_minimax_sparse_layer_ids(config)
+    return (tuple(dense), tuple(sparse),
+            tuple(mc.get_minimax_sparse_disable_value_layer_ids(config)))
 
 
 def _unified(side: Side) -> bool:
@@ -121,7 +146,12 @@ def pool_kind(side: Side) -> str | None:
         return "dsv4"
     if kv_dtype(side) == "auto" and _quantized_kv(side.model):
         return None  # the model's quantization config may give a block-scaled KV pool
-    return _model_kind(side.model)
+    kind = _model_kind(side.model)
+    if kind == "minimax" and (int(side.args.get("pp_size") or 1) > 1
+                              or any(_said(side, "enable_hisparse"))
+                              or any("nvfp4" in str(q) for q in _said(side, "quantization"))):
+        return None  # per-rank layers, HiSparse's pools, the GPU's NVFP4 pool: not built
+    return kind
 
 
 def _quantized_kv(model: ModelFacts) -> bool:
@@ -145,7 +175,9 @@ def unified_pool() -> Any:
                                   ).token_to_kv_pool
 
 
-def _pool(kind: str) -> Any:
+def _pool(kind: str, layers: tuple[tuple[int, ...], ...] = ()) -> Any:
+    """A miniature ``kind`` pool by SGLang's own constructor (``layers``: a MiniMax pool's
+    :func:`minimax_layers`)."""
     if kind == "unified_swa":
         return unified_pool()
     import torch
@@ -153,8 +185,17 @@ def _pool(kind: str) -> Any:
 
     common: dict[str, Any] = dict(size=_ROWS, page_size=1, dtype=torch.bfloat16,
                                   device="cpu", enable_memory_saver=False)
-    if kind == "mla":
-        cls: Any = MLATokenToKVPool
+    if kind == "minimax":
+        from sglang.srt.mem_cache.memory_pool import MiniMaxSparseKVPool
+
+        dense, sparse, value_less = layers
+        cls: Any = MiniMaxSparseKVPool
+        wanted = dict(common, head_num=1, head_dim=8, idx_head_dim=8,
+                      dense_layer_ids=list(dense), sparse_layer_ids=list(sparse),
+                      disable_value_sparse_layer_ids=list(value_less), start_layer=0,
+                      end_layer=len(dense) + len(sparse))
+    elif kind == "mla":
+        cls = MLATokenToKVPool
         wanted = dict(common, kv_lora_rank=8, qk_rope_head_dim=8, layer_num=1)
     elif kind == "mha":
         cls = MHATokenToKVPool
@@ -171,25 +212,67 @@ def _pool(kind: str) -> Any:
     return cls(**{k: v for k, v in wanted.items() if k in params})
 
 
-@functools.lru_cache(maxsize=16)
-def registered_state(kind: str, draft_kind: str | None = None
-                     ) -> tuple[tuple[str, ...], bool] | str:
-    """``(state types, is_hybrid_mla_backend)`` as the release's ``setup_state_kv_args``
-    registers them for a miniature ``kind`` pool (and a ``draft_kind`` draft pool), or
-    the reason it could not run."""
-    from sglang.srt.disaggregation.utils import setup_state_kv_args
+@dataclass(frozen=True)
+class Refused:
+    """SGLang's own refusal, on every machine, of a pool its constructor built here: an
+    ``assert`` or ``NotImplementedError`` in the calls the release's KV manager makes at
+    start-up. The server stops when its KV transfer is set up."""
 
+    function: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _kv_manager_calls(pool: Any, draft: Any, kv_args: Any) -> None:
+    """The calls the release's prefill and decode make on their pools when they set up the
+    KV manager (``_init_kv_manager``): the transfer buffers' infos
+    (``get_kv_transfer_buf_infos``, 0.5.21+, else the pool's ``get_contiguous_buf_infos``),
+    the draft's, then ``setup_state_kv_args``."""
+    from sglang.srt.disaggregation import utils
+
+    infos = getattr(utils, "get_kv_transfer_buf_infos", None)
+    if infos is not None:
+        infos(pool)
+    else:
+        pool.get_contiguous_buf_infos()
+    if draft is not None:
+        draft.get_contiguous_buf_infos()
+    utils.setup_state_kv_args(kv_args, pool, draft)
+
+
+@functools.lru_cache(maxsize=32)
+def registered_state(kind: str, draft_kind: str | None = None,
+                     layers: tuple[tuple[int, ...], ...] = (),
+                     env: tuple[tuple[str, str], ...] = ()
+                     ) -> tuple[tuple[str, ...], bool] | Refused | str:
+    """``(state types, is_hybrid_mla_backend)`` as the release's ``setup_state_kv_args``
+    registers them for a miniature ``kind`` pool (and a ``draft_kind`` draft pool), built
+    and set up as the KV manager does in the environment ``env``; :class:`Refused` when
+    SGLang's own calls refuse the pool; the reason, when it could not be built here."""
     # deferred: samples loads SGLang's KVArgs; check imports it only when a pool is built
     from sglang_dsv4_guard.samples import new_kv_args
 
-    try:
-        with offline_env(), silenced():
+    with offline_env(dict(env)), silenced():
+        try:
             kv_args = new_kv_args()
             draft = _pool(draft_kind) if draft_kind else None
-            setup_state_kv_args(kv_args, _pool(kind), draft)
-    except Exception as exc:  # the release's constructor or function refused: unknown
-        log.debug("state types of a %s pool not derived: %s", kind, exc, exc_info=True)
-        return f"{type(exc).__name__}: {exc}"
+            pool = _pool(kind, layers)
+        except Exception as exc:  # the release's constructor refused on this CPU: unknown
+            log.debug("a %s pool not built: %s", kind, exc, exc_info=True)
+            return f"{type(exc).__name__}: {exc}"
+        try:
+            _kv_manager_calls(pool, draft, kv_args)
+        except (AssertionError, NotImplementedError) as exc:  # SGLang's own refusal
+            frame = exc.__traceback__
+            while frame is not None and frame.tb_next is not None:
+                frame = frame.tb_next
+            where = frame.tb_frame.f_code.co_name if frame is not None else "its KV setup"
+            return Refused(where, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # anything else: not known to be SGLang's verdict
+            log.debug("state types of a %s pool not derived: %s", kind, exc, exc_info=True)
+            return f"{type(exc).__name__}: {exc}"
     return state_type_names(kv_args), bool(getattr(kv_args, "is_hybrid_mla_backend", False))
 
 
@@ -197,8 +280,8 @@ def _built(side: Side, kind: str) -> dict[str, Value]:
     draft_kind = _model_kind(side.draft) if side.draft is not None else None
     if side.draft is not None and draft_kind is None:
         return {}  # a draft pool not built here: what the call registers is unknown
-    got = registered_state(kind, draft_kind)
-    if isinstance(got, str) and kind == "unified_swa":
+    got = registered_state(kind, draft_kind, layers_of(side, kind))
+    if isinstance(got, (str, Refused)) and kind == "unified_swa":
         # SGLang's own setup_state_kv_args refuses the pool it would build (before 0.5.22:
         # "unified layout has no per-layer contiguous regions; ... disaggregation is
         # unsupported"): the server stops when its KV manager is set up, before any request.
@@ -206,8 +289,8 @@ def _built(side: Side, kind: str) -> dict[str, Value]:
                          f"--enable-unified-memory gives ({got}): the server would stop when "
                          "its KV transfer is set up; its state types are not derived and the "
                          "rows that need them are not judged")
-    if isinstance(got, str):
-        return {}
+    if isinstance(got, (str, Refused)):
+        return {}  # not built here, or refused (DSV4G049 says so: the server stops)
     types, hybrid_mla = got
     m = side.model
     draft = (f", with a miniature {_POOLS[draft_kind]} draft pool for {side.draft.path}"
@@ -218,6 +301,11 @@ def _built(side: Side, kind: str) -> dict[str, Value]:
               f"dtype {kv_dtype(side)})")
     return {"state_types": Value(types, source),
             "is_hybrid_mla_backend": Value(hybrid_mla, source)}
+
+
+def layers_of(side: Side, kind: str | None) -> tuple[tuple[int, ...], ...]:
+    """The layers a ``kind`` pool of ``side`` is built with (a MiniMax pool's only)."""
+    return minimax_layers(side.model) if kind == "minimax" else ()
 
 
 def _from_pool_run(side: Side) -> dict[str, Value]:

@@ -25,7 +25,13 @@ from collections.abc import Mapping
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source, side_field
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.state_types import _pool, pool_kind, unified_pool
+from sglang_dsv4_guard.launch.state_types import (
+    Refused,
+    _pool,
+    pool_kind,
+    registered_state,
+    unified_pool,
+)
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 from sglang_dsv4_guard.pd.endpoint import Value
 
@@ -38,15 +44,20 @@ _ROWS = 64
 
 @functools.lru_cache(maxsize=8)
 def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
-                      ) -> tuple[str | None, bool] | str:
+                      ) -> tuple[str | None, bool] | Refused | str:
     """``(layout, present)``: ``kv_args.swa_kv_cache_layout`` as the release's
     ``setup_state_kv_args`` writes it for the pool (``present`` False on a release whose
-    ``KVArgs`` has no such field), or the reason the pool could not be built."""
+    ``KVArgs`` has no such field); :class:`~.state_types.Refused` when SGLang's own KV
+    setup refuses the pool in this environment (``SGLANG_USE_HND_KVCACHE``: the server
+    stops); the reason, when the pool could not be built here."""
     from sglang.srt.disaggregation.utils import setup_state_kv_args
 
     # deferred: samples loads SGLang's KVArgs; check imports it only when a pool is built
     from sglang_dsv4_guard.samples import new_kv_args
 
+    got = registered_state("unified_swa" if unified else "swa", None, (), env)
+    if isinstance(got, Refused):
+        return got
     try:
         with offline_env(dict(env)), silenced():
             kv_args = new_kv_args()
@@ -74,6 +85,11 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     pool = ("SGLang's unified SWA pool (init_unified_swa_pools; "
             + field_source(side, "enable_unified_memory", "--enable-unified-memory") + ")"
             if unified else "a miniature SWAKVPool")
+    if isinstance(got, Refused):
+        return {"swa_kv_cache_layout": Value(None, (
+            f"not derived: SGLang's {got.function} refuses {pool} in this server's "
+            f"environment ({got.message}): the server stops when its KV transfer is set up "
+            "(DSV4G049)"))}
     if isinstance(got, str):
         return {"swa_kv_cache_layout": Value(None, f"not known here: {pool} could not be "
                                                    f"built on CPU ({got})")}

@@ -10,6 +10,8 @@ they read.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -30,7 +32,7 @@ from sglang_dsv4_guard.launch.endpoint import (
 )
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
-from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, AuxSend, aux_send
+from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, aux_details, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
@@ -184,32 +186,19 @@ def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
         return [], []
     verdicts, unknowns = send_extra_verdicts(p, d, backend, package, p.get("state_types"))
     skip_minimax = _first_contact_minimax()
-    findings = [_send_extra_finding(run, backend, v) for v in verdicts
+    # State types refused by one branch with one message (0.5.21+: MiniMax's index and
+    # dense KV) are one refusal: the transfer raises at the first of them.
+    merged: dict[tuple[str, str], StateVerdict] = {}
+    for v in verdicts:
+        key = (v.code, v.message)
+        if key in merged:
+            first = merged[key]
+            merged[key] = replace(first, state_type=f"{first.state_type} and {v.state_type}")
+        else:
+            merged[key] = v
+    findings = [_send_extra_finding(run, backend, v) for v in merged.values()
                 if not (v.code == "DSV4G041" and skip_minimax)]
     return findings, unknowns
-
-
-def _aux_details(local: int, remote: int, checksum_only: bool, sent: AuxSend) -> list[str]:
-    """What happens to the buffers, as SGLang's ``send_aux`` of the backend ran on them."""
-    if sent.prefill_raised:
-        return [f"SGLang's {sent.function} raises {sent.prefill_raised} on the prefill: it "
-                f"loops over the decode's {remote} buffers, indexing the prefill's {local}"]
-    if sent.decode_raised:
-        return [f"SGLang's {sent.function} sends the prefill's {local} buffers one by one with "
-                f"their index; the decode's AuxDataCodec.deserialize_data_to_buffer raises "
-                f"{sent.decode_raised}: the decode has {remote}"]
-    head = f"only the first {sent.written} buffers are transferred; "
-    if checksum_only:
-        return [head + (
-            "the decode's extra one is the KV checksum, the last: it stays 0 and the decode "
-            "skips verification for a 0 digest (decode.py _verify_kv_checksums)"
-            if remote > local else
-            "the prefill's extra one is the KV checksum, the last: it is not sent and the "
-            "decode, without the checksum, verifies nothing")
-                + ", so transfers stay correct (a warning, not an error)"]
-    return [head + f"{mask_env()} on one server adds buffers in the middle of the list: "
-            "every later buffer (speculative top-k, hidden states, the bootstrap room) is read "
-            "from the wrong slot"]
 
 
 def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
@@ -252,7 +241,7 @@ def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
         subject=f"prefill -> decode {backend} transfer of the metadata buffers",
         observations=tuple(e.observation(n) for n in ("aux_buffer_count", "sampling_mask_env",
                                                         "kv_checksum") for e in (p, d)),
-        details=tuple(_aux_details(local, remote, checksum_only, sent)),
+        details=tuple(aux_details(local, remote, checksum_only, sent)),
         fixes=tuple(_aux_fixes(run, checksum_only)) if run.derive else (),
         docs=docs_url("DSV4G045"), host_message=logged or sent.prefill_raised
         or sent.decode_raised, when=when)], []

@@ -34,11 +34,11 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from sglang_dsv4_guard.dedup.markers import Seen, fingerprint
+from sglang_dsv4_guard.dedup.mismatch import PLACED_WAIT, Mismatch, sparse
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import LIST_CAP, Report
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_REGISTER, MORI_SEND
@@ -54,14 +54,20 @@ from sglang_dsv4_guard.patching import AppliedPatch, apply_all
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, pointer
 from sglang_dsv4_guard.runtime import Runtime
-from sglang_dsv4_guard.wrapping import note_on, our_failure, prints_in_full, publish, upgrades
+from sglang_dsv4_guard.wrapping import (
+    note_on,
+    our_failure,
+    prints_in_full,
+    publish,
+    publish_registration,
+    upgrades,
+)
 
 __all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
 _FUNCTION = MORI_SEND.qualname
-_PLACED_WAIT = 5.0  # seconds a concurrent failure waits for the first one's log line
 
 
 MismatchKey = tuple[int | None, int | None, tuple[str, ...], bool]
@@ -72,28 +78,11 @@ def mismatch_key(snap: SendSnapshot) -> MismatchKey:
     return (snap.attn_tp_size, snap.decode_tp_size, snap.state_types, snap.is_mla_backend)
 
 
-def sparse(n: int) -> bool:
-    """Whether a running count is logged: at 1, 10, 100, ... (powers of ten)."""
-    return n > 0 and str(n).rstrip("0") == "1"
-
-
-@dataclass
-class Mismatch:
-    """One distinct mismatch in this process: the peers it covers and its failures."""
-
-    peers: set[str] = field(default_factory=set)
-    failures: int = 0
-    shown: bool = False  # its full report went to the log or into an exception
-    fingerprint: str = "?"  # set with ``shown``, under the guard's lock
-    where: Seen | None = None  # where that full report was printed
-    # Set once ``where`` is known: a concurrent failure waits for it to name its pointer.
-    placed: threading.Event = field(default_factory=threading.Event)
-
-    def describe(self, key: MismatchKey) -> str:
-        """``prefill attention TP 8, decode TP 4, state layout swa``."""
-        attn, decode, layout, _ = key
-        return (f"prefill attention TP {attn}, decode TP {decode}, state layout "
-                f"{'+'.join(layout) or '?'}")
+def describe(key: MismatchKey) -> str:
+    """``prefill attention TP 8, decode TP 4, state layout swa``."""
+    attn, decode, layout, _ = key
+    return (f"prefill attention TP {attn}, decode TP {decode}, state layout "
+            f"{'+'.join(layout) or '?'}")
 
 
 class MoriGuard:
@@ -133,10 +122,10 @@ class MoriGuard:
                    "[DSV4G006] MORI mismatch (%s): %d decode peer(s), %d failed state "
                    "transfer(s) so far (fingerprint %s); the full report was printed once; "
                    "counts are logged at 1, 10, 100, ...; exact ones: "
-                   "sglang_dsv4_guard.summary()", m.describe(key), peers, failures,
+                   "sglang_dsv4_guard.summary()", m.label, peers, failures,
                    m.fingerprint, extra={EXTRA_KEY: {
                        "codes": ["DSV4G006"], "fingerprint": m.fingerprint, "count": what,
-                       "mismatch": m.describe(key), "peers": peers,
+                       "mismatch": m.label, "peers": peers,
                        "failures": failures}})
 
     def on_send_error(self, sig: inspect.Signature, args: tuple[Any, ...],
@@ -158,7 +147,7 @@ class MoriGuard:
             if cached is None:
                 cached = self._reports[key] = self._report(snap, ident, "send")
             count = self.failures[key] = self.failures.get(key, 0) + 1
-            m = self.mismatches.setdefault(mkey, Mismatch())
+            m = self.mismatches.setdefault(mkey, Mismatch(describe(mkey)))
             m.peers.add(ident)
             m.failures += 1
             total, show_full, m.shown = m.failures, not m.shown, True
@@ -169,18 +158,17 @@ class MoriGuard:
         seen: Seen | None = Seen.HERE
         if count == 1:  # a new (peer, state type): an occurrence for every reporter
             d = publish(self.rt, report, Delivery(raised=True, quiet=not show_full, extra={
-                "mismatch": m.describe(mkey), "peer": ident, "failures": count}))
+                "mismatch": m.label, "peer": ident, "failures": count}))
             seen = d.seen
         if show_full:
-            m.where = seen
-            m.placed.set()
+            m.place(seen)
         if sparse(total) and not (show_full and total == 1):
             self._count_line(mkey, m, "failures", peers, total)
         if show_full and prints_in_full(seen):
             text = rendered
         else:
             if not show_full:
-                m.placed.wait(_PLACED_WAIT)  # the first failure is being published now
+                m.placed.wait(PLACED_WAIT)  # the first failure is being published now
             where = seen if show_full else m.where
             text = (f"{pointer(report, m.fingerprint, where)}; {count} failure(s) to this "
                     "peer so far")
@@ -200,22 +188,11 @@ class MoriGuard:
             self.registered[ident] = report
             if self.rt.strict:
                 self.blocked[ident] = (report, rendered)
-            m = self.mismatches.setdefault(mkey, Mismatch())
-            m.peers.add(ident)
-            peers, quiet, m.shown = len(m.peers), m.shown, True
+            m = self.mismatches.setdefault(mkey, Mismatch(describe(mkey)))
+            peers, quiet = m.claim(ident, report)
             failures = m.failures
-            if not quiet:
-                m.fingerprint = fingerprint(report)
-        note = None if quiet else (
-            f"this mismatch covers {peers} decode peer(s) so far; later peers with the same "
-            "mismatch are counted, not reported again (count logged at 10, 100, ... peers; "
-            "exact counts: sglang_dsv4_guard.summary() and at uninstall)")
-        d = publish(self.rt, report, Delivery(quiet=quiet, note=note, extra={
-            "mismatch": m.describe(mkey), "peer": ident, "peers": peers}))
-        if not quiet:
-            m.where = d.seen
-            m.placed.set()
-        elif sparse(peers):
+        if publish_registration(self.rt, report, m, peers, quiet, {
+                "mismatch": m.label, "peer": ident, "peers": peers}):
             self._count_line(mkey, m, "peers", peers, failures)
 
     def blocked_error(self, sig: inspect.Signature, args: tuple[Any, ...],
@@ -242,8 +219,8 @@ class MoriGuard:
         peers each."""
         with self._lock:
             lines = []
-            for mkey, m in self.mismatches.items():
-                lines.append(f"DSV4G006 MORI mismatch ({m.describe(mkey)}; fingerprint "
+            for m in self.mismatches.values():
+                lines.append(f"DSV4G006 MORI mismatch ({m.label}; fingerprint "
                              f"{m.fingerprint}): {len(m.peers)} decode peer(s), {m.failures} "
                              "failed state transfer(s)")
                 per_peer = [(k, n) for k, n in self.failures.items() if k[0] in m.peers]

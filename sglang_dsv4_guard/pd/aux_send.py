@@ -39,8 +39,9 @@ from typing import Any
 
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE, PD_AUX_CODEC
+from sglang_dsv4_guard.pd.buffers import mask_env
 
-__all__ = ["AUX_BACKENDS", "AuxSend", "RowLanding", "aux_rows", "aux_send"]
+__all__ = ["AUX_BACKENDS", "AuxSend", "RowLanding", "aux_details", "aux_rows", "aux_send"]
 
 AUX_BACKENDS = ("mooncake", "nixl", "mori")
 _ITEM = 8  # bytes of one buffer's row in the miniature
@@ -298,3 +299,26 @@ def aux_rows(backend: str, package: Path, local: list[int], remote: list[int],
                 found["past_end"].add(row)
     return RowLanding(backend, target, by_index, raised, differ, rows,
                       *(tuple(sorted(found[k])) for k in ("misplaced", "spilled", "past_end")))
+
+
+def aux_details(local: int, remote: int, checksum_only: bool, sent: AuxSend) -> list[str]:
+    """What happens to the buffers, as SGLang's ``send_aux`` of the backend ran on them."""
+    if sent.prefill_raised:
+        return [f"SGLang's {sent.function} raises {sent.prefill_raised} on the prefill: it "
+                f"loops over the decode's {remote} buffers, indexing the prefill's {local}"]
+    if sent.decode_raised:
+        return [f"SGLang's {sent.function} sends the prefill's {local} buffers one by one with "
+                f"their index; the decode's AuxDataCodec.deserialize_data_to_buffer raises "
+                f"{sent.decode_raised}: the decode has {remote}"]
+    head = f"only the first {sent.written} buffers are transferred; "
+    if checksum_only:
+        return [head + (
+            "the decode's extra one is the KV checksum, the last: it stays 0 and the decode "
+            "skips verification for a 0 digest (decode.py _verify_kv_checksums)"
+            if remote > local else
+            "the prefill's extra one is the KV checksum, the last: it is not sent and the "
+            "decode, without the checksum, verifies nothing")
+                + ", so transfers stay correct (a warning, not an error)"]
+    return [head + f"{mask_env()} on one server adds buffers in the middle "
+            "of the list: every later buffer (speculative top-k, hidden states, the bootstrap room) is read "
+            "from the wrong slot"]

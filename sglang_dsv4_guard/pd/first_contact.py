@@ -37,10 +37,11 @@ from sglang_dsv4_guard.host.targets import (
     PD_SERVER_INFO,
     PD_STATE_TYPE,
 )
+from sglang_dsv4_guard.patching import WRAPPER_MARK
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["MAX_CALLS", "Contact", "Raised", "contact_findings", "first_contact"]
+__all__ = ["MAX_CALLS", "Contact", "Raised", "contact_findings", "first_contact", "rule_for"]
 
 MAX_CALLS = 12
 UNMAPPED_CODE = "DSV4G035"
@@ -157,6 +158,13 @@ def _rule(message: str) -> tuple[str, tuple[str, ...], Neutraliser | None]:
         if words in message:
             return code, fields, neutralise
     return UNMAPPED_CODE, (), None
+
+
+def rule_for(message: str) -> tuple[str, tuple[str, ...]]:
+    """The code and the endpoint values that decide the condition SGLang's first contact
+    raised with ``message`` (:data:`UNMAPPED_CODE` and none for a message not mapped)."""
+    code, fields, _ = _rule(message)
+    return code, fields
 
 
 class _Response:
@@ -287,7 +295,10 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str,
     raised condition neutralised so that every mismatch is found."""
     module = importlib.import_module(PD_COMMON_MODULE)  # unscanned: SGLang
     cls = getattr(module, PD_COMMON_MANAGER)
+    # SGLang's own function, also when the guard wraps it (run time: the failure path
+    # runs this on copies, never through the wrapper again).
     function = getattr(cls, PD_FIRST_CONTACT.attr)
+    function = getattr(function, WRAPPER_MARK, function)
     state_type = getattr(importlib.import_module(  # unscanned: SGLang
         PD_BASE_MODULE), PD_STATE_TYPE)
     missing: list[str] = []

@@ -67,12 +67,15 @@ def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
     cls = getattr(module, owner)
     only_decode = bool(decode.get("speculative_algorithm")) and not prefill.get(
         "speculative_algorithm")
-    kinds = decode_kv_kinds(decode, only_decode)
+    # At run time the decode's registration gives its regions' memory kinds and the
+    # prefill's manager its region count (``kv_mem_kinds``, ``kv_regions``); before
+    # launch they are implied by the flags.
+    kinds = list(decode.get("kv_mem_kinds") or decode_kv_kinds(decode, only_decode))
     # A prefill with a draft pool registers its regions after the target's (prefill.py
     # PrefillBootstrapQueue._init_kv_manager); a decode without one registers fewer.
     only_prefill = bool(prefill.get("speculative_algorithm")) and not decode.get(
         "speculative_algorithm")
-    sources = REGIONS * (2 if only_prefill else 1)
+    sources = int(prefill.get("kv_regions") or REGIONS * (2 if only_prefill else 1))
     manager = object.__new__(cls)
     manager.__dict__.update(
         attn_tp_size=int(prefill.get("attn_tp_size")), src_mem_kind="VRAM",

@@ -24,7 +24,8 @@ _OWN_RELAYOUT = ("ascend",)  # backends whose manager overrides the method
 
 
 def _run(prefill: Endpoint, decode: Endpoint) -> tuple[bool | None, str | None, str | None]:
-    """The release's ``requires_dcp_relayout`` for rank 0 of each server: (its result,
+    """The release's ``requires_dcp_relayout`` for the servers' ``dcp_rank`` (rank 0 of
+    each before launch; the registering ranks at run time): (its result,
     its message when it raises, why it could not be run)."""
     cls = getattr(importlib.import_module(  # unscanned: SGLang
         PD_COMMON_MODULE), PD_COMMON_MANAGER)
@@ -33,11 +34,12 @@ def _run(prefill: Endpoint, decode: Endpoint) -> tuple[bool | None, str | None, 
         return False, None, None  # the release has no DCP relayout (0.5.16)
     manager = object.__new__(cls)
     manager.dcp_size = int(prefill.get("dcp_size", 1) or 1)
-    manager.dcp_rank = 0
+    manager.dcp_rank = int(prefill.get("dcp_rank", 0) or 0)  # 0 before launch
     manager.is_mla_backend = bool(prefill.get("is_mla_backend", False))
     manager.is_hybrid_mla_backend = bool(prefill.get("is_hybrid_mla_backend", False))
     try:
-        return bool(function(manager, int(decode.get("dcp_size", 1) or 1), 0)), None, None
+        return bool(function(manager, int(decode.get("dcp_size", 1) or 1),
+                             int(decode.get("dcp_rank", 0) or 0))), None, None
     except (AttributeError, TypeError) as exc:
         return None, None, (f"SGLang's {PD_RELAYOUT.qualname} read what this check does not "
                             f"set ({type(exc).__name__}: {exc})")

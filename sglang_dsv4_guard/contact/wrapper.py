@@ -1,0 +1,193 @@
+"""The wrapper around ``CommonKVManager.try_ensure_parallel_info`` (decode's first contact).
+
+SGLang's decode scheduler calls it every iteration for a request whose prefill it has not
+paired yet; it returns ``True`` at once once the prefill's info is cached. The pass path
+is one ``try`` around SGLang's call: nothing runs unless SGLang raised.
+
+When SGLang raised (its first mismatch: the decode server is about to exit), the report
+is built from SGLang's own values (:mod:`~sglang_dsv4_guard.contact.snapshot`) and every
+``check_first_contact`` hook, published once per server (:func:`~sglang_dsv4_guard.
+wrapping.publish`: the first rank of a launch prints it in full, the others one line),
+then:
+
+- SGLang's exact ``RuntimeError``: a :class:`DSV4GuardError` (first line SGLang's,
+  chained to it) carrying the report, or a pointer to where it was printed;
+- SGLang's ``AssertionError`` (``_resolve_rank_mapping``): that very exception rises,
+  the report attached as a PEP 678 note and as ``exc.dsv4_guard_report``;
+- anything else is not a first-contact verdict: it rises untouched.
+
+Any failure of ours is logged and SGLang's exception rises unchanged. Strict mode changes
+nothing here (SGLang already refuses), except that our own failure becomes a note on
+SGLang's error. A built-in prediction that differs from SGLang's first message is
+``DSV4G099`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from sglang_dsv4_guard.codes import docs_url
+from sglang_dsv4_guard.contact.snapshot import ContactContext, snapshot_contact
+from sglang_dsv4_guard.errors import DSV4GuardError
+from sglang_dsv4_guard.findings import Finding, Report, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host import server
+from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT, SCHEDULER_MODULE
+from sglang_dsv4_guard.patching import AppliedPatch, apply_all
+from sglang_dsv4_guard.plugins import is_builtin
+from sglang_dsv4_guard.reporter import Delivery
+from sglang_dsv4_guard.runtime import Runtime, add_note
+from sglang_dsv4_guard.wrapping import (
+    carried_text,
+    handler_prints_traceback,
+    note_carrier,
+    note_on,
+    our_failure,
+    publish,
+    upgrades,
+)
+
+__all__ = ["CONTACT_MODULE", "ContactGuard", "contact_patcher", "make_contact_wrapper",
+           "patch_contact"]
+
+#: The module defining decode's first contact (imported by SGLang, never by the guard).
+CONTACT_MODULE = PD_FIRST_CONTACT.module
+
+_HANDLER = f"SGLang's scheduler ({SCHEDULER_MODULE}.run_scheduler_process)"
+
+
+def _backend(manager: object) -> str:
+    chosen = server.server_value("disaggregation_transfer_backend")
+    if chosen is not None:
+        return str(chosen)
+    name = type(manager).__name__.lower()
+    return name[:-len("kvmanager")] if name.endswith("kvmanager") else name
+
+
+def _discrepancy(predicted: str | None, actual: str) -> Finding:
+    return Finding(
+        code="DSV4G099", severity=Severity.WARNING,
+        summary="the guard's prediction differs from SGLang's verdict; SGLang's stands",
+        subject="guard self-check",
+        details=(f"SGLang: {actual}", f"guard predicted: {predicted or 'acceptance'}"),
+        fixes=(Fix(FixKind.FLAGS, "report it with the JSON report", field="guard self-check",
+                   edits=(Edit("decode", "SGLANG_DSV4_GUARD_LOG_FORMAT", "json", env=True),)),),
+        docs=docs_url("DSV4G099"))
+
+
+class ContactGuard:
+    """Builds and delivers the first-contact report; stateless between calls."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        # Set while this thread builds a report: a check that calls the wrapped function
+        # again (a plug-in, another plug-in's wrapper around ours) passes straight through.
+        self.busy = threading.local()
+
+    def report(self, manager: object, bootstrap_addr: str, error: BaseException) -> Report:
+        """The report of every mismatch SGLang's raising call stood on."""
+        contact = snapshot_contact(manager, bootstrap_addr, error)
+        context = ContactContext(self.rt.profile, self.rt.settings.mode.value.value,
+                                 _backend(manager))
+        findings = self.rt.plugins.collect("sglang_dsv4_guard_check_first_contact",
+                                           {"contact": contact, "context": context})
+        ours = [f.host_message for f in findings
+                if is_builtin(f.origin) and f.severity is Severity.ERROR and f.host_message]
+        if ours[:1] != [contact.message]:
+            findings.append(_discrepancy(ours[0] if ours else None, contact.message))
+        first = contact.message.splitlines()[0]
+        return Report.of(findings, context.describe(contact.bootstrap_addr), host_error=first)
+
+    def on_error(self, manager: object, addr: object,
+                 error: Exception) -> DSV4GuardError | None:
+        """The DSV4GuardError replacing SGLang's ``RuntimeError``; ``None`` after a note
+        was put on SGLang's ``AssertionError`` (or for any other error)."""
+        mirrored = upgrades(error)
+        if not (mirrored or type(error) is AssertionError):
+            return None
+        self.busy.active = True
+        try:
+            report = self.report(manager, str(addr), error)
+        finally:
+            self.busy.active = False
+        if not report.findings:
+            return None
+        in_traceback = handler_prints_traceback(sys._getframe(2))
+        shown = in_traceback and (mirrored or sys.version_info >= (3, 11))
+        carrier = ("the DSV4GuardError raised to SGLang" if mirrored
+                   else note_carrier(error))
+        delivery = publish(self.rt, report, Delivery(
+            raised=True, carrier=carrier, printed_by=_HANDLER if shown else None))
+        text = carried_text(report, delivery)
+        if mirrored:
+            return DSV4GuardError(str(error), report, text, error)
+        add_note(error, text or "")
+        error.dsv4_guard_report = report  # type: ignore[attr-defined]
+        return None
+
+
+def _raise_for(guard: ContactGuard, manager: object, addr: object, error: Exception) -> None:
+    """After SGLang raised ``error``: raise the replacement, or return to let it rise."""
+    replacement = None
+    if guard.rt.active and not getattr(guard.busy, "active", False):
+        try:
+            replacement = guard.on_error(manager, addr, error)
+        except Exception as exc:
+            ours = our_failure(guard.rt, "reporting decode's first contact", exc)
+            if ours is not None:
+                note_on(error, ours)
+    if replacement is not None:
+        raise replacement from error
+
+
+def make_contact_wrapper(guard: ContactGuard
+                         ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A factory for :func:`sglang_dsv4_guard.patching.apply`. SGLang's signature in
+    every supported release is ``(self, bootstrap_addr)``: the wrapper takes exactly that
+    (no packing on the pass path); another signature gets a ``*args`` wrapper."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        if list(inspect.signature(original).parameters) != ["self", "bootstrap_addr"]:
+            @functools.wraps(original)
+            def any_signature(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return original(*args, **kwargs)
+                except Exception as error:
+                    _raise_for(guard, args[0] if args else kwargs.get("self"),
+                               args[1] if len(args) > 1 else kwargs.get("bootstrap_addr"),
+                               error)
+                    raise
+
+            return any_signature
+
+        @functools.wraps(original)
+        def try_ensure_parallel_info(self: Any, bootstrap_addr: Any) -> Any:
+            # The pass path (cached, fetched, not ready): one frame and a try, which is
+            # free until something raises.
+            try:
+                return original(self, bootstrap_addr)
+            except Exception as error:
+                _raise_for(guard, self, bootstrap_addr, error)
+                raise
+
+        return try_ensure_parallel_info
+
+    return make
+
+
+def patch_contact(module: ModuleType, guard: ContactGuard) -> list[AppliedPatch]:
+    """Wrap ``try_ensure_parallel_info`` where it is defined in SGLang's imported common
+    connector module."""
+    return apply_all(module, [(PD_FIRST_CONTACT, make_contact_wrapper(guard))])
+
+
+def contact_patcher(rt: Runtime) -> Callable[[ModuleType], list[AppliedPatch]]:
+    """What the composition root calls with SGLang's imported common connector module."""
+    guard = ContactGuard(rt)
+    return functools.partial(patch_contact, guard=guard)

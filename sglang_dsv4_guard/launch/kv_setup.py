@@ -1,0 +1,107 @@
+"""``check``'s start-up row DSV4G049: SGLang's own refusal of a server's KV pool when the
+server sets up its KV transfer.
+
+A PD server's prefill/decode queue builds its KV manager at start-up
+(``_init_kv_manager``): the release's ``get_kv_transfer_buf_infos`` (0.5.21+, else the
+pool's ``get_contiguous_buf_infos``) on the pool, then ``setup_state_kv_args``. Some
+pools are refused there on every machine: ``MHATokenToKVPool.get_contiguous_buf_infos``
+asserts the NHD layout ("HND KV cache (SGLANG_USE_HND_KVCACHE) is not supported with
+disagg yet.", every release 0.5.16+), and ``setup_state_kv_args`` refuses a MiniMax
+sparse pool with index-value layers ("only K-only sparse layers are"). The pool is the one
+:mod:`.state_types` builds for the server (SGLang's own constructor, on CPU), in the
+server's environment, and those calls are SGLang's own
+(:func:`~.state_types.registered_state`); only an ``assert`` or ``NotImplementedError``
+from them is SGLang's refusal. A pool that cannot be built on this CPU is not one: it
+stays unknown (its rows say so). The fixes are derived: each variable the server's line
+sets whose removal makes the same calls pass, proven by the release's resolution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.launch.chatter import section
+from sglang_dsv4_guard.launch.contract_run import ContractRun
+from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.endpoint import env_copy
+from sglang_dsv4_guard.launch.remedy import accepted_fix
+from sglang_dsv4_guard.launch.state_types import (
+    Refused,
+    _model_kind,
+    layers_of,
+    pool_kind,
+    registered_state,
+)
+from sglang_dsv4_guard.pd.when import Phase, when_text
+
+__all__ = ["kv_setup_row", "setup_refusal"]
+
+_POOL_NAMES = {"mha": "MHATokenToKVPool", "mla": "MLATokenToKVPool",
+               "swa": "SWAKVPool", "minimax": "MiniMaxSparseKVPool"}
+
+
+def setup_refusal(side: Side, env: Mapping[str, str]) -> Refused | None:
+    """SGLang's refusal of ``side``'s pool in the environment ``env``, when the pool is
+    one :mod:`.state_types` builds (not DeepSeek-V4's, nor the unified SWA pool's: those
+    say theirs where they are built) and SGLang's own KV setup calls refuse it."""
+    kind = pool_kind(side)
+    if kind not in _POOL_NAMES:
+        return None
+    draft_kind = _model_kind(side.draft) if side.draft is not None else None
+    if side.draft is not None and draft_kind not in ("mha", "mla", "swa"):
+        return None  # a draft pool not built here: its set-up is unknown
+    got = registered_state(kind, draft_kind, layers_of(side, kind),
+                           tuple(sorted(env.items())))
+    return got if isinstance(got, Refused) else None
+
+
+def _causes(side: Side) -> list[str]:
+    """The variables of the server's line whose removal alone lets SGLang's calls pass."""
+    env = dict(side.args.env)
+    return [name for name in env
+            if setup_refusal(side, {k: v for k, v in env.items() if k != name}) is None]
+
+
+def _finding(run: ContractRun, side: Side, refused: Refused) -> Finding:
+    role, kind = side.role, pool_kind(side) or ""
+    causes = _causes(side)
+    env = side.args.env
+    observations = [Observation(role, name, env[name], f"{name}={env[name]} in the {role} "
+                                "server's environment") for name in causes]
+    observations.append(Observation(role, "KV pool", _POOL_NAMES[kind], (
+        f"the pool SGLang's KV-cache configurator builds for {side.model.path}/config.json, "
+        "built here by SGLang's own constructor")))
+    fixes: list[Fix] = []
+    if run.derive:
+        sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+        for name in causes:
+            fix = accepted_fix(Fix(FixKind.FLAGS, f"unset {name} on the {role} server (SGLang's "
+                                   f"{refused.function} then accepts its pool)", field=name,
+                                   edits=(env_copy(role, name, None),)), sides)
+            if fix is not None:
+                fixes.append(fix)
+    message = refused.message.split(": ", 1)[-1]
+    return Finding(
+        code="DSV4G049", severity=Severity.ERROR, summary=CODES["DSV4G049"].title,
+        subject=f"{role} server: the KV transfer set-up of its {_POOL_NAMES[kind]}",
+        observations=tuple(observations),
+        details=(f"SGLang's {refused.function} refuses the {role} server's pool when its KV "
+                 "manager is set up (_init_kv_manager), on every machine: the server never "
+                 f"serves ({refused.message}); run here on a miniature {_POOL_NAMES[kind]} "
+                 "built by SGLang's own constructor in this server's environment",),
+        fixes=tuple(fixes), docs=docs_url("DSV4G049"), host_message=message,
+        when=when_text(Phase.START_UP, str(side.transfer_backend)))
+
+
+def kv_setup_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
+    """DSV4G049 for each server whose pool SGLang refuses at KV set-up."""
+    findings = []
+    for side in (run.prefill_side, run.decode_side):
+        with section(side.role):  # what SGLang logs building its pool is that server's
+            refused = setup_refusal(side, side.args.env)
+            if refused is not None:
+                findings.append(_finding(run, side, refused))
+    return findings, []

@@ -1,0 +1,174 @@
+"""Built-in registration check: what SGLang will refuse later for this decode peer.
+
+Each condition is the one ``check`` runs (:mod:`sglang_dsv4_guard.pd`), on the endpoints
+the registration snapshot built from the live manager and the decode's
+``KVArgsRegisterInfo``: the DCP relayout (DSV4G036, :mod:`..pd.relayout`), NIXL's payload
+preparation (DSV4G042/043/046, :mod:`..pd.nixl`), ``maybe_send_extra`` per state type
+(DSV4G040/041, :mod:`..pd.transfer`), the metadata buffer counts and what the backend's
+``send_aux`` does with them (DSV4G045, :mod:`..pd.aux_send`, :mod:`..pd.buffers`). Pure
+apart from running those SGLang functions on half-built objects, as ``check`` does.
+"""
+
+from __future__ import annotations
+
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate
+from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.mori.checks import tp_fixes
+from sglang_dsv4_guard.mori.snapshot import SendSnapshot
+from sglang_dsv4_guard.pd.aux_send import aux_details, aux_send
+from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
+from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.nixl import payload_verdict
+from sglang_dsv4_guard.pd.relayout import relayout_findings
+from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
+from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
+
+__all__ = ["registration_findings", "sglang_dsv4_guard_check_registration"]
+
+
+def _peer_line(reg: Registration) -> str:
+    return f"decode peer: {reg.peer} at {reg.address} ({reg.backend})"
+
+
+def _tp_fixes(reg: Registration, state_type: str) -> tuple[Fix, ...]:
+    """The attention-TP fixes MORI's check derives, on the prefill's layout and the TP
+    size the decode registered (its layout is not known at run time)."""
+    p, d = reg.prefill, reg.decode
+    return tp_fixes(SendSnapshot(
+        state_type=state_type, is_mla_backend=bool(p.get("is_mla_backend")),
+        attn_tp_size=p.get("attn_tp_size"), decode_tp_size=d.get("attn_tp_size"),
+        tp_size=p.get("tp_size"), dp_size=p.get("dp_size"),
+        enable_dp_attention=p.get("enable_dp_attention")))
+
+
+def _finding(reg: Registration, code: str, message: str, function: str, subject: str,
+             names: tuple[str, ...], phase: Phase, detail: str,
+             fixes: tuple[Fix, ...] = (), severity: Severity = Severity.ERROR) -> Finding:
+    p, d = reg.prefill, reg.decode
+    return Finding(
+        code=code, severity=severity, summary=CODES[code].title, subject=subject,
+        observations=tuple(e.observation(n) for n in names for e in (p, d) if e.has(n)),
+        details=(_peer_line(reg), f"found when the decode peer registered: {detail}",
+                 f"SGLang's {function} raises it"),
+        fixes=fixes, docs=docs_url(code), host_message=message,
+        when=when_text(phase, reg.backend, reg.env))
+
+
+def _payload(reg: Registration) -> list[Finding]:
+    verdict = payload_verdict(reg.prefill, reg.decode)
+    if verdict is None:
+        return []
+    p, d = reg.prefill, reg.decode
+    if verdict.code == "DSV4G046":
+        algo = p.get("speculative_algorithm")
+        fixes: tuple[Fix, ...] = (Fix(
+            FixKind.ADVICE, f"run the decode with the prefill's speculative decoding "
+            f"({algo or 'its draft model'}), or the prefill without it: the decode "
+            f"registered {d.get('kv_regions')} KV regions, the prefill has "
+            f"{p.get('kv_regions')}", field="speculative_algorithm"),)
+    else:
+        fixes = (Fix(FixKind.ADVICE, "run the decode without HiSparse (its KV regions are in "
+                     "host memory: " + ", ".join(sorted(set(d.get("kv_mem_kinds") or ())))
+                     + ")", field="enable_hisparse"),)
+        fixes = (_tp_fixes(reg, "swa") if verdict.code == "DSV4G043" else ()) + fixes
+    return [_finding(reg, verdict.code, verdict.message, verdict.function,
+                     "decode peer's NIXL registration",
+                     ("kv_regions", "kv_mem_kinds", "attn_tp_size", "is_mla_backend",
+                      "speculative_algorithm"), Phase.REGISTRATION,
+                     "the prefill's bootstrap thread dies on it", fixes)]
+
+
+def _send_extra(reg: Registration) -> tuple[list[Finding], list[str]]:
+    package = imported_package_dir()
+    p = reg.prefill
+    if package is None or not p.has("state_types") or not p.has("attn_tp_size") \
+            or not reg.decode.has("attn_tp_size"):
+        return [], []
+    verdicts, unknowns = send_extra_verdicts(p, reg.decode, reg.backend, package,
+                                             p.get("state_types"))
+    # 0.5.23 refuses MiniMax at decode's first contact: a decode that got here matches.
+    first = locate(package, SITES["first_contact.minimax"]) is not None
+    return [_finding(
+        reg, v.code, v.message, v.function,
+        f"prefill -> decode {reg.backend} transfer of the {v.state_type} state",
+        ("attn_tp_size", "is_mla_backend", "state_types", "pp_size", "swa_kv_cache_layout"),
+        Phase.PER_REQUEST, f"every request that carries {v.state_type} state will fail",
+        _tp_fixes(reg, v.state_type))
+        for v in verdicts if not (v.code == "DSV4G041" and first)], unknowns
+
+
+def _aux(reg: Registration) -> tuple[list[Finding], list[str]]:
+    p, d = reg.prefill, reg.decode
+    if not (p.has("aux_buffer_count") and d.has("aux_buffer_count")):
+        return [], []
+    local, remote = int(p.get("aux_buffer_count")), int(d.get("aux_buffer_count"))
+    package = imported_package_dir()
+    if local == remote or package is None:
+        return [], []
+    try:
+        sent = aux_send(reg.backend, package, local, remote)
+    except NotJudged as exc:
+        return [], [f"DSV4G045 ({reg.backend}): not judged: {exc}"]
+    try:
+        logged = peer_count_log(local, remote)
+    except AttributeError:  # a release without the check: nothing is logged
+        logged = None
+    fails = bool(sent.prefill_raised or sent.decode_raised)
+    # Only the KV checksum's buffer (the last) differs: the prefill's own flag says which
+    # side has it, MetadataBuffers how many buffers it adds (none before 0.5.21).
+    checksum = aux_buffer_count(True, None) - aux_buffer_count(False, None)
+    checksum_only = checksum > 0 and local - remote == (
+        checksum if p.get("kv_checksum") else -checksum)
+    when = (when_text(Phase.PER_REQUEST, reg.backend, reg.env, receiver=not sent.prefill_raised)
+            if fails else when_text(Phase.SILENT, reg.backend, reg.env,
+                                    logged=logged is not None, aligned=checksum_only))
+    fix = Fix(FixKind.ADVICE, "give both servers the same SGLANG_ENABLE_DISAGG_SAMPLING_MASK "
+              "and --disaggregation-enable-kv-checksum (this prefill: "
+              f"SGLANG_ENABLE_DISAGG_SAMPLING_MASK="
+              f"{reg.env.get('SGLANG_ENABLE_DISAGG_SAMPLING_MASK', 'unset')}, KV checksum "
+              f"{'on' if p.get('kv_checksum') else 'off'})", field="aux_buffer_count")
+    return [Finding(
+        code="DSV4G045", severity=Severity.WARNING if checksum_only and not fails
+        else Severity.ERROR, summary=CODES["DSV4G045"].title,
+        subject=f"prefill -> decode {reg.backend} transfer of the metadata buffers",
+        observations=(p.observation("aux_buffer_count"), d.observation("aux_buffer_count")),
+        details=(_peer_line(reg), *aux_details(local, remote, checksum_only, sent)), fixes=(fix,),
+        docs=docs_url("DSV4G045"),
+        host_message=logged or sent.prefill_raised or sent.decode_raised, when=when)], []
+
+
+def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
+    """Every refusal SGLang will make for this peer, in the order it meets them, and
+    what could not be judged. A DCP relayout that raises stops registration there."""
+    release = "this release"
+    relayout, unknowns = relayout_findings(reg.prefill, reg.decode, release, reg.env)
+    if relayout:
+        return [_with_peer(reg, f) for f in relayout], unknowns
+    found: list[Finding] = []
+    if reg.backend == "nixl" and _known(reg.decode, "kv_mem_kinds"):
+        found += _payload(reg)
+    extra, more = _send_extra(reg)
+    aux, most = _aux(reg)
+    return found + extra + aux, unknowns + more + most
+
+
+def _known(endpoint: Endpoint, name: str) -> bool:
+    return endpoint.has(name)
+
+
+def _with_peer(reg: Registration, finding: Finding) -> Finding:
+    return Finding(**{**finding.__dict__, "details": (_peer_line(reg), *finding.details)})
+
+
+# tryfirst: SGLang's own checks come first in every report, under pluggy's call order.
+@hookimpl(tryfirst=True)
+def sglang_dsv4_guard_check_registration(registration: Registration,
+                                         context: RegistrationContext) -> list[Finding]:
+    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046."""
+    del context
+    return registration_findings(registration)[0]

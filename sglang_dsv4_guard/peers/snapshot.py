@@ -1,0 +1,143 @@
+"""A decode peer's registration with a Mooncake or NIXL prefill rank, as two endpoints.
+
+The only module of :mod:`sglang_dsv4_guard.peers` that reads SGLang's objects: the prefill
+manager (``MooncakeKVManager`` / ``NixlKVManager``, its ``kv_args`` and ``server_args``)
+and the decode's ``KVArgsRegisterInfo`` as the release parsed it (``from_zmq``). Each
+value goes into a :class:`~sglang_dsv4_guard.pd.endpoint.Endpoint` under the name the
+``pd/`` conditions read, with where it came from; a value the objects do not carry is
+left out (not known), never defaulted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_dsv4_guard.host import targets
+from sglang_dsv4_guard.host.releases import HostProfile
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+
+__all__ = ["BACKENDS", "TIMEOUT_ENV", "Registration", "RegistrationContext", "peer_name",
+           "snapshot_registration"]
+
+#: The backend of each manager class the guard wraps.
+BACKENDS = {"NixlKVManager": "nixl", "MooncakeKVManager": "mooncake"}
+TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
+_MASK_ENV = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One decode rank registering with one prefill rank.
+
+    ``peer``: its name on the prefill (NIXL's agent name, Mooncake's session id);
+    ``address``: its endpoint and port; ``env``: the prefill's environment variables the
+    findings read (its bootstrap timeout, the sampling-mask switch)."""
+
+    backend: str
+    peer: str
+    address: str
+    prefill: Endpoint
+    decode: Endpoint
+    engine_rank: int | None = None
+    bootstrap_port: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RegistrationContext:
+    """The prefill's side of a registration: release profile and mode."""
+
+    profile: HostProfile
+    mode: str = "on"
+
+
+def _read(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(obj, name, None) for name in names}
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(value)  # type: ignore[call-overload, no-any-return]
+    except (TypeError, ValueError):
+        return None
+
+
+def _put(values: dict[str, Value], name: str, value: object, source: str) -> None:
+    if value is not None:
+        values[name] = Value(value, source)
+
+
+def peer_name(info: object) -> str:
+    """The name the prefill keys the peer by (agent name or session id), else its id."""
+    for attr in ("agent_name", "mooncake_session_id"):
+        name = getattr(info, attr, None)
+        if name is not None:
+            return str(name)
+    return f"object id 0x{id(info):x}"
+
+
+def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
+    mgr = _read(manager, targets.PEERS_MANAGER_ATTRS)
+    kv = _read(mgr["kv_args"], targets.PEERS_KV_ARGS_ATTRS)
+    args = _read(mgr["server_args"], targets.PEERS_SERVER_ARGS_ATTRS)
+    owner = type(manager).__name__
+    values: dict[str, Value] = {"transfer_backend": Value(backend, f"the prefill's {owner}")}
+    for name in ("attn_tp_size", "is_mla_backend", "is_hybrid_mla_backend", "pp_size",
+                 "dcp_size", "dcp_rank"):
+        _put(values, name, mgr[name], f"{owner}.{name} on the prefill")
+    if kv["state_types"] is not None:
+        values["state_types"] = Value(
+            tuple(str(getattr(s, "value", s)) for s in kv["state_types"]),
+            "kv_args.state_types on the prefill (its pool's state components)")
+    _put(values, "swa_kv_cache_layout", kv["swa_kv_cache_layout"],
+         "kv_args.swa_kv_cache_layout on the prefill")
+    if kv["kv_item_lens"] is not None:
+        values["kv_regions"] = Value(len(kv["kv_item_lens"]),
+                                     "len(kv_args.kv_item_lens): the prefill's KV regions")
+    if kv["aux_data_ptrs"] is not None:
+        values["aux_buffer_count"] = Value(len(kv["aux_data_ptrs"]), (
+            "len(kv_args.aux_data_ptrs): the prefill's metadata buffers"))
+    for name, flag in (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
+                       ("enable_dp_attention", "--enable-dp-attention"),
+                       ("speculative_algorithm", "--speculative-algorithm")):
+        _put(values, name, args[name], f"server flag {flag} on the prefill")
+    _put(values, "kv_checksum", args["disaggregation_enable_kv_checksum"],
+         "server flag --disaggregation-enable-kv-checksum on the prefill")
+    return Endpoint("prefill", values), {**mgr, **kv}
+
+
+def _decode(backend: str, info: object) -> Endpoint:
+    peer = _read(info, targets.PEERS_INFO_ATTRS)
+    owner = f"{type(info).__name__} (the decode's registration)"
+    values: dict[str, Value] = {"transfer_backend": Value(backend, owner)}
+    tp_name = "decode_tp_size" if peer["decode_tp_size"] is not None else "dst_attn_tp_size"
+    _put(values, "attn_tp_size", _int(peer[tp_name]),
+         f"{tp_name} in {owner}: the decode's attention TP size")
+    _put(values, "dcp_size", _int(peer["dst_dcp_size"]), f"dst_dcp_size in {owner}")
+    _put(values, "dcp_rank", _int(peer["dst_dcp_rank"]), f"dst_dcp_rank in {owner}")
+    kinds = peer["dst_kv_mem_kinds"]
+    if kinds is not None:
+        values["kv_mem_kinds"] = Value(list(kinds), f"dst_kv_mem_kinds in {owner}")
+        values["enable_hisparse"] = Value(
+            "DRAM" in kinds, f"dst_kv_mem_kinds in {owner} (HiSparse registers host memory)")
+    regions = peer["dst_kv_item_lens"] or peer["dst_kv_ptrs"]
+    if regions is not None:
+        values["kv_regions"] = Value(len(regions), f"the KV regions in {owner}")
+    if peer["dst_aux_ptrs"] is not None:
+        values["aux_buffer_count"] = Value(len(peer["dst_aux_ptrs"]),
+                                           f"len(dst_aux_ptrs) in {owner}")
+    return Endpoint("decode", values)
+
+
+def snapshot_registration(backend: str, manager: object, info: object) -> Registration:
+    """The registration of ``info`` with ``manager``: the values the ``pd/`` conditions
+    read, each with its source."""
+    prefill, raw = _prefill(backend, manager)
+    decode = _decode(backend, info)
+    endpoint, port = getattr(info, "endpoint", None), getattr(info, "dst_port", None)
+    env = {k: os.environ[k] for k in (TIMEOUT_ENV, _MASK_ENV) if k in os.environ}
+    return Registration(backend, peer_name(info), f"{endpoint}:{port}", prefill, decode,
+                        _int(raw["engine_rank"]), _int(raw["bootstrap_port"]), env)

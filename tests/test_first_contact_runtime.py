@@ -1,0 +1,248 @@
+"""Decode's first contact at run time: the guard around SGLang's real
+``CommonKVManager.try_ensure_parallel_info``, on a bare decode manager whose prefill
+bootstrap server is a real HTTP server on 127.0.0.1 (SGLang's own ``requests`` code
+runs). A refused pair raises SGLang's type and first line with the report of every
+mismatch, under ``check``'s codes; anything else is exactly what SGLang does."""
+
+from __future__ import annotations
+
+import logging
+import unittest
+from typing import Any
+
+import pd_real
+from helpers import GuardTestCase, sglang_release
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packaging.version import Version
+from sglang.srt.disaggregation.common import conn
+from sglang.test.ci.ci_register import register_cpu_ci
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard import (
+    ContactContext,
+    ContactSnapshot,
+    DSV4GuardError,
+    Finding,
+    Severity,
+)
+from sglang_dsv4_guard.contact import wrapper as contact_wrapper
+from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT
+from sglang_dsv4_guard.patching import WRAPPER_MARK
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.first_contact import contact_findings
+from sglang_dsv4_guard.testing import record, register
+
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+
+NAME = PD_FIRST_CONTACT.attr
+RAW = vars(conn.CommonKVManager)[NAME]
+RAW = getattr(RAW, WRAPPER_MARK, RAW)  # SGLang's own function, whatever is installed
+DCP = sglang_release() >= Version("0.5.17")  # the first release with DCP conditions
+
+PREFILL = dict(attn_tp_size=4, attn_cp_size=1, pp_size=2, page_size=64,
+               kv_cache_dtype_str="bf16", enable_kv_cache_sharding=False)
+DECODE = dict(attn_tp_size=4, attn_cp_size=1, pp_size=2, page_size=64,
+              kv_cache_dtype_str="bf16", dcp_size=1, is_mla_backend=True)
+
+
+def outcome(fn: Any, decode: dict[str, Any], addr: str) -> tuple[str, Any]:
+    """('returned', value) or ('raised', exception) of ``fn`` on a fresh manager."""
+    try:
+        return "returned", fn(pd_real.decode_manager(decode), addr)
+    except Exception as exc:
+        return "raised", exc
+
+
+def first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0]
+
+
+class TestFirstContactReport(GuardTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.server = self.enterContext(pd_real.bootstrap_server(pd_real.route_answer(PREFILL)))
+
+    def guarded(self, decode: dict[str, Any]) -> tuple[str, Any]:
+        return outcome(conn.CommonKVManager.try_ensure_parallel_info, decode, self.server.addr)
+
+    def test_every_mismatch_in_one_error(self) -> None:
+        """Page size, KV cache dtype and decode PP all differ: SGLang names the page size
+        only; the guard raises SGLang's type and first line, with DSV4G022, DSV4G030 and
+        DSV4G035, both servers' values by role and where each came from, and fixes."""
+        decode = {**DECODE, "page_size": 32, "kv_cache_dtype_str": "auto", "pp_size": 4}
+        kind, sglang_error = outcome(RAW, decode, self.server.addr)
+        self.install_guard("on", load_entry_points=False)
+        kind, error = self.guarded(decode)
+        self.assertEqual(kind, "raised")
+        self.assertIsInstance(error, DSV4GuardError)
+        self.assertIsInstance(error, type(sglang_error))
+        self.assertEqual(first_line(error), str(sglang_error))
+        self.assertEqual(error.report.codes, ("DSV4G022", "DSV4G030", "DSV4G035"))
+        page = error.findings[0]
+        self.assertEqual({(o.role, o.value) for o in page.observations},
+                         {("prefill", 64), ("decode", 32)})
+        sources = {o.role: o.source for o in page.observations}
+        self.assertIn(self.server.addr, sources["prefill"])
+        self.assertIn("this decode server", sources["decode"])
+        self.assertIn("first contact", page.when)
+        self.assertIn(("decode", "--page-size", "64"),
+                      {(e.server, e.name, e.value) for f in page.fixes for e in f.edits})
+        self.assertTrue(all("check" in f.text for f in page.fixes))
+        self.assertEqual(error.report.context["peer"], f"prefill bootstrap {self.server.addr}")
+        self.assertIs(error.__cause__, error.host_error)
+
+    def test_assertion_keeps_its_type_with_a_note(self) -> None:
+        """A decode PP the rank mapping cannot take is SGLang's bare AssertionError: the
+        very exception rises, unchanged, with the report as a note and an attribute."""
+        decode = {**DECODE, "pp_size": 4}
+        _, sglang_error = outcome(RAW, decode, self.server.addr)
+        self.install_guard("on", load_entry_points=False)
+        _kind, error = self.guarded(decode)
+        self.assertIs(type(error), AssertionError)
+        self.assertEqual(str(error), str(sglang_error))
+        self.assertEqual(error.dsv4_guard_report.codes, ("DSV4G035",))
+        self.assertIn("DSV4G035", "\n".join(error.__notes__))
+
+    def test_accepted_pair_unchanged(self) -> None:
+        """A pair SGLang accepts returns True, caches the prefill's info, reports nothing;
+        the cached call returns at once without a request."""
+        self.install_guard("on", load_entry_points=False)
+        recorder = record()
+        manager = pd_real.decode_manager(DECODE)
+        with self.assertNoLogs("sglang_dsv4_guard", logging.WARNING):
+            self.assertIs(conn.CommonKVManager.try_ensure_parallel_info(
+                manager, self.server.addr), True)
+            self.assertIs(manager.try_ensure_parallel_info(self.server.addr), True)
+        self.assertIn(self.server.addr, manager.prefill_info_table)
+        self.assertEqual((len(self.server.asked), recorder.reports), (1, []))
+
+    def test_not_ready_unchanged(self) -> None:
+        """A bootstrap server answering 503 (not ready): False, as SGLang returns."""
+        self.server.status = 503
+        self.install_guard("on", load_entry_points=False)
+        recorder = record()
+        self.assertEqual(self.guarded(DECODE), ("returned", False))
+        self.assertEqual(recorder.reports, [])
+
+    def test_plugins_add_and_fail_at_the_boundary(self) -> None:
+        """A third-party first-contact check adds its finding (it sees both servers'
+        values); one that raises is DSV4G090 in the report; the built-in findings and
+        SGLang's first line stay."""
+        class Broken:
+            @hookimpl
+            def sglang_dsv4_guard_check_first_contact(self, contact: Any, context: Any) -> Any:
+                raise ValueError("plug-in bug")
+
+        class Policy:
+            @hookimpl
+            def sglang_dsv4_guard_check_first_contact(
+                    self, contact: ContactSnapshot, context: ContactContext) -> list[Finding]:
+                page = contact.prefill["page_size"][0] if contact.prefill else None
+                return [Finding("ACME001", Severity.WARNING, f"prefill page {page}",
+                                subject=contact.bootstrap_addr)]
+
+        self.install_guard("on", load_entry_points=False)
+        register(Broken())
+        register(Policy())
+        _, error = self.guarded({**DECODE, "page_size": 32})
+        self.assertIsInstance(error, DSV4GuardError)
+        self.assertTrue(first_line(error).startswith("Page size mismatch"))
+        self.assertEqual(set(error.report.codes), {"DSV4G022", "ACME001", "DSV4G090"})
+        self.assertIn("prefill page 64", {f.summary for f in error.findings})
+
+    def test_our_bug_leaves_sglang_error(self) -> None:
+        """A bug of ours while reporting: SGLang's own RuntimeError rises unchanged, and
+        one WARNING names the internal error."""
+        self.install_guard("on", load_entry_points=False)
+        saved = contact_wrapper.snapshot_contact
+
+        def broken(*args: Any) -> Any:
+            raise KeyError("guard bug")
+
+        contact_wrapper.snapshot_contact = broken  # type: ignore[assignment]
+        self.addCleanup(setattr, contact_wrapper, "snapshot_contact", saved)
+        with self.assertLogs("sglang_dsv4_guard", logging.WARNING) as logs:
+            _kind, error = self.guarded({**DECODE, "page_size": 32})
+        self.assertIs(type(error), RuntimeError)
+        self.assertTrue(str(error).startswith("Page size mismatch"))
+        self.assertEqual(len([r for r in logs.records if "internal error" in r.getMessage()]),
+                         1, logs.output)
+
+    def test_second_rank_gets_a_pointer(self) -> None:
+        """Two decode ranks (managers) meeting the same prefill with the same mismatch: the
+        first error carries the full report, the second one line naming its fingerprint;
+        both keep SGLang's first line and the report as data."""
+        self.install_guard("on", load_entry_points=False)
+        decode = {**DECODE, "page_size": 32, "kv_cache_dtype_str": "auto"}
+        _, first = self.guarded(decode)
+        _, second = self.guarded(decode)
+        self.assertIn("[DSV4G030] error", str(first))
+        self.assertEqual(first_line(second), first_line(first))
+        self.assertEqual(len(str(second).splitlines()), 2, str(second))
+        self.assertIn("same report as printed in full earlier", str(second))
+        self.assertEqual(second.report.codes, first.report.codes)
+
+    def test_uninstall_restores(self) -> None:
+        """install() wraps the method where CommonKVManager defines it; uninstall() puts
+        SGLang's function back."""
+        self.install_guard("on", load_entry_points=False)
+        self.assertIs(getattr(vars(conn.CommonKVManager)[NAME], WRAPPER_MARK), RAW)
+        sglang_dsv4_guard.uninstall()
+        self.assertIs(vars(conn.CommonKVManager)[NAME], RAW)
+
+
+def _endpoint(role: str, values: dict[str, Any]) -> Endpoint:
+    return Endpoint(role, {k: Value(v, "drawn") for k, v in values.items()})
+
+
+@st.composite
+def pairs(draw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def side(decode: bool) -> dict[str, Any]:
+        out = dict(attn_tp_size=draw(st.sampled_from([1, 2, 4])),
+                   attn_cp_size=draw(st.sampled_from([1, 1, 2])),
+                   pp_size=draw(st.sampled_from([1, 2, 4])),
+                   page_size=draw(st.sampled_from([32, 64])),
+                   kv_cache_dtype_str=draw(st.sampled_from(["auto", "bf16"])),
+                   enable_kv_cache_sharding=draw(st.booleans()))
+        if decode:
+            out.update(dcp_size=draw(st.sampled_from([1, 2])) if DCP else 1,
+                       is_mla_backend=draw(st.booleans()))
+        return out
+    return side(False), side(True)
+
+
+class TestFirstContactParity(GuardTestCase):
+    @settings(max_examples=25, deadline=None, derandomize=True)
+    @given(pairs())
+    def test_parity(self, pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        """On drawn servers SGLang's outcome (return value, or exception type and first
+        line) is the same wrapped in every mode as unwrapped, and the report's codes are
+        exactly the ones check's first-contact row gives on the same values."""
+        prefill, decode = pair
+        with pd_real.bootstrap_server(pd_real.route_answer(prefill)) as server:
+            want = outcome(RAW, decode, server.addr)
+            expected = {f.code for f in contact_findings(
+                _endpoint("prefill", prefill), _endpoint("decode", decode),
+                str(sglang_release()))[0]}
+            try:
+                for mode in ("on", "strict"):
+                    sglang_dsv4_guard.install(mode, load_entry_points=False)
+                    got = outcome(conn.CommonKVManager.try_ensure_parallel_info, decode,
+                                  server.addr)
+                    self.assertEqual(got[0], want[0])
+                    if want[0] == "returned":
+                        self.assertEqual(got[1], want[1])
+                        self.assertEqual(expected, set())
+                        continue
+                    self.assertIsInstance(got[1], type(want[1]))
+                    self.assertEqual(first_line(got[1]), first_line(want[1]))
+                    report = getattr(got[1], "report", None) or got[1].dsv4_guard_report
+                    self.assertEqual(set(report.codes), expected)
+            finally:
+                sglang_dsv4_guard.uninstall()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,331 @@
+"""Decode peers registering with SGLang's real NIXL and Mooncake prefill connectors (engines
+stubbed): what SGLang will refuse is reported once at registration; a thread that dies of
+it is named once; SGLang's own outcome never changes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import unittest
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import peers_real
+import sglang.srt.disaggregation.mooncake.conn as mooncake
+import sglang.srt.disaggregation.nixl.conn as nixl
+from helpers import GuardTestCase, guard_logs_off
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pd_real import send_extra_refusal
+from sglang.test.ci.ci_register import register_cpu_ci
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.lifecycle import installation
+from sglang_dsv4_guard.pd.nixl import _PHRASES
+
+register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
+
+_RAW = {"nixl": vars(nixl.NixlKVManager)["_add_remote_peer"],
+        "worker": vars(mooncake.MooncakeKVManager)["transfer_worker"]}
+_SWA = mooncake.StateType("swa")
+
+
+def register(fn: Callable[..., Any], mgr: Any, info: Any) -> tuple[str, str]:
+    """SGLang's registration outcome: ``ok`` or the exception's type and message."""
+    try:
+        fn(mgr, info)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+@contextmanager
+def thread_errors() -> Iterator[list[BaseException]]:
+    """Collect the exceptions that end threads (SGLang's bootstrap thread, its workers)."""
+    seen: list[BaseException] = []
+    old = threading.excepthook
+    def hook(args: Any) -> None:
+        if args.exc_type is not SystemExit:  # the socket stub's end of the inbox
+            seen.append(args.exc_value)
+
+    threading.excepthook = hook
+    try:
+        yield seen
+    finally:
+        threading.excepthook = old
+
+
+def guard_records(logs: Any) -> list[logging.LogRecord]:
+    return [r for r in logs.records if r.name == "sglang_dsv4_guard"]
+
+
+class TestNixlRegistration(GuardTestCase):
+    """NIXL: ``_add_remote_peer`` in the prefill's real bootstrap thread."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def test_wrapped_and_restored(self) -> None:
+        """Installed: the registration method is the guard's; uninstalled: SGLang's."""
+        self.assertIsNot(vars(nixl.NixlKVManager)["_add_remote_peer"], _RAW["nixl"])
+        sglang_dsv4_guard.uninstall()
+        self.assertIs(vars(nixl.NixlKVManager)["_add_remote_peer"], _RAW["nixl"])
+
+    def test_changed_release_is_not_wrapped_and_says_so(self) -> None:
+        """A release whose registration code no known release has (its digest differs) is
+        left unwrapped, with one line saying it is unknown for this release."""
+        sglang_dsv4_guard.uninstall()
+        with mock.patch("sglang_dsv4_guard.peers.wrapper.row_releases", lambda *a: []), \
+                self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            self.install_guard("on", load_entry_points=False)
+        self.assertIs(vars(nixl.NixlKVManager)["_add_remote_peer"], _RAW["nixl"])
+        self.assertIs(vars(mooncake.MooncakeKVManager)["transfer_worker"], _RAW["worker"])
+        text = "\n".join(r.getMessage() for r in logs.records)
+        self.assertEqual(text.count("unknown for this release"), 2, text)
+
+    def test_thread_death_reported_at_registration_and_named_once(self) -> None:
+        """A HiSparse decode (host-memory KV) with another attention TP: SGLang's real
+        bootstrap thread dies of its own NotImplementedError, unchanged; the guard logs
+        one DSV4G043 report naming both TP sizes and the peer, and one line naming the
+        cause, the peer and what now hangs."""
+        frames, _ = peers_real.registration(nixl, "nixl", tp=2, kinds=("DRAM", "DRAM"))
+        mgr = peers_real.prefill(nixl, "nixl", tp=1)
+        mgr.server_socket = peers_real.Socket([frames])
+        with thread_errors() as died, self.assertLogs(level=logging.INFO) as logs:
+            mgr._start_bootstrap_thread()
+            for t in threading.enumerate():
+                if t is not threading.current_thread() and not t.daemon:
+                    t.join(10)
+        self.assertEqual([type(e) for e in died], [NotImplementedError])
+        self.assertIn("direct-to-host", str(died[0]))
+        ours = guard_records(logs)
+        self.assertEqual(len(ours), 2, [r.getMessage()[:200] for r in ours])
+        report, death = (r.getMessage() for r in ours)
+        self.assertIn("[DSV4G043]", report)
+        self.assertIn("prefill attn_tp_size   = 1", report)
+        self.assertIn("decode attn_tp_size    = 2", report)
+        self.assertIn("decode-0 at 10.0.0.2:7001", report)
+        self.assertIn("[DSV4G043]", death)
+        self.assertIn("bootstrap thread died", death)
+        self.assertIn("decode peer decode-0", death)
+        self.assertIn("times out after", death)
+
+    def test_per_request_refusal_reported_at_registration(self) -> None:
+        """A non-MLA pool with SWA state and different attention TP on VRAM: SGLang's
+        registration goes on (its outcome is the same with the guard), and one DSV4G040
+        report says every request carrying swa will fail."""
+        _, raw_info = peers_real.registration(nixl, "nixl", tp=2)
+        _, info = peers_real.registration(nixl, "nixl", tp=2)
+        mk = lambda: peers_real.prefill(nixl, "nixl", tp=1, state_types=(_SWA,))  # noqa: E731
+        expected = register(_RAW["nixl"], mk(), raw_info)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
+            actual = register(nixl.NixlKVManager._add_remote_peer, mk(), info)
+        self.assertEqual(actual, expected)
+        text = "\n".join(r.getMessage() for r in logs.records)
+        self.assertIn("[DSV4G040]", text)
+        self.assertIn("per request", text)
+        self.assertEqual(installation().peers.mismatches.__len__(), 1)
+
+    def test_accepted_pair_says_nothing(self) -> None:
+        """Equal TP, GPU memory, same buffers: SGLang accepts, the guard logs nothing."""
+        _, info = peers_real.registration(nixl, "nixl", tp=2)
+        with self.assertNoLogs("sglang_dsv4_guard", level=logging.INFO):
+            outcome = register(nixl.NixlKVManager._add_remote_peer,
+                               peers_real.prefill(nixl, "nixl", tp=2, state_types=(_SWA,)), info)
+        self.assertEqual(outcome, ("ok", ""))
+
+    def test_64_peers_one_report_and_counts(self) -> None:
+        """One prefill rank, 64 decode peers with the same mismatch: one full report, a
+        count line at 10 peers, and the exact count in the summary."""
+        mgr = peers_real.prefill(nixl, "nixl", tp=1, state_types=(_SWA,))
+        infos = [peers_real.registration(nixl, "nixl", tp=2, name=f"decode-{i}", port=7000 + i)[1]
+                 for i in range(64)]
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            for info in infos:
+                register(nixl.NixlKVManager._add_remote_peer, mgr, info)
+        full = [r for r in logs.records if "decode peer: decode-" in r.getMessage()]
+        counts = [r for r in logs.records if "decode peer(s) so far" in r.getMessage()
+                  and "registration mismatch" in r.getMessage()]
+        self.assertEqual(len(full), 1)
+        self.assertEqual(len(counts), 1)
+        self.assertIn("10 decode peer(s)", counts[0].getMessage())
+        self.assertIn("64 decode peer(s)", sglang_dsv4_guard.summary())
+
+    def test_hostile_plugin_and_our_bug_leave_sglang_unchanged(self) -> None:
+        """A plug-in whose registration check raises is one DSV4G090; a bug in the guard's
+        snapshot is one logged internal error; SGLang's outcome is the same either way."""
+        class Hostile:
+            @hookimpl
+            def sglang_dsv4_guard_check_registration(self, registration: Any,
+                                                     context: Any) -> list[Any]:
+                raise SystemExit("plug-in exits")
+
+        current = installation()
+        assert current is not None
+        current.runtime.plugins.pm.register(Hostile(), "hostile")
+        _, info = peers_real.registration(nixl, "nixl", tp=1)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            outcome = register(nixl.NixlKVManager._add_remote_peer,
+                               peers_real.prefill(nixl, "nixl", tp=1), info)
+        self.assertEqual(outcome, ("ok", ""))
+        self.assertIn("DSV4G090", "\n".join(r.getMessage() for r in logs.records))
+        current.runtime.plugins.pm.unregister(name="hostile")
+        _, info = peers_real.registration(nixl, "nixl", tp=2, name="decode-bug")
+        mgr = peers_real.prefill(nixl, "nixl", tp=1)
+
+        class Exploding:  # SGLang's registration never reads it; the snapshot does
+            def __getattr__(self, name: str) -> Any:
+                raise ZeroDivisionError(name)
+
+        mgr.server_args = Exploding()
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            guarded = register(nixl.NixlKVManager._add_remote_peer, mgr, info)
+        raw = register(_RAW["nixl"], mgr, peers_real.registration(
+            nixl, "nixl", tp=2, name="decode-bug-raw")[1])
+        self.assertEqual(guarded[0], raw[0])
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("internal error", logs.records[0].getMessage())
+
+
+class TestNixlStrict(GuardTestCase):
+    """Strict mode: a failure of the guard's own never replaces SGLang's error."""
+
+    def test_our_bug_is_a_note_on_sglangs_error(self) -> None:
+        """SGLang refuses the registration; the guard's snapshot fails: SGLang's own
+        NotImplementedError rises, carrying the guard's strict failure as a note."""
+        self.install_guard("strict", load_entry_points=False)
+        _, info = peers_real.registration(nixl, "nixl", tp=2, kinds=("DRAM", "DRAM"))
+        mgr = peers_real.prefill(nixl, "nixl", tp=1)
+
+        class Exploding:
+            def __getattr__(self, name: str) -> Any:
+                raise ZeroDivisionError(name)
+
+        mgr.server_args = Exploding()
+        with guard_logs_off(), self.assertRaises(NotImplementedError) as caught:
+            nixl.NixlKVManager._add_remote_peer(mgr, info)
+        self.assertIn("direct-to-host", str(caught.exception))
+        self.assertIn("strict mode", "".join(getattr(caught.exception, "__notes__", [])))
+
+
+def _payload_refusal(outcome: tuple[str, str]) -> str | None:
+    return next((code for phrase, code in _PHRASES.items() if phrase in outcome[1]), None)
+
+
+class TestNixlRegistrationParity(GuardTestCase):
+    """The parity property: SGLang's outcome is unchanged, and a report appears at
+    registration exactly when SGLang refuses then or later."""
+
+    @settings(max_examples=40)  # each example: two real registrations and a send
+    @given(prefill_tp=st.sampled_from([1, 2, 4]), decode_tp=st.sampled_from([1, 2, 4]),
+           hisparse=st.booleans(), draft=st.sampled_from(["none", "decode", "prefill"]),
+           mla=st.booleans(), swa=st.booleans(), mode=st.sampled_from(["on", "strict"]))
+    def test_parity(self, prefill_tp: int, decode_tp: int, hisparse: bool, draft: str,
+                    mla: bool, swa: bool, mode: str) -> None:
+        """SGLang's real ``_add_remote_peer`` and ``maybe_send_extra`` are the oracles."""
+        sglang_dsv4_guard.install(mode, load_entry_points=False)
+        try:
+            self._example(prefill_tp, decode_tp, hisparse, draft, mla, swa)
+        finally:
+            with guard_logs_off():
+                sglang_dsv4_guard.uninstall()
+
+    def _example(self, prefill_tp: int, decode_tp: int, hisparse: bool, draft: str,
+                 mla: bool, swa: bool) -> None:
+        target = ["DRAM" if hisparse else "VRAM"] * 2
+        kinds = target + (["VRAM"] * 2 if draft == "decode" else [])
+        states = (_SWA,) if swa else ()
+        mk = lambda: peers_real.prefill(  # noqa: E731
+            nixl, "nixl", tp=prefill_tp, mla=mla, state_types=states,
+            regions=4 if draft == "prefill" else 2)
+        raw = register(_RAW["nixl"], mk(), peers_real.registration(
+            nixl, "nixl", tp=decode_tp, kinds=kinds)[1])
+        mgr = mk()  # alive while its reports are read
+        with guard_logs_off():
+            actual = register(nixl.NixlKVManager._add_remote_peer, mgr,
+                              peers_real.registration(nixl, "nixl", tp=decode_tp, kinds=kinds)[1])
+        self.assertEqual(actual, raw)
+        later = send_extra_refusal("nixl", prefill_tp, decode_tp, 1, mla, ["swa"] if swa else [],
+                                   layout="page_major")
+        current = installation()
+        assert current is not None
+        reports = current.peers.reports()
+        codes = {c for r in reports for c in r.codes}
+        self.assertEqual(_payload_refusal(raw) in codes, _payload_refusal(raw) is not None)
+        self.assertEqual("DSV4G040" in codes, later is not None)
+        self.assertEqual(bool(reports), bool(_payload_refusal(raw) or later))
+
+
+class TestMooncake(GuardTestCase):
+    """Mooncake: the prefill's real bootstrap thread writes the peer table; the transfer
+    worker dies of a per-request refusal."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+        if hasattr(mooncake, "get_spec"):  # 0.5.23 reads the published speculative config
+            spec = mock.patch.object(mooncake, "get_spec",
+                                     lambda: SimpleNamespace(speculative_algorithm=None))
+            spec.start()
+            self.addCleanup(spec.stop)
+
+    def _bootstrap(self, mgr: Any, frames: list[bytes]) -> None:
+        mgr.server_socket = peers_real.Socket([frames])
+        with thread_errors() as died:
+            mgr.start_prefill_thread()
+            for t in threading.enumerate():
+                if t is not threading.current_thread() and t.name != "MainThread":
+                    t.join(5)
+        self.assertEqual(died, [])
+
+    def test_registration_reported_once_then_worker_death_named_once(self) -> None:
+        """A decode with another attention TP registers through SGLang's real bootstrap
+        thread: one DSV4G040 report. Two transfer workers then die of SGLang's own
+        refusal: SGLang's RuntimeError is unchanged, the guard names the cause once."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=2, name="sess-1")
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,))
+        with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
+            self._bootstrap(mgr, frames)
+        self.assertIn("sess-1", mgr.decode_kv_args_table)
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("[DSV4G040]", logs.records[0].getMessage())
+        message = send_extra_refusal("mooncake", 1, 2, 1, False, ["swa"], layout="page_major")
+        assert message is not None
+
+        class Queue:
+            def get(self) -> Any:
+                raise RuntimeError(message)
+
+        mgr.enable_trace = False
+        errors = []
+        with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
+            for _ in range(2):
+                try:
+                    mooncake.MooncakeKVManager.transfer_worker(mgr, Queue(), None)
+                except RuntimeError as exc:
+                    errors.append(exc)
+        self.assertEqual([type(e) for e in errors], [RuntimeError, RuntimeError])
+        self.assertIn("is dead", str(errors[0]))
+        self.assertEqual(len(logs.records), 1)
+        line = logs.records[0].getMessage()
+        self.assertIn("[DSV4G040]", line)
+        self.assertIn("transfer worker died", line)
+        self.assertIn("sess-1", line)
+        self.assertIn("now hangs", line)
+
+    def test_accepted_pair_says_nothing(self) -> None:
+        """Equal TP: SGLang's bootstrap thread registers the peer, the guard is silent."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=2, name="sess-2")
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=2, state_types=(_SWA,))
+        with self.assertNoLogs("sglang_dsv4_guard", level=logging.INFO):
+            self._bootstrap(mgr, frames)
+        self.assertIn("sess-2", mgr.decode_kv_args_table)
+
+
+if __name__ == "__main__":
+    unittest.main()
