@@ -507,12 +507,15 @@ CODES: dict[str, CodeInfo] = {
             "Decode ... registered N metadata buffers but this prefill has M; ...",
             "The two servers' metadata (aux) buffers pair up by position. "
             "SGLANG_ENABLE_DISAGG_SAMPLING_MASK read as true on one server only (read from "
-            "0.5.20; a value SGLang's EnvBool refuses is read as false, with a warning) adds "
+            "0.5.20; a value SGLang's EnvBool refuses is read as false, with a warning), or "
+            "in 0.5.16 to 0.5.19 SGLANG_DISAGGREGATION_SAMPLING_MASK_MAX_TOKENS above 0 on "
+            "one server only (that release's MetadataBuffers reads it: it switches the "
+            "sampling mask on and sizes it; 0.5.20+ refuse the variable at start-up), adds "
             "three buffers in the middle of the list: every later one (speculative top-k, "
             "hidden states, the bootstrap room) is read from the wrong slot, an error. "
             "--disaggregation-enable-kv-checksum on one server only (0.5.21+) adds the last "
             "buffer: harmless where the transfer stops at the shorter list (a warning). "
-            "0.5.20 to 0.5.22's Mooncake and NIXL `send_aux` loop over the decode's buffers: "
+            "0.5.16 to 0.5.22's Mooncake and NIXL `send_aux` loop over the decode's buffers: "
             "a decode with more raises IndexError on the prefill, per request (Mooncake: "
             "the transfer worker exits; NIXL: each request fails), an error for either "
             "cause. The TCP paths (MORI's, Mooncake's SGLANG_MOONCAKE_SEND_AUX_TCP) send "
@@ -523,7 +526,7 @@ CODES: dict[str, CodeInfo] = {
             ("check derives flag fixes: the variable or flag set (or unset) as on the other "
              "server; a value SGLang refuses is never copied: unset gives what SGLang reads "
              "from it",),
-            sglang_releases=("0.5.20", None),
+            sglang_releases=("0.5.16", None),
         ),
         CodeInfo(
             "DSV4G046",
@@ -560,7 +563,9 @@ CODES: dict[str, CodeInfo] = {
             None,
             "With SGLANG_ENABLE_DISAGG_SAMPLING_MASK on both servers, two metadata buffers "
             "(the sampling mask's token ids and logprobs) are --sampling-mask-max-tokens "
-            "wide. SGLang compares nothing: the counts agree, the rows do not. Mooncake's "
+            "wide (0.5.20+); in 0.5.16 to 0.5.19 they are "
+            "SGLANG_DISAGGREGATION_SAMPLING_MASK_MAX_TOKENS wide where it is above 0 on both "
+            "servers. SGLang compares nothing: the counts agree, the rows do not. Mooncake's "
             "and NIXL's `send_aux` (and MORI's with SGLANG_MORI_SEND_AUX_RDMA) write each "
             "request's row at the prefill's stride and length into the decode's buffer, "
             "which the decode reads at its own: every request slot but the first reads other "
@@ -571,8 +576,9 @@ CODES: dict[str, CodeInfo] = {
             "the decode's buffer (an error); a narrower one stays correct (a warning). "
             "Nothing is logged.",
             ("check derives flag fixes: one server takes the other's --sampling-mask-max-tokens "
-             "(a value that server's resolution accepted)",),
-            sglang_releases=("0.5.20", None),
+             "(a value that server's resolution accepted); in 0.5.16 to 0.5.19 environment "
+             "fixes: one server takes the other's variable",),
+            sglang_releases=("0.5.16", None),
         ),
         CodeInfo(
             "DSV4G049",

@@ -33,6 +33,7 @@ from typing import Any
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.host import targets
+from sglang_dsv4_guard.launch.parse import offline_env
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).
@@ -203,34 +204,42 @@ def send_extra_refusal(backend: str, prefill_tp: int, decode_tp: int, pp: int, m
     return None
 
 
-def _metadata_buffers(width: int, rows: int) -> Any:
+def _metadata_buffers(width: int | None, rows: int, env: Mapping[str, str] | None) -> Any:
     """SGLang's real ``MetadataBuffers`` of ``rows`` slots as the scheduler builds it with
-    ``--sampling-mask-max-tokens width`` (the caller sets the sampling-mask variable)."""
+    ``--sampling-mask-max-tokens width`` (``None``: as 0.5.16 - 0.5.19's scheduler, with no
+    width: the class reads its variable), with ``env`` added to the environment."""
     import torch
 
     cls = getattr(importlib.import_module(targets.PD_METADATA_BUFFERS.module),
                   targets.PD_METADATA_BUFFERS.qualname)
-    return cls(size=rows, hidden_size=4, hidden_states_dtype=torch.float32,
-               max_sampling_mask_tokens=width)
+    with offline_env(env):
+        return cls(size=rows, hidden_size=4, hidden_states_dtype=torch.float32,
+                   max_sampling_mask_tokens=width)
 
 
-def mooncake_mask_rows(prefill_width: int, decode_width: int, rows: int = 3
+def mooncake_mask_rows(prefill_width: int | None, decode_width: int | None, rows: int = 3,
+                       prefill_env: Mapping[str, str] | None = None,
+                       decode_env: Mapping[str, str] | None = None
                        ) -> tuple[list[int], list[int]]:
     """SGLang's real Mooncake RDMA ``send_aux`` (its class's own method, on a half-built
     manager whose engine records the copies) from a prefill's real ``MetadataBuffers`` to
     a decode's, once per request slot; each copy made (``ctypes.memmove``) only when it
     falls inside one of the decode's tensors. Returns the slots whose sampling-mask row the
     decode reads (its ``get_buf``'s row) differently from the prefill's, and the slots with a
-    copy that falls outside the decode's tensors (not made)."""
+    copy that falls outside the decode's tensors (not made). Each server's buffers are
+    built with its width and environment (:func:`_metadata_buffers`)."""
     import ctypes
 
     import torch
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
 
-    src, dst = _metadata_buffers(prefill_width, rows), _metadata_buffers(decode_width, rows)
-    keep = min(prefill_width, decode_width)
+    src = _metadata_buffers(prefill_width, rows, prefill_env)
+    dst = _metadata_buffers(decode_width, rows, decode_env)
+    wide, narrow = (src.output_token_sampling_mask_idx.shape[1],
+                    dst.output_token_sampling_mask_idx.shape[1])
+    keep = min(wide, narrow)
     src.output_token_sampling_mask_idx.copy_(torch.arange(
-        1, 1 + rows * prefill_width, dtype=torch.int32).view(rows, prefill_width))
+        1, 1 + rows * wide, dtype=torch.int32).view(rows, wide))
     ptrs, data_lens, item_lens = src.get_buf_infos()
     dst_ptrs, dst_lens, _ = dst.get_buf_infos()
     misplaced, outside = [], []

@@ -311,5 +311,121 @@ class TestMetadataBufferRowWidths(GuardTestCase):
         self.assertEqual(g048(doc["fixed_check"]), [])
 
 
+WIDTH_ENV = "SGLANG_DISAGGREGATION_SAMPLING_MASK_MAX_TOKENS"  # read by 0.5.16 - 0.5.19's class
+
+
+def _env_widths(prefill: str | None, decode: str | None, *more: str,
+                backend: str = "mooncake") -> dict[str, Any]:
+    """A pair with ``WIDTH_ENV`` as given on each server (``None``: unset)."""
+    env = [*(("--prefill-env", f"{WIDTH_ENV}={prefill}") if prefill is not None else ()),
+           *(("--decode-env", f"{WIDTH_ENV}={decode}") if decode is not None else ())]
+    return _pair("", "", *env, *more, backend=backend)
+
+
+class TestSamplingMaskWidthVariable(GuardTestCase):
+    """``SGLANG_DISAGGREGATION_SAMPLING_MASK_MAX_TOKENS``: in 0.5.16 - 0.5.19 the scheduler
+    gives ``MetadataBuffers`` no width and the class reads the variable (above 0: the
+    sampling-mask buffers exist, that wide); 0.5.20+ refuse it at start-up."""
+
+    def _counts(self, prefill: str | None, decode: str | None) -> tuple[int, int]:
+        """SGLang's own buffer counts in each server's environment."""
+        with offline_env({WIDTH_ENV: prefill} if prefill is not None else {}):
+            local = aux_buffer_count(False, None)
+        with offline_env({WIDTH_ENV: decode} if decode is not None else {}):
+            remote = aux_buffer_count(False, None)
+        return local, remote
+
+    def _refused(self, doc: dict[str, Any]) -> None:
+        """0.5.20+: SGLang's resolution refuses the variable (DSV4G026 with its message,
+        whose fix unsets it, proven with ``--fix``); no metadata-buffer finding."""
+        self.assertIn("DSV4G026", [f["code"] for f in doc["findings"]])
+        self.assertTrue(any("SAMPLING_MASK_MAX_TOKENS is no longer supported" in o["value"]
+                            for f in doc["findings"] for o in f["observations"]
+                            if o["name"] == "resolution"), doc["findings"])
+        self.assertEqual(g045(doc) + g048(doc), [])
+        for f in doc["findings"]:  # SGLang says "Unset it": the fix unsets it
+            if f["code"] == "DSV4G026":
+                unset = [x for x in f["fixes"] if any(
+                    e["name"] == WIDTH_ENV and e["remove"] and e["env"] for e in x["edits"])]
+                self.assertTrue(unset, f["fixes"])
+                if "fixed_check" in doc:
+                    self.assertTrue(all(x["proven"] for x in unset))
+        if "fixed_check" in doc:
+            self.assertEqual(doc["fix_status"], "corrected")
+
+    def test_variable_on_the_prefill_only(self) -> None:
+        """The variable on the prefill only: before 0.5.20 SGLang's class builds three more
+        buffers there (DSV4G045, an error: misaligned, silent on Mooncake); environment
+        fixes, each proven, and the corrected pair passes."""
+        doc = _env_widths("64", None, "--fix")
+        if READS_MASK:
+            self._refused(doc)
+            return
+        local, remote = self._counts("64", None)
+        self.assertEqual(local, remote + 3)
+        (found,) = g045(doc)
+        self.assertEqual(found["severity"], "error")
+        self.assertIn("no error, no log line", found["when"])
+        values = {(o["role"], o["name"]): o["value"] for o in found["observations"]}
+        self.assertEqual((values[("prefill", "aux_buffer_count")],
+                          values[("decode", "aux_buffer_count")]), (local, remote))
+        edits = {(e["server"], e["name"], e["value"], e["remove"])
+                 for f in found["fixes"] for e in f["edits"]}
+        self.assertEqual(edits, {("decode", WIDTH_ENV, "64", False),
+                                 ("prefill", WIDTH_ENV, None, True)})
+        self.assertTrue(all(f["proven"] for f in found["fixes"]))
+        self.assertTrue(all(e["env"] for f in found["fixes"] for e in f["edits"]))
+        self.assertEqual(doc["fix_status"], "corrected")
+
+    def test_variable_on_the_decode_only_kills_the_mooncake_worker(self) -> None:
+        """The variable on the decode only, on Mooncake before 0.5.20: the prefill's real
+        send_aux loops over the decode's buffers and raises (its worker exits)."""
+        doc = _env_widths(None, "64")
+        if READS_MASK:
+            self._refused(doc)
+            return
+        (found,) = g045(doc)
+        self.assertEqual(found["severity"], "error")
+        self.assertIn("Transfer thread failed", found["when"])
+
+    def test_different_values_on_both(self) -> None:
+        """64 on the prefill, 128 on the decode: as many buffers, rows of different widths
+        (DSV4G048, an error on Mooncake: the slots SGLang's real send_aux misplaces in the
+        decode's real buffers); environment fixes, proven."""
+        doc = _env_widths("64", "128", "--fix")
+        if READS_MASK:
+            self._refused(doc)
+            return
+        self.assertEqual(g045(doc), [])
+        with offline_env({WIDTH_ENV: "64"}):
+            narrow = aux_row_widths(False, None)
+        misplaced, _ = mooncake_mask_rows(None, None, prefill_env={WIDTH_ENV: "64"},
+                                          decode_env={WIDTH_ENV: "128"})
+        (found,) = g048(doc)
+        self.assertEqual(found["severity"], "error")
+        self.assertTrue(misplaced)
+        self.assertEqual(_slots(found, "than the prefill's row for request slots "), misplaced)
+        self.assertIn(("output_token_sampling_mask_idx", 64 * 4), narrow)
+        self.assertEqual({(e["server"], e["name"], e["value"]) for f in found["fixes"]
+                          for e in f["edits"]},
+                         {("decode", WIDTH_ENV, "64"), ("prefill", WIDTH_ENV, "128")})
+        self.assertTrue(all(f["proven"] for f in found["fixes"]))
+        self.assertEqual(doc["fix_status"], "corrected")
+        self.assertEqual(g048(doc["fixed_check"]), [])
+
+    def test_equal_values_are_accepted(self) -> None:
+        """Near miss: the same value on both servers (and 0 against unset: SGLang's class
+        builds no sampling-mask buffer for either)."""
+        for prefill, decode in (("64", "64"), ("0", None)):
+            doc = _env_widths(prefill, decode)
+            if READS_MASK:
+                if prefill != "0":
+                    self._refused(doc)
+                continue
+            self.assertEqual(self._counts(prefill, decode)[0], self._counts(prefill, decode)[1])
+            self.assertEqual(g045(doc) + g048(doc), [])
+        self.assertNotIn(WIDTH_ENV, os.environ)
+
+
 if __name__ == "__main__":
     unittest.main()

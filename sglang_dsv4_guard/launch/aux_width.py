@@ -1,6 +1,9 @@
 """``check``'s row for metadata buffers whose rows have different widths on the two
 servers (DSV4G048): ``--sampling-mask-max-tokens`` differs while
-``SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` is on for both (0.5.20+).
+``SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` is on for both (0.5.20+), or
+``SGLANG_DISAGGREGATION_SAMPLING_MASK_MAX_TOKENS`` is positive on both with different values
+(0.5.16 - 0.5.19, whose ``MetadataBuffers`` reads that variable when the scheduler passes it
+no width: it both switches the buffers on and sizes them).
 
 The buffer counts agree (DSV4G045 is the counts' row), but two buffers
 (``output_token_sampling_mask_idx``, ``output_token_sampling_logprobs``) are as wide as the
@@ -16,17 +19,23 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
-from sglang_dsv4_guard.fixes import Fix
+from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import NotJudged
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source, side_field
+from sglang_dsv4_guard.launch.endpoint import (
+    CONTRIBUTORS,
+    env_copy,
+    env_reading,
+    field_source,
+    side_field,
+)
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, RowLanding, aux_rows
-from sglang_dsv4_guard.pd.buffers import aux_row_widths
+from sglang_dsv4_guard.pd.buffers import MASK_WIDTH_ENV, aux_row_widths
 from sglang_dsv4_guard.pd.endpoint import Value
 
 __all__ = ["aux_width_row"]
@@ -36,24 +45,33 @@ _FIELD = "sampling_mask_max_tokens"
 
 
 def _option() -> str:
+    """What sets the width: the flag, or (a release without it) the variable."""
     flag = flag_for_field(_FIELD)
-    return flag.option if flag is not None else "--sampling-mask-max-tokens"
+    return flag.option if flag is not None else MASK_WIDTH_ENV
 
 
 def _widths(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     """The server's metadata buffers' names and row widths, by SGLang's own class (none on
-    a release whose class takes no width, or a width SGLang refuses: the counts' row says
-    that server would not start)."""
+    a release whose class needs a width the server lacks, or a width SGLang refuses: the
+    counts' row says that server would not start). On a release without the flag the class
+    is built with no width in the server's environment, as its scheduler builds it."""
     del values
     width = side_field(side, _FIELD)
-    if width is None or int(width) <= 0:
+    if width is not None and int(width) <= 0:
         return {}
     checksum = bool(side_field(side, "disaggregation_enable_kv_checksum"))
-    source = field_source(side, _FIELD, _option())
+    if width is None:
+        typed = side.args.env.get(MASK_WIDTH_ENV)
+        width = env_reading(MASK_WIDTH_ENV, typed)[0]
+        source = (f"{MASK_WIDTH_ENV}={typed} in the server's environment" if typed is not None
+                  else f"{MASK_WIDTH_ENV} not set (the release's default)")
+    else:
+        source = field_source(side, _FIELD, _option())
     try:
         with offline_env(side.args.env):
-            rows = aux_row_widths(checksum, int(width))
-    except TypeError:  # before 0.5.20: the class reads an environment variable instead
+            rows = aux_row_widths(checksum, None if flag_for_field(_FIELD) is None
+                                  else int(width))
+    except TypeError:  # the class and the server disagree on who gives the width
         return {}
     except ValueError as exc:  # wider than this check builds: the row says so if it differs
         return {_FIELD: Value(int(width), source), "aux_row_widths_unbuilt": Value(str(exc), source)}
@@ -115,8 +133,14 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
     """One server takes the other's width (only a server whose resolution accepted its
     flags is a source; the edited line must resolve)."""
     sides = {"prefill": run.prefill_side, "decode": run.decode_side}
-    found = []
+    found: list[Fix | None] = []
     for src, dst in _pairs(run.prefill_side, run.decode_side):
+        if flag_for_field(_FIELD) is None:  # the variable sets it: an environment edit
+            typed = src.args.env.get(MASK_WIDTH_ENV)
+            found.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s "
+                             f"{MASK_WIDTH_ENV}", field="sampling_mask_env",
+                             edits=(env_copy(dst.role, MASK_WIDTH_ENV, typed),)))
+            continue
         width = side_field(src, _FIELD)
         found.append(_fix(f"give the {dst.role} server the {src.role}'s {_option()} {width}",
                           _FIELD, [_set(dst.role, _FIELD, width)]))
@@ -158,8 +182,9 @@ def aux_width_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
         code=CODE, severity=Severity.ERROR if broken else Severity.WARNING,
         summary=CODES[CODE].title,
         subject=f"prefill -> decode {backend} transfer of the metadata buffers",
-        observations=tuple(e.observation(n) for n in (_FIELD, "sampling_mask_env")
-                           for e in (p, d)),
+        observations=tuple(e.observation(n) for n in (
+            (_FIELD, "sampling_mask_env") if flag_for_field(_FIELD) is not None
+            else ("sampling_mask_env",)) for e in (p, d)),
         details=tuple(_where(landing, names, local, remote)),
         fixes=_fixes(run) if run.derive else (), docs=docs_url(CODE),
         host_message=landing.raised, when=_when(landing, backend))], []

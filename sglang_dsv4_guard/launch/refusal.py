@@ -5,7 +5,8 @@ field (``cfg.speculative_num_steps``, in the condition of a bare ``assert``), or
 flag's words with a value (``topk == 1``, ``Only EAGLE and DSPARK speculative
 algorithms``). Each named flag gives candidates: the values the message gives it, the
 other server's value, ``1`` for a whole-number flag given no value, and removing it
-when the line sets it. Each candidate line is resolved by the release (the same
+when the line sets it; a variable of the server's environment the message names is
+unset. Each candidate line is resolved by the release (the same
 ``parse_side`` as ``check``); a candidate refused with a new message extends with that
 message's candidates (breadth first, at most :data:`MAX_DEPTH` edits), and at most
 :data:`MAX_RESOLUTIONS` resolutions are run per refusal (the release-choice resolutions
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import Flag, flag, flag_for_field, flag_table
-from sglang_dsv4_guard.launch.edit import apply_edits, typed_flags
+from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, parse_side
 
 __all__ = ["MAX_DEPTH", "MAX_RESOLUTIONS", "Search", "refusal_fixes"]
@@ -181,6 +182,10 @@ def _candidates(role: str, message: str, line: str, env: Mapping[str, str],
                 for value in _values(message, named, typed, other, choice)]
         if named.field in typed:
             out.append((Edit(role, named.option, remove=True),))
+    # a variable of the server's environment the message names ("... is no longer
+    # supported. Unset it."): unset
+    out += [(Edit(role, name, remove=True, env=True),) for name in sorted(env)
+            if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message)]
     return out
 
 
@@ -197,21 +202,21 @@ def search(role: str, line: str, env: Mapping[str, str], refusal: str,
            other: Mapping[str, tuple[Flag, str | None]]) -> Search:
     """Breadth-first over candidate edits (see the module docstring)."""
     frontier: list[tuple[tuple[Edit, ...], str]] = [((), refusal)]
-    seen, resolve = {line}, _Counted()
+    seen, resolve = {(line, tuple(sorted(env.items())))}, _Counted()
     accepted: list[tuple[Edit, ...]] = []
     try:
         for _ in range(MAX_DEPTH):
             following: list[tuple[tuple[Edit, ...], str]] = []
             for edits, message in frontier:
-                for extra in _candidates(role, message, apply_edits(line, edits, role), env,
-                                         other, resolve):
+                for extra in _candidates(role, message, apply_edits(line, edits, role),
+                                         apply_env(env, edits, role), other, resolve):
                     tried = edits + extra
-                    text = apply_edits(line, tried, role)
-                    if text in seen:
+                    text, tried_env = apply_edits(line, tried, role), apply_env(env, tried, role)
+                    if (text, tuple(sorted(tried_env.items()))) in seen:
                         continue
-                    seen.add(text)
+                    seen.add((text, tuple(sorted(tried_env.items()))))
                     try:
-                        side = resolve(role, text, env)
+                        side = resolve(role, text, tried_env)
                     except CheckInputError:
                         continue
                     if side.machine_refusal is not None:
@@ -235,7 +240,9 @@ def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refu
     found = search(role, shlex.join(argv), env, refusal, typed_flags(list(other_argv)))
     inputs = (f"SGLang's resolution of the {role} server's flags: {refusal}",)
     ranked = sorted(found.accepted, key=lambda e: (all(x.remove for x in e), len(e)))
-    fixes = tuple(Fix(FixKind.FLAGS, f"the {role} server's flags that SGLang's resolution "
+    fixes = tuple(Fix(FixKind.FLAGS, f"the {role} server's flags"
+                                     + (" and environment" if any(x.env for x in edits) else "")
+                                     + " that SGLang's resolution "
                                      f"accepts ({len(edits)} change(s); found in "
                                      f"{found.resolutions} resolution(s) of its lines)",
                       field=", ".join(dict.fromkeys(

@@ -33,7 +33,7 @@ from sglang_dsv4_guard.launch.endpoint import (
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, aux_details, aux_send
-from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
+from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
 from sglang_dsv4_guard.pd.transfer import BACKENDS, StateVerdict, send_extra_verdicts
@@ -75,21 +75,28 @@ def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     refused = _refused_width(side)
     if refused:
         raise NotDerived(refused)
-    mask = side.args.env.get(SAMPLING_MASK)
-    return {"aux_buffer_count": Value(_aux(side), (
+    name = mask_env()
+    mask = side.args.env.get(name)
+    try:
+        count = _aux(side)
+    except ValueError as exc:  # a width the class would read that is too wide to build
+        raise NotDerived(f"DSV4G045: not judged: {exc}") from None
+    return {"aux_buffer_count": Value(count, (
         "SGLang's MetadataBuffers(...).get_buf_infos() built on CPU with this server's "
-        f"{SAMPLING_MASK}" + (f"={mask}" if mask is not None else " (unset)")
+        f"{name}" + (f"={mask}" if mask is not None else " (unset)")
         + " and " + field_source(side, "disaggregation_enable_kv_checksum",
                                  "--disaggregation-enable-kv-checksum")))}
 
 
 def _mask_value(side: Side) -> Value:
-    """``SAMPLING_MASK`` as SGLang reads it, and what was typed."""
-    mask = side.args.env.get(SAMPLING_MASK)
-    read, refused = env_reading(SAMPLING_MASK, mask)
+    """The variable that switches the release's sampling-mask buffers on (:func:`mask_env`)
+    as SGLang reads it, and what was typed."""
+    name = mask_env()
+    mask = side.args.env.get(name)
+    read, refused = env_reading(name, mask)
     if mask is None:
-        return Value(read, f"{SAMPLING_MASK} not set (the release's default)")
-    return Value(read, f"{SAMPLING_MASK}={mask} in the server's environment"
+        return Value(read, f"{name} not set (the release's default)")
+    return Value(read, f"{name}={mask} in the server's environment"
                  + (f": {refused}" if refused else ""))
 
 
@@ -243,12 +250,13 @@ def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
 def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
     sides = {"prefill": run.prefill_side, "decode": run.decode_side}
     found: list[Fix | None] = []
+    name = mask_env()
     for src, dst in (("prefill", "decode"), ("decode", "prefill")):
         s, t = sides[src], sides[dst]
-        if not checksum_only and s.args.env.get(SAMPLING_MASK) != t.args.env.get(SAMPLING_MASK):
-            edit = env_copy(dst, SAMPLING_MASK, s.args.env.get(SAMPLING_MASK))
+        if not checksum_only and s.args.env.get(name) != t.args.env.get(name):
+            edit = env_copy(dst, name, s.args.env.get(name))
             found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s "
-                                            f"{SAMPLING_MASK}", field="sampling_mask_env",
+                                            f"{name}", field="sampling_mask_env",
                              edits=(edit,)))
         flag = flag_for_field("disaggregation_enable_kv_checksum")
         on = bool(side_field(s, "disaggregation_enable_kv_checksum"))

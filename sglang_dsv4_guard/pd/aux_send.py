@@ -39,6 +39,7 @@ from typing import Any
 
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE, PD_AUX_CODEC
+from sglang_dsv4_guard.pd.buffers import mask_env
 
 __all__ = ["AUX_BACKENDS", "AuxSend", "RowLanding", "aux_details", "aux_rows", "aux_send"]
 
@@ -318,6 +319,6 @@ def aux_details(local: int, remote: int, checksum_only: bool, sent: AuxSend) -> 
             "the prefill's extra one is the KV checksum, the last: it is not sent and the "
             "decode, without the checksum, verifies nothing")
                 + ", so transfers stay correct (a warning, not an error)"]
-    return [head + "SGLANG_ENABLE_DISAGG_SAMPLING_MASK on one server adds buffers in the middle "
+    return [head + f"{mask_env()} on one server adds buffers in the middle "
             "of the list: every later buffer (speculative top-k, hidden states, the bootstrap room) is read "
             "from the wrong slot"]

@@ -9,6 +9,10 @@ is last) shifts every later one. 0.5.23 logs it when the decode registers
 
 The buffers are built for real on CPU with the smallest sizes giving the same count, in the
 server's environment (the caller applies it: SGLang reads the variable in the constructor).
+In 0.5.16 - 0.5.19 the scheduler passes the class no width: it reads
+``SGLANG_DISAGGREGATION_SAMPLING_MASK_MAX_TOKENS`` (default 0), which both switches the
+sampling-mask buffers on (above 0) and sizes them; such a class is built with no width, so
+the count and the widths are the ones it gives in the server's environment.
 """
 
 from __future__ import annotations
@@ -19,9 +23,16 @@ import logging
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.host.targets import PD_AUX_COUNT, PD_METADATA_BUFFERS
+from sglang_dsv4_guard.host.targets import ENVIRON_MODULE, PD_AUX_COUNT, PD_METADATA_BUFFERS
 
-__all__ = ["MAX_WIDTH", "aux_buffer_count", "aux_row_widths", "peer_count_log"]
+__all__ = ["MASK_ENABLE_ENV", "MASK_WIDTH_ENV", "MAX_WIDTH", "aux_buffer_count",
+           "aux_row_widths", "mask_env", "peer_count_log"]
+
+#: The variable 0.5.16 - 0.5.19's ``MetadataBuffers`` reads when it is given no width
+#: (0.5.20+ refuse it at start-up: ``validate_sampling_mask_max_tokens``).
+MASK_WIDTH_ENV = "SGLANG_DISAGGREGATION_SAMPLING_MASK_MAX_TOKENS"
+#: The variable 0.5.20+'s ``MetadataBuffers`` reads to build the sampling-mask buffers.
+MASK_ENABLE_ENV = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
 _ROWS = 1
 #: The widest ``--sampling-mask-max-tokens`` whose buffers are built at their real width
@@ -38,52 +49,99 @@ def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None,
     server's ``--sampling-mask-max-tokens`` may be far more than this machine holds). Read
     in each release's ``sglang/srt/disaggregation/utils.py`` ``MetadataBuffers.__init__`` /
     ``get_buf_infos``: in 0.5.16 - 0.5.19 the sampling-mask buffers exist iff
-    ``max_sampling_mask_tokens > 0`` (only the sign counts: 1 or 0 is kept); from 0.5.20
+    ``max_sampling_mask_tokens > 0``, which the scheduler leaves to the class to read from
+    :data:`MASK_WIDTH_ENV` (``None``, a server without the flag: the class is built with no
+    width in the environment as it is now; wider than :data:`MAX_WIDTH`: ``ValueError``,
+    not built); from 0.5.20
     iff ``envs.SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` (the width only sizes them); the
     DSA top-k buffer iff ``output_dsa_topk_indices_dim > 0``; the KV checksum's (0.5.21+)
-    iff ``kv_checksum_enabled``; every other buffer always. ``None`` (a release without
-    the flag) counts as a positive width, as before."""
+    iff ``kv_checksum_enabled``; every other buffer always."""
     import torch
 
-    cls = getattr(importlib.import_module(PD_METADATA_BUFFERS.module),  # unscanned: targets
-                  PD_METADATA_BUFFERS.qualname)
+    cls = _buffers_class()
+    params = inspect.signature(cls.__init__).parameters
+    if sampling_mask_tokens is None and _reads_env(params):
+        _env_width()  # the class reads the variable itself; too wide to build: ValueError
+        wanted_env: dict[str, Any] = dict(
+            size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
+            max_top_logprobs_num=1, output_dsa_topk_indices_dim=min(max(dsa_topk_dim, 0), 1),
+            kv_checksum_enabled=kv_checksum)
+        ptrs = cls(**{k: v for k, v in wanted_env.items() if k in params}).get_buf_infos()[0]
+        return len(ptrs)
     width = 1 if sampling_mask_tokens is None else min(max(int(sampling_mask_tokens), 0), 1)
     wanted: dict[str, Any] = dict(
         size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
         max_sampling_mask_tokens=width, max_top_logprobs_num=1,
         output_dsa_topk_indices_dim=min(max(dsa_topk_dim, 0), 1),
         kv_checksum_enabled=kv_checksum)
-    params = inspect.signature(cls.__init__).parameters
     buffers = cls(**{k: v for k, v in wanted.items() if k in params})
     ptrs, _, _ = buffers.get_buf_infos()
     return len(ptrs)
 
 
-def aux_row_widths(kv_checksum: bool, sampling_mask_tokens: int) -> list[tuple[str, int]]:
+def _buffers_class() -> Any:
+    return getattr(importlib.import_module(PD_METADATA_BUFFERS.module),  # unscanned: targets
+                   PD_METADATA_BUFFERS.qualname)
+
+
+def _reads_env(params: Any) -> bool:
+    """Whether the class, given no width, reads :data:`MASK_WIDTH_ENV` (0.5.16 - 0.5.19:
+    the parameter defaults to ``None``)."""
+    width = params.get("max_sampling_mask_tokens")
+    return width is not None and width.default is None
+
+
+def _env_width() -> int:
+    """:data:`MASK_WIDTH_ENV` as SGLang's ``envs`` reads it in the environment as it is
+    now (the read the class makes); ``ValueError`` when wider than :data:`MAX_WIDTH`."""
+    envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
+    width = int(getattr(envs, MASK_WIDTH_ENV).get() or 0)
+    if width > MAX_WIDTH:
+        raise ValueError(f"{MASK_WIDTH_ENV}={width} is wider than {MAX_WIDTH}, the widest "
+                         "row this check builds")
+    return width
+
+
+def mask_env() -> str:
+    """The variable that switches the release's sampling-mask buffers on:
+    :data:`MASK_WIDTH_ENV` where the class reads it (0.5.16 - 0.5.19), else
+    :data:`MASK_ENABLE_ENV`."""
+    params = inspect.signature(_buffers_class().__init__).parameters
+    return MASK_WIDTH_ENV if _reads_env(params) else MASK_ENABLE_ENV
+
+
+def aux_row_widths(kv_checksum: bool,
+                   sampling_mask_tokens: int | None) -> list[tuple[str, int]]:
     """The name and row width in bytes (``item_lens``) of each metadata buffer the release's
     ``MetadataBuffers`` registers, built as the scheduler builds it (from 0.5.20:
     ``max_sampling_mask_tokens=server_args.sampling_mask_max_tokens``) with one row, in the
     environment as it is now (``SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` decides whether the
     sampling-mask buffers exist; the flag sizes two of them). Raises ``ValueError`` for a
-    width over :data:`MAX_WIDTH` (not built here) and ``TypeError`` on a release whose
-    class takes no width (before 0.5.20 it reads an environment variable)."""
+    width over :data:`MAX_WIDTH` (not built here). ``None`` (a server without the flag) is
+    for a release whose class reads :data:`MASK_WIDTH_ENV` when given no width (0.5.16 -
+    0.5.19, as their scheduler builds it); ``TypeError`` when the width and the release
+    disagree (a width for a class that reads the variable, or none for one that needs it)."""
     import torch
 
-    cls = getattr(importlib.import_module(PD_METADATA_BUFFERS.module),  # unscanned: targets
-                  PD_METADATA_BUFFERS.qualname)
+    cls = _buffers_class()
     params = inspect.signature(cls.__init__).parameters
-    if "max_sampling_mask_tokens" not in params or params[
-            "max_sampling_mask_tokens"].default is not inspect.Parameter.empty:
-        raise TypeError("this release's MetadataBuffers takes no --sampling-mask-max-tokens")
+    if "max_sampling_mask_tokens" not in params or (
+            _reads_env(params) != (sampling_mask_tokens is None)):
+        raise TypeError("this release's MetadataBuffers takes no --sampling-mask-max-tokens"
+                        if sampling_mask_tokens is not None else
+                        "this release's MetadataBuffers needs a --sampling-mask-max-tokens")
 
-    def build(width: int) -> Any:
+    def build(width: int | None) -> Any:
         wanted: dict[str, Any] = dict(
             size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
             max_sampling_mask_tokens=width, max_top_logprobs_num=1,
             output_dsa_topk_indices_dim=0, kv_checksum_enabled=kv_checksum)
         return cls(**{k: v for k, v in wanted.items() if k in params})
 
-    if int(sampling_mask_tokens) > MAX_WIDTH:
+    if sampling_mask_tokens is None:
+        _env_width()  # the class reads the variable itself; too wide to build: ValueError
+        buffers = build(None)
+    elif int(sampling_mask_tokens) > MAX_WIDTH:
         # built at widths 1 and 2: when no row changes, the width sizes nothing here (the
         # sampling mask is off) and the narrow build is the answer
         buffers = build(1)
