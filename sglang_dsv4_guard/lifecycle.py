@@ -4,7 +4,8 @@ both ways, ``summary()``, and :func:`standalone_runtime` for ``check`` and tests
 ``install`` judges the imported SGLang by its code (:mod:`sglang_dsv4_guard.host.verdict`)
 before patching, builds the runtime (settings, plug-in manager, release profile), hands it
 to the wrappers, wraps ``setup_state_kv_args`` (and every stale binding of it), and
-arranges for the MORI connector to be wrapped when SGLang imports it. ``uninstall``
+arranges for the connector modules (MORI's, the common one's first contact, NIXL's and
+Mooncake's peers) to be wrapped when SGLang imports them. ``uninstall``
 restores every original object where our wrapper still stands and removes the pending
 import hook. Every module below this one receives what it needs as arguments; none
 imports this one. :func:`reset` forgets what the process remembers between
@@ -260,12 +261,13 @@ def _install(chosen: Settings, load_entry_points: bool,
     current.ready = True
     current.at_exit = functools.partial(_at_exit, current)
     atexit.register(current.at_exit)
-    logger.info(
-        "sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; MORI connector %s",
-        chosen.mode.value.value, chosen.autoshare.value, version, how,
-        "wrapped" if any(p.target.module == MORI_MODULE for p in current.patches)
-        else "will be wrapped when SGLang imports it",
-    )
+    wrapped = {p.target.module for p in current.patches}
+    lazy = (MORI_MODULE, CONTACT_MODULE, *(name for name, _ in CONNECTORS))
+    logger.info("sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; wrapped "
+                "now: %s; when SGLang imports them: %s", chosen.mode.value.value,
+                chosen.autoshare.value, version, how, ", ".join(
+                    m for m in lazy if m in wrapped) or "-",
+                ", ".join(m for m in lazy if m not in wrapped) or "-")
     return current.undo
 
 
@@ -310,10 +312,9 @@ def _on_pool_module(current: Installation, module: ModuleType) -> None:
 def _on_peers(current: Installation, patcher: Patcher, module: ModuleType) -> None:
     """Check decode peers registering on Mooncake / NIXL (optional: a failure is logged)."""
     with _lock:
-        if _current is not current:
-            return
         try:
-            current.patches.extend(patcher(module, current.peers))
+            if _current is current:
+                current.patches.extend(patcher(module, current.peers))
         except Exception as exc:
             logger.warning("sglang-dsv4-guard does not check the decode peers registering "
                            "through %s (%s: %s)", module.__name__, type(exc).__name__, exc)
@@ -333,16 +334,18 @@ def _at_exit(current: Installation) -> None:
     """At interpreter exit (schedulers never call ``uninstall()``): the exact counts, if
     there was anything to count, and this process' marker clean-up."""
     try:
-        if current.mori.mismatches or current.peers.mismatches or _reported(current):
+        if _has_counts(current):
             logger.info("%s", _summary_of(current))
     except Exception as exc:
         logger.debug("sglang-dsv4-guard: no summary at exit (%s: %s)", type(exc).__name__, exc)
     cleanup_at_exit()
 
 
-def _reported(current: Installation) -> bool:
+def _has_counts(current: Installation) -> bool:
+    """Whether the installation counted anything: MORI or peer mismatches, reports."""
     reporter = current.runtime.plugins.log_reporter
-    return reporter is not None and bool(reporter.counts)
+    return bool(current.mori.mismatches or current.peers.mismatches
+                or (reporter is not None and reporter.counts))
 
 
 def summary() -> str:
@@ -363,9 +366,7 @@ def _summary_of(current: Installation | None) -> str:
 
 def uninstall() -> bool:
     """Restore every original object; ``False`` (and a debug line) when not installed.
-
-    An auto-shared mapping stays shared: the draft pool keeps the target's tensor.
-    """
+    An auto-shared mapping stays shared: the draft pool keeps the target's tensor."""
     global _current
     with _lock:
         current, _current = _current, None
@@ -374,7 +375,7 @@ def uninstall() -> bool:
             return False
         if current.at_exit is not None:
             atexit.unregister(current.at_exit)
-        if current.mori.mismatches or current.peers.mismatches or _reported(current):
+        if _has_counts(current):
             logger.info("%s", _summary_of(current))
         _dismantle(current, "uninstall")
         if current.host_hook is not None:
