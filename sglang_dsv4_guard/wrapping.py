@@ -21,6 +21,7 @@ decode side next) reuses these instead of restating them:
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 from sglang_dsv4_guard.dedup.markers import Seen
@@ -43,6 +44,7 @@ __all__ = [
     "prints_in_full",
     "publish",
     "publish_registration",
+    "replacing",
     "upgrades",
 ]
 
@@ -72,6 +74,20 @@ def our_failure(rt: Runtime, stage: str, exc: Exception) -> DSV4GuardError | Non
 def note_on(host_error: BaseException, ours: DSV4GuardError) -> None:
     """Strict mode, SGLang raised: SGLang's message leads, our failure is a note under it."""
     add_note(host_error, str(ours))
+
+
+def replacing(rt: Runtime, host_error: BaseException, stage: str,
+              build: Callable[[], BaseException | None]) -> BaseException | None:
+    """After SGLang raised ``host_error``: ``build()``'s replacement for it (``None``: let
+    SGLang's own rise). A failure of ours while building is logged and, in strict mode,
+    rides as a note on SGLang's error, which then rises."""
+    try:
+        return build()
+    except Exception as exc:
+        ours = our_failure(rt, stage, exc)
+        if ours is not None:
+            note_on(host_error, ours)
+        return None
 
 
 def note_carrier(host_error: BaseException) -> str:

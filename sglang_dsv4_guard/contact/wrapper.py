@@ -47,9 +47,8 @@ from sglang_dsv4_guard.wrapping import (
     carried_text,
     handler_prints_traceback,
     note_carrier,
-    note_on,
-    our_failure,
     publish,
+    replacing,
     upgrades,
 )
 
@@ -136,12 +135,8 @@ def _raise_for(guard: ContactGuard, manager: object, addr: object, error: Except
     """After SGLang raised ``error``: raise the replacement, or return to let it rise."""
     replacement = None
     if guard.rt.active and not getattr(guard.busy, "active", False):
-        try:
-            replacement = guard.on_error(manager, addr, error)
-        except Exception as exc:
-            ours = our_failure(guard.rt, "reporting decode's first contact", exc)
-            if ours is not None:
-                note_on(error, ours)
+        replacement = replacing(guard.rt, error, "reporting decode's first contact",
+                                lambda: guard.on_error(manager, addr, error))
     if replacement is not None:
         raise replacement from error
 

@@ -55,11 +55,10 @@ from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, pointer
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.wrapping import (
-    note_on,
-    our_failure,
     prints_in_full,
     publish,
     publish_registration,
+    replacing,
     upgrades,
 )
 
@@ -252,12 +251,9 @@ def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[.
             except RuntimeError as error:
                 replacement = None
                 if guard.rt.active and upgrades(error):
-                    try:
-                        replacement = guard.on_send_error(sig, args, kwargs, error)
-                    except Exception as exc:
-                        ours = our_failure(guard.rt, "reporting a MORI state-transfer error", exc)
-                        if ours is not None:
-                            note_on(error, ours)
+                    replacement = replacing(
+                        guard.rt, error, "reporting a MORI state-transfer error",
+                        lambda: guard.on_send_error(sig, args, kwargs, error))
                 if replacement is not None:
                     raise replacement from error
                 raise
