@@ -27,21 +27,20 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.findings import Finding
-from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE, PD_QUANT_CONFIG
+from sglang_dsv4_guard.launch.contact_fixes import contact_fixes
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side, _model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_copy, env_reading, field_source
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_reading, field_source
 from sglang_dsv4_guard.launch.gpus import page_size_by_gpu
 from sglang_dsv4_guard.launch.kv_layout_env import EVERY_MACHINE, LAYOUT_ENV
 from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.launch.pools import _published
-from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
-from sglang_dsv4_guard.pd.relayout import CODE, relayout_findings, relayout_raise
+from sglang_dsv4_guard.pd.relayout import relayout_findings
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -49,11 +48,6 @@ __all__ = ["NOTES", "contact_row", "contact_values"]
 
 NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not derived
 
-
-
-
-
-_LAYOUT_ENV = LAYOUT_ENV
 
 
 def _server_value(side: Side, name: str, default: Any) -> Any:
@@ -180,9 +174,9 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
     select = getattr(module, PD_DSV4_LAYOUT.attr, None)
     if select is None or pool_cls is None or not hasattr(pool_cls, "pd_kv_layout"):
         return none, None
-    env = {k: v for k, v in side.args.env.items() if k in _LAYOUT_ENV}
+    env = {k: v for k, v in side.args.env.items() if k in LAYOUT_ENV}
     backend = _server_value(side, "dsv4_attn_backend", None)
-    typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in _LAYOUT_ENV)
+    typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in LAYOUT_ENV)
     source = (f"the release's {PD_DSV4_LAYOUT.attr} and pd_kv_layout on "
               f"--dsv4-attn-backend {backend} and {typed_env}")
     try:
@@ -316,75 +310,6 @@ def _contact_values(side: Side) -> dict[str, Value]:
     return values
 
 
-# What each fix gives the edited server, by the value SGLang's condition reads.
-_LABELS = {"kv_cache_dtype_str": "the {src}'s KV cache dtype string",
-           "pp_size": "the {src}'s pipeline-parallel size",
-           "attn_cp_size": "attention context parallel size 1",
-           "dcp_size": "decode context parallel size 1",
-           "enable_kv_cache_sharding": "KV cache sharding off",
-           "kv_layout": "the {src}'s DeepSeek-V4 KV layout variables"}
-
-
-def _edits(name: str, src: Side, dst: Side, run: ContractRun) -> list[Edit | None]:
-    """The edits giving ``dst`` a value of ``name`` that satisfies the condition."""
-    other = run.prefill if src is run.prefill_side else run.decode
-    if name == "kv_cache_dtype_str":
-        return [_set(dst.role, "kv_cache_dtype", other.get(name))]
-    if name == "pp_size" and dst.role == "decode":
-        return [_set(dst.role, "pp_size", other.get(name))]
-    if name in ("attn_cp_size", "dcp_size", "enable_kv_cache_sharding"):
-        own = (run.decode if dst is run.decode_side else run.prefill).get(name)
-        if name in typed_flags(list(dst.args.argv)) and own not in (None, False, 1):
-            return [_set(dst.role, name, None)]  # back to the release's default (1 / off)
-        return []
-    if name == "kv_layout":
-        return [env_copy(dst.role, key, src.args.env.get(key)) for key in _LAYOUT_ENV
-                if src.args.env.get(key) != dst.args.env.get(key)] or [None]
-    return []
-
-
-def _dcp_taken(src: Side, dst: Side, run: ContractRun) -> list[Edit | None]:
-    """``dst`` launched with ``src``'s DCP size, when the release's relayout accepts the
-    pair then: equal DCP sizes need no relayout (``CommonKVManager.requires_dcp_relayout``,
-    0.5.17 - 0.5.23; ``pd_disaggregation_hook`` warns that a DCP prefill is supported with
-    the decode's DCP layout). The first-contact conditions are proven by ``check --fix``."""
-    ends = {"prefill": run.prefill, "decode": run.decode}
-    size = int(ends[src.role].get("dcp_size", 1) or 1)
-    if size == int(ends[dst.role].get("dcp_size", 1) or 1) or size == 1:
-        return []
-    ends[dst.role] = ends[dst.role].with_values(dcp_size=Value(size, src.role))
-    if relayout_raise(ends["prefill"], ends["decode"]) != (None, None):
-        return []
-    return [_set(dst.role, "dcp_size", size)]
-
-
-def _fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
-    p, d = run.prefill_side, run.decode_side
-    sides = {"prefill": p, "decode": d}
-    names = list(dict.fromkeys(o.name for o in finding.observations))
-    candidates: list[Fix | None] = []
-    if "attn_tp_size" in names:
-        candidates += attention_tp_fixes(p, d)
-    for name in names:
-        inputs = tuple(f"{e.role}: {name} {e.get(name)!r} from {e.source(name)}"
-                       for e in (run.prefill, run.decode))
-        for src, dst in _pairs(p, d):
-            edits = _edits(name, src, dst, run)
-            if edits:
-                label = _LABELS.get(name, name).format(src=src.role)
-                candidates.append(_fix(f"launch the {dst.role} server with {label}", name,
-                                       edits, *inputs))
-            taken = (_dcp_taken(src, dst, run) if (name, finding.code) == ("dcp_size", CODE)
-                     else [])  # the relayout's own condition: DSV4G036
-            if taken:
-                candidates.append(_fix(f"launch the {dst.role} server with the {src.role}'s "
-                                       "DCP size", name, taken, *inputs))
-    fixes = tuple(dict.fromkeys(f for f in (accepted_fix(c, sides) for c in candidates)
-                                if f is not None))
-    return fixes or (Fix(FixKind.NO_FLAG_FIX, "no flag change of either line that the "
-                                              "release accepts fixes this"),)
-
-
 def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     """Decode's first contact and the DCP relayout, on the pair's endpoints."""
     findings, unknowns = contact_findings(run.prefill, run.decode, run.release)
@@ -395,7 +320,7 @@ def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     for endpoint in (run.prefill, run.decode):
         unknowns += list(endpoint.get(NOTES, ()))
     if run.derive:
-        findings = [f if f.code == "DSV4G022" else replace(f, fixes=_fixes(f, run))
+        findings = [f if f.code == "DSV4G022" else replace(f, fixes=contact_fixes(f, run))
                     for f in findings]  # DSV4G022's fixes: derived_fixes (remedy._g022)
     return findings, unknowns + relayout_unknowns
 
