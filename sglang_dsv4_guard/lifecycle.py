@@ -1,5 +1,6 @@
 """The composition root: ``install()`` / ``uninstall()`` / ``is_installed()``, idempotent
-both ways, ``summary()``, and :func:`standalone_runtime` for ``check`` and tests.
+both ways, and ``summary()`` (a runtime that is not installed, for ``check`` and tests, is
+:func:`sglang_dsv4_guard.runtime.standalone_runtime`).
 
 ``install`` judges the imported SGLang by its code (:mod:`sglang_dsv4_guard.host.verdict`)
 before patching, builds the runtime (settings, plug-in manager, release profile), hands it
@@ -38,7 +39,7 @@ from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, restore
 from sglang_dsv4_guard.peers.wrapper import CONNECTORS, PeerGuard
-from sglang_dsv4_guard.plugins import add_all, build_plugins
+from sglang_dsv4_guard.plugins import build_plugins
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import Mode, Settings, settings_for
 from sglang_dsv4_guard.state import provenance
@@ -46,7 +47,7 @@ from sglang_dsv4_guard.state.wrapper import make_state_wrapper
 from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 
 __all__ = ["Installation", "install", "install_from_sglang_loader", "installation",
-           "is_installed", "reset", "standalone_runtime", "summary", "uninstall"]
+           "is_installed", "reset", "summary", "uninstall"]
 
 logger = logging.getLogger(LOGGER_NAME)
 Patcher = Callable[[ModuleType, PeerGuard], list[AppliedPatch]]
@@ -383,24 +384,3 @@ def uninstall() -> bool:
                         "which has no undo; it now passes every call straight to SGLang")
         logger.info("sglang-dsv4-guard uninstalled; originals restored")
         return True
-
-
-def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
-                       autoshare: bool = False, load_entry_points: bool = False) -> Runtime:
-    """A runtime that is not installed: the wrappers' machinery for ``check`` and tests.
-
-    The built-ins, then (with ``load_entry_points``) third-party entry points, then
-    ``plugins`` registered as a server registers entry points (a refused one raises
-    ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
-    (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
-    """
-    settings = settings_for(mode, autoshare, "text", None)
-    if settings.mode.value is Mode.OFF:
-        raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
-                         "there is nothing to check")
-    host = judge_imported()  # the checks of the imported code, as install() uses
-    if host.behaves_as is None:
-        raise RuntimeError(f"the guard cannot model this SGLang: {host.message}")
-    manager = build_plugins(load_entry_points=load_entry_points)
-    add_all(manager, plugins)
-    return Runtime(settings, manager, host.profile())

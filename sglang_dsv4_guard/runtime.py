@@ -1,7 +1,7 @@
 """The installed guard's state, shared by the wrappers: settings, plug-ins, release.
 
-Built by :mod:`sglang_dsv4_guard.lifecycle` (``install()``, or ``standalone_runtime()``
-for ``check`` and tests) and handed to the wrappers.
+Built by :mod:`sglang_dsv4_guard.lifecycle` (``install()``), or not installed by
+:func:`standalone_runtime` (for ``check`` and tests), and handed to the wrappers.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.releases import HostProfile
+from sglang_dsv4_guard.host.verdict import judge_imported
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.plugins import GuardPlugins
-from sglang_dsv4_guard.settings import Mode, Settings
+from sglang_dsv4_guard.plugins import GuardPlugins, add_all, build_plugins
+from sglang_dsv4_guard.settings import Mode, Settings, settings_for
 
-__all__ = ["Runtime", "add_note"]
+__all__ = ["Runtime", "add_note", "standalone_runtime"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -61,3 +62,23 @@ def add_note(exc: BaseException, note: str) -> None:
     else:  # pragma: no cover - Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]
 
+
+def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
+                       autoshare: bool = False, load_entry_points: bool = False) -> Runtime:
+    """A runtime that is not installed: the wrappers' machinery for ``check`` and tests.
+
+    The built-ins, then (with ``load_entry_points``) third-party entry points, then
+    ``plugins`` registered as a server registers entry points (a refused one raises
+    ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
+    (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
+    """
+    settings = settings_for(mode, autoshare, "text", None)
+    if settings.mode.value is Mode.OFF:
+        raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
+                         "there is nothing to check")
+    host = judge_imported()  # the checks of the imported code, as install() uses
+    if host.behaves_as is None:
+        raise RuntimeError(f"the guard cannot model this SGLang: {host.message}")
+    manager = build_plugins(load_entry_points=load_entry_points)
+    add_all(manager, plugins)
+    return Runtime(settings, manager, host.profile())

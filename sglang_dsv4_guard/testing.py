@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.targets import MORI_SEND
-from sglang_dsv4_guard.lifecycle import installation, reset, standalone_runtime
+from sglang_dsv4_guard.lifecycle import installation, reset
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 from sglang_dsv4_guard.plugins import add_all
 from sglang_dsv4_guard.reporter import Recorder
+from sglang_dsv4_guard.runtime import standalone_runtime
 from sglang_dsv4_guard.samples import (
     MAPPING_KINDS,
     PoolSpec,

@@ -157,8 +157,8 @@ def run_state_check(side: Side) -> PoolRun | None:
     from sglang.srt.disaggregation import utils
 
     from sglang_dsv4_guard.errors import DSV4GuardError
-    from sglang_dsv4_guard.lifecycle import standalone_runtime
     from sglang_dsv4_guard.reporter import Recorder
+    from sglang_dsv4_guard.runtime import standalone_runtime
     from sglang_dsv4_guard.samples import new_kv_args
     from sglang_dsv4_guard.state.wrapper import make_state_wrapper
 
