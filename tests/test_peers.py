@@ -80,7 +80,7 @@ class TestNixlRegistration(GuardTestCase):
         """A release whose registration code no known release has (its digest differs) is
         left unwrapped, with one line saying it is unknown for this release."""
         sglang_dsv4_guard.uninstall()
-        with mock.patch("sglang_dsv4_guard.peers.wrapper.row_releases", lambda *a: []), \
+        with mock.patch("sglang_dsv4_guard.peers.guard.row_releases", lambda *a: []), \
                 self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
             self.install_guard("on", load_entry_points=False)
         self.assertIs(vars(nixl.NixlKVManager)["_add_remote_peer"], _RAW["nixl"])

@@ -8,7 +8,9 @@ ones ``check`` gives for the same conditions.
 - :mod:`~sglang_dsv4_guard.peers.snapshot`: the registration as two endpoints;
 - :mod:`~sglang_dsv4_guard.peers.checks`: the built-in ``check_registration`` hook, on the
   conditions of :mod:`sglang_dsv4_guard.pd`;
-- :mod:`~sglang_dsv4_guard.peers.wrapper`: the wrappers and the per-process state.
+- :mod:`~sglang_dsv4_guard.peers.guard`: the per-process state and the rules the wrappers share;
+- :mod:`~sglang_dsv4_guard.peers.nixl`, :mod:`~sglang_dsv4_guard.peers.mooncake`: each
+  backend's wrappers; :mod:`~sglang_dsv4_guard.peers.wrapper`: the connectors installed.
 
 Nothing here imports ``nixl``, ``mooncake`` or SGLang's connector modules.
 """
