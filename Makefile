@@ -12,8 +12,9 @@ STAMP := $(VENV)/.setup-$(SGLANG_VERSION)
 SETUP_LOG := .setup.log
 REPORTS := .matrix/reports
 # `make test` runs the suite once per release in matrix.txt (tools/matrix.py), with the
-# CI hypothesis profile (2,000 examples per property), and, as one more job of the same
-# pool, every file on the base release as SGLang's own CI does (tools/sglang_ci.py).
+# CI hypothesis profile (2,000 examples per property) on the oldest, middle and base
+# release and the dev profile (200) on the others, and, as more jobs of the same pool,
+# every file on the base release as SGLang's own CI does (tools/sglang_ci.py).
 # For a quicker local loop:
 #   make test HYPOTHESIS_PROFILE=dev RELEASES=0.5.23
 export HYPOTHESIS_PROFILE ?= ci

@@ -118,8 +118,42 @@ class TestJudging(GuardTestCase):
         junit.write_text(JUNIT)
         codes_file.write_text(codes)
         result = matrix.Result(matrix.Release("0.5.23", (), "0.5.23 -"))
-        matrix.judge(result, junit, log, codes_file, "ci", full=full)
+        matrix.judge(result, junit, log, "ci", full=full)
+        if full:
+            matrix.judge_codes(result, [codes_file])
         return result
+
+    def test_codes_of_both_runners_count(self) -> None:
+        """The base release's codes are pytest's and SGLang's harness's together: a code
+        only the harness's passing tests produced is not missing."""
+        with tempfile.TemporaryDirectory() as tmp:
+            pytest_codes, harness_codes = Path(tmp, "p.codes"), Path(tmp, "h.codes")
+            pytest_codes.write_text("tests/a.py::T::test_x\tDSV4G001\n")
+            harness_codes.write_text("test_b.T.test_y\tDSV4G006\n")
+            result = matrix.Result(matrix.Release("0.5.23", (), "0.5.23 -"))
+            matrix.judge_codes(result, [pytest_codes, harness_codes, Path(tmp, "absent")])
+        self.assertEqual(result.codes_missing,
+                         sorted(set(matrix.catalogue()) - {"DSV4G001", "DSV4G006"}))
+
+    def test_full_examples_on_oldest_middle_and_base(self) -> None:
+        """Whole runs draw the profile's examples on the oldest, the middle and the base
+        release of matrix.txt (0.5.16, 0.5.20, 0.5.23 today: issue 5's three), the dev
+        profile's on the others."""
+        releases = matrix.read_matrix()
+        full = matrix.full_example_releases(releases)
+        self.assertEqual(full, {"0.5.16", "0.5.20", matrix.base_version()})
+        self.assertEqual(matrix.full_example_releases([]), set())
+
+    def test_property_node_ids_are_collected_by_pytest(self) -> None:
+        """The base release's pytest run is its property tests, by node id: each one a
+        test function of its file and class."""
+        for node in matrix.property_node_ids():
+            path, cls, name = node.split("::")
+            tree = ast.parse((ROOT / path).read_text())
+            classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+            self.assertIn(cls, classes, node)
+            self.assertIn(name, {f.name for f in classes[cls].body
+                                 if isinstance(f, ast.FunctionDef)}, node)
 
     def test_codes_count_only_when_produced(self) -> None:
         """A code counts when a passing test produced it (the codes file), whatever the

@@ -223,6 +223,11 @@ class TestPatchesCommand(GuardTestCase):
         self.assertIn("patch -p2 --forward -d", text)
         self.assertIn("git am --keep-non-patch", text)
 
+
+
+class TestDoctorPatchesLine(GuardTestCase):
+    """``doctor``'s line about the series, as operators run it."""
+
     def test_doctor_has_one_patches_line(self) -> None:
         """``doctor`` (in a fresh interpreter, as operators run it) prints exactly one line
         about the series."""

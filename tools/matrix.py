@@ -14,8 +14,12 @@ wrapped functions do on each release is tested in-process on every release; a pr
 test runs once per distinct version of the SGLang code it drives (digested from each
 release's files) and is left out, named in the table, on releases with the same code.
 ``--sglang-ci`` runs every file on the base release with SGLang's own CI harness
-(``tools/sglang_ci.py``) as one more job of the pool; that run counts for the base's
-code, and pytest takes the rest, oldest release first.
+(``tools/sglang_ci.py``) as more jobs of the pool; that run counts for the base's
+code, and pytest takes the rest, oldest release first. On the base release pytest then
+runs only what the harness cannot judge, the property tests' drawn examples; the codes
+passing tests produced are recorded under both runners (``tests/produced_codes.py``).
+Property tests draw the profile's examples on the oldest, the middle and the base
+release of a whole run, the dev profile's on the others (:func:`full_example_releases`).
 
 A release fails when a test fails, errors or skips (a test that cannot run is a failure
 here), when a property test in ``PROPERTY_TESTS`` reported no statistics or drew fewer
@@ -83,7 +87,8 @@ CODES_VARIABLE = "DSV4_GUARD_CODES_FILE"
 # Jobs SGLang's auto_partition splits the harness run (every file, one interpreter each,
 # ~40 minutes of CPU) into, so that it spreads over both job slots like the releases.
 HARNESS_PARTS = 4
-# Test classes that spawn fresh SGLang interpreters, by the SGLang code their process
+# Test classes that spawn fresh SGLang interpreters (and three in-process ones whose
+# subject is the guard's own tools, marked below), by the SGLang code their process
 # machinery drives: a path under the ``sglang`` package, or ``path::name`` for one
 # top-level function or class of it (SGLang's big modules change every release; the
 # function used may not; a change only in what it calls is not seen). An empty tuple:
@@ -125,6 +130,13 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
         "srt/arg_groups/model_path_hook.py::handle_modelscope_paths",
         "srt/utils/hf_transformers_utils.py"),
     "tests/test_check_process.py::TestDoctorProcessTouchesNothing": _LOADER,
+    # doctor in a fresh interpreter: SGLang's loader; the series line is the guard's own
+    # (each release's series is asserted in-process by TestPatchesCommand everywhere).
+    "tests/test_patch_series.py::TestDoctorPatchesLine": _LOADER,
+    # In-process, but their subject is the guard's own tools: the layering tool run as a
+    # command, and SGLang's collect_tests/auto_partition splitting the harness run.
+    "tests/test_layers.py::TestPackageLayers": (),
+    "tests/test_matrix_tool.py::TestHarnessParts": ("test/ci/ci_register.py",),
     # The check child's import path, time limit and SIGTERM: the guard's own code.
     "tests/test_check_process.py::TestCheckChildLifecycle": (),
     # The warnings SGLang's import emits once per process (check keeps them under "import").
@@ -199,10 +211,12 @@ def catalogue(release: str | None = None) -> list[str]:
 
 
 def run(release: Release, pytest_args: list[str], profile: str,
-        skips: dict[str, str] | None = None) -> Result:
+        skips: dict[str, str] | None = None, only: list[str] | None = None) -> Result:
     """Prepare ``release``, run pytest for it in its own process and judge the outcome;
-    ``skips``: the process tests left out (each ran on the named release, same code)."""
-    result = Result(release, covered=dict(skips or {}))
+    ``skips``: the process tests left out (each ran on the named release, same code);
+    ``only``: the whole suite's judgement on just these node ids (the base release's
+    property tests, when SGLang's harness runs every file on it: :func:`main`)."""
+    result = Result(release, covered=dict(skips or {}), profile=profile)
     # A class's node id and "::" after it: a prefix would also drop TestXSomething.
     leave_out = [f"--ignore={t}" if "::" not in t else f"--deselect={t}::"
                  for t in result.covered]
@@ -214,7 +228,7 @@ def run(release: Release, pytest_args: list[str], profile: str,
         stale.unlink(missing_ok=True)
     env = release_env(release, HYPOTHESIS_PROFILE=profile, **{CODES_VARIABLE: str(codes_file)})
     command = [sys.executable, "-m", "pytest", f"--junitxml={junit}",
-               "--hypothesis-show-statistics", *leave_out, *pytest_args]
+               "--hypothesis-show-statistics", *leave_out, *(only or []), *pytest_args]
     say(release, f"===== SGLang {release.version}: {' '.join(command[2:])}")
     start = time.monotonic()
     with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -232,16 +246,17 @@ def run(release: Release, pytest_args: list[str], profile: str,
     if not junit.exists():
         result.problems.append("no JUnit report written")
         return result
-    judge(result, junit, "".join(captured), codes_file, profile, full=not pytest_args)
+    judge(result, junit, "".join(captured), profile, full=not pytest_args)
+    if not pytest_args and only is None:
+        judge_codes(result, [codes_file])
     return result
 
 
-def judge(result: Result, junit: Path, log: str, codes_file: Path, profile: str,
-          full: bool) -> None:
-    """Fill ``result`` from one run's JUnit report, log and codes file.
+def judge(result: Result, junit: Path, log: str, profile: str, full: bool) -> None:
+    """Fill ``result`` from one run's JUnit report and log.
 
-    A partial run (``-k``, a file) cannot be expected to run every property test or
-    produce every code, so those two are judged on full runs only."""
+    A partial run (``-k``, a file) cannot be expected to run every property test, so
+    that is judged on full runs only (and the codes, by :func:`judge_codes`)."""
     for case in ET.parse(junit).iter("testcase"):
         outcomes = {child.tag for child in case}
         result.tests += 1
@@ -265,19 +280,25 @@ def judge(result: Result, junit: Path, log: str, codes_file: Path, profile: str,
         for test in PROPERTY_TESTS:
             if test not in result.examples:
                 result.problems.append(f"{test} reported no hypothesis statistics")
-        result.codes_missing = sorted(set(catalogue(result.release.version))
-                                      - _produced_codes(codes_file))
-        if result.codes_missing:
-            result.problems.append("no passing test produced " + ", ".join(result.codes_missing))
 
 
-def _examples_cell(examples: dict[str, int]) -> str:
+def judge_codes(result: Result, codes_files: list[Path]) -> None:
+    """Every code ``result``'s release owes was produced by a passing test, in one of
+    ``codes_files`` (pytest's, and SGLang's harness's on the base release)."""
+    produced: set[str] = set().union(*(_produced_codes(f) for f in codes_files))
+    result.codes_missing = sorted(set(catalogue(result.release.version)) - produced)
+    if result.codes_missing:
+        result.problems.append("no passing test produced " + ", ".join(result.codes_missing))
+
+
+def _examples_cell(examples: dict[str, int], profile: str = "") -> str:
     if not examples:
         return "-"
     counts = sorted(set(examples.values()))
+    where = f" (profile {profile})" if profile else ""
     if len(counts) == 1:
-        return f"{len(examples)} properties, {counts[0]} each"
-    return ", ".join(f"{name} {n}" for name, n in examples.items())
+        return f"{len(examples)} properties, {counts[0]} each{where}"
+    return ", ".join(f"{name} {n}" for name, n in examples.items()) + where
 
 
 def _process_cell(r: Result) -> str:
@@ -311,9 +332,32 @@ def summary(results: list[Result], profile: str, total: float) -> str:
         verdict = "ok" if r.ok else "FAILED: " + "; ".join(r.problems)
         tests = f"{r.tests} files" if r.label else str(r.tests)
         lines.append(f"| {r.label or r.release.version} | {tests} | {r.failed} | {r.skipped} "
-                     f"| {_examples_cell(r.examples)} | {codes} | {_process_cell(r)} "
+                     f"| {_examples_cell(r.examples, r.profile)} | {codes} | {_process_cell(r)} "
                      f"| {r.seconds:.0f} | {verdict} |")
     return "\n".join(lines)
+
+
+def harness_codes_file(part: int) -> Path:
+    """Where SGLang's harness part ``part`` records the codes its passing tests produced
+    (``tests/produced_codes.py``, through unittest's result)."""
+    return WORK / "reports" / f"sglang-ci-{part}.codes"
+
+
+def property_node_ids() -> list[str]:
+    """``PROPERTY_TESTS`` as pytest node ids."""
+    return [f"tests/{test.replace('::', '.py::', 1)}" for test in PROPERTY_TESTS]
+
+
+def full_example_releases(releases: list[Release]) -> set[str]:
+    """The releases whose property tests draw the profile's examples on a whole run: the
+    oldest, the middle and the base release of ``matrix.txt`` (issue 5's bar: 2,000
+    examples each on at least 0.5.16, 0.5.20 and 0.5.23). The others draw the dev
+    profile's: the same properties on every release, at a tenth of the CPU. The code
+    under test differs in every release, so a digest (as for ``PROCESS_TESTS``) would
+    pick them all."""
+    ordered = sorted(releases, key=lambda r: Version(r.version))
+    chosen = {ordered[0].version, ordered[len(ordered) // 2].version} if ordered else set()
+    return chosen | {r.version for r in releases if is_base(r)}
 
 
 def run_sglang_ci(release: Release, part: int = 1, parts: int = 1) -> Result:
@@ -322,6 +366,8 @@ def run_sglang_ci(release: Release, part: int = 1, parts: int = 1) -> Result:
     share = f" {part}/{parts}" if parts > 1 else ""
     result = Result(release, label=f"{release.version}, SGLang's CI harness{share}")
     log = WORK / "reports" / (f"sglang-ci-{part}.log" if parts > 1 else "sglang-ci.log")
+    codes_file = harness_codes_file(part)
+    codes_file.unlink(missing_ok=True)  # never judge a run by an earlier run's file
     say(release, f"===== SGLang's CI harness{share}: tools/sglang_ci.py (collect_tests, "
                  "auto_partition, run_unittest_files)")
     start = time.monotonic()
@@ -329,7 +375,8 @@ def run_sglang_ci(release: Release, part: int = 1, parts: int = 1) -> Result:
     # shows that every file runs under SGLang's runner, and runs the process tests.
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "sglang_ci.py"), "--log",
                            str(log), "--part", f"{part}/{parts}"], cwd=ROOT,
-                          env=release_env(release, HYPOTHESIS_PROFILE="dev"),
+                          env=release_env(release, HYPOTHESIS_PROFILE="dev",
+                                          **{CODES_VARIABLE: str(codes_file)}),
                           capture_output=True, text=True, check=False)
     result.seconds = time.monotonic() - start
     for line in (done.stdout + done.stderr).splitlines():
@@ -397,10 +444,18 @@ def main(argv: list[str] | None = None) -> int:
     packages = {r.version: sglang_package(r) for r in {*releases, *filter(None, [harness])}}
     skips = (plan(releases, packages, harness) if whole
              else {r.version: {} for r in releases})
+    # On a whole run, the lighter profile where the full one is not asked (the quick loops
+    # keep the profile they name); SGLang's harness runs every file on the base release,
+    # so its pytest run is only what the harness cannot judge: the property tests' drawn
+    # examples (the codes passing tests produced are recorded by both runners).
+    full = full_example_releases(read_matrix())
+
     def job(release: Release) -> Result:
-        result = run(release, args.pytest_args, profile, skips[release.version])
+        mine = profile if not whole or release.version in full else "dev"
+        only = property_node_ids() if whole and release == harness else None
+        result = run(release, args.pytest_args, mine, skips[release.version], only)
         if whole:
-            patched_tree.run_series(result, profile)
+            patched_tree.run_series(result, mine)
         return result
 
     # Longest-processing-time first, so that both job slots end together: the harness
@@ -414,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
         futures = {r.version: pool.submit(job, r) for r in order}
         results = [futures[r.version].result() for r in releases]
         results.extend(run.result() for run in harness_runs)
+    if harness is not None and whole:
+        base_result = results[releases.index(harness)]
+        judge_codes(base_result, [WORK / "reports" / f"{harness.version}.codes",
+                                  *(harness_codes_file(k) for k in range(1, parts + 1))])
     table = summary(results, profile, time.monotonic() - start)
     (WORK / "summary.md").write_text(table + "\n")
     print("\n" + table)

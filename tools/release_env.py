@@ -65,6 +65,7 @@ class Result:
     problems: list[str] = field(default_factory=list)
     label: str = ""  # the row's name when it is not the release alone
     covered: dict[str, str] = field(default_factory=dict)  # process test -> where it ran
+    profile: str = ""  # the hypothesis profile the run drew its examples with
 
     @property
     def ok(self) -> bool:
