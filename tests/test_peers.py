@@ -327,5 +327,146 @@ class TestMooncake(GuardTestCase):
         self.assertIn("sess-2", mgr.decode_kv_args_table)
 
 
+
+_RAW_START = vars(mooncake.MooncakeKVManager)["start_prefill_thread"]
+
+
+class _Engine:
+    """Mooncake's transfer engine: every transfer accepted, nothing leaves the process."""
+
+    def batch_transfer_sync(self, *args: Any) -> int:
+        return 0
+
+
+class TestMooncakeDeaths(GuardTestCase):
+    """Mooncake: a bootstrap thread that dies of SGLang's DCP relayout and a transfer worker
+    that dies of the metadata buffer counts are reported at registration and named once;
+    one rank x 64 peers with one mismatch prints one full report."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+        if hasattr(mooncake, "get_spec"):  # 0.5.23 reads the published speculative config
+            spec = mock.patch.object(mooncake, "get_spec",
+                                     lambda: SimpleNamespace(speculative_algorithm=None))
+            spec.start()
+            self.addCleanup(spec.stop)
+
+    def _threads(self, mgr: Any, frames: list[list[bytes]],
+                 start: Callable[[Any], Any] | None = None
+                 ) -> list[tuple[type[BaseException], str]]:
+        """SGLang's real bootstrap thread (started by ``start``, else the installed
+        ``start_prefill_thread``) reads ``frames``; what ended its threads."""
+        mgr.server_socket = peers_real.Socket(frames)
+        with thread_errors() as died:
+            (start or mooncake.MooncakeKVManager.start_prefill_thread)(mgr)
+            for t in threading.enumerate():
+                if t is not threading.current_thread() and t.name != "MainThread":
+                    t.join(5)
+        return [(type(e), str(e)) for e in died]
+
+    def test_dcp_refusal_reported_and_bootstrap_death_named_once(self) -> None:
+        """A non-MLA prefill and a DCP-2 decode: SGLang's requires_dcp_relayout raises in
+        the real bootstrap thread before the peer table is written (0.5.17+). The thread
+        dies of SGLang's own error, unchanged; the guard logs one DSV4G036 report naming
+        the peer and one line naming the death; a second rank dying of the same cause adds
+        nothing. 0.5.16 has no DCP: SGLang registers the peer and the guard is silent."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, dcp=2, name="sess-dcp")
+        raw = self._threads(peers_real.prefill(mooncake, "mooncake", tp=1), [frames], _RAW_START)
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1)
+        with self.assertLogs(level=logging.INFO) as logs:
+            logging.getLogger("sglang_dsv4_guard").info("start")
+            died = self._threads(mgr, [frames])
+            self.assertEqual(died, raw)
+            second, _ = peers_real.registration(mooncake, "mooncake", tp=1, dcp=2,
+                                                name="sess-dcp-2", port=7002)
+            self.assertEqual(self._threads(peers_real.prefill(mooncake, "mooncake", tp=1),
+                                           [second]), raw)
+        ours = [r.getMessage() for r in guard_records(logs)][1:]
+        if not raw:
+            self.assertIn("sess-dcp", mgr.decode_kv_args_table)
+            self.assertEqual(ours, [])
+            return
+        self.assertEqual([t for t, _ in raw], [RuntimeError])
+        self.assertIn("Unsupported PD DCP topology: 1 -> 2", raw[0][1])
+        self.assertNotIn("sess-dcp", mgr.decode_kv_args_table)
+        self.assertEqual(len(ours), 2, [m[:200] for m in ours])
+        report, death = ours
+        self.assertIn("[DSV4G036]", report)
+        self.assertIn("sess-dcp at 10.0.0.2:7001", report)
+        self.assertIn("decode dcp_size", report)
+        self.assertIn("[DSV4G036]", death)
+        self.assertIn("mooncake bootstrap thread died", death)
+        self.assertIn("decode peer sess-dcp", death)
+        self.assertIn("times out after", death)
+
+    def test_aux_count_worker_death_named_once(self) -> None:
+        """The decode registers 4 metadata buffers, the prefill has 3: one DSV4G045 report
+        at registration. SGLang's real send_aux then runs in the real transfer worker on
+        the registered buffers: where it raises IndexError (0.5.16 - 0.5.22) the worker
+        dies of SGLang's unchanged RuntimeError and the guard names DSV4G045, the peer and
+        what hangs, once for two deaths; where it sends the shorter list (0.5.23) the
+        worker lives and the guard names nothing."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, aux=4, name="sess-aux")
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1, aux=3)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            self.assertEqual(self._threads(mgr, [frames]), [])
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("[DSV4G045]", logs.records[0].getMessage())
+        mgr.__dict__.update(enable_trace=False, enable_custom_mem_pool=False, engine=_Engine())
+        peer = mgr.decode_kv_args_table["sess-aux"]
+
+        class Queue:  # hands the worker one request's metadata, then ends it
+            def get(self) -> Any:
+                req = SimpleNamespace(mooncake_session_id="sess-aux", dst_aux_index=0, room=0,
+                                      endpoint=peer.endpoint, dst_port=peer.dst_port)
+                mgr.send_aux(req, 0, peer.dst_aux_ptrs)
+                raise SystemExit  # send_aux returned: the worker would go on
+
+        def work(worker: Callable[..., Any]) -> tuple[str, str]:
+            try:
+                worker(mgr, Queue(), None)
+            except (Exception, SystemExit) as exc:
+                return type(exc).__name__, str(exc)
+            return "ok", ""
+
+        raw = work(_RAW["worker"])
+        with self.assertLogs(level=logging.INFO) as logs:
+            logging.getLogger("sglang_dsv4_guard").info("start")
+            deaths = [work(mooncake.MooncakeKVManager.transfer_worker) for _ in range(2)]
+        self.assertEqual(deaths, [raw, raw])
+        ours = [r.getMessage() for r in guard_records(logs)][1:]
+        if raw[0] == "SystemExit":
+            self.assertEqual(ours, [])
+            return
+        self.assertEqual(raw[0], "RuntimeError")
+        self.assertIn("list index out of range", raw[1])
+        self.assertEqual(len(ours), 1, [m[:200] for m in ours])
+        self.assertIn("[DSV4G045]", ours[0])
+        self.assertIn("transfer worker died of 'IndexError: list index out of range'", ours[0])
+        self.assertIn("decode peer sess-aux", ours[0])
+        self.assertIn("now hangs", ours[0])
+
+    def test_64_peers_one_report_and_counts(self) -> None:
+        """One prefill rank's real bootstrap thread registers 64 decode peers with the same
+        attention-TP mismatch: every peer is in SGLang's table, one full DSV4G040 report, a
+        count line at 10 peers, and the exact count in the summary."""
+        frames = [peers_real.registration(mooncake, "mooncake", tp=2, name=f"sess-{i}",
+                                          port=7000 + i)[0] for i in range(64)]
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,))
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            self.assertEqual(self._threads(mgr, frames), [])
+        self.assertEqual(len(mgr.decode_kv_args_table), 64)
+        full = [r for r in logs.records if "decode peer: sess-" in r.getMessage()]
+        counts = [r for r in logs.records if r not in full
+                  and "decode peer(s) so far" in r.getMessage()]
+        self.assertEqual(len(full), 1)
+        self.assertIn("[DSV4G040]", full[0].getMessage())
+        self.assertEqual(len(logs.records), 2, [r.getMessage()[:120] for r in logs.records])
+        self.assertEqual(len(counts), 1)
+        self.assertIn("10 decode peer(s)", counts[0].getMessage())
+        self.assertIn("64 decode peer(s)", sglang_dsv4_guard.summary())
+
+
 if __name__ == "__main__":
     unittest.main()

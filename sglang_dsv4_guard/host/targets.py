@@ -67,6 +67,7 @@ __all__ = [
     "PEERS_INFO_ATTRS",
     "PEERS_KV_ARGS_ATTRS",
     "PEERS_MANAGER_ATTRS",
+    "PEERS_MOONCAKE_BOOTSTRAP",
     "PEERS_MOONCAKE_START",
     "PEERS_MOONCAKE_WORKER",
     "PEERS_NIXL_REGISTER",
@@ -142,6 +143,10 @@ PEERS_MOONCAKE_WORKER = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
                                     "MooncakeKVManager.transfer_worker")
 PEERS_MOONCAKE_START = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
                                    "MooncakeKVManager.start_prefill_thread")
+#: Mooncake's bootstrap closure (of ``start_prefill_thread``, digested with it as
+#: ``peers.mooncake_start``) and its local holding the registering decode peer's
+#: ``KVArgsRegisterInfo`` when it calls ``requires_dcp_relayout``.
+PEERS_MOONCAKE_BOOTSTRAP = ("bootstrap_thread", "decode_kv_args")
 
 
 @dataclass(frozen=True)
