@@ -351,6 +351,11 @@ class TestMooncakeDeaths(GuardTestCase):
                                      lambda: SimpleNamespace(speculative_algorithm=None))
             spec.start()
             self.addCleanup(spec.stop)
+        if hasattr(mooncake, "get_memory"):  # 0.5.22+'s state-layout check reads it
+            memory = mock.patch.object(mooncake, "get_memory",
+                                       lambda: SimpleNamespace(enable_unified_memory=False))
+            memory.start()
+            self.addCleanup(memory.stop)
 
     def _threads(self, mgr: Any, frames: list[list[bytes]],
                  start: Callable[[Any], Any] | None = None
@@ -466,6 +471,35 @@ class TestMooncakeDeaths(GuardTestCase):
         self.assertEqual(len(counts), 1)
         self.assertIn("10 decode peer(s)", counts[0].getMessage())
         self.assertIn("64 decode peer(s)", sglang_dsv4_guard.summary())
+
+
+    def test_state_layout_rejection_reported_at_registration(self) -> None:
+        """A decode whose SWA state entries are 32 bytes wide registers with a prefill whose
+        are 64: where SGLang's real bootstrap thread rejects its state transfers (0.5.22+,
+        recorded in state_layout_rejections and logged by SGLang), the guard logs one
+        DSV4G050 report with SGLang's reason, both servers' item lengths and the peer;
+        where SGLang has no such check, the guard says nothing. The peer is registered
+        either way."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, name="sess-st",
+                                            state_lens=[(32,)])
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,),
+                                 state_lens=[(64,)])
+        with self.assertLogs(level=logging.INFO) as logs:
+            logging.getLogger("sglang_dsv4_guard").info("start")
+            self.assertEqual(self._threads(mgr, [frames]), [])
+        self.assertIn("sess-st", mgr.decode_kv_args_table)
+        rejected = getattr(mgr, "state_layout_rejections", {}).get("sess-st")
+        ours = [r.getMessage() for r in guard_records(logs)][1:]
+        if rejected is None:
+            self.assertEqual(ours, [])
+            return
+        self.assertIn("item length mismatch", rejected)
+        self.assertEqual(len(ours), 1, [m[:200] for m in ours])
+        self.assertIn("[DSV4G050]", ours[0])
+        self.assertIn(rejected, ours[0])
+        self.assertIn("sess-st at 10.0.0.2:7001", ours[0])
+        self.assertIn("((64,),)", ours[0])
+        self.assertIn("((32,),)", ours[0])
 
 
 if __name__ == "__main__":
