@@ -502,5 +502,32 @@ class TestMooncakeDeaths(GuardTestCase):
         self.assertIn("((32,),)", ours[0])
 
 
+    def test_state_layout_rerun_adds_no_sglang_line(self) -> None:
+        """SGLang's state-layout check cannot pre-check a component (its memory config
+        read fails) and logs "Could not pre-check" once; the guard running the same
+        method for its report adds no second line of SGLang's, and reports nothing."""
+        def unpublished() -> Any:
+            raise RuntimeError("config namespace 'memory' not published")
+
+        def lines(start: Callable[[Any], Any] | None, name: str) -> list[str]:
+            frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, name=name,
+                                                state_lens=[(32,)])
+            mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,),
+                                     state_lens=[(64,)])
+            with self.assertLogs(level=logging.INFO) as logs:
+                logging.getLogger("sglang_dsv4_guard").info("start")
+                self.assertEqual(self._threads(mgr, [frames], start), [])
+            return [r.getMessage() for r in logs.records if r.name == mooncake.__name__
+                    or r.name == "sglang_dsv4_guard"][1:]
+
+        with mock.patch.object(mooncake, "get_memory", unpublished, create=True):
+            raw = lines(_RAW_START, "sess-raw")
+            guarded = lines(None, "sess-guarded")
+        self.assertEqual(guarded, [m.replace("sess-raw", "sess-guarded") for m in raw])
+        if hasattr(mooncake.MooncakeKVManager, "_validate_peer_state_layout"):
+            self.assertEqual(len(raw), 1, raw)
+            self.assertIn("Could not pre-check", raw[0])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -11,13 +11,16 @@ The release's own method (digested with the stride comparison it calls, site
 on a bare manager (``object.__new__``) holding the prefill's values and a registration
 holding the decode's, as :mod:`.relayout` runs ``requires_dcp_relayout``. It reads the
 published speculative and memory configs (``get_spec``, ``get_memory``) as SGLang's call
-does: in a server process, that server's. ``check`` does not call it: the item lengths are
+does: in a server process, that server's. A line the method logs while the guard runs it
+is dropped (SGLang's own call logged it). ``check`` does not call it: the item lengths are
 the built pools', which its miniature pools do not have.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -90,12 +93,29 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, session: str = "de
         dst_state_data_ptrs=_lists(decode, "state_data_ptrs"),
         dst_state_item_lens=_lists(decode, "state_item_lens"),
         dst_state_layer_ids=_lists(decode, "state_layer_ids"))
+    log = logging.getLogger(PEERS_MOONCAKE_VALIDATE.module)  # SGLang's module logger
+    quiet = _ThisThread()
+    log.addFilter(quiet)  # SGLang logged its own run's lines already
     try:
         _, reason = function(manager, info)
     except Exception as exc:  # the bare manager lacks what this release reads
         return None, (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} read what this check "
                       f"does not set ({type(exc).__name__}: {exc})")
+    finally:
+        log.removeFilter(quiet)
     return (str(reason) if reason is not None else None), None
+
+
+class _ThisThread(logging.Filter):
+    """Drops what this thread logs (the method's "Could not pre-check ..." warning, which
+    SGLang's own call of it logged already); other threads' lines pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ident = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.ident
 
 
 def state_layout_when() -> str:
