@@ -529,5 +529,42 @@ class TestMooncakeDeaths(GuardTestCase):
             self.assertIn("Could not pre-check", raw[0])
 
 
+
+class TestMooncakeStrict(GuardTestCase):
+    """Strict mode on Mooncake: a failure of the guard's own never replaces SGLang's error."""
+
+    def test_our_bug_is_a_note_on_the_dying_bootstrap_threads_error(self) -> None:
+        """SGLang's relayout refuses a DCP-2 decode (0.5.17+); the guard's snapshot fails:
+        the bootstrap thread dies of SGLang's own RuntimeError, carrying the guard's strict
+        failure as a note. 0.5.16 has no relayout: SGLang registers the peer, then the
+        guard's strict failure rises (strict mode's documented outcome)."""
+        self.install_guard("strict", load_entry_points=False)
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, dcp=2, name="sess-x")
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1)
+
+        real = mgr.server_args
+
+        class Exploding:  # SGLang's start reads its own flags; the snapshot's explode
+            def __getattr__(self, name: str) -> Any:
+                if name == "tp_size":
+                    raise ZeroDivisionError(name)
+                return getattr(real, name)
+
+        mgr.server_args = Exploding()
+        mgr.server_socket = peers_real.Socket([frames])
+        with guard_logs_off(), thread_errors() as died:
+            mooncake.MooncakeKVManager.start_prefill_thread(mgr)
+            for t in threading.enumerate():
+                if t is not threading.current_thread() and t.name != "MainThread":
+                    t.join(5)
+        if not hasattr(mooncake.MooncakeKVManager, "requires_dcp_relayout"):
+            self.assertIn("sess-x", mgr.decode_kv_args_table)
+            self.assertEqual([type(e).__name__ for e in died], ["DSV4GuardError"])
+            return
+        self.assertEqual([type(e) for e in died], [RuntimeError])
+        self.assertIn("Unsupported PD DCP topology", str(died[0]))
+        self.assertIn("strict mode", "".join(getattr(died[0], "__notes__", [])))
+
+
 if __name__ == "__main__":
     unittest.main()
