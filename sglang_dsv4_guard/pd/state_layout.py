@@ -18,13 +18,14 @@ the built pools', which its miniature pools do not have.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.host.pd_digests import SITES, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE,
     PD_STATE_TYPE_MODULE,
@@ -46,12 +47,18 @@ def _judged() -> str | None:
     package = imported_package_dir()
     if package is None:
         return "the imported SGLang's source was not found"
-    site = locate(package, SITES[SITE])
-    found = {SITE: site.digest if site is not None else "missing"}
-    if not row_releases(found, (SITE,)):
+    if not _known(locate(package, SITES[SITE])):
         return (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} differs from every release "
                 "this guard knows: unknown for this release")
     return None
+
+
+@functools.lru_cache(maxsize=8)
+def _known(site: Located | None) -> bool:
+    """Whether a known release has ``site``'s digest (once per file version: ``locate``
+    returns the same site until the file changes, and a digest costs about 6 ms)."""
+    found = {SITE: site.digest if site is not None else "missing"}
+    return bool(row_releases(found, (SITE,)))
 
 
 def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
