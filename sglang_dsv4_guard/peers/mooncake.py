@@ -79,12 +79,17 @@ def _registering(frame: Any) -> object | None:
     return info
 
 
-def _relayout_refused(guard: PeerGuard, manager: object, info: object,
+def _relayout_refused(guard: PeerGuard, manager: object, caller: Any,
                       error: BaseException) -> None:
-    """SGLang's relayout refused the registering peer: its report (DSV4G036), then the
-    bootstrap thread's death named once; a failure of ours rides as a note (strict)."""
-    ours = checked(guard, "mooncake", manager, info)
+    """SGLang's relayout refused the peer registering in ``caller`` (SGLang's bootstrap
+    closure; anything else: nothing to say): its report (DSV4G036), then the bootstrap
+    thread's death named once; a failure of ours rides as a note (strict)."""
+    ours = None
     try:
+        info = _registering(caller)
+        if info is None:
+            return
+        ours = checked(guard, "mooncake", manager, info)
         guard.on_death("mooncake", "bootstrap thread", manager, error, timeout_text())
     except Exception as exc:
         ours = ours or our_failure(guard.rt, "naming why the Mooncake bootstrap thread died",
@@ -101,9 +106,7 @@ def _relayout_hook(guard: PeerGuard, manager: object) -> Callable[..., Any]:
             return method(manager, *args, **kwargs)
         except Exception as error:
             if guard.rt.active:
-                info = _registering(sys._getframe(1))
-                if info is not None:
-                    _relayout_refused(guard, manager, info, error)
+                _relayout_refused(guard, manager, sys._getframe(1), error)
             raise
 
     return requires_dcp_relayout
