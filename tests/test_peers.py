@@ -261,6 +261,31 @@ class TestNixlRegistrationParity(GuardTestCase):
         self.assertEqual(bool(reports), bool(_payload_refusal(raw) or later))
 
 
+def published_configs(case: GuardTestCase) -> None:
+    """The server configs Mooncake's registration reads (0.5.23's speculative one, 0.5.22+'s
+    memory one), published for the test as a server without either would."""
+    for name, config in (("get_spec", SimpleNamespace(speculative_algorithm=None)),
+                         ("get_memory", SimpleNamespace(enable_unified_memory=False))):
+        if hasattr(mooncake, name):
+            patch = mock.patch.object(mooncake, name, lambda config=config: config)
+            patch.start()
+            case.addCleanup(patch.stop)
+
+
+def bootstrap_threads(mgr: Any, frames: list[list[bytes]],
+                      start: Callable[[Any], Any] | None = None
+                      ) -> list[tuple[type[BaseException], str]]:
+    """SGLang's real Mooncake bootstrap thread (started by ``start``, else the installed
+    ``start_prefill_thread``) reads ``frames``; what ended its threads."""
+    mgr.server_socket = peers_real.Socket(frames)
+    with thread_errors() as died:
+        (start or mooncake.MooncakeKVManager.start_prefill_thread)(mgr)
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and t.name != "MainThread":
+                t.join(5)
+    return [(type(e), str(e)) for e in died]
+
+
 class TestMooncake(GuardTestCase):
     """Mooncake: the prefill's real bootstrap thread writes the peer table; the transfer
     worker dies of a per-request refusal."""
@@ -268,20 +293,10 @@ class TestMooncake(GuardTestCase):
     def setUp(self) -> None:
         super().setUp()
         self.install_guard("on", load_entry_points=False)
-        if hasattr(mooncake, "get_spec"):  # 0.5.23 reads the published speculative config
-            spec = mock.patch.object(mooncake, "get_spec",
-                                     lambda: SimpleNamespace(speculative_algorithm=None))
-            spec.start()
-            self.addCleanup(spec.stop)
+        published_configs(self)
 
     def _bootstrap(self, mgr: Any, frames: list[bytes]) -> None:
-        mgr.server_socket = peers_real.Socket([frames])
-        with thread_errors() as died:
-            mgr.start_prefill_thread()
-            for t in threading.enumerate():
-                if t is not threading.current_thread() and t.name != "MainThread":
-                    t.join(5)
-        self.assertEqual(died, [])
+        self.assertEqual(bootstrap_threads(mgr, [frames]), [])
 
     def test_registration_reported_once_then_worker_death_named_once(self) -> None:
         """A decode with another attention TP registers through SGLang's real bootstrap
@@ -346,29 +361,9 @@ class TestMooncakeDeaths(GuardTestCase):
     def setUp(self) -> None:
         super().setUp()
         self.install_guard("on", load_entry_points=False)
-        if hasattr(mooncake, "get_spec"):  # 0.5.23 reads the published speculative config
-            spec = mock.patch.object(mooncake, "get_spec",
-                                     lambda: SimpleNamespace(speculative_algorithm=None))
-            spec.start()
-            self.addCleanup(spec.stop)
-        if hasattr(mooncake, "get_memory"):  # 0.5.22+'s state-layout check reads it
-            memory = mock.patch.object(mooncake, "get_memory",
-                                       lambda: SimpleNamespace(enable_unified_memory=False))
-            memory.start()
-            self.addCleanup(memory.stop)
+        published_configs(self)
 
-    def _threads(self, mgr: Any, frames: list[list[bytes]],
-                 start: Callable[[Any], Any] | None = None
-                 ) -> list[tuple[type[BaseException], str]]:
-        """SGLang's real bootstrap thread (started by ``start``, else the installed
-        ``start_prefill_thread``) reads ``frames``; what ended its threads."""
-        mgr.server_socket = peers_real.Socket(frames)
-        with thread_errors() as died:
-            (start or mooncake.MooncakeKVManager.start_prefill_thread)(mgr)
-            for t in threading.enumerate():
-                if t is not threading.current_thread() and t.name != "MainThread":
-                    t.join(5)
-        return [(type(e), str(e)) for e in died]
+    _threads = staticmethod(bootstrap_threads)
 
     def test_dcp_refusal_reported_and_bootstrap_death_named_once(self) -> None:
         """A non-MLA prefill and a DCP-2 decode: SGLang's requires_dcp_relayout raises in
@@ -552,7 +547,7 @@ class TestMooncakeStrict(GuardTestCase):
 
         mgr.server_args = Exploding()
         mgr.server_socket = peers_real.Socket([frames])
-        with guard_logs_off(), thread_errors() as died:
+        with guard_logs_off(), thread_errors() as died:  # the exceptions, with their notes
             mooncake.MooncakeKVManager.start_prefill_thread(mgr)
             for t in threading.enumerate():
                 if t is not threading.current_thread() and t.name != "MainThread":
