@@ -395,6 +395,8 @@ class TestMooncakeDeaths(GuardTestCase):
         self.assertIn("[DSV4G036]", report)
         self.assertIn("sess-dcp at 10.0.0.2:7001", report)
         self.assertIn("decode dcp_size", report)
+        self.assertIn("the registering ranks: prefill DCP rank 0, decode DCP rank 0", report)
+        self.assertNotIn("not known for this server", report)
         self.assertIn("[DSV4G036]", death)
         self.assertIn("mooncake bootstrap thread died", death)
         self.assertIn("decode peer sess-dcp", death)
