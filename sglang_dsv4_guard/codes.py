@@ -399,8 +399,8 @@ CODES: dict[str, CodeInfo] = {
             "Mooncake and NIXL the prefill's bootstrap thread dies and every request to "
             "that rank times out; on MORI it is logged and each request then fails. "
             "0.5.16 has no relayout. check runs it for rank 0 of each server. At run time the "
-            "guard reports it for NIXL when the registering rank meets it (with its DCP rank) and "
-            "names the dead bootstrap thread's cause, once.",
+            "guard reports it for NIXL and Mooncake when the registering rank meets it (with its "
+            "DCP rank) and names the dead bootstrap thread's cause, once.",
             ("check derives flag fixes: the server whose --dcp-size differs from 1 "
              "launched without it, or the other server launched with its DCP size where "
              "the release's relayout accepts the equal sizes; each offered only when the "
@@ -522,7 +522,8 @@ CODES: dict[str, CodeInfo] = {
             "the prefill's buffers by index: before 0.5.23 a prefill with more makes the "
             "decode's receiving thread raise, an error. 0.5.23 logs the mismatch when a "
             "decode rank registers (`check_peer_aux_buffer_count`). At run time (Mooncake, NIXL, "
-            "every release from 0.5.20) the guard reports it when the decode peer registers.",
+            "every release from 0.5.20) the guard reports it when the decode peer registers, "
+            "and names the cause once when a Mooncake transfer worker dies of the IndexError.",
             ("check derives flag fixes: the variable or flag set (or unset) as on the other "
              "server; a value SGLang refuses is never copied: unset gives what SGLang reads "
              "from it",),
@@ -598,6 +599,27 @@ CODES: dict[str, CodeInfo] = {
              "removal makes the same calls accept the pool, unset on that server (the "
              "edited line resolved by the release); none: a checkpoint SGLang's PD cannot "
              "serve (no flag fixes it)",),
+        ),
+        CodeInfo(
+            "DSV4G050",
+            "Mooncake rejects the decode peer's state layout",
+            "Rejecting state transfers to decode session ...: ... item length mismatch for "
+            "... entry ...: prefill=..., decode=...",
+            "0.5.22+: when a decode rank registers with a Mooncake prefill rank, "
+            "`MooncakeKVManager._validate_peer_state_layout` compares, for every generic "
+            "state component the prefill's pool registered (SWA, DSA, QSA, ...), the item "
+            "length (the stride the transfer writes the decode at) of each entry with the "
+            "one the decode registered; 0.5.23 also rejects a CP/TP-sharing DFLASH pair of "
+            "different physical TP. SGLang raises nothing: it logs \"Rejecting state "
+            "transfers to decode session ...\" and every later request to that decode rank "
+            "fails with the reason; both servers keep running. At run time the guard runs "
+            "the release's own method (digested) on the registration's values and reports "
+            "it when the decode peer registers, once per distinct mismatch. check does not "
+            "predict it: the item lengths are the built pools', which check's miniature "
+            "pools do not have.",
+            ("the same model, attention TP and state-pool flags on both servers (the report "
+             "names the state component and both servers' item lengths)",),
+            sglang_releases=("0.5.22", None),
         ),
         CodeInfo(
             "DSV4G090",

@@ -261,6 +261,31 @@ class TestNixlRegistrationParity(GuardTestCase):
         self.assertEqual(bool(reports), bool(_payload_refusal(raw) or later))
 
 
+def published_configs(case: GuardTestCase) -> None:
+    """The server configs Mooncake's registration reads (0.5.23's speculative one, 0.5.22+'s
+    memory one), published for the test as a server without either would."""
+    for name, config in (("get_spec", SimpleNamespace(speculative_algorithm=None)),
+                         ("get_memory", SimpleNamespace(enable_unified_memory=False))):
+        if hasattr(mooncake, name):
+            patch = mock.patch.object(mooncake, name, lambda config=config: config)
+            patch.start()
+            case.addCleanup(patch.stop)
+
+
+def bootstrap_threads(mgr: Any, frames: list[list[bytes]],
+                      start: Callable[[Any], Any] | None = None
+                      ) -> list[tuple[type[BaseException], str]]:
+    """SGLang's real Mooncake bootstrap thread (started by ``start``, else the installed
+    ``start_prefill_thread``) reads ``frames``; what ended its threads."""
+    mgr.server_socket = peers_real.Socket(frames)
+    with thread_errors() as died:
+        (start or mooncake.MooncakeKVManager.start_prefill_thread)(mgr)
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and t.name != "MainThread":
+                t.join(5)
+    return [(type(e), str(e)) for e in died]
+
+
 class TestMooncake(GuardTestCase):
     """Mooncake: the prefill's real bootstrap thread writes the peer table; the transfer
     worker dies of a per-request refusal."""
@@ -268,20 +293,10 @@ class TestMooncake(GuardTestCase):
     def setUp(self) -> None:
         super().setUp()
         self.install_guard("on", load_entry_points=False)
-        if hasattr(mooncake, "get_spec"):  # 0.5.23 reads the published speculative config
-            spec = mock.patch.object(mooncake, "get_spec",
-                                     lambda: SimpleNamespace(speculative_algorithm=None))
-            spec.start()
-            self.addCleanup(spec.stop)
+        published_configs(self)
 
     def _bootstrap(self, mgr: Any, frames: list[bytes]) -> None:
-        mgr.server_socket = peers_real.Socket([frames])
-        with thread_errors() as died:
-            mgr.start_prefill_thread()
-            for t in threading.enumerate():
-                if t is not threading.current_thread() and t.name != "MainThread":
-                    t.join(5)
-        self.assertEqual(died, [])
+        self.assertEqual(bootstrap_threads(mgr, [frames]), [])
 
     def test_registration_reported_once_then_worker_death_named_once(self) -> None:
         """A decode with another attention TP registers through SGLang's real bootstrap
@@ -325,6 +340,227 @@ class TestMooncake(GuardTestCase):
         with self.assertNoLogs("sglang_dsv4_guard", level=logging.INFO):
             self._bootstrap(mgr, frames)
         self.assertIn("sess-2", mgr.decode_kv_args_table)
+
+
+
+_RAW_START = vars(mooncake.MooncakeKVManager)["start_prefill_thread"]
+
+
+class _Engine:
+    """Mooncake's transfer engine: every transfer accepted, nothing leaves the process."""
+
+    def batch_transfer_sync(self, *args: Any) -> int:
+        return 0
+
+
+class TestMooncakeDeaths(GuardTestCase):
+    """Mooncake: a bootstrap thread that dies of SGLang's DCP relayout and a transfer worker
+    that dies of the metadata buffer counts are reported at registration and named once;
+    one rank x 64 peers with one mismatch prints one full report."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+        published_configs(self)
+
+    _threads = staticmethod(bootstrap_threads)
+
+    def test_dcp_refusal_reported_and_bootstrap_death_named_once(self) -> None:
+        """A non-MLA prefill and a DCP-2 decode: SGLang's requires_dcp_relayout raises in
+        the real bootstrap thread before the peer table is written (0.5.17+). The thread
+        dies of SGLang's own error, unchanged; the guard logs one DSV4G036 report naming
+        the peer and one line naming the death; a second rank dying of the same cause adds
+        nothing. 0.5.16 has no DCP: SGLang registers the peer and the guard is silent."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, dcp=2, name="sess-dcp")
+        raw = self._threads(peers_real.prefill(mooncake, "mooncake", tp=1), [frames], _RAW_START)
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1)
+        with self.assertLogs(level=logging.INFO) as logs:
+            logging.getLogger("sglang_dsv4_guard").info("start")
+            died = self._threads(mgr, [frames])
+            self.assertEqual(died, raw)
+            second, _ = peers_real.registration(mooncake, "mooncake", tp=1, dcp=2,
+                                                name="sess-dcp-2", port=7002)
+            self.assertEqual(self._threads(peers_real.prefill(mooncake, "mooncake", tp=1),
+                                           [second]), raw)
+        ours = [r.getMessage() for r in guard_records(logs)][1:]
+        if not raw:
+            self.assertIn("sess-dcp", mgr.decode_kv_args_table)
+            self.assertEqual(ours, [])
+            return
+        self.assertEqual([t for t, _ in raw], [RuntimeError])
+        self.assertIn("Unsupported PD DCP topology: 1 -> 2", raw[0][1])
+        self.assertNotIn("sess-dcp", mgr.decode_kv_args_table)
+        self.assertEqual(len(ours), 2, [m[:200] for m in ours])
+        report, death = ours
+        self.assertIn("[DSV4G036]", report)
+        self.assertIn("sess-dcp at 10.0.0.2:7001", report)
+        self.assertIn("decode dcp_size", report)
+        self.assertIn("the registering ranks: prefill DCP rank 0, decode DCP rank 0", report)
+        self.assertNotIn("not known for this server", report)
+        self.assertIn("[DSV4G036]", death)
+        self.assertIn("mooncake bootstrap thread died", death)
+        self.assertIn("decode peer sess-dcp", death)
+        self.assertIn("times out after", death)
+
+    def test_aux_count_worker_death_named_once(self) -> None:
+        """The decode registers 4 metadata buffers, the prefill has 3: one DSV4G045 report
+        at registration. SGLang's real send_aux then runs in the real transfer worker on
+        the registered buffers: where it raises IndexError (0.5.16 - 0.5.22) the worker
+        dies of SGLang's unchanged RuntimeError and the guard names DSV4G045, the peer and
+        what hangs, once for two deaths; where it sends the shorter list (0.5.23) the
+        worker lives and the guard names nothing."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, aux=4, name="sess-aux")
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1, aux=3)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            self.assertEqual(self._threads(mgr, [frames]), [])
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("[DSV4G045]", logs.records[0].getMessage())
+        mgr.__dict__.update(enable_trace=False, enable_custom_mem_pool=False, engine=_Engine())
+        peer = mgr.decode_kv_args_table["sess-aux"]
+
+        class Queue:  # hands the worker one request's metadata, then ends it
+            def get(self) -> Any:
+                req = SimpleNamespace(mooncake_session_id="sess-aux", dst_aux_index=0, room=0,
+                                      endpoint=peer.endpoint, dst_port=peer.dst_port)
+                mgr.send_aux(req, 0, peer.dst_aux_ptrs)
+                raise SystemExit  # send_aux returned: the worker would go on
+
+        def work(worker: Callable[..., Any]) -> tuple[str, str]:
+            try:
+                worker(mgr, Queue(), None)
+            except (Exception, SystemExit) as exc:
+                return type(exc).__name__, str(exc)
+            return "ok", ""
+
+        raw = work(_RAW["worker"])
+        with self.assertLogs(level=logging.INFO) as logs:
+            logging.getLogger("sglang_dsv4_guard").info("start")
+            deaths = [work(mooncake.MooncakeKVManager.transfer_worker) for _ in range(2)]
+        self.assertEqual(deaths, [raw, raw])
+        ours = [r.getMessage() for r in guard_records(logs)][1:]
+        if raw[0] == "SystemExit":
+            self.assertEqual(ours, [])
+            return
+        self.assertEqual(raw[0], "RuntimeError")
+        self.assertIn("list index out of range", raw[1])
+        self.assertEqual(len(ours), 1, [m[:200] for m in ours])
+        self.assertIn("[DSV4G045]", ours[0])
+        self.assertIn("transfer worker died of 'IndexError: list index out of range'", ours[0])
+        self.assertIn("decode peer sess-aux", ours[0])
+        self.assertIn("now hangs", ours[0])
+
+    def test_64_peers_one_report_and_counts(self) -> None:
+        """One prefill rank's real bootstrap thread registers 64 decode peers with the same
+        attention-TP mismatch: every peer is in SGLang's table, one full DSV4G040 report, a
+        count line at 10 peers, and the exact count in the summary."""
+        frames = [peers_real.registration(mooncake, "mooncake", tp=2, name=f"sess-{i}",
+                                          port=7000 + i)[0] for i in range(64)]
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,))
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            self.assertEqual(self._threads(mgr, frames), [])
+        self.assertEqual(len(mgr.decode_kv_args_table), 64)
+        full = [r for r in logs.records if "decode peer: sess-" in r.getMessage()]
+        counts = [r for r in logs.records if r not in full
+                  and "decode peer(s) so far" in r.getMessage()]
+        self.assertEqual(len(full), 1)
+        self.assertIn("[DSV4G040]", full[0].getMessage())
+        self.assertEqual(len(logs.records), 2, [r.getMessage()[:120] for r in logs.records])
+        self.assertEqual(len(counts), 1)
+        self.assertIn("10 decode peer(s)", counts[0].getMessage())
+        self.assertIn("64 decode peer(s)", sglang_dsv4_guard.summary())
+
+
+    def test_state_layout_rejection_reported_at_registration(self) -> None:
+        """A decode whose SWA state entries are 32 bytes wide registers with a prefill whose
+        are 64: where SGLang's real bootstrap thread rejects its state transfers (0.5.22+,
+        recorded in state_layout_rejections and logged by SGLang), the guard logs one
+        DSV4G050 report with SGLang's reason, both servers' item lengths and the peer;
+        where SGLang has no such check, the guard says nothing. The peer is registered
+        either way."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, name="sess-st",
+                                            state_lens=[(32,)])
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,),
+                                 state_lens=[(64,)])
+        with self.assertLogs(level=logging.INFO) as logs:
+            logging.getLogger("sglang_dsv4_guard").info("start")
+            self.assertEqual(self._threads(mgr, [frames]), [])
+        self.assertIn("sess-st", mgr.decode_kv_args_table)
+        rejected = getattr(mgr, "state_layout_rejections", {}).get("sess-st")
+        ours = [r.getMessage() for r in guard_records(logs)][1:]
+        if rejected is None:
+            self.assertEqual(ours, [])
+            return
+        self.assertIn("item length mismatch", rejected)
+        self.assertEqual(len(ours), 1, [m[:200] for m in ours])
+        self.assertIn("[DSV4G050]", ours[0])
+        self.assertIn(rejected, ours[0])
+        self.assertIn("sess-st at 10.0.0.2:7001", ours[0])
+        self.assertIn("((64,),)", ours[0])
+        self.assertIn("((32,),)", ours[0])
+
+
+    def test_state_layout_rerun_adds_no_sglang_line(self) -> None:
+        """SGLang's state-layout check cannot pre-check a component (its memory config
+        read fails) and logs "Could not pre-check" once; the guard running the same
+        method for its report adds no second line of SGLang's, and reports nothing."""
+        def unpublished() -> Any:
+            raise RuntimeError("config namespace 'memory' not published")
+
+        def lines(start: Callable[[Any], Any] | None, name: str) -> list[str]:
+            frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, name=name,
+                                                state_lens=[(32,)])
+            mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,),
+                                     state_lens=[(64,)])
+            with self.assertLogs(level=logging.INFO) as logs:
+                logging.getLogger("sglang_dsv4_guard").info("start")
+                self.assertEqual(self._threads(mgr, [frames], start), [])
+            return [r.getMessage() for r in logs.records if r.name == mooncake.__name__
+                    or r.name == "sglang_dsv4_guard"][1:]
+
+        with mock.patch.object(mooncake, "get_memory", unpublished, create=True):
+            raw = lines(_RAW_START, "sess-raw")
+            guarded = lines(None, "sess-guarded")
+        self.assertEqual(guarded, [m.replace("sess-raw", "sess-guarded") for m in raw])
+        if hasattr(mooncake.MooncakeKVManager, "_validate_peer_state_layout"):
+            self.assertEqual(len(raw), 1, raw)
+            self.assertIn("Could not pre-check", raw[0])
+
+
+
+class TestMooncakeStrict(GuardTestCase):
+    """Strict mode on Mooncake: a failure of the guard's own never replaces SGLang's error."""
+
+    def test_our_bug_is_a_note_on_the_dying_bootstrap_threads_error(self) -> None:
+        """SGLang's relayout refuses a DCP-2 decode (0.5.17+); the guard's snapshot fails:
+        the bootstrap thread dies of SGLang's own RuntimeError, carrying the guard's strict
+        failure as a note. 0.5.16 has no relayout: SGLang registers the peer, then the
+        guard's strict failure rises (strict mode's documented outcome)."""
+        self.install_guard("strict", load_entry_points=False)
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, dcp=2, name="sess-x")
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1)
+
+        real = mgr.server_args
+
+        class Exploding:  # SGLang's start reads its own flags; the snapshot's explode
+            def __getattr__(self, name: str) -> Any:
+                if name == "tp_size":
+                    raise ZeroDivisionError(name)
+                return getattr(real, name)
+
+        mgr.server_args = Exploding()
+        mgr.server_socket = peers_real.Socket([frames])
+        with guard_logs_off(), thread_errors() as died:  # the exceptions, with their notes
+            mooncake.MooncakeKVManager.start_prefill_thread(mgr)
+            for t in threading.enumerate():
+                if t is not threading.current_thread() and t.name != "MainThread":
+                    t.join(5)
+        if not hasattr(mooncake.MooncakeKVManager, "requires_dcp_relayout"):
+            self.assertIn("sess-x", mgr.decode_kv_args_table)
+            self.assertEqual([type(e).__name__ for e in died], ["DSV4GuardError"])
+            return
+        self.assertEqual([type(e) for e in died], [RuntimeError])
+        self.assertIn("Unsupported PD DCP topology", str(died[0]))
+        self.assertIn("strict mode", "".join(getattr(died[0], "__notes__", [])))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_POP_PREALLOCATED,
     PD_RECEIVER_INIT,
     PEERS_MOONCAKE_START,
+    PEERS_MOONCAKE_VALIDATE,
     PEERS_MOONCAKE_WORKER,
     PEERS_NIXL_REGISTER,
     PatchTarget,
@@ -96,6 +97,10 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("peers.mooncake_start", PEERS_MOONCAKE_START,
              helpers=("_publish_peer_registration",)),
     SiteSpec("peers.mooncake_worker", PEERS_MOONCAKE_WORKER, phrase="is dead"),
+    # Mooncake's state-layout verdict on a registering peer (0.5.22+), run by
+    # pd/state_layout.py as it is, with the stride comparison it calls.
+    SiteSpec("mooncake.state_layout", PEERS_MOONCAKE_VALIDATE,
+             helpers=("_state_stride_mismatch",)),
     SiteSpec("receiver.allocation_policy", PD_RECEIVER_INIT,
              assigned="allocation policy mismatch"),
     SiteSpec("receiver.prefill_complete_peer", PD_RECEIVER_INIT,

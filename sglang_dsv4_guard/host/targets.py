@@ -67,7 +67,9 @@ __all__ = [
     "PEERS_INFO_ATTRS",
     "PEERS_KV_ARGS_ATTRS",
     "PEERS_MANAGER_ATTRS",
+    "PEERS_MOONCAKE_BOOTSTRAP",
     "PEERS_MOONCAKE_START",
+    "PEERS_MOONCAKE_VALIDATE",
     "PEERS_MOONCAKE_WORKER",
     "PEERS_NIXL_REGISTER",
     "PEERS_SERVER_ARGS_ATTRS",
@@ -142,6 +144,14 @@ PEERS_MOONCAKE_WORKER = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
                                     "MooncakeKVManager.transfer_worker")
 PEERS_MOONCAKE_START = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
                                    "MooncakeKVManager.start_prefill_thread")
+#: Mooncake's verdict on a registering decode peer's state layout (0.5.22+): a reason
+#: rejects every state transfer to that peer (``pd/state_layout.py``, DSV4G050).
+PEERS_MOONCAKE_VALIDATE = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
+                                      "MooncakeKVManager._validate_peer_state_layout")
+#: Mooncake's bootstrap closure (of ``start_prefill_thread``, digested with it as
+#: ``peers.mooncake_start``) and its local holding the registering decode peer's
+#: ``KVArgsRegisterInfo`` when it calls ``requires_dcp_relayout``.
+PEERS_MOONCAKE_BOOTSTRAP = ("bootstrap_thread", "decode_kv_args")
 
 
 @dataclass(frozen=True)
@@ -301,14 +311,15 @@ MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
 #: "not known" in the endpoint, never a default.
 PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_mla_backend",
                        "attn_tp_size", "pp_size", "dcp_size", "dcp_rank", "bootstrap_port",
-                       "decode_kv_args_table")
+                       "decode_kv_args_table", "state_tp_size")
 PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
-                       "engine_rank")
+                       "engine_rank", "state_data_ptrs", "state_item_lens", "state_layer_ids")
 PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "speculative_algorithm",
                            "disaggregation_enable_kv_checksum")
 PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_dcp_rank",
                     "dst_kv_mem_kinds", "dst_kv_item_lens", "dst_kv_ptrs", "dst_aux_ptrs",
-                    "agent_name", "mooncake_session_id", "endpoint", "dst_port")
+                    "agent_name", "mooncake_session_id", "endpoint", "dst_port",
+                    "dst_state_data_ptrs", "dst_state_item_lens", "dst_state_layer_ids")
 
 
 def pool_attributes_read() -> tuple[str, ...]:

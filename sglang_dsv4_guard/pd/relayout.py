@@ -62,6 +62,14 @@ def requires_relayout(prefill: Endpoint, decode: Endpoint) -> bool | None:
     return result
 
 
+def _ranks(prefill: Endpoint, decode: Endpoint) -> str:
+    """Which DCP ranks were compared: the registering ones at run time, else rank 0."""
+    if prefill.has("dcp_rank") and decode.has("dcp_rank"):
+        return (f"the registering ranks: prefill DCP rank {prefill.get('dcp_rank')}, "
+                f"decode DCP rank {decode.get('dcp_rank')}")
+    return "rank 0 of each server"
+
+
 def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
                       env: Mapping[str, str] | None = None) -> tuple[list[Finding], list[str]]:
     """DSV4G036 when the release's relayout refuses the pair's DCP sizes, and unknowns
@@ -84,9 +92,9 @@ def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
         code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
         subject="decode rank registration with the prefill",
         observations=tuple(e.observation(name) for name in ("dcp_size", "is_mla_backend")
-                           for e in (prefill, decode)),
+                           for e in (prefill, decode) if e.has(name)),
         details=(f"SGLang's own {PD_RELAYOUT.qualname} raised on the prefill's DCP size and "
-                 "pool kind and the decode's DCP size (rank 0 of each server)",),
+                 f"pool kind and the decode's DCP size ({_ranks(prefill, decode)})",),
         docs=docs_url(CODE), host_message=message,
         when=when_text(Phase.REGISTRATION, backend, env))
     return [finding], unknowns

@@ -1,9 +1,10 @@
 """The guard around decode peers registering with a Mooncake or NIXL prefill rank
 (``NixlKVManager._add_remote_peer``; Mooncake's ``decode_kv_args_table``, written by a
 closure of ``start_prefill_thread``), and the prefill threads that die of what they
-registered (NIXL's bootstrap thread, Mooncake's ``transfer_worker``), lazily, the moment
-SGLang imports the connector. Codes: DSV4G036, DSV4G040 - 043, DSV4G045, DSV4G046, the
-ones ``check`` gives for the same conditions.
+registered (NIXL's and Mooncake's bootstrap threads, Mooncake's ``transfer_worker``),
+lazily, the moment SGLang imports the connector. Codes: DSV4G036, DSV4G040 - 043,
+DSV4G045, DSV4G046, the ones ``check`` gives for the same conditions, and Mooncake's
+DSV4G050, which ``check`` does not predict.
 
 - :mod:`~sglang_dsv4_guard.peers.snapshot`: the registration as two endpoints;
 - :mod:`~sglang_dsv4_guard.peers.checks`: the built-in ``check_registration`` hook, on the

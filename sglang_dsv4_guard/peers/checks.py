@@ -4,7 +4,8 @@ Each condition is the one ``check`` runs (:mod:`sglang_dsv4_guard.pd`), on the e
 the registration snapshot built from the live manager and the decode's
 ``KVArgsRegisterInfo``: the DCP relayout (DSV4G036, :mod:`..pd.relayout`), NIXL's payload
 preparation (DSV4G042/043/046, :mod:`..pd.nixl`), ``maybe_send_extra`` per state type
-(DSV4G040/041, :mod:`..pd.transfer`), the metadata buffer counts and what the backend's
+(DSV4G040/041, :mod:`..pd.transfer`), Mooncake's state-layout verdict (DSV4G050,
+:mod:`..pd.state_layout`), the metadata buffer counts and what the backend's
 ``send_aux`` does with them (DSV4G045, :mod:`..pd.aux_send`, :mod:`..pd.buffers`). Pure
 apart from running those SGLang functions on half-built objects, as ``check`` does.
 """
@@ -24,6 +25,8 @@ from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.nixl import payload_verdict
 from sglang_dsv4_guard.pd.relayout import relayout_findings
+from sglang_dsv4_guard.pd.state_layout import CODE as LAYOUT_CODE
+from sglang_dsv4_guard.pd.state_layout import state_layout_refusal, state_layout_when
 from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
@@ -142,6 +145,28 @@ def _aux(reg: Registration) -> tuple[list[Finding], list[str]]:
         host_message=logged or sent.prefill_raised or sent.decode_raised, when=when)], []
 
 
+def _state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
+    """Mooncake's own state-layout verdict on the peer (DSV4G050, 0.5.22+)."""
+    reason, unknown = state_layout_refusal(reg.prefill, reg.decode, reg.peer)
+    if reason is None:
+        return [], [f"{LAYOUT_CODE} ({reg.backend}): not judged: {unknown}"] if unknown else []
+    p, d = reg.prefill, reg.decode
+    fix = Fix(FixKind.ADVICE, "run both servers with the same model, attention TP and "
+              "state-pool flags: the decode registered state item lengths "
+              f"{d.get('state_item_lens')}, the prefill has {p.get('state_item_lens')} "
+              f"(state components {p.get('state_types')})", field="state_item_lens")
+    return [Finding(
+        code=LAYOUT_CODE, severity=Severity.ERROR, summary=CODES[LAYOUT_CODE].title,
+        subject="decode peer's Mooncake state layout",
+        observations=tuple(e.observation(n) for n in ("state_types", "state_item_lens",
+                                                       "attn_tp_size")
+                           for e in (p, d) if e.has(n)),
+        details=(_peer_line(reg), f"found when the decode peer registered: SGLang's "
+                 f"MooncakeKVManager._validate_peer_state_layout rejects it: {reason}"),
+        fixes=(fix,), docs=docs_url(LAYOUT_CODE), host_message=reason,
+        when=state_layout_when())], []
+
+
 def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     """Every refusal SGLang will make for this peer, in the order it meets them, and
     what could not be judged. A DCP relayout that raises stops registration there."""
@@ -152,6 +177,9 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     found: list[Finding] = []
     if reg.backend == "nixl" and _known(reg.decode, "kv_mem_kinds"):
         found += _payload(reg)
+    if reg.backend == "mooncake":
+        layout, notes = _state_layout(reg)
+        found, unknowns = found + layout, unknowns + notes
     extra, more = _send_extra(reg)
     aux, most = _aux(reg)
     return found + extra + aux, unknowns + more + most
@@ -169,6 +197,6 @@ def _with_peer(reg: Registration, finding: Finding) -> Finding:
 @hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_registration(registration: Registration,
                                          context: RegistrationContext) -> list[Finding]:
-    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046."""
+    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046, 050."""
     del context
     return registration_findings(registration)[0]

@@ -1,9 +1,24 @@
-"""Mooncake: the registration is a closure of ``start_prefill_thread`` that writes
-``decode_kv_args_table[session]``; the wrapper of ``start_prefill_thread`` gives the
+"""Mooncake: the registration is a closure of ``start_prefill_thread`` (``bootstrap_thread``)
+that writes ``decode_kv_args_table[session]``; the wrapper of ``start_prefill_thread`` gives the
 manager a watched table (a ``dict`` whose ``__setitem__`` also checks the peer, after
-SGLang's write). ``transfer_worker`` (a thread target) is wrapped: when it dies
-("Transfer thread failed ... is dead."), the guard names the cause it had reported at
-registration, the peers registered with it and what now hangs, once per cause.
+SGLang's write).
+
+The closure calls ``self.requires_dcp_relayout`` *before* that write, and a DCP pair it
+refuses (DSV4G036) raises there: the bootstrap thread ends and the table never sees the
+peer. The closure cannot be wrapped, and the method is ``CommonKVManager``'s, shared with
+NIXL, MORI and ``check``; so the narrowest hook is on the manager *instance*: the same
+wrapper of ``start_prefill_thread`` sets ``requires_dcp_relayout`` on the instance, a
+function that calls the class's method (looked up at call time) and, only when it raises,
+reads the registering peer from its caller, the bootstrap closure's local
+``decode_kv_args`` (``PEERS_MOONCAKE_BOOTSTRAP``; the closure's source is digested with
+``start_prefill_thread``), checks it once (the DSV4G036 report ``check`` gives) and names
+the thread's death once; SGLang's exception rises unchanged and the thread ends as before.
+
+``transfer_worker`` (a thread target) is wrapped: when it dies ("Transfer thread failed
+... is dead."), the guard names the cause it had reported at registration, the peers
+registered with it and what now hangs, once per cause. The cause is SGLang's message, or
+for an ``IndexError`` (0.5.16 - 0.5.22's ``send_aux`` indexing the prefill's metadata
+buffers with the decode's count: DSV4G045) the error SGLang's ``RuntimeError`` wraps.
 
 Nothing here imports ``mooncake`` or SGLang's connector module.
 """
@@ -11,13 +26,19 @@ Nothing here imports ``mooncake`` or SGLang's connector module.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from sglang_dsv4_guard.host.targets import PEERS_MOONCAKE_START, PEERS_MOONCAKE_WORKER
+from sglang_dsv4_guard.host.targets import (
+    PD_RELAYOUT,
+    PEERS_MOONCAKE_BOOTSTRAP,
+    PEERS_MOONCAKE_START,
+    PEERS_MOONCAKE_WORKER,
+)
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
-from sglang_dsv4_guard.peers.guard import PeerGuard, checked, judged
+from sglang_dsv4_guard.peers.guard import PeerGuard, checked, judged, timeout_text
 from sglang_dsv4_guard.wrapping import note_on, our_failure
 
 __all__ = ["WatchedTable", "patch_mooncake"]
@@ -47,16 +68,69 @@ def _watched(guard: PeerGuard, manager: object, info: object) -> None:
         raise ours
 
 
+def _registering(frame: Any) -> object | None:
+    """The decode peer's ``KVArgsRegisterInfo`` in SGLang's bootstrap closure, ``frame``
+    (the caller of the relayout hook), or ``None`` when the caller is anything else."""
+    closure, local = PEERS_MOONCAKE_BOOTSTRAP
+    if frame is None or frame.f_code.co_name != closure or \
+            frame.f_globals.get("__name__") != PEERS_MOONCAKE_START.module:
+        return None
+    info: object | None = frame.f_locals.get(local)
+    return info
+
+
+def _relayout_refused(guard: PeerGuard, manager: object, caller: Any,
+                      error: BaseException) -> None:
+    """SGLang's relayout refused the peer registering in ``caller`` (SGLang's bootstrap
+    closure; anything else: nothing to say): its report (DSV4G036), then the bootstrap
+    thread's death named once; a failure of ours rides as a note (strict)."""
+    ours = None
+    try:
+        info = _registering(caller)
+        if info is None:
+            return
+        ours = checked(guard, "mooncake", manager, info)
+        guard.on_death("mooncake", "bootstrap thread", manager, error, timeout_text())
+    except Exception as exc:
+        ours = ours or our_failure(guard.rt, "naming why the Mooncake bootstrap thread died",
+                                   exc)
+    if ours is not None:
+        note_on(error, ours)
+
+
+def _relayout_hook(guard: PeerGuard, manager: object) -> Callable[..., Any]:
+    """The instance's ``requires_dcp_relayout``: the class's, and the report when it raises."""
+    def requires_dcp_relayout(*args: Any, **kwargs: Any) -> Any:
+        method = getattr(type(manager), PD_RELAYOUT.attr)  # looked up at call time
+        try:
+            return method(manager, *args, **kwargs)
+        except Exception as error:
+            if guard.rt.active:
+                _relayout_refused(guard, manager, sys._getframe(1), error)
+            raise
+
+    return requires_dcp_relayout
+
+
+def _watch(guard: PeerGuard, manager: Any) -> None:
+    """Watch the manager's peer table and hook its relayout (a release without DCP,
+    0.5.16, has no relayout to hook)."""
+    table = manager.decode_kv_args_table
+    if type(table) is dict:
+        manager.decode_kv_args_table = WatchedTable(
+            table, functools.partial(_watched, guard, manager))
+    name = PD_RELAYOUT.attr
+    if callable(getattr(type(manager), name, None)) and name not in vars(manager):
+        setattr(manager, name, _relayout_hook(guard, manager))
+
+
 def _mooncake_start(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def start_prefill_thread(self: Any, *args: Any, **kwargs: Any) -> Any:
             if guard.rt.active:
                 try:
-                    table = self.decode_kv_args_table
-                    if type(table) is dict:
-                        self.decode_kv_args_table = WatchedTable(
-                            table, functools.partial(_watched, guard, self))
+                    _watch(guard, self)
                 except Exception as exc:  # strict: rises before SGLang's thread starts
                     guard.rt.internal_error("watching Mooncake's decode peer table", exc)
             return original(self, *args, **kwargs)
@@ -70,6 +144,15 @@ _WORKER_HANGS = ("every request sharded to this worker's queue now hangs (its KV
                  "never completes)")
 
 
+def _died_of(error: RuntimeError) -> BaseException:
+    """What the worker died of, as the registration's finding words it: SGLang's
+    ``RuntimeError`` quotes the error it met ("because of <message>"), which is the
+    finding's message itself, except for an ``IndexError`` (DSV4G045's is recorded as
+    ``IndexError: <message>``): then the wrapped error, whose message the finding holds."""
+    met = error.__context__
+    return met if isinstance(met, IndexError) and str(met) else error
+
+
 def _mooncake_worker(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -79,7 +162,7 @@ def _mooncake_worker(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callabl
             except RuntimeError as error:
                 if guard.rt.active and _DEAD in str(error):
                     try:
-                        guard.on_death("mooncake", "transfer worker", self, error,
+                        guard.on_death("mooncake", "transfer worker", self, _died_of(error),
                                        _WORKER_HANGS)
                     except Exception as exc:
                         ours = our_failure(guard.rt, "naming why a Mooncake transfer worker "

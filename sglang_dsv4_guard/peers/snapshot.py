@@ -65,6 +65,16 @@ def _int(value: object) -> int | None:
         return None
 
 
+def _int_lists(value: object) -> tuple[tuple[int, ...], ...] | None:
+    """A per-state-component list of integer lists, as plain tuples (``None``: absent)."""
+    if value is None:
+        return None
+    try:
+        return tuple(tuple(int(x) for x in entry) for entry in value)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return None
+
+
 def _put(values: dict[str, Value], name: str, value: object, source: str) -> None:
     if value is not None:
         values[name] = Value(value, source)
@@ -94,6 +104,10 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
             "kv_args.state_types on the prefill (its pool's state components)")
     _put(values, "swa_kv_cache_layout", kv["swa_kv_cache_layout"],
          "kv_args.swa_kv_cache_layout on the prefill")
+    _put(values, "state_tp_size", mgr["state_tp_size"], f"{owner}.state_tp_size on the prefill")
+    for name in ("state_data_ptrs", "state_item_lens", "state_layer_ids"):
+        _put(values, name, _int_lists(kv[name]), f"kv_args.{name} on the prefill (per state "
+             "component)")
     if kv["kv_item_lens"] is not None:
         values["kv_regions"] = Value(len(kv["kv_item_lens"]),
                                      "len(kv_args.kv_item_lens): the prefill's KV regions")
@@ -126,6 +140,9 @@ def _decode(backend: str, info: object) -> Endpoint:
     regions = peer["dst_kv_item_lens"] or peer["dst_kv_ptrs"]
     if regions is not None:
         values["kv_regions"] = Value(len(regions), f"the KV regions in {owner}")
+    for name in ("state_data_ptrs", "state_item_lens", "state_layer_ids"):
+        _put(values, name, _int_lists(peer[f"dst_{name}"]),
+             f"dst_{name} in {owner} (per state component)")
     if peer["dst_aux_ptrs"] is not None:
         values["aux_buffer_count"] = Value(len(peer["dst_aux_ptrs"]),
                                            f"len(dst_aux_ptrs) in {owner}")

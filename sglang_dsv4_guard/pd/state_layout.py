@@ -1,0 +1,132 @@
+"""Mooncake's verdict on a registering decode peer's state layout (DSV4G050), 0.5.22+.
+
+When a decode rank registers, the prefill's ``MooncakeKVManager._validate_peer_state_layout``
+compares each generic state component's entries (their item lengths: the stride the transfer
+writes the decode at) with the decode's; 0.5.23 also rejects a CP/TP-sharing DFLASH pair of
+different physical TP. A reason is not raised: SGLang logs "Rejecting state transfers to
+decode session ...", records it, and every later request to that decode rank fails with it.
+
+The release's own method (digested with the stride comparison it calls, site
+``mooncake.state_layout``; a release whose digest no known release has is not judged) runs
+on a bare manager (``object.__new__``) holding the prefill's values and a registration
+holding the decode's, as :mod:`.relayout` runs ``requires_dcp_relayout``. It reads the
+published speculative and memory configs (``get_spec``, ``get_memory``) as SGLang's call
+does: in a server process, that server's. A line the method logs while the guard runs it
+is dropped (SGLang's own call logged it). ``check`` does not call it: the item lengths are
+the built pools', which its miniature pools do not have.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
+from sglang_dsv4_guard.host.targets import (
+    PD_STATE_TYPE,
+    PD_STATE_TYPE_MODULE,
+    PEERS_MOONCAKE_VALIDATE,
+)
+from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.pd.endpoint import Endpoint
+
+__all__ = ["CODE", "LOGGED", "SITE", "state_layout_refusal", "state_layout_when"]
+
+CODE = "DSV4G050"
+SITE = "mooncake.state_layout"
+LOGGED = "Rejecting state transfers to decode session"  # SGLang's log line's head
+_STATE = ("state_types", "state_data_ptrs", "state_item_lens")
+
+
+def _judged() -> str | None:
+    """Why the release's method cannot be judged, or ``None``."""
+    package = imported_package_dir()
+    if package is None:
+        return "the imported SGLang's source was not found"
+    if not _known(locate(package, SITES[SITE])):
+        return (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} differs from every release "
+                "this guard knows: unknown for this release")
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _known(site: Located | None) -> bool:
+    """Whether a known release has ``site``'s digest (once per file version: ``locate``
+    returns the same site until the file changes, and a digest costs about 6 ms)."""
+    found = {SITE: site.digest if site is not None else "missing"}
+    return bool(row_releases(found, (SITE,)))
+
+
+def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
+    return [list(v) for v in endpoint.get(name) or ()]
+
+
+def state_layout_refusal(prefill: Endpoint, decode: Endpoint, session: str = "decode"
+                         ) -> tuple[str | None, str | None]:
+    """(SGLang's reason, ``None``) when the release's own ``_validate_peer_state_layout``
+    rejects the decode's state layout; (``None``, ``None``) when it accepts or the release
+    has no such check; (``None``, why) when it cannot be run on what the endpoints hold."""
+    module = importlib.import_module(PEERS_MOONCAKE_VALIDATE.module)  # unscanned: SGLang
+    owner, attr = PEERS_MOONCAKE_VALIDATE.qualname.split(".")
+    cls = getattr(module, owner)
+    function = getattr(cls, attr, None)
+    if function is None:
+        return None, None  # before 0.5.22: no registration-time state check
+    unknown = _judged()
+    if unknown is not None:
+        return None, unknown
+    if not all(prefill.has(n) for n in _STATE) or not decode.has("state_item_lens"):
+        return None, "the registration carries no state layout"
+    state_type = getattr(importlib.import_module(PD_STATE_TYPE_MODULE),  # unscanned: SGLang
+                         PD_STATE_TYPE)
+    manager: Any = object.__new__(cls)
+    manager.kv_args = SimpleNamespace(
+        state_types=[state_type(v) for v in prefill.get("state_types")],
+        state_data_ptrs=_lists(prefill, "state_data_ptrs"),
+        state_item_lens=_lists(prefill, "state_item_lens"),
+        state_layer_ids=_lists(prefill, "state_layer_ids"))
+    attn_tp = prefill.get("attn_tp_size")
+    manager.__dict__.update(
+        is_mla_backend=bool(prefill.get("is_mla_backend", False)),
+        is_hybrid_mla_backend=bool(prefill.get("is_hybrid_mla_backend", False)),
+        pp_size=int(prefill.get("pp_size", 1) or 1), attn_tp_size=attn_tp,
+        state_tp_size=prefill.get("state_tp_size", attn_tp))
+    info = SimpleNamespace(
+        mooncake_session_id=session, dst_attn_tp_size=decode.get("attn_tp_size"),
+        dst_state_data_ptrs=_lists(decode, "state_data_ptrs"),
+        dst_state_item_lens=_lists(decode, "state_item_lens"),
+        dst_state_layer_ids=_lists(decode, "state_layer_ids"))
+    log = logging.getLogger(PEERS_MOONCAKE_VALIDATE.module)  # SGLang's module logger
+    quiet = _ThisThread()
+    log.addFilter(quiet)  # SGLang logged its own run's lines already
+    try:
+        _, reason = function(manager, info)
+    except Exception as exc:  # the bare manager lacks what this release reads
+        return None, (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} read what this check "
+                      f"does not set ({type(exc).__name__}: {exc})")
+    finally:
+        log.removeFilter(quiet)
+    return (str(reason) if reason is not None else None), None
+
+
+class _ThisThread(logging.Filter):
+    """Drops what this thread logs (the method's "Could not pre-check ..." warning, which
+    SGLang's own call of it logged already); other threads' lines pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ident = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.ident
+
+
+def state_layout_when() -> str:
+    """``when:`` for DSV4G050."""
+    return (f"when a decode rank registers with the prefill: SGLang logs \"{LOGGED} ...\" "
+            "and every later request to that decode rank fails with the reason; both "
+            "servers keep running")
