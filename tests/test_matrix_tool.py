@@ -311,6 +311,29 @@ class TestHarnessParts(GuardTestCase):
                          sorted(r.filename for r in whole))
         self.assertTrue(all(parts), [len(part) for part in parts])
 
+    def test_fork_worker_gets_the_preload_and_nothing_else_does(self) -> None:
+        """The python3 the runner starts SGLang's fork worker with imports PRELOAD before
+        the worker's code runs, with the worker's own arguments; any other python3 call
+        is the interpreter itself, with nothing preloaded."""
+        import subprocess
+
+        with tempfile.TemporaryDirectory() as tmp:
+            options = sglang_ci.fork_worker_options(Path(tmp))
+            self.assertEqual(options, {"fork_worker_batch_size": 1_000})
+            worker = Path(tmp, "sglang", "test", "ci", "fork_test_worker.py")
+            worker.parent.mkdir(parents=True)
+            probe = ("import sys; print(sys.argv[1:], "
+                     f"[m for m in {sglang_ci.PRELOAD!r} if m in sys.modules])")
+            worker.write_text(probe)
+            shim = str(Path(tmp, "python3"))
+            as_worker = subprocess.run([shim, str(worker), "--result-fd", "7"],
+                                       capture_output=True, text=True, check=True)
+            self.assertEqual(as_worker.stdout.strip(),
+                             f"['--result-fd', '7'] {list(sglang_ci.PRELOAD)}")
+            plain = subprocess.run([shim, "-c", probe.replace("sys.argv[1:]", "'plain'")],
+                                   capture_output=True, text=True, check=True)
+            self.assertEqual(plain.stdout.strip(), "plain []")
+
     def test_part_spelling(self) -> None:
         """--part is K/N with 1 <= K <= N; anything else is refused, naming it."""
         self.assertEqual(sglang_ci._part("2/4"), (2, 4))

@@ -136,7 +136,8 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
     # In-process, but their subject is the guard's own tools: the layering tool run as a
     # command, and SGLang's collect_tests/auto_partition splitting the harness run.
     "tests/test_layers.py::TestPackageLayers": (),
-    "tests/test_matrix_tool.py::TestHarnessParts": ("test/ci/ci_register.py",),
+    "tests/test_matrix_tool.py::TestHarnessParts": ("test/ci/ci_register.py",
+                                                     "test/ci/ci_utils.py::run_unittest_files"),
     # The check child's import path, time limit and SIGTERM: the guard's own code.
     "tests/test_check_process.py::TestCheckChildLifecycle": (),
     # The warnings SGLang's import emits once per process (check keeps them under "import").

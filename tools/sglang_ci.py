@@ -10,7 +10,15 @@
    the N parts together run every file (``tools/matrix.py`` runs them as jobs of its pool);
 3. ``sglang.test.ci.ci_utils.run_unittest_files`` runs each registered file as
    ``python3 <cwd>/<file> -f`` (no pytest, no conftest), with the timeout SGLang derives
-   from its ``est_time``.
+   from its ``est_time``. Where the release has it (0.5.23), with SGLang's own preloaded
+   fork worker (``fork_worker_batch_size``, ``sglang/test/ci/fork_test_worker.py``): one
+   interpreter per part imports the expensive stack once and forks a fresh child for
+   each file, which runs it as ``python3 <file> -f`` would. SGLang's worker preloads
+   numpy, pytest, scipy, torch and triton; the ``python3`` this runner starts it with
+   also imports, before SGLang's worker code runs, the SGLang modules every test file
+   imports (``PRELOAD``: SGLang's ``test_utils``, and the disaggregation modules of
+   ``tests/helpers.py``), ~15 s of CPU per file otherwise. Nothing of the guard's is
+   preloaded; tests that need a fresh interpreter start their own, as before.
 
 As in SGLang's CI, ``CustomTestCase`` retries a failed test method once
 (``SGLANG_TEST_MAX_RETRY=1``; SGLang's CI gets the same from ``SGLANG_IS_IN_CI``, which
@@ -26,13 +34,51 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "stage-a-test-cpu"
+# SGLang modules every test file imports, imported once by the fork worker (see above).
+PRELOAD = ("sglang.test.test_utils", "sglang.srt.disaggregation.decode",
+           "sglang.srt.disaggregation.prefill", "sglang.srt.disaggregation.utils")
+# SGLang's fork worker, as run_unittest_files starts it: ``python3 <this file> ...``.
+_WORKER = "sglang/test/ci/fork_test_worker.py"
+_SHIM = """#!/bin/sh
+# python3 for SGLang's CI runner (tools/sglang_ci.py): its fork worker gets the SGLang
+# modules every test imports preloaded; anything else runs as the interpreter itself.
+case "$1" in
+  */{worker})
+    exec {python} -c 'import runpy, sys
+for name in sys.argv.pop(1).split(","):
+    __import__(name)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")' {preload} "$@" ;;
+esac
+exec {python} "$@"
+"""
+
+
+def fork_worker_options(shim_dir: Path) -> dict[str, Any]:
+    """``run_unittest_files`` keywords for SGLang's preloaded fork worker, with a
+    ``python3`` in ``shim_dir`` (first on ``PATH``) that preloads ``PRELOAD`` in it;
+    none where the release's runner has no fork worker (it then starts a fresh
+    interpreter per file)."""
+    import inspect
+
+    from sglang.test.ci.ci_utils import run_unittest_files
+
+    if "fork_worker_batch_size" not in inspect.signature(run_unittest_files).parameters:
+        return {}
+    shim = shim_dir / "python3"
+    shim.write_text(_SHIM.format(worker=_WORKER, python=shlex.quote(sys.executable),
+                                 preload=",".join(PRELOAD)))
+    shim.chmod(0o755)
+    return {"fork_worker_batch_size": 1_000}
 
 
 def _part(text: str) -> tuple[int, int]:
@@ -101,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from sglang.test.ci.ci_utils import run_unittest_files
 
-            code = run_unittest_files(chosen, continue_on_error=True)
+            with tempfile.TemporaryDirectory(prefix="dsv4-harness-") as shim_dir:
+                options = fork_worker_options(Path(shim_dir))
+                os.environ["PATH"] = os.pathsep.join([shim_dir, os.environ["PATH"]])
+                code = run_unittest_files(chosen, continue_on_error=True, **options)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
