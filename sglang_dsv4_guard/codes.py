@@ -600,6 +600,27 @@ CODES: dict[str, CodeInfo] = {
              "serve (no flag fixes it)",),
         ),
         CodeInfo(
+            "DSV4G055",
+            "NIXL rejects the decode's state layout",
+            "NIXL state layout rejected for <peer>: NIXL prepared state component N (...) "
+            "stride mismatch for peer ...",
+            "0.5.23+: when a decode rank registers, NIXL's registration "
+            "(`_prepare_state_xfer`, on CUDA with the UCX backend and PP, CP and DCP 1) "
+            "plans the state components it prepares; a component transferred whole whose "
+            "decode slot stride (`dst_state_item_lens`) differs from the prefill's has no "
+            "correct transfer path. SGLang logs \"NIXL state layout rejected: peer=...\" "
+            "and the bootstrap thread goes on; every request to that peer then fails in "
+            "`maybe_send_extra`. At run time the guard reports it when the decode peer "
+            "registers (once per distinct mismatch), with both servers' strides per "
+            "component; it runs the release's own method on the registration's values. "
+            "check does not predict it: the strides exist once the pools are allocated, "
+            "not in the launch lines.",
+            ("derived: the components whose strides differ, with both values; give both "
+             "servers the same state pool geometry (the same model, state dtypes and "
+             "state TP share)",),
+            sglang_releases=("0.5.23", None),
+        ),
+        CodeInfo(
             "DSV4G090",
             "a guard plug-in failed",
             None,

@@ -3,7 +3,8 @@
 Each condition is the one ``check`` runs (:mod:`sglang_dsv4_guard.pd`), on the endpoints
 the registration snapshot built from the live manager and the decode's
 ``KVArgsRegisterInfo``: the DCP relayout (DSV4G036, :mod:`..pd.relayout`), NIXL's payload
-preparation (DSV4G042/043/046, :mod:`..pd.nixl`), ``maybe_send_extra`` per state type
+preparation (DSV4G042/043/046, :mod:`..pd.nixl`) and its prepared state transfer
+(DSV4G055, :mod:`..pd.nixl_state`), ``maybe_send_extra`` per state type
 (DSV4G040/041, :mod:`..pd.transfer`), the metadata buffer counts and what the backend's
 ``send_aux`` does with them (DSV4G045, :mod:`..pd.aux_send`, :mod:`..pd.buffers`). Pure
 apart from running those SGLang functions on half-built objects, as ``check`` does.
@@ -23,6 +24,7 @@ from sglang_dsv4_guard.pd.aux_send import aux_details, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.nixl import payload_verdict
+from sglang_dsv4_guard.pd.nixl_state import state_layout_verdict
 from sglang_dsv4_guard.pd.relayout import relayout_findings
 from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
@@ -81,6 +83,31 @@ def _payload(reg: Registration) -> list[Finding]:
                      ("kv_regions", "kv_mem_kinds", "attn_tp_size", "is_mla_backend",
                       "speculative_algorithm"), Phase.REGISTRATION,
                      "the prefill's bootstrap thread dies on it", fixes)]
+
+
+def _state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
+    """NIXL's prepared state transfer (0.5.23+) rejects a decode whose state slot strides
+    differ: every request to that peer then fails."""
+    package = imported_package_dir()
+    if package is None:
+        return [], []
+    try:
+        verdict = state_layout_verdict(reg.prefill, reg.decode, package, reg.peer)
+    except NotJudged as exc:
+        return [], [f"DSV4G055 (nixl): not judged: {exc}"]
+    if verdict is None:
+        return [], []
+    differ = "; ".join(f"component {i} ({st}): prefill {list(p)}, decode {list(d)}"
+                       for i, st, p, d in verdict.components)
+    fix = Fix(FixKind.ADVICE, "give the decode the prefill's state pool geometry (the same "
+              "model, state dtypes and state TP share on both servers): the slot strides in "
+              f"bytes differ for {differ or verdict.rejection}", field="state_item_lens")
+    return [_finding(reg, "DSV4G055", verdict.message, verdict.function,
+                     "decode peer's NIXL state registration",
+                     ("state_item_lens", "state_types", "prepared_state_components",
+                      "attn_tp_size", "is_mla_backend"), Phase.PER_REQUEST,
+                     "SGLang logs \"NIXL state layout rejected\" and every request to this "
+                     f"peer will fail ({verdict.rejection})", (fix,))], []
 
 
 def _send_extra(reg: Registration) -> tuple[list[Finding], list[str]]:
@@ -154,7 +181,9 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
         found += _payload(reg)
     extra, more = _send_extra(reg)
     aux, most = _aux(reg)
-    return found + extra + aux, unknowns + more + most
+    # NIXL prepares the state only once the payload was prepared (a refusal there ends it).
+    state, rest = _state_layout(reg) if reg.backend == "nixl" and not found else ([], [])
+    return found + extra + aux + state, unknowns + more + most + rest
 
 
 def _known(endpoint: Endpoint, name: str) -> bool:
@@ -169,6 +198,6 @@ def _with_peer(reg: Registration, finding: Finding) -> Finding:
 @hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_registration(registration: Registration,
                                          context: RegistrationContext) -> list[Finding]:
-    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046."""
+    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046, 055."""
     del context
     return registration_findings(registration)[0]

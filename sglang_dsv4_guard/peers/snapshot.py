@@ -106,7 +106,28 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
         _put(values, name, args[name], f"server flag {flag} on the prefill")
     _put(values, "kv_checksum", args["disaggregation_enable_kv_checksum"],
          "server flag --disaggregation-enable-kv-checksum on the prefill")
+    _state_geometry(values, kv, "kv_args.{} on the prefill", "")
+    _put(values, "state_tp_size", mgr["state_tp_size"], f"{owner}.state_tp_size on the prefill")
+    _put(values, "mla_compression_ratios", kv["mla_compression_ratios"],
+         "kv_args.mla_compression_ratios on the prefill")
+    if mgr["_prepared_state_components"] is not None:  # NIXL 0.5.23+
+        values["prepared_state_components"] = Value(
+            tuple(sorted(mgr["_prepared_state_components"])),
+            f"{owner}._prepared_state_components on the prefill (the state components "
+            "NIXL prepares: CUDA, UCX, PP, CP and DCP 1)")
     return Endpoint("prefill", values), {**mgr, **kv}
+
+
+def _state_geometry(values: dict[str, Value], read: dict[str, Any], source: str,
+                    prefix: str) -> None:
+    """The state pool's registration (pointers, slot strides, lengths, layer ids), per
+    component, as plain tuples (``prefix``: ``dst_`` for the decode's names)."""
+    for name in ("state_data_ptrs", "state_item_lens", "state_data_lens", "state_layer_ids"):
+        try:  # a list of int lists (0.5.23); another shape is left out: not known
+            per = tuple(tuple(int(x) for x in c) for c in read[prefix + name])
+        except (TypeError, ValueError):
+            continue
+        values[name] = Value(per, source.format(prefix + name))
 
 
 def _decode(backend: str, info: object) -> Endpoint:
@@ -126,6 +147,7 @@ def _decode(backend: str, info: object) -> Endpoint:
     regions = peer["dst_kv_item_lens"] or peer["dst_kv_ptrs"]
     if regions is not None:
         values["kv_regions"] = Value(len(regions), f"the KV regions in {owner}")
+    _state_geometry(values, peer, "{} in " + owner, "dst_")
     if peer["dst_aux_ptrs"] is not None:
         values["aux_buffer_count"] = Value(len(peer["dst_aux_ptrs"]),
                                            f"len(dst_aux_ptrs) in {owner}")
