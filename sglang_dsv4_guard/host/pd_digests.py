@@ -25,6 +25,7 @@ from typing import Any
 
 from sglang_dsv4_guard.host.digests import MISSING, _digest, _find, _in_order, read_module
 from sglang_dsv4_guard.host.targets import (
+    MORI_REGISTER,
     PD_FIRST_CONTACT,
     PD_HEAD_SLICE,
     PD_MOONCAKE_SEND_AUX,
@@ -103,6 +104,8 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("peers.mooncake_start", PEERS_MOONCAKE_START,
              helpers=("_publish_peer_registration",)),
     SiteSpec("peers.mooncake_worker", PEERS_MOONCAKE_WORKER, phrase="is dead"),
+    # MORI's registration decides the DCP relayout from 0.5.22 (earlier ones never call it).
+    SiteSpec("peers.mori_relayout", MORI_REGISTER, call="requires_dcp_relayout"),
     SiteSpec("receiver.allocation_policy", PD_RECEIVER_INIT,
              assigned="allocation policy mismatch"),
     SiteSpec("receiver.prefill_complete_peer", PD_RECEIVER_INIT,

@@ -305,7 +305,8 @@ MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
 #: "not known" in the endpoint, never a default.
 PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_mla_backend",
                        "attn_tp_size", "pp_size", "dcp_size", "dcp_rank", "bootstrap_port",
-                       "decode_kv_args_table", "state_tp_size", "_prepared_state_components")
+                       "decode_kv_args_table", "state_tp_size", "_prepared_state_components",
+                       "state_mem_descs")
 PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
                        "engine_rank", "state_data_ptrs", "state_item_lens", "state_data_lens",
                        "state_layer_ids", "mla_compression_ratios")
@@ -315,7 +316,7 @@ PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_d
                     "dst_kv_mem_kinds", "dst_kv_item_lens", "dst_kv_ptrs", "dst_aux_ptrs",
                     "agent_name", "mooncake_session_id", "endpoint", "dst_port",
                     "dst_state_data_ptrs", "dst_state_item_lens", "dst_state_data_lens",
-                    "dst_state_layer_ids")
+                    "dst_state_layer_ids", "dst_aux_mem_descs", "dst_state_mem_descs")
 
 
 def pool_attributes_read() -> tuple[str, ...]:

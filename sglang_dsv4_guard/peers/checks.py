@@ -23,9 +23,11 @@ from sglang_dsv4_guard.mori.snapshot import SendSnapshot
 from sglang_dsv4_guard.pd.aux_send import aux_details, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.mori_send import mori_state_refusals
 from sglang_dsv4_guard.pd.nixl import payload_verdict
 from sglang_dsv4_guard.pd.nixl_state import state_layout_verdict
 from sglang_dsv4_guard.pd.relayout import relayout_findings
+from sglang_dsv4_guard.pd.transfer import BACKENDS as TRANSFER_BACKENDS
 from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
@@ -110,6 +112,35 @@ def _state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
                      f"peer will fail ({verdict.rejection})", (fix,))], []
 
 
+def _mori_state(reg: Registration) -> list[Finding]:
+    """MORI's per-request state refusals for this decode (DSV4G041, 056, 057)."""
+    found = []
+    p, d = reg.prefill, reg.decode
+    for r in mori_state_refusals(p, d):
+        if r.code == "DSV4G057":
+            fixes: tuple[Fix, ...] = (Fix(
+                FixKind.ADVICE, "give both servers the same state pools (the same model and "
+                f"the flags that add state, e.g. speculative decoding): the decode registered "
+                f"{d.get('state_components')} state components, the prefill has "
+                f"{p.get('state_components')}", field="state_components"),)
+        else:
+            tp = p.get("state_tp_size") if r.code == "DSV4G056" else p.get("attn_tp_size")
+            fixes = (Fix(FixKind.ADVICE, f"give the decode TP {tp}: MORI pairs the "
+                         f"{r.state_type} state by the prefill's "
+                         f"{'state' if r.code == 'DSV4G056' else 'attention'} TP ({tp}); the "
+                         f"decode registered {d.get('attn_tp_size')}", field="decode_tp_size"),)
+            if tp == p.get("attn_tp_size"):
+                fixes = _tp_fixes(reg, str(r.state_type)) + fixes
+        subject = (f"prefill -> decode MORI transfer of the {r.state_type} state"
+                   if r.state_type else "prefill -> decode MORI state transfer")
+        found.append(_finding(
+            reg, r.code, r.message, r.function, subject,
+            ("attn_tp_size", "state_tp_size", "state_components", "state_types",
+             "is_mla_backend"), Phase.PER_REQUEST,
+            f"every request that carries {r.state_type or 'state'} will fail", fixes))
+    return found
+
+
 def _send_extra(reg: Registration) -> tuple[list[Finding], list[str]]:
     package = imported_package_dir()
     p = reg.prefill
@@ -173,17 +204,30 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     """Every refusal SGLang will make for this peer, in the order it meets them, and
     what could not be judged. A DCP relayout that raises stops registration there."""
     release = "this release"
-    relayout, unknowns = relayout_findings(reg.prefill, reg.decode, release, reg.env)
+    relayout, unknowns = ([], []) if not _relayouts(reg) else relayout_findings(
+        reg.prefill, reg.decode, release, reg.env)
     if relayout:
         return [_with_peer(reg, f) for f in relayout], unknowns
     found: list[Finding] = []
     if reg.backend == "nixl" and _known(reg.decode, "kv_mem_kinds"):
         found += _payload(reg)
-    extra, more = _send_extra(reg)
+    # MORI's per-request TP refusal is its own hook's (DSV4G006, mori/checks.py).
+    extra, more = _send_extra(reg) if reg.backend in TRANSFER_BACKENDS else ([], [])
+    if reg.backend == "mori":
+        extra += _mori_state(reg)
     aux, most = _aux(reg)
     # NIXL prepares the state only once the payload was prepared (a refusal there ends it).
     state, rest = _state_layout(reg) if reg.backend == "nixl" and not found else ([], [])
     return found + extra + aux + state, unknowns + more + most + rest
+
+
+def _relayouts(reg: Registration) -> bool:
+    """Whether the backend's registration decides the DCP relayout: Mooncake's and
+    NIXL's (0.5.17+), MORI's from 0.5.22 (its ``_add_remote_peer`` calls it)."""
+    if reg.backend != "mori":
+        return True
+    package = imported_package_dir()
+    return package is not None and locate(package, SITES["peers.mori_relayout"]) is not None
 
 
 def _known(endpoint: Endpoint, name: str) -> bool:
@@ -198,6 +242,6 @@ def _with_peer(reg: Registration, finding: Finding) -> Finding:
 @hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_registration(registration: Registration,
                                          context: RegistrationContext) -> list[Finding]:
-    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046, 055."""
+    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046, 055-057."""
     del context
     return registration_findings(registration)[0]

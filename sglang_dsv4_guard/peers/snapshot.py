@@ -23,7 +23,7 @@ __all__ = ["BACKENDS", "TIMEOUT_ENV", "Registration", "RegistrationContext", "pe
            "snapshot_registration"]
 
 #: The backend of each manager class the guard wraps.
-BACKENDS = {"NixlKVManager": "nixl", "MooncakeKVManager": "mooncake"}
+BACKENDS = {"NixlKVManager": "nixl", "MooncakeKVManager": "mooncake", "MoriKVManager": "mori"}
 TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 _MASK_ENV = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
@@ -71,9 +71,13 @@ def _put(values: dict[str, Value], name: str, value: object, source: str) -> Non
 
 
 def peer_name(info: object) -> str:
-    """The name the prefill keys the peer by (agent name or session id), else its id."""
-    for attr in ("agent_name", "mooncake_session_id"):
-        name = getattr(info, attr, None)
+    """The name the prefill keys the peer by (NIXL's agent name, Mooncake's session id,
+    MORI's engine key), else its id."""
+    for attr in ("agent_name", "mooncake_session_id", "engine_key"):
+        try:  # MORI's engine_key is a property over its engine descriptor
+            name = getattr(info, attr, None)
+        except Exception:
+            name = None
         if name is not None:
             return str(name)
     return f"object id 0x{id(info):x}"
@@ -110,6 +114,9 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
     _put(values, "state_tp_size", mgr["state_tp_size"], f"{owner}.state_tp_size on the prefill")
     _put(values, "mla_compression_ratios", kv["mla_compression_ratios"],
          "kv_args.mla_compression_ratios on the prefill")
+    if mgr["state_mem_descs"] is not None:  # MORI
+        values["state_components"] = Value(len(mgr["state_mem_descs"]), (
+            f"len({owner}.state_mem_descs): the prefill's registered state components"))
     if mgr["_prepared_state_components"] is not None:  # NIXL 0.5.23+
         values["prepared_state_components"] = Value(
             tuple(sorted(mgr["_prepared_state_components"])),
@@ -148,9 +155,12 @@ def _decode(backend: str, info: object) -> Endpoint:
     if regions is not None:
         values["kv_regions"] = Value(len(regions), f"the KV regions in {owner}")
     _state_geometry(values, peer, "{} in " + owner, "dst_")
-    if peer["dst_aux_ptrs"] is not None:
-        values["aux_buffer_count"] = Value(len(peer["dst_aux_ptrs"]),
-                                           f"len(dst_aux_ptrs) in {owner}")
+    if peer["dst_state_mem_descs"] is not None:  # MORI
+        values["state_components"] = Value(len(peer["dst_state_mem_descs"]),
+                                           f"len(dst_state_mem_descs) in {owner}")
+    aux = "dst_aux_ptrs" if peer["dst_aux_ptrs"] is not None else "dst_aux_mem_descs"  # MORI
+    if peer[aux] is not None:
+        values["aux_buffer_count"] = Value(len(peer[aux]), f"len({aux}) in {owner}")
     return Endpoint("decode", values)
 
 
