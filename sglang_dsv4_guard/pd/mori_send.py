@@ -58,7 +58,8 @@ def _manager(cls: Any, prefill: Endpoint) -> Any:
         pp_size=int(prefill.get("pp_size") or 1),
         state_mem_descs=[[] for _ in range(int(prefill.get("state_components") or 0))],
         kv_args=SimpleNamespace(
-            state_types=[enum(s) for s in prefill.get("state_types") or ()],
+            state_types=[enum(s) for s in prefill.get("state_types") or ()
+                         if s in {e.value for e in enum}],
             state_item_lens=[], state_dim_per_tensor=[], state_layer_ids=[]))
     return manager
 
