@@ -298,15 +298,16 @@ MORI_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention")
 MORI_KV_ARGS_ATTRS = ("state_types",)
 MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
 
-#: What the registration snapshot (``peers/snapshot.py``) reads from a Mooncake or NIXL
-#: prefill manager, its ``kv_args`` and ``server_args``, and from a decode peer's
-#: ``KVArgsRegisterInfo`` (NIXL names the decode's TP ``decode_tp_size``, Mooncake
-#: ``dst_attn_tp_size``). Not digested, like the MORI attributes; a missing one is
-#: "not known" in the endpoint, never a default.
+#: What the registration snapshot (``peers/snapshot.py``) reads from a Mooncake, NIXL or
+#: MORI prefill manager (and ``disaggregation_mode``: whether it is a prefill's), its
+#: ``kv_args`` and ``server_args``, and from a decode peer's ``KVArgsRegisterInfo`` (NIXL
+#: and MORI name the decode's TP ``decode_tp_size``, Mooncake ``dst_attn_tp_size``). Not
+#: digested, like the MORI attributes; a missing one is "not known" in the endpoint,
+#: never a default.
 PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_mla_backend",
                        "attn_tp_size", "pp_size", "dcp_size", "dcp_rank", "bootstrap_port",
                        "decode_kv_args_table", "state_tp_size", "_prepared_state_components",
-                       "state_mem_descs")
+                       "state_mem_descs", "disaggregation_mode")
 PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
                        "engine_rank", "state_data_ptrs", "state_item_lens", "state_data_lens",
                        "state_layer_ids", "mla_compression_ratios")
