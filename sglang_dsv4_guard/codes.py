@@ -627,14 +627,15 @@ CODES: dict[str, CodeInfo] = {
             "MORI: different TP sizes for QSA state",
             "PD disagg: heterogeneous TP not supported for qsa_pending yet.",
             "0.5.20+: MORI's state transfer (`_send_swa_dsa_state`) pairs QSA state "
-            "(`qsa_pending`, `qsa_compressed`) whole, by the prefill's state TP; a decode "
+            "(`qsa_pending`, `qsa_compressed`) whole, by the prefill's attention TP (0.5.20 "
+            "to 0.5.22) or state TP (0.5.23); a decode "
             "that registered another TP size is refused for every request that carries "
             "it (the request fails; both servers keep running). At run time the guard "
             "reports it when the decode peer registers (once per distinct mismatch), by "
             "running the release's own method on the registration's values. check does "
             "not predict it (the prefill's state TP is known once it runs).",
-            ("derived: the decode with the prefill's state TP; when it equals the "
-             "prefill's attention TP, the attention-TP flag fixes",),
+            ("derived: the decode with the prefill's TP the release pairs by (found by its "
+             "own check); when that is the attention TP, the attention-TP flag fixes",),
             sglang_releases=("0.5.20", None),
         ),
         CodeInfo(

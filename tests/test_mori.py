@@ -328,6 +328,20 @@ class TestMoriRegistration(GuardTestCase):
                 self.assertEqual(found, [(code, raised)] if raised else [])
                 if raised:
                     self.assertIn(code, ("DSV4G041", "DSV4G056", "DSV4G057"))
+        # QSA with state TP 1 under attention TP 4: the fix names the TP this release's
+        # own check pairs by (0.5.23: state TP; 0.5.20 - 0.5.22: attention TP).
+        if "qsa_pending" not in known:
+            return
+        mgr = mori_stub.manager(conn, attn_tp=4, mla=True, state_types=("qsa_pending",))
+        mgr.state_tp_size = 1
+        p = mori_stub.peer(conn, "qsa-state", decode_tp=2)
+        state_pairs = call(_RAW["send"], mgr, mori_stub.peer(conn, "x", decode_tp=1),
+                           "qsa_pending")[0] == "ok"
+        with guard_logs_off():
+            registered(mgr, p)
+        [fix] = [x.text for r in current.peers.reports() for f in r.findings
+                 if "qsa-state " in f.details[0] for x in f.fixes if "pairs the" in x.text]
+        self.assertIn("state TP (1)" if state_pairs else "attention TP (4)", fix)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@
 number of state components (``state component count mismatch``, every release:
 DSV4G057), and ``_send_swa_dsa_state`` a decode whose TP differs for state it cannot
 reslice: MiniMax sparse state (DSV4G041, ``check``'s code) and, from 0.5.20, QSA state,
-which pairs by the prefill's state TP (DSV4G056). The non-MLA ``swa`` TP rule there is
-DSV4G006, MORI's own hook (:mod:`sglang_dsv4_guard.mori.checks`); a refusal of one server
-alone (PP > 1 for sparse state) compares nothing and is not reported here.
+paired by the prefill's attention TP (0.5.20 - 0.5.22) or state TP (0.5.23) (DSV4G056).
+The non-MLA ``swa`` TP rule there is DSV4G006, MORI's own hook
+(:mod:`sglang_dsv4_guard.mori.checks`); a refusal of one server alone (PP > 1 for sparse
+state) compares nothing and is not reported here.
 
 The release's own methods run (unwrapped) on a half-built manager with the prefill's
 values and a peer with the decode's, on an empty transfer (one state slot, no memory
@@ -46,6 +47,9 @@ class MoriRefusal:
     state_type: str | None
     message: str
     function: str
+    # The prefill's TP the decode's must equal for this state, as the release's own check
+    # accepts it: ("attention" or "state", the size); ``None`` for a count mismatch.
+    pairs_by: tuple[str, int] | None = None
 
 
 def _manager(cls: Any, prefill: Endpoint) -> Any:
@@ -107,9 +111,28 @@ def mori_state_refusals(prefill: Endpoint, decode: Endpoint) -> list[MoriRefusal
                   "src_state_mem_descs": [], "src_state_item_lens": [],
                   "dst_state_mem_descs": [], "dst_state_item_lens": [], "state_type": st,
                   "src_layer_ids": [], "dst_layer_ids": []}
-        message = _raised(send, manager, **{n: values[n] for n in names if n in values})
+        kwargs = {n: values[n] for n in names if n in values}
+        message = _raised(send, manager, **kwargs)
         if message is None or _SWA in message or _TP not in message:
             continue
         code = "DSV4G056" if st in _QSA else "DSV4G041"
-        found.append(MoriRefusal(code, st, message, str(MORI_SEND)))
+        found.append(MoriRefusal(code, st, message, str(MORI_SEND),
+                                 _pairs_by(send, manager, peer, kwargs)))
     return found
+
+
+def _pairs_by(send: Any, manager: Any, peer: Any, kwargs: dict[str, Any]
+              ) -> tuple[str, int] | None:
+    """Which of the prefill's TP sizes the release's check accepts as the decode's (QSA:
+    attention TP in 0.5.20 - 0.5.22, state TP from 0.5.23), tried with its own method."""
+    tried = peer.decode_tp_size
+    try:
+        for label, size in (("attention", manager.attn_tp_size),
+                            ("state", manager.state_tp_size)):
+            peer.decode_tp_size = size
+            again = _raised(send, manager, **kwargs)
+            if again is None or _TP not in again:
+                return label, int(size)
+    finally:
+        peer.decode_tp_size = tried
+    return None

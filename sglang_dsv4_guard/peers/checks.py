@@ -124,11 +124,11 @@ def _mori_state(reg: Registration) -> list[Finding]:
                 f"{d.get('state_components')} state components, the prefill has "
                 f"{p.get('state_components')}", field="state_components"),)
         else:
-            tp = p.get("state_tp_size") if r.code == "DSV4G056" else p.get("attn_tp_size")
-            fixes = (Fix(FixKind.ADVICE, f"give the decode TP {tp}: MORI pairs the "
-                         f"{r.state_type} state by the prefill's "
-                         f"{'state' if r.code == 'DSV4G056' else 'attention'} TP ({tp}); the "
-                         f"decode registered {d.get('attn_tp_size')}", field="decode_tp_size"),)
+            label, tp = r.pairs_by or ("attention", p.get("attn_tp_size"))
+            fixes = (Fix(FixKind.ADVICE, f"give the decode TP {tp}: this release's MORI "
+                         f"pairs the {r.state_type} state by the prefill's {label} TP ({tp}); "
+                         f"the decode registered {d.get('attn_tp_size')}",
+                         field="decode_tp_size"),)
             if tp == p.get("attn_tp_size"):
                 fixes = _tp_fixes(reg, str(r.state_type)) + fixes
         subject = (f"prefill -> decode MORI transfer of the {r.state_type} state"
