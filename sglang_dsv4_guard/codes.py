@@ -399,8 +399,9 @@ CODES: dict[str, CodeInfo] = {
             "Mooncake and NIXL the prefill's bootstrap thread dies and every request to "
             "that rank times out; on MORI it is logged and each request then fails. "
             "0.5.16 has no relayout. check runs it for rank 0 of each server. At run time the "
-            "guard reports it for NIXL and Mooncake when the registering rank meets it (with its "
-            "DCP rank) and names the dead bootstrap thread's cause, once.",
+            "guard reports it for NIXL and Mooncake when the registering rank meets it (with "
+            "its DCP rank) and names the dead bootstrap thread's cause, once; for MORI from "
+            "0.5.22 (its registration decides the relayout from then) when the rank registers.",
             ("check derives flag fixes: the server whose --dcp-size differs from 1 "
              "launched without it, or the other server launched with its DCP size where "
              "the release's relayout accepts the equal sizes; each offered only when the "
@@ -522,8 +523,9 @@ CODES: dict[str, CodeInfo] = {
             "the prefill's buffers by index: before 0.5.23 a prefill with more makes the "
             "decode's receiving thread raise, an error. 0.5.23 logs the mismatch when a "
             "decode rank registers (`check_peer_aux_buffer_count`). At run time (Mooncake, NIXL, "
-            "every release from 0.5.20) the guard reports it when the decode peer registers, "
-            "and names the cause once when a Mooncake transfer worker dies of the IndexError.",
+            "MORI, every release from 0.5.20) the guard reports it when the decode peer "
+            "registers, and names the cause once when a Mooncake transfer worker dies of the "
+            "IndexError.",
             ("check derives flag fixes: the variable or flag set (or unset) as on the other "
              "server; a value SGLang refuses is never copied: unset gives what SGLang reads "
              "from it",),
@@ -620,6 +622,56 @@ CODES: dict[str, CodeInfo] = {
             ("the same model, attention TP and state-pool flags on both servers (the report "
              "names the state component and both servers' item lengths)",),
             sglang_releases=("0.5.22", None),
+        ),
+        CodeInfo(
+            "DSV4G055",
+            "NIXL rejects the decode's state layout",
+            "NIXL state layout rejected for <peer>: NIXL prepared state component N (...) "
+            "stride mismatch for peer ...",
+            "0.5.23+: when a decode rank registers, NIXL's registration "
+            "(`_prepare_state_xfer`, on CUDA with the UCX backend and PP, CP and DCP 1) "
+            "plans the state components it prepares; a component transferred whole whose "
+            "decode slot stride (`dst_state_item_lens`) differs from the prefill's has no "
+            "correct transfer path. SGLang logs \"NIXL state layout rejected: peer=...\" "
+            "and the bootstrap thread goes on; every request to that peer then fails in "
+            "`maybe_send_extra`. At run time the guard reports it when the decode peer "
+            "registers (once per distinct mismatch), with both servers' strides per "
+            "component; it runs the release's own method on the registration's values. "
+            "check does not predict it: the strides exist once the pools are allocated, "
+            "not in the launch lines.",
+            ("derived: the components whose strides differ, with both values; give both "
+             "servers the same state pool geometry (the same model, state dtypes and "
+             "state TP share)",),
+            sglang_releases=("0.5.23", None),
+        ),
+        CodeInfo(
+            "DSV4G056",
+            "MORI: different TP sizes for QSA state",
+            "PD disagg: heterogeneous TP not supported for qsa_pending yet.",
+            "0.5.20+: MORI's state transfer (`_send_swa_dsa_state`) pairs QSA state "
+            "(`qsa_pending`, `qsa_compressed`) whole, by the prefill's attention TP (0.5.20 "
+            "to 0.5.22) or state TP (0.5.23); a decode "
+            "that registered another TP size is refused for every request that carries "
+            "it (the request fails; both servers keep running). At run time the guard "
+            "reports it when the decode peer registers (once per distinct mismatch), by "
+            "running the release's own method on the registration's values. check does "
+            "not predict it (the prefill's state TP is known once it runs).",
+            ("derived: the decode with the prefill's TP the release pairs by (found by its "
+             "own check); when that is the attention TP, the attention-TP flag fixes",),
+            sglang_releases=("0.5.20", None),
+        ),
+        CodeInfo(
+            "DSV4G057",
+            "MORI: prefill and decode register different numbers of state components",
+            "PD state transfer failed: state component count mismatch (local=M, remote=N)",
+            "MORI's state transfer (`send_state`) compares the number of state components "
+            "the decode registered with the prefill's: when they differ, every request "
+            "that carries state fails (both servers keep running). At run time the guard "
+            "reports it when the decode peer registers (once per distinct mismatch), by "
+            "running the release's own method on the registration's values. check does "
+            "not predict it (the components exist once the pools are built).",
+            ("derived: both counts; the same state pools on both servers (the same model "
+             "and the flags that add state)",),
         ),
         CodeInfo(
             "DSV4G090",

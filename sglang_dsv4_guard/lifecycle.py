@@ -38,7 +38,7 @@ from sglang_dsv4_guard.host.verdict import forget_verdicts, judge_imported
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, restore
-from sglang_dsv4_guard.peers.wrapper import CONNECTORS, PeerGuard
+from sglang_dsv4_guard.peers.wrapper import CONNECTORS, PeerGuard, mori_registration
 from sglang_dsv4_guard.plugins import build_plugins
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import Mode, Settings, settings_for
@@ -230,8 +230,9 @@ def _install(chosen: Settings, load_entry_points: bool,
     try:
         runtime = Runtime(chosen, build_plugins(load_entry_points, chosen.log_format.value),
                           host.profile())
-        current = Installation(runtime, MoriGuard(runtime), PostImportHooks(),
-                               PeerGuard(runtime))
+        peers = PeerGuard(runtime)
+        current = Installation(runtime, MoriGuard(runtime, mori_registration(peers)),
+                               PostImportHooks(), peers)
         current.undo = _undo_for(current)
         if via_sglang_registry:
             current.host_hook = register_state_hook(

@@ -58,37 +58,48 @@ class Socket:
 
 
 def _kv_args(regions: int, kinds: Sequence[str], aux: int, state_types: Sequence[Any],
-             base: int, state_lens: Sequence[Sequence[int]] = ()) -> SimpleNamespace:
+             base: int, state_lens: Sequence[Sequence[int]] = (),
+             state_item: int | None = None) -> SimpleNamespace:
     """SGLang's ``KVArgs`` as the tests need it. The SWA KV cache is in the unified pool's
     ``page_major`` layout: 0.5.22+ refuse to head-slice it, earlier releases refuse SWA
     across TP sizes at all, so a non-MLA SWA pool with different TP is refused on every
     release. ``state_lens``: each state component's entries' item lengths (none: the
-    components registered no entries)."""
-    ptrs = [[base + 65536 * (i + 1) + 4096 * j for j in range(len(lens))]
-            for i, lens in enumerate(state_lens)]
+    components registered no entries); ``state_item``: instead, one state component of
+    ``SLOTS`` slots that wide (bytes per slot), registered as the release's pools register
+    it."""
+    state: dict[str, Any]
+    if state_item is not None:
+        state = {"state_data_ptrs": [[base + (1 << 16)]], "state_item_lens": [[state_item]],
+                 "state_data_lens": [[state_item * SLOTS]], "state_layer_ids": [[0]],
+                 "state_dim_per_tensor": [[0]]}
+    else:
+        state = {"state_data_ptrs": [[base + 65536 * (i + 1) + 4096 * j
+                                      for j in range(len(lens))]
+                                     for i, lens in enumerate(state_lens)],
+                 "state_item_lens": [list(lens) for lens in state_lens],
+                 "state_data_lens": [[n * SLOTS for n in lens] for lens in state_lens],
+                 "state_layer_ids": [[] for _ in state_lens], "state_dim_per_tensor": []}
     return SimpleNamespace(
         kv_data_ptrs=[base + 4096 * i for i in range(regions)], kv_data_mem_kinds=list(kinds),
         kv_item_lens=[ITEM] * regions, kv_data_lens=[ITEM * SLOTS] * regions,
         kv_layer_ids=list(range(regions)), aux_data_ptrs=[base + 1 + i for i in range(aux)],
         aux_item_lens=[8] * aux, aux_data_lens=[8 * SLOTS] * aux, state_types=list(state_types),
-        state_data_ptrs=ptrs, state_item_lens=[list(lens) for lens in state_lens],
-        state_data_lens=[[n * SLOTS for n in lens] for lens in state_lens],
-        state_layer_ids=[[] for _ in state_lens], state_dim_per_tensor=[],
-        gpu_id=0, engine_rank=0, page_size=1, num_draft_entries=0,
+        **state, gpu_id=0, engine_rank=0, page_size=1, num_draft_entries=0,
         swa_kv_cache_layout="page_major")
 
 
 def registration(conn: ModuleType, backend: str, *, tp: int = 1,
                  kinds: Sequence[str] = ("VRAM", "VRAM"), aux: int = 3, dcp: int = 1,
                  dcp_rank: int = 0, name: str = "decode-0", port: int = 7001,
-                 state_lens: Sequence[Sequence[int]] = ()) -> Any:
+                 state_lens: Sequence[Sequence[int]] = (), state_item: int | None = None) -> Any:
     """A decode rank's registration, sent by the release's own receiver code and parsed by
     its ``KVArgsRegisterInfo.from_zmq``. Returns (the frames, the parsed registration)."""
     manager_cls = conn.NixlKVManager if backend == "nixl" else conn.MooncakeKVManager
     receiver_cls = conn.NixlKVReceiver if backend == "nixl" else conn.MooncakeKVReceiver
     mgr = object.__new__(manager_cls)
     mgr.__dict__.update(
-        kv_args=_kv_args(len(kinds), kinds, aux, (), 1 << 20, state_lens), enable_staging=False,
+        kv_args=_kv_args(len(kinds), kinds, aux, (), 1 << 20, state_lens, state_item),
+        enable_staging=False,
         local_ip="10.0.0.2", rank_port=port, agent=Agent(name), attn_tp_size=tp,
         dcp_size=dcp, dcp_rank=dcp_rank, session_id=name,
         engine=SimpleNamespace(get_session_id=lambda: name))
@@ -107,19 +118,23 @@ def registration(conn: ModuleType, backend: str, *, tp: int = 1,
 
 def prefill(conn: ModuleType, backend: str, *, tp: int = 1, regions: int = 2, aux: int = 3,
             mla: bool = False, dcp: int = 1, state_types: Sequence[Any] = (),
-            speculative: str | None = None, state_lens: Sequence[Sequence[int]] = ()) -> Any:
-    """A prefill rank's manager, half-built, in prefill mode."""
+            speculative: str | None = None, state_lens: Sequence[Sequence[int]] = (),
+            state_item: int | None = None) -> Any:
+    """A prefill rank's manager, half-built, in prefill mode. With ``state_item``, its
+    first state component is one NIXL 0.5.23 prepares (as on CUDA with UCX)."""
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
     cls = conn.NixlKVManager if backend == "nixl" else conn.MooncakeKVManager
     mgr = object.__new__(cls)
     mgr.__dict__.update(
-        kv_args=_kv_args(regions, ["VRAM"] * regions, aux, state_types, 1 << 30, state_lens),
+        kv_args=_kv_args(regions, ["VRAM"] * regions, aux, state_types, 1 << 30, state_lens,
+                         state_item),
         decode_kv_args_table={}, agent=Agent(), disaggregation_mode=DisaggregationMode.PREFILL,
         attn_tp_size=tp, state_tp_size=tp, is_mla_backend=mla, is_hybrid_mla_backend=False,
         dcp_size=dcp, dcp_rank=0, pp_size=1, src_mem_kind="VRAM", prep_handles={},
         _num_slots_src=SLOTS, _prepared_state_plans={}, _state_layout_rejections={},
-        _prepared_state_components={}, bootstrap_port=8998, _stopped=False,
+        _prepared_state_components=frozenset() if state_item is None else frozenset({0}),
+        _use_strided_descs=False, bootstrap_port=8998, _stopped=False,
         deferred_bootstrap=None, enable_staging=False, session_lock=threading.Lock(),
         failed_sessions=set(), session_failures={}, failed_session_probes={},
         state_layout_rejections={},

@@ -219,5 +219,130 @@ class TestLazyPatch(GuardTestCase):
         self.assertNotIn("Traceback", done.stderr)
 
 
+def registered(mgr: Any, p: Any) -> tuple[str, str]:
+    """SGLang's MORI registration outcome: ``ok`` or the exception's type and message."""
+    try:
+        conn.MoriKVManager._add_remote_peer(mgr, p)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+class TestMoriRegistration(GuardTestCase):
+    """MORI's registration beyond DSV4G006: the DCP relayout MORI's ``_add_remote_peer``
+    decides (0.5.22+) and the metadata buffer counts, under check's codes."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def _pair(self, *, dcp: int = 1, aux: tuple[int, int] = (3, 3), key: str = "d-0",
+              mgr: Any = None) -> tuple[Any, Any]:
+        mgr = mgr or mori_stub.manager(conn, attn_tp=2)
+        mgr.kv_args.aux_data_ptrs = list(range(1, aux[0] + 1))
+        p = mori_stub.peer(conn, key, decode_tp=2)
+        p.dst_aux_mem_descs = [object()] * aux[1]
+        p.dst_dcp_size, p.dst_dcp_rank = dcp, 0
+        return mgr, p
+
+    def test_dcp_relayout_reported_where_mori_decides_it(self) -> None:
+        """A decode with DCP 2 on a non-MLA prefill with DCP 1: 0.5.22+ MORI raises its own
+        relayout error (unchanged) and the guard reports DSV4G036 once with SGLang's
+        message; releases whose MORI registration never decides it accept the peer and
+        the guard says nothing."""
+        raw = registered(*self._pair(dcp=2, key="raw"))
+        with guard_logs_off():
+            sglang_dsv4_guard.uninstall()
+        self.install_guard("on", load_entry_points=False)
+        mgr, p = self._pair(dcp=2)
+        with self.assertLogs(level=logging.DEBUG) as logs:
+            logging.getLogger("sglang_dsv4_guard").debug("start")
+            outcome = registered(mgr, p)
+        self.assertEqual(outcome, raw)
+        ours = [r.getMessage() for r in logs.records if r.name == "sglang_dsv4_guard"][1:]
+        if raw == ("ok", ""):
+            self.assertEqual(ours, [])
+            return
+        self.assertEqual(len(ours), 1, ours)
+        self.assertIn("[DSV4G036]", ours[0])
+        self.assertIn("MORI logs it", ours[0])
+        current = installation()
+        assert current is not None
+        self.assertEqual([f.host_message for r in current.peers.reports() for f in r.findings],
+                         [raw[1]])
+
+    def test_metadata_buffer_counts_reported_at_registration(self) -> None:
+        """The decode registers three metadata buffers more (a sampling mask on one side):
+        SGLang registers the peer (its outcome unchanged); the guard reports DSV4G045 once,
+        with both counts; equal counts say nothing."""
+        outcome_ok = registered(*self._pair(key="same"))
+        self.assertEqual(outcome_ok, ("ok", ""))
+        current = installation()
+        assert current is not None
+        self.assertEqual(current.peers.reports(), [])
+        mgr, p = self._pair(aux=(3, 6))
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            self.assertEqual(registered(mgr, p), ("ok", ""))
+        text = "\n".join(r.getMessage() for r in logs.records)
+        self.assertEqual(text.count("[DSV4G045]"), 1, text)
+        self.assertRegex(text, r"prefill aux_buffer_count\s+= 3\n")
+        self.assertRegex(text, r"decode aux_buffer_count\s+= 6\n")
+        self.assertIn("d-0", mgr.decode_kv_args_table)
+
+    def test_state_refusals_reported_exactly_when_sglangs_transfer_refuses(self) -> None:
+        """MiniMax and QSA state with another decode TP, and a different number of state
+        components: SGLang's own transfer (``send_state`` / ``_send_swa_dsa_state``, per
+        request) is the oracle. The guard reports at registration, under DSV4G041 /
+        DSV4G056 / DSV4G057, with the message SGLang then raises, exactly for the cases
+        this release refuses; the non-MLA swa TP rule stays DSV4G006's alone."""
+        cases = [(("minimax_index_k",), 2, 1, 1, "DSV4G041"),
+                 (("qsa_pending",), 2, 1, 1, "DSV4G056"),
+                 (("dsa",), 2, 2, 1, "DSV4G057"),
+                 (("dsa", "qsa_compressed"), 4, 1, 1, None), (("dsa",), 2, 1, 1, None)]
+        from sglang.srt.disaggregation.base.conn import StateType
+
+        known = {s.value for s in StateType}  # QSA state from 0.5.20
+        cases = [c for c in cases if set(c[0]) <= known]
+        self.assertGreaterEqual(len(cases), 3)
+        current = installation()
+        assert current is not None
+        for i, (types_, decode_tp, comps, dst_comps, code) in enumerate(cases):
+            mgr = mori_stub.manager(conn, attn_tp=4, mla=True, state_types=types_)
+            mgr.state_mem_descs = [[] for _ in range(comps)]
+            for name in ("state_item_lens", "state_dim_per_tensor", "state_layer_ids"):
+                setattr(mgr.kv_args, name, [])  # KVArgs declares them, some releases unset
+            p = mori_stub.peer(conn, f"s-{i}", decode_tp=decode_tp)
+            p.dst_state_mem_descs = [[] for _ in range(dst_comps)]
+            raised = None
+            try:
+                conn.MoriKVManager.send_state(mgr, p, [], [])
+                for st in types_:
+                    _RAW["send"](mgr, *mori_stub.send_args(conn, p, st))
+            except RuntimeError as exc:
+                raised = str(exc)
+            with guard_logs_off():
+                self.assertEqual(registered(mgr, p), ("ok", ""))
+            found = [(f.code, f.host_message) for r in current.peers.reports()
+                     for f in r.findings if f"s-{i} " in f.details[0]]
+            with self.subTest(types_=types_, raised=raised):
+                self.assertEqual(found, [(code, raised)] if raised else [])
+                if raised:
+                    self.assertIn(code, ("DSV4G041", "DSV4G056", "DSV4G057"))
+        # QSA with state TP 1 under attention TP 4: the fix names the TP this release's
+        # own check pairs by (0.5.23: state TP; 0.5.20 - 0.5.22: attention TP).
+        if "qsa_pending" not in known:
+            return
+        mgr = mori_stub.manager(conn, attn_tp=4, mla=True, state_types=("qsa_pending",))
+        mgr.state_tp_size = 1
+        p = mori_stub.peer(conn, "qsa-state", decode_tp=2)
+        state_pairs = call(_RAW["send"], mgr, mori_stub.peer(conn, "x", decode_tp=1),
+                           "qsa_pending")[0] == "ok"
+        with guard_logs_off():
+            registered(mgr, p)
+        [fix] = [x.text for r in current.peers.reports() for f in r.findings
+                 if "qsa-state " in f.details[0] for x in f.fixes if "pairs the" in x.text]
+        self.assertIn("state TP (1)" if state_pairs else "attention TP (4)", fix)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -239,5 +239,38 @@ class TestStrictBlocksOnlySwa(GuardTestCase):
         self.assertIn("transfer not attempted", str(actual["swa"][1]).splitlines()[0])
 
 
+class TestManyPeersOtherMismatch(GuardTestCase):
+    """One MORI prefill rank, 64 decode peers with the same non-TP mismatch (three
+    metadata buffers more on each decode, at equal TP): the registration checks' shared
+    deduplication, as for NIXL and Mooncake."""
+
+    def tearDown(self) -> None:
+        sglang_dsv4_guard.uninstall()
+        super().tearDown()
+
+    def test_64_peers_one_report_and_counts(self) -> None:
+        """One full DSV4G045 report, one count line at 10 peers, nothing else at WARNING,
+        and the exact count (64) in the summary."""
+        fresh_install("on", load_entry_points=False)
+        mgr = mori_stub.manager(conn, attn_tp=4)
+        mgr.kv_args.aux_data_ptrs = [1, 2, 3]
+        peers = [mori_stub.peer(conn, f"decode-{i}", decode_tp=4) for i in range(64)]
+        for p in peers:
+            p.dst_aux_mem_descs = [object()] * 6
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            for p in peers:
+                mgr._add_remote_peer(p)
+        self.assertEqual(len(mgr.decode_kv_args_table), 64)
+        full = [r.getMessage() for r in logs.records if "decode peer: decode-" in r.getMessage()]
+        counts = [r.getMessage() for r in logs.records if "decode peer(s) so far" in
+                  r.getMessage() and "registration mismatch" in r.getMessage()]
+        self.assertEqual(len(full), 1, full)
+        self.assertIn("[DSV4G045]", full[0])
+        self.assertEqual(len(counts), 1, counts)
+        self.assertIn("10 decode peer(s)", counts[0])
+        self.assertEqual(len(logs.records), 2, [r.getMessage()[:120] for r in logs.records])
+        self.assertIn("64 decode peer(s)", sglang_dsv4_guard.summary())
+
+
 if __name__ == "__main__":
     unittest.main()

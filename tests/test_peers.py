@@ -562,6 +562,57 @@ class TestMooncakeStrict(GuardTestCase):
         self.assertIn("Unsupported PD DCP topology", str(died[0]))
         self.assertIn("strict mode", "".join(getattr(died[0], "__notes__", [])))
 
+class TestNixlStateLayout(GuardTestCase):
+    """NIXL's prepared state transfer (``_prepare_state_xfer``, 0.5.23+): a decode whose
+    state slot stride differs is rejected at registration and every request then fails."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def _register(self, decode_item: int) -> tuple[Any, tuple[str, str], list[str]]:
+        mgr = peers_real.prefill(nixl, "nixl", tp=2, state_types=(_SWA,), state_item=128)
+        info = peers_real.registration(nixl, "nixl", tp=2, state_item=decode_item)[1]
+        with self.assertLogs(level=logging.DEBUG) as logs:
+            logging.getLogger("sglang_dsv4_guard").debug("start")
+            outcome = register(nixl.NixlKVManager._add_remote_peer, mgr, info)
+        return mgr, outcome, [r.getMessage() for r in guard_records(logs)][1:]
+
+    def test_stride_mismatch_reported_once_with_sglangs_own_message(self) -> None:
+        """Same TP, state slots 128 bytes on the prefill, 256 on the decode: 0.5.23's
+        registration records the rejection (the bootstrap thread goes on) and the guard
+        logs one DSV4G055 report with both strides and the message SGLang's transfer then
+        raises for every request; a release without the preparation accepts the pair and
+        the guard says nothing."""
+        mgr, outcome, ours = self._register(256)
+        self.assertEqual(outcome, ("ok", ""))
+        prepares = hasattr(nixl.NixlKVManager, "_prepare_state_xfer")
+        if not prepares:
+            self.assertEqual(ours, [])
+            return
+        try:
+            list(mgr.maybe_send_extra("decode-0", [[0]], [[0]], [[0]], 0, 2))
+            raised = ""
+        except RuntimeError as exc:
+            raised = str(exc)
+        self.assertIn("NIXL state layout rejected for decode-0", raised)
+        self.assertEqual(len(ours), 1, ours)
+        self.assertIn("[DSV4G055]", ours[0])
+        current = installation()
+        assert current is not None
+        [report] = current.peers.reports()
+        self.assertEqual([f.host_message for f in report.findings], [raised])
+        self.assertIn("prefill state_item_lens", ours[0])
+        self.assertIn("component 0 (swa): prefill [128], decode [256]", ours[0])
+        self.assertIn("per request", ours[0])
+
+    def test_equal_strides_say_nothing(self) -> None:
+        """Equal strides: SGLang prepares the component, the guard is silent."""
+        mgr, outcome, ours = self._register(128)
+        self.assertEqual(outcome, ("ok", ""))
+        self.assertEqual(ours, [])
+        self.assertEqual(getattr(mgr, "_state_layout_rejections", {}), {})
+
 
 if __name__ == "__main__":
     unittest.main()

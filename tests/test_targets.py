@@ -114,11 +114,15 @@ class TestMoriReadsAreDeclared(GuardTestCase):
             mgr._add_remote_peer(peer)
             with self.assertRaises(DSV4GuardError):  # TP 8 to 4: SGLang refuses, reported
                 mgr._send_swa_dsa_state(*mori_stub.send_args(conn, peer, "swa"))
-        declared = {"manager": targets.MORI_MANAGER_ATTRS,
-                    "server_args": targets.MORI_SERVER_ARGS_ATTRS,
-                    "kv_args": targets.MORI_KV_ARGS_ATTRS, "peer": targets.MORI_PEER_ATTRS}
+        # The registration's other conditions are read by the peers' snapshot (PEERS_*).
+        declared = {"manager": targets.MORI_MANAGER_ATTRS + targets.PEERS_MANAGER_ATTRS,
+                    "server_args": targets.MORI_SERVER_ARGS_ATTRS
+                    + targets.PEERS_SERVER_ARGS_ATTRS,
+                    "kv_args": targets.MORI_KV_ARGS_ATTRS + targets.PEERS_KV_ARGS_ATTRS,
+                    "peer": targets.MORI_PEER_ATTRS + targets.PEERS_INFO_ATTRS}
+        self.maxDiff = None
         self.assertEqual({k: sorted(v) for k, v in seen.items()},
-                         {k: sorted(v) for k, v in declared.items()})
+                         {k: sorted(set(v)) for k, v in declared.items()})
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Any
 
 from sglang_dsv4_guard.host.digests import MISSING, _digest, _find, _in_order, read_module
 from sglang_dsv4_guard.host.targets import (
+    MORI_REGISTER,
     PD_FIRST_CONTACT,
     PD_HEAD_SLICE,
     PD_MOONCAKE_SEND_AUX,
@@ -33,6 +34,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_NIXL_PAYLOAD,
     PD_NIXL_SEND_AUX,
     PD_NIXL_SEND_EXTRA,
+    PD_NIXL_STATE,
     PD_POP_PREALLOCATED,
     PD_RECEIVER_INIT,
     PEERS_MOONCAKE_START,
@@ -84,6 +86,12 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("nixl.hisparse_spec", PD_NIXL_PAYLOAD, phrase="decode-only speculative"),
     SiteSpec("nixl.direct_to_host", PD_NIXL_PAYLOAD, phrase="direct-to-host"),
     SiteSpec("nixl.fewer_regions", PD_NIXL_PAYLOAD, phrase="registered fewer KV regions"),
+    # NIXL's prepared state transfer (0.5.23+): the whole method and the helpers it calls,
+    # run on a half-built manager; maybe_send_extra's per-request refusal of its rejection.
+    SiteSpec("nixl.state_layout", PD_NIXL_STATE,
+             helpers=("_plan_prepared_state_component", "_prepared_state_pairs",
+                      "_state_component_is_whole_slot", "_build_prepared_state_plan")),
+    SiteSpec("nixl.state_rejected", PD_NIXL_SEND_EXTRA, phrase="NIXL state layout rejected"),
     SiteSpec("decode.hisparse_mooncake", PD_POP_PREALLOCATED, phrase="requires the"),
     SiteSpec("first_contact.minimax", PD_FIRST_CONTACT,
              phrase="MiniMax sparse PD requires matching attention TP"),
@@ -101,6 +109,8 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     # pd/state_layout.py as it is, with the stride comparison it calls.
     SiteSpec("mooncake.state_layout", PEERS_MOONCAKE_VALIDATE,
              helpers=("_state_stride_mismatch",)),
+    # MORI's registration decides the DCP relayout from 0.5.22 (earlier ones never call it).
+    SiteSpec("peers.mori_relayout", MORI_REGISTER, call="requires_dcp_relayout"),
     SiteSpec("receiver.allocation_policy", PD_RECEIVER_INIT,
              assigned="allocation policy mismatch"),
     SiteSpec("receiver.prefill_complete_peer", PD_RECEIVER_INIT,

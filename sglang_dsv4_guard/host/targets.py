@@ -57,6 +57,7 @@ __all__ = [
     "PD_NIXL_PAYLOAD",
     "PD_NIXL_SEND_AUX",
     "PD_NIXL_SEND_EXTRA",
+    "PD_NIXL_STATE",
     "PD_POP_PREALLOCATED",
     "PD_QUANT_CONFIG",
     "PD_RECEIVER_INIT",
@@ -231,6 +232,9 @@ PD_MOONCAKE_SEND_EXTRA = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.mayb
 PD_NIXL_SEND_EXTRA = PatchTarget(PD_NIXL_MODULE, "NixlKVManager.maybe_send_extra")
 PD_HEAD_SLICE = PatchTarget(PD_COMMON_MODULE, "CommonKVManager._get_mha_head_slice_blocks")
 PD_NIXL_PAYLOAD = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_payload_xfer")
+#: NIXL's prepared state transfer (0.5.23+), run when a decode peer registers
+#: (``pd/nixl_state.py``); its rejection is raised per request by ``maybe_send_extra``.
+PD_NIXL_STATE = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_state_xfer")
 PD_POP_PREALLOCATED = PatchTarget(PD_DECODE_MODULE, "DecodePreallocQueue.pop_preallocated")
 PD_AUX_COUNT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.check_peer_aux_buffer_count")
 PD_METADATA_BUFFERS = PatchTarget("sglang.srt.disaggregation.utils", "MetadataBuffers")
@@ -304,22 +308,26 @@ MORI_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention")
 MORI_KV_ARGS_ATTRS = ("state_types",)
 MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
 
-#: What the registration snapshot (``peers/snapshot.py``) reads from a Mooncake or NIXL
-#: prefill manager, its ``kv_args`` and ``server_args``, and from a decode peer's
-#: ``KVArgsRegisterInfo`` (NIXL names the decode's TP ``decode_tp_size``, Mooncake
-#: ``dst_attn_tp_size``). Not digested, like the MORI attributes; a missing one is
-#: "not known" in the endpoint, never a default.
+#: What the registration snapshot (``peers/snapshot.py``) reads from a Mooncake, NIXL or
+#: MORI prefill manager (and ``disaggregation_mode``: whether it is a prefill's), its
+#: ``kv_args`` and ``server_args``, and from a decode peer's ``KVArgsRegisterInfo`` (NIXL
+#: and MORI name the decode's TP ``decode_tp_size``, Mooncake ``dst_attn_tp_size``). Not
+#: digested, like the MORI attributes; a missing one is "not known" in the endpoint,
+#: never a default.
 PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_mla_backend",
                        "attn_tp_size", "pp_size", "dcp_size", "dcp_rank", "bootstrap_port",
-                       "decode_kv_args_table", "state_tp_size")
+                       "decode_kv_args_table", "state_tp_size", "_prepared_state_components",
+                       "state_mem_descs", "disaggregation_mode")
 PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
-                       "engine_rank", "state_data_ptrs", "state_item_lens", "state_layer_ids")
+                       "engine_rank", "state_data_ptrs", "state_item_lens", "state_data_lens",
+                       "state_layer_ids", "mla_compression_ratios")
 PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "speculative_algorithm",
                            "disaggregation_enable_kv_checksum")
 PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_dcp_rank",
                     "dst_kv_mem_kinds", "dst_kv_item_lens", "dst_kv_ptrs", "dst_aux_ptrs",
                     "agent_name", "mooncake_session_id", "endpoint", "dst_port",
-                    "dst_state_data_ptrs", "dst_state_item_lens", "dst_state_layer_ids")
+                    "dst_state_data_ptrs", "dst_state_item_lens", "dst_state_data_lens",
+                    "dst_state_layer_ids", "dst_aux_mem_descs", "dst_state_mem_descs")
 
 
 def pool_attributes_read() -> tuple[str, ...]:

@@ -55,6 +55,7 @@ from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, pointer
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.wrapping import (
+    note_on,
     prints_in_full,
     publish,
     publish_registration,
@@ -87,8 +88,13 @@ def describe(key: MismatchKey) -> str:
 class MoriGuard:
     """Per-process MORI state: reports per peer, exact counts, strict-mode blocks."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime,
+                 registration: Callable[[object, object], DSV4GuardError | None] | None = None
+                 ) -> None:
         self.rt = rt
+        # The registration's other conditions (DCP relayout, metadata buffer counts), checked
+        # by the composition root's peer guard (``peers/``), which dedups its own reports.
+        self.registration = registration
         self._lock = threading.Lock()
         self._reports: dict[tuple[str, str], tuple[Report, str]] = {}
         self._objects: dict[str, object] = {}  # keeps "object id" identities unique
@@ -194,6 +200,11 @@ class MoriGuard:
                 "mismatch": m.label, "peer": ident, "peers": peers}):
             self._count_line(mkey, m, "peers", peers, failures)
 
+    def others(self, manager: object, register_info: object) -> DSV4GuardError | None:
+        """The registration's conditions besides DSV4G006 (``registration``); a strict
+        failure of ours to raise once SGLang's outcome is in."""
+        return None if self.registration is None else self.registration(manager, register_info)
+
     def blocked_error(self, sig: inspect.Signature, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> DSV4GuardError | None:
         """Strict mode: the error for an ``swa`` transfer to a peer that registered
@@ -267,12 +278,21 @@ def _register_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callab
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def _add_remote_peer(self: Any, register_info: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(self, register_info, *args, **kwargs)
+            try:
+                result = original(self, register_info, *args, **kwargs)
+            except Exception as error:  # e.g. the DCP relayout (0.5.22+): MORI logs it
+                ours = guard.others(self, register_info) if guard.rt.active else None
+                if ours is not None:
+                    note_on(error, ours)
+                raise
             if guard.rt.active:
                 try:
                     guard.on_register(self, register_info)
                 except Exception as exc:
                     guard.rt.internal_error("checking a registering MORI decode peer", exc)
+                ours = guard.others(self, register_info)
+                if ours is not None:
+                    raise ours
             return result
 
         return _add_remote_peer

@@ -3,7 +3,8 @@
 Each condition is the one ``check`` runs (:mod:`sglang_dsv4_guard.pd`), on the endpoints
 the registration snapshot built from the live manager and the decode's
 ``KVArgsRegisterInfo``: the DCP relayout (DSV4G036, :mod:`..pd.relayout`), NIXL's payload
-preparation (DSV4G042/043/046, :mod:`..pd.nixl`), ``maybe_send_extra`` per state type
+preparation (DSV4G042/043/046, :mod:`..pd.nixl`) and its prepared state transfer
+(DSV4G055, :mod:`..pd.nixl_state`), ``maybe_send_extra`` per state type
 (DSV4G040/041, :mod:`..pd.transfer`), Mooncake's state-layout verdict (DSV4G050,
 :mod:`..pd.state_layout`), the metadata buffer counts and what the backend's
 ``send_aux`` does with them (DSV4G045, :mod:`..pd.aux_send`, :mod:`..pd.buffers`). Pure
@@ -23,10 +24,13 @@ from sglang_dsv4_guard.mori.snapshot import SendSnapshot
 from sglang_dsv4_guard.pd.aux_send import aux_details, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.mori_send import mori_state_refusals
 from sglang_dsv4_guard.pd.nixl import payload_verdict
+from sglang_dsv4_guard.pd.nixl_state import state_layout_verdict
 from sglang_dsv4_guard.pd.relayout import relayout_findings
 from sglang_dsv4_guard.pd.state_layout import CODE as LAYOUT_CODE
 from sglang_dsv4_guard.pd.state_layout import state_layout_refusal, state_layout_when
+from sglang_dsv4_guard.pd.transfer import BACKENDS as TRANSFER_BACKENDS
 from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
@@ -84,6 +88,60 @@ def _payload(reg: Registration) -> list[Finding]:
                      ("kv_regions", "kv_mem_kinds", "attn_tp_size", "is_mla_backend",
                       "speculative_algorithm"), Phase.REGISTRATION,
                      "the prefill's bootstrap thread dies on it", fixes)]
+
+
+def _nixl_state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
+    """NIXL's prepared state transfer (0.5.23+) rejects a decode whose state slot strides
+    differ: every request to that peer then fails."""
+    package = imported_package_dir()
+    if package is None:
+        return [], []
+    try:
+        verdict = state_layout_verdict(reg.prefill, reg.decode, package, reg.peer)
+    except NotJudged as exc:
+        return [], [f"DSV4G055 (nixl): not judged: {exc}"]
+    if verdict is None:
+        return [], []
+    differ = "; ".join(f"component {i} ({st}): prefill {list(p)}, decode {list(d)}"
+                       for i, st, p, d in verdict.components)
+    fix = Fix(FixKind.ADVICE, "give the decode the prefill's state pool geometry (the same "
+              "model, state dtypes and state TP share on both servers): the slot strides in "
+              f"bytes differ for {differ or verdict.rejection}", field="state_item_lens")
+    return [_finding(reg, "DSV4G055", verdict.message, verdict.function,
+                     "decode peer's NIXL state registration",
+                     ("state_item_lens", "state_types", "prepared_state_components",
+                      "attn_tp_size", "is_mla_backend"), Phase.PER_REQUEST,
+                     "SGLang logs \"NIXL state layout rejected\" and every request to this "
+                     f"peer will fail ({verdict.rejection})", (fix,))], []
+
+
+def _mori_state(reg: Registration) -> list[Finding]:
+    """MORI's per-request state refusals for this decode (DSV4G041, 056, 057)."""
+    found = []
+    p, d = reg.prefill, reg.decode
+    for r in mori_state_refusals(p, d):
+        if r.code == "DSV4G057":
+            fixes: tuple[Fix, ...] = (Fix(
+                FixKind.ADVICE, "give both servers the same state pools (the same model and "
+                f"the flags that add state, e.g. speculative decoding): the decode registered "
+                f"{d.get('state_components')} state components, the prefill has "
+                f"{p.get('state_components')}", field="state_components"),)
+        else:
+            label, tp = r.pairs_by or ("attention", p.get("attn_tp_size"))
+            fixes = (Fix(FixKind.ADVICE, f"give the decode TP {tp}: this release's MORI "
+                         f"pairs the {r.state_type} state by the prefill's {label} TP ({tp}); "
+                         f"the decode registered {d.get('attn_tp_size')}",
+                         field="decode_tp_size"),)
+            if tp == p.get("attn_tp_size"):
+                fixes = _tp_fixes(reg, str(r.state_type)) + fixes
+        subject = (f"prefill -> decode MORI transfer of the {r.state_type} state"
+                   if r.state_type else "prefill -> decode MORI state transfer")
+        found.append(_finding(
+            reg, r.code, r.message, r.function, subject,
+            ("attn_tp_size", "state_tp_size", "state_components", "state_types",
+             "is_mla_backend"), Phase.PER_REQUEST,
+            f"every request that carries {r.state_type or 'state'} will fail", fixes))
+    return found
 
 
 def _send_extra(reg: Registration) -> tuple[list[Finding], list[str]]:
@@ -145,7 +203,7 @@ def _aux(reg: Registration) -> tuple[list[Finding], list[str]]:
         host_message=logged or sent.prefill_raised or sent.decode_raised, when=when)], []
 
 
-def _state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
+def _mooncake_state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
     """Mooncake's own state-layout verdict on the peer (DSV4G050, 0.5.22+)."""
     reason, unknown = state_layout_refusal(reg.prefill, reg.decode, reg.peer)
     if reason is None:
@@ -171,18 +229,33 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     """Every refusal SGLang will make for this peer, in the order it meets them, and
     what could not be judged. A DCP relayout that raises stops registration there."""
     release = "this release"
-    relayout, unknowns = relayout_findings(reg.prefill, reg.decode, release, reg.env)
+    relayout, unknowns = ([], []) if not _relayouts(reg) else relayout_findings(
+        reg.prefill, reg.decode, release, reg.env)
     if relayout:
         return [_with_peer(reg, f) for f in relayout], unknowns
     found: list[Finding] = []
     if reg.backend == "nixl" and _known(reg.decode, "kv_mem_kinds"):
         found += _payload(reg)
     if reg.backend == "mooncake":
-        layout, notes = _state_layout(reg)
+        layout, notes = _mooncake_state_layout(reg)
         found, unknowns = found + layout, unknowns + notes
-    extra, more = _send_extra(reg)
+    # MORI's per-request TP refusal is its own hook's (DSV4G006, mori/checks.py).
+    extra, more = _send_extra(reg) if reg.backend in TRANSFER_BACKENDS else ([], [])
+    if reg.backend == "mori":
+        extra += _mori_state(reg)
     aux, most = _aux(reg)
-    return found + extra + aux, unknowns + more + most
+    # NIXL prepares the state only once the payload was prepared (a refusal there ends it).
+    state, rest = _nixl_state_layout(reg) if reg.backend == "nixl" and not found else ([], [])
+    return found + extra + aux + state, unknowns + more + most + rest
+
+
+def _relayouts(reg: Registration) -> bool:
+    """Whether the backend's registration decides the DCP relayout: Mooncake's and
+    NIXL's (0.5.17+), MORI's from 0.5.22 (its ``_add_remote_peer`` calls it)."""
+    if reg.backend != "mori":
+        return True
+    package = imported_package_dir()
+    return package is not None and locate(package, SITES["peers.mori_relayout"]) is not None
 
 
 def _known(endpoint: Endpoint, name: str) -> bool:
@@ -197,6 +270,7 @@ def _with_peer(reg: Registration, finding: Finding) -> Finding:
 @hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_registration(registration: Registration,
                                          context: RegistrationContext) -> list[Finding]:
-    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046, 050."""
+    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046, 050,
+    055-057."""
     del context
     return registration_findings(registration)[0]

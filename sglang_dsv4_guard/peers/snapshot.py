@@ -23,7 +23,7 @@ __all__ = ["BACKENDS", "TIMEOUT_ENV", "Registration", "RegistrationContext", "pe
            "snapshot_registration"]
 
 #: The backend of each manager class the guard wraps.
-BACKENDS = {"NixlKVManager": "nixl", "MooncakeKVManager": "mooncake"}
+BACKENDS = {"NixlKVManager": "nixl", "MooncakeKVManager": "mooncake", "MoriKVManager": "mori"}
 TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 _MASK_ENV = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
@@ -65,25 +65,19 @@ def _int(value: object) -> int | None:
         return None
 
 
-def _int_lists(value: object) -> tuple[tuple[int, ...], ...] | None:
-    """A per-state-component list of integer lists, as plain tuples (``None``: absent)."""
-    if value is None:
-        return None
-    try:
-        return tuple(tuple(int(x) for x in entry) for entry in value)  # type: ignore[attr-defined]
-    except (TypeError, ValueError):
-        return None
-
-
 def _put(values: dict[str, Value], name: str, value: object, source: str) -> None:
     if value is not None:
         values[name] = Value(value, source)
 
 
 def peer_name(info: object) -> str:
-    """The name the prefill keys the peer by (agent name or session id), else its id."""
-    for attr in ("agent_name", "mooncake_session_id"):
-        name = getattr(info, attr, None)
+    """The name the prefill keys the peer by (NIXL's agent name, Mooncake's session id,
+    MORI's engine key), else its id."""
+    for attr in ("agent_name", "mooncake_session_id", "engine_key"):
+        try:  # MORI's engine_key is a property over its engine descriptor
+            name = getattr(info, attr, None)
+        except Exception:
+            name = None
         if name is not None:
             return str(name)
     return f"object id 0x{id(info):x}"
@@ -104,10 +98,6 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
             "kv_args.state_types on the prefill (its pool's state components)")
     _put(values, "swa_kv_cache_layout", kv["swa_kv_cache_layout"],
          "kv_args.swa_kv_cache_layout on the prefill")
-    _put(values, "state_tp_size", mgr["state_tp_size"], f"{owner}.state_tp_size on the prefill")
-    for name in ("state_data_ptrs", "state_item_lens", "state_layer_ids"):
-        _put(values, name, _int_lists(kv[name]), f"kv_args.{name} on the prefill (per state "
-             "component)")
     if kv["kv_item_lens"] is not None:
         values["kv_regions"] = Value(len(kv["kv_item_lens"]),
                                      "len(kv_args.kv_item_lens): the prefill's KV regions")
@@ -120,7 +110,31 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
         _put(values, name, args[name], f"server flag {flag} on the prefill")
     _put(values, "kv_checksum", args["disaggregation_enable_kv_checksum"],
          "server flag --disaggregation-enable-kv-checksum on the prefill")
+    _state_geometry(values, kv, "kv_args.{} on the prefill", "")
+    _put(values, "state_tp_size", mgr["state_tp_size"], f"{owner}.state_tp_size on the prefill")
+    _put(values, "mla_compression_ratios", kv["mla_compression_ratios"],
+         "kv_args.mla_compression_ratios on the prefill")
+    if mgr["state_mem_descs"] is not None:  # MORI
+        values["state_components"] = Value(len(mgr["state_mem_descs"]), (
+            f"len({owner}.state_mem_descs): the prefill's registered state components"))
+    if mgr["_prepared_state_components"] is not None:  # NIXL 0.5.23+
+        values["prepared_state_components"] = Value(
+            tuple(sorted(mgr["_prepared_state_components"])),
+            f"{owner}._prepared_state_components on the prefill (the state components "
+            "NIXL prepares: CUDA, UCX, PP, CP and DCP 1)")
     return Endpoint("prefill", values), {**mgr, **kv}
+
+
+def _state_geometry(values: dict[str, Value], read: dict[str, Any], source: str,
+                    prefix: str) -> None:
+    """The state pool's registration (pointers, slot strides, lengths, layer ids), per
+    component, as plain tuples (``prefix``: ``dst_`` for the decode's names)."""
+    for name in ("state_data_ptrs", "state_item_lens", "state_data_lens", "state_layer_ids"):
+        try:  # a list of int lists (0.5.23); another shape is left out: not known
+            per = tuple(tuple(int(x) for x in c) for c in read[prefix + name])
+        except (TypeError, ValueError):
+            continue
+        values[name] = Value(per, source.format(prefix + name))
 
 
 def _decode(backend: str, info: object) -> Endpoint:
@@ -140,12 +154,13 @@ def _decode(backend: str, info: object) -> Endpoint:
     regions = peer["dst_kv_item_lens"] or peer["dst_kv_ptrs"]
     if regions is not None:
         values["kv_regions"] = Value(len(regions), f"the KV regions in {owner}")
-    for name in ("state_data_ptrs", "state_item_lens", "state_layer_ids"):
-        _put(values, name, _int_lists(peer[f"dst_{name}"]),
-             f"dst_{name} in {owner} (per state component)")
-    if peer["dst_aux_ptrs"] is not None:
-        values["aux_buffer_count"] = Value(len(peer["dst_aux_ptrs"]),
-                                           f"len(dst_aux_ptrs) in {owner}")
+    _state_geometry(values, peer, "{} in " + owner, "dst_")
+    if peer["dst_state_mem_descs"] is not None:  # MORI
+        values["state_components"] = Value(len(peer["dst_state_mem_descs"]),
+                                           f"len(dst_state_mem_descs) in {owner}")
+    aux = "dst_aux_ptrs" if peer["dst_aux_ptrs"] is not None else "dst_aux_mem_descs"  # MORI
+    if peer[aux] is not None:
+        values["aux_buffer_count"] = Value(len(peer[aux]), f"len({aux}) in {owner}")
     return Endpoint("decode", values)
 
 

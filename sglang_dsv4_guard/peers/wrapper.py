@@ -10,14 +10,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
+from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.host.targets import PEERS_MOONCAKE_WORKER, PEERS_NIXL_REGISTER
 from sglang_dsv4_guard.patching import AppliedPatch
-from sglang_dsv4_guard.peers.guard import PeerGuard
+from sglang_dsv4_guard.peers.guard import PeerGuard, checked, is_prefill
 from sglang_dsv4_guard.peers.mooncake import WatchedTable, patch_mooncake
 from sglang_dsv4_guard.peers.nixl import patch_nixl
 
-__all__ = ["CONNECTORS", "PeerGuard", "WatchedTable", "patch_mooncake", "patch_nixl"]
+__all__ = ["CONNECTORS", "PeerGuard", "WatchedTable", "mori_registration", "patch_mooncake",
+           "patch_nixl"]
 
 #: The connector modules whose import the composition root watches, and their patchers.
 CONNECTORS: tuple[tuple[str, Callable[[ModuleType, PeerGuard], list[AppliedPatch]]], ...] = (
     (PEERS_NIXL_REGISTER.module, patch_nixl), (PEERS_MOONCAKE_WORKER.module, patch_mooncake))
+
+
+def mori_registration(guard: PeerGuard) -> Callable[[object, object], DSV4GuardError | None]:
+    """What MORI's registration wrapper (``mori/wrapper.py``) calls for a decode peer
+    registering with a prefill rank: its conditions besides MORI's TP rule (DSV4G006,
+    MORI's own): the DCP relayout (0.5.22+) and the metadata buffer counts, under the same
+    codes as ``check`` and this guard's once-per-distinct-mismatch reports."""
+    def check(manager: object, info: object) -> DSV4GuardError | None:
+        return checked(guard, "mori", manager, info) if is_prefill(manager) else None
+
+    return check

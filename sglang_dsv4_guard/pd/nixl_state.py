@@ -1,0 +1,134 @@
+"""NIXL's prepared state transfer (``NixlKVManager._prepare_state_xfer``, 0.5.23+): DSV4G055.
+
+When a decode rank registers, NIXL's ``_add_remote_peer`` plans the state components the
+prefill prepares (on CUDA with the UCX backend, PP, CP and DCP 1: its
+``_prepared_state_components``). A component whose decode slot stride
+(``dst_state_item_lens``) differs from the prefill's (``kv_args.state_item_lens``) has no
+correct transfer path: SGLang records the rejection and logs "NIXL state layout rejected:
+peer=...", the bootstrap thread goes on, and every request to that peer then fails in
+``maybe_send_extra`` ("NIXL state layout rejected for <peer>: ..."). Releases before 0.5.23
+have no such preparation: nothing to judge.
+
+The release's own method runs, with the helpers it calls, on a half-built manager carrying
+the prefill's state registration and a peer carrying the decode's, its log lines silenced
+(the real registration already logged them) and its strided-descriptor plan skipped (no
+NIXL agent here); the per-request message is built by ``maybe_send_extra``'s own
+expression. Both sites are digested (``host/pd_digests.json``): a changed release is not
+judged. ``check``'s launch lines carry no state slot strides (they exist once the pools are
+allocated), so before launch every value here is unknown and nothing is reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sglang_dsv4_guard.host.pd_digests import SITES, Located, NotJudged, locate, row_releases
+from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
+from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.relayout import requires_relayout
+
+__all__ = ["KEYS", "StateLayoutVerdict", "state_layout_verdict"]
+
+KEYS = ("nixl.state_layout", "nixl.state_rejected")
+#: What each side must carry for the verdict (else: not known, nothing judged).
+PREFILL_NEEDS = ("prepared_state_components", "state_types", "state_item_lens",
+                 "attn_tp_size")
+DECODE_NEEDS = ("state_item_lens", "attn_tp_size")
+
+
+@dataclass(frozen=True)
+class StateLayoutVerdict:
+    """SGLang's rejection: its recorded reason, the per-request message, and the
+    components whose strides differ as (index, state type, prefill's, decode's)."""
+
+    rejection: str
+    message: str
+    function: str
+    components: tuple[tuple[int, str, tuple[int, ...], tuple[int, ...]], ...]
+
+
+class _Quiet:
+    """The silenced logger of the copied method: the real registration logged already."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
+    return [list(x) for x in (endpoint.get(name) or ())]
+
+
+@functools.lru_cache(maxsize=8)
+def _sites(package: Path) -> tuple[Located | None, Located | None, bool]:
+    """Both sites and whether their digests are a known release's, once per package (a
+    digest is an AST dump: milliseconds, per registering peer otherwise)."""
+    sites = {k: locate(package, SITES[k]) for k in KEYS}
+    known = bool(row_releases({k: s.digest if s else "missing" for k, s in sites.items()},
+                              KEYS))
+    return sites["nixl.state_layout"], sites["nixl.state_rejected"], known
+
+
+def state_layout_verdict(prefill: Endpoint, decode: Endpoint, package: Path,
+                         peer: str = "decode") -> StateLayoutVerdict | None:
+    """SGLang's ``_prepare_state_xfer`` on the pair's state registration: its rejection,
+    or ``None`` (accepted, a release without it, or a value not known). Raises
+    :class:`NotJudged` for a release whose code no known release has."""
+    if not all(prefill.has(n) for n in PREFILL_NEEDS) or not all(
+            decode.has(n) for n in DECODE_NEEDS):
+        return None
+    state, rejected, known = _sites(package)
+    if not known:
+        raise NotJudged(f"SGLang's {PD_NIXL_STATE} differs from every release this guard "
+                        "knows: unknown for this release")
+    if state is None or rejected is None:
+        return None
+    module = importlib.import_module(PD_NIXL_STATE.module)  # unscanned: targets
+    cls = getattr(module, PD_NIXL_STATE.qualname.split(".")[0])
+    real = vars(cls)["_prepare_state_xfer"]
+    method = types.FunctionType(real.__code__, {**real.__globals__, "logger": _Quiet()},
+                                real.__name__, real.__defaults__, real.__closure__)
+    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+    types_ = [enum(s) for s in prefill.get("state_types")]
+    tp = int(prefill.get("attn_tp_size"))
+    manager = object.__new__(cls)
+    manager.__dict__.update(
+        _prepared_state_plans={}, _state_layout_rejections={}, _use_strided_descs=False,
+        _prepared_state_components=frozenset(prefill.get("prepared_state_components")),
+        attn_tp_size=tp, state_tp_size=int(prefill.get("state_tp_size") or tp),
+        is_mla_backend=bool(prefill.get("is_mla_backend")),
+        pp_size=int(prefill.get("pp_size") or 1),
+        kv_args=SimpleNamespace(
+            state_types=types_, state_data_ptrs=_lists(prefill, "state_data_ptrs"),
+            state_item_lens=_lists(prefill, "state_item_lens"),
+            state_data_lens=_lists(prefill, "state_data_lens"),
+            state_layer_ids=_lists(prefill, "state_layer_ids"),
+            mla_compression_ratios=prefill.get("mla_compression_ratios"), gpu_id=0))
+    relayout = requires_relayout(prefill, decode)
+    info = SimpleNamespace(
+        agent_name=peer, dst_dcp_size=int(decode.get("dcp_size") or 1),
+        requires_dcp_relayout=bool(relayout), decode_tp_size=int(decode.get("attn_tp_size")),
+        dst_state_data_ptrs=_lists(decode, "state_data_ptrs"),
+        dst_state_item_lens=_lists(decode, "state_item_lens"),
+        dst_state_data_lens=_lists(decode, "state_data_lens"),
+        dst_state_layer_ids=_lists(decode, "state_layer_ids"), gpu_id=0)
+    try:
+        method(manager, info)
+    except Exception as exc:
+        raise NotJudged(f"SGLang's {PD_NIXL_STATE} on the registration's values raised "
+                        f"{type(exc).__name__}: {exc}") from exc
+    rejection = manager._state_layout_rejections.get(peer)
+    if rejection is None:
+        return None
+    src, dst = _lists(prefill, "state_item_lens"), _lists(decode, "state_item_lens")
+    differ = tuple((i, str(getattr(types_[i], "value", types_[i])),
+                    tuple(src[i]), tuple(dst[i]) if i < len(dst) else ())
+                   for i in sorted(manager._prepared_state_components)
+                   if i < len(src) and (i >= len(dst) or src[i] != dst[i]))
+    message = rejected.message({"peer_name": peer, "rejection": rejection})
+    return StateLayoutVerdict(rejection, message, str(rejected.spec.target), differ)
