@@ -250,15 +250,19 @@ class TestCachedFastPath(GuardTestCase):
         self.server = self.enterContext(pd_real.bootstrap_server(pd_real.route_answer(PREFILL)))
 
     def test_known_release_answers_without_sglang(self) -> None:
-        """This release's first statement has the digest stored for it; the installed
-        wrapper returns True for a cached address without entering SGLang's function, and
-        enters it for an address not cached (returning SGLang's fetch result)."""
+        """This release's first statement has the digest stored for it; once a call has
+        seen the manager's table, the installed wrapper returns True for a cached address
+        without entering SGLang's function, and enters it for an address not cached
+        (returning SGLang's fetch result)."""
         stored = known_releases()[str(sglang_release())][CACHED_SITE.key]
         self.assertEqual(cached_digest(RAW), stored)
         self.install_guard("on", load_entry_points=False)
         guarded = conn.CommonKVManager.try_ensure_parallel_info
         manager = pd_real.decode_manager(DECODE)
         manager.prefill_info_table[self.server.addr] = object()
+        # the first call finds the table to be a dict (and goes to SGLang); later ones not
+        self.assertEqual(calls_into(lambda: guarded(manager, self.server.addr), RAW.__code__),
+                         (True, True))
         self.assertEqual(calls_into(lambda: guarded(manager, self.server.addr), RAW.__code__),
                          (True, False))
         fresh = pd_real.decode_manager(DECODE)
@@ -287,6 +291,8 @@ class TestCachedFastPath(GuardTestCase):
         same number of membership tests and the same exception, raised in SGLang's frame."""
         self.install_guard("on", load_entry_points=False)
         guarded = conn.CommonKVManager.try_ensure_parallel_info
+        # the same bootstrap server under a second name: a miss after the first call
+        other = self.server.addr.replace("127.0.0.1", "localhost")
         for cached in (True, False):
             counts = []
             for fn in (RAW, guarded):
@@ -295,7 +301,8 @@ class TestCachedFastPath(GuardTestCase):
                 if cached:
                     manager.prefill_info_table[self.server.addr] = object()
                 Counting.tests = 0
-                self.assertIs(fn(manager, self.server.addr), True)
+                for addr in (self.server.addr, other, other):
+                    self.assertIs(fn(manager, addr), True)
                 counts.append(Counting.tests)
             self.assertEqual(counts[0], counts[1])
         errors = []

@@ -165,8 +165,8 @@ def activate():
         HookRegistry.register(target, around, HookType.AROUND)
 """
 
-# A scheduler process as SGLang's loader meets it (its module imported), then a cached
-# first-contact call on SGLang's real method: which connector modules are imported before
+# A scheduler process as SGLang's loader meets it (its module imported), then a (second)
+# cached first-contact call on SGLang's real method: which connector modules are imported before
 # and after load_plugins(), the registry's targets, and the files of every frame called.
 CONNECTORS_PROBE = r"""
 import json, logging, sys
@@ -183,6 +183,7 @@ after = imported()
 from sglang.srt.disaggregation.common import conn
 manager = object.__new__(conn.CommonKVManager)
 manager.prefill_info_table = {"prefill:8998": None}
+manager.try_ensure_parallel_info("prefill:8998")  # the guard's first call vets the table
 files = []
 sys.setprofile(lambda frame, event, arg: files.append(frame.f_code.co_filename)
                if event == "call" else None)

@@ -177,16 +177,23 @@ def make_contact_wrapper(guard: ContactGuard
 
             return try_ensure_parallel_info
 
+        vetted: Any = None  # the last table seen that is exactly a dict
+
         @functools.wraps(original)
         def try_ensure_parallel_info_cached(self: Any, bootstrap_addr: Any) -> Any:
             # SGLang's own first statement (digest-proven, contact/cached.py), so the
-            # cached case costs no second frame; only on the dict SGLang builds, whose
-            # membership test has no effect to repeat. Anything else (no attribute, a
-            # table of another type, an unhashable address) goes to SGLang as it is.
+            # cached case costs no second frame; only on the table a previous call found
+            # to be exactly a dict (SGLang builds one; an identity test is cheaper than a
+            # type test), whose membership test has no effect to repeat. Anything else
+            # (a table not yet seen, of another type, no attribute, an unhashable
+            # address) goes to SGLang as it is.
+            nonlocal vetted
             try:
                 table = self.prefill_info_table
-                if type(table) is dict and bootstrap_addr in table:
+                if table is vetted and bootstrap_addr in table:
                     return True
+                if type(table) is dict:
+                    vetted = table
             except Exception:
                 pass
             try:
