@@ -9,7 +9,12 @@ server's answer handed back in-process (a real HTTP round trip would hide the wr
 cost in its own noise), on a bare decode manager of equal values. Then the
 cost the registration check adds per decode peer on SGLang's real NIXL
 ``_add_remote_peer`` (CPU time per peer, engine stubbed: a pair SGLang accepts and one it
-refuses per request), and a read of Mooncake's watched peer table against a plain dict's.
+refuses per request). Last, Mooncake's per-request path on the prefill that reads the peer
+table: SGLang's real ``MooncakeKVManager._prefetch_staging_reqs`` (the prefill scheduler
+calls it for every request of every batch, 0.5.16 - 0.5.23; with staging on it reads
+``decode_kv_args_table`` twice per decode peer of the request), on a request paired with 8
+decode peers registered by the release's own message code, with SGLang's plain dict
+against the guard's ``WatchedTable`` (what the guard installs at ``start_prefill_thread``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import sglang.srt.disaggregation.utils as utils  # noqa: E402
 from sglang.srt.disaggregation.common import conn as common  # noqa: E402
 
 import sglang_dsv4_guard  # noqa: E402
-from sglang_dsv4_guard.peers.wrapper import WatchedTable  # noqa: E402
+from sglang_dsv4_guard.peers.mooncake import WatchedTable  # noqa: E402
 from sglang_dsv4_guard.testing import build_pair, new_kv_args  # noqa: E402
 
 
@@ -111,12 +116,36 @@ def main() -> None:
         raw_register = vars(nixl.NixlKVManager)["_add_remote_peer"]
         for label, tp in (("accepted", 1), ("refused per request", 2)):
             per_peer(label, raw_register, nixl.NixlKVManager._add_remote_peer, tp)
-        table = {f"session-{i}": i for i in range(64)}
-        watched = WatchedTable(table, lambda value: None)
-        measure("Mooncake peer-table read", lambda: table["session-7"],
-                lambda: watched["session-7"], number=200000)
+        plain, watched = mooncake_prefetch()
+        measure("Mooncake _prefetch_staging_reqs (8 decode peers), WatchedTable vs dict",
+                plain, watched, number=50000, rounds=9)
     finally:
         sglang_dsv4_guard.uninstall()
+
+
+def mooncake_prefetch(peers: int = 8) -> tuple[object, object]:
+    """SGLang's ``_prefetch_staging_reqs`` for one request paired with ``peers`` decode
+    ranks of the prefill's TP (no staging needed: it returns after reading the table),
+    on a prefill manager whose table is SGLang's dict, and on one whose table is the
+    guard's WatchedTable."""
+    import sglang.srt.disaggregation.mooncake.conn as mooncake
+
+    sessions = [f"decode-{i}" for i in range(peers)]
+    registrations = {name: peers_real.registration(mooncake, "mooncake", tp=2, name=name)[1]
+                     for name in sessions}
+    infos = {name: type("TransferInfo", (), {"is_dummy": False,
+                                             "mooncake_session_id": name})()
+             for name in sessions}
+    fn = vars(mooncake.MooncakeKVManager)["_prefetch_staging_reqs"]
+    calls = []
+    for table in (dict(registrations), WatchedTable(dict(registrations), lambda value: None)):
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=2)
+        mgr.enable_staging, mgr.kv_buffer_tensors = True, object()
+        mgr.transfer_infos = {7: dict(infos)}
+        mgr.decode_kv_args_table = table
+        fn(mgr, 7)  # returns after the reads: every peer has the prefill's TP
+        calls.append(lambda mgr=mgr: fn(mgr, 7))
+    return calls[0], calls[1]
 
 
 def per_peer(label: str, raw, guarded, decode_tp: int, peers: int = 40) -> None:

@@ -6,8 +6,16 @@ mismatch, under ``check``'s codes; anything else is exactly what SGLang does."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+import sys
+import tempfile
+import textwrap
 import unittest
+from collections import UserDict
+from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import pd_real
@@ -27,11 +35,14 @@ from sglang_dsv4_guard import (
     Severity,
 )
 from sglang_dsv4_guard.contact import wrapper as contact_wrapper
+from sglang_dsv4_guard.contact.cached import CACHED_SITE, answers_cached, cached_digest
 from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.host.pd_digests import known_releases
 from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT
 from sglang_dsv4_guard.patching import WRAPPER_MARK
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
+from sglang_dsv4_guard.runtime import standalone_runtime
 from sglang_dsv4_guard.testing import record, register
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
@@ -191,6 +202,123 @@ class TestFirstContactReport(GuardTestCase):
         self.assertIs(getattr(vars(conn.CommonKVManager)[NAME], WRAPPER_MARK), RAW)
         sglang_dsv4_guard.uninstall()
         self.assertIs(vars(conn.CommonKVManager)[NAME], RAW)
+
+
+def calls_into(fn: Any, code: CodeType) -> tuple[Any, bool]:
+    """``fn()``'s result, and whether a frame of ``code`` ran (Python's profiler hook)."""
+    seen: list[bool] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is code:
+            seen.append(True)
+
+    sys.setprofile(profile)
+    try:
+        return fn(), bool(seen)
+    finally:
+        sys.setprofile(None)
+
+
+def changed_source(first: str, replacement: str) -> Any:
+    """SGLang's own ``try_ensure_parallel_info`` with its text ``first`` replaced, compiled
+    from a file of its own (so its source can be read) in the module's globals."""
+    text = textwrap.dedent(inspect.getsource(RAW.__code__))
+    assert first in text, first
+    path = Path(tempfile.mkdtemp()) / "changed_conn.py"
+    path.write_text(text.replace(first, replacement, 1))
+    scope = dict(vars(conn))
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    return scope[NAME]
+
+
+class Counting(UserDict):  # type: ignore[type-arg]
+    """A prefill table that is not a dict: counts SGLang's membership tests."""
+
+    tests = 0
+
+    def __contains__(self, key: object) -> bool:
+        type(self).tests += 1
+        return super().__contains__(key)
+
+
+class TestCachedFastPath(GuardTestCase):
+    """The wrapper answers the cached case itself only where SGLang's first statement is a
+    known release's (digest), and then exactly as SGLang does."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.server = self.enterContext(pd_real.bootstrap_server(pd_real.route_answer(PREFILL)))
+
+    def test_known_release_answers_without_sglang(self) -> None:
+        """This release's first statement has the digest stored for it; once a call has
+        seen the manager's table, the installed wrapper returns True for a cached address
+        without entering SGLang's function, and enters it for an address not cached
+        (returning SGLang's fetch result)."""
+        stored = known_releases()[str(sglang_release())][CACHED_SITE.key]
+        self.assertEqual(cached_digest(RAW), stored)
+        self.install_guard("on", load_entry_points=False)
+        guarded = conn.CommonKVManager.try_ensure_parallel_info
+        manager = pd_real.decode_manager(DECODE)
+        manager.prefill_info_table[self.server.addr] = object()
+        # the first call finds the table to be a dict (and goes to SGLang); later ones not
+        self.assertEqual(calls_into(lambda: guarded(manager, self.server.addr), RAW.__code__),
+                         (True, True))
+        self.assertEqual(calls_into(lambda: guarded(manager, self.server.addr), RAW.__code__),
+                         (True, False))
+        fresh = pd_real.decode_manager(DECODE)
+        self.assertEqual(calls_into(lambda: guarded(fresh, self.server.addr), RAW.__code__),
+                         (True, True))
+        self.assertEqual(len(self.server.asked), 1)
+
+    def test_changed_source_keeps_the_plain_wrapper(self) -> None:
+        """A first statement no known release has, or another plug-in's wrapper around
+        SGLang's function: the cached call goes through that function."""
+        changed = changed_source("return True", "return bool(self.prefill_info_table)")
+        outer = functools.wraps(RAW)(lambda *a: RAW(*a))
+        self.assertTrue(answers_cached(RAW))
+        guard = contact_wrapper.ContactGuard(standalone_runtime())
+        make = contact_wrapper.make_contact_wrapper(guard)
+        for original in (changed, outer):
+            self.assertFalse(answers_cached(original))
+            manager = pd_real.decode_manager(DECODE)
+            manager.prefill_info_table["prefill:1"] = object()
+            wrapped = make(original)
+            self.assertEqual(calls_into(functools.partial(wrapped, manager, "prefill:1"),
+                                        original.__code__), (True, True))
+
+    def test_other_tables_go_to_sglang(self) -> None:
+        """A table that is not a dict, or no table: SGLang's own call decides, with the
+        same number of membership tests and the same exception, raised in SGLang's frame."""
+        self.install_guard("on", load_entry_points=False)
+        guarded = conn.CommonKVManager.try_ensure_parallel_info
+        # the same bootstrap server under a second name: a miss after the first call
+        other = self.server.addr.replace("127.0.0.1", "localhost")
+        for cached in (True, False):
+            counts = []
+            for fn in (RAW, guarded):
+                manager = pd_real.decode_manager(DECODE)
+                manager.prefill_info_table = Counting()
+                if cached:
+                    manager.prefill_info_table[self.server.addr] = object()
+                Counting.tests = 0
+                for addr in (self.server.addr, other, other):
+                    self.assertIs(fn(manager, addr), True)
+                counts.append(Counting.tests)
+            self.assertEqual(counts[0], counts[1])
+        errors = []
+        for fn in (RAW, guarded):
+            manager = pd_real.decode_manager(DECODE)
+            del manager.prefill_info_table
+            try:
+                fn(manager, self.server.addr)
+            except AttributeError as error:  # unittest's assertRaises drops the traceback
+                errors.append(error)
+        self.assertEqual(len(errors), 2)
+        self.assertEqual(str(errors[0]), str(errors[1]))
+        last = errors[1].__traceback__
+        while last is not None and last.tb_next is not None:
+            last = last.tb_next
+        self.assertIs(last.tb_frame.f_code, RAW.__code__)  # type: ignore[union-attr]
 
 
 def _endpoint(role: str, values: dict[str, Any]) -> Endpoint:

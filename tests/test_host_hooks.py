@@ -146,6 +146,55 @@ print(json.dumps({"raised": None, "calls": {}, "by_role": out,
 """
 
 
+# The connector methods the guard wraps lazily, as registry targets.
+CONTACT = "sglang.srt.disaggregation.common.conn.CommonKVManager.try_ensure_parallel_info"
+CONNECTOR_TARGETS = (CONTACT,
+                     "sglang.srt.disaggregation.nixl.conn.NixlKVManager._add_remote_peer",
+                     "sglang.srt.disaggregation.mori.conn.MoriKVManager._add_remote_peer")
+# A plug-in registering an AROUND hook on each: what registering the guard's would do.
+CONNECTOR_HOOKER = f"""
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+CALLS = []
+
+def around(original_fn, *args, **kwargs):
+    CALLS.append("around")
+    return original_fn(*args, **kwargs)
+
+def activate():
+    for target in {CONNECTOR_TARGETS!r}:
+        HookRegistry.register(target, around, HookType.AROUND)
+"""
+
+# A scheduler process as SGLang's loader meets it (its module imported), then a (second)
+# cached first-contact call on SGLang's real method: which connector modules are imported before
+# and after load_plugins(), the registry's targets, and the files of every frame called.
+CONNECTORS_PROBE = r"""
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+import sglang.srt.managers.scheduler
+MODULES = ("common", "nixl", "mooncake", "mori")
+def imported():
+    return {m: f"sglang.srt.disaggregation.{m}.conn" in sys.modules for m in MODULES}
+before = imported()
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+load_plugins()
+after = imported()
+from sglang.srt.disaggregation.common import conn
+manager = object.__new__(conn.CommonKVManager)
+manager.prefill_info_table = {"prefill:8998": None}
+manager.try_ensure_parallel_info("prefill:8998")  # the guard's first call vets the table
+files = []
+sys.setprofile(lambda frame, event, arg: files.append(frame.f_code.co_filename)
+               if event == "call" else None)
+answer = manager.try_ensure_parallel_info("prefill:8998")
+sys.setprofile(None)
+calls = {name: __import__(name).CALLS for name in sys.argv[1].split(",") if name}
+print(json.dumps({"raised": None, "calls": calls, "before": before, "after": after,
+                  "answer": answer, "targets": sorted(HookRegistry._hooks), "files": files,
+                  "doctor": ""}))
+"""
+
 def run_with(plugins: dict[str, str], *argv: str,
              probe: str = PROBE) -> tuple[dict[str, object], str]:
     """Run ``probe`` with the guard on and ``plugins`` installed as distributions."""
@@ -248,6 +297,38 @@ class TestHookRegistry(GuardTestCase):
                       "sglang.srt.disaggregation.utils.setup_state_kv_args", stderr)
         self.assertIn(f"replace on {UTILS} by displacer.replacement "
                       "(plugin=displacer, dist=displacer-fake)", stderr)
+
+
+
+class TestConnectorsStayLazy(GuardTestCase):
+    """Why the guard registers no connector method with SGLang's registry (host/registry.py):
+    in a scheduler process as SGLang's loader meets it, the guard's lazy wrappers cost the
+    per-request call no frame but the guard's own and import nothing; a registered hook on
+    the same methods puts the registry's frame in every call, imports the NIXL connector a
+    Mooncake or MORI server never imports, and fails on MORI's (``mori`` needs ROCm)."""
+
+    def test_lazy_wrappers_and_what_registering_would_do(self) -> None:
+        lazy, stderr = run_with({}, probe=CONNECTORS_PROBE)
+        self.assertEqual(lazy["targets"], [UTILS])
+        self.assertEqual(lazy["before"], {"common": True, "nixl": False, "mooncake": False,
+                                          "mori": False})
+        self.assertEqual(lazy["after"], lazy["before"])
+        self.assertIs(lazy["answer"], True)
+        files = lazy["files"]
+        assert isinstance(files, list)
+        self.assertEqual([Path(f).name for f in files], ["wrapper.py"], files)
+        self.assertIn("sglang_dsv4_guard", files[0])
+        self.assertNotIn("Failed to apply hooks", stderr)
+
+        hooked, stderr = run_with({"connhook": CONNECTOR_HOOKER}, probe=CONNECTORS_PROBE)
+        self.assertEqual(hooked["calls"], {"connhook": ["around", "around"]})  # both calls
+        self.assertIs(hooked["answer"], True)
+        self.assertTrue(hooked["after"]["nixl"])  # type: ignore[index]
+        files = hooked["files"]
+        assert isinstance(files, list)
+        self.assertIn("hook_registry.py", [Path(f).name for f in files])
+        self.assertGreater(len(files), len(lazy["files"]))  # type: ignore[arg-type]
+        self.assertIn(f"Failed to apply hooks to {CONNECTOR_TARGETS[2]}", stderr)
 
 
 if __name__ == "__main__":

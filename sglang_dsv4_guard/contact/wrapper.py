@@ -1,8 +1,10 @@
 """The wrapper around ``CommonKVManager.try_ensure_parallel_info`` (decode's first contact).
 
-SGLang's decode scheduler calls it every iteration for a request whose prefill it has not
-paired yet; it returns ``True`` at once once the prefill's info is cached. The pass path
-is one ``try`` around SGLang's call: nothing runs unless SGLang raised.
+SGLang's decode scheduler calls it for every pending request; it returns ``True`` at once
+once the prefill's info is cached. Where SGLang's first statement is a known release's
+(:mod:`~sglang_dsv4_guard.contact.cached`), the wrapper runs that statement itself on the
+dict SGLang builds, so the cached call costs no second frame; everything else is one
+``try`` around SGLang's call: nothing runs unless SGLang raised.
 
 When SGLang raised (its first mismatch: the decode server is about to exit), the report
 is built from SGLang's own values (:mod:`~sglang_dsv4_guard.contact.snapshot`) and every
@@ -33,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from sglang_dsv4_guard.codes import docs_url
+from sglang_dsv4_guard.contact.cached import answers_cached
 from sglang_dsv4_guard.contact.snapshot import ContactContext, snapshot_contact
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity
@@ -161,17 +164,45 @@ def make_contact_wrapper(guard: ContactGuard
 
             return any_signature
 
+        if not answers_cached(original):
+            @functools.wraps(original)
+            def try_ensure_parallel_info(self: Any, bootstrap_addr: Any) -> Any:
+                # The pass path (cached, fetched, not ready): one frame and a try, which
+                # is free until something raises.
+                try:
+                    return original(self, bootstrap_addr)
+                except Exception as error:
+                    _raise_for(guard, self, bootstrap_addr, error)
+                    raise
+
+            return try_ensure_parallel_info
+
+        vetted: Any = None  # the last table seen that is exactly a dict
+
         @functools.wraps(original)
-        def try_ensure_parallel_info(self: Any, bootstrap_addr: Any) -> Any:
-            # The pass path (cached, fetched, not ready): one frame and a try, which is
-            # free until something raises.
+        def try_ensure_parallel_info_cached(self: Any, bootstrap_addr: Any) -> Any:
+            # SGLang's own first statement (digest-proven, contact/cached.py), so the
+            # cached case costs no second frame; only on the table a previous call found
+            # to be exactly a dict (SGLang builds one; an identity test is cheaper than a
+            # type test), whose membership test has no effect to repeat. Anything else
+            # (a table not yet seen, of another type, no attribute, an unhashable
+            # address) goes to SGLang as it is.
+            nonlocal vetted
+            try:
+                table = self.prefill_info_table
+                if table is vetted and bootstrap_addr in table:
+                    return True
+                if type(table) is dict:
+                    vetted = table
+            except Exception:
+                pass
             try:
                 return original(self, bootstrap_addr)
             except Exception as error:
                 _raise_for(guard, self, bootstrap_addr, error)
                 raise
 
-        return try_ensure_parallel_info
+        return try_ensure_parallel_info_cached
 
     return make
 

@@ -45,7 +45,7 @@ from sglang_dsv4_guard.host.targets import (
 )
 
 __all__ = ["PD_DIGESTS_FILE", "SITES", "Located", "NotJudged", "SiteSpec", "digest_pd_tree",
-           "known_releases", "locate", "row_releases"]
+           "first_statement", "known_releases", "locate", "row_releases"]
 
 PD_DIGESTS_FILE = Path(__file__).with_name("pd_digests.json")
 
@@ -59,7 +59,8 @@ class NotJudged(Exception):
 class SiteSpec:
     """A check in SGLang: the function, and the phrase its raised message holds (or, with
     ``call``, the method it calls there; or, with ``helpers``, the whole function and those
-    of its class's methods it calls, run as they are rather than evaluated)."""
+    of its class's methods it calls, run as they are rather than evaluated; or, with
+    ``first``, the function's first statement after its docstring)."""
 
     key: str
     target: PatchTarget
@@ -68,6 +69,7 @@ class SiteSpec:
     helpers: tuple[str, ...] = ()
     # The phrase of a message assigned there, not raised (a failure SGLang records).
     assigned: str = ""
+    first: bool = False
 
 
 SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
@@ -95,6 +97,9 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
     SiteSpec("decode.hisparse_mooncake", PD_POP_PREALLOCATED, phrase="requires the"),
     SiteSpec("first_contact.minimax", PD_FIRST_CONTACT,
              phrase="MiniMax sparse PD requires matching attention TP"),
+    # Decode's cached first contact (``if bootstrap_addr in self.prefill_info_table:
+    # return True``), which the first-contact wrapper answers itself (contact/cached.py).
+    SiteSpec("first_contact.cached", PD_FIRST_CONTACT, first=True),
     SiteSpec("mooncake.send_aux", PD_MOONCAKE_SEND_AUX, helpers=("send_aux_tcp",)),
     SiteSpec("nixl.send_aux", PD_NIXL_SEND_AUX, helpers=("send_aux_tcp",)),
     SiteSpec("mori.send_aux", PD_MORI_SEND_AUX, helpers=("send_aux_tcp", "send_aux_rdma")),
@@ -252,6 +257,15 @@ def _self_methods(cls: ast.ClassDef, nodes: Sequence[ast.AST]) -> tuple[ast.Func
     return tuple(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name in called)
 
 
+def first_statement(fn: ast.FunctionDef) -> ast.stmt | None:
+    """The first statement of ``fn``'s body after its docstring (``None`` for none)."""
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return body[0] if body else None
+
+
 def locate(package_dir: Path, spec: SiteSpec) -> Located | None:
     """The first statement of ``spec``'s function matching it; ``None`` when the function
     or the check is absent from the release. Raises
@@ -278,6 +292,10 @@ def _locate(package_dir: Path, spec: SiteSpec) -> Located | None:
     fn = _find(cls.body, method) if isinstance(cls, ast.ClassDef) else None
     if not isinstance(cls, ast.ClassDef) or not isinstance(fn, ast.FunctionDef):
         return None
+    if spec.first:
+        node = first_statement(fn)
+        return None if node is None else Located(spec, node, (), (), (),
+                                                 str(package_dir / spec.target.path))
     if spec.helpers:  # the whole function, with the helpers it calls that the class has
         helpers = tuple(m for m in cls.body if isinstance(m, ast.FunctionDef)
                         and m.name in spec.helpers)

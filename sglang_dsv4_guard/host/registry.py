@@ -15,13 +15,37 @@ method back on its first call), walks the chain SGLang will call, and logs a WAR
 naming the plug-ins whose hooks are in the way.
 
 The registry has no undo, so this path is only for SGLang's loader. Programmatic
-``install()`` patches directly and restores on ``uninstall()``. MORI stays lazily
-patched on both paths: ``apply_hooks()`` imports every target's module, and the MORI
-connector's module imports ``mori``, which needs ROCm. Decode's first contact too: its
-pass path runs per pending prefill address in the decode scheduler, and the registry's
-``AROUND`` chain would add two Python frames and argument packing to it, while
-``apply_hooks()`` would import the connector in every server process, PD or not. Both
-lazy targets are in the chain check after ``apply_hooks()`` (:data:`LAZY_TARGETS`).
+``install()`` patches directly and restores on ``uninstall()``.
+
+The connector methods stay lazily patched (wrapped the moment SGLang imports their
+module) on both paths, for reasons that hold in every release 0.5.16 - 0.5.23 (the
+registry's ``_wrap_fn`` and ``apply_hooks()`` are the same code in each;
+``tests/test_host_hooks.py::TestConnectorsStayLazy`` shows them in a scheduler process):
+
+- every hook type SGLang applies adds its ``_wrap_fn`` frame, with ``*args``/``**kwargs``
+  packing, to every call of the target;
+- ``apply_hooks()`` imports each target's module (``pkgutil.resolve_name``) in every
+  process that runs ``load_plugins()`` (engine, scheduler, detokenizer, DP controller),
+  and logs ``Failed to apply hooks`` with a traceback where that import fails.
+
+Per module:
+
+- ``common/conn.py`` (decode's first contact): SGLang's scheduler module imports it
+  already, so registering would import nothing new there; but the method runs per
+  pending request, and the registry's frame would make the cached call cost more than
+  the function itself (the lazy wrapper answers it at about 0.8x on 0.5.23,
+  :mod:`sglang_dsv4_guard.contact.cached`).
+- ``nixl/conn.py`` (``_add_remote_peer``) and ``mooncake/conn.py`` (the bootstrap
+  thread, the transfer worker): no scheduler imports them unless it is that backend's
+  server; registering would import the NIXL connector into every process of every server
+  (Mooncake, MORI, not PD at all), and the Mooncake one too, which needs
+  ``prometheus_client``: where it is absent, ``apply_hooks()`` would log an ERROR
+  traceback in every process of a server that never uses Mooncake.
+- ``mori/conn.py``: imports ``mori``, which needs ROCm: ``apply_hooks()`` would fail on
+  it (an ERROR traceback per process) on every other machine.
+
+MORI's and first contact's targets are in the chain check after ``apply_hooks()``
+(:data:`LAZY_TARGETS`).
 """
 
 from __future__ import annotations
