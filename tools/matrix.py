@@ -109,6 +109,10 @@ PROCESS_TESTS: dict[str, tuple[str, ...]] = {
         "srt/managers/scheduler.py::run_scheduler_process",) for name in (
         "TestSchedulerPrintsTheReportOnce", "TestKilledLaunchStillPrintsTheReport")},
     "tests/test_host_hooks.py::TestHookRegistry": _LOADER,
+    # Why no connector method is registered with SGLang's registry: what its loader and
+    # registry do with such a hook (the scheduler's own imports were read on 0.5.16,
+    # 0.5.18, 0.5.21 and 0.5.23: none imports the NIXL, Mooncake or MORI connector).
+    "tests/test_host_hooks.py::TestConnectorsStayLazy": _LOADER,
     "tests/test_plugin_example.py::TestExamplePlugin": _LOADER,
     "tests/test_host.py::TestHostInAFreshProcess": _LOADER,
     "tests/test_host_sources.py::TestUnreadableSourceInAFreshProcess": _LOADER,
