@@ -26,10 +26,12 @@ SGLang's error. A built-in prediction that differs from SGLang's first message i
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 import sys
 import threading
+import types
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -144,6 +146,22 @@ def _raise_for(guard: ContactGuard, manager: object, addr: object, error: Except
         raise replacement from error
 
 
+def _answers_cached_first(self: Any, bootstrap_addr: Any) -> Any:
+    """The wrapper's code where SGLang's first statement is a known release's: that
+    statement, then SGLang's call. On a miss (no info cached yet for that prefill) SGLang
+    runs its statement again: a membership test of the dict SGLang builds, no effect.
+    Where the statement itself raises (no table; an unhashable address) it raises what
+    SGLang's would, from this frame. ``_SGLANG``, ``_RAISE_FOR`` and ``_GUARD`` are the
+    globals :func:`make_contact_wrapper` gives each installed copy."""
+    if bootstrap_addr in self.prefill_info_table:
+        return True
+    try:
+        return _SGLANG(self, bootstrap_addr)  # type: ignore[name-defined]  # noqa: F821
+    except Exception as error:
+        _RAISE_FOR(_GUARD, self, bootstrap_addr, error)  # type: ignore[name-defined]  # noqa: F821
+        raise
+
+
 def make_contact_wrapper(guard: ContactGuard
                          ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A factory for :func:`sglang_dsv4_guard.patching.apply`. SGLang's signature in
@@ -177,32 +195,13 @@ def make_contact_wrapper(guard: ContactGuard
 
             return try_ensure_parallel_info
 
-        vetted: Any = None  # the last table seen that is exactly a dict
-
-        @functools.wraps(original)
-        def try_ensure_parallel_info_cached(self: Any, bootstrap_addr: Any) -> Any:
-            # SGLang's own first statement (digest-proven, contact/cached.py), so the
-            # cached case costs no second frame; only on the table a previous call found
-            # to be exactly a dict (SGLang builds one; an identity test is cheaper than a
-            # type test), whose membership test has no effect to repeat. Anything else
-            # (a table not yet seen, of another type, no attribute, an unhashable
-            # address) goes to SGLang as it is.
-            nonlocal vetted
-            try:
-                table = self.prefill_info_table
-                if table is vetted and bootstrap_addr in table:
-                    return True
-                if type(table) is dict:
-                    vetted = table
-            except Exception:
-                pass
-            try:
-                return original(self, bootstrap_addr)
-            except Exception as error:
-                _raise_for(guard, self, bootstrap_addr, error)
-                raise
-
-        return try_ensure_parallel_info_cached
+        # SGLang's own first statement (digest-proven, contact/cached.py), in a function
+        # of its own whose globals hold SGLang's function and the guard: the cached call
+        # runs the very bytecode SGLang's does, with no closure to set up.
+        fast = types.FunctionType(_answers_cached_first.__code__, {
+            "__builtins__": builtins, "_SGLANG": original, "_RAISE_FOR": _raise_for,
+            "_GUARD": guard}, original.__name__)
+        return functools.wraps(original)(fast)
 
     return make
 
