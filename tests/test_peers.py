@@ -449,6 +449,39 @@ class TestMooncakeDeaths(GuardTestCase):
         self.assertIn("decode peer sess-aux", ours[0])
         self.assertIn("now hangs", ours[0])
 
+    def test_no_plugin_runs_under_sglangs_lock_and_reconfigure_keeps_checking(self) -> None:
+        """A registration check (a plug-in's here) never runs while SGLang holds the
+        manager's session_lock (0.5.22+ write the table under it); after the guard is
+        reconfigured, a manager already running still has its new peers checked, by the
+        new installation."""
+        held: list[bool] = []
+
+        class Probe:
+            @hookimpl
+            def sglang_dsv4_guard_check_registration(self, registration: Any,
+                                                     context: Any) -> list[Any]:
+                held.append(mgr.session_lock.locked())
+                return []
+
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,))
+        current = installation()
+        assert current is not None
+        current.runtime.plugins.pm.register(Probe(), "probe")
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, name="sess-lock")
+        self.assertEqual(self._threads(mgr, [frames]), [])
+        self.assertEqual(held, [False])
+        self.assertIn("sess-lock", mgr.decode_kv_args_table)
+        self.install_guard("strict", load_entry_points=False)  # reconfigure, mgr still live
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=2, name="sess-after",
+                                            port=7002)
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            # SGLang's own start: the thread of a manager started under the first install
+            self.assertEqual(self._threads(mgr, [frames], _RAW_START), [])
+        text = "\n".join(r.getMessage() for r in logs.records)
+        self.assertIn("sess-after", text)
+        self.assertIn("[DSV4G040]", text)
+
+
     def test_64_peers_one_report_and_counts(self) -> None:
         """One prefill rank's real bootstrap thread registers 64 decode peers with the same
         attention-TP mismatch: every peer is in SGLang's table, one full DSV4G040 report, a

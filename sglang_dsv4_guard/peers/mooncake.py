@@ -1,7 +1,12 @@
 """Mooncake: the registration is a closure of ``start_prefill_thread`` (``bootstrap_thread``)
-that writes ``decode_kv_args_table[session]``; the wrapper of ``start_prefill_thread`` gives the
-manager a watched table (a ``dict`` whose ``__setitem__`` also checks the peer, after
-SGLang's write).
+that writes ``decode_kv_args_table[session]``. From 0.5.22 the write is SGLang's method
+``_publish_peer_registration``, under ``session_lock``: the wrapper of
+``start_prefill_thread`` sets an instance ``_publish_peer_registration`` that calls the
+class's and checks the peer once it returned (the lock released: no plug-in runs under
+SGLang's lock), and the table stays SGLang's own ``dict``. Before 0.5.22 the closure
+writes the table itself, outside any lock: the manager gets a watched table (a ``dict``
+whose ``__setitem__`` also checks the peer, after SGLang's write); its reads take
+CPython's generic subscript path (docs/operating.md, limitations).
 
 The closure calls ``self.requires_dcp_relayout`` *before* that write, and a DCP pair it
 refuses (DSV4G036) raises there: the bootstrap thread ends and the table never sees the
@@ -44,6 +49,7 @@ from sglang_dsv4_guard.wrapping import note_on, our_failure
 __all__ = ["WatchedTable", "patch_mooncake"]
 
 _DEAD = "is dead"  # Mooncake's transfer_worker: "Transfer thread failed ... is dead."
+_PUBLISH = "_publish_peer_registration"  # 0.5.22+: SGLang's table write, under its lock
 
 
 class WatchedTable(dict[Any, Any]):
@@ -61,11 +67,34 @@ class WatchedTable(dict[Any, Any]):
         self._on_set(value)
 
 
+# The guard of the latest installation: hooks set on a live manager by an earlier one
+# check with it (a reconfigured guard keeps checking the managers that already run).
+_LATEST: list[PeerGuard] = []
+
+
+def _current(guard: PeerGuard) -> PeerGuard:
+    """``guard``, or the latest installation's when ``guard``'s is no longer active."""
+    latest = _LATEST[-1] if _LATEST else guard
+    return guard if guard.rt.active or not latest.rt.active else latest
+
+
 def _watched(guard: PeerGuard, manager: object, info: object) -> None:
-    """Mooncake's table write: the peer is in the table; a strict failure of ours rises."""
-    ours = checked(guard, "mooncake", manager, info)
+    """The peer is in SGLang's table: check it; a strict failure of ours rises."""
+    ours = checked(_current(guard), "mooncake", manager, info)
     if ours is not None:
         raise ours
+
+
+def _publish_hook(guard: PeerGuard, manager: object) -> Callable[..., Any]:
+    """The instance's ``_publish_peer_registration`` (0.5.22+): the class's, then the
+    check, once SGLang's lock is released."""
+    def _publish_peer_registration(session: Any, info: Any, *args: Any, **kwargs: Any) -> Any:
+        method = getattr(type(manager), _PUBLISH)  # looked up at call time
+        result = method(manager, session, info, *args, **kwargs)
+        _watched(guard, manager, info)
+        return result
+
+    return _publish_peer_registration
 
 
 def _registering(frame: Any) -> object | None:
@@ -105,20 +134,23 @@ def _relayout_hook(guard: PeerGuard, manager: object) -> Callable[..., Any]:
         try:
             return method(manager, *args, **kwargs)
         except Exception as error:
-            if guard.rt.active:
-                _relayout_refused(guard, manager, sys._getframe(1), error)
+            current = _current(guard)
+            if current.rt.active:
+                _relayout_refused(current, manager, sys._getframe(1), error)
             raise
 
     return requires_dcp_relayout
 
 
 def _watch(guard: PeerGuard, manager: Any) -> None:
-    """Watch the manager's peer table and hook its relayout (a release without DCP,
-    0.5.16, has no relayout to hook)."""
-    table = manager.decode_kv_args_table
-    if type(table) is dict:
+    """Watch the manager's peer registrations (SGLang's publishing method, else its table)
+    and hook its relayout (a release without DCP, 0.5.16, has no relayout to hook)."""
+    if callable(getattr(type(manager), _PUBLISH, None)):
+        if _PUBLISH not in vars(manager):
+            setattr(manager, _PUBLISH, _publish_hook(guard, manager))
+    elif type(manager.decode_kv_args_table) is dict:
         manager.decode_kv_args_table = WatchedTable(
-            table, functools.partial(_watched, guard, manager))
+            manager.decode_kv_args_table, functools.partial(_watched, guard, manager))
     name = PD_RELAYOUT.attr
     if callable(getattr(type(manager), name, None)) and name not in vars(manager):
         setattr(manager, name, _relayout_hook(guard, manager))
@@ -128,12 +160,16 @@ def _mooncake_start(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def start_prefill_thread(self: Any, *args: Any, **kwargs: Any) -> Any:
+            ours = None
             if guard.rt.active:
                 try:
                     _watch(guard, self)
-                except Exception as exc:  # strict: rises before SGLang's thread starts
-                    guard.rt.internal_error("watching Mooncake's decode peer table", exc)
-            return original(self, *args, **kwargs)
+                except Exception as exc:  # strict: rises once SGLang's thread started
+                    ours = our_failure(guard.rt, "watching Mooncake's decode peer table", exc)
+            result = original(self, *args, **kwargs)
+            if ours is not None:
+                raise ours
+            return result
 
         return start_prefill_thread
 
@@ -179,5 +215,6 @@ def _mooncake_worker(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callabl
 def patch_mooncake(module: ModuleType, guard: PeerGuard) -> list[AppliedPatch]:
     """Wrap Mooncake's prefill bootstrap start and transfer worker."""
     judged("peers.mooncake_start", "peers.mooncake_worker")
+    _LATEST[:] = [guard]
     return apply_all(module, [(PEERS_MOONCAKE_START, _mooncake_start(guard)),
                               (PEERS_MOONCAKE_WORKER, _mooncake_worker(guard))])
