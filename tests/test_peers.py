@@ -156,6 +156,27 @@ class TestNixlRegistration(GuardTestCase):
         self.assertIn("10 decode peer(s)", counts[0].getMessage())
         self.assertIn("64 decode peer(s)", sglang_dsv4_guard.summary())
 
+    def test_odd_managers_get_sglangs_outcome(self) -> None:
+        """A manager whose mode cannot be read as text, or whose peer table is None:
+        SGLang's registration decides (its outcome, its exception), never the guard's
+        bookkeeping around it (outside review, finding 3)."""
+        class Unprintable:
+            def __str__(self) -> str:
+                raise UnicodeError("mode")
+
+        for name, change in (("mode", {"disaggregation_mode": SimpleNamespace(
+                                  value=Unprintable())}),
+                             ("table", {"decode_kv_args_table": None})):
+            outcomes = []
+            for fn in (_RAW["nixl"], nixl.NixlKVManager._add_remote_peer):
+                mgr = peers_real.prefill(nixl, "nixl", tp=1)
+                mgr.__dict__.update(change)
+                outcomes.append(register(fn, mgr, peers_real.registration(
+                    nixl, "nixl", tp=1, name=f"decode-{name}-{len(outcomes)}")[1]))
+            raw, guarded = outcomes
+            self.assertEqual(guarded[0], raw[0], name)
+            self.assertEqual(guarded[1].replace("-1", "-0"), raw[1], name)
+
     def test_hostile_plugin_and_our_bug_leave_sglang_unchanged(self) -> None:
         """A plug-in whose registration check raises is one DSV4G090; a bug in the guard's
         snapshot is one logged internal error; SGLang's outcome is the same either way."""

@@ -38,7 +38,7 @@ from sglang_dsv4_guard.reporter import EXTRA_KEY
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.wrapping import our_failure, publish_registration
 
-__all__ = ["PeerGuard", "checked", "is_prefill", "judged", "timeout_text"]
+__all__ = ["PeerGuard", "checked", "is_new_peer", "is_prefill", "judged", "timeout_text"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -159,8 +159,24 @@ class PeerGuard:
 
 
 def is_prefill(manager: Any) -> bool:
-    mode = getattr(manager, "disaggregation_mode", None)
-    return str(getattr(mode, "value", mode)) == "prefill"
+    """Whether ``manager`` is a prefill rank's; anything unreadable is not (never raises:
+    it runs next to SGLang's registration, outside the checks' own ``try``)."""
+    try:
+        mode = getattr(manager, "disaggregation_mode", None)
+        return str(getattr(mode, "value", mode)) == "prefill"
+    except Exception:
+        return False
+
+
+def is_new_peer(manager: Any, info: object) -> bool:
+    """Whether ``info``'s peer is not yet in the prefill ``manager``'s peer table (read
+    before SGLang registers it); a table or name that cannot be read: not new (never
+    raises: SGLang's own registration decides what such a table means)."""
+    try:
+        return is_prefill(manager) and peer_name(info) not in getattr(
+            manager, "decode_kv_args_table", {})
+    except Exception:
+        return False
 
 
 def checked(guard: PeerGuard, backend: str, manager: object, info: object

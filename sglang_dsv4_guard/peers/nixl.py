@@ -16,8 +16,7 @@ from typing import Any
 
 from sglang_dsv4_guard.host.targets import PEERS_NIXL_REGISTER
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
-from sglang_dsv4_guard.peers.guard import PeerGuard, checked, is_prefill, judged, timeout_text
-from sglang_dsv4_guard.peers.snapshot import peer_name
+from sglang_dsv4_guard.peers.guard import PeerGuard, checked, is_new_peer, judged, timeout_text
 from sglang_dsv4_guard.wrapping import note_on, our_failure
 
 __all__ = ["patch_nixl"]
@@ -27,8 +26,7 @@ def _nixl_register(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def _add_remote_peer(self: Any, decode_kv_args: Any, *args: Any, **kwargs: Any) -> Any:
-            fresh = (guard.rt.active and is_prefill(self) and peer_name(decode_kv_args)
-                     not in getattr(self, "decode_kv_args_table", {}))
+            fresh = guard.rt.active and is_new_peer(self, decode_kv_args)
             try:
                 result = original(self, decode_kv_args, *args, **kwargs)
             except Exception as error:
