@@ -163,7 +163,7 @@ def _manager_class(backend: str) -> Any:
 
 def send_extra_refusal(backend: str, prefill_tp: int, decode_tp: int, pp: int, mla: bool,
                        states: Sequence[str], layout: str = "nhd",
-                       hybrid_mla: bool = False) -> str | None:
+                       hybrid_mla: bool = False, state_tp: int | None = None) -> str | None:
     """SGLang's real ``maybe_send_extra`` of ``backend`` (``mooncake`` or ``nixl``) on a
     half-built prefill manager (no engine) sending ``states`` (one request, one page each)
     to a decode of attention TP ``decode_tp``: its RuntimeError's message when it refuses a
@@ -173,7 +173,7 @@ def send_extra_refusal(backend: str, prefill_tp: int, decode_tp: int, pp: int, m
     count = len(states)
     manager = object.__new__(cls)
     manager.__dict__.update(
-        attn_tp_size=prefill_tp, state_tp_size=prefill_tp, is_mla_backend=mla,
+        attn_tp_size=prefill_tp, state_tp_size=state_tp or prefill_tp, is_mla_backend=mla,
         is_hybrid_mla_backend=hybrid_mla, pp_size=pp, _state_layout_rejections={},
         _prepared_state_plans={}, kv_args=SimpleNamespace(
             state_types=_state_types(states), state_data_ptrs=[[0, 0]] * count,

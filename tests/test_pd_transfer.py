@@ -3,6 +3,7 @@ attention TP (DSV4G040), exactly as narrow as each release's ``maybe_send_extra`
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import unittest
 from pathlib import Path
@@ -120,7 +121,7 @@ class TestSendExtraHeterogeneousTP(GuardTestCase):
 
 
 def _ours(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str,
-          layout: str = "nhd") -> str | None:
+          layout: str = "nhd", state_tp: int | None = None) -> str | None:
     def ep(role: str, tp: int, pp_size: int) -> Endpoint:
         return Endpoint(role, {"attn_tp_size": Value(tp, "drawn"), "pp_size": Value(pp_size, "drawn"),
                                "is_mla_backend": Value(mla, "drawn"),
@@ -128,8 +129,11 @@ def _ours(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str,
 
     package = imported_package_dir()
     assert package is not None
-    verdicts, unknowns = send_extra_verdicts(ep("prefill", prefill_tp, pp),
-                                             ep("decode", decode_tp, 1), "nixl", package, [state])
+    prefill = ep("prefill", prefill_tp, pp)
+    if state_tp is not None:  # the live manager's, as the registration snapshot reads it
+        prefill = prefill.with_values(state_tp_size=Value(state_tp, "drawn"))
+    verdicts, unknowns = send_extra_verdicts(prefill, ep("decode", decode_tp, 1), "nixl",
+                                             package, [state])
     if unknowns:  # SGLang refuses the state first for a reason of its own: that message
         assert "refuses this state before comparing TP sizes" in unknowns[0], unknowns
         return unknowns[0].split(": ", 3)[-1].split("'")[1]
@@ -175,6 +179,21 @@ class TestSendExtraParity(GuardTestCase):
                              send_extra_refusal("nixl", 1, 4, pp, False, ("swa",)))
         self.assertEqual(send_extra_refusal("nixl", 1, 4, 2, False, ("swa",)),
                          WITH_PP if SLICES_SWA else PLAIN)
+
+    def test_state_tp_where_the_prefill_has_one(self) -> None:
+        """A prefill whose state TP differs from its attention TP (a live manager's, as the
+        registration reads it): the verdict is SGLang's for every TP triple, QSA state
+        (paired by the state TP on 0.5.23) and SWA alike (outside review, finding 2)."""
+        from sglang.srt.disaggregation.base.conn import StateType
+
+        states = [s for s in ("qsa_pending", "swa") if s in {t.value for t in StateType}]
+        for state in states:
+            for prefill_tp, state_tp, decode_tp in itertools.product((1, 2, 4), repeat=3):
+                with self.subTest(state=state, tp=(prefill_tp, state_tp, decode_tp)):
+                    self.assertEqual(
+                        _ours(prefill_tp, decode_tp, 1, False, state, state_tp=state_tp),
+                        send_extra_refusal("nixl", prefill_tp, decode_tp, 1, False, (state,),
+                                           state_tp=state_tp))
 
     @settings(deadline=None)
     @given(prefill_tp=st.sampled_from([1, 2, 4, 8]), decode_tp=st.sampled_from([1, 2, 4, 8]),
