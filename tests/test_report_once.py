@@ -110,6 +110,25 @@ class TestFingerprintAndMarkers(GuardTestCase):
         other = check_pools(*build_pair(mapping="different"))
         self.assertNotEqual(fingerprint(first), fingerprint(other))
 
+    def test_fingerprint_ignores_the_peer_wherever_it_is_named(self) -> None:
+        """Two decode peers with the same registration mismatch, SGLang's message naming
+        each peer ("... rejected for <agent>"): one fingerprint, so one full report per
+        server, not per rank; other values are another report (outside review, finding 4)."""
+        from sglang_dsv4_guard.findings import Finding, Severity
+
+        def registered(peer: str, stride: int) -> Report:
+            return Report.of([Finding(
+                code="DSV4G055", severity=Severity.ERROR, summary="strides differ",
+                subject="decode peer's NIXL registration",
+                details=(f"decode peer: {peer} at 10.0.0.2:7000 (nixl)",),
+                host_message=f"NIXL state layout rejected for {peer}: src[0]={stride}")],
+                {"function": "NixlKVManager registration", "peer": f"{peer} at 10.0.0.2:7000"})
+
+        first, second = registered("9f1c-uuid-a", 128), registered("77aa-uuid-b", 128)
+        self.assertIn("77aa-uuid-b", second.to_json())  # the text keeps the peer
+        self.assertEqual(fingerprint(first), fingerprint(second))
+        self.assertNotEqual(fingerprint(first), fingerprint(registered("9f1c-uuid-a", 256)))
+
     def test_fingerprint_ignores_device_index(self) -> None:
         """On a GPU each TP rank's mapping names its own device (``device=cuda:<rank>``):
         two reports differing only in that index give one fingerprint, while the text

@@ -87,14 +87,21 @@ def fingerprint(report: Report) -> str:
     """A stable 12-hex-digit hash of what the report says, without per-process noise.
 
     Left out: object ids and pointers (any ``0x...`` number), device indices
-    (``cuda:3`` counts as ``cuda``: every TP rank has its own), the context's ``peer``
-    and the finding details naming the decode peer. The report's text keeps them.
+    (``cuda:3`` counts as ``cuda``: every TP rank has its own), the context's ``peer``,
+    the finding details naming the decode peer and the peer's name wherever else it
+    appears (SGLang's messages). The report's text keeps them.
     """
     data = report.to_dict()
+    peer = str(data["context"].get("peer") or "")  # "<name> at <address>" (registrations)
     data["context"] = {k: v for k, v in data["context"].items() if k not in _NOISY_CONTEXT}
     for finding in data["findings"]:
         finding["details"] = [d for d in finding["details"] if not d.startswith(_NOISY_DETAILS)]
-    text = _ADDRESS.sub("0x?", json.dumps(data, sort_keys=True, default=repr))
+    text = json.dumps(data, sort_keys=True, default=repr)
+    # SGLang's own message may name the peer too ("... rejected for <agent>"): every rank
+    # of a server meets its own peers, and the problem is the same
+    for name in sorted({peer, peer.split(" at ", 1)[0]} - {""}, key=len, reverse=True):
+        text = text.replace(json.dumps(name)[1:-1], "<peer>")
+    text = _ADDRESS.sub("0x?", text)
     text = _DEVICE_INDEX.sub(r"\1", text)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
