@@ -246,6 +246,7 @@ class GuardTestCase(CustomTestCase):
             attempts += 1
             if attempts > 1:  # a retry: undo the failed attempt, then set up afresh
                 self.doCleanups()
+                produced_codes.test_started()  # a failed attempt's codes are not its
                 self.setUp()
             return method()
 
