@@ -14,7 +14,8 @@ table: SGLang's real ``MooncakeKVManager._prefetch_staging_reqs`` (the prefill s
 calls it for every request of every batch, 0.5.16 - 0.5.23; with staging on it reads
 ``decode_kv_args_table`` twice per decode peer of the request), on a request paired with 8
 decode peers registered by the release's own message code, with SGLang's plain dict
-against the guard's ``WatchedTable`` (what the guard installs at ``start_prefill_thread``).
+against the manager as the guard watches it at ``start_prefill_thread`` (0.5.22+: SGLang's
+dict, an instance hook on its publishing method; before: the guard's ``WatchedTable``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import sglang.srt.disaggregation.utils as utils  # noqa: E402
 from sglang.srt.disaggregation.common import conn as common  # noqa: E402
 
 import sglang_dsv4_guard  # noqa: E402
-from sglang_dsv4_guard.peers.mooncake import WatchedTable  # noqa: E402
 from sglang_dsv4_guard.testing import build_pair, new_kv_args  # noqa: E402
 
 
@@ -117,7 +117,7 @@ def main() -> None:
         for label, tp in (("accepted", 1), ("refused per request", 2)):
             per_peer(label, raw_register, nixl.NixlKVManager._add_remote_peer, tp)
         plain, watched = mooncake_prefetch()
-        measure("Mooncake _prefetch_staging_reqs (8 decode peers), WatchedTable vs dict",
+        measure("Mooncake _prefetch_staging_reqs (8 decode peers), as the guard watches it",
                 plain, watched, number=50000, rounds=9)
     finally:
         sglang_dsv4_guard.uninstall()
@@ -126,10 +126,16 @@ def main() -> None:
 def mooncake_prefetch(peers: int = 8) -> tuple[object, object]:
     """SGLang's ``_prefetch_staging_reqs`` for one request paired with ``peers`` decode
     ranks of the prefill's TP (no staging needed: it returns after reading the table),
-    on a prefill manager whose table is SGLang's dict, and on one whose table is the
-    guard's WatchedTable."""
+    on a prefill manager as SGLang builds it, and on one the installed guard watches as
+    its ``start_prefill_thread`` does on this release (0.5.22+: SGLang's own dict and an
+    instance hook on the publishing method; before: the guard's WatchedTable)."""
     import sglang.srt.disaggregation.mooncake.conn as mooncake
 
+    from sglang_dsv4_guard.lifecycle import installation
+    from sglang_dsv4_guard.peers import mooncake as mooncake_peers
+
+    current = installation()
+    assert current is not None, "the guard is installed by main()"
     sessions = [f"decode-{i}" for i in range(peers)]
     registrations = {name: peers_real.registration(mooncake, "mooncake", tp=2, name=name)[1]
                      for name in sessions}
@@ -138,11 +144,13 @@ def mooncake_prefetch(peers: int = 8) -> tuple[object, object]:
              for name in sessions}
     fn = vars(mooncake.MooncakeKVManager)["_prefetch_staging_reqs"]
     calls = []
-    for table in (dict(registrations), WatchedTable(dict(registrations), lambda value: None)):
+    for watched in (False, True):
         mgr = peers_real.prefill(mooncake, "mooncake", tp=2)
         mgr.enable_staging, mgr.kv_buffer_tensors = True, object()
         mgr.transfer_infos = {7: dict(infos)}
-        mgr.decode_kv_args_table = table
+        mgr.decode_kv_args_table = dict(registrations)
+        if watched:
+            mooncake_peers._watch(current.peers, mgr)
         fn(mgr, 7)  # returns after the reads: every peer has the prefill's TP
         calls.append(lambda mgr=mgr: fn(mgr, 7))
     return calls[0], calls[1]
