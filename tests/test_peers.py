@@ -581,6 +581,65 @@ class TestMooncakeDeaths(GuardTestCase):
 
 
 
+class TestMooncakeRegistrationParity(GuardTestCase):
+    """The parity property on Mooncake: SGLang's real bootstrap thread ends as it would
+    and registers what it would, in every mode; a report appears at registration exactly
+    when SGLang refuses the peer then (its DCP relayout) or for every request later (its
+    ``maybe_send_extra``)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        published_configs(self)
+
+    @settings(max_examples=30)  # each example: two real bootstrap threads and a send
+    @given(prefill_tp=st.sampled_from([1, 2, 4]), decode_tp=st.sampled_from([1, 2, 4]),
+           dcp=st.sampled_from([1, 2]), mla=st.booleans(), swa=st.booleans(),
+           mode=st.sampled_from(["on", "strict"]))
+    def test_parity(self, prefill_tp: int, decode_tp: int, dcp: int, mla: bool, swa: bool,
+                    mode: str) -> None:
+        """SGLang's real bootstrap thread (unguarded) and ``maybe_send_extra`` are the
+        oracles."""
+        sglang_dsv4_guard.install(mode, load_entry_points=False)
+        try:
+            self._example(prefill_tp, decode_tp, dcp, mla, swa)
+        finally:
+            with guard_logs_off():
+                sglang_dsv4_guard.uninstall()
+
+    def _example(self, prefill_tp: int, decode_tp: int, dcp: int, mla: bool,
+                 swa: bool) -> None:
+        states = (_SWA,) if swa else ()
+        frames = peers_real.registration(mooncake, "mooncake", tp=decode_tp, dcp=dcp,
+                                         name="sess-p")[0]
+        outcomes = []
+        mgr = None
+        for start in (_RAW_START, None):
+            mgr = peers_real.prefill(mooncake, "mooncake", tp=prefill_tp, mla=mla,
+                                     state_types=states)
+            with guard_logs_off():
+                died = bootstrap_threads(mgr, [frames], start)
+            outcomes.append((died, sorted(mgr.decode_kv_args_table)))
+        self.assertEqual(outcomes[1], outcomes[0])
+        raw_died = outcomes[0][0]
+        current = installation()
+        assert current is not None
+        reports = current.peers.reports()
+        codes = {c for r in reports for c in r.codes}
+        if raw_died and raw_died[0][0] is RuntimeError:  # SGLang's relayout refused it
+            self.assertEqual(len(raw_died), 1)
+            self.assertEqual(codes, {"DSV4G036"}, raw_died)
+            return
+        if raw_died:  # past the relayout (an MLA pool relayouts DCP) the half-built manager
+            # lacks the KV geometry SGLang then prepares: the thread ends before the peer
+            # is registered, so there is nothing for the guard to check or name
+            self.assertEqual(codes, set(), raw_died)
+            return
+        later = send_extra_refusal("mooncake", prefill_tp, decode_tp, 1, mla,
+                                   ["swa"] if swa else [], layout="page_major")
+        self.assertEqual("DSV4G040" in codes, later is not None, (codes, later))
+        self.assertEqual(bool(reports), later is not None, codes)
+
+
 class TestMooncakeStrict(GuardTestCase):
     """Strict mode on Mooncake: a failure of the guard's own never replaces SGLang's error."""
 
