@@ -332,7 +332,7 @@ def summary(results: list[Result], profile: str, total: float) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        codes = ("- (not recorded by SGLang's runner)" if r.label
+        codes = ("recorded; counted on the base release's row" if r.label
                  else "not checked (partial run)" if r.codes_missing is None
                  else "missing " + ", ".join(r.codes_missing) if r.codes_missing
                  else f"all {len(catalogue(r.release.version))} of this release")
