@@ -12,7 +12,7 @@ from typing import Any
 
 import mori_stub
 from helpers import GuardTestCase, fresh_python, guard_logs_off
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -226,6 +226,50 @@ def registered(mgr: Any, p: Any) -> tuple[str, str]:
     except Exception as exc:
         return type(exc).__name__, str(exc)
     return "ok", ""
+
+
+class TestMoriRegistrationParity(GuardTestCase):
+    """The parity property on MORI's registration: SGLang's outcome is unchanged in every
+    mode, and a report appears at registration exactly when SGLang refuses the peer then
+    (its DCP relayout, 0.5.22+) or its own SWA send refuses every request later."""
+
+    @settings(max_examples=30)  # each example: two real registrations and a send
+    @given(decode_tp=st.sampled_from([1, 2, 4]), dcp=st.sampled_from([1, 2]),
+           mla=st.booleans(), mode=st.sampled_from(["on", "strict"]))
+    def test_parity(self, decode_tp: int, dcp: int, mla: bool, mode: str) -> None:
+        """SGLang's real ``_add_remote_peer`` (unguarded) and ``_send_swa_dsa_state`` are
+        the oracles; the prefill has attention TP 2."""
+        def pair(key: str) -> tuple[Any, Any]:
+            mgr = mori_stub.manager(conn, attn_tp=2, mla=mla)
+            p = mori_stub.peer(conn, key, decode_tp=decode_tp)
+            p.dst_dcp_size, p.dst_dcp_rank = dcp, 0
+            return mgr, p
+
+        raw = registered(*pair("raw"))  # SGLang's own: nothing installed yet
+        sglang_dsv4_guard.install(mode, load_entry_points=False)
+        try:
+            mgr, p = pair(f"guarded-{decode_tp}-{dcp}-{mla}-{mode}")
+            with guard_logs_off():
+                self.assertEqual(registered(mgr, p), raw)
+            current = installation()
+            assert current is not None
+            codes = {c for r in [*current.mori.registered.values(), *current.peers.reports()]
+                     for c in r.codes}
+        finally:
+            with guard_logs_off():
+                sglang_dsv4_guard.uninstall()
+        if raw[0] == "RuntimeError":  # SGLang's registration refused the peer: its relayout
+            self.assertEqual(codes, {"DSV4G036"}, raw)
+            return
+        if raw != ("ok", ""):  # past the relayout (an MLA pool relayouts DCP) the half-built
+            # manager lacks the KV geometry SGLang then reads: no refusal of SGLang's
+            self.assertNotIn("DSV4G036", codes, raw)
+            return
+        later = call(_RAW["send"], *pair("later"), "swa")
+        refused = (later[0] == "raised" and type(later[1]) is RuntimeError
+                   and str(later[1]).startswith(_G006_MESSAGE))
+        self.assertEqual("DSV4G006" in codes, refused, (codes, later))
+        self.assertEqual(codes - {"DSV4G006"}, set(), codes)
 
 
 class TestMoriRegistration(GuardTestCase):
