@@ -85,7 +85,7 @@ FIXED_EXAMPLES = {
     "test_pd_contract_property::TestContractAgreesWithSGLang::test_rows_agree_with_sglang": 20,
     "test_peers::TestNixlRegistrationParity::test_parity": 40,
     "test_peers::TestMooncakeRegistrationParity::test_parity": 30,
-    "test_mori::TestMoriRegistrationParity::test_parity": 30,
+    "test_mori::TestMoriRegistrationParity::test_parity": 24,
     "test_first_contact_runtime::TestFirstContactParity::test_parity": 25}
 CODES_VARIABLE = "DSV4_GUARD_CODES_FILE"
 # Jobs SGLang's auto_partition splits the harness run (every file, one interpreter each,
