@@ -2,9 +2,9 @@
 
 SGLang's decode scheduler calls it for every pending request; it returns ``True`` at once
 once the prefill's info is cached. Where SGLang's first statement is a known release's
-(:mod:`~sglang_dsv4_guard.contact.cached`), the wrapper runs that statement itself on the
-dict SGLang builds, so the cached call costs no second frame; everything else is one
-``try`` around SGLang's call: nothing runs unless SGLang raised.
+(:mod:`~sglang_dsv4_guard.contact.cached`), the wrapper runs that statement itself
+(:func:`_answers_cached_first`), so the cached call costs no second frame; everything else
+is one ``try`` around SGLang's call: nothing runs unless SGLang raised.
 
 When SGLang raised (its first mismatch: the decode server is about to exit), the report
 is built from SGLang's own values (:mod:`~sglang_dsv4_guard.contact.snapshot`) and every

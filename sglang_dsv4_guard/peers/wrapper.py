@@ -14,10 +14,10 @@ from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.host.targets import PEERS_MOONCAKE_WORKER, PEERS_NIXL_REGISTER
 from sglang_dsv4_guard.patching import AppliedPatch
 from sglang_dsv4_guard.peers.guard import PeerGuard, checked, is_prefill
-from sglang_dsv4_guard.peers.mooncake import WatchedTable, patch_mooncake
+from sglang_dsv4_guard.peers.mooncake import patch_mooncake
 from sglang_dsv4_guard.peers.nixl import patch_nixl
 
-__all__ = ["CONNECTORS", "PeerGuard", "WatchedTable", "mori_registration", "patch_mooncake",
+__all__ = ["CONNECTORS", "PeerGuard", "mori_registration", "patch_mooncake",
            "patch_nixl"]
 
 #: The connector modules whose import the composition root watches, and their patchers.
