@@ -14,8 +14,9 @@ table: SGLang's real ``MooncakeKVManager._prefetch_staging_reqs`` (the prefill s
 calls it for every request of every batch, 0.5.16 - 0.5.23; with staging on it reads
 ``decode_kv_args_table`` twice per decode peer of the request), on a request paired with 8
 decode peers registered by the release's own message code, with SGLang's plain dict
-against the manager as the guard watches it at ``start_prefill_thread`` (0.5.22+: SGLang's
-dict, an instance hook on its publishing method; before: the guard's ``WatchedTable``).
+against the manager as the guard leaves it at ``start_prefill_thread``, in on mode (SGLang's
+dict: the guard checks at the registration's parse, before 0.5.22, or its publishing
+method, 0.5.22+) and in strict mode (before 0.5.22: the guard's ``WatchedTable``).
 """
 
 from __future__ import annotations
@@ -116,9 +117,11 @@ def main() -> None:
         raw_register = vars(nixl.NixlKVManager)["_add_remote_peer"]
         for label, tp in (("accepted", 1), ("refused per request", 2)):
             per_peer(label, raw_register, nixl.NixlKVManager._add_remote_peer, tp)
-        plain, watched = mooncake_prefetch()
-        measure("Mooncake _prefetch_staging_reqs (8 decode peers), as the guard watches it",
-                plain, watched, number=50000, rounds=9)
+        for mode in ("on", "strict"):
+            sglang_dsv4_guard.install(mode, load_entry_points=False)
+            plain, watched = mooncake_prefetch()
+            measure(f"Mooncake _prefetch_staging_reqs (8 decode peers), as the guard in "
+                    f"{mode} mode leaves the manager", plain, watched, number=50000, rounds=9)
     finally:
         sglang_dsv4_guard.uninstall()
 
@@ -127,8 +130,9 @@ def mooncake_prefetch(peers: int = 8) -> tuple[object, object]:
     """SGLang's ``_prefetch_staging_reqs`` for one request paired with ``peers`` decode
     ranks of the prefill's TP (no staging needed: it returns after reading the table),
     on a prefill manager as SGLang builds it, and on one the installed guard watches as
-    its ``start_prefill_thread`` does on this release (0.5.22+: SGLang's own dict and an
-    instance hook on the publishing method; before: the guard's WatchedTable)."""
+    its ``start_prefill_thread`` does on this release and in its mode (0.5.22+: SGLang's
+    own dict and an instance hook on the publishing method; before, in on mode: SGLang's
+    own dict, in strict mode: the guard's WatchedTable)."""
     import sglang.srt.disaggregation.mooncake.conn as mooncake
 
     from sglang_dsv4_guard.lifecycle import installation

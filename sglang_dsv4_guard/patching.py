@@ -4,7 +4,8 @@
   is declared in :mod:`sglang_dsv4_guard.host.targets`.
 - :func:`apply` resolves the attribute on the object that defines it (walking a
   class's MRO), replaces it with a wrapper, and rebinds every stale
-  ``from module import name`` binding in ``sys.modules``.
+  ``from module import name`` binding in ``sys.modules``. A ``classmethod`` is wrapped
+  as its function and put back as a ``classmethod`` of the wrapper.
 - :func:`restore` puts the original back only where our wrapper still stands, in
   the owner and in every module that holds the wrapper (bindings made after
   install included), and reports what someone else patched on top of us.
@@ -44,17 +45,24 @@ WRAPPER_MARK = "__sglang_dsv4_guard_original__"
 _LIVE: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 
 
+def _function(value: object) -> object:
+    """The function a class attribute calls: a ``classmethod``'s, else the value itself."""
+    return value.__func__ if isinstance(value, classmethod) else value
+
+
 def is_ours(fn: object) -> bool:
-    """Whether ``fn`` is a wrapper of ours that is applied and not yet restored."""
+    """Whether ``fn`` (or the classmethod holding it) is a wrapper of ours that is applied
+    and not yet restored."""
     try:
-        return fn in _LIVE
+        return _function(fn) in _LIVE
     except TypeError:  # unhashable or not weak-referenceable: not one of our functions
         return False
 
 
 @dataclass
 class AppliedPatch:
-    """One applied patch and every place it was bound."""
+    """One applied patch and every place it was bound (``original`` and ``wrapper`` as
+    they stand in the owner: for a classmethod, the ``classmethod`` objects)."""
 
     target: PatchTarget
     owner: Any
@@ -75,7 +83,7 @@ def resolve(target: PatchTarget, module: ModuleType) -> tuple[Any, str, Callable
     owners = obj.__mro__ if isinstance(obj, type) else (obj,)
     for owner in owners:
         namespace = vars(owner)
-        if attr in namespace and callable(namespace[attr]):
+        if attr in namespace and callable(_function(namespace[attr])):
             return owner, attr, namespace[attr]
     raise DSV4GuardInstallError(f"{target} does not exist in the installed SGLang", str(target))
 
@@ -118,10 +126,15 @@ def apply(target: PatchTarget, module: ModuleType,
     if is_ours(original):
         raise DSV4GuardInstallError(f"{target} is already wrapped by sglang-dsv4-guard",
                                     str(target))
-    wrapper = make_wrapper(original)
-    setattr(wrapper, WRAPPER_MARK, original)
+    function: Callable[..., Any] = _function(original)  # type: ignore[assignment]
+    made = make_wrapper(function)
+    setattr(made, WRAPPER_MARK, function)
+    wrapper: Any = made
+    if isinstance(original, classmethod):
+        wrapper = classmethod(made)
+        setattr(wrapper, WRAPPER_MARK, original)  # what the owner held, to put back
     setattr(owner, attr, wrapper)
-    _LIVE.add(wrapper)
+    _LIVE.add(made)
     patch = AppliedPatch(target, owner, attr, original, wrapper, [str(target)])
     rebound: list[tuple[dict[str, Any], str]] = []
     try:
@@ -134,7 +147,7 @@ def apply(target: PatchTarget, module: ModuleType,
         for namespace, name in rebound:
             namespace[name] = original
         setattr(owner, attr, original)
-        _LIVE.discard(wrapper)
+        _LIVE.discard(made)
         raise
     return patch
 
@@ -157,7 +170,7 @@ def apply_all(module: ModuleType, targets: Sequence[tuple[
 def restore(patch: AppliedPatch) -> list[str]:
     """Undo ``patch`` wherever our wrapper still stands; return what was left alone."""
     left: list[str] = []
-    _LIVE.discard(patch.wrapper)
+    _LIVE.discard(_function(patch.wrapper))  # type: ignore[arg-type]
     if vars(patch.owner).get(patch.attr) is patch.wrapper:
         setattr(patch.owner, patch.attr, patch.original)
     else:

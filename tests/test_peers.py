@@ -293,13 +293,36 @@ def published_configs(case: GuardTestCase) -> None:
             case.addCleanup(patch.stop)
 
 
+_RAW_START = vars(mooncake.MooncakeKVManager)["start_prefill_thread"]
+_RAW_PARSE = vars(mooncake.KVArgsRegisterInfo)["from_zmq"]
+
+
+def sglang_start(mgr: Any) -> None:
+    """The oracle: SGLang's own ``start_prefill_thread``, whose thread parses with SGLang's
+    own ``from_zmq`` (``bootstrap_threads`` puts it back while the thread runs: the
+    guard's parse hook, before 0.5.22, is on the class)."""
+    _RAW_START(mgr)
+
+
+@contextmanager
+def _sglang_parse(on: bool) -> Iterator[None]:
+    held = vars(mooncake.KVArgsRegisterInfo)["from_zmq"]
+    if on:
+        mooncake.KVArgsRegisterInfo.from_zmq = _RAW_PARSE
+    try:
+        yield
+    finally:
+        mooncake.KVArgsRegisterInfo.from_zmq = held
+
+
 def bootstrap_threads(mgr: Any, frames: list[list[bytes]],
                       start: Callable[[Any], Any] | None = None
                       ) -> list[tuple[type[BaseException], str]]:
     """SGLang's real Mooncake bootstrap thread (started by ``start``, else the installed
-    ``start_prefill_thread``) reads ``frames``; what ended its threads."""
+    ``start_prefill_thread``; :func:`sglang_start`: SGLang's alone) reads ``frames``; what
+    ended its threads."""
     mgr.server_socket = peers_real.Socket(frames)
-    with thread_errors() as died:
+    with thread_errors() as died, _sglang_parse(start is sglang_start):
         (start or mooncake.MooncakeKVManager.start_prefill_thread)(mgr)
         for t in threading.enumerate():
             if t is not threading.current_thread() and t.name != "MainThread":
@@ -328,6 +351,7 @@ class TestMooncake(GuardTestCase):
         with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
             self._bootstrap(mgr, frames)
         self.assertIn("sess-1", mgr.decode_kv_args_table)
+        self.assertIs(type(mgr.decode_kv_args_table), dict)  # SGLang's own: reads unslowed
         self.assertEqual(len(logs.records), 1)
         self.assertIn("[DSV4G040]", logs.records[0].getMessage())
         message = send_extra_refusal("mooncake", 1, 2, 1, False, ["swa"], layout="page_major")
@@ -354,6 +378,21 @@ class TestMooncake(GuardTestCase):
         self.assertIn("sess-1", line)
         self.assertIn("now hangs", line)
 
+    def test_parse_hook_is_sglangs_parse_and_restored(self) -> None:
+        """Before 0.5.22 the guard wraps ``KVArgsRegisterInfo.from_zmq`` (a classmethod):
+        called outside SGLang's bootstrap closure it returns SGLang's parse and says
+        nothing; uninstalling puts SGLang's classmethod object back. 0.5.22+ keep theirs."""
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=2, name="sess-p")
+        publishes = hasattr(mooncake.MooncakeKVManager, "_publish_peer_registration")
+        self.assertIs(vars(mooncake.KVArgsRegisterInfo)["from_zmq"] is _RAW_PARSE, publishes)
+        with self.assertNoLogs("sglang_dsv4_guard", level=logging.INFO):
+            parsed = mooncake.KVArgsRegisterInfo.from_zmq(frames)
+        self.assertEqual(parsed, _RAW_PARSE.__func__(mooncake.KVArgsRegisterInfo, frames))
+        self.assertIs(type(parsed), mooncake.KVArgsRegisterInfo)
+        with guard_logs_off():
+            sglang_dsv4_guard.uninstall()
+        self.assertIs(vars(mooncake.KVArgsRegisterInfo)["from_zmq"], _RAW_PARSE)
+
     def test_accepted_pair_says_nothing(self) -> None:
         """Equal TP: SGLang's bootstrap thread registers the peer, the guard is silent."""
         frames, _ = peers_real.registration(mooncake, "mooncake", tp=2, name="sess-2")
@@ -361,10 +400,6 @@ class TestMooncake(GuardTestCase):
         with self.assertNoLogs("sglang_dsv4_guard", level=logging.INFO):
             self._bootstrap(mgr, frames)
         self.assertIn("sess-2", mgr.decode_kv_args_table)
-
-
-
-_RAW_START = vars(mooncake.MooncakeKVManager)["start_prefill_thread"]
 
 
 class _Engine:
@@ -393,7 +428,8 @@ class TestMooncakeDeaths(GuardTestCase):
         the peer and one line naming the death; a second rank dying of the same cause adds
         nothing. 0.5.16 has no DCP: SGLang registers the peer and the guard is silent."""
         frames, _ = peers_real.registration(mooncake, "mooncake", tp=1, dcp=2, name="sess-dcp")
-        raw = self._threads(peers_real.prefill(mooncake, "mooncake", tp=1), [frames], _RAW_START)
+        raw = self._threads(peers_real.prefill(mooncake, "mooncake", tp=1), [frames],
+                           sglang_start)
         mgr = peers_real.prefill(mooncake, "mooncake", tp=1)
         with self.assertLogs(level=logging.INFO) as logs:
             logging.getLogger("sglang_dsv4_guard").info("start")
@@ -572,7 +608,7 @@ class TestMooncakeDeaths(GuardTestCase):
                     or r.name == "sglang_dsv4_guard"][1:]
 
         with mock.patch.object(mooncake, "get_memory", unpublished, create=True):
-            raw = lines(_RAW_START, "sess-raw")
+            raw = lines(sglang_start, "sess-raw")
             guarded = lines(None, "sess-guarded")
         self.assertEqual(guarded, [m.replace("sess-raw", "sess-guarded") for m in raw])
         if hasattr(mooncake.MooncakeKVManager, "_validate_peer_state_layout"):
@@ -613,7 +649,7 @@ class TestMooncakeRegistrationParity(GuardTestCase):
                                          name="sess-p")[0]
         outcomes = []
         mgr = None
-        for start in (_RAW_START, None):
+        for start in (sglang_start, None):
             mgr = peers_real.prefill(mooncake, "mooncake", tp=prefill_tp, mla=mla,
                                      state_types=states)
             with guard_logs_off():
@@ -674,6 +710,40 @@ class TestMooncakeStrict(GuardTestCase):
         self.assertEqual([type(e) for e in died], [RuntimeError])
         self.assertIn("Unsupported PD DCP topology", str(died[0]))
         self.assertIn("strict mode", "".join(getattr(died[0], "__notes__", [])))
+
+    def test_manager_started_in_mode_on_then_strict(self) -> None:
+        """A manager started in mode ``on`` keeps SGLang's own table; after a
+        reconfiguration to strict, a failure of the guard's own while checking its next
+        peer: before 0.5.22 (checked at SGLang's parse, before SGLang's write) it is logged
+        and SGLang registers the peer, the thread going on; from 0.5.22 (checked after
+        SGLang's publishing method returned) it rises from the thread, after SGLang's
+        write."""
+        published_configs(self)
+        self.install_guard("on", load_entry_points=False)
+        mgr = peers_real.prefill(mooncake, "mooncake", tp=1)
+        self.assertEqual(bootstrap_threads(mgr, []), [])
+        self.assertIs(type(mgr.decode_kv_args_table), dict)
+        self.install_guard("strict", load_entry_points=False)
+        real = mgr.server_args
+
+        class Exploding:
+            def __getattr__(self, name: str) -> Any:
+                if name == "tp_size":
+                    raise ZeroDivisionError(name)
+                return getattr(real, name)
+
+        mgr.server_args = Exploding()
+        frames, _ = peers_real.registration(mooncake, "mooncake", tp=2, name="sess-o")
+        with self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
+            died = bootstrap_threads(mgr, [frames], _RAW_START)  # the running thread
+        self.assertIn("sess-o", mgr.decode_kv_args_table)
+        self.assertIn("internal error", logs.records[0].getMessage())
+        self.assertIn("ZeroDivisionError", logs.records[0].getMessage())
+        if hasattr(mooncake.MooncakeKVManager, "_publish_peer_registration"):
+            self.assertEqual([t.__name__ for t, _ in died], ["DSV4GuardError"])
+        else:
+            self.assertEqual(died, [])
+
 
 class TestNixlStateLayout(GuardTestCase):
     """NIXL's prepared state transfer (``_prepare_state_xfer``, 0.5.23+): a decode whose

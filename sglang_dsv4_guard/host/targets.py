@@ -69,6 +69,7 @@ __all__ = [
     "PEERS_KV_ARGS_ATTRS",
     "PEERS_MANAGER_ATTRS",
     "PEERS_MOONCAKE_BOOTSTRAP",
+    "PEERS_MOONCAKE_PARSE",
     "PEERS_MOONCAKE_START",
     "PEERS_MOONCAKE_VALIDATE",
     "PEERS_MOONCAKE_WORKER",
@@ -149,6 +150,11 @@ PEERS_MOONCAKE_START = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
 #: rejects every state transfer to that peer (``pd/state_layout.py``, DSV4G050).
 PEERS_MOONCAKE_VALIDATE = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
                                       "MooncakeKVManager._validate_peer_state_layout")
+#: Mooncake's parse of a decode peer's registration message, a classmethod the bootstrap
+#: closure calls once per registration (before 0.5.22 the guard checks the peer there, so
+#: the peer table stays SGLang's own ``dict``).
+PEERS_MOONCAKE_PARSE = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
+                                   "KVArgsRegisterInfo.from_zmq")
 #: Mooncake's bootstrap closure (of ``start_prefill_thread``, digested with it as
 #: ``peers.mooncake_start``) and its local holding the registering decode peer's
 #: ``KVArgsRegisterInfo`` when it calls ``requires_dcp_relayout``.

@@ -1,12 +1,23 @@
 """Mooncake: the registration is a closure of ``start_prefill_thread`` (``bootstrap_thread``)
-that writes ``decode_kv_args_table[session]``. From 0.5.22 the write is SGLang's method
-``_publish_peer_registration``, under ``session_lock``: the wrapper of
-``start_prefill_thread`` sets an instance ``_publish_peer_registration`` that calls the
-class's and checks the peer once it returned (the lock released: no plug-in runs under
-SGLang's lock), and the table stays SGLang's own ``dict``. Before 0.5.22 the closure
-writes the table itself, outside any lock: the manager gets a watched table (a ``dict``
-whose ``__setitem__`` also checks the peer, after SGLang's write); its reads take
-CPython's generic subscript path (docs/operating.md, limitations).
+that parses the decode peer's message (``KVArgsRegisterInfo.from_zmq``) and writes
+``decode_kv_args_table[session]``. The peer is checked once per registration, at one of
+three points, none on a per-request path:
+
+- 0.5.22+: the write is SGLang's method ``_publish_peer_registration``, under
+  ``session_lock``. The wrapper of ``start_prefill_thread`` sets an instance
+  ``_publish_peer_registration`` that calls the class's and checks the peer once it
+  returned (the lock released: no plug-in runs under SGLang's lock).
+- Before 0.5.22 the closure writes the table itself. ``from_zmq`` (a classmethod, called
+  nowhere else) is wrapped: once SGLang's parse returned, the peer is checked, the
+  manager read from the caller when it is SGLang's bootstrap closure (its ``self``). The
+  check runs before SGLang's write, and a failure of the guard's own there is only
+  logged: rising there would end the thread before SGLang's own outcome.
+- Before 0.5.22 in strict mode (the mode when the manager started), the manager gets a
+  watched table instead (a ``dict`` whose ``__setitem__`` also checks the peer, after
+  SGLang's write), so a strict failure of the guard's rises after SGLang's write; its
+  reads take CPython's generic subscript path (docs/operating.md, limitations).
+
+The peer table stays SGLang's own ``dict`` in every other case.
 
 The closure calls ``self.requires_dcp_relayout`` *before* that write, and a DCP pair it
 refuses (DSV4G036) raises there: the bootstrap thread ends and the table never sees the
@@ -39,6 +50,7 @@ from typing import Any
 from sglang_dsv4_guard.host.targets import (
     PD_RELAYOUT,
     PEERS_MOONCAKE_BOOTSTRAP,
+    PEERS_MOONCAKE_PARSE,
     PEERS_MOONCAKE_START,
     PEERS_MOONCAKE_WORKER,
 )
@@ -48,13 +60,15 @@ from sglang_dsv4_guard.wrapping import note_on, our_failure
 
 __all__ = ["WatchedTable", "patch_mooncake"]
 
+_CALLERS = 3  # frames up from a hook to SGLang's closure (room for another plug-in's wrapper)
+
 _DEAD = "is dead"  # Mooncake's transfer_worker: "Transfer thread failed ... is dead."
 _PUBLISH = "_publish_peer_registration"  # 0.5.22+: SGLang's table write, under its lock
 
 
 class WatchedTable(dict[Any, Any]):
-    """Mooncake's ``decode_kv_args_table``: a ``dict`` that checks each peer SGLang writes
-    (after the write). Reads are a plain dict's."""
+    """Mooncake's ``decode_kv_args_table`` before 0.5.22 in strict mode: a ``dict`` that
+    checks each peer SGLang writes (after the write). Reads are a plain dict's."""
 
     __slots__ = ("_on_set",)
 
@@ -97,15 +111,41 @@ def _publish_hook(guard: PeerGuard, manager: object) -> Callable[..., Any]:
     return _publish_peer_registration
 
 
+def _closure(frame: Any) -> Any:
+    """SGLang's bootstrap closure among ``frame`` and its next callers, or ``None``."""
+    closure = PEERS_MOONCAKE_BOOTSTRAP[0]
+    for _ in range(_CALLERS):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == closure and \
+                frame.f_globals.get("__name__") == PEERS_MOONCAKE_START.module:
+            return frame
+        frame = frame.f_back
+    return None
+
+
 def _registering(frame: Any) -> object | None:
     """The decode peer's ``KVArgsRegisterInfo`` in SGLang's bootstrap closure, ``frame``
     (the caller of the relayout hook), or ``None`` when the caller is anything else."""
-    closure, local = PEERS_MOONCAKE_BOOTSTRAP
-    if frame is None or frame.f_code.co_name != closure or \
-            frame.f_globals.get("__name__") != PEERS_MOONCAKE_START.module:
-        return None
-    info: object | None = frame.f_locals.get(local)
+    found = _closure(frame)
+    info: object | None = None if found is None else found.f_locals.get(
+        PEERS_MOONCAKE_BOOTSTRAP[1])
     return info
+
+
+def _parsed(guard: PeerGuard, caller: Any, info: object) -> None:
+    """SGLang's bootstrap closure in ``caller`` parsed a registering decode peer (before
+    0.5.22): check it, on that closure's manager, unless the manager's table is watched
+    (strict mode: the table checks, after SGLang's write). Never raises: a failure of
+    ours is logged, and SGLang's closure goes on to its own outcome."""
+    try:
+        found = _closure(caller)
+        manager = None if found is None else found.f_locals.get("self")
+        if manager is None or type(vars(manager).get("decode_kv_args_table")) is WatchedTable:
+            return
+        checked(guard, "mooncake", manager, info)  # a strict failure is logged, not raised
+    except Exception as exc:
+        our_failure(guard.rt, "checking a parsed Mooncake decode peer registration", exc)
 
 
 def _relayout_refused(guard: PeerGuard, manager: object, caller: Any,
@@ -143,12 +183,13 @@ def _relayout_hook(guard: PeerGuard, manager: object) -> Callable[..., Any]:
 
 
 def _watch(guard: PeerGuard, manager: Any) -> None:
-    """Watch the manager's peer registrations (SGLang's publishing method, else its table)
-    and hook its relayout (a release without DCP, 0.5.16, has no relayout to hook)."""
+    """Watch the manager's peer registrations (SGLang's publishing method; before 0.5.22
+    the parse hook, or in strict mode its table) and hook its relayout (a release without
+    DCP, 0.5.16, has no relayout to hook)."""
     if callable(getattr(type(manager), _PUBLISH, None)):
         if _PUBLISH not in vars(manager):
             setattr(manager, _PUBLISH, _publish_hook(guard, manager))
-    elif type(manager.decode_kv_args_table) is dict:
+    elif guard.rt.strict and type(manager.decode_kv_args_table) is dict:
         manager.decode_kv_args_table = WatchedTable(
             manager.decode_kv_args_table, functools.partial(_watched, guard, manager))
     name = PD_RELAYOUT.attr
@@ -212,9 +253,28 @@ def _mooncake_worker(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callabl
     return make
 
 
+def _mooncake_parse(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def from_zmq(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            info = original(cls, *args, **kwargs)
+            current = _current(guard)
+            if current.rt.active:
+                _parsed(current, sys._getframe(1), info)
+            return info
+
+        return from_zmq
+
+    return make
+
+
 def patch_mooncake(module: ModuleType, guard: PeerGuard) -> list[AppliedPatch]:
-    """Wrap Mooncake's prefill bootstrap start and transfer worker."""
+    """Wrap Mooncake's prefill bootstrap start and transfer worker, and before 0.5.22
+    (no publishing method) its parse of a registration."""
     judged("peers.mooncake_start", "peers.mooncake_worker")
     _LATEST[:] = [guard]
-    return apply_all(module, [(PEERS_MOONCAKE_START, _mooncake_start(guard)),
-                              (PEERS_MOONCAKE_WORKER, _mooncake_worker(guard))])
+    targets = [(PEERS_MOONCAKE_START, _mooncake_start(guard)),
+               (PEERS_MOONCAKE_WORKER, _mooncake_worker(guard))]
+    if not callable(getattr(getattr(module, "MooncakeKVManager", None), _PUBLISH, None)):
+        targets.append((PEERS_MOONCAKE_PARSE, _mooncake_parse(guard)))
+    return apply_all(module, targets)
