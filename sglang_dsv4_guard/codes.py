@@ -674,6 +674,26 @@ CODES: dict[str, CodeInfo] = {
              "and the flags that add state)",),
         ),
         CodeInfo(
+            "DSV4G058",
+            "NIXL/MORI: a replicated Mamba state cannot go to a decode of another TP",
+            "Replicated Mamba PD state transfer currently requires matching prefill/decode "
+            "attention TP sizes",
+            "From 0.5.20 NIXL's maybe_send_extra and MORI's send_state slice a Mamba state "
+            "by heads for a decode of another TP, but not a component the prefill holds "
+            "replicated (a tensor whose TP-sharded dimension in "
+            "kv_args.state_dim_per_tensor is 0): every request that carries Mamba state "
+            "fails (both servers keep running). Both compare the decode's TP with the "
+            "prefill's attention TP (0.5.20 - 0.5.22) or its state TP (0.5.23). At run time the "
+            "guard reports it when the decode peer registers (once per distinct mismatch), "
+            "by running the release's own method on the registration's values. check does "
+            "not predict it (which tensors are replicated is known once the pools are "
+            "built).",
+            ("derived: the decode TP the release pairs the Mamba state by; for the "
+             "prefill's attention TP, the flag edits that make both attention TP sizes "
+             "equal",),
+            sglang_releases=("0.5.20", None),
+        ),
+        CodeInfo(
             "DSV4G090",
             "a guard plug-in failed",
             None,

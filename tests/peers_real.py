@@ -119,9 +119,12 @@ def registration(conn: ModuleType, backend: str, *, tp: int = 1,
 def prefill(conn: ModuleType, backend: str, *, tp: int = 1, regions: int = 2, aux: int = 3,
             mla: bool = False, dcp: int = 1, state_types: Sequence[Any] = (),
             speculative: str | None = None, state_lens: Sequence[Sequence[int]] = (),
-            state_item: int | None = None) -> Any:
+            state_item: int | None = None, state_tp: int | None = None,
+            state_dims: Sequence[Sequence[int]] | None = None) -> Any:
     """A prefill rank's manager, half-built, in prefill mode. With ``state_item``, its
-    first state component is one NIXL 0.5.23 prepares (as on CUDA with UCX)."""
+    first state component is one NIXL 0.5.23 prepares (as on CUDA with UCX).
+    ``state_tp``: its state TP (else its attention TP); ``state_dims``: each state
+    component's tensors' TP-sharded dimensions (0: replicated)."""
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
     cls = conn.NixlKVManager if backend == "nixl" else conn.MooncakeKVManager
@@ -130,7 +133,8 @@ def prefill(conn: ModuleType, backend: str, *, tp: int = 1, regions: int = 2, au
         kv_args=_kv_args(regions, ["VRAM"] * regions, aux, state_types, 1 << 30, state_lens,
                          state_item),
         decode_kv_args_table={}, agent=Agent(), disaggregation_mode=DisaggregationMode.PREFILL,
-        attn_tp_size=tp, state_tp_size=tp, is_mla_backend=mla, is_hybrid_mla_backend=False,
+        attn_tp_size=tp, state_tp_size=state_tp or tp, is_mla_backend=mla,
+        is_hybrid_mla_backend=False,
         dcp_size=dcp, dcp_rank=0, pp_size=1, src_mem_kind="VRAM", prep_handles={},
         _num_slots_src=SLOTS, _prepared_state_plans={}, _state_layout_rejections={},
         _prepared_state_components=frozenset() if state_item is None else frozenset({0}),
@@ -143,4 +147,6 @@ def prefill(conn: ModuleType, backend: str, *, tp: int = 1, regions: int = 2, au
                                     speculative_algorithm=speculative,
                                     enable_pd_role_switch=False,
                                     disaggregation_enable_kv_checksum=False))
+    if state_dims is not None:
+        mgr.kv_args.state_dim_per_tensor = [list(d) for d in state_dims]
     return mgr

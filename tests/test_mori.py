@@ -387,6 +387,45 @@ class TestMoriRegistration(GuardTestCase):
                  if "qsa-state " in f.details[0] for x in f.fixes if "pairs the" in x.text]
         self.assertIn("state TP (1)" if state_pairs else "attention TP (4)", fix)
 
+    def test_replicated_mamba_reported_exactly_when_sglangs_send_state_refuses(self) -> None:
+        """A Mamba state component with a replicated tensor (0 in its
+        ``state_dim_per_tensor``) and another decode TP: SGLang's own ``send_state`` (per
+        request) is the oracle, on the same manager and the registered peer. The guard
+        reports DSV4G058 at registration with SGLang's message exactly when it refuses
+        (0.5.20+), and nothing where it sends."""
+        import numpy as np
+        from packaging.version import Version
+
+        current = installation()
+        assert current is not None
+        refused = 0
+        for i, (state_tp, decode_tp, dims) in enumerate(
+                (s, d, dims) for s in (2, 1) for d in (1, 2, 4) for dims in ([[0, 1]], [[1, 1]])):
+            mgr = mori_stub.manager(conn, attn_tp=2, mla=True, state_types=("mamba",))
+            mgr.state_tp_size = state_tp
+            mgr.state_mem_descs = [[]]
+            mgr.kv_args.state_dim_per_tensor = dims
+            for name in ("state_item_lens", "state_layer_ids"):
+                setattr(mgr.kv_args, name, [])  # KVArgs declares them, some releases unset
+            p = mori_stub.peer(conn, f"mb-{i}", decode_tp=decode_tp)
+            p.dst_state_mem_descs = [[]]
+            one = [np.array([1], dtype=np.int32)]
+            expected = None
+            try:
+                conn.MoriKVManager.send_state(mgr, p, one, [one[0].copy()])
+            except RuntimeError as exc:
+                expected = str(exc) if "Replicated Mamba" in str(exc) else None
+            except Exception:  # past the check: the transfer this manager cannot make
+                pass
+            with guard_logs_off():
+                self.assertEqual(registered(mgr, p), ("ok", ""))
+            found = [(f.code, f.host_message) for r in current.peers.reports()
+                     for f in r.findings if f"mb-{i} " in f.details[0]]
+            with self.subTest(state_tp=state_tp, decode_tp=decode_tp, dims=dims):
+                self.assertEqual(found, [("DSV4G058", expected)] if expected else [])
+            refused += expected is not None
+        self.assertEqual(refused > 0, current.runtime.profile.version >= Version("0.5.20"))
+
 
 if __name__ == "__main__":
     unittest.main()

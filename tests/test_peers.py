@@ -4,6 +4,7 @@ it is named once; SGLang's own outcome never changes."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import unittest
@@ -19,6 +20,7 @@ import sglang.srt.disaggregation.nixl.conn as nixl
 from helpers import GuardTestCase, guard_logs_off
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 from pd_real import send_extra_refusal
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -30,7 +32,8 @@ from sglang_dsv4_guard.pd.nixl import _PHRASES
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
 _RAW = {"nixl": vars(nixl.NixlKVManager)["_add_remote_peer"],
-        "worker": vars(mooncake.MooncakeKVManager)["transfer_worker"]}
+        "worker": vars(mooncake.MooncakeKVManager)["transfer_worker"],
+        "send_extra": vars(nixl.NixlKVManager)["maybe_send_extra"]}
 _SWA = mooncake.StateType("swa")
 
 
@@ -795,6 +798,95 @@ class TestNixlStateLayout(GuardTestCase):
         self.assertEqual(outcome, ("ok", ""))
         self.assertEqual(ours, [])
         self.assertEqual(getattr(mgr, "_state_layout_rejections", {}), {})
+
+
+
+def nixl_mamba_refusal(mgr: Any, decode_tp: int) -> str | None:
+    """The oracle: SGLang's real ``NixlKVManager.maybe_send_extra`` on the prefill's own
+    manager, one request with one slot per Mamba component, to a decode of ``decode_tp``:
+    its refusal of a replicated Mamba state, else ``None`` (past its check the transfer
+    fails for want of an engine)."""
+    types = [str(getattr(s, "value", s)) for s in mgr.kv_args.state_types]
+    wanted: dict[str, Any] = dict(
+        peer_name="decode", prefill_state_indices=[[1] if t == "mamba" else None
+                                                   for t in types],
+        dst_state_data_ptrs=[[0] for _ in types], dst_state_indices=[[1] for _ in types],
+        dst_gpu_id=0, notif="n", decode_tp_size=decode_tp)
+    params = inspect.signature(nixl.NixlKVManager.maybe_send_extra).parameters
+    try:
+        out = _RAW["send_extra"](mgr, **{k: v for k, v in wanted.items() if k in params})
+        if inspect.isgenerator(out):
+            list(out)
+    except RuntimeError as exc:
+        return str(exc) if "Replicated Mamba" in str(exc) else None
+    except Exception:
+        return None
+    return None
+
+
+class TestNixlMambaState(GuardTestCase):
+    """NIXL's per-request refusal of a replicated Mamba state for a decode of another TP
+    (0.5.20+: ``maybe_send_extra``): reported at registration (DSV4G058), exactly when
+    SGLang's own method then refuses, on every release."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.install_guard("on", load_entry_points=False)
+
+    def test_reported_exactly_when_sglangs_transfer_refuses(self) -> None:
+        """A grid of prefill attention / state TP, decode TP, state components and which
+        Mamba tensors are replicated; each decode registers through SGLang's real
+        ``_add_remote_peer``; SGLang's ``maybe_send_extra`` on the same manager is the
+        oracle."""
+        mamba, swa = nixl.StateType("mamba"), nixl.StateType("swa")
+        current = installation()
+        assert current is not None
+        refused = 0
+        for i, (tp, state_tp, decode_tp, types, dims) in enumerate(
+                (tp, state_tp, decode_tp, types, dims)
+                for tp in (1, 2) for state_tp in (None, 1) for decode_tp in (1, 2, 4)
+                for types, dims in (((mamba,), [[0, 1]]), ((mamba,), [[1, 1]]),
+                                    ((swa, mamba), [[], [1, 0]]))):
+            mgr = peers_real.prefill(nixl, "nixl", tp=tp, state_tp=state_tp, mla=True,
+                                     state_types=types, state_dims=dims)
+            expected = nixl_mamba_refusal(mgr, decode_tp)
+            _, info = peers_real.registration(nixl, "nixl", tp=decode_tp, name=f"m-{i}")
+            with guard_logs_off():
+                register(nixl.NixlKVManager._add_remote_peer, mgr, info)
+            found = [(f.code, f.host_message) for r in current.peers.reports()
+                     for f in r.findings if f"m-{i} " in f.details[0]]
+            with self.subTest(tp=tp, state_tp=state_tp, decode_tp=decode_tp, dims=dims):
+                self.assertEqual(found, [("DSV4G058", expected)] if expected else [])
+            refused += expected is not None
+        has_check = current.runtime.profile.version >= Version("0.5.20")
+        self.assertEqual(refused > 0, has_check, refused)
+
+    def test_the_fix_names_the_tp_the_release_pairs_by(self) -> None:
+        """Attention TP 2, state TP 1, a decode of TP 4: the fix names the prefill TP this
+        release's own check accepts (0.5.23: state TP 1; 0.5.20 - 0.5.22: attention TP
+        2, with the flag edits that make the attention TP sizes equal)."""
+        mamba = nixl.StateType("mamba")
+        mgr = peers_real.prefill(nixl, "nixl", tp=2, state_tp=1, mla=True,
+                                 state_types=(mamba,), state_dims=[[0]])
+        if nixl_mamba_refusal(mgr, 4) is None:  # before 0.5.20: no such refusal
+            self.assertLess(installation().runtime.profile.version, Version("0.5.20"))
+            return
+        by_state = nixl_mamba_refusal(mgr, 1) is None
+        _, info = peers_real.registration(nixl, "nixl", tp=4, name="m-fix")
+        with guard_logs_off():
+            register(nixl.NixlKVManager._add_remote_peer, mgr, info)
+        current = installation()
+        assert current is not None
+        [finding] = [f for r in current.peers.reports() for f in r.findings
+                     if "m-fix " in f.details[0]]
+        texts = [x.text for x in finding.fixes]
+        self.assertIn("give the decode TP 1: this release's NIXL pairs the mamba state by "
+                      "the prefill's state TP (1)" if by_state else
+                      "give the decode TP 2: this release's NIXL pairs the mamba state by "
+                      "the prefill's attention TP (2)", texts[-1])
+        self.assertEqual(len(texts), 1 if by_state else 3, texts)
+        self.assertIn(("prefill", "state_dim_per_tensor", ((0,),)),
+                      [(o.role, o.name, o.value) for o in finding.observations])
 
 
 if __name__ == "__main__":

@@ -47,12 +47,14 @@ __all__ = [
     "PD_FIRST_CONTACT",
     "PD_HEAD_SLICE",
     "PD_KV_DTYPE",
+    "PD_MAMBA_SENDERS",
     "PD_METADATA_BUFFERS",
     "PD_MOONCAKE_CUSTOM_POOL",
     "PD_MOONCAKE_MODULE",
     "PD_MOONCAKE_SEND_AUX",
     "PD_MOONCAKE_SEND_EXTRA",
     "PD_MORI_SEND_AUX",
+    "PD_MORI_SEND_STATE",
     "PD_NIXL_MODULE",
     "PD_NIXL_PAYLOAD",
     "PD_NIXL_SEND_AUX",
@@ -237,6 +239,12 @@ PD_STATE_TYPE_MODULE = "sglang.srt.disaggregation.base.conn"
 PD_MOONCAKE_SEND_EXTRA = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.maybe_send_extra")
 PD_NIXL_SEND_EXTRA = PatchTarget(PD_NIXL_MODULE, "NixlKVManager.maybe_send_extra")
 PD_HEAD_SLICE = PatchTarget(PD_COMMON_MODULE, "CommonKVManager._get_mha_head_slice_blocks")
+#: NIXL's and MORI's per-request refusal of a replicated Mamba state (``pd/mamba_state.py``,
+#: 0.5.20+): the methods run on a half-built manager (NIXL's ``maybe_send_extra`` above,
+#: MORI's ``send_state``) and the instance methods they send Mamba state with, stopped
+#: on that manager.
+PD_MORI_SEND_STATE = PatchTarget(MORI_MODULE, "MoriKVManager.send_state")
+PD_MAMBA_SENDERS = ("_send_mamba_state", "_send_mamba_state_slice")
 PD_NIXL_PAYLOAD = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_payload_xfer")
 #: NIXL's prepared state transfer (0.5.23+), run when a decode peer registers
 #: (``pd/nixl_state.py``); its rejection is raised per request by ``maybe_send_extra``.
@@ -326,7 +334,7 @@ PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_ml
                        "state_mem_descs", "disaggregation_mode")
 PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
                        "engine_rank", "state_data_ptrs", "state_item_lens", "state_data_lens",
-                       "state_layer_ids", "mla_compression_ratios")
+                       "state_layer_ids", "mla_compression_ratios", "state_dim_per_tensor")
 PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "speculative_algorithm",
                            "disaggregation_enable_kv_checksum")
 PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_dcp_rank",

@@ -5,7 +5,8 @@ the registration snapshot built from the live manager and the decode's
 ``KVArgsRegisterInfo``: the DCP relayout (DSV4G036, :mod:`..pd.relayout`), NIXL's payload
 preparation (DSV4G042/043/046, :mod:`..pd.nixl`) and its prepared state transfer
 (DSV4G055, :mod:`..pd.nixl_state`), ``maybe_send_extra`` per state type
-(DSV4G040/041, :mod:`..pd.transfer`), Mooncake's state-layout verdict (DSV4G050,
+(DSV4G040/041, :mod:`..pd.transfer`), NIXL's and MORI's replicated Mamba state
+(DSV4G058, :mod:`..pd.mamba_state`), Mooncake's state-layout verdict (DSV4G050,
 :mod:`..pd.state_layout`), the metadata buffer counts and what the backend's
 ``send_aux`` does with them (DSV4G045, :mod:`..pd.aux_send`, :mod:`..pd.buffers`). Pure
 apart from running those SGLang functions on half-built objects, as ``check`` does.
@@ -24,6 +25,7 @@ from sglang_dsv4_guard.mori.snapshot import SendSnapshot
 from sglang_dsv4_guard.pd.aux_send import aux_details, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.mamba_state import MAMBA_CODE, mamba_refusal
 from sglang_dsv4_guard.pd.mori_send import mori_state_refusals
 from sglang_dsv4_guard.pd.nixl import payload_verdict
 from sglang_dsv4_guard.pd.nixl_state import state_layout_verdict
@@ -127,13 +129,8 @@ def _mori_state(reg: Registration) -> list[Finding]:
                 f"{d.get('state_components')} state components, the prefill has "
                 f"{p.get('state_components')}", field="state_components"),)
         else:
-            label, tp = r.pairs_by or ("attention", p.get("attn_tp_size"))
-            fixes = (Fix(FixKind.ADVICE, f"give the decode TP {tp}: this release's MORI "
-                         f"pairs the {r.state_type} state by the prefill's {label} TP ({tp}); "
-                         f"the decode registered {d.get('attn_tp_size')}",
-                         field="decode_tp_size"),)
-            if tp == p.get("attn_tp_size"):
-                fixes = _tp_fixes(reg, str(r.state_type)) + fixes
+            fixes = _pairing_fixes(reg, str(r.state_type),
+                                   r.pairs_by or ("attention", p.get("attn_tp_size")))
         subject = (f"prefill -> decode MORI transfer of the {r.state_type} state"
                    if r.state_type else "prefill -> decode MORI state transfer")
         found.append(_finding(
@@ -142,6 +139,34 @@ def _mori_state(reg: Registration) -> list[Finding]:
              "is_mla_backend"), Phase.PER_REQUEST,
             f"every request that carries {r.state_type or 'state'} will fail", fixes))
     return found
+
+
+def _mamba(reg: Registration) -> list[Finding]:
+    """NIXL's and MORI's per-request refusal of replicated Mamba state for a decode of
+    another TP (DSV4G058, 0.5.20+)."""
+    refusal = mamba_refusal(reg.backend, reg.prefill, reg.decode)
+    if refusal is None:
+        return []
+    return [_finding(reg, MAMBA_CODE, refusal.message, refusal.function,
+                     f"prefill -> decode {reg.backend} transfer of the mamba state",
+                     ("attn_tp_size", "state_tp_size", "state_types", "state_dim_per_tensor"),
+                     Phase.PER_REQUEST, "every request that carries mamba state will fail",
+                     _pairing_fixes(reg, "mamba", refusal.pairs_by))]
+
+
+def _pairing_fixes(reg: Registration, state_type: str, pairs_by: tuple[str, object]
+                   ) -> tuple[Fix, ...]:
+    """The decode's TP this release's transfer pairs ``state_type`` by (the prefill's
+    attention or state TP, as its own check accepted it); for the attention TP, the
+    flag edits that make the attention TP sizes equal come first."""
+    label, tp = pairs_by
+    fixes: tuple[Fix, ...] = (Fix(FixKind.ADVICE, f"give the decode TP {tp}: this release's "
+                 f"{reg.backend.upper()} pairs the {state_type} state by the prefill's "
+                 f"{label} TP ({tp}); the decode registered {reg.decode.get('attn_tp_size')}",
+                 field="decode_tp_size"),)
+    if tp == reg.prefill.get("attn_tp_size"):
+        fixes = _tp_fixes(reg, state_type) + fixes
+    return fixes
 
 
 def _send_extra(reg: Registration) -> tuple[list[Finding], list[str]]:
@@ -243,6 +268,7 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     extra, more = _send_extra(reg) if reg.backend in TRANSFER_BACKENDS else ([], [])
     if reg.backend == "mori":
         extra += _mori_state(reg)
+    extra += _mamba(reg)
     aux, most = _aux(reg)
     # NIXL prepares the state only once the payload was prepared (a refusal there ends it).
     state, rest = _nixl_state_layout(reg) if reg.backend == "nixl" and not found else ([], [])
@@ -271,6 +297,6 @@ def _with_peer(reg: Registration, finding: Finding) -> Finding:
 def sglang_dsv4_guard_check_registration(registration: Registration,
                                          context: RegistrationContext) -> list[Finding]:
     """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046, 050,
-    055-057."""
+    055-058."""
     del context
     return registration_findings(registration)[0]

@@ -10,6 +10,7 @@ left out (not known), never defaulted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,6 +113,13 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
          "server flag --disaggregation-enable-kv-checksum on the prefill")
     _state_geometry(values, kv, "kv_args.{} on the prefill", "")
     _put(values, "state_tp_size", mgr["state_tp_size"], f"{owner}.state_tp_size on the prefill")
+    # per component, the TP-sharded dimension of each tensor (0: replicated); absent or
+    # another shape: not known
+    with contextlib.suppress(TypeError, ValueError):
+        values["state_dim_per_tensor"] = Value(
+            tuple(tuple(int(x) for x in c) for c in kv["state_dim_per_tensor"]),
+            "kv_args.state_dim_per_tensor on the prefill (per state component, each "
+            "tensor's TP-sharded dimension; 0: replicated)")
     _put(values, "mla_compression_ratios", kv["mla_compression_ratios"],
          "kv_args.mla_compression_ratios on the prefill")
     if mgr["state_mem_descs"] is not None:  # MORI
