@@ -117,6 +117,7 @@ def main() -> None:
         raw_register = vars(nixl.NixlKVManager)["_add_remote_peer"]
         for label, tp in (("accepted", 1), ("refused per request", 2)):
             per_peer(label, raw_register, nixl.NixlKVManager._add_remote_peer, tp)
+        mooncake_per_peer()
         for mode in ("on", "strict"):
             sglang_dsv4_guard.install(mode, load_entry_points=False)
             plain, watched = mooncake_prefetch()
@@ -180,6 +181,44 @@ def per_peer(label: str, raw, guarded, decode_tp: int, peers: int = 40) -> None:
     times = {k: min(v) for k, v in times.items()}
     print(f"NIXL _add_remote_peer, {label}: unwrapped {times[0] * 1e3:.3f} ms, guarded "
           f"{times[1] * 1e3:.3f} ms, added {(times[1] - times[0]) * 1e3:.3f} ms per peer")
+
+
+
+def mooncake_per_peer(peers: int = 40) -> None:
+    """CPU time per decode peer registering through SGLang's real Mooncake bootstrap
+    thread (the process' CPU time, the thread's included), SGLang's own start and parse
+    against the installed guard's (before 0.5.22 the parse hook, after it the publishing
+    hook): peers with the prefill's TP and with another (one report, then counted)."""
+    import threading
+
+    import sglang.srt.disaggregation.mooncake.conn as mooncake
+
+    swa = mooncake.StateType("swa")
+    cls, info = mooncake.MooncakeKVManager, mooncake.KVArgsRegisterInfo
+    ours = {"start": vars(cls)["start_prefill_thread"], "parse": vars(info)["from_zmq"]}
+    raw = {k: getattr(v, "__sglang_dsv4_guard_original__", v) for k, v in ours.items()}
+    for label, tp in (("accepted", 1), ("another TP", 2)):
+        times: dict[int, list[float]] = {0: [], 1: []}
+        for round_ in range(4):  # round 0 warms both up; then interleaved, best kept
+            for which, fns in enumerate((raw, ours)):
+                frames = [peers_real.registration(mooncake, "mooncake", tp=tp, port=7000 + i,
+                                                  name=f"{label}{round_}{which}{i}")[0]
+                          for i in range(peers)]
+                mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(swa,))
+                mgr.server_socket = peers_real.Socket(frames)
+                info.from_zmq = fns["parse"]
+                start = time.process_time()
+                with contextlib.suppress(SystemExit):
+                    fns["start"](mgr)
+                    for t in threading.enumerate():
+                        if t is not threading.current_thread() and t.name != "MainThread":
+                            t.join(30)
+                if round_:
+                    times[which].append((time.process_time() - start) / peers)
+                info.from_zmq = ours["parse"]
+        best_ = {k: min(v) for k, v in times.items()}
+        print(f"Mooncake registration, {label}: unwrapped {best_[0] * 1e3:.3f} ms, guarded "
+              f"{best_[1] * 1e3:.3f} ms, added {(best_[1] - best_[0]) * 1e3:.3f} ms per peer")
 
 
 if __name__ == "__main__":

@@ -90,8 +90,10 @@ def sglang_dsv4_guard_check_registration(
 ) -> Sequence[Finding]:
     """Check a decode peer registering with a Mooncake or NIXL prefill rank.
 
-    Must be pure. Called once per new peer, after SGLang's registration code ran (also
-    when it raised); never per request.
+    Must be pure. Called once per new peer, when SGLang registers it, never per request:
+    after SGLang's registration code ran (also when it raised), except on Mooncake before
+    0.5.22 in mode ``on``, where it runs once SGLang parsed the registration, before
+    SGLang's relayout and its write of the peer table.
 
     :param registration: the prefill's and the decode's values as two
         :class:`~sglang_dsv4_guard.pd.endpoint.Endpoint` (each value with its source),

@@ -4,8 +4,9 @@
   is declared in :mod:`sglang_dsv4_guard.host.targets`.
 - :func:`apply` resolves the attribute on the object that defines it (walking a
   class's MRO), replaces it with a wrapper, and rebinds every stale
-  ``from module import name`` binding in ``sys.modules``. A ``classmethod`` is wrapped
-  as its function and put back as a ``classmethod`` of the wrapper.
+  ``from module import name`` binding in ``sys.modules``. A ``classmethod`` or
+  ``staticmethod`` is wrapped as its function and the wrapper put in as the same kind;
+  another plug-in's proxy of one is called bound, so its wrapper still runs.
 - :func:`restore` puts the original back only where our wrapper still stands, in
   the owner and in every module that holds the wrapper (bindings made after
   install included), and reports what someone else patched on top of us.
@@ -15,6 +16,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -45,9 +48,42 @@ WRAPPER_MARK = "__sglang_dsv4_guard_original__"
 _LIVE: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 
 
+_DESCRIPTORS = (classmethod, staticmethod)
+
+
 def _function(value: object) -> object:
-    """The function a class attribute calls: a ``classmethod``'s, else the value itself."""
-    return value.__func__ if isinstance(value, classmethod) else value
+    """The function a class attribute calls: a ``classmethod``'s or ``staticmethod``'s own
+    (those exact types), else the value itself."""
+    return value.__func__ if type(value) in _DESCRIPTORS else value  # type: ignore[attr-defined]
+
+
+def _binding(value: object) -> type | None:
+    """``classmethod`` or ``staticmethod`` when ``value`` binds as one: the descriptor
+    itself or another plug-in's proxy of it (wrapt's answers ``isinstance`` as the object
+    it wraps); ``None`` for anything else."""
+    return next((kind for kind in _DESCRIPTORS if isinstance(value, kind)), None)
+
+
+def _wrappable(value: object) -> bool:
+    return callable(value) if _binding(value) is None else callable(
+        getattr(value, "__func__", None))
+
+
+def _called(owner: Any, original: Any) -> Callable[..., Any]:
+    """What the wrapper calls in place of ``original`` (a classmethod or staticmethod,
+    or another plug-in's proxy of one): the descriptor's own function, or for a proxy, the
+    proxy bound at call time, so that the other plug-in's wrapper still runs."""
+    kind = _binding(original)
+    if kind is None or type(original) is kind:
+        return _function(original)  # type: ignore[return-value]
+    def function(*args: Any, **kwargs: Any) -> Any:
+        if kind is classmethod:  # the class it is called on comes first
+            return original.__get__(None, args[0])(*args[1:], **kwargs)
+        return original.__get__(None, owner)(*args, **kwargs)
+
+    with contextlib.suppress(Exception):  # its name and doc, where the proxy gives them
+        functools.update_wrapper(function, original.__func__)
+    return function
 
 
 def is_ours(fn: object) -> bool:
@@ -83,8 +119,13 @@ def resolve(target: PatchTarget, module: ModuleType) -> tuple[Any, str, Callable
     owners = obj.__mro__ if isinstance(obj, type) else (obj,)
     for owner in owners:
         namespace = vars(owner)
-        if attr in namespace and callable(_function(namespace[attr])):
+        if attr not in namespace:
+            continue
+        if _wrappable(namespace[attr]):
             return owner, attr, namespace[attr]
+        raise DSV4GuardInstallError(
+            f"{target} is not a function, classmethod or staticmethod in the installed SGLang "
+            f"(found {type(namespace[attr]).__name__})", str(target))
     raise DSV4GuardInstallError(f"{target} does not exist in the installed SGLang", str(target))
 
 
@@ -126,12 +167,13 @@ def apply(target: PatchTarget, module: ModuleType,
     if is_ours(original):
         raise DSV4GuardInstallError(f"{target} is already wrapped by sglang-dsv4-guard",
                                     str(target))
-    function: Callable[..., Any] = _function(original)  # type: ignore[assignment]
+    function = _called(owner, original)
     made = make_wrapper(function)
     setattr(made, WRAPPER_MARK, function)
     wrapper: Any = made
-    if isinstance(original, classmethod):
-        wrapper = classmethod(made)
+    kind = _binding(original)
+    if kind is not None:  # it binds as it did: a classmethod stays one
+        wrapper = kind(made)
         setattr(wrapper, WRAPPER_MARK, original)  # what the owner held, to put back
     setattr(owner, attr, wrapper)
     _LIVE.add(made)

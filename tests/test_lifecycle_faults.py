@@ -307,6 +307,101 @@ class TestBindingScan(GuardTestCase):
         self.assertIsInstance(error, DSV4GuardError)
 
 
+
+class _Proxy:
+    """Another plug-in's proxy of a descriptor, as wrapt's FunctionWrapper is: it answers
+    ``isinstance`` as what it wraps and logs each call it binds."""
+
+    def __init__(self, wrapped: Any, log: list[str]) -> None:
+        self.__wrapped__, self.log = wrapped, log
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__wrapped__, name)
+
+    def __get__(self, instance: Any, owner: Any) -> Any:
+        bound = self.__wrapped__.__get__(instance, owner)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.log.append("proxy ran")
+            return bound(*args, **kwargs)
+        return call
+
+
+class TestDescriptorTargets(GuardTestCase):
+    """patching wraps a classmethod or staticmethod as the same kind, keeps another
+    plug-in's proxy of one in the chain, restores each by identity, and names what it
+    cannot wrap."""
+
+    @staticmethod
+    def _module(value: Any) -> tuple[types.ModuleType, type]:
+        module = types.ModuleType("sglang.guard_descriptor_probe")
+        owner = type("Owner", (), {"f": value})
+        module.Owner = owner  # type: ignore[attr-defined]
+        return module, owner
+
+    @staticmethod
+    def _tracing(seen: list[tuple[Any, ...]]) -> Any:
+        def make(original: Any) -> Any:
+            @functools.wraps(original)
+            def wrapper(*args: Any) -> Any:
+                seen.append(args)
+                return original(*args)
+            return wrapper
+        return make
+
+    def test_each_kind_binds_as_before_and_is_restored(self) -> None:
+        """A classmethod, a staticmethod and a proxy of a classmethod, called through the
+        class and an instance (and a subclass for the classmethod): the same results as
+        unwrapped, our wrapper saw the same arguments, and restore puts the owner's
+        object back."""
+        from sglang_dsv4_guard.host.targets import PatchTarget
+        from sglang_dsv4_guard.patching import apply, is_ours, restore
+
+        target = PatchTarget("sglang.guard_descriptor_probe", "Owner.f")
+        log: list[str] = []
+        for value in (classmethod(lambda cls, x: (cls.__name__, x)),
+                      staticmethod(lambda x: ("static", x)),
+                      _Proxy(classmethod(lambda cls, x: (cls.__name__, x)), log)):
+            module, owner = self._module(value)
+            sub = type("Sub", (owner,), {})
+            calls = (lambda o=owner: o.f(1), lambda o=owner: o().f(2), lambda s=sub: s.f(3))
+            before = [c() for c in calls]
+            seen: list[tuple[Any, ...]] = []
+            patch = apply(target, module, self._tracing(seen))
+            held = vars(owner)["f"]
+            with self.subTest(kind=type(value).__name__):
+                self.assertIs(type(held), classmethod if isinstance(value, classmethod)
+                              else staticmethod)
+                self.assertTrue(is_ours(held))
+                self.assertEqual([c() for c in calls], before)
+                self.assertEqual(len(seen), 3)
+                self.assertEqual(restore(patch), [])
+                self.assertIs(vars(owner)["f"], value)
+                self.assertEqual([c() for c in calls], before)
+        self.assertEqual(log.count("proxy ran"), 3 + 3 + 3)  # before, wrapped, restored
+
+    def test_what_cannot_be_wrapped_is_named(self) -> None:
+        """A property and a classmethod of a number: the install error names the kind
+        found, not "does not exist"."""
+        from sglang_dsv4_guard.errors import DSV4GuardInstallError
+        from sglang_dsv4_guard.host.targets import PatchTarget
+        from sglang_dsv4_guard.patching import apply
+
+        target = PatchTarget("sglang.guard_descriptor_probe", "Owner.f")
+        for value, kind in ((property(lambda self: 1), "property"),
+                            (classmethod(5), "classmethod")):  # type: ignore[arg-type]
+            module, owner = self._module(value)
+            with self.assertRaises(DSV4GuardInstallError) as caught:
+                apply(target, module, self._tracing([]))
+            self.assertIn(f"is not a function, classmethod or staticmethod in the installed "
+                          f"SGLang (found {kind})", str(caught.exception))
+            self.assertIs(vars(owner)["f"], value)
+
+
 if __name__ == "__main__":
     import unittest
 

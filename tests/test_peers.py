@@ -396,6 +396,32 @@ class TestMooncake(GuardTestCase):
             sglang_dsv4_guard.uninstall()
         self.assertIs(vars(mooncake.KVArgsRegisterInfo)["from_zmq"], _RAW_PARSE)
 
+    def test_other_plugins_wrappers_around_the_parse(self) -> None:
+        """Four other plug-ins wrap ``from_zmq`` on top of the guard (SGLang's HookRegistry
+        adds two frames per AROUND hook): the mismatched peer registering through SGLang's
+        real bootstrap thread is still reported once, and every wrapper ran."""
+        ran: list[int] = []
+        cls = mooncake.KVArgsRegisterInfo
+        held = vars(cls)["from_zmq"]
+        for n in range(4):
+            below = vars(cls)["from_zmq"]
+
+            def around(klass: Any, *args: Any, below: Any = below, n: int = n) -> Any:
+                ran.append(n)
+                return below.__get__(None, klass)(*args)
+            cls.from_zmq = classmethod(around)
+        try:
+            frames, _ = peers_real.registration(mooncake, "mooncake", tp=2, name="sess-w")
+            mgr = peers_real.prefill(mooncake, "mooncake", tp=1, state_types=(_SWA,))
+            with self.assertLogs("sglang_dsv4_guard", level=logging.ERROR) as logs:
+                self._bootstrap(mgr, frames)
+        finally:
+            cls.from_zmq = held
+        self.assertIn("sess-w", mgr.decode_kv_args_table)
+        self.assertEqual(sorted(set(ran)), [0, 1, 2, 3])
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("[DSV4G040]", logs.records[0].getMessage())
+
     def test_accepted_pair_says_nothing(self) -> None:
         """Equal TP: SGLang's bootstrap thread registers the peer, the guard is silent."""
         frames, _ = peers_real.registration(mooncake, "mooncake", tp=2, name="sess-2")

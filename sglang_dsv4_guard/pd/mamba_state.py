@@ -13,10 +13,10 @@ The release's own method runs (unwrapped) on a half-built manager carrying the p
 state registration and the decode's TP, on a transfer of one Mamba slot. Its Mamba
 senders (``PD_MAMBA_SENDERS``) are replaced *on that instance* by a stop, so past SGLang's
 check nothing runs and SGLang logs nothing (a release that renamed them would run its own
-on the half-built manager, which fails at its first read: not judged). Only SGLang's own message counts as a refusal; anything else the
-method raises on the half-built manager leaves the pair not judged (no report).
-Nothing here imports a connector: the module SGLang imported is read from
-``sys.modules``.
+on the half-built manager, which fails at its first read: not judged). Only SGLang's
+own message counts as a refusal; anything else the method raises on the half-built
+manager leaves the pair not judged (no report). Nothing here imports a connector: the
+module SGLang imported is read from ``sys.modules``.
 """
 
 from __future__ import annotations

@@ -60,8 +60,6 @@ from sglang_dsv4_guard.wrapping import note_on, our_failure
 
 __all__ = ["WatchedTable", "patch_mooncake"]
 
-_CALLERS = 3  # frames up from a hook to SGLang's closure (room for another plug-in's wrapper)
-
 _DEAD = "is dead"  # Mooncake's transfer_worker: "Transfer thread failed ... is dead."
 _PUBLISH = "_publish_peer_registration"  # 0.5.22+: SGLang's table write, under its lock
 
@@ -112,11 +110,11 @@ def _publish_hook(guard: PeerGuard, manager: object) -> Callable[..., Any]:
 
 
 def _closure(frame: Any) -> Any:
-    """SGLang's bootstrap closure among ``frame`` and its next callers, or ``None``."""
+    """SGLang's bootstrap closure among ``frame`` and its callers, or ``None``. The whole
+    stack is walked (once per registration): other plug-ins' wrappers of ``from_zmq``
+    (SGLang's HookRegistry adds two frames per AROUND hook) sit between."""
     closure = PEERS_MOONCAKE_BOOTSTRAP[0]
-    for _ in range(_CALLERS):
-        if frame is None:
-            return None
+    while frame is not None:
         if frame.f_code.co_name == closure and \
                 frame.f_globals.get("__name__") == PEERS_MOONCAKE_START.module:
             return frame
