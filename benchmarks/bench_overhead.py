@@ -28,6 +28,8 @@ import sys
 import time
 import timeit
 import warnings
+from types import SimpleNamespace
+from unittest import mock
 
 warnings.filterwarnings("ignore")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -189,12 +191,24 @@ def mooncake_per_peer(peers: int = 40) -> None:
     thread (the process' CPU time, the thread's included), SGLang's own start and parse
     against the installed guard's (before 0.5.22 the parse hook, after it the publishing
     hook): peers with the prefill's TP and with another (one report, then counted)."""
-    import threading
-
     import sglang.srt.disaggregation.mooncake.conn as mooncake
 
     swa = mooncake.StateType("swa")
     cls, info = mooncake.MooncakeKVManager, mooncake.KVArgsRegisterInfo
+    # the server configs 0.5.22+'s registration reads, published as a server without
+    # speculative decoding or unified memory would
+    with contextlib.ExitStack() as stack:
+        for name, config in (("get_spec", SimpleNamespace(speculative_algorithm=None)),
+                             ("get_memory", SimpleNamespace(enable_unified_memory=False))):
+            if hasattr(mooncake, name):
+                stack.enter_context(mock.patch.object(mooncake, name,
+                                                      lambda config=config: config))
+        _mooncake_rounds(mooncake, swa, cls, info, peers)
+
+
+def _mooncake_rounds(mooncake, swa, cls, info, peers: int) -> None:
+    import threading
+
     ours = {"start": vars(cls)["start_prefill_thread"], "parse": vars(info)["from_zmq"]}
     raw = {k: getattr(v, "__sglang_dsv4_guard_original__", v) for k, v in ours.items()}
     for label, tp in (("accepted", 1), ("another TP", 2)):

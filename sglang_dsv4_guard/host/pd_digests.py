@@ -21,6 +21,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 from sglang_dsv4_guard.host.digests import MISSING, _digest, _find, _in_order, read_module
@@ -135,9 +136,10 @@ class Located:
     methods: tuple[ast.FunctionDef, ...]
     filename: str
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
-        """The site's digest: tests, branches, assignments, methods and the statement."""
+        """The site's digest: tests, branches, assignments, methods and the statement
+        (once per located site: a located site is cached per file version)."""
         marks = [n for test, wanted in self.chain for n in (test, ast.Constant(wanted))]
         return _digest(*marks, *self.assigns, *self.methods, self.node)
 
@@ -165,19 +167,34 @@ class Located:
                     scope.pop(target.id, None)
         owner = scope.get("self")
         for method in self.methods:
-            module = ast.Module(body=[method], type_ignores=[])
             local: dict[str, Any] = {}
-            exec(compile(module, self.filename, "exec",
-                         flags=__future__.annotations.compiler_flag, dont_inherit=True),
-                 scope, local)
+            exec(self._compiled(method), scope, local)
             if owner is not None:
                 setattr(owner, method.name, local[method.name].__get__(owner))
         return scope
 
+    @functools.cached_property
+    def _code(self) -> dict[int, CodeType]:
+        """Each of this site's nodes compiled once (by the node's id: the site holds its
+        nodes for its lifetime)."""
+        return {}
+
+    def _compiled(self, node: ast.stmt | ast.expr) -> CodeType:
+        """``node`` compiled (a method defined, an expression evaluated), once."""
+        code = self._code.get(id(node))
+        if code is None:
+            if isinstance(node, ast.stmt):
+                code = compile(ast.Module(body=[node], type_ignores=[]), self.filename, "exec",
+                               flags=__future__.annotations.compiler_flag, dont_inherit=True)
+            else:
+                assert isinstance(node, ast.expr)
+                code = compile(ast.Expression(body=node), self.filename, "eval")
+            self._code[id(node)] = code
+        return code
+
     def _eval(self, node: ast.expr, scope: dict[str, Any]) -> Any:
         try:
-            code = compile(ast.Expression(body=node), self.filename, "eval")
-            return eval(code, scope)
+            return eval(self._compiled(node), scope)
         except Exception as exc:  # a value the guard does not give it: not judged
             raise NotJudged(f"{self.spec.target}: {ast.unparse(node)[:120]} reads what "
                             f"the guard does not derive ({type(exc).__name__}: {exc})") from exc
