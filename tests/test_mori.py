@@ -399,16 +399,19 @@ class TestMoriRegistration(GuardTestCase):
         current = installation()
         assert current is not None
         refused = 0
-        for i, (state_tp, decode_tp, dims) in enumerate(
-                (s, d, dims) for s in (2, 1) for d in (1, 2, 4) for dims in ([[0, 1]], [[1, 1]])):
+        # the registered state components (prefill, decode): equal, none on the prefill
+        # (SGLang sends nothing), or different (SGLang refuses the count first: DSV4G057)
+        for i, (state_tp, decode_tp, dims, (comps, dst)) in enumerate(
+                (s, d, dims, c) for s in (2, 1) for d in (1, 2, 4)
+                for dims in ([[0, 1]], [[1, 1]]) for c in ((1, 1), (0, 1), (1, 2))):
             mgr = mori_stub.manager(conn, attn_tp=2, mla=True, state_types=("mamba",))
             mgr.state_tp_size = state_tp
-            mgr.state_mem_descs = [[]]
+            mgr.state_mem_descs = [[] for _ in range(comps)]
             mgr.kv_args.state_dim_per_tensor = dims
             for name in ("state_item_lens", "state_layer_ids"):
                 setattr(mgr.kv_args, name, [])  # KVArgs declares them, some releases unset
             p = mori_stub.peer(conn, f"mb-{i}", decode_tp=decode_tp)
-            p.dst_state_mem_descs = [[]]
+            p.dst_state_mem_descs = [[] for _ in range(dst)]
             one = [np.array([1], dtype=np.int32)]
             expected = None
             try:
@@ -420,8 +423,10 @@ class TestMoriRegistration(GuardTestCase):
             with guard_logs_off():
                 self.assertEqual(registered(mgr, p), ("ok", ""))
             found = [(f.code, f.host_message) for r in current.peers.reports()
-                     for f in r.findings if f"mb-{i} " in f.details[0]]
-            with self.subTest(state_tp=state_tp, decode_tp=decode_tp, dims=dims):
+                     for f in r.findings if f"mb-{i} " in f.details[0]
+                     and f.code == "DSV4G058"]
+            with self.subTest(state_tp=state_tp, decode_tp=decode_tp, dims=dims,
+                              components=(comps, dst)):
                 self.assertEqual(found, [("DSV4G058", expected)] if expected else [])
             refused += expected is not None
         self.assertEqual(refused > 0, current.runtime.profile.version >= Version("0.5.20"))

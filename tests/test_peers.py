@@ -872,7 +872,9 @@ class TestNixlMambaState(GuardTestCase):
                 (tp, state_tp, decode_tp, types, dims)
                 for tp in (1, 2) for state_tp in (None, 1) for decode_tp in (1, 2, 4)
                 for types, dims in (((mamba,), [[0, 1]]), ((mamba,), [[1, 1]]),
-                                    ((swa, mamba), [[], [1, 0]]))):
+                                    ((swa, mamba), [[], [1, 0]]),
+                                    ((mamba, mamba), [[1], [0]]),  # the second refused
+                                    ((mamba, swa, mamba), [[1], [], [1, 0]]))):
             mgr = peers_real.prefill(nixl, "nixl", tp=tp, state_tp=state_tp, mla=True,
                                      state_types=types, state_dims=dims)
             expected = nixl_mamba_refusal(mgr, decode_tp)
@@ -886,6 +888,57 @@ class TestNixlMambaState(GuardTestCase):
             refused += expected is not None
         has_check = current.runtime.profile.version >= Version("0.5.20")
         self.assertEqual(refused > 0, has_check, refused)
+
+    def test_a_bad_prefill_value_is_not_known_and_the_rest_is_reported(self) -> None:
+        """A prefill whose state TP is not a size: the guard's findings for that peer are
+        the ones it gives with the state TP unset (SGLang's default: the attention TP),
+        not none at all."""
+        mamba, swa = nixl.StateType("mamba"), nixl.StateType("swa")
+        current = installation()
+        assert current is not None
+        codes = []
+        for i, state_tp in enumerate((None, "x")):
+            mgr = peers_real.prefill(nixl, "nixl", tp=1, state_types=(swa, mamba),
+                                     state_dims=[[], [1, 1]])
+            mgr.state_tp_size = state_tp
+            _, info = peers_real.registration(nixl, "nixl", tp=2, name=f"bad-{i}")
+            with guard_logs_off():
+                register(nixl.NixlKVManager._add_remote_peer, mgr, info)
+            codes.append([f.code for r in current.peers.reports() for f in r.findings
+                          if f"bad-{i} " in f.details[0]])
+        self.assertIn("DSV4G040", codes[0])
+        self.assertEqual(codes[1], codes[0])
+
+    def test_a_changed_refusal_is_not_judged(self) -> None:
+        """The release's Mamba check, changed (its condition negated) in a copy of the
+        connector's source: the verdict is "not judged", never guessed at."""
+        import tempfile
+        from pathlib import Path
+
+        from sglang_dsv4_guard.host.pd_digests import NotJudged
+        from sglang_dsv4_guard.host.targets import PD_NIXL_SEND_EXTRA
+        from sglang_dsv4_guard.host.verdict import imported_package_dir
+        from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+        from sglang_dsv4_guard.pd.mamba_state import mamba_refusal
+
+        package = imported_package_dir()
+        assert package is not None
+        source = (package / PD_NIXL_SEND_EXTRA.path).read_text()
+        prefill = Endpoint("prefill", {"attn_tp_size": Value(1, "t"),
+                                       "state_types": Value(("mamba",), "t"),
+                                       "state_dim_per_tensor": Value(((0,),), "t")})
+        decode = Endpoint("decode", {"attn_tp_size": Value(2, "t")})
+        if "if 0 in src_dims" not in source:  # before 0.5.20: no such check to change
+            self.assertIsNone(mamba_refusal("nixl", prefill, decode, package))
+            self.assertLess(installation().runtime.profile.version, Version("0.5.20"))
+            return
+        self.assertIsNotNone(mamba_refusal("nixl", prefill, decode, package))
+        with tempfile.TemporaryDirectory() as tmp:
+            changed = Path(tmp) / PD_NIXL_SEND_EXTRA.path
+            changed.parent.mkdir(parents=True)
+            changed.write_text(source.replace("if 0 in src_dims", "if 0 not in src_dims"))
+            with self.assertRaisesRegex(NotJudged, "unknown for this release"):
+                mamba_refusal("nixl", prefill, decode, Path(tmp))
 
     def test_the_fix_names_the_tp_the_release_pairs_by(self) -> None:
         """Attention TP 2, state TP 1, a decode of TP 4: the fix names the prefill TP this

@@ -32,6 +32,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_MOONCAKE_SEND_AUX,
     PD_MOONCAKE_SEND_EXTRA,
     PD_MORI_SEND_AUX,
+    PD_MORI_SEND_STATE,
     PD_NIXL_PAYLOAD,
     PD_NIXL_SEND_AUX,
     PD_NIXL_SEND_EXTRA,
@@ -95,6 +96,12 @@ SITES: dict[str, SiteSpec] = {spec.key: spec for spec in (
              helpers=("_plan_prepared_state_component", "_prepared_state_pairs",
                       "_state_component_is_whole_slot", "_build_prepared_state_plan")),
     SiteSpec("nixl.state_rejected", PD_NIXL_SEND_EXTRA, phrase="NIXL state layout rejected"),
+    # NIXL's and MORI's per-request refusal of a replicated Mamba state (0.5.20+), whose
+    # methods run on a half-built manager (pd/mamba_state.py).
+    SiteSpec("nixl.mamba_replicated", PD_NIXL_SEND_EXTRA,
+             phrase="Replicated Mamba PD state transfer"),
+    SiteSpec("mori.mamba_replicated", PD_MORI_SEND_STATE,
+             phrase="Replicated Mamba PD state transfer"),
     SiteSpec("decode.hisparse_mooncake", PD_POP_PREALLOCATED, phrase="requires the"),
     SiteSpec("first_contact.minimax", PD_FIRST_CONTACT,
              phrase="MiniMax sparse PD requires matching attention TP"),

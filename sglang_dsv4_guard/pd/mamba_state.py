@@ -11,9 +11,12 @@ Mooncake has no such refusal.
 
 The release's own method runs (unwrapped) on a half-built manager carrying the prefill's
 state registration and the decode's TP, on a transfer of one Mamba slot. Its Mamba
-senders (``PD_MAMBA_SENDERS``) are replaced *on that instance* by a stop, so past SGLang's
-check nothing runs and SGLang logs nothing (a release that renamed them would run its own
-on the half-built manager, which fails at its first read: not judged). Only SGLang's
+senders (``PD_MAMBA_SENDERS``) are replaced *on that instance* by a stop that sends
+nothing, so past SGLang's check nothing runs and SGLang logs nothing, and every Mamba
+component is checked. The refusal is digested (``nixl.mamba_replicated``,
+``mori.mamba_replicated``): a release whose check no known release has is not judged.
+MORI's registered state components are the pair's own, so a count mismatch (DSV4G057)
+stops it first, as SGLang's does. Only SGLang's
 own message counts as a refusal; anything else the method raises on the half-built
 manager leaves the pair not judged (no report). Nothing here imports a connector: the
 module SGLang imported is read from ``sys.modules``.
@@ -25,11 +28,13 @@ import importlib
 import inspect
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_MAMBA_SENDERS,
     PD_MORI_SEND_STATE,
@@ -57,44 +62,40 @@ class MambaRefusal:
     pairs_by: tuple[str, int]
 
 
-class _Stop(Exception):
-    """Raised by the stopped Mamba senders: SGLang's check let the transfer through."""
+def _stop(*args: Any, **kwargs: Any) -> list[Any]:
+    """The stopped Mamba senders: SGLang's check let this component through; its loop goes
+    on to the next component, and nothing is sent."""
+    return []
 
 
-def _stop(*args: Any, **kwargs: Any) -> Any:
-    raise _Stop
-
-
-def _manager(cls: Any, prefill: Endpoint) -> Any:
-    tp = int(prefill.get("attn_tp_size"))
-    types = tuple(prefill.get("state_types") or ())
+def _manager(cls: Any, tp: int, state_tp: int, types: tuple[str, ...],
+             dims: list[list[int | None]], components: int) -> Any:
     enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
     manager = object.__new__(cls)
     empty: list[list[int]] = [[] for _ in types]
     manager.__dict__.update(
-        attn_tp_size=tp, state_tp_size=int(prefill.get("state_tp_size") or tp),
-        is_mla_backend=bool(prefill.get("is_mla_backend")),
-        state_mem_descs=[[] for _ in types], _state_layout_rejections={},
+        attn_tp_size=tp, state_tp_size=state_tp,
+        state_mem_descs=[[] for _ in range(components)], _state_layout_rejections={},
         _prepared_state_plans={},
         kv_args=SimpleNamespace(
             state_types=[enum(s) if s in {e.value for e in enum} else s for s in types],
             state_data_ptrs=empty, state_item_lens=empty, state_layer_ids=empty,
-            state_dim_per_tensor=[list(d) for d in prefill.get("state_dim_per_tensor")],
-            state_conv_shard_groups=[], state_slice_outer_counts=[]))
+            state_dim_per_tensor=dims, state_conv_shard_groups=[],
+            state_slice_outer_counts=[]))
     for name in PD_MAMBA_SENDERS:  # the release's own senders, if it has them
         setattr(manager, name, _stop)
     return manager
 
 
-def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[str, ...]
-         ) -> str | None:
-    """SGLang's message when its method refuses the Mamba slots; ``None`` when it lets
-    them through (a stopped sender) or fails otherwise on the half-built manager."""
+def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[str, ...],
+         dst_components: int) -> str | None:
+    """SGLang's message when its method refuses a Mamba slot; ``None`` when it lets every
+    one through (to the stopped senders), or fails otherwise on the half-built manager."""
     slots = [np.array([0], dtype=np.int32) if st == _MAMBA else None for st in types]
     try:
         if backend == "mori":
             peer = SimpleNamespace(decode_tp_size=decode_tp,
-                                   dst_state_mem_descs=[[] for _ in types],
+                                   dst_state_mem_descs=[[] for _ in range(dst_components)],
                                    dst_state_item_lens=[], dst_state_dim_per_tensor=[],
                                    dst_state_layer_ids=[])
             method(manager, peer, slots, [s.copy() if s is not None else None for s in slots])
@@ -110,14 +111,46 @@ def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[s
                     pass
     except RuntimeError as exc:
         return str(exc) if _PHRASE in str(exc) else None
-    except Exception:  # a stopped sender, or past the check on what is half-built
+    except Exception:  # past the check, on what is half-built
         return None
     return None
 
 
-def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint) -> MambaRefusal | None:
+def _compares(backend: str, method: Any, manager: Any, types: tuple[str, ...],
+              dst_components: int) -> str:
+    """Which of the prefill's TP sizes the release compares the decode's with, probed by
+    its own method on a copy whose state TP differs from its attention TP."""
+    probe = object.__new__(type(manager))
+    probe.__dict__.update(manager.__dict__, state_tp_size=manager.attn_tp_size + 1)
+    refused = _run(backend, method, probe, manager.attn_tp_size, types, dst_components)
+    return "attention" if refused is None else "state"
+
+
+def _values(backend: str, prefill: Endpoint, decode: Endpoint
+            ) -> tuple[int, int, int, list[list[int | None]], int, int] | None:
+    """The values the method reads, or ``None`` when one is not known or not a size."""
+    try:
+        tp = int(prefill.get("attn_tp_size"))
+        state_tp = int(prefill.get("state_tp_size") or tp)
+        decode_tp = int(decode.get("attn_tp_size"))
+        dims = [[None if x is None else int(x) for x in c]
+                for c in prefill.get("state_dim_per_tensor")]
+    except (TypeError, ValueError):
+        return None
+    types = prefill.get("state_types") or ()
+    # MORI's send_state compares the registered state components first (DSV4G057)
+    components = int(prefill.get("state_components") or 0) if (
+        backend == "mori" and prefill.has("state_components")) else len(types)
+    dst = int(decode.get("state_components") or 0) if (
+        backend == "mori" and decode.has("state_components")) else components
+    return tp, state_tp, decode_tp, dims, components, dst
+
+
+def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint, package: Path
+                  ) -> MambaRefusal | None:
     """What the release's transfer does with Mamba state for this decode: its refusal,
-    or ``None`` (it sends, the release has no such check, or a value is not known)."""
+    or ``None`` (it sends, the release has no such check, or a value is not known).
+    Raises :class:`NotJudged` for a release whose check no known release has."""
     if backend not in _SENDS or not all((
             prefill.has("attn_tp_size"), prefill.has("state_types"),
             prefill.has("state_dim_per_tensor"), decode.has("attn_tp_size"))):
@@ -125,22 +158,26 @@ def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint) -> MambaRef
     types = tuple(str(s) for s in prefill.get("state_types") or ())
     if _MAMBA not in types:
         return None
+    key = f"{backend}.mamba_replicated"
+    site = locate(package, SITES[key])
+    if site is None:  # a release without the refusal (before 0.5.20)
+        return None
+    if not row_releases({key: site.digest}, (key,)):
+        raise NotJudged(f"SGLang's {SITES[key].target} differs from every release this "
+                        "guard knows: unknown for this release")
     target = _SENDS[backend]
     class_name, method_name = target.qualname.split(".")
     module = sys.modules.get(target.module)  # never imported here
     cls = getattr(module, class_name, None)
     method = vars(cls).get(method_name) if isinstance(cls, type) else None
-    if method is None:
+    values = _values(backend, prefill, decode)
+    if method is None or values is None:
         return None
     method = inspect.unwrap(method)
-    decode_tp = int(decode.get("attn_tp_size"))
-    manager = _manager(cls, prefill)
-    message = _run(backend, method, manager, decode_tp, types)
+    tp, state_tp, decode_tp, dims, components, dst = values
+    manager = _manager(cls, tp, state_tp, types, dims, components)
+    message = _run(backend, method, manager, decode_tp, types, dst)
     if message is None:
         return None
-    pairs_by = ("attention", manager.attn_tp_size)
-    for label, size in (("attention", manager.attn_tp_size), ("state", manager.state_tp_size)):
-        if _run(backend, method, manager, int(size), types) is None:  # this TP is accepted
-            pairs_by = (label, int(size))
-            break
-    return MambaRefusal(message, str(target), pairs_by)
+    label = _compares(backend, method, manager, types, dst)
+    return MambaRefusal(message, str(target), (label, tp if label == "attention" else state_tp))

@@ -141,17 +141,23 @@ def _mori_state(reg: Registration) -> list[Finding]:
     return found
 
 
-def _mamba(reg: Registration) -> list[Finding]:
+def _mamba(reg: Registration) -> tuple[list[Finding], list[str]]:
     """NIXL's and MORI's per-request refusal of replicated Mamba state for a decode of
     another TP (DSV4G058, 0.5.20+)."""
-    refusal = mamba_refusal(reg.backend, reg.prefill, reg.decode)
+    package = imported_package_dir()
+    if package is None:
+        return [], []
+    try:
+        refusal = mamba_refusal(reg.backend, reg.prefill, reg.decode, package)
+    except NotJudged as exc:
+        return [], [f"{MAMBA_CODE} ({reg.backend}): not judged: {exc}"]
     if refusal is None:
-        return []
+        return [], []
     return [_finding(reg, MAMBA_CODE, refusal.message, refusal.function,
                      f"prefill -> decode {reg.backend} transfer of the mamba state",
                      ("attn_tp_size", "state_tp_size", "state_types", "state_dim_per_tensor"),
                      Phase.PER_REQUEST, "every request that carries mamba state will fail",
-                     _pairing_fixes(reg, "mamba", refusal.pairs_by))]
+                     _pairing_fixes(reg, "mamba", refusal.pairs_by))], []
 
 
 def _pairing_fixes(reg: Registration, state_type: str, pairs_by: tuple[str, object]
@@ -268,7 +274,8 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     extra, more = _send_extra(reg) if reg.backend in TRANSFER_BACKENDS else ([], [])
     if reg.backend == "mori":
         extra += _mori_state(reg)
-    extra += _mamba(reg)
+    mamba, notes = _mamba(reg)
+    extra, more = extra + mamba, more + notes
     aux, most = _aux(reg)
     # NIXL prepares the state only once the payload was prepared (a refusal there ends it).
     state, rest = _nixl_state_layout(reg) if reg.backend == "nixl" and not found else ([], [])

@@ -66,6 +66,13 @@ def _int(value: object) -> int | None:
         return None
 
 
+def _sequence(value: object) -> list[Any] | tuple[Any, ...]:
+    """A list or tuple as it is; anything else (a string included) is not one."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"not a list: {type(value).__name__}")
+    return value
+
+
 def _put(values: dict[str, Value], name: str, value: object, source: str) -> None:
     if value is not None:
         values[name] = Value(value, source)
@@ -90,9 +97,10 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
     args = _read(mgr["server_args"], targets.PEERS_SERVER_ARGS_ATTRS)
     owner = type(manager).__name__
     values: dict[str, Value] = {"transfer_backend": Value(backend, f"the prefill's {owner}")}
-    for name in ("attn_tp_size", "is_mla_backend", "is_hybrid_mla_backend", "pp_size",
-                 "dcp_size", "dcp_rank"):
+    for name in ("is_mla_backend", "is_hybrid_mla_backend"):
         _put(values, name, mgr[name], f"{owner}.{name} on the prefill")
+    for name in ("attn_tp_size", "pp_size", "dcp_size", "dcp_rank"):  # a size, else not known
+        _put(values, name, _int(mgr[name]), f"{owner}.{name} on the prefill")
     if kv["state_types"] is not None:
         values["state_types"] = Value(
             tuple(str(getattr(s, "value", s)) for s in kv["state_types"]),
@@ -112,12 +120,14 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
     _put(values, "kv_checksum", args["disaggregation_enable_kv_checksum"],
          "server flag --disaggregation-enable-kv-checksum on the prefill")
     _state_geometry(values, kv, "kv_args.{} on the prefill", "")
-    _put(values, "state_tp_size", mgr["state_tp_size"], f"{owner}.state_tp_size on the prefill")
+    _put(values, "state_tp_size", _int(mgr["state_tp_size"]),
+         f"{owner}.state_tp_size on the prefill")
     # per component, the TP-sharded dimension of each tensor (0: replicated); absent or
     # another shape: not known
     with contextlib.suppress(TypeError, ValueError):
         values["state_dim_per_tensor"] = Value(
-            tuple(tuple(int(x) for x in c) for c in kv["state_dim_per_tensor"]),
+            tuple(tuple(None if x is None else int(x) for x in _sequence(c))
+                  for c in _sequence(kv["state_dim_per_tensor"])),
             "kv_args.state_dim_per_tensor on the prefill (per state component, each "
             "tensor's TP-sharded dimension; 0: replicated)")
     _put(values, "mla_compression_ratios", kv["mla_compression_ratios"],
