@@ -1,0 +1,191 @@
+"""make test's selection (tools/selection.py, tools/trace_drives.py): a test runs again on a
+release exactly where the SGLang code it drove differs, on real traces of SGLang's code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import sglang
+from helpers import UNWRAPPED, GuardTestCase, outcome
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_dsv4_guard.testing import PoolSpec, build_pair
+
+register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import release_code  # noqa: E402 - tools/ is not a package
+import selection  # noqa: E402
+import trace_drives  # noqa: E402
+
+SGLANG = Path(sglang.__file__).resolve().parent
+UTILS = "srt/disaggregation/utils.py"
+TEST = "tests/test_state_guard.py::TestEveryCode::test_g001_names_offending_draft_layers"
+
+
+def _write(where: Path, name: str, records: list[dict[str, object]]) -> None:
+    with (where / name).open("a", encoding="utf-8") as out:
+        out.writelines(json.dumps(r) + "\n" for r in records)
+
+
+class _Trees(GuardTestCase):
+    """Fake releases in a temporary directory: copies of the installed ``sglang`` whose
+    files are links to the installed ones, but for the files a test edits."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.tmp = Path(tmp.name)
+
+    def release(self, name: str, edits: dict[str, tuple[str, str]] | None = None) -> Path:
+        """A fake release: the installed package, with ``edits`` (file -> (old, new))."""
+        package = self.tmp / name / "sglang"
+        shutil.copytree(SGLANG, package, copy_function=os.symlink,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for rel, (old, new) in (edits or {}).items():
+            text = (SGLANG / rel).read_text(encoding="utf-8")
+            self.assertIn(old, text, f"{rel}: the edit's anchor is gone")
+            (package / rel).unlink()
+            (package / rel).write_text(text.replace(old, new, 1), encoding="utf-8")
+        return package
+
+    def trace_of_a_real_call(self) -> selection.Trace:
+        """What tracing SGLang's real setup_state_kv_args on a mismatched pair records."""
+        recorder = trace_drives.Recorder()
+        pair = build_pair(draft=PoolSpec(compression_ratios=(0, 4, 0, 128)))
+        recorder.start()
+        try:
+            kind, _ = outcome(UNWRAPPED, *pair)
+        finally:
+            ran = recorder.stop()
+        self.assertEqual(kind, "raised")
+        where = self.tmp / "drives"
+        where.mkdir()
+        _write(where, trace_drives.TESTS_FILE, [{"test": TEST, "file": TEST.split("::")[0], **ran}])
+        return selection.read_traces(where)[TEST]
+
+
+class TestSeededChange(_Trees):
+    """A fake 0.5.24: the tests that drive an edited function run on it, the others not."""
+
+    def plan(self, edits: dict[str, tuple[str, str]] | None = None) -> selection.Plan:
+        trace = self.trace_of_a_real_call()
+        self.assertIn((UTILS, "setup_state_kv_args"), trace.sglang)
+        packages = {"0.5.23": SGLANG, "0.5.24": self.release("0.5.24", edits)}
+        return selection.plan({TEST: trace}, "0.5.23", ["0.5.24"], packages)
+
+    def test_same_code_is_left_out(self) -> None:
+        """A release whose code is the base's runs none of its tests again, and names the
+        base release as where each ran."""
+        chosen = self.plan()
+        self.assertEqual(chosen.runs["0.5.24"], [])
+        self.assertEqual(chosen.covered["0.5.24"], {TEST: "0.5.23"})
+
+    def test_edited_function_runs_the_test(self) -> None:
+        """An edit in setup_state_kv_args (which the test drove) runs it on that release."""
+        chosen = self.plan({UTILS: (
+            "    req_to_token_pool=None,\n) -> None:\n",
+            "    req_to_token_pool=None,\n) -> None:\n    kv_args.seeded = True\n")})
+        self.assertEqual(chosen.runs["0.5.24"], [TEST])
+        self.assertEqual(chosen.covered["0.5.24"], {})
+
+    def test_formatting_and_other_functions_do_not_count(self) -> None:
+        """Comments, blank lines and a function the test did not drive, in the same file,
+        leave the test out: digests are of code, per function."""
+        chosen = self.plan({UTILS: (
+            "def setup_state_kv_args(",
+            "# a comment\n\n\ndef _never_called_by_the_test():\n    return 1\n\n\n"
+            "def setup_state_kv_args(")})
+        self.assertEqual(chosen.runs["0.5.24"], [])
+
+
+class TestWhatAKeyHolds(_Trees):
+    """What a function that ran depends on: its definition, its classes' skeletons, and
+    the module-level bindings of the names it reads."""
+
+    def _source(self, text: str) -> release_code.ReleaseCode:
+        package = self.tmp / f"p{len(list(self.tmp.iterdir()))}"
+        package.mkdir()
+        (package / "m.py").write_text(text)
+        return release_code.ReleaseCode(package)
+
+    def test_module_bindings_read_count_others_do_not(self) -> None:
+        """A constant the function reads counts; one it does not read does not."""
+        base = self._source("A = 1\nB = 1\ndef f():\n    return A\n")
+        read = self._source("A = 2\nB = 1\ndef f():\n    return A\n")
+        unread = self._source("A = 1\nB = 2\ndef f():\n    return A\n")
+        self.assertNotEqual(base.function("m.py", "f"), read.function("m.py", "f"))
+        self.assertEqual(base.function("m.py", "f"), unread.function("m.py", "f"))
+
+    def test_class_fields_count_for_methods(self) -> None:
+        """A dataclass field's default counts for every method of the class."""
+        one = self._source("class C:\n    x: int = 1\n    def m(self):\n        return 0\n")
+        two = self._source("class C:\n    x: int = 2\n    def m(self):\n        return 0\n")
+        self.assertNotEqual(one.function("m.py", "C.m"), two.function("m.py", "C.m"))
+
+    def test_nested_code_belongs_to_its_function(self) -> None:
+        """A lambda's or comprehension's code counts as the function around it; a missing
+        function is absent, not an error."""
+        package = self._source("def f():\n    return [x for x in (1,)]\n")
+        self.assertEqual(release_code.def_path("f.<locals>.<listcomp>"), ("f",))
+        self.assertIn("absent", package.function("m.py", "g"))
+        self.assertEqual(package.def_at("m.py", 2), ("f",))
+
+
+class TestPlacing(GuardTestCase):
+    """A test the trace cannot account for runs on every release."""
+
+    def _traces(self, children: list[dict[str, object]], **record: object) -> selection.Trace:
+        with tempfile.TemporaryDirectory() as tmp:
+            where = Path(tmp)
+            _write(where, trace_drives.TESTS_FILE,
+                   [{"test": "tests/t.py::T::test_x", "file": "tests/t.py", "sglang": [],
+                     "guard": [], "starts": {}, **record}])
+            _write(where, "child-7.jsonl", children)
+            return selection.read_traces(where)["tests/t.py::T::test_x"]
+
+    def test_unplaced_reasons(self) -> None:
+        """A fork, a Python interpreter that recorded nothing or was started without the
+        test's environment, and a child that never wrote its end each make the test
+        unplaceable, saying why; another program does not; a child that wrote counts."""
+        start = {"test": "tests/t.py::T::test_x", "pid": 7, "started": True}
+        done = {"test": "tests/t.py::T::test_x", "pid": 7, "sglang": [["srt/x.py", "f"]],
+                "guard": [], "starts": {}}
+        self.assertIn("forked", self._traces([], starts={"fork": 1}).unplaced)
+        self.assertIn("started 1 Python", self._traces([], starts={"python": 1}).unplaced)
+        self.assertIn("without its environment",
+                      self._traces([], starts={"untraced": 1}).unplaced)
+        self.assertIn("without writing", self._traces([start], starts={"python": 1}).unplaced)
+        self.assertEqual(self._traces([], starts={"program": 2}).unplaced, "")
+        placed = self._traces([start, done], starts={"python": 1})
+        self.assertEqual((placed.unplaced, placed.children, placed.sglang),
+                         ("", 1, (("srt/x.py", "f"),)))
+
+    def test_unplaced_and_every_release_tests_run_everywhere(self) -> None:
+        """Unplaced tests and EVERY_RELEASE files run on every release; a placed test whose
+        code is the same is left out."""
+        trees = {"0.5.23": SGLANG, "0.5.16": SGLANG, "0.5.20": SGLANG}
+        traces = {
+            "tests/t.py::T::test_same": selection.Trace("tests/t.py::T::test_same", "tests/t.py"),
+            "tests/t.py::T::test_fork": selection.Trace("tests/t.py::T::test_fork", "tests/t.py",
+                                                        unplaced="forked"),
+            **{f"{f}::T::test_r": selection.Trace(f"{f}::T::test_r", f)
+               for f in selection.EVERY_RELEASE}}
+        chosen = selection.plan(traces, "0.5.23", ["0.5.16", "0.5.20"], trees)
+        everywhere = sorted(t for t in traces if t != "tests/t.py::T::test_same")
+        for release in ("0.5.16", "0.5.20"):
+            self.assertEqual(chosen.runs[release], everywhere)
+            self.assertEqual(chosen.covered[release], {"tests/t.py::T::test_same": "0.5.23"})
+        self.assertEqual(chosen.unplaced, ["tests/t.py::T::test_fork"])
+
+
+if __name__ == "__main__":
+    unittest.main()

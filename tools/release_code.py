@@ -1,0 +1,230 @@
+"""One SGLang release's code, read as the code each test drove (``tools/selection.py``).
+
+:class:`ReleaseCode` parses the files of one release's ``sglang`` package (never imports
+them) and digests, for a function by its file and qualified name: its ``def`` as
+``ast.dump`` (comments, formatting and line numbers do not count), the fields and bases
+of the classes around it, and the module-level bindings of the names it reads (an import
+by the one name it binds). It also gives what the guard reads of a release rather than
+runs: the profile of the release the guard's verdict guards it as, the guard's patch
+series for it, and the guard's digests of SGLang's checks (``host/pd_digests.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import hashlib
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sglang_dsv4_guard.host.digests import digest_tree  # noqa: E402
+from sglang_dsv4_guard.host.pd_digests import digest_pd_tree  # noqa: E402
+from sglang_dsv4_guard.host.verdict import judge  # noqa: E402
+
+__all__ = ["ReleaseCode", "def_path", "find"]
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def def_path(qualname: str) -> tuple[str, ...]:
+    """The named definitions that hold code with ``qualname``: ``A.f.<locals>.<lambda>``
+    is in ``A.f``; ``<module>`` code is in none (the module's skeleton)."""
+    parts: list[str] = []
+    for part in qualname.split("."):
+        if part == "<locals>":
+            continue
+        if part.startswith("<"):
+            break
+        parts.append(part)
+    return tuple(parts)
+
+
+def _statements(body: Iterable[ast.stmt]) -> Iterable[ast.stmt]:
+    """``body``'s statements, and those in its ``if``/``try``/``with``/loop blocks (a
+    definition under ``if TYPE_CHECKING:`` or ``try: ... except ImportError:``)."""
+    for node in body:
+        yield node
+        if not isinstance(node, _DEFS):
+            for name in ("body", "orelse", "finalbody"):
+                yield from _statements(getattr(node, name, ()) or ())
+            for handler in getattr(node, "handlers", ()) or ():
+                yield from _statements(handler.body)
+
+
+def find(body: list[ast.stmt], name: str) -> ast.AST | None:
+    found = None
+    for node in _statements(body):
+        if isinstance(node, _DEFS) and node.name == name:
+            found = node  # the last definition wins, as at run time
+    return found
+
+
+def _stub(node: ast.AST) -> ast.AST:
+    """``node`` with every function body in it emptied (a shallow copy: ``node`` is kept)."""
+    fields: dict[str, Any] = {name: getattr(node, name, None) for name in node._fields}
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        fields["body"] = []
+    else:
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            if isinstance(fields.get(name), list):
+                fields[name] = [_stub(child) for child in fields[name]]
+    return type(node)(**fields)
+
+
+def _skeleton(node: ast.AST) -> str:
+    """``node`` (a module or class) without the bodies of its functions."""
+    return ast.dump(_stub(node))
+
+
+def _binding(node: ast.stmt, name: str) -> str:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        origin = f"{'.' * node.level if isinstance(node, ast.ImportFrom) else ''}" \
+                 f"{getattr(node, 'module', '') or ''}"
+        return " ".join(f"import {origin}:{a.name} as {a.asname}" for a in node.names
+                        if (a.asname or a.name).split(".")[0] == name)
+    return _skeleton(node)
+
+
+class ReleaseCode:
+    """One release's ``sglang`` package, its files parsed when first asked."""
+
+    def __init__(self, path: Path, base: ReleaseCode | None = None) -> None:
+        self.path = path
+        self.base = base or self  # where the traces' line numbers were taken
+
+    @functools.cache  # noqa: B019
+    def def_at(self, rel: str, line: int) -> tuple[str, ...]:
+        """The named definitions that hold ``line`` of ``rel``, outermost first."""
+        path: list[str] = []
+        tree = self.tree(rel)
+        body: list[ast.stmt] = tree.body if tree else []
+        while True:
+            inner = [n for n in _statements(body) if isinstance(n, _DEFS)
+                     and min([n.lineno, *(d.lineno for d in n.decorator_list)])
+                     <= line <= (n.end_lineno or n.lineno)]
+            if not inner:
+                return tuple(path)
+            path.append(inner[-1].name)
+            body = inner[-1].body
+
+    @functools.cache  # noqa: B019 (one instance per release and run)
+    def tree(self, rel: str) -> ast.Module | None:
+        try:
+            return ast.parse((self.path / rel).read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            return None
+
+    @functools.cache  # noqa: B019
+    def function(self, rel: str, qualname: str) -> str:
+        """What one function that ran depends on here: its definition, the skeletons of
+        the classes around it, and the module-level bindings of the names it reads."""
+        tree = self.tree(rel)
+        if tree is None:
+            return f"{rel}\0absent"
+        path = self.base.def_at(rel, int(qualname[1:])) if qualname.startswith("@") \
+            else def_path(qualname)
+        if not path:  # module-level code ran (a lazy import): the whole skeleton
+            return f"{rel}\0{_skeleton(tree)}"
+        node: ast.AST | None = tree
+        parts = []
+        for depth, name in enumerate(path):
+            body = getattr(node, "body", None)
+            node = find(body, name) if isinstance(body, list) else None
+            if node is None:
+                return f"{rel}::{qualname}\0absent"
+            if isinstance(node, ast.ClassDef) and depth < len(path) - 1:
+                parts.append(self.skeleton(rel, path[:depth + 1]))
+        assert node is not None
+        parts.append(ast.dump(node))
+        parts.append(self.bindings(rel, frozenset(
+            n.id for n in ast.walk(node) if isinstance(n, ast.Name))))
+        return f"{rel}::{qualname}\0" + "\n".join(parts)
+
+    @functools.cache  # noqa: B019
+    def _module_bindings(self, rel: str) -> dict[str, list[ast.stmt]]:
+        """Each name bound at ``rel``'s module level, and the statements that bind it."""
+        tree = self.tree(rel)
+        found: dict[str, list[ast.stmt]] = {}
+        for node in _statements(tree.body if tree else []):
+            names: list[str] = []
+            if isinstance(node, _DEFS):
+                names = [node.name]
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [(a.asname or a.name).split(".")[0] for a in node.names]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            for name in names:
+                found.setdefault(name, []).append(node)
+        return found
+
+    @functools.cache  # noqa: B019
+    def binding(self, rel: str, name: str) -> str:
+        """The module-level statements binding ``name`` in ``rel``: a definition without
+        its function bodies, an import by the one name it binds."""
+        return "\n".join(_binding(node, name)
+                         for node in self._module_bindings(rel).get(name, ()))
+
+    def bindings(self, rel: str, names: frozenset[str]) -> str:
+        """The module-level bindings of ``names`` in ``rel``."""
+        return hashlib.sha256("\n".join(
+            f"{name}={self.binding(rel, name)}" for name in sorted(names)).encode()).hexdigest()
+
+    @functools.cache  # noqa: B019
+    def imported(self, module: str, name: str) -> str:
+        """What a test file's ``from sglang.<module> import <name>`` binds here: the
+        definition without its bodies (a dataclass's fields, say), or the assignment."""
+        rel = module.replace(".", "/")
+        for candidate in (f"{rel}.py", f"{rel}/__init__.py"):
+            if (self.path / candidate).is_file():
+                return f"{candidate}:{name}\0{self.binding(candidate, name) or 'absent'}"
+        return f"{module}:{name}\0absent"
+
+    @functools.cache  # noqa: B019
+    def skeleton(self, rel: str, owner: tuple[str, ...]) -> str:
+        """The class ``owner`` of ``rel`` without its methods: its bases, decorators and
+        the statements of its body that are not functions (fields, class attributes)."""
+        node: ast.AST | None = self.tree(rel)
+        for name in owner:
+            body = getattr(node, "body", None)
+            node = find(body, name) if isinstance(body, list) else None
+        if not isinstance(node, ast.ClassDef):
+            return "absent"
+        data = [_skeleton(n) for n in node.body
+                if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        header = [ast.dump(n) for n in (*node.bases, *node.keywords, *node.decorator_list)]
+        return hashlib.sha256("\n".join([*header, *data]).encode()).hexdigest()
+
+    @functools.cached_property
+    def verdict(self) -> str:
+        """The guard's judgement of this package: the profile of the release it guards
+        it as (what the guard does differently per release; its name left out), or,
+        where it matches no release the guard knows, its digests of SGLang's checks."""
+        verdict = judge(self.path, None)
+        if verdict.behaves_as is None:
+            return json.dumps({k: v.digest for k, v in digest_tree(self.path).items()},
+                              sort_keys=True)
+        profile = dataclasses.asdict(verdict.profile())
+        for name in ("version", "label"):
+            profile.pop(name, None)
+        return json.dumps(profile, sort_keys=True, default=str)
+
+    @functools.cached_property
+    def pd_sites(self) -> dict[str, str]:
+        """The guard's digests of the SGLang checks it evaluates (``host/pd_digests.py``)."""
+        return digest_pd_tree(self.path)
+
+    @functools.cached_property
+    def series(self) -> str:
+        """The guard's patch series (``patches/``) for the release it guards this as."""
+        verdict = judge(self.path, None)
+        folder = ROOT / "patches" / f"sglang-{verdict.behaves_as}"
+        return "\n".join(f"{p.name}\0{p.read_text(encoding='utf-8')}"
+                         for p in sorted(folder.glob("*.patch")))

@@ -1,0 +1,290 @@
+"""Which tests each release of the matrix runs, by the digests of the SGLang code each drives.
+
+``make test`` runs every test on the base release first, with ``tools/trace_drives.py``
+recording what each test ran, in its own process and in every Python interpreter it
+started. A test's *key* on a release (:func:`key`) is a digest of that release's code for
+everything the test drove (``tools/release_code.py``): each SGLang function that ran, the
+SGLang names its test file imports, and what the guard read of SGLang rather than ran
+(the profile its verdict picks, its patch series, the digests of the checks of SGLang
+that the guard's functions that ran name). SGLang's test runner (``sglang/test/``) runs
+every test and is in no key.
+
+A test runs on a release when its key there is new (the base release's first, then the
+others oldest first) and is left out where the key equals that of a release that ran it:
+the same code gives the same outcome. A test that cannot be placed (a fork, a Python
+interpreter started without the test's environment or that never wrote what it ran, an
+untraced record) runs everywhere, and so does every test on a release whose code cannot
+be read (no ``sglang`` package found). What counts for a left-out test (its outcome, the
+codes it produced) is its run on the named release.
+
+What a trace cannot see, and so what the selection does not account for: a value SGLang
+computed before the test and kept (an import-time registry, a cache filled by an earlier
+test), files SGLang reads that are not Python, a thread already running when the test
+started. ``EVERY_RELEASE`` lists the test files that run everywhere whatever their key,
+with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from release_code import ReleaseCode, def_path, find
+from suite import PROCESS_TESTS, process_test
+from trace_drives import TESTS_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sglang_dsv4_guard.host.pd_digests import SITES  # noqa: E402
+
+# Test files that run on every release, whatever the code they drive, and why.
+EVERY_RELEASE = {
+    # It checks that the process imports the release the matrix asked for, which is
+    # what makes every other row of that release mean anything.
+    "tests/test_releases.py": "checks that the release's environment imports that release",
+    # SGLang's test runner (``sglang/test/``: CustomTestCase, its retries) runs every
+    # test, so it is left out of every key (``RUNNER``); this file tests it.
+    "tests/test_harness.py": "tests SGLang's test runner, which no other test's key holds",
+}
+# SGLang's test runner, which runs every test and is not what a test tests.
+RUNNER = "test/"
+# What the guard reads of SGLang besides the code a test runs, by the guard's function
+# that reads it: a test that ran it depends on that, on every release.
+VERDICT = ("host/verdict.py", "judge")  # the release it guards as, and that one's profile
+EVERY_SITE = ("host/pd_digests.py", "digest_pd_tree")  # every check's digest (pd_digests)
+SERIES = "host/patchset.py"  # the patch series of the release it guards as
+GUARD = ROOT / "sglang_dsv4_guard"
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What one test drove on the base release, in its own process and its children."""
+
+    test: str
+    file: str
+    sglang: tuple[tuple[str, str], ...] = ()
+    reads: frozenset[str] = frozenset()  # "verdict", "series", "site:<key>": what the guard read
+    unplaced: str = ""  # why the test cannot be placed (it then runs everywhere)
+    children: int = 0  # Python interpreters it started (process tests)
+
+
+def _sites_named(nodes: Iterable[ast.AST]) -> set[str]:
+    """The ``SITES`` keys ``nodes`` name: a key as a string, or an f-string pattern with
+    some text of its own that matches keys (``f"{backend}.swa_slice"``, not ``f"{a}.{b}"``)."""
+    found: set[str] = set()
+    for node in (n for root in nodes for n in ast.walk(root)):
+        if isinstance(node, ast.Constant) and node.value in SITES:
+            found.add(str(node.value))
+        elif isinstance(node, ast.JoinedStr) and re.search("[A-Za-z0-9]", "".join(
+                str(v.value) for v in node.values if isinstance(v, ast.Constant))):
+            pattern = "".join(re.escape(str(v.value)) if isinstance(v, ast.Constant) else ".+"
+                              for v in node.values)
+            found.update(k for k in SITES if re.fullmatch(pattern, k))
+    return found
+
+
+@functools.cache
+def function_sites(rel: str, qualname: str) -> frozenset[str]:
+    """The sites of SGLang's checks (``SITES`` of ``host/pd_digests.py``) the guard's
+    function ``qualname`` of ``rel`` names, itself or through the module-level constants
+    it reads (``KEYS = ("nixl.state_tp", ...)``). The modules of ``host/`` locate and
+    digest whatever site they are given: the key is named by their caller."""
+    if rel.startswith("host/"):  # where sites are located and digested, for any key
+        return frozenset()
+    try:
+        tree = ast.parse((GUARD / rel).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    node: ast.AST | None = tree
+    for name in def_path(qualname):
+        body = getattr(node, "body", None)
+        node = find(body, name) if isinstance(body, list) else None
+    if node is None or node is tree:
+        return frozenset()
+    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    constants = [stmt for stmt in tree.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+                 and read & {n.id for t in (stmt.targets if isinstance(stmt, ast.Assign)
+                                            else [stmt.target])
+                             for n in ast.walk(t) if isinstance(n, ast.Name)}]
+    return frozenset(_sites_named([node, *constants]))
+
+
+def _reads(record: Mapping[str, Any]) -> set[str]:
+    """What the guard read of SGLang in one process's record, besides what ran: its
+    verdict, its patch series, and the sites of SGLang's checks (``site:<key>``) that
+    the guard's functions that ran name."""
+    ran = {(str(path), str(name)) for path, name in record.get("guard", ())}
+    reads = ({"verdict"} if VERDICT in ran else set()) \
+        | ({"series"} if any(path == SERIES for path, _ in ran) else set())
+    keys = set(SITES) if EVERY_SITE in ran else \
+        set().union(*(function_sites(path, name) for path, name in ran))
+    return reads | {f"site:{key}" for key in keys}
+
+
+def read_traces(where: Path) -> dict[str, Trace]:
+    """Every test's trace in the directory ``where`` (``tools/trace_drives.py``)."""
+    tests: dict[str, dict[str, Any]] = {}
+    for line in (where / TESTS_FILE).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        tests[record["test"]] = record
+    children: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(where.glob("child-*.jsonl")):  # one file per pid, in order
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line) if line.strip() else None
+            if record is None:
+                continue
+            mine = children.setdefault(str(record["test"]), [])
+            if record.get("started") or not mine or "sglang" in mine[-1]:
+                mine.append(record)  # a child started (a reused pid: another child)
+            else:
+                mine[-1].update(record)  # its end
+    traces = {}
+    for test, record in tests.items():
+        mine = children.get(test, [])
+        processes = [record, *mine]
+
+        def started(kind: str, processes: list[dict[str, Any]] = processes) -> int:
+            return sum(int(p.get("starts", {}).get(kind, 0)) for p in processes)
+
+        unplaced = str(record.get("untraced", "") or next(
+            (str(c["untraced"]) for c in mine if c.get("untraced")), ""))
+        if not unplaced and any("sglang" not in child for child in mine):
+            unplaced = "a child interpreter ended without writing what it ran"
+        elif not unplaced and started("fork"):
+            unplaced = "it forked a process, which records nothing"
+        elif not unplaced and started("untraced"):
+            unplaced = "it started a Python interpreter without its environment"
+        elif not unplaced and started("python") > len(mine):
+            unplaced = (f"it started {started('python')} Python interpreter(s), "
+                        f"{len(mine)} recorded what they ran")
+        functions = sorted({(str(f), str(n)) for p in processes
+                            for f, n in p.get("sglang", ())
+                            if not str(f).startswith(RUNNER)})
+        traces[test] = Trace(test, str(record["file"]), tuple(functions),
+                             frozenset().union(*map(_reads, processes)), unplaced, len(mine))
+    return traces
+
+
+@functools.cache
+def file_imports(test_file: str) -> tuple[tuple[str, str], ...]:
+    """The SGLang names ``test_file`` imports (``from sglang.X import Y``: ``("X", "Y")``),
+    with those of the helper modules under ``tests/`` it imports, and so on. A class a
+    test builds runs no code of its own when it is a dataclass without a
+    ``__post_init__``; its fields count through this."""
+    seen: set[Path] = set()
+    found: set[tuple[str, str]] = set()
+    todo = [ROOT / test_file]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                if node.module.startswith("sglang.") and \
+                        not node.module.startswith("sglang." + RUNNER.replace("/", ".")):
+                    found.update((node.module.removeprefix("sglang."), a.name)
+                                 for a in node.names)
+                else:
+                    todo.append(path.parent / f"{node.module.split('.')[0]}.py")
+            elif isinstance(node, ast.Import):
+                todo.extend(path.parent / f"{a.name.split('.')[0]}.py" for a in node.names)
+    return tuple(sorted(found))
+
+
+def parts(trace: Trace, package: ReleaseCode) -> dict[str, str]:
+    """What ``trace``'s test drives in ``package``, by name: what its key digests, and
+    what :func:`differences` names."""
+    found = {f"{rel}::{qualname}": package.function(rel, qualname)
+             for rel, qualname in trace.sglang}
+    found.update({f"import sglang.{module}.{name}": package.imported(module, name)
+                  for module, name in file_imports(trace.file)})
+    for read in sorted(trace.reads):
+        found[f"the guard's {read}"] = package.verdict if read == "verdict" else \
+            package.series if read == "series" else \
+            package.pd_sites.get(read.removeprefix("site:"), "missing")
+    return found
+
+
+def key(trace: Trace, package: ReleaseCode) -> str | None:
+    """``trace``'s test's key on ``package`` (``None``: it cannot be placed)."""
+    if trace.unplaced or not package.path.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for name, text in sorted(parts(trace, package).items()):
+        digest.update(f"{name}\0{text}\n".encode())
+    return digest.hexdigest()
+
+
+def differences(trace: Trace, one: ReleaseCode, other: ReleaseCode) -> list[str]:
+    """What ``trace``'s test drives that differs between two packages."""
+    mine, theirs = parts(trace, one), parts(trace, other)
+    return sorted(name for name in mine if mine[name] != theirs.get(name))
+
+
+@dataclass
+class Plan:
+    """What each release runs: ``runs[release]`` the node ids it runs, ``covered[release]``
+    each left-out test and the release whose run counts for it."""
+
+    runs: dict[str, list[str]] = field(default_factory=dict)
+    covered: dict[str, dict[str, str]] = field(default_factory=dict)
+    unplaced: list[str] = field(default_factory=list)
+
+
+def plan(traces: Mapping[str, Trace], base: str, releases: list[str],
+         packages: Mapping[str, Path]) -> Plan:
+    """The tests each of ``releases`` (oldest first; ``base`` ran every test) runs."""
+    chosen = Plan(runs={r: [] for r in releases}, covered={r: {} for r in releases})
+    origin = ReleaseCode(packages[base])
+    loaded = {r: origin if r == base else ReleaseCode(packages[r], origin)
+              for r in {base, *releases}}
+    for test, trace in sorted(traces.items()):
+        first: dict[str, str] = {}
+        start = key(trace, loaded[base])
+        if start is None:
+            chosen.unplaced.append(test)
+        elif trace.file not in EVERY_RELEASE:
+            first[start] = base
+        for release in releases:
+            if release == base:
+                continue
+            here = key(trace, loaded[release])
+            if here is not None and here in first and trace.file not in EVERY_RELEASE:
+                chosen.covered[release][test] = first[here]
+            else:
+                chosen.runs[release].append(test)
+                if here is not None:
+                    first[here] = release
+    return chosen
+
+
+def first_runs(chosen: Plan, releases: list[str]) -> dict[str, str]:
+    """Each test's first release in ``releases`` (oldest first) that runs it."""
+    first: dict[str, str] = {}
+    for release in releases:
+        for test in chosen.runs[release]:
+            first.setdefault(test, release)
+    return first
+
+
+def undeclared_process_tests(traces: Mapping[str, Trace]) -> list[str]:
+    """Problems with ``PROCESS_TESTS`` as the traces show it: a test that started a
+    Python interpreter outside every entry, and an entry none of whose tests did."""
+    starting = {test for test, trace in traces.items() if trace.children}
+    problems = [f"{test} starts Python interpreters but is not in PROCESS_TESTS "
+                "(tools/suite.py)" for test in sorted(starting) if process_test(test) is None]
+    used = {process_test(test) for test in starting}
+    problems += [f"PROCESS_TESTS lists {entry}, whose tests started no Python interpreter"
+                 for entry in sorted(PROCESS_TESTS) if entry not in used
+                 and any(process_test(test) == entry for test in traces)]
+    return problems
