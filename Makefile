@@ -10,13 +10,13 @@ PY := $(VENV)/bin/python
 SGLANG_VERSION ?= $(shell awk '$$1 !~ /^#/ && $$2 == "-" {print $$1}' matrix.txt)
 STAMP := $(VENV)/.setup-$(SGLANG_VERSION)
 SETUP_LOG := .setup.log
+comma := ,
 REPORTS := .matrix/reports
-# `make test` runs the suite once per release in matrix.txt (tools/matrix.py), with the
-# CI hypothesis profile (2,000 examples per property) on the oldest, middle and base
-# release and the dev profile (200) on the others, and, as more jobs of the same pool,
-# every file on the base release as SGLang's own CI does (tools/sglang_ci.py).
-# For a quicker local loop:
-#   make test HYPOTHESIS_PROFILE=dev RELEASES=0.5.23
+# Three tiers (docs/releases.md#the-test-matrix):
+#   make check-fast  the in-process tests on the base release, dev profile: the edit loop
+#   make test        what CI runs: every test on the base release (traced), and on every
+#                    other release of matrix.txt the tests whose SGLang code differs there
+#   make matrix      every test on every release, and every file under SGLang's CI harness
 export HYPOTHESIS_PROFILE ?= ci
 RELEASES ?=
 RELEASES_ARG := $(if $(RELEASES),--releases $(RELEASES))
@@ -31,7 +31,7 @@ define step
 	  tail -n 25 $(2) | sed 's/^/   | /'; echo "   full output: $(2)"; exit $$status; }
 endef
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test matrix check-fast durations lint bench clean
 
 setup: $(STAMP)
 
@@ -49,18 +49,32 @@ demo: $(STAMP)
 	@echo "demo: SGLang's real setup_state_kv_args on a built-in scenario"
 	@$(VENV)/bin/sglang-dsv4-guard demo
 
-test: $(STAMP)
-	$(call step,test 1/2: fetch the releases in matrix.txt,$(REPORTS)/prepare.log,$(PY) tools/matrix.py --prepare-only $(RELEASES_ARG))
-	@echo "test 2/2: the suite on every release (pytest), and on $(SGLANG_VERSION) with SGLang's CI harness (collect_tests, run_unittest_files) when it is among them; logs in $(REPORTS)/"
-	@rm -f .matrix/summary.md; $(PY) tools/matrix.py --sglang-ci $(RELEASES_ARG) > $(REPORTS)/matrix.log 2>&1; \
+# $(call matrix,WHAT,ARGS): tools/matrix.py ARGS, its output in a log, its summary shown.
+define matrix
+	$(call step,$(1) 1/2: fetch the releases in matrix.txt,$(REPORTS)/prepare.log,$(PY) tools/matrix.py --prepare-only $(RELEASES_ARG))
+	@echo "$(1) 2/2: $(3); logs in $(REPORTS)/"
+	@mkdir -p $(REPORTS); rm -f .matrix/summary.md; $(PY) tools/matrix.py $(2) > $(REPORTS)/matrix.log 2>&1; \
 	  status=$$?; if [ -s .matrix/summary.md ]; then cat .matrix/summary.md; \
 	  else tail -n 25 $(REPORTS)/matrix.log | sed 's/^/   | /'; fi; \
 	  [ $$status -eq 0 ] || { echo "   failed; full output: $(REPORTS)/matrix.log"; exit $$status; }
+endef
+
+test: $(STAMP)
+	$(call matrix,test,--select $(RELEASES_ARG),every test on $(SGLANG_VERSION) (traced)$(comma) then on each other release the tests whose SGLang code differs)
+
+matrix: $(STAMP)
+	$(call matrix,matrix,--sglang-ci $(RELEASES_ARG),every test on every release$(comma) and every file under SGLang's CI harness on $(SGLANG_VERSION))
+
+check-fast: $(STAMP)
+	@HYPOTHESIS_PROFILE=dev $(PY) tools/matrix.py --fast
+
+durations:
+	@$(PY) tools/matrix.py --durations
 
 lint: $(STAMP)
 	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks tools examples
 	$(PY) -m mypy
-	$(PY) -m mypy --strict tools/matrix.py tools/release_env.py tools/imports.py tools/patched_tree.py tools/make_patches.py tools/patch_texts.py tools/sglang_ci.py tools/digests.py
+	$(PY) -m mypy --strict tools/matrix.py tools/release_env.py tools/selection.py tools/release_code.py tools/trace_drives.py tools/suite.py tools/durations.py tools/imports.py tools/patched_tree.py tools/make_patches.py tools/patch_texts.py tools/sglang_ci.py tools/digests.py
 
 bench: $(STAMP)
 	$(PY) tools/matrix.py --script benchmarks/bench_overhead.py $(RELEASES_ARG)

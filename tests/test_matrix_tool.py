@@ -21,8 +21,11 @@ register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import judging  # noqa: E402
 import matrix  # noqa: E402 - tools/ is not a package
+import release_env  # noqa: E402
 import sglang_ci  # noqa: E402
+import suite  # noqa: E402
 
 STATISTICS = """\
 ============================ Hypothesis Statistics =============================
@@ -50,6 +53,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="a.T" name="test_g002_side" time="0.1"><failure message="x"/></testcase>
 <testcase classname="a.T" name="test_g003_rings" time="0.1"><skipped message="y"/></testcase>
 <testcase classname="a.T" name="test_passing_pair" time="0.1"/>
+<testcase classname="tests.test_parity_property.TestParity" name="test_guard_agrees_with_sglang"
+ time="0.1"/>
 </testsuite></testsuites>"""
 
 
@@ -97,7 +102,7 @@ class TestJudging(GuardTestCase):
 
     def test_examples_summed_over_phases(self) -> None:
         """Passing examples are summed per test over reuse and generate phases."""
-        self.assertEqual(matrix.examples_drawn(STATISTICS),
+        self.assertEqual(release_env.examples_drawn(STATISTICS),
                          {"test_mori::TestMoriParity::test_parity": 2000,
                           "test_autoshare::TestAutoshareHidesNothing::"
                           "test_other_rejections_unchanged": 512})
@@ -107,33 +112,38 @@ class TestJudging(GuardTestCase):
         one overwriting the earlier."""
         twice = STATISTICS + STATISTICS.replace("TestMoriParity", "TestMoriOther").replace(
             "1997 passing", "10 passing")
-        counts = matrix.examples_drawn(twice)
+        counts = release_env.examples_drawn(twice)
         self.assertEqual((counts["test_mori::TestMoriParity::test_parity"],
                           counts["test_mori::TestMoriOther::test_parity"]), (2000, 13))
 
-    def _judge(self, log: str, codes: str, full: bool = True) -> matrix.Result:
+    def _judge(self, log: str, codes: str) -> release_env.Result:
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         junit, codes_file = Path(tmp.name, "r.xml"), Path(tmp.name, "r.codes")
         junit.write_text(JUNIT)
         codes_file.write_text(codes)
-        result = matrix.Result(matrix.Release("0.5.23", (), "0.5.23 -"))
-        matrix.judge(result, junit, log, "ci", full=full)
-        if full:
-            matrix.judge_codes(result, [codes_file])
+        result = release_env.Result(matrix.Release("0.5.23", (), "0.5.23 -"))
+        judging.judge(result, junit, log, "ci")
+        judging.judge_codes(result, judging.produced_codes(codes_file))
         return result
 
-    def test_codes_of_both_runners_count(self) -> None:
-        """The base release's codes are pytest's and SGLang's harness's together: a code
-        only the harness's passing tests produced is not missing."""
-        with tempfile.TemporaryDirectory() as tmp:
-            pytest_codes, harness_codes = Path(tmp, "p.codes"), Path(tmp, "h.codes")
-            pytest_codes.write_text("tests/a.py::T::test_x\tDSV4G001\n")
-            harness_codes.write_text("test_b.T.test_y\tDSV4G006\n")
-            result = matrix.Result(matrix.Release("0.5.23", (), "0.5.23 -"))
-            matrix.judge_codes(result, [pytest_codes, harness_codes, Path(tmp, "absent")])
+    def test_a_left_out_test_counts_with_what_it_produced_where_it_ran(self) -> None:
+        """make test: a release's codes are its own runs' and, for each test it left out,
+        that test's on the release that ran it; a left-out test that produced nothing
+        there adds nothing."""
+        release = matrix.Release("0.5.16", ("x",), "0.5.16 x")
+        result = release_env.Result(release, covered={"tests/a.py::T::test_y": "0.5.23",
+                                                 "tests/a.py::T::test_z": "0.5.23"})
+        codes = {"0.5.16": {"tests/a.py::T::test_x": {"DSV4G001"}},
+                 "0.5.23": {"tests/a.py::T::test_y": {"DSV4G006"},
+                            "tests/a.py::T::test_w": {"DSV4G002"}}}
+        counted = judging.counted_codes(result, codes)
+        self.assertEqual(counted, {"tests/a.py::T::test_x": {"DSV4G001"},
+                                   "tests/a.py::T::test_y": {"DSV4G006"},
+                                   "tests/a.py::T::test_z": set()})
+        judging.judge_codes(result, counted)
         self.assertEqual(result.codes_missing,
-                         sorted(set(matrix.catalogue()) - {"DSV4G001", "DSV4G006"}))
+                         sorted(set(judging.catalogue("0.5.16")) - {"DSV4G001", "DSV4G006"}))
 
     def test_full_examples_on_oldest_middle_and_base(self) -> None:
         """Whole runs draw the profile's examples on the oldest, the middle and the base
@@ -152,7 +162,7 @@ class TestJudging(GuardTestCase):
     def test_property_node_ids_are_collected_by_pytest(self) -> None:
         """The base release's pytest run is its property tests, by node id: each one a
         test function of its file and class."""
-        for node in matrix.property_node_ids():
+        for node in suite.property_node_ids():
             path, cls, name = node.split("::")
             tree = ast.parse((ROOT / path).read_text())
             classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
@@ -166,14 +176,14 @@ class TestJudging(GuardTestCase):
         result = self._judge(STATISTICS, "tests/a.py::T::test_x\tDSV4G001\n"
                                          "tests/a.py::T::test_y\tDSV4G006\n")
         with tempfile.TemporaryDirectory() as tmp:  # a codes file that was never written
-            self.assertEqual(matrix._produced_codes(Path(tmp, "absent.codes")), set())
-        expected = sorted(set(matrix.catalogue()) - {"DSV4G001", "DSV4G006"})
+            self.assertEqual(judging.produced_codes(Path(tmp, "absent.codes")), {})
+        expected = sorted(set(judging.catalogue()) - {"DSV4G001", "DSV4G006"})
         self.assertEqual(result.codes_missing, expected)
         self.assertIn("no passing test produced " + ", ".join(expected), result.problems)
 
-    def test_every_property_test_must_report_statistics(self) -> None:
-        """A full run missing a property test's statistics fails naming it; too few
-        examples fail too; a partial run judges neither statistics nor codes."""
+    def test_a_property_test_that_ran_must_report_statistics(self) -> None:
+        """A property test in the run's report without statistics fails, naming it; too
+        few examples fail too; a property test that did not run is not asked for."""
         short = STATISTICS.replace("nothing left to do", "settings.max_examples=512")
         result = self._judge(short, "")
         self.assertIn("test_parity_property::TestParity::test_guard_agrees_with_sglang "
@@ -181,17 +191,14 @@ class TestJudging(GuardTestCase):
         self.assertIn("test_autoshare::TestAutoshareHidesNothing::"
                       "test_other_rejections_unchanged drew 512 examples, "
                       "profile ci asks 2000", result.problems)
-        self.assertNotIn("test_mori::TestMoriParity::test_parity reported no hypothesis "
-                         "statistics", result.problems)
-        partial = self._judge(STATISTICS, "", full=False)
-        self.assertIsNone(partial.codes_missing)
-        self.assertFalse(any("no hypothesis statistics" in p for p in partial.problems))
+        self.assertFalse([p for p in result.problems if "no hypothesis statistics" in p
+                          and "test_parity_property" not in p], result.problems)
 
     def test_a_drawn_out_space_is_not_short(self) -> None:
         """512 examples where hypothesis says it drew every one there is ("nothing left
         to do") is the test's whole space, not a short run; the same count stopped by
         a setting is short."""
-        self.assertEqual(matrix.examples_exhausted(STATISTICS),
+        self.assertEqual(release_env.examples_exhausted(STATISTICS),
                          {"test_autoshare::TestAutoshareHidesNothing::"
                           "test_other_rejections_unchanged"})
         self.assertFalse(any("drew 512" in p for p in self._judge(STATISTICS, "").problems))
@@ -206,7 +213,7 @@ class TestJudging(GuardTestCase):
                     if isinstance(node, ast.FunctionDef) and any(
                             "given" in ast.dump(d) for d in node.decorator_list):
                         found.add(f"{path.stem}::{cls.name}::{node.name}")
-        self.assertEqual(found, set(matrix.PROPERTY_TESTS))
+        self.assertEqual(found, set(suite.PROPERTY_TESTS))
 
 
 
@@ -218,84 +225,42 @@ class TestCodesPerRelease(GuardTestCase):
         SAMPLING_MASK_MAX_TOKENS) can differ (DSV4G045); 0.5.23 owes every code."""
         from sglang_dsv4_guard.codes import CODES
 
-        old = set(matrix.catalogue("0.5.16"))
+        old = set(judging.catalogue("0.5.16"))
         self.assertFalse({"DSV4G034", "DSV4G036", "DSV4G047"} & old, old)
         self.assertTrue({"DSV4G030", "DSV4G045"} <= old, old)
-        self.assertEqual(matrix.catalogue("0.5.23"), sorted(CODES))
-        self.assertEqual(matrix.catalogue(), sorted(CODES))
+        self.assertEqual(judging.catalogue("0.5.23"), sorted(CODES))
+        self.assertEqual(judging.catalogue(), sorted(CODES))
 
     def test_an_unreadable_label_rules_nothing_out(self) -> None:
         """A release label packaging cannot read owes every code."""
         from sglang_dsv4_guard.codes import CODES
 
-        self.assertEqual(matrix.catalogue("not-a-version"), sorted(CODES))
+        self.assertEqual(judging.catalogue("not-a-version"), sorted(CODES))
 
 
-class TestProcessTestPlan(GuardTestCase):
-    """Process tests run once per distinct version of the SGLang code they drive."""
-
-    def _tree(self, root: Path, common: str, loader: str) -> Path:
-        package = root / "sglang"
-        (package / "srt/plugins").mkdir(parents=True)
-        (package / "srt/utils").mkdir(parents=True)
-        (package / "srt/plugins/__init__.py").write_text(loader)
-        (package / "srt/utils/common.py").write_text(common)
-        return package
-
-    def test_same_code_runs_once_changed_code_again(self) -> None:
-        """Oldest first: a test runs on the first release of each digest and is skipped,
-        naming that release, on the others; a one-definition entry ignores the rest of
-        its file."""
-        releases = [matrix.Release(v, ("x",), v) for v in ("0.5.16", "0.5.9", "0.5.22")]
-        with tempfile.TemporaryDirectory() as tmp:
-            packages = {
-                "0.5.9": self._tree(Path(tmp, "a"), "def configure_logger(): pass\nX = 1\n", "A"),
-                "0.5.16": self._tree(Path(tmp, "b"), "def configure_logger(): pass\nX = 2\n", "A"),
-                "0.5.22": self._tree(Path(tmp, "c"), "def configure_logger(): return 1\n", "B"),
-            }
-            tests = {"tests/t_loader.py": ("srt/plugins/__init__.py",),
-                     "tests/t_logs.py::TestJson": ("srt/utils/common.py::configure_logger",),
-                     "tests/t_own.py::TestSpawn": (),
-                     "tests/t_gone.py": ("srt/plugins/absent.py",)}
-            with unittest.mock.patch.object(matrix, "PROCESS_TESTS", tests):
-                skips = matrix.plan(releases, packages)
-                with_harness = matrix.plan(releases, packages, harness=releases[2])
-        self.assertEqual(skips["0.5.9"], {})
-        self.assertEqual(skips["0.5.16"], {"tests/t_loader.py": "0.5.9",
-                                           "tests/t_logs.py::TestJson": "0.5.9",
-                                           "tests/t_own.py::TestSpawn": "0.5.9",
-                                           "tests/t_gone.py": "0.5.9"})
-        self.assertEqual(skips["0.5.22"], {"tests/t_own.py::TestSpawn": "0.5.9",
-                                           "tests/t_gone.py": "0.5.9"})
-        # The harness on 0.5.22 ran every file: pytest runs only what it did not cover.
-        by_harness = "0.5.22 (SGLang's CI harness)"
-        self.assertEqual(with_harness["0.5.9"], {"tests/t_own.py::TestSpawn": by_harness,
-                                                 "tests/t_gone.py": by_harness})
-        self.assertEqual(with_harness["0.5.16"], {**with_harness["0.5.9"],
-                                                  "tests/t_loader.py": "0.5.9",
-                                                  "tests/t_logs.py::TestJson": "0.5.9"})
-        self.assertEqual(with_harness["0.5.22"], {t: by_harness for t in tests})
+class TestProcessTests(GuardTestCase):
+    """PROCESS_TESTS (tools/suite.py) names real test classes; make check-fast leaves them
+    out and make test holds the list to what its trace saw."""
 
     def test_every_process_test_exists(self) -> None:
-        """Each key names a test file (and class) of the suite: a renamed one would be run
-        everywhere silently, or an --ignore of nothing."""
-        for test in matrix.PROCESS_TESTS:
+        """Each key names a test file (and class) of the suite, and says why."""
+        for test, why in suite.PROCESS_TESTS.items():
             path, _, cls = test.partition("::")
             source = ROOT / path
             self.assertTrue(source.is_file(), test)
+            self.assertTrue(why.strip(), test)
             if cls:
                 classes = {node.name for node in ast.parse(source.read_text()).body
                            if isinstance(node, ast.ClassDef)}
                 self.assertIn(cls, classes, test)
 
-    def test_release_sensitive_files_are_never_left_out(self) -> None:
-        """The files that compare the guard with each release's real functions are not
-        process tests: every release runs them whole."""
-        listed_files = {t.partition("::")[0] for t in matrix.PROCESS_TESTS}
-        for name in ("tests/test_parity_property.py", "tests/test_state_guard.py",
-                     "tests/test_mori_scale.py", "tests/test_autoshare.py",
-                     "tests/test_check.py"):
-            self.assertNotIn(name, listed_files)
+    def test_node_ids_find_their_entry(self) -> None:
+        """A node id belongs to its class's entry, not to a class whose name it starts
+        with; a test outside every entry has none."""
+        self.assertEqual(suite.process_test("tests/test_report_once.py::TestAtExit::test_a"),
+                         "tests/test_report_once.py::TestAtExit")
+        self.assertIsNone(suite.process_test("tests/test_report_once.py::TestAtExitX::test_a"))
+        self.assertIsNone(suite.process_test("tests/test_check.py::TestCheck::test_a"))
 
 
 class TestHarnessParts(GuardTestCase):

@@ -1,6 +1,6 @@
 """The pool pairs the process tests use behave the same on every release.
 
-The process tests (``PROCESS_TESTS`` in ``tools/matrix.py``: spawned schedulers, SGLang's
+The process tests (``PROCESS_TESTS`` in ``tools/suite.py``: spawned schedulers, SGLang's
 plug-in loader in a fresh interpreter, JSON logs, exit hooks) run once per distinct
 version of the SGLang process code they drive, not on every release. Their children call
 SGLang's real ``setup_state_kv_args`` on the pairs below; what a child then sees
@@ -30,7 +30,7 @@ register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-import matrix  # noqa: E402 - tools/ is not a package
+import suite  # noqa: E402 - tools/ is not a package
 
 PAIR_BUILDERS = {"build_pair", "three_mismatch_pair"}
 
@@ -121,7 +121,7 @@ class TestEveryPairIsTabled(GuardTestCase):
         source = Path(__file__).read_text()
         mine = _pair_calls(source) | {f"{make.__name__}()" for make in tabled.values()
                                       if make.__name__ != "<lambda>"}
-        files = {test.partition("::")[0] for test in matrix.PROCESS_TESTS}
+        files = {test.partition("::")[0] for test in suite.PROCESS_TESTS}
         files.add("tests/scheduler_child.py")
         used = set()
         for name in sorted(files):

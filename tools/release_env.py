@@ -64,12 +64,23 @@ class Result:
     codes_missing: list[str] | None = None  # None: not checked (a partial run)
     problems: list[str] = field(default_factory=list)
     label: str = ""  # the row's name when it is not the release alone
-    covered: dict[str, str] = field(default_factory=dict)  # process test -> where it ran
+    covered: dict[str, str] = field(default_factory=dict)  # left-out test -> where it ran
     profile: str = ""  # the hypothesis profile the run drew its examples with
+    codes_files: list[Path] = field(default_factory=list)  # the codes its runs recorded
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def merge(self, other: Result) -> None:
+        """Add ``other`` (another run of the same release) to this one."""
+        self.tests += other.tests
+        self.failed += other.failed
+        self.skipped += other.skipped
+        self.seconds = max(self.seconds, other.seconds)  # runs at the same time
+        self.examples.update(other.examples)
+        self.problems += other.problems
+        self.codes_files += other.codes_files
 
 
 def read_matrix(path: Path = MATRIX_FILE) -> list[Release]:

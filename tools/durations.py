@@ -1,0 +1,71 @@
+"""Where the suite's time goes, from the JUnit reports of the last run (``.matrix/reports``).
+
+``python tools/matrix.py --durations`` prints the 20 slowest tests (set-up, call and
+tear-down together, as JUnit counts them) and what each process test class costs
+(``PROCESS_TESTS`` in ``tools/suite.py``), summed over the runs that ran it. A test over
+``SLOW`` seconds that is not a process test is named: it is made faster, or it starts
+interpreters and belongs in ``PROCESS_TESTS`` with its reason.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from pathlib import Path
+
+from suite import PROCESS_TESTS, process_test
+
+__all__ = ["SLOW", "node_id", "report", "test_seconds"]
+
+SLOW = 20.0  # seconds: a test slower than this is a process test or is made faster
+
+
+def node_id(case: ET.Element) -> str:
+    """A JUnit ``testcase``'s pytest node id (``tests/test_x.py::Class::test``)."""
+    module, _, cls = (case.get("classname") or "").rpartition(".")
+    return f"{module.replace('.', '/')}.py::{cls}::{case.get('name')}"
+
+
+def _cases(paths: Iterable[Path]) -> list[tuple[str, str, float]]:
+    """(run, node id, seconds) of every test case in the reports at ``paths``."""
+    cases: list[tuple[str, str, float]] = []
+    for path in paths:
+        try:
+            root = ET.parse(path)
+        except (OSError, ET.ParseError):
+            continue
+        cases.extend((path.stem, node_id(case), float(case.get("time") or 0.0))
+                     for case in root.iter("testcase"))
+    return cases
+
+
+def test_seconds(paths: Iterable[Path]) -> dict[str, float]:
+    """Seconds per node id in the reports at ``paths`` (summed where a test ran twice)."""
+    found: dict[str, float] = {}
+    for _, test, seconds in _cases(paths):
+        found[test] = found.get(test, 0.0) + seconds
+    return found
+
+
+def report(paths: Iterable[Path]) -> str:
+    """The slowest tests and the process tests' cost, as text."""
+    cases = _cases(paths)
+    if not cases:
+        return "durations: no JUnit report in .matrix/reports (run make test or make matrix)"
+    lines = [f"The 20 slowest of {len(cases)} test runs:"]
+    for run, test, seconds in sorted(cases, key=lambda c: -c[2])[:20]:
+        kind = "process test" if process_test(test) else "in-process"
+        lines.append(f"  {seconds:7.1f} s  {test}  [{run}; {kind}]")
+    per_class: dict[str, tuple[float, int]] = {}
+    for _, test, seconds in cases:
+        entry = process_test(test)
+        if entry:
+            total, runs = per_class.get(entry, (0.0, 0))
+            per_class[entry] = (total + seconds, runs + 1)
+    lines.append("Process tests (PROCESS_TESTS), summed over the runs:")
+    for entry, (total, runs) in sorted(per_class.items(), key=lambda e: -e[1][0]):
+        lines.append(f"  {total:7.1f} s  {runs:3d} test runs  {entry}: {PROCESS_TESTS[entry]}")
+    slow = sorted({test for _, test, seconds in cases if seconds > SLOW and not process_test(test)})
+    lines.append(f"In-process tests slower than {SLOW:.0f} s: "
+                 + (", ".join(slow) if slow else "none"))
+    return "\n".join(lines)
