@@ -243,12 +243,26 @@ class TestProcessTests(GuardTestCase):
     out and make test holds the list to what its trace saw."""
 
     def test_every_process_test_exists(self) -> None:
-        """Each key names a test file (and class) of the suite, and says why."""
-        for test, why in suite.PROCESS_TESTS.items():
-            path, _, cls = test.partition("::")
+        """Each key names a test file (and class) of the suite and says why; each declared
+        drive is a file of the installed SGLang (or one of its definitions), so a renamed
+        one cannot make every release look alike."""
+        import sglang
+
+        package = Path(sglang.__file__).resolve().parent
+        for test, entry in suite.PROCESS_TESTS.items():
+            path, _, rest = test.partition("::")
+            cls, _, method = rest.partition("::")
             source = ROOT / path
             self.assertTrue(source.is_file(), test)
-            self.assertTrue(why.strip(), test)
+            self.assertTrue(entry.why.strip(), test)
+            if method:
+                self.assertIn(f"def {method}(", source.read_text(), test)
+            for item in entry.drives:
+                rel, _, name = item.partition("::")
+                self.assertTrue((package / rel).is_file(), item)
+                if name:
+                    self.assertIn(name, {getattr(n, "name", None) for n in
+                                         ast.parse((package / rel).read_bytes()).body}, item)
             if cls:
                 classes = {node.name for node in ast.parse(source.read_text()).body
                            if isinstance(node, ast.ClassDef)}

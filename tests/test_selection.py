@@ -143,31 +143,41 @@ class TestWhatAKeyHolds(_Trees):
 class TestPlacing(GuardTestCase):
     """A test the trace cannot account for runs on every release."""
 
-    def _traces(self, children: list[dict[str, object]], **record: object) -> selection.Trace:
+    def _trace(self, test: str = "tests/t.py::T::test_x", **record: object) -> selection.Trace:
         with tempfile.TemporaryDirectory() as tmp:
-            where = Path(tmp)
-            _write(where, trace_drives.TESTS_FILE,
-                   [{"test": "tests/t.py::T::test_x", "file": "tests/t.py", "sglang": [],
-                     "guard": [], "starts": {}, **record}])
-            _write(where, "child-7.jsonl", children)
-            return selection.read_traces(where)["tests/t.py::T::test_x"]
+            _write(Path(tmp), trace_drives.TESTS_FILE,
+                   [{"test": test, "file": test.split("::")[0], "sglang": [], "guard": [],
+                     "starts": {}, **record}])
+            return selection.read_traces(Path(tmp))[test]
 
     def test_unplaced_reasons(self) -> None:
-        """A fork, a Python interpreter that recorded nothing or was started without the
-        test's environment, and a child that never wrote its end each make the test
-        unplaceable, saying why; another program does not; a child that wrote counts."""
-        start = {"test": "tests/t.py::T::test_x", "pid": 7, "started": True}
-        done = {"test": "tests/t.py::T::test_x", "pid": 7, "sglang": [["srt/x.py", "f"]],
-                "guard": [], "starts": {}}
-        self.assertIn("forked", self._traces([], starts={"fork": 1}).unplaced)
-        self.assertIn("started 1 Python", self._traces([], starts={"python": 1}).unplaced)
-        self.assertIn("without its environment",
-                      self._traces([], starts={"untraced": 1}).unplaced)
-        self.assertIn("without writing", self._traces([start], starts={"python": 1}).unplaced)
-        self.assertEqual(self._traces([], starts={"program": 2}).unplaced, "")
-        placed = self._traces([start, done], starts={"python": 1})
-        self.assertEqual((placed.unplaced, placed.children, placed.sglang),
-                         ("", 1, (("srt/x.py", "f"),)))
+        """A fork or a Python interpreter started by a test that is not a declared process
+        test, and an untraced record, make the test unplaceable, saying why; another
+        program does not; a declared process test is placed by its declaration."""
+        self.assertIn("forked", self._trace(starts={"fork": 1}).unplaced)
+        self.assertIn("not in PROCESS_TESTS", self._trace(starts={"python": 1}).unplaced)
+        self.assertIn("profiler", self._trace(untraced="another profiler took it").unplaced)
+        self.assertEqual(self._trace(starts={"program": 2}).unplaced, "")
+        declared = self._trace("tests/test_mori.py::TestLazyPatch::test_fresh_interpreter",
+                               starts={"python": 2, "fork": 1})
+        self.assertEqual((declared.unplaced, declared.children), ("", 2))
+
+    def test_declared_code_is_in_the_key(self) -> None:
+        """A declared process test's key holds what its children drive (MORI's connector):
+        an edit there runs it on that release."""
+        trace = self._trace("tests/test_mori.py::TestLazyPatch::test_fresh_interpreter",
+                            starts={"python": 1})
+        with tempfile.TemporaryDirectory() as tmp:
+            edited = Path(tmp, "sglang")
+            shutil.copytree(SGLANG, edited, copy_function=os.symlink,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            conn = edited / "srt/disaggregation/mori/conn.py"
+            text = conn.read_text(encoding="utf-8")
+            conn.unlink()
+            conn.write_text(text + "\nSEEDED = 1\n", encoding="utf-8")
+            chosen = selection.plan({trace.test: trace}, "0.5.23", ["0.5.24", "0.5.25"],
+                                    {"0.5.23": SGLANG, "0.5.24": SGLANG, "0.5.25": edited})
+        self.assertEqual((chosen.runs["0.5.24"], chosen.runs["0.5.25"]), ([], [trace.test]))
 
     def test_unplaced_and_every_release_tests_run_everywhere(self) -> None:
         """Unplaced tests and EVERY_RELEASE files run on every release; a placed test whose

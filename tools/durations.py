@@ -64,7 +64,7 @@ def report(paths: Iterable[Path]) -> str:
             per_class[entry] = (total + seconds, runs + 1)
     lines.append("Process tests (PROCESS_TESTS), summed over the runs:")
     for entry, (total, runs) in sorted(per_class.items(), key=lambda e: -e[1][0]):
-        lines.append(f"  {total:7.1f} s  {runs:3d} test runs  {entry}: {PROCESS_TESTS[entry]}")
+        lines.append(f"  {total:7.1f} s  {runs:3d} test runs  {entry}: {PROCESS_TESTS[entry].why}")
     slow = sorted({test for _, test, seconds in cases if seconds > SLOW and not process_test(test)})
     lines.append(f"In-process tests slower than {SLOW:.0f} s: "
                  + (", ".join(slow) if slow else "none"))

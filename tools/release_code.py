@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sglang_dsv4_guard.host.digests import digest_tree  # noqa: E402
-from sglang_dsv4_guard.host.pd_digests import digest_pd_tree  # noqa: E402
+from sglang_dsv4_guard.host.pd_digests import digest_pd_tree, known_releases  # noqa: E402
 from sglang_dsv4_guard.host.verdict import judge  # noqa: E402
 
 __all__ = ["ReleaseCode", "def_path", "find"]
@@ -188,6 +188,17 @@ class ReleaseCode:
         return f"{module}:{name}\0absent"
 
     @functools.cache  # noqa: B019
+    def declared(self, item: str) -> str:
+        """A process test's declared code (``tools/suite.py``): a whole file, or
+        ``path::name``, one top-level definition of it, as ``ast.dump``."""
+        rel, _, name = item.partition("::")
+        tree = self.tree(rel)
+        if tree is None:
+            return "absent"
+        node = find(tree.body, name) if name else tree
+        return "absent" if node is None else hashlib.sha256(ast.dump(node).encode()).hexdigest()
+
+    @functools.cache  # noqa: B019
     def skeleton(self, rel: str, owner: tuple[str, ...]) -> str:
         """The class ``owner`` of ``rel`` without its methods: its bases, decorators and
         the statements of its body that are not functions (fields, class attributes)."""
@@ -218,8 +229,13 @@ class ReleaseCode:
 
     @functools.cached_property
     def pd_sites(self) -> dict[str, str]:
-        """The guard's digests of the SGLang checks it evaluates (``host/pd_digests.py``)."""
-        return digest_pd_tree(self.path)
+        """What the guard makes of each SGLang check it evaluates (``host/pd_digests.py``):
+        ``known`` where the check's digest is one the guard stores for some release (it
+        then evaluates the check's own statements, which a trace counts as the function
+        holding them), else the digest (the guard does not judge it)."""
+        stored = known_releases()
+        return {key: "known" if any(r.get(key) == digest for r in stored.values()) else digest
+                for key, digest in digest_pd_tree(self.path).items()}
 
     @functools.cached_property
     def series(self) -> str:

@@ -1,8 +1,7 @@
 """Which tests each release of the matrix runs, by the digests of the SGLang code each drives.
 
 ``make test`` runs every test on the base release first, with ``tools/trace_drives.py``
-recording what each test ran, in its own process and in every Python interpreter it
-started. A test's *key* on a release (:func:`key`) is a digest of that release's code for
+recording what each test ran. A test's *key* on a release (:func:`key`) is a digest of that release's code for
 everything the test drove (``tools/release_code.py``): each SGLang function that ran, the
 SGLang names its test file imports, and what the guard read of SGLang rather than ran
 (the profile its verdict picks, its patch series, the digests of the checks of SGLang
@@ -11,8 +10,9 @@ every test and is in no key.
 
 A test runs on a release when its key there is new (the base release's first, then the
 others oldest first) and is left out where the key equals that of a release that ran it:
-the same code gives the same outcome. A test that cannot be placed (a fork, a Python
-interpreter started without the test's environment or that never wrote what it ran, an
+the same code gives the same outcome. A process test (``PROCESS_TESTS``) counts, for its
+children, the SGLang code it declares they drive. A test that cannot be placed (it
+forked, or started a Python interpreter, without being a declared process test; an
 untraced record) runs everywhere, and so does every test on a release whose code cannot
 be read (no ``sglang`` package found). What counts for a left-out test (its outcome, the
 codes it produced) is its run on the named release.
@@ -51,12 +51,11 @@ EVERY_RELEASE = {
     # It checks that the process imports the release the matrix asked for, which is
     # what makes every other row of that release mean anything.
     "tests/test_releases.py": "checks that the release's environment imports that release",
-    # SGLang's test runner (``sglang/test/``: CustomTestCase, its retries) runs every
-    # test, so it is left out of every key (``RUNNER``); this file tests it.
-    "tests/test_harness.py": "tests SGLang's test runner, which no other test's key holds",
 }
-# SGLang's test runner, which runs every test and is not what a test tests.
+# SGLang's test runner, which runs every test and is in no test's key but those of the
+# file that tests it.
 RUNNER = "test/"
+RUNNER_TESTS = "tests/test_harness.py"
 # What the guard reads of SGLang besides the code a test runs, by the guard's function
 # that reads it: a test that ran it depends on that, on every release.
 VERDICT = ("host/verdict.py", "judge")  # the release it guards as, and that one's profile
@@ -67,7 +66,7 @@ GUARD = ROOT / "sglang_dsv4_guard"
 
 @dataclass(frozen=True)
 class Trace:
-    """What one test drove on the base release, in its own process and its children."""
+    """What one test drove on the base release (its children: as ``PROCESS_TESTS`` says)."""
 
     test: str
     file: str
@@ -132,45 +131,21 @@ def _reads(record: Mapping[str, Any]) -> set[str]:
 
 def read_traces(where: Path) -> dict[str, Trace]:
     """Every test's trace in the directory ``where`` (``tools/trace_drives.py``)."""
-    tests: dict[str, dict[str, Any]] = {}
-    for line in (where / TESTS_FILE).read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        tests[record["test"]] = record
-    children: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(where.glob("child-*.jsonl")):  # one file per pid, in order
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line) if line.strip() else None
-            if record is None:
-                continue
-            mine = children.setdefault(str(record["test"]), [])
-            if record.get("started") or not mine or "sglang" in mine[-1]:
-                mine.append(record)  # a child started (a reused pid: another child)
-            else:
-                mine[-1].update(record)  # its end
     traces = {}
-    for test, record in tests.items():
-        mine = children.get(test, [])
-        processes = [record, *mine]
-
-        def started(kind: str, processes: list[dict[str, Any]] = processes) -> int:
-            return sum(int(p.get("starts", {}).get(kind, 0)) for p in processes)
-
-        unplaced = str(record.get("untraced", "") or next(
-            (str(c["untraced"]) for c in mine if c.get("untraced")), ""))
-        if not unplaced and any("sglang" not in child for child in mine):
-            unplaced = "a child interpreter ended without writing what it ran"
-        elif not unplaced and started("fork"):
+    for line in (where / TESTS_FILE).read_text(encoding="utf-8").splitlines():
+        record: dict[str, Any] = json.loads(line)
+        test, starts = record["test"], record.get("starts", {})
+        declared = process_test(test) is not None
+        unplaced = str(record.get("untraced", ""))
+        if not unplaced and not declared and starts.get("fork"):
             unplaced = "it forked a process, which records nothing"
-        elif not unplaced and started("untraced"):
-            unplaced = "it started a Python interpreter without its environment"
-        elif not unplaced and started("python") > len(mine):
-            unplaced = (f"it started {started('python')} Python interpreter(s), "
-                        f"{len(mine)} recorded what they ran")
-        functions = sorted({(str(f), str(n)) for p in processes
-                            for f, n in p.get("sglang", ())
-                            if not str(f).startswith(RUNNER)})
+        elif not unplaced and not declared and starts.get("python"):
+            unplaced = "it started a Python interpreter and is not in PROCESS_TESTS"
+        functions = sorted({(str(f), str(n)) for f, n in record.get("sglang", ())
+                            if record["file"] == RUNNER_TESTS or not str(f).startswith(RUNNER)})
         traces[test] = Trace(test, str(record["file"]), tuple(functions),
-                             frozenset().union(*map(_reads, processes)), unplaced, len(mine))
+                             frozenset(_reads(record)), unplaced,
+                             int(starts.get("python", 0)))
     return traces
 
 
@@ -208,6 +183,10 @@ def parts(trace: Trace, package: ReleaseCode) -> dict[str, str]:
              for rel, qualname in trace.sglang}
     found.update({f"import sglang.{module}.{name}": package.imported(module, name)
                   for module, name in file_imports(trace.file)})
+    entry = process_test(trace.test)
+    if entry is not None:  # what its children drive, as PROCESS_TESTS declares it
+        found.update({f"children: {item}": package.declared(item)
+                      for item in PROCESS_TESTS[entry].drives})
     for read in sorted(trace.reads):
         found[f"the guard's {read}"] = package.verdict if read == "verdict" else \
             package.series if read == "series" else \

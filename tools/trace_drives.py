@@ -1,35 +1,31 @@
 """Records, per test, the functions the test ran in SGLang and in the guard.
 
 ``tools/matrix.py`` runs the base release's tests with this module as a pytest plug-in
-(``-p trace_drives``), ``tools/trace_child`` first on ``PYTHONPATH``, and a directory
-named in ``DSV4_GUARD_DRIVES_DIR``. For every test the plug-in writes one JSON line to
-``tests.jsonl`` there: the test's node id, its file, and the functions (file and
-qualified name) whose code ran during its set-up, call and tear-down, split into SGLang's
-(files under the imported ``sglang`` package, relative to it) and the guard's (under
-``sglang_dsv4_guard``). Every Python interpreter a test starts (``check``'s child, a
-spawned scheduler, a fresh interpreter running SGLang's loader) inherits the
-environment, runs ``tools/trace_child/sitecustomize.py`` at start-up and appends its own
-line, with the test that started it (``DSV4_GUARD_DRIVES_TEST``), when it exits; a child
-that started but never wrote (killed, or ended by ``os._exit``) leaves a start line
-alone, and its test cannot be placed. ``tools/selection.py`` reads the directory.
+(``-p trace_drives``) and a directory named in ``DSV4_GUARD_DRIVES_DIR``. For every test
+the plug-in writes one JSON line to ``tests.jsonl`` there: the test's node id, its file,
+the functions (file and qualified name) whose code ran during its set-up, call and
+tear-down, split into SGLang's (files under the imported ``sglang`` package, relative
+to it) and the guard's (under ``sglang_dsv4_guard``), and the processes it started.
+``tools/selection.py`` reads the directory.
 
 How code is seen: :class:`cProfile.Profile` (C, a small cost per Python call; built-ins
 are not profiled) on the thread that runs the test, and a plain profile function, which
 records each code object once, on every thread started meanwhile
-(``threading.setprofile``). Processes started are counted by their audit events
-(``sys.addaudithook``: ``subprocess.Popen``, ``os.fork``, ...), by kind. Function code counts, and
-SGLang's statements the guard compiles to evaluate them (by line); module and class
-bodies run when a module is imported, before any test in the pytest process, so a
-child's imports are not counted either. Threads that were already running
-when a test started and children forked without a new interpreter are not seen.
+(``threading.setprofile``). Function code counts, and SGLang's statements the guard
+compiles to evaluate them (code called from the guard's code that is not a function, by
+line). What runs while a module is imported does not: the pytest process imports before
+its tests. Processes started are counted by their audit events (``sys.addaudithook``:
+``subprocess.Popen``, ``os.fork``, ...): a Python interpreter, another program, or a
+fork. Children are not traced: a test that starts interpreters is a process test and
+declares what its children drive (``PROCESS_TESTS`` in ``tools/suite.py``). Threads
+that were already running when a test started are not seen.
 
-Nothing a test sees is changed: no function is wrapped or replaced, and the profile
-functions only record code objects.
+Nothing a test sees is changed: no function is wrapped or replaced, the profile
+functions only record code objects, and the audit hook only counts.
 """
 
 from __future__ import annotations
 
-import atexit
 import cProfile
 import inspect
 import json
@@ -42,14 +38,10 @@ from types import CodeType, FrameType
 from typing import Any
 
 DIR_VARIABLE = "DSV4_GUARD_DRIVES_DIR"
-TEST_VARIABLE = "DSV4_GUARD_DRIVES_TEST"
 TESTS_FILE = "tests.jsonl"
-# The audit events of starting a process, and where each names its program, argv and
-# environment. A Python interpreter started with this test's environment records
-# itself (``tools/trace_child``); one started with an environment without it cannot
-# ("untraced"); another program ("program") is taken not to start Python, or to pass
-# the environment on; a fork copies this interpreter, which then records nothing.
-_ARGS = {"subprocess.Popen": (0, 1, 3), "os.posix_spawn": (0, 1, 2), "os.exec": (0, 1, 2)}
+# The audit events of starting a process, and where each names its program and argv:
+# a Python interpreter ("python"), another program ("program"), or a fork of this one.
+_ARGS = {"subprocess.Popen": (0, 1), "os.posix_spawn": (0, 1), "os.exec": (0, 1)}
 _recording: list[dict[str, int]] = []  # the process starts of the recorder running now
 
 
@@ -60,17 +52,13 @@ def _kind(event: str, args: tuple[Any, ...]) -> str | None:
         return "program"
     if event not in _ARGS:
         return None
-    program, argv, env = (args[i] if i < len(args) else None for i in _ARGS[event])
+    program, argv = (args[i] if i < len(args) else None for i in _ARGS[event])
     if program is None and argv:
         program = argv[0] if isinstance(argv, (list, tuple)) else argv
-    name = os.path.basename(os.fsdecode(program or ""))
-    if not (name.startswith("python") or os.path.realpath(os.fsdecode(program or "")) ==
-            os.path.realpath(sys.executable)):
-        return "program"
-    if env is not None and TEST_VARIABLE not in env and \
-            os.fsencode(TEST_VARIABLE) not in env:  # a bytes environment
-        return "untraced"
-    return "python"
+    path = os.fsdecode(program or "")
+    python = os.path.basename(path).startswith("python") or \
+        os.path.realpath(path) == os.path.realpath(sys.executable)
+    return "python" if python else "program"
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -78,15 +66,15 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     if _recording and event.startswith(("os.", "subprocess.")):
         try:
             kind = _kind(event, args)
-        except Exception:  # arguments of a shape not foreseen: the start is not placed
-            kind = "untraced"
+        except Exception:  # arguments of a shape not foreseen: taken as an interpreter
+            kind = "python"
         if kind:
             _recording[-1][kind] = _recording[-1].get(kind, 0) + 1
 
 
 def _roots() -> tuple[str, str]:
     """The directories of the ``sglang`` and ``sglang_dsv4_guard`` packages on ``sys.path``
-    (found, not imported: a child has imported neither yet)."""
+    (found, not imported)."""
     import importlib.util
 
     roots = []
@@ -132,7 +120,7 @@ class Recorder:
 
     def stop(self) -> dict[str, Any]:
         """What ran since :meth:`start`: ``{"sglang": [[file, qualname], ...], "guard":
-        [...], "starts": {"python": n, "untraced": n, "program": n, "fork": n}}``
+        [...], "starts": {"python": n, "program": n, "fork": n}}``
         (processes started, by kind), and
         ``"untraced"`` with the reason where another profiler took the thread meanwhile."""
         assert self._profile is not None
@@ -146,7 +134,7 @@ class Recorder:
         if isinstance(self._outer, cProfile.Profile):  # give the thread back to it
             self._outer.enable()
         codes = {entry.code for entry in stats if isinstance(entry.code, CodeType)
-                 and entry.code.co_flags & inspect.CO_OPTIMIZED} - _import_only(stats, self.roots[1])
+                 and entry.code.co_flags & inspect.CO_OPTIMIZED} - _import_only(stats)
         codes |= self._threads
         snippets = {call.code for entry in stats if isinstance(entry.code, CodeType)
                     and entry.code.co_filename.startswith(self.roots[1])
@@ -167,22 +155,21 @@ class Recorder:
 _AUDITING: list[bool] = []
 
 
-def _import_only(stats: list[Any], guard: str) -> set[CodeType]:
+def _import_only(stats: list[Any]) -> set[CodeType]:
     """The functions that ran only as part of importing a module: called from a module's
     body, or only from such functions (a registry filled at import time). A test whose
-    modules were imported before it started, as in the pytest process, did not run them
-    either; a child imports SGLang itself. SGLang's statements the guard compiles and
-    runs (called from the guard's code, ``guard``) are not imports."""
+    modules were imported before it started did not run them either. A module body
+    counts when the import system ran it: SGLang's statements the guard compiles and
+    runs are not imports."""
     callers: dict[CodeType, set[object]] = {}
     for entry in stats:
         for call in entry.calls or ():
             if isinstance(call.code, CodeType):
                 callers.setdefault(call.code, set()).add(entry.code)
     imported: set[object] = {
-        entry.code for entry in stats if isinstance(entry.code, CodeType)
-        and entry.code.co_name == "<module>" and not any(
-            isinstance(c, CodeType) and c.co_filename.startswith(guard)
-            for c in callers.get(entry.code, ()))}
+        code for code, by in callers.items() if code.co_name == "<module>" and any(
+            isinstance(c, CodeType) and c.co_filename.startswith("<frozen importlib")
+            for c in by)}  # a module's body run by the import system, not a script's
     changed = True
     while changed:
         changed = False
@@ -207,25 +194,9 @@ def _append(path: Path, record: dict[str, Any]) -> None:
         out.write(json.dumps(record) + "\n")
 
 
-def start_child() -> None:
-    """In a child interpreter a test started (``sitecustomize``): record until exit."""
-    where, test = os.environ.get(DIR_VARIABLE), os.environ.get(TEST_VARIABLE)
-    if not where or not test:
-        return
-    out = Path(where) / f"child-{os.getpid()}.jsonl"
-    _append(out, {"test": test, "pid": os.getpid(), "started": True})
-    recorder = Recorder()
-    recorder.start()
-
-    def done() -> None:
-        _append(out, {"test": test, "pid": os.getpid(), **recorder.stop()})
-
-    atexit.register(done)
-
-
 try:
     import pytest
-except ImportError:  # a child without pytest: only start_child is used
+except ImportError:  # imported without pytest (tests of the Recorder under SGLang's runner)
     pytest = None  # type: ignore[assignment]
 
 
@@ -244,16 +215,14 @@ class TraceDrives:
             if sys.getprofile() is not None:  # another profiler: do not take its place
                 _append(self.out, {**record, "untraced": "another profiler was active"})
                 return (yield)
-            os.environ[TEST_VARIABLE] = item.nodeid  # for the children the test starts
             self.recorder.start()
             try:
                 return (yield)
             finally:
                 _append(self.out, {**record, **self.recorder.stop()})
-                os.environ.pop(TEST_VARIABLE, None)
 
 
 def pytest_configure(config: Any) -> None:
     where = os.environ.get(DIR_VARIABLE)
-    if where and os.environ.get(TEST_VARIABLE) is None:
+    if where:
         config.pluginmanager.register(TraceDrives(Path(where)), "trace_drives_recorder")
