@@ -107,6 +107,29 @@ class TestSeededChange(_Trees):
         self.assertEqual(chosen.runs["0.5.24"], [])
 
 
+class TestWhatTheGuardReads(_Trees):
+    """A test that ran the guard's reading of SGLang's checks depends on whether the guard
+    knows each check, not on which known release stored it."""
+
+    def test_an_unknown_check_runs_the_test(self) -> None:
+        """A release whose NIXL registration check is gone (renamed) is one the guard does
+        not know: the test runs there; an identical release leaves it out."""
+        where = self.tmp / "drives"
+        where.mkdir()
+        test = "tests/t.py::T::test_reads_checks"
+        _write(where, trace_drives.TESTS_FILE, [{
+            "test": test, "file": "tests/t.py", "sglang": [], "starts": {},
+            "guard": [["host/pd_digests.py", "locate"]]}])
+        trace = selection.read_traces(where)[test]
+        self.assertEqual(trace.reads, frozenset({"sites"}))
+        renamed = self.release("0.5.25", {"srt/disaggregation/nixl/conn.py": (
+            "def _add_remote_peer(", "def _add_remote_peer_renamed(")})
+        chosen = selection.plan({test: trace}, "0.5.23", ["0.5.24", "0.5.25"],
+                                {"0.5.23": SGLANG, "0.5.24": self.release("0.5.24"),
+                                 "0.5.25": renamed})
+        self.assertEqual((chosen.runs["0.5.24"], chosen.runs["0.5.25"]), ([], [test]))
+
+
 class TestWhatAKeyHolds(_Trees):
     """What a function that ran depends on: its definition, its classes' skeletons, and
     the module-level bindings of the names it reads."""

@@ -228,14 +228,16 @@ class ReleaseCode:
         return json.dumps(profile, sort_keys=True, default=str)
 
     @functools.cached_property
-    def pd_sites(self) -> dict[str, str]:
-        """What the guard makes of each SGLang check it evaluates (``host/pd_digests.py``):
-        ``known`` where the check's digest is one the guard stores for some release (it
-        then evaluates the check's own statements, which a trace counts as the function
-        holding them), else the digest (the guard does not judge it)."""
+    def sites(self) -> str:
+        """Whether the guard knows each of SGLang's checks it evaluates
+        (``host/pd_digests.py``): ``known`` where the check's digest is one it stores for
+        some release (it then evaluates the check's own statements, which a trace counts
+        as the function holding them; a check it knows is judged the same whichever
+        release stored it), else the digest (it does not judge that check)."""
         stored = known_releases()
-        return {key: "known" if any(r.get(key) == digest for r in stored.values()) else digest
-                for key, digest in digest_pd_tree(self.path).items()}
+        return json.dumps({key: "known" if any(r.get(key) == digest for r in stored.values())
+                           else digest for key, digest in digest_pd_tree(self.path).items()},
+                          sort_keys=True)
 
     @functools.cached_property
     def series(self) -> str:

@@ -30,21 +30,17 @@ import ast
 import functools
 import hashlib
 import json
-import re
-import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from release_code import ReleaseCode, def_path, find
+from release_code import ReleaseCode
 from suite import PROCESS_TESTS, process_test
 from trace_drives import TESTS_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from sglang_dsv4_guard.host.pd_digests import SITES  # noqa: E402
 
 # Test files that run on every release, whatever the code they drive, and why.
 EVERY_RELEASE = {
@@ -59,9 +55,9 @@ RUNNER_TESTS = "tests/test_harness.py"
 # What the guard reads of SGLang besides the code a test runs, by the guard's function
 # that reads it: a test that ran it depends on that, on every release.
 VERDICT = ("host/verdict.py", "judge")  # the release it guards as, and that one's profile
-EVERY_SITE = ("host/pd_digests.py", "digest_pd_tree")  # every check's digest (pd_digests)
 SERIES = "host/patchset.py"  # the patch series of the release it guards as
-GUARD = ROOT / "sglang_dsv4_guard"
+SITES = {("host/pd_digests.py", "locate"), ("host/pd_digests.py", "digest_pd_tree"),
+         ("host/pd_digests.py", "row_releases")}  # whether it knows SGLang's checks
 
 
 @dataclass(frozen=True)
@@ -71,62 +67,18 @@ class Trace:
     test: str
     file: str
     sglang: tuple[tuple[str, str], ...] = ()
-    reads: frozenset[str] = frozenset()  # "verdict", "series", "site:<key>": what the guard read
+    reads: frozenset[str] = frozenset()  # "verdict", "series", "sites": what the guard read
     unplaced: str = ""  # why the test cannot be placed (it then runs everywhere)
     children: int = 0  # Python interpreters it started (process tests)
 
 
-def _sites_named(nodes: Iterable[ast.AST]) -> set[str]:
-    """The ``SITES`` keys ``nodes`` name: a key as a string, or an f-string pattern with
-    some text of its own that matches keys (``f"{backend}.swa_slice"``, not ``f"{a}.{b}"``)."""
-    found: set[str] = set()
-    for node in (n for root in nodes for n in ast.walk(root)):
-        if isinstance(node, ast.Constant) and node.value in SITES:
-            found.add(str(node.value))
-        elif isinstance(node, ast.JoinedStr) and re.search("[A-Za-z0-9]", "".join(
-                str(v.value) for v in node.values if isinstance(v, ast.Constant))):
-            pattern = "".join(re.escape(str(v.value)) if isinstance(v, ast.Constant) else ".+"
-                              for v in node.values)
-            found.update(k for k in SITES if re.fullmatch(pattern, k))
-    return found
-
-
-@functools.cache
-def function_sites(rel: str, qualname: str) -> frozenset[str]:
-    """The sites of SGLang's checks (``SITES`` of ``host/pd_digests.py``) the guard's
-    function ``qualname`` of ``rel`` names, itself or through the module-level constants
-    it reads (``KEYS = ("nixl.state_tp", ...)``). The modules of ``host/`` locate and
-    digest whatever site they are given: the key is named by their caller."""
-    if rel.startswith("host/"):  # where sites are located and digested, for any key
-        return frozenset()
-    try:
-        tree = ast.parse((GUARD / rel).read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return frozenset()
-    node: ast.AST | None = tree
-    for name in def_path(qualname):
-        body = getattr(node, "body", None)
-        node = find(body, name) if isinstance(body, list) else None
-    if node is None or node is tree:
-        return frozenset()
-    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-    constants = [stmt for stmt in tree.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
-                 and read & {n.id for t in (stmt.targets if isinstance(stmt, ast.Assign)
-                                            else [stmt.target])
-                             for n in ast.walk(t) if isinstance(n, ast.Name)}]
-    return frozenset(_sites_named([node, *constants]))
-
-
 def _reads(record: Mapping[str, Any]) -> set[str]:
-    """What the guard read of SGLang in one process's record, besides what ran: its
-    verdict, its patch series, and the sites of SGLang's checks (``site:<key>``) that
-    the guard's functions that ran name."""
+    """What the guard read of SGLang in one record, besides what ran: its verdict, its
+    patch series, whether it knows SGLang's checks (``host/pd_digests.py``)."""
     ran = {(str(path), str(name)) for path, name in record.get("guard", ())}
-    reads = ({"verdict"} if VERDICT in ran else set()) \
-        | ({"series"} if any(path == SERIES for path, _ in ran) else set())
-    keys = set(SITES) if EVERY_SITE in ran else \
-        set().union(*(function_sites(path, name) for path, name in ran))
-    return reads | {f"site:{key}" for key in keys}
+    return ({"verdict"} if VERDICT in ran else set()) \
+        | ({"series"} if any(path == SERIES for path, _ in ran) else set()) \
+        | ({"sites"} if ran & SITES else set())
 
 
 def read_traces(where: Path) -> dict[str, Trace]:
@@ -187,10 +139,9 @@ def parts(trace: Trace, package: ReleaseCode) -> dict[str, str]:
     if entry is not None:  # what its children drive, as PROCESS_TESTS declares it
         found.update({f"children: {item}": package.declared(item)
                       for item in PROCESS_TESTS[entry].drives})
-    for read in sorted(trace.reads):
-        found[f"the guard's {read}"] = package.verdict if read == "verdict" else \
-            package.series if read == "series" else \
-            package.pd_sites.get(read.removeprefix("site:"), "missing")
+    readers = {"verdict": lambda: package.verdict, "series": lambda: package.series,
+               "sites": lambda: package.sites}
+    found.update({f"the guard's {read}": readers[read]() for read in sorted(trace.reads)})
     return found
 
 
