@@ -68,13 +68,13 @@ matrix: $(STAMP)
 check-fast: $(STAMP)
 	@HYPOTHESIS_PROFILE=dev $(PY) tools/matrix.py --fast
 
-durations:
+durations: $(STAMP)
 	@$(PY) tools/matrix.py --durations
 
 lint: $(STAMP)
 	$(PY) -m ruff check sglang_dsv4_guard tests benchmarks tools examples
 	$(PY) -m mypy
-	$(PY) -m mypy --strict tools/matrix.py tools/release_env.py tools/selection.py tools/release_code.py tools/trace_drives.py tools/suite.py tools/durations.py tools/imports.py tools/patched_tree.py tools/make_patches.py tools/patch_texts.py tools/sglang_ci.py tools/digests.py
+	$(PY) -m mypy --strict tools/matrix.py tools/release_env.py tools/selection.py tools/release_code.py tools/trace_drives.py tools/suite.py tools/durations.py tools/judging.py tools/imports.py tools/patched_tree.py tools/make_patches.py tools/patch_texts.py tools/sglang_ci.py tools/digests.py
 
 bench: $(STAMP)
 	$(PY) tools/matrix.py --script benchmarks/bench_overhead.py $(RELEASES_ARG)

@@ -154,6 +154,30 @@ class TestWhatAKeyHolds(_Trees):
         two = self._source("class C:\n    x: int = 2\n    def m(self):\n        return 0\n")
         self.assertNotEqual(one.function("m.py", "C.m"), two.function("m.py", "C.m"))
 
+    def test_imported_names_count_by_their_own_binding(self) -> None:
+        """A constant imported from another module of the package counts by its value
+        there, and an assignment by what it reads (``envs = Envs()`` reaches the class's
+        fields): an edit in the other module changes the key."""
+        def package(default: str) -> release_code.ReleaseCode:
+            root = self.tmp / f"imports-{default}"
+            (root / "sub").mkdir(parents=True)
+            (root / "sub/env.py").write_text(
+                f"class Envs:\n    FLAG = {default}\n    def get(self):\n        return 1\n"
+                "envs = Envs()\n")
+            (root / "m.py").write_text("from .sub.env import envs\n"
+                                       "def f():\n    return envs.FLAG\n")
+            return release_code.ReleaseCode(root)
+        self.assertNotEqual(package("False").function("m.py", "f"),
+                            package("True").function("m.py", "f"))
+
+    def test_every_definition_of_a_conditional_function_counts(self) -> None:
+        """``if X: def f() ... else: def f() ...``: an edit in either branch counts."""
+        one = self._source("if A:\n    def f():\n        return 1\nelse:\n    def f():\n"
+                           "        return 2\n")
+        two = self._source("if A:\n    def f():\n        return 3\nelse:\n    def f():\n"
+                           "        return 2\n")
+        self.assertNotEqual(one.function("m.py", "f"), two.function("m.py", "f"))
+
     def test_nested_code_belongs_to_its_function(self) -> None:
         """A lambda's or comprehension's code counts as the function around it; a missing
         function is absent, not an error."""
@@ -201,6 +225,45 @@ class TestPlacing(GuardTestCase):
             chosen = selection.plan({trace.test: trace}, "0.5.23", ["0.5.24", "0.5.25"],
                                     {"0.5.23": SGLANG, "0.5.24": SGLANG, "0.5.25": edited})
         self.assertEqual((chosen.runs["0.5.24"], chosen.runs["0.5.25"]), ([], [trace.test]))
+
+    def test_bad_records_and_missing_traces(self) -> None:
+        """A line that is not a record is left out, saying where; a test of the base
+        release's run without a record runs everywhere; no trace file is one clear
+        error, not a traceback."""
+        with tempfile.TemporaryDirectory() as tmp:
+            where = Path(tmp)
+            _write(where, trace_drives.TESTS_FILE, [{"test": "tests/t.py::T::test_x",
+                                                     "file": "tests/t.py"}])
+            with (where / trace_drives.TESTS_FILE).open("a") as out:
+                out.write('{"test": "tests/t.py::T::test_y", "fi\n')  # a run cut short
+            traces = selection.read_traces(where, ["tests/t.py::T::test_x",
+                                                   "tests/t.py::T::test_y"])
+            self.assertEqual(traces["tests/t.py::T::test_x"].unplaced, "")
+            self.assertEqual(traces["tests/t.py::T::test_y"].unplaced,
+                             "no trace was recorded for it")
+            with self.assertRaises(SystemExit) as caught:
+                selection.read_traces(where / "absent")
+        self.assertIn("absent/tests.jsonl is missing", str(caught.exception))
+
+    def test_interpreters_through_multiprocessing_and_shells_are_counted(self) -> None:
+        """A spawn child (no audit event) and a Python started through ``sh -c`` count as
+        interpreters; another program does not."""
+        import multiprocessing
+        import subprocess
+
+        recorder = trace_drives.Recorder()
+        recorder.start()
+        try:
+            child = multiprocessing.get_context("spawn").Process(target=os.getpid)
+            child.start()
+            child.join()
+            subprocess.run(["sh", "-c", f"{sys.executable} -c pass"], check=True)
+            subprocess.run(["sh", "-c", "true"], check=True)
+        finally:
+            starts = recorder.stop()["starts"]
+        self.assertGreaterEqual(starts.get("python", 0), 2, starts)
+        self.assertEqual(starts.get("program"), 1, starts)
+        self.assertNotIn("fork", starts)
 
     def test_unplaced_and_every_release_tests_run_everywhere(self) -> None:
         """Unplaced tests and EVERY_RELEASE files run on every release; a placed test whose

@@ -184,9 +184,7 @@ def run_selected(releases: list[Release], base: Release, jobs: int, profile: str
     shutil.rmtree(DRIVES, ignore_errors=True)
     DRIVES.mkdir(parents=True)
     parts = _parts(jobs)
-    trace_env = {"DSV4_GUARD_DRIVES_DIR": str(DRIVES),
-                 "PYTHONPATH": os.pathsep.join([str(ROOT / "tools" / "trace_child"),
-                                                str(ROOT / "tools")])}
+    trace_env = {"DSV4_GUARD_DRIVES_DIR": str(DRIVES), "PYTHONPATH": str(ROOT / "tools")}
     base_result = Result(base, profile=profile, label=f"{base.version} (every test, traced)")
     with ThreadPoolExecutor(jobs) as pool:
         for done in [pool.submit(run, base, ["-p", "trace_drives", *part], profile,
@@ -199,7 +197,8 @@ def run_selected(releases: list[Release], base: Release, jobs: int, profile: str
 
     start = time.monotonic()
     others = sorted((r for r in releases if r != base), key=lambda r: Version(r.version))
-    traces = selection.read_traces(DRIVES)
+    seconds = durations.test_seconds(REPORTS.glob(f"{base.version}-*.xml"))
+    traces = selection.read_traces(DRIVES, seconds)
     chosen = selection.plan(traces, base.version, [r.version for r in others],
                             {r.version: sglang_package(r) for r in [base, *others]})
     tiers["selection (digests of every release)"] = time.monotonic() - start
@@ -208,8 +207,9 @@ def run_selected(releases: list[Release], base: Release, jobs: int, profile: str
         reasons[traces[test].unplaced] = reasons.get(traces[test].unplaced, 0) + 1
     notes = [f"{len(chosen.unplaced)} of {len(traces)} tests could not be placed and ran on "
              "every release" + "".join(f"; {n}: {why}" for why, n in sorted(reasons.items()))]
+    notes += [f"PROCESS_TESTS lists {entry}, whose tests started no Python interpreter here"
+              for entry in selection.idle_process_entries(traces)]
     base_result.problems += selection.undeclared_process_tests(traces)
-    seconds = durations.test_seconds(REPORTS.glob(f"{base.version}-*.xml"))
     oldest = selection.first_runs(chosen, [r.version for r in others])
 
     def job(release: Release) -> Result:

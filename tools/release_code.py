@@ -28,7 +28,7 @@ from sglang_dsv4_guard.host.digests import digest_tree  # noqa: E402
 from sglang_dsv4_guard.host.pd_digests import digest_pd_tree, known_releases  # noqa: E402
 from sglang_dsv4_guard.host.verdict import judge  # noqa: E402
 
-__all__ = ["ReleaseCode", "def_path", "find"]
+__all__ = ["ReleaseCode", "def_path", "find", "find_all"]
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -58,12 +58,15 @@ def _statements(body: Iterable[ast.stmt]) -> Iterable[ast.stmt]:
                 yield from _statements(handler.body)
 
 
+def find_all(body: list[ast.stmt], name: str) -> list[ast.AST]:
+    """Every definition of ``name`` in ``body`` (one per branch of an ``if``), in order."""
+    return [node for node in _statements(body) if isinstance(node, _DEFS) and node.name == name]
+
+
 def find(body: list[ast.stmt], name: str) -> ast.AST | None:
-    found = None
-    for node in _statements(body):
-        if isinstance(node, _DEFS) and node.name == name:
-            found = node  # the last definition wins, as at run time
-    return found
+    """The definition of ``name`` in ``body`` (the last, where several are)."""
+    found = find_all(body, name)
+    return found[-1] if found else None
 
 
 def _stub(node: ast.AST) -> ast.AST:
@@ -83,7 +86,17 @@ def _skeleton(node: ast.AST) -> str:
     return ast.dump(_stub(node))
 
 
+def _class_data(node: ast.ClassDef) -> str:
+    """A class without its methods: bases, decorators, and its other statements."""
+    header = [ast.dump(n) for n in (*node.bases, *node.keywords, *node.decorator_list)]
+    data = [_skeleton(n) for n in node.body
+            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return "\n".join([node.name, *header, *data])
+
+
 def _binding(node: ast.stmt, name: str) -> str:
+    if isinstance(node, ast.ClassDef):
+        return _class_data(node)
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         origin = f"{'.' * node.level if isinstance(node, ast.ImportFrom) else ''}" \
                  f"{getattr(node, 'module', '') or ''}"
@@ -130,19 +143,21 @@ class ReleaseCode:
             return f"{rel}\0absent"
         path = self.base.def_at(rel, int(qualname[1:])) if qualname.startswith("@") \
             else def_path(qualname)
-        if not path:  # module-level code ran (a lazy import): the whole skeleton
+        if not path:  # a comprehension or lambda at module level: the whole skeleton
             return f"{rel}\0{_skeleton(tree)}"
         node: ast.AST | None = tree
         parts = []
+        parent: ast.AST | None = None
         for depth, name in enumerate(path):
             body = getattr(node, "body", None)
-            node = find(body, name) if isinstance(body, list) else None
+            parent, node = node, find(body, name) if isinstance(body, list) else None
             if node is None:
                 return f"{rel}::{qualname}\0absent"
             if isinstance(node, ast.ClassDef) and depth < len(path) - 1:
                 parts.append(self.skeleton(rel, path[:depth + 1]))
         assert node is not None
-        parts.append(ast.dump(node))
+        owner = getattr(parent, "body", [])
+        parts.append("\n".join(ast.dump(n) for n in find_all(owner, path[-1])) or ast.dump(node))
         parts.append(self.bindings(rel, frozenset(
             n.id for n in ast.walk(node) if isinstance(n, ast.Name))))
         return f"{rel}::{qualname}\0" + "\n".join(parts)
@@ -166,11 +181,43 @@ class ReleaseCode:
         return found
 
     @functools.cache  # noqa: B019
-    def binding(self, rel: str, name: str) -> str:
-        """The module-level statements binding ``name`` in ``rel``: a definition without
-        its function bodies, an import by the one name it binds."""
-        return "\n".join(_binding(node, name)
-                         for node in self._module_bindings(rel).get(name, ()))
+    def binding(self, rel: str, name: str, depth: int = 2) -> str:
+        """The module-level statements binding ``name`` in ``rel`` (a definition without
+        its function bodies, an import by the one name it binds) and, ``depth`` levels
+        down, what they read: an SGLang import followed to the name's binding in its
+        own module, an assignment's names to their bindings (``envs = Envs()`` reaches
+        ``Envs``' fields)."""
+        texts = []
+        for node in self._module_bindings(rel).get(name, ()):
+            texts.append(_binding(node, name))
+            if depth <= 0:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                source = self._module_file(rel, node)
+                for alias in node.names:
+                    if source and (alias.asname or alias.name) == name:
+                        texts.append(f"{source}:{alias.name}="
+                                     f"{self.binding(source, alias.name, depth - 1)}")
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value:
+                read = sorted({n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+                              - {name})
+                texts += [f"{r}={self.binding(rel, r, depth - 1)}" for r in read]
+        return "\n".join(texts)
+
+    def _module_file(self, rel: str, node: ast.ImportFrom) -> str | None:
+        """The file of this package an ``from ... import`` in ``rel`` reads, if any."""
+        if node.level:
+            base = Path(rel).parent.parts[:len(Path(rel).parent.parts) - node.level + 1]
+            module = "/".join([*base, *(node.module or "").split(".")]).strip("/")
+        elif (node.module or "").startswith("sglang."):
+            module = (node.module or "").removeprefix("sglang.").replace(".", "/")
+        else:
+            return None
+        module = module.replace(".", "/")
+        for candidate in (f"{module}.py", f"{module}/__init__.py"):
+            if (self.path / candidate).is_file():
+                return candidate
+        return None
 
     def bindings(self, rel: str, names: frozenset[str]) -> str:
         """The module-level bindings of ``names`` in ``rel``."""
@@ -208,10 +255,7 @@ class ReleaseCode:
             node = find(body, name) if isinstance(body, list) else None
         if not isinstance(node, ast.ClassDef):
             return "absent"
-        data = [_skeleton(n) for n in node.body
-                if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        header = [ast.dump(n) for n in (*node.bases, *node.keywords, *node.decorator_list)]
-        return hashlib.sha256("\n".join([*header, *data]).encode()).hexdigest()
+        return hashlib.sha256(_class_data(node).encode()).hexdigest()
 
     @functools.cached_property
     def verdict(self) -> str:
@@ -229,15 +273,16 @@ class ReleaseCode:
 
     @functools.cached_property
     def sites(self) -> str:
-        """Whether the guard knows each of SGLang's checks it evaluates
-        (``host/pd_digests.py``): ``known`` where the check's digest is one it stores for
-        some release (it then evaluates the check's own statements, which a trace counts
-        as the function holding them; a check it knows is judged the same whichever
-        release stored it), else the digest (it does not judge that check)."""
-        stored = known_releases()
-        return json.dumps({key: "known" if any(r.get(key) == digest for r in stored.values())
-                           else digest for key, digest in digest_pd_tree(self.path).items()},
-                          sort_keys=True)
+        """Whether the guard knows SGLang's checks it evaluates (``host/pd_digests.py``):
+        ``known`` where every check's digest is the one it stores for one release (each
+        group of checks it asks about then matches that release; it evaluates the
+        checks' own statements, which a trace counts as the functions holding them), else
+        the digests themselves (a release that mixes checks of two releases is not one
+        the guard knows)."""
+        found = digest_pd_tree(self.path)
+        if any(found == stored for stored in known_releases().values()):
+            return "known"
+        return json.dumps(found, sort_keys=True)
 
     @functools.cached_property
     def series(self) -> str:

@@ -30,7 +30,8 @@ import ast
 import functools
 import hashlib
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,22 @@ def _reads(record: Mapping[str, Any]) -> set[str]:
         | ({"sites"} if ran & SITES else set())
 
 
-def read_traces(where: Path) -> dict[str, Trace]:
-    """Every test's trace in the directory ``where`` (``tools/trace_drives.py``)."""
+def read_traces(where: Path, tests: Iterable[str] = ()) -> dict[str, Trace]:
+    """Every test's trace in the directory ``where`` (``tools/trace_drives.py``); each of
+    ``tests`` (the base release's run) that has no readable record there is unplaced."""
+    path = where / TESTS_FILE
+    if not path.is_file():
+        raise SystemExit(f"selection: {path} is missing: the base release's traced run "
+                         "wrote no trace (is tools/trace_drives.py loaded with -p?)")
     traces = {}
-    for line in (where / TESTS_FILE).read_text(encoding="utf-8").splitlines():
-        record: dict[str, Any] = json.loads(line)
-        test, starts = record["test"], record.get("starts", {})
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            record: dict[str, Any] = json.loads(line)
+            test, starts = str(record["test"]), record.get("starts", {})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            print(f"selection: {path}:{number}: not a trace record, left out: "
+                  f"{line[:80]!r}", file=sys.stderr)
+            continue
         declared = process_test(test) is not None
         unplaced = str(record.get("untraced", ""))
         if not unplaced and not declared and starts.get("fork"):
@@ -98,6 +109,10 @@ def read_traces(where: Path) -> dict[str, Trace]:
         traces[test] = Trace(test, str(record["file"]), tuple(functions),
                              frozenset(_reads(record)), unplaced,
                              int(starts.get("python", 0)))
+    for test in tests:
+        if test not in traces:
+            traces[test] = Trace(test, test.partition("::")[0],
+                                 unplaced="no trace was recorded for it")
     return traces
 
 
@@ -208,13 +223,15 @@ def first_runs(chosen: Plan, releases: list[str]) -> dict[str, str]:
 
 
 def undeclared_process_tests(traces: Mapping[str, Trace]) -> list[str]:
-    """Problems with ``PROCESS_TESTS`` as the traces show it: a test that started a
-    Python interpreter outside every entry, and an entry none of whose tests did."""
-    starting = {test for test, trace in traces.items() if trace.children}
-    problems = [f"{test} starts Python interpreters but is not in PROCESS_TESTS "
-                "(tools/suite.py)" for test in sorted(starting) if process_test(test) is None]
-    used = {process_test(test) for test in starting}
-    problems += [f"PROCESS_TESTS lists {entry}, whose tests started no Python interpreter"
-                 for entry in sorted(PROCESS_TESTS) if entry not in used
-                 and any(process_test(test) == entry for test in traces)]
-    return problems
+    """The tests that started a Python interpreter without being in ``PROCESS_TESTS``:
+    ``make check-fast`` would run them, and nothing declares what their children drive."""
+    return [f"{test} starts Python interpreters but is not in PROCESS_TESTS (tools/suite.py)"
+            for test, trace in sorted(traces.items())
+            if trace.children and process_test(test) is None]
+
+
+def idle_process_entries(traces: Mapping[str, Trace]) -> list[str]:
+    """The ``PROCESS_TESTS`` entries none of whose traced tests started an interpreter."""
+    used = {process_test(test) for test, trace in traces.items() if trace.children}
+    return [entry for entry in sorted(PROCESS_TESTS) if entry not in used
+            and any(process_test(test) == entry for test in traces)]

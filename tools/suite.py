@@ -150,6 +150,9 @@ PROCESS_TESTS: dict[str, ProcessTest] = {
     "tests/test_patch_series.py::TestJudgesTheImportedTree::"
     "test_tree_without_metadata_over_another_release": ProcessTest(
         "judges a source tree over another release in a fresh interpreter", _DIGESTED),
+    "tests/test_selection.py::TestPlacing::"
+    "test_interpreters_through_multiprocessing_and_shells_are_counted": ProcessTest(
+        "starts a spawn child and a Python under sh, to show the tracer counts them"),
     "tests/test_patch_series.py::TestShippedInTheWheel::"
     "test_non_editable_install_finds_the_series": ProcessTest(
         "installs the guard's wheel and runs it in a fresh interpreter"),

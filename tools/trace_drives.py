@@ -43,6 +43,10 @@ TESTS_FILE = "tests.jsonl"
 # a Python interpreter ("python"), another program ("program"), or a fork of this one.
 _ARGS = {"subprocess.Popen": (0, 1), "os.posix_spawn": (0, 1), "os.exec": (0, 1)}
 _recording: list[dict[str, int]] = []  # the process starts of the recorder running now
+_LAUNCHERS = {"sh", "bash", "dash", "env", "unshare", "nohup", "timeout"}
+# multiprocessing starts a spawn or forkserver child through a built-in that raises no
+# audit event: its Python function that does so is seen in the profile instead.
+_SPAWNS = {("multiprocessing/util.py", "spawnv_passfds")}
 
 
 def _kind(event: str, args: tuple[Any, ...]) -> str | None:
@@ -58,6 +62,9 @@ def _kind(event: str, args: tuple[Any, ...]) -> str | None:
     path = os.fsdecode(program or "")
     python = os.path.basename(path).startswith("python") or \
         os.path.realpath(path) == os.path.realpath(sys.executable)
+    if not python and os.path.basename(path) in _LAUNCHERS:  # sh -c "python ...", env python
+        words = argv if isinstance(argv, (list, tuple)) else [argv]
+        python = any("python" in os.fsdecode(w) for w in words if isinstance(w, (str, bytes)))
     return "python" if python else "program"
 
 
@@ -94,6 +101,7 @@ class Recorder:
         self._snippets: set[CodeType] = set()
         self._starts: dict[str, int] = {}
         self._outer: object = None
+        self._outer_threads: object = None
         self.roots = _roots()
 
     def _thread_hook(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -114,6 +122,7 @@ class Recorder:
         self._starts = {}
         _recording.append(self._starts)
         self._outer = sys.getprofile()  # a recorder around this one (a test of this module)
+        self._outer_threads = threading.getprofile()
         self._profile = cProfile.Profile(builtins=False)  # Python code is what counts
         threading.setprofile(self._thread_hook)
         self._profile.enable()
@@ -126,13 +135,18 @@ class Recorder:
         assert self._profile is not None
         displaced = sys.getprofile() is not self._profile  # type: ignore[comparison-overlap]
         self._profile.disable()
-        threading.setprofile(None)
+        threading.setprofile(self._outer_threads)  # type: ignore[arg-type]
         stats = self._profile.getstats()
         self._profile = None
         if _recording and _recording[-1] is self._starts:
             _recording.pop()
         if isinstance(self._outer, cProfile.Profile):  # give the thread back to it
             self._outer.enable()
+        spawned = sum(entry.callcount for entry in stats if isinstance(entry.code, CodeType)
+                      and ("/".join(Path(entry.code.co_filename).parts[-2:]),
+                           entry.code.co_qualname) in _SPAWNS)
+        if spawned:
+            self._starts["python"] = self._starts.get("python", 0) + spawned
         codes = {entry.code for entry in stats if isinstance(entry.code, CodeType)
                  and entry.code.co_flags & inspect.CO_OPTIMIZED} - _import_only(stats)
         codes |= self._threads
@@ -189,7 +203,7 @@ def _line(code: CodeType) -> str:
 
 
 def _append(path: Path, record: dict[str, Any]) -> None:
-    """One JSON line, written at once (children of one test append to the same file)."""
+    """One JSON line, written at once."""
     with path.open("a", encoding="utf-8") as out:
         out.write(json.dumps(record) + "\n")
 
@@ -225,4 +239,5 @@ class TraceDrives:
 def pytest_configure(config: Any) -> None:
     where = os.environ.get(DIR_VARIABLE)
     if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
         config.pluginmanager.register(TraceDrives(Path(where)), "trace_drives_recorder")
