@@ -200,7 +200,10 @@ def run_selected(releases: list[Release], base: Release, jobs: int, profile: str
 
     start = time.monotonic()
     others = sorted((r for r in releases if r != base), key=lambda r: Version(r.version))
-    seconds = durations.test_seconds(REPORTS.glob(f"{base.version}-*.xml"))
+    # The traced runs' reports (not the patched tree's, whose tests run beside each
+    # release's suite, not in it).
+    seconds = durations.test_seconds(REPORTS / f"{base.version}-{k}.xml"
+                                     for k in range(1, len(parts) + 1))
     traces = selection.read_traces(DRIVES, seconds)
     chosen = selection.plan(traces, base.version, [r.version for r in others],
                             {r.version: sglang_package(r) for r in [base, *others]})

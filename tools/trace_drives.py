@@ -42,7 +42,7 @@ TESTS_FILE = "tests.jsonl"
 # The audit events of starting a process, and where each names its program and argv:
 # a Python interpreter ("python"), another program ("program"), or a fork of this one.
 _ARGS = {"subprocess.Popen": (0, 1), "os.posix_spawn": (0, 1), "os.exec": (0, 1)}
-_recording: list[dict[str, int]] = []  # the process starts of the recorder running now
+_recording: list[dict[str, int]] = []  # the process starts of the recorders running now
 _LAUNCHERS = {"sh", "bash", "dash", "env", "unshare", "nohup", "timeout"}
 # multiprocessing starts a spawn or forkserver child through a built-in that raises no
 # audit event: its Python function that does so is seen in the profile instead.
@@ -75,8 +75,9 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             kind = _kind(event, args)
         except Exception:  # arguments of a shape not foreseen: taken as an interpreter
             kind = "python"
-        if kind:
-            _recording[-1][kind] = _recording[-1].get(kind, 0) + 1
+        if kind is not None:
+            for starts in _recording:  # every recorder running (one may hold another)
+                starts[kind] = starts.get(kind, 0) + 1
 
 
 def _roots() -> tuple[str, str]:
