@@ -156,19 +156,19 @@ class TestWhatAKeyHolds(_Trees):
 
     def test_imported_names_count_by_their_own_binding(self) -> None:
         """A constant imported from another module of the package counts by its value
-        there, and an assignment by what it reads (``envs = Envs()`` reaches the class's
-        fields): an edit in the other module changes the key."""
-        def package(default: str) -> release_code.ReleaseCode:
-            root = self.tmp / f"imports-{default}"
-            (root / "sub").mkdir(parents=True)
-            (root / "sub/env.py").write_text(
-                f"class Envs:\n    FLAG = {default}\n    def get(self):\n        return 1\n"
-                "envs = Envs()\n")
-            (root / "m.py").write_text("from .sub.env import envs\n"
-                                       "def f():\n    return envs.FLAG\n")
+        there: an edit in the other module changes the key; the release's label
+        (``__version__``) does not count."""
+        def package(default: str, label: str = "1") -> release_code.ReleaseCode:
+            root = Path(tempfile.mkdtemp(dir=self.tmp))
+            (root / "sub").mkdir()
+            (root / "sub/env.py").write_text(f"FLAG = {default}\n__version__ = '{label}'\n")
+            (root / "m.py").write_text("from .sub.env import FLAG, __version__\n"
+                                       "def f():\n    return FLAG, __version__\n")
             return release_code.ReleaseCode(root)
         self.assertNotEqual(package("False").function("m.py", "f"),
                             package("True").function("m.py", "f"))
+        self.assertEqual(package("False").function("m.py", "f"),
+                         package("False", "2").function("m.py", "f"))
 
     def test_every_definition_of_a_conditional_function_counts(self) -> None:
         """``if X: def f() ... else: def f() ...``: an edit in either branch counts."""

@@ -183,10 +183,11 @@ class ReleaseCode:
     @functools.cache  # noqa: B019
     def binding(self, rel: str, name: str, depth: int = 2) -> str:
         """The module-level statements binding ``name`` in ``rel`` (a definition without
-        its function bodies, an import by the one name it binds) and, ``depth`` levels
-        down, what they read: an SGLang import followed to the name's binding in its
-        own module, an assignment's names to their bindings (``envs = Envs()`` reaches
-        ``Envs``' fields)."""
+        its function bodies, an import by the one name it binds) and, ``depth`` imports
+        down, the name's binding in the SGLang module it is imported from. An
+        assignment's own reads are not followed: ``envs = Envs()`` would make every
+        function that reads ``envs`` depend on every environment variable SGLang
+        declares, which each release adds to."""
         texts = []
         for node in self._module_bindings(rel).get(name, ()):
             texts.append(_binding(node, name))
@@ -194,14 +195,11 @@ class ReleaseCode:
                 continue
             if isinstance(node, ast.ImportFrom):
                 source = self._module_file(rel, node)
-                for alias in node.names:
-                    if source and (alias.asname or alias.name) == name:
+                for alias in node.names:  # the release's label is not its code
+                    if source and (alias.asname or alias.name) == name and \
+                            alias.name != "__version__":
                         texts.append(f"{source}:{alias.name}="
                                      f"{self.binding(source, alias.name, depth - 1)}")
-            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value:
-                read = sorted({n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
-                              - {name})
-                texts += [f"{r}={self.binding(rel, r, depth - 1)}" for r in read]
         return "\n".join(texts)
 
     def _module_file(self, rel: str, node: ast.ImportFrom) -> str | None:
