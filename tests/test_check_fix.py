@@ -27,6 +27,8 @@ from sglang_dsv4_guard.launch.edit import apply_edits, apply_env
 from sglang_dsv4_guard.launch.parse import parse_side
 from sglang_dsv4_guard.launch.predict import run_check
 from sglang_dsv4_guard.launch.prove import Lines, _errors, _prove, _Runner, fix_check
+from sglang_dsv4_guard.launch.state_types import registered_state
+from sglang_dsv4_guard.launch.swa_layout import registered_layout
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
@@ -322,7 +324,10 @@ class TestIndependentRuns(GuardTestCase):
     def test_run_a_then_b_equals_b_alone(self) -> None:
         """A DeepSeek-V4 pair with a refused draft, then a gpt-oss pair: the second
         document equals the same pair checked first (SGLang's resolution sets env vars
-        and globals; check restores them)."""
+        and globals; check restores them). The process's probe caches start empty, as
+        in a process whose first check this is, whatever ran before."""
+        registered_state.cache_clear()
+        registered_layout.cache_clear()
         b = (server("prefill", GPT_OSS, "--page-size 16"), server("decode", GPT_OSS))
         alone = run_check(*b).to_dict()
         run_check(server("prefill", DSV4, "--speculative-algorithm NEXTN"),

@@ -37,9 +37,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_dsv4_guard.launch.chatter import recording
 from sglang_dsv4_guard.launch.derive import ModelFacts, Side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, NotDerived
@@ -48,7 +51,7 @@ from sglang_dsv4_guard.launch.pools import last_run, state_type_names
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 from sglang_dsv4_guard.pd.endpoint import Value
 
-__all__ = ["Refused", "layers_of", "minimax_layers", "pool_kind", "registered_state"]
+__all__ = ["Refused", "layers_of", "minimax_layers", "pool_kind", "probing", "registered_state"]
 
 log = logging.getLogger(LOGGER_NAME)
 _ROWS = 64
@@ -242,6 +245,16 @@ def _kv_manager_calls(pool: Any, draft: Any, kv_args: Any) -> None:
     utils.setup_state_kv_args(kv_args, pool, draft)
 
 
+@contextmanager
+def probing(env: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """A miniature pool's build and set-up: in ``env``, offline, the guard's logger quiet,
+    and what SGLang says meanwhile kept out of ``check``'s ``sglang_output`` (the server
+    never builds this pool; and a probe is cached, so it would be said by a process's
+    first check only)."""
+    with offline_env(dict(env)), silenced(), recording():
+        yield
+
+
 @functools.lru_cache(maxsize=32)
 def registered_state(kind: str, draft_kind: str | None = None,
                      layers: tuple[tuple[int, ...], ...] = (),
@@ -254,7 +267,7 @@ def registered_state(kind: str, draft_kind: str | None = None,
     # deferred: samples loads SGLang's KVArgs; check imports it only when a pool is built
     from sglang_dsv4_guard.samples import new_kv_args
 
-    with offline_env(dict(env)), silenced():
+    with probing(env):
         try:
             kv_args = new_kv_args()
             draft = _pool(draft_kind) if draft_kind else None

@@ -24,15 +24,15 @@ from collections.abc import Mapping
 
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source, side_field
-from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.state_types import (
     Refused,
     _pool,
     pool_kind,
+    probing,
     registered_state,
     unified_pool,
 )
-from sglang_dsv4_guard.log import LOGGER_NAME, silenced
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import Value
 
 __all__ = ["registered_layout"]
@@ -59,7 +59,7 @@ def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
     if isinstance(got, Refused):
         return got
     try:
-        with offline_env(dict(env)), silenced():
+        with probing(env):
             kv_args = new_kv_args()
             setup_state_kv_args(kv_args, unified_pool() if unified else _pool("swa"), None)
     except Exception as exc:  # the release's constructor or function refused: unknown
