@@ -103,25 +103,38 @@ def _stand_in(name: str, original: Callable[..., Any], read: list[str],
     return probe
 
 
+def _sglang_modules() -> dict[str, Any]:
+    return {key: m for key, m in list(sys.modules.items())
+            if key.startswith("sglang") and m is not None}
+
+
 @contextmanager
 def probed(device: Device | None = None) -> Iterator[list[str]]:
     """For the block, SGLang's device probes answer as ``device`` (as this machine when
-    ``None``); yields the names of the probes read, in order."""
+    ``None``); yields the names of the probes read, in order.
+
+    A module's binding is replaced where it is the probe under the probe's own name
+    (``from ... import is_sm100_supported``); only those names are looked up in each
+    loaded module (each resolution enters this block several times, and SGLang has
+    thousands of modules). Afterwards every binding of a stand-in is given back its
+    original: under the probe's names in the modules loaded before the block, under any
+    name in those imported during it."""
     read: list[str] = []
     common = _utils()
     originals = {name: getattr(common, name) for name in _SGLANG_PROBES
                  if callable(getattr(common, name, None))}
     stand_ins = {name: _stand_in(name, fn, read, device) for name, fn in originals.items()}
-    by_original = {id(fn): name for name, fn in originals.items()}
+    names = originals.keys()
     patched: list[tuple[Any, str, Any]] = []
-    for module in [m for key, m in list(sys.modules.items())
-                   if key.startswith("sglang") and m is not None]:
-        namespace = getattr(module, "__dict__", {})
-        for attr, value in list(namespace.items()):
-            name = by_original.get(id(value))
-            if name is not None and value is originals[name] and attr == name:
-                patched.append((module, attr, value))
-                setattr(module, attr, stand_ins[name])
+    before = _sglang_modules()
+    for module in before.values():
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr in names & namespace.keys():
+            if namespace[attr] is originals[attr]:
+                patched.append((module, attr, originals[attr]))
+                setattr(module, attr, stand_ins[attr])
     for name in _TORCH_PROBES:
         owner = _torch_owner(name)
         if owner is not None:
@@ -133,13 +146,15 @@ def probed(device: Device | None = None) -> Iterator[list[str]]:
     finally:
         for owner, attr, original in patched:
             setattr(owner, attr, original)
-        # A module imported during the block bound a stand-in: give it the original too.
         ours = {id(fn): originals[name] for name, fn in stand_ins.items()}
-        for key, module in list(sys.modules.items()):
-            if key.startswith("sglang") and module is not None:
-                for attr, value in list(getattr(module, "__dict__", {}).items()):
-                    if id(value) in ours:
-                        setattr(module, attr, ours[id(value)])
+        for key, module in _sglang_modules().items():
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            attrs = list(namespace) if before.get(key) is not module else names & namespace.keys()
+            for attr in attrs:
+                if id(namespace.get(attr)) in ours:
+                    setattr(module, attr, ours[id(namespace[attr])])
 
 
 def as_devices(device: str, refusal: str,
