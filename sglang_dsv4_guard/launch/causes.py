@@ -66,13 +66,34 @@ def machine_cause(exc: BaseException, device: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _tree(path: str) -> tuple[ast.Module, str] | None:
+def _tree(path: str) -> tuple[tuple[ast.stmt, ...], tuple[str, ...]] | None:
+    """A source file's ``assert``, ``if`` and ``raise`` statements (by line) and its lines
+    (read once: SGLang's ``server_args.py`` is one of the files, and each refusal asks)."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
-        return ast.parse(text), text
+        tree = ast.parse(text)
     except (OSError, SyntaxError, ValueError):
         return None
+    checks = sorted((node for node in ast.walk(tree)
+                     if isinstance(node, (ast.Assert, ast.If, ast.Raise))),
+                    key=lambda node: node.lineno)
+    return tuple(checks), tuple(text.splitlines(keepends=True))
+
+
+def _segment(lines: tuple[str, ...], node: ast.AST) -> str:
+    """The source text of ``node`` (``ast.get_source_segment`` on lines already split:
+    its offsets count UTF-8 bytes)."""
+    first: int = node.lineno - 1  # type: ignore[attr-defined]
+    last: int = (node.end_lineno or node.lineno) - 1  # type: ignore[attr-defined]
+    start: int = node.col_offset  # type: ignore[attr-defined]
+    end: int | None = node.end_col_offset  # type: ignore[attr-defined]
+    if end is None or last >= len(lines):
+        return ""
+    if first == last:
+        return lines[first].encode()[start:end].decode(errors="replace")
+    return "".join([lines[first].encode()[start:].decode(errors="replace"), *lines[first + 1:last],
+                    lines[last].encode()[:end].decode(errors="replace")])
 
 
 def failing_source(exc: BaseException) -> str:
@@ -88,18 +109,15 @@ def failing_source(exc: BaseException) -> str:
     parsed = _tree(last.tb_frame.f_code.co_filename)
     if parsed is None:
         return ""
-    tree, text = parsed
+    checks, lines = parsed
     line = last.tb_lineno
-    around = sorted((node for node in ast.walk(tree)
-                     if isinstance(node, (ast.Assert, ast.If, ast.Raise))
-                     and node.lineno <= line <= (node.end_lineno or node.lineno)),
-                    key=lambda node: node.lineno)
+    around = [node for node in checks if node.lineno <= line <= (node.end_lineno or node.lineno)]
     if not around:
         return ""
     inner = around[-1]
     shown = inner.test if isinstance(inner, (ast.Assert, ast.If)) else inner
-    found = one_line(ast.get_source_segment(text, shown) or "")
+    found = one_line(_segment(lines, shown))
     outer = [node for node in around[:-1] if isinstance(node, ast.If)]
     if outer and not isinstance(inner, ast.If):  # the condition it is checked under
-        found += f" (when {one_line(ast.get_source_segment(text, outer[-1].test) or '')})"
+        found += f" (when {one_line(_segment(lines, outer[-1].test))})"
     return found

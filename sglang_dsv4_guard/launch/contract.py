@@ -47,7 +47,7 @@ ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
 def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = True
                       ) -> tuple[list[Finding], list[str]]:
     """Every row's findings and unknowns for the pair. What SGLang says while one server's
-    values are derived (its miniature pool's log lines, its environment's parse warnings)
+    values are derived (its own pools' log lines, its environment's parse warnings)
     is that server's (:func:`~.chatter.section`); what it says while a row compares the
     two is no one server's, so it stays under ``import``."""
     with section(prefill.role):

@@ -104,8 +104,9 @@ def _stand_in(name: str, original: Callable[..., Any], read: list[str],
 
 
 def _sglang_modules() -> dict[str, Any]:
-    return {key: m for key, m in list(sys.modules.items())
-            if key.startswith("sglang") and m is not None}
+    loaded = sys.modules.copy()  # one C-level copy: a thread may import meanwhile
+    return {key: loaded[key] for key in loaded
+            if key.startswith("sglang") and loaded[key] is not None}
 
 
 @contextmanager
