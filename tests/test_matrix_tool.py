@@ -6,6 +6,7 @@ import argparse
 import ast
 import sys
 import tempfile
+import threading
 import unittest
 import unittest.mock
 from pathlib import Path
@@ -275,6 +276,27 @@ class TestProcessTests(GuardTestCase):
                          "tests/test_report_once.py::TestAtExit")
         self.assertIsNone(suite.process_test("tests/test_report_once.py::TestAtExitX::test_a"))
         self.assertIsNone(suite.process_test("tests/test_check.py::TestCheck::test_a"))
+
+
+class TestJobPool(GuardTestCase):
+    """make test's workers take the longest ready job first; a job's error reaches the
+    caller of its result, and the other jobs still run."""
+
+    def test_longest_ready_first_and_errors_reach_the_caller(self) -> None:
+        pool = matrix._Pool(1)
+        started, gate, order = threading.Event(), threading.Event(), []
+        busy = pool.submit(1.0, lambda: order.append(  # type: ignore[arg-type,func-returns-value]
+            ("busy", started.set() or gate.wait(30))))  # type: ignore[func-returns-value]
+        self.assertTrue(started.wait(30))  # the only worker is taken: the rest queue
+        short = pool.submit(1.0, lambda: order.append("short"))  # type: ignore[arg-type,func-returns-value]
+        longest = pool.submit(9.0, lambda: order.append("long"))  # type: ignore[arg-type,func-returns-value]
+        broken = pool.submit(5.0, lambda: 1 // 0)  # type: ignore[arg-type,return-value]
+        gate.set()
+        pool.close()
+        self.assertEqual(order, [("busy", True), "long", "short"])
+        self.assertTrue(busy.done() and short.done() and longest.done())
+        with self.assertRaises(ZeroDivisionError):
+            broken.result()
 
 
 class TestHarnessParts(GuardTestCase):

@@ -109,8 +109,9 @@ def summary(results: list[Result], profile: str, total: float,
         lines += [f"- {name}: {seconds:.0f} s" for name, seconds in (tiers or {}).items()]
         lines += [f"- {note}" for note in notes or []] + [""]
     lines += ["| release | tests run | left out (same code ran on) | failed | skipped "
-              "| property examples | codes produced | seconds | verdict |",
+              "| property examples | codes produced | job seconds (share) | verdict |",
               "|---|---|---|---|---|---|---|---|---|"]
+    spent = sum(r.seconds for r in results) or 1.0
     for r in results:
         codes = ("not checked (the base release's pytest run is)" if "harness" in r.label
                  else "not checked (partial run)" if r.codes_missing is None
@@ -124,7 +125,8 @@ def summary(results: list[Result], profile: str, total: float,
         tests = f"{r.tests} files" if "harness" in r.label else str(r.tests)
         examples = ", ".join(f"{n} x{c}" for c, n in sorted(_counts(r.examples).items())) or "-"
         lines.append(f"| {r.label or r.release.version} | {tests} | {left} | {r.failed} "
-                     f"| {r.skipped} | {examples} | {codes} | {r.seconds:.0f} | {verdict} |")
+                     f"| {r.skipped} | {examples} | {codes} | {r.seconds:.0f} ({r.seconds / spent:.0%}) "
+                     f"| {verdict} |")
     return "\n".join(lines)
 
 

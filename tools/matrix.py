@@ -37,13 +37,18 @@ Usage: ``python tools/matrix.py [--select] [--releases 0.5.16,0.5.23] [--jobs 2]
 from __future__ import annotations
 
 import argparse
+import functools
+import heapq
+import itertools
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import durations
 import judging
@@ -74,6 +79,9 @@ REPORTS = WORK / "reports"
 # children and on timers (two runs on two cores kept the CPUs 71% busy).
 JOBS = (os.cpu_count() or 1) + 1
 DRIVES = WORK / "drives"
+# What one release's patch series run takes (its ten tests and its pytest start-up), for
+# the order of make test's jobs: the longest ready job first.
+PATCHED_SECONDS = 40.0
 
 
 def run(release: Release, pytest_args: list[str], profile: str, name: str = "",
@@ -178,65 +186,121 @@ def run_all(releases: list[Release], jobs: int, profile: str, pytest_args: list[
     return results
 
 
+class _Pool:
+    """``jobs`` worker threads taking the longest ready job first. ``make test``'s jobs
+    become ready in two waves (the patch series at once, the other releases' suites once
+    the selection is made), so the series fill the workers while the base release's
+    last run and the selection finish, and the long suites never queue behind them."""
+
+    def __init__(self, jobs: int) -> None:
+        self._ready: list[tuple[float, int, Callable[[], Result], Future[Result]]] = []
+        self._lock = threading.Condition()
+        self._closed = False
+        self._order = itertools.count()  # the earlier of two equally long jobs first
+        self._workers = [threading.Thread(target=self._work, daemon=True) for _ in range(jobs)]
+        for worker in self._workers:
+            worker.start()
+
+    def submit(self, seconds: float, job: Callable[[], Result]) -> Future[Result]:
+        """Queue ``job`` (expected to take ``seconds``)."""
+        future: Future[Result] = Future()
+        with self._lock:
+            heapq.heappush(self._ready, (-seconds, next(self._order), job, future))
+            self._lock.notify()
+        return future
+
+    def close(self) -> None:
+        """No more jobs: the workers end when the queue is empty."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        for worker in self._workers:
+            worker.join()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._ready and not self._closed:
+                    self._lock.wait()
+                if not self._ready:
+                    return
+                _, _, job, future = heapq.heappop(self._ready)
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # the caller's .result() raises it
+                future.set_exception(exc)
+
+
 def run_selected(releases: list[Release], base: Release, jobs: int, profile: str
                  ) -> tuple[list[Result], dict[str, float], list[str]]:
     """``make test``: the base release whole and traced, then on each other release the
-    tests :func:`selection.plan` keeps; the tiers' times, and what the summary notes."""
+    tests :func:`selection.plan` keeps; the tiers' times, and what the summary notes.
+    The patch series (one pytest run per release, needing no trace) fill the workers
+    meanwhile."""
     tiers: dict[str, float] = {}
     start = time.monotonic()
     shutil.rmtree(DRIVES, ignore_errors=True)
     DRIVES.mkdir(parents=True)
     parts = _parts(jobs)
     trace_env = {"DSV4_GUARD_DRIVES_DIR": str(DRIVES), "PYTHONPATH": str(ROOT / "tools")}
-    base_result = Result(base, profile=profile, label=f"{base.version} (every test, traced)")
-    with ThreadPoolExecutor(jobs) as pool:
-        for done in [pool.submit(run, base, ["-p", "trace_drives", *part], profile,
-                                 f"{base.version}-{k}", trace_env)
-                     for k, part in enumerate(parts, 1)]:
-            part_result = done.result()
-            base_result.merge(part_result)
-    patched_tree.run_series(base_result, profile)
-    tiers["base release, every test (traced)"] = time.monotonic() - start
-
-    start = time.monotonic()
     others = sorted((r for r in releases if r != base), key=lambda r: Version(r.version))
-    # The traced runs' reports (not the patched tree's, whose tests run beside each
-    # release's suite, not in it).
-    seconds = durations.test_seconds(REPORTS / f"{base.version}-{k}.xml"
-                                     for k in range(1, len(parts) + 1))
-    traces = selection.read_traces(DRIVES, seconds)
-    chosen = selection.plan(traces, base.version, [r.version for r in others],
-                            {r.version: sglang_package(r) for r in [base, *others]})
-    tiers["selection (digests of every release)"] = time.monotonic() - start
-    reasons: dict[str, int] = {}
-    for test in chosen.unplaced:
-        reasons[traces[test].unplaced] = reasons.get(traces[test].unplaced, 0) + 1
-    notes = [f"{len(chosen.unplaced)} of {len(traces)} tests could not be placed and ran on "
-             "every release" + "".join(f"; {n}: {why}" for why, n in sorted(reasons.items()))]
-    notes += [f"PROCESS_TESTS lists {entry}, whose tests started no Python interpreter here"
-              for entry in selection.idle_process_entries(traces)]
-    base_result.problems += selection.undeclared_process_tests(traces)
-    oldest = selection.first_runs(chosen, [r.version for r in others])
 
-    def job(release: Release) -> Result:
-        result = Result(release, profile=profile, covered=chosen.covered[release.version])
-        tests = chosen.runs[release.version]
-        full = [t for t in tests if property_test(t) and oldest.get(t) == release.version]
-        dev = [t for t in tests if property_test(t) and t not in full]
-        rest = [t for t in tests if not property_test(t)]
-        groups = [(profile, full + rest), ("dev", dev)] if full else [("dev", rest + dev)]
-        for k, (mine, nodes) in enumerate(g for g in groups if g[1]):
-            run(release, nodes, mine, f"{release.version}-{k + 1}", result=result)
-        patched_tree.run_series(result, profile if release == others[0] else "dev")
+    def series(release: Release) -> Result:
+        result = Result(release, profile=profile)
+        patched_tree.run_series(result, profile if release in (base, *others[:1]) else "dev")
         return result
 
-    start = time.monotonic()
-    order = sorted(others, key=lambda r: -sum(seconds.get(t, 1.0)
-                                              for t in chosen.runs[r.version]))
-    with ThreadPoolExecutor(jobs) as pool:
-        futures = {r.version: pool.submit(job, r) for r in order}
-        results = [base_result, *(futures[r.version].result() for r in others)]
-    tiers["other releases, selected tests"] = time.monotonic() - start
+    pool = _Pool(jobs)
+    try:
+        traced = [pool.submit(1e9 - k, functools.partial(
+            run, base, ["-p", "trace_drives", *part], profile, f"{base.version}-{k}", trace_env))
+            for k, part in enumerate(parts, 1)]
+        patched = {r.version: pool.submit(PATCHED_SECONDS, functools.partial(series, r))
+                   for r in [base, *others]}
+        base_result = Result(base, profile=profile, label=f"{base.version} (every test, traced)")
+        for done in traced:
+            base_result.merge(done.result())
+        tiers["base release, every test (traced)"] = time.monotonic() - start
+
+        start = time.monotonic()
+        # The traced runs' reports (not the patched tree's, whose tests run beside each
+        # release's suite, not in it).
+        seconds = durations.test_seconds(REPORTS / f"{base.version}-{k}.xml"
+                                         for k in range(1, len(parts) + 1))
+        traces = selection.read_traces(DRIVES, seconds)
+        chosen = selection.plan(traces, base.version, [r.version for r in others],
+                                {r.version: sglang_package(r) for r in [base, *others]})
+        tiers["selection (digests of every release)"] = time.monotonic() - start
+        reasons: dict[str, int] = {}
+        for test in chosen.unplaced:
+            reasons[traces[test].unplaced] = reasons.get(traces[test].unplaced, 0) + 1
+        notes = [f"{len(chosen.unplaced)} of {len(traces)} tests could not be placed and ran "
+                 "on every release" + "".join(f"; {n}: {why}" for why, n in sorted(reasons.items()))]
+        notes += [f"PROCESS_TESTS lists {entry}, whose tests started no Python interpreter here"
+                  for entry in selection.idle_process_entries(traces)]
+        base_result.problems += selection.undeclared_process_tests(traces)
+        oldest = selection.first_runs(chosen, [r.version for r in others])
+
+        def job(release: Release) -> Result:
+            result = Result(release, profile=profile, covered=chosen.covered[release.version])
+            tests = chosen.runs[release.version]
+            full = [t for t in tests if property_test(t) and oldest.get(t) == release.version]
+            dev = [t for t in tests if property_test(t) and t not in full]
+            rest = [t for t in tests if not property_test(t)]
+            groups = [(profile, full + rest), ("dev", dev)] if full else [("dev", rest + dev)]
+            for k, (mine, nodes) in enumerate(g for g in groups if g[1]):
+                run(release, nodes, mine, f"{release.version}-{k + 1}", result=result)
+            return result
+
+        start = time.monotonic()
+        suites = {r.version: pool.submit(sum(seconds.get(t, 1.0) for t in chosen.runs[r.version]),
+                                         functools.partial(job, r)) for r in others}
+        results = [base_result, *(suites[r.version].result() for r in others)]
+        for result in results:
+            result.merge(patched[result.release.version].result())
+        tiers["other releases, selected tests (and the patch series)"] = time.monotonic() - start
+    finally:
+        pool.close()
     codes = {r.release.version: judging.runs_codes(r) for r in results}
     for result in results:
         judging.judge_codes(result, judging.counted_codes(result, codes))

@@ -77,7 +77,7 @@ class Result:
         self.tests += other.tests
         self.failed += other.failed
         self.skipped += other.skipped
-        self.seconds = max(self.seconds, other.seconds)  # runs at the same time
+        self.seconds += other.seconds  # what the release's runs took, each in its job
         self.examples.update(other.examples)
         self.problems += other.problems
         self.codes_files += other.codes_files
