@@ -19,7 +19,7 @@ from check_helpers import DSV4, GPT_OSS, LLAMA, check_json, run_cli, server
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 # SGLang's own resolution line for Mooncake without --disaggregation-ib-device (a warning
 # of its logger in every release of the matrix).

@@ -18,10 +18,11 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.host.releases import is_supported
 from sglang_dsv4_guard.host.verdict import load_known
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=13, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import durations  # noqa: E402
 import judging  # noqa: E402
 import matrix  # noqa: E402 - tools/ is not a package
 import release_env  # noqa: E402
@@ -297,6 +298,31 @@ class TestJobPool(GuardTestCase):
         self.assertTrue(busy.done() and short.done() and longest.done())
         with self.assertRaises(ZeroDivisionError):
             broken.result()
+
+
+class TestEstTimes(GuardTestCase):
+    """--est-times sets a file's est_time to its tests' seconds in the traced base run."""
+
+    def test_est_time_is_the_files_measured_seconds(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            root = Path(d)
+            (root / "tests").mkdir()
+            source = 'register_cpu_ci(est_time=90, suite="stage-a-test-cpu")\nX = 1\n'
+            (root / "tests" / "test_a.py").write_text(source)
+            (root / "tests" / "test_b.py").write_text(source.replace("90", "3"))
+            report = root / "0.5.23-1.xml"
+            report.write_text(
+                '<testsuites><testsuite>'
+                '<testcase classname="tests.test_a.TestA" name="test_one" time="10.2"/>'
+                '<testcase classname="tests.test_a.TestA" name="test_two" time="2.1"/>'
+                '<testcase classname="tests.test_b.TestB" name="test_one" time="2.5"/>'
+                '</testsuite></testsuites>')
+            changed = durations.write_est_times([report], root)
+            self.assertEqual(changed, ["tests/test_a.py: est_time 90 -> 13"])
+            self.assertEqual((root / "tests" / "test_a.py").read_text(),
+                             source.replace("90", "13"))
+            self.assertEqual((root / "tests" / "test_b.py").read_text(),
+                             source.replace("90", "3"))
 
 
 class TestHarnessParts(GuardTestCase):

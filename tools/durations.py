@@ -5,17 +5,24 @@ tear-down together, as JUnit counts them) and what each process test class costs
 (``PROCESS_TESTS`` in ``tools/suite.py``), summed over the runs that ran it. A test over
 ``SLOW`` seconds that is not a process test is named: it is made faster, or it starts
 interpreters and belongs in ``PROCESS_TESTS`` with its reason.
+
+``python tools/matrix.py --est-times`` sets each test file's ``est_time`` (its
+``register_cpu_ci`` call) to what its tests took in the last ``make test``'s traced runs
+of the base release: ``make test`` splits that run by ``est_time`` (SGLang's
+``auto_partition``), so the parts end together only while the values are the files' times.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from pathlib import Path
 
 from suite import PROCESS_TESTS, process_test
 
-__all__ = ["SLOW", "node_id", "report", "test_seconds"]
+__all__ = ["SLOW", "node_id", "report", "test_seconds", "write_est_times"]
 
 SLOW = 20.0  # seconds: a test slower than this is a process test or is made faster
 
@@ -69,3 +76,29 @@ def report(paths: Iterable[Path]) -> str:
     lines.append(f"In-process tests slower than {SLOW:.0f} s: "
                  + (", ".join(slow) if slow else "none"))
     return "\n".join(lines)
+
+
+_EST_TIME = re.compile(r"(register_cpu_ci\(\s*est_time\s*=\s*)(\d+)")
+
+
+def write_est_times(paths: Iterable[Path], root: Path) -> list[str]:
+    """Set each test file's ``est_time`` under ``root`` to its tests' seconds in the
+    reports at ``paths`` (rounded up, at least 1); what changed, a line a file."""
+    per_file: dict[str, float] = {}
+    for test, seconds in test_seconds(paths).items():
+        name = test.partition("::")[0]
+        per_file[name] = per_file.get(name, 0.0) + seconds
+    changed = []
+    for name, seconds in sorted(per_file.items()):
+        path = root / name
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        found = _EST_TIME.search(text)
+        wanted = max(1, math.ceil(seconds))
+        if found is None or int(found.group(2)) == wanted:
+            continue
+        path.write_text(text[:found.start(2)] + str(wanted) + text[found.end(2):],
+                        encoding="utf-8")
+        changed.append(f"{name}: est_time {found.group(2)} -> {wanted}")
+    return changed

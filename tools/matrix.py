@@ -28,10 +28,11 @@ produced by no passing test (a test left out counts with what it produced on the
 release that ran it). The summary is printed and written to ``.matrix/summary.md``.
 
 ``--durations`` reads the last run's JUnit reports: the 20 slowest tests and what each
-process test costs (``tools/durations.py``).
+process test costs (``tools/durations.py``); ``--est-times`` sets each test file's
+``est_time`` from the last traced base run, by which ``--select`` splits that run.
 
 Usage: ``python tools/matrix.py [--select] [--releases 0.5.16,0.5.23] [--jobs 2]
-[--prepare-only] [--sglang-ci] [--durations] [--script benchmarks/bench_overhead.py] [-- ARGS]``
+[--prepare-only] [--sglang-ci] [--durations] [--est-times] [--script benchmarks/bench_overhead.py] [-- ARGS]``
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from release_env import (
     say,
     sglang_package,
 )
-from suite import PROCESS_TESTS, property_test
+from suite import PROCESS_TESTS, process_test, property_test
 
 CODES_VARIABLE = "DSV4_GUARD_CODES_FILE"
 # Jobs SGLang's auto_partition splits the harness run into (make matrix).
@@ -281,21 +282,29 @@ def run_selected(releases: list[Release], base: Release, jobs: int, profile: str
         base_result.problems += selection.undeclared_process_tests(traces)
         oldest = selection.first_runs(chosen, [r.version for r in others])
 
-        def job(release: Release) -> Result:
-            result = Result(release, profile=profile, covered=chosen.covered[release.version])
+        def runs_of(release: Release) -> list[tuple[str, list[str]]]:
+            """(profile, node ids) of each pytest run of ``release``: its process tests
+            in one (they wait on children: a run of their own packs the workers
+            better), its in-process tests in one or two (the property tests this release
+            is the first to run draw the profile's examples, the others dev's)."""
             tests = chosen.runs[release.version]
             full = [t for t in tests if property_test(t) and oldest.get(t) == release.version]
             dev = [t for t in tests if property_test(t) and t not in full]
-            rest = [t for t in tests if not property_test(t)]
-            groups = [(profile, full + rest), ("dev", dev)] if full else [("dev", rest + dev)]
-            for k, (mine, nodes) in enumerate(g for g in groups if g[1]):
-                run(release, nodes, mine, f"{release.version}-{k + 1}", result=result)
-            return result
+            rest = [t for t in tests if not property_test(t) and not process_test(t)]
+            groups = [("dev", [t for t in tests if process_test(t) and not property_test(t)])]
+            groups += [(profile, full + rest), ("dev", dev)] if full else [("dev", rest + dev)]
+            return [group for group in groups if group[1]]
 
         start = time.monotonic()
-        suites = {r.version: pool.submit(sum(seconds.get(t, 1.0) for t in chosen.runs[r.version]),
-                                         functools.partial(job, r)) for r in others}
-        results = [base_result, *(suites[r.version].result() for r in others)]
+        suites = [(r, pool.submit(sum(seconds.get(t, 1.0) for t in nodes), functools.partial(
+            run, r, nodes, mine, f"{r.version}-{k}"))) for r in others
+            for k, (mine, nodes) in enumerate(runs_of(r), 1)]
+        results = [base_result]
+        for release in others:
+            result = Result(release, profile=profile, covered=chosen.covered[release.version])
+            for _, done in (s for s in suites if s[0] == release):
+                result.merge(done.result())
+            results.append(result)
         for result in results:
             result.merge(patched[result.release.version].result())
         tiers["other releases, selected tests (and the patch series)"] = time.monotonic() - start
@@ -345,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--durations", action="store_true",
                         help="the 20 slowest tests and every process test's cost, from "
                              "the last run's JUnit reports")
+    parser.add_argument("--est-times", action="store_true",
+                        help="set each test file's est_time to its seconds in the last "
+                             "make test's traced run of the base release")
     parser.add_argument("--script", help="run this Python script per release instead of pytest")
     parser.add_argument("--sglang-ci", action="store_true",
                         help="also run every file on the base release under SGLang's CI "
@@ -353,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.durations:
         print(durations.report(sorted(REPORTS.glob("*.xml"))))
+        return 0
+    if args.est_times:
+        traced = sorted(REPORTS.glob(f"{base_version()}-[0-9]*.xml"))
+        if not traced:
+            parser.error(f"--est-times: no report of a traced run of {base_version()} in "
+                         f"{REPORTS.relative_to(ROOT)} (run make test first)")
+        print("\n".join(durations.write_est_times(traced, ROOT)) or "est_time: all current")
         return 0
     releases = read_matrix()
     if args.releases:
