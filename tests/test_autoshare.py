@@ -18,7 +18,7 @@ from test_parity_property import pairs
 from sglang_dsv4_guard import DSV4GuardError, Severity
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=50, suite="stage-a-test-cpu")
 
 _ABSENT = object()  # a pool without a ``full_to_swa_index_mapping`` attribute
 

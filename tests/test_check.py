@@ -20,7 +20,7 @@ from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=14, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=44, suite="stage-a-test-cpu")
 
 # DeepSeek-V4 takes EAGLE with top-k 1 (SGLang's resolution refuses NEXTN for it).
 NEXTN = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "

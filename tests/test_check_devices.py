@@ -12,7 +12,7 @@ from check_helpers import DSV4, LLAMA, check_json, codes, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=3, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=33, suite="stage-a-test-cpu")
 
 # DeepSeek-V4 takes EAGLE with top-k 1.
 NEXTN = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "

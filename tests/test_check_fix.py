@@ -30,7 +30,7 @@ from sglang_dsv4_guard.launch.prove import Lines, _errors, _prove, _Runner, fix_
 from sglang_dsv4_guard.launch.state_types import registered_state
 from sglang_dsv4_guard.launch.swa_layout import registered_layout
 
-register_cpu_ci(est_time=23, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=53, suite="stage-a-test-cpu")
 
 EAGLE1 = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "
           "--speculative-num-draft-tokens 4")

@@ -17,7 +17,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.parse import parse_side
 
-register_cpu_ci(est_time=16, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=46, suite="stage-a-test-cpu")
 
 NEXTN = "--speculative-algorithm NEXTN"
 DP2 = "--tp-size 8 --dp-size 2 --enable-dp-attention"

@@ -22,7 +22,7 @@ from sglang_dsv4_guard.fixes import FixKind
 from sglang_dsv4_guard.host.flags import accepts
 from sglang_dsv4_guard.launch.prove import Lines, fix_check
 
-register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
 
 SPECULATIVE = (None, "--speculative-algorithm NEXTN", "--speculative-algorithm EAGLE",
                "--speculative-algorithm EAGLE --speculative-eagle-topk 1 "

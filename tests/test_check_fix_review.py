@@ -14,7 +14,7 @@ from sglang_dsv4_guard.fixes import Edit
 from sglang_dsv4_guard.launch.edit import apply_edits, typed_flags
 from sglang_dsv4_guard.launch.parse import parse_side
 
-register_cpu_ci(est_time=4, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=34, suite="stage-a-test-cpu")
 
 UNIFIED = "SGLANG_HACK_FLASHMLA_BACKEND"
 

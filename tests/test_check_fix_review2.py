@@ -21,7 +21,7 @@ from sglang_dsv4_guard.launch.child import fix_status
 from sglang_dsv4_guard.launch.parse import parse_side
 from sglang_dsv4_guard.launch.prove import Fixed, Lines, cost, fix_check
 
-register_cpu_ci(est_time=4, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=34, suite="stage-a-test-cpu")
 
 NEXTN = "--speculative-algorithm NEXTN"
 

@@ -10,7 +10,7 @@ from check_helpers import DATA, GPT_OSS, LLAMA, run_cli, server
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=8, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=38, suite="stage-a-test-cpu")
 
 
 class TestBadInput(GuardTestCase):

@@ -20,7 +20,7 @@ from check_helpers import LLAMA, server
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=89, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=119, suite="stage-a-test-cpu")
 
 # Recorded, never refused: the test sees what the command tried, before any wall of ours.
 _SITECUSTOMIZE = '''

@@ -26,7 +26,7 @@ from sglang_dsv4_guard.codes import CODES
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
 from sglang_dsv4_guard.settings import ENV_AUTOSHARE, ENV_LOG_FORMAT, ENV_MODE, settings_from_env
 
-register_cpu_ci(est_time=2, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

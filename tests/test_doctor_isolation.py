@@ -10,7 +10,7 @@ from pathlib import Path
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=13, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=43, suite="stage-a-test-cpu")
 
 DOCTOR = "from sglang_dsv4_guard.cli import main; raise SystemExit(main(['doctor']))"
 

@@ -26,7 +26,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.host.loader import SchedulerEntry, scheduler_entry_points
 
-register_cpu_ci(est_time=127, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=157, suite="stage-a-test-cpu")
 
 # load_plugins() as SGLang's launcher runs it, whether it ran the guard, then doctor.
 PROBE_THEN_DOCTOR = r"""

@@ -26,7 +26,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard import DSV4GuardError, Finding, Observation, Severity, hookimpl
 from sglang_dsv4_guard.testing import build_pair, record, register
 
-register_cpu_ci(est_time=24, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=54, suite="stage-a-test-cpu")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import bench_memory  # noqa: E402  (the benchmark's own probe: one measurement, two users)

@@ -45,7 +45,7 @@ from sglang_dsv4_guard.pd.first_contact import contact_findings
 from sglang_dsv4_guard.runtime import standalone_runtime
 from sglang_dsv4_guard.testing import record, register
 
-register_cpu_ci(est_time=29, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=59, suite="stage-a-test-cpu")
 
 NAME = PD_FIRST_CONTACT.attr
 RAW = vars(conn.CommonKVManager)[NAME]

@@ -19,7 +19,7 @@ from sglang_dsv4_guard.host.flags import accepts
 from sglang_dsv4_guard.render import render_finding
 from sglang_dsv4_guard.testing import PoolSpec, build_pair
 
-register_cpu_ci(est_time=4, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=34, suite="stage-a-test-cpu")
 
 MODEL_TARGET = PoolSpec(compression_ratios=(4, 128, 0))
 # Runtime pairs SGLang rejects, one per kind of difference.

@@ -22,7 +22,7 @@ from sglang_dsv4_guard.mori.snapshot import SendSnapshot
 from sglang_dsv4_guard.state.fixes import edits
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_transfer, new_kv_args, record
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=50, suite="stage-a-test-cpu")
 
 
 def _finding(err: Any, code: str) -> Any:

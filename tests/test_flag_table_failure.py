@@ -18,7 +18,7 @@ from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.testing import PoolSpec, build_pair
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 
 class TestFlagTableFailure(GuardTestCase):

@@ -16,7 +16,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.testing import PoolSpec, build_pair
 
-register_cpu_ci(est_time=2, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -18,7 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 import sglang_dsv4_guard
 from sglang_dsv4_guard.patching import PostImportHooks
 
-register_cpu_ci(est_time=38, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=68, suite="stage-a-test-cpu")
 
 
 def run_case(case: type[unittest.TestCase], name: str) -> unittest.TestResult:

@@ -33,7 +33,7 @@ from sglang_dsv4_guard.host.digests import MORI, digest_tree
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN, profile_for
 from sglang_dsv4_guard.host.verdict import judge, load_known
 
-register_cpu_ci(est_time=64, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=94, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 # Present, unchanged, in every release 0.5.16 - 0.5.23 (see the code digests).

@@ -16,7 +16,7 @@ from pathlib import Path
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=130, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=160, suite="stage-a-test-cpu")
 
 UTILS = "sglang.srt.disaggregation.utils.setup_state_kv_args"
 

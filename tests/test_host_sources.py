@@ -26,7 +26,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.host.digests import UTILS
 from sglang_dsv4_guard.host.verdict import HostVerdict, judge
 
-register_cpu_ci(est_time=44, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=74, suite="stage-a-test-cpu")
 
 NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
 # Installs through SGLang's loader, then says what happened.

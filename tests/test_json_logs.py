@@ -17,7 +17,7 @@ import unittest
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=12, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=42, suite="stage-a-test-cpu")
 
 SERVER = r"""
 import sys, types

@@ -30,7 +30,7 @@ from sglang_dsv4_guard.dedup import identity as launch_identity
 from sglang_dsv4_guard.dedup.identity import ENV_LAUNCH, Launch, joined_launch, process_start
 from sglang_dsv4_guard.dedup.markers import sweep
 
-register_cpu_ci(est_time=212, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=242, suite="stage-a-test-cpu")
 
 FULL_THREE = "[DSV4G001] error:"  # a line only the full report of the "three" pair has
 POINTER = re.compile(r"same report as printed in full by another process of this launch")

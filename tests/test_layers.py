@@ -13,7 +13,7 @@ from pathlib import Path
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=8, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=38, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

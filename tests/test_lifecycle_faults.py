@@ -26,7 +26,7 @@ from sglang_dsv4_guard import DSV4GuardError, DSV4GuardStartupRefused
 from sglang_dsv4_guard.entry import activate
 from sglang_dsv4_guard.testing import PoolSpec, build_pair
 
-register_cpu_ci(est_time=4, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=34, suite="stage-a-test-cpu")
 
 mori_stub.install_stub()
 import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402 - needs the stub first

@@ -9,6 +9,7 @@ import tempfile
 import threading
 import unittest
 import unittest.mock
+from concurrent.futures import CancelledError
 from pathlib import Path
 
 from helpers import GuardTestCase
@@ -18,7 +19,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.host.releases import is_supported
 from sglang_dsv4_guard.host.verdict import load_known
 
-register_cpu_ci(est_time=13, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=43, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -291,13 +292,30 @@ class TestJobPool(GuardTestCase):
         self.assertTrue(started.wait(30))  # the only worker is taken: the rest queue
         short = pool.submit(1.0, lambda: order.append("short"))  # type: ignore[arg-type,func-returns-value]
         longest = pool.submit(9.0, lambda: order.append("long"))  # type: ignore[arg-type,func-returns-value]
-        broken = pool.submit(5.0, lambda: 1 // 0)  # type: ignore[arg-type,return-value]
+        middle = pool.submit(5.0, lambda: order.append("middle"))  # type: ignore[arg-type,func-returns-value]
+        broken = pool.submit(3.0, lambda: 1 // 0)  # type: ignore[arg-type,return-value]
         gate.set()
         pool.close()
-        self.assertEqual(order, [("busy", True), "long", "short"])
-        self.assertTrue(busy.done() and short.done() and longest.done())
+        # Not the order they came in (FIFO), nor its reverse (LIFO): longest first.
+        self.assertEqual(order, [("busy", True), "long", "middle", "short"])
+        self.assertTrue(busy.done() and short.done() and longest.done() and middle.done())
         with self.assertRaises(ZeroDivisionError):
             broken.result()
+
+    def test_cancel_starts_no_queued_job(self) -> None:
+        """close(cancel=True) (an error or Ctrl-C in make test): the running job ends, no
+        queued one starts, and their results say they were cancelled."""
+        pool = matrix._Pool(1)
+        started, gate, ran = threading.Event(), threading.Event(), []
+        busy = pool.submit(1.0, lambda: ran.append(started.set() or gate.wait(30)))  # type: ignore[arg-type,func-returns-value]
+        self.assertTrue(started.wait(30))
+        queued = pool.submit(5.0, lambda: ran.append("queued"))  # type: ignore[arg-type,func-returns-value]
+        threading.Timer(0.2, gate.set).start()
+        pool.close(cancel=True)
+        self.assertEqual(ran, [True])
+        self.assertTrue(busy.done())
+        with self.assertRaises(CancelledError):
+            queued.result()
 
 
 class TestEstTimes(GuardTestCase):
@@ -309,7 +327,7 @@ class TestEstTimes(GuardTestCase):
             (root / "tests").mkdir()
             source = 'register_cpu_ci(est_time=90, suite="stage-a-test-cpu")\nX = 1\n'
             (root / "tests" / "test_a.py").write_text(source)
-            (root / "tests" / "test_b.py").write_text(source.replace("90", "3"))
+            (root / "tests" / "test_b.py").write_text(source.replace("90", "33"))
             report = root / "0.5.23-1.xml"
             report.write_text(
                 '<testsuites><testsuite>'
@@ -318,11 +336,29 @@ class TestEstTimes(GuardTestCase):
                 '<testcase classname="tests.test_b.TestB" name="test_one" time="2.5"/>'
                 '</testsuite></testsuites>')
             changed = durations.write_est_times([report], root)
-            self.assertEqual(changed, ["tests/test_a.py: est_time 90 -> 13"])
+            # the tests' seconds rounded up, plus the harness's cold start; test_b's 33
+            # (3 + 30) is already its value
+            self.assertEqual(changed, [f"tests/test_a.py: est_time 90 -> {13 + durations.COLD_START}"])
             self.assertEqual((root / "tests" / "test_a.py").read_text(),
-                             source.replace("90", "13"))
-            self.assertEqual((root / "tests" / "test_b.py").read_text(),
-                             source.replace("90", "3"))
+                             source.replace("90", str(13 + durations.COLD_START)))
+
+    def test_float_value_and_missing_registry(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            root = Path(d)
+            (root / "tests").mkdir()
+            (root / "tests" / "test_a.py").write_text("register_cpu_ci(est_time=12.5)\n")
+            (root / "tests" / "test_b.py").write_text("X = 1\n")
+            report = root / "0.5.23-1.xml"
+            report.write_text(
+                '<testsuites><testsuite>'
+                '<testcase classname="tests.test_a.TestA" name="test_one" time="1"/>'
+                '<testcase classname="tests.test_b.TestB" name="test_one" time="1"/>'
+                '</testsuite></testsuites>')
+            changed = durations.write_est_times([report], root)
+            self.assertEqual((root / "tests" / "test_a.py").read_text(),
+                             f"register_cpu_ci(est_time={1 + durations.COLD_START})\n")
+            self.assertIn("tests/test_b.py: no register_cpu_ci(est_time=...) call, left alone",
+                          changed)
 
 
 class TestHarnessParts(GuardTestCase):

@@ -21,7 +21,7 @@ from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.codes import CODES
 from sglang_dsv4_guard.lifecycle import installation
 
-register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=62, suite="stage-a-test-cpu")
 
 mori_stub.install_stub()
 import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402 - needs the stub first

@@ -23,7 +23,7 @@ from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.reporter import EXTRA_KEY
 from sglang_dsv4_guard.testing import register
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 mori_stub.install_stub()
 import sglang.srt.disaggregation.mori.conn as conn  # noqa: E402 - needs the stub first

@@ -18,7 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.testing import MAPPING_KINDS, PoolSpec, build_pair, record
 
-register_cpu_ci(est_time=14, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=44, suite="stage-a-test-cpu")
 
 ratios = st.lists(st.sampled_from([0, 0, 4, 128]), min_size=0, max_size=3).map(tuple)
 DROPPABLE = ("compression_ratios", "_unified_kv", "page_size", "sliding_window",

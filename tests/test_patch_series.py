@@ -29,7 +29,7 @@ from sglang_dsv4_guard import cli
 from sglang_dsv4_guard.host import patchset
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
 
-register_cpu_ci(est_time=16, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=46, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

@@ -14,7 +14,7 @@ from check_helpers import LLAMA, check_json, codes, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=2, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
 
 POLICY = "--disaggregation-decode-allocation-policy"
 

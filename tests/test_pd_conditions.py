@@ -23,7 +23,7 @@ from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.pd import first_contact as fc
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 
-register_cpu_ci(est_time=9, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=39, suite="stage-a-test-cpu")
 
 BASE = {"attn_tp_size": 1, "attn_cp_size": 1, "attn_dp_size": 1, "pp_size": 1,
         "page_size": 64, "kv_cache_dtype_str": "auto", "dcp_size": 1,

@@ -12,7 +12,7 @@ from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=4, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=34, suite="stage-a-test-cpu")
 
 
 def fixed_pair(model: str, prefill: str, decode: str) -> tuple[dict[str, Any], int, list[str]]:

@@ -16,7 +16,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.pools import _published
 
-register_cpu_ci(est_time=9, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=39, suite="stage-a-test-cpu")
 
 LLAMA_FP8_KV = os.path.join(DATA, "llama_fp8_kv")  # ModelOpt FP8 weights and FP8 KV cache
 # An FP8 config whose activation scheme the release's Fp8Config refuses.

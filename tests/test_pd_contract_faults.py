@@ -16,7 +16,7 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.launch import endpoint
 from sglang_dsv4_guard.pd.endpoint import Value
 
-register_cpu_ci(est_time=2, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
 
 RELEASE = sglang_release()
 READS_MASK = Version("0.5.20") <= RELEASE  # SGLANG_ENABLE_DISAGG_SAMPLING_MASK

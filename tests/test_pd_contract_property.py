@@ -34,7 +34,7 @@ from sglang_dsv4_guard.launch.gpus import page_sizes
 from sglang_dsv4_guard.launch.parse import parse_side
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
 
 FIRST_CONTACT = "decode's first contact with the prefill"  # the first-contact row's subject
 SEND_EXTRA = "DSV4G040"

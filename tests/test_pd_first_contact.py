@@ -18,7 +18,7 @@ from sglang_dsv4_guard.launch.derive import derive_side
 from sglang_dsv4_guard.launch.gpus import page_sizes
 from sglang_dsv4_guard.launch.parse import parse_side
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 DCP_RELEASE = Version("0.5.17")  # the first with DCP conditions and requires_dcp_relayout
 # The first whose resolution gives an MHA model trtllm_mha on SM100, with its page sizes

@@ -28,7 +28,7 @@ from sglang_dsv4_guard.launch.transfer import send_extra_row
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
 
-register_cpu_ci(est_time=7, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=37, suite="stage-a-test-cpu")
 
 SLICES_SWA = sglang_release() >= Version("0.5.22")  # head-sliced SWA, PP 1 only
 PLAIN = ("PD Disaggregation does NOT support PD different TP sizes for non-MLA SWA hybrid "

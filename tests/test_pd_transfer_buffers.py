@@ -24,7 +24,7 @@ from sglang_dsv4_guard.pd.buffers import (
     peer_count_log,
 )
 
-register_cpu_ci(est_time=9, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=39, suite="stage-a-test-cpu")
 
 RELEASE = sglang_release()
 READS_MASK = Version("0.5.20") <= RELEASE  # SGLANG_ENABLE_DISAGG_SAMPLING_MASK

@@ -19,7 +19,7 @@ from sglang_dsv4_guard.host.pd_digests import SITES, digest_pd_tree, locate, row
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.nixl import REGIONS, decode_kv_kinds
 
-register_cpu_ci(est_time=7, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=37, suite="stage-a-test-cpu")
 
 RELEASE = sglang_release()
 EAGLE = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "

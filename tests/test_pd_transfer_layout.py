@@ -17,7 +17,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.host.flags import flag_for_field
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 SLICES_SWA = sglang_release() >= Version("0.5.22")  # head-sliced SWA transfer
 UNIFIED = flag_for_field("enable_unified_memory") is not None

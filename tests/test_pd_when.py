@@ -12,7 +12,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE
 from sglang_dsv4_guard.pd.when import Phase, bootstrap_timeout, when_text
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 VARIABLE = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 

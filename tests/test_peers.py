@@ -29,7 +29,7 @@ from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.pd.nixl import _PHRASES
 
-register_cpu_ci(est_time=21, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=51, suite="stage-a-test-cpu")
 
 _RAW = {"nixl": vars(nixl.NixlKVManager)["_add_remote_peer"],
         "worker": vars(mooncake.MooncakeKVManager)["transfer_worker"],

@@ -14,7 +14,7 @@ from sglang_dsv4_guard import Finding, SettingError, Severity, hookimpl
 from sglang_dsv4_guard.plugins import build_plugins
 from sglang_dsv4_guard.testing import PoolSpec, Recorder, build_pair, check_pools, register
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 # Three broken third-party distributions, each with an entry point in our group.
 BROKEN = {

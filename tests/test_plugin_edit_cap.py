@@ -15,7 +15,7 @@ from sglang_dsv4_guard import Edit, Finding, Fix, FixKind, Severity, hookimpl
 from sglang_dsv4_guard.findings import LIST_CAP
 from sglang_dsv4_guard.testing import build_pair, check_pools
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 _EDITS = LIST_CAP + 4
 

@@ -15,7 +15,7 @@ from sglang_dsv4_guard import Edit, Finding, Fix, FixKind, Severity, hookimpl
 from sglang_dsv4_guard.host.flags import accepts
 from sglang_dsv4_guard.testing import build_pair, check_pools
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 _BOGUS = "--acme-no-such-sglang-flag"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=24, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=54, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "acme_guard_policy"

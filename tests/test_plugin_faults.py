@@ -25,7 +25,7 @@ from sglang_dsv4_guard.plugins import GuardPlugins, add_plugin, build_plugins
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_pools, record, register
 
-register_cpu_ci(est_time=13, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=43, suite="stage-a-test-cpu")
 
 
 class _BadRepr:

@@ -17,7 +17,7 @@ from sglang_dsv4_guard.findings import STRING_CAP
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.testing import build_pair, check_pools
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 
 class _OneFix:

@@ -12,7 +12,7 @@ from sglang_dsv4_guard import DSV4GuardError, Finding, Severity, hookimpl
 from sglang_dsv4_guard.settings import Mode, settings_from_env
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record, register
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 
 class Raising:

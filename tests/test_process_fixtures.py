@@ -26,7 +26,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record, three_mismatch_pair
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

@@ -14,7 +14,7 @@ import sglang_dsv4_guard
 from sglang_dsv4_guard.state.provenance import registered_by
 from sglang_dsv4_guard.testing import build_pair
 
-register_cpu_ci(est_time=2, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
 
 ORIGINAL = vars(DeepSeekV4TokenToKVPool)["register_mapping"]
 

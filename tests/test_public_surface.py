@@ -18,7 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 import sglang_dsv4_guard
 from sglang_dsv4_guard import hookspecs, testing
 
-register_cpu_ci(est_time=2, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
 
 TESTS = Path(__file__).resolve().parent
 PACKAGE = "sglang_dsv4_guard"

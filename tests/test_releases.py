@@ -41,7 +41,7 @@ from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN, is_supported, profile_for
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, record, three_mismatch_pair
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 MATRIX_RELEASE = "DSV4_GUARD_MATRIX_RELEASE"
 

@@ -34,7 +34,7 @@ from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.reporter import LogReporter
 from sglang_dsv4_guard.testing import build_pair, check_pools, new_kv_args, three_mismatch_pair
 
-register_cpu_ci(est_time=159, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=189, suite="stage-a-test-cpu")
 
 FULL_THREE = "[DSV4G001] error:"  # a line only the full report of the "three" pair has
 FULL_UNIFIED = "[DSV4G002] error:"

@@ -20,7 +20,7 @@ from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.samples import _Buffers
 from sglang_dsv4_guard.testing import PoolSpec, build_pair
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 _WINDOW, _DRAFT_TOKENS, _PAGE = 128, 3, 256
 

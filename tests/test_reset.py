@@ -16,7 +16,7 @@ import sglang_dsv4_guard
 from sglang_dsv4_guard import testing
 from sglang_dsv4_guard.host import verdict
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 BROKEN = json.JSONDecodeError("Expecting value", "", 0)
 

@@ -25,7 +25,7 @@ from helpers import GuardTestCase, fresh_python
 from launch_child import GUARD_ON, read
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=62, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=92, suite="stage-a-test-cpu")
 
 PROBE = r"""
 import json, logging, multiprocessing, signal, sys

@@ -21,7 +21,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.testing import PoolSpec, build_pair
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 _DSV4 = Path(__file__).parent / "data" / "deepseek_v4"
 

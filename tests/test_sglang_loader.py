@@ -8,7 +8,7 @@ import unittest
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=63, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=93, suite="stage-a-test-cpu")
 
 PROBE = r"""
 import json, logging, sys

@@ -16,7 +16,7 @@ from pathlib import Path
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "sglang_dsv4_guard"

@@ -25,7 +25,7 @@ import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Severity
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, new_kv_args, record, three_mismatch_pair
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 class TestEveryCode(GuardTestCase):
     """Each code, produced from real pool objects through the real SGLang function."""

@@ -18,7 +18,7 @@ from check_helpers import DATA, DSV3, DSV4, GPT_OSS, LLAMA, check_json, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 # DeepSeek-V4 takes EAGLE with top-k 1 (SGLang's resolution refuses NEXTN for it).
 NEXTN = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "

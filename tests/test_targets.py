@@ -21,7 +21,7 @@ from sglang_dsv4_guard.log import silenced
 from sglang_dsv4_guard.state.snapshot import change_token, snapshot_pair
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_pools
 
-register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
 _POOL_PREFIX = f"{targets.DSV4_POOL.qualname}."
 

@@ -20,7 +20,8 @@ Two ways to run, one per Makefile tier (``docs/releases.md#the-test-matrix``):
   ``--sglang-ci``, also every file on the base release under SGLang's CI harness
   (``tools/sglang_ci.py``), as more jobs of the pool.
 
-Both run the patch series (``tools/patched_tree.py``) on every release after its suite.
+Both run the patch series (``tools/patched_tree.py``) on every release: ``make matrix``
+after the release's suite, in its job; ``make test`` as jobs of their own.
 A release fails when a test fails, errors or skips (a test that cannot run is a failure
 here), when a property test that ran reported no statistics or drew fewer examples than
 asked, or when a finding code of the guard's catalogue that the release can produce was
@@ -210,10 +211,15 @@ class _Pool:
             self._lock.notify()
         return future
 
-    def close(self) -> None:
-        """No more jobs: the workers end when the queue is empty."""
+    def close(self, cancel: bool = False) -> None:
+        """No more jobs: the workers end when the queue is empty (at once with ``cancel``:
+        the queued jobs are not started, their results raise ``CancelledError``)."""
         with self._lock:
             self._closed = True
+            if cancel:
+                for *_, future in self._ready:
+                    future.cancel()
+                self._ready.clear()
             self._lock.notify_all()
         for worker in self._workers:
             worker.join()
@@ -242,6 +248,11 @@ def run_selected(releases: list[Release], base: Release, jobs: int, profile: str
     start = time.monotonic()
     shutil.rmtree(DRIVES, ignore_errors=True)
     DRIVES.mkdir(parents=True)
+    for release in releases:
+        prepare(release)  # before any job: the jobs and the selection read the trees
+        for stale in REPORTS.glob(f"{release.version}-*"):  # an earlier run's parts
+            if stale.suffix in (".xml", ".log", ".codes"):
+                stale.unlink()
     parts = _parts(jobs)
     trace_env = {"DSV4_GUARD_DRIVES_DIR": str(DRIVES), "PYTHONPATH": str(ROOT / "tools")}
     others = sorted((r for r in releases if r != base), key=lambda r: Version(r.version))
@@ -308,8 +319,10 @@ def run_selected(releases: list[Release], base: Release, jobs: int, profile: str
         for result in results:
             result.merge(patched[result.release.version].result())
         tiers["other releases, selected tests (and the patch series)"] = time.monotonic() - start
-    finally:
-        pool.close()
+    except BaseException:  # an error or Ctrl-C: no queued pytest run is started after it
+        pool.close(cancel=True)
+        raise
+    pool.close()
     codes = {r.release.version: judging.runs_codes(r) for r in results}
     for result in results:
         judging.judge_codes(result, judging.counted_codes(result, codes))
@@ -367,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         print(durations.report(sorted(REPORTS.glob("*.xml"))))
         return 0
     if args.est_times:
+        if base_version() is None:
+            parser.error("--est-times: sglang is not installed in this interpreter (make setup)")
         traced = sorted(REPORTS.glob(f"{base_version()}-[0-9]*.xml"))
         if not traced:
             parser.error(f"--est-times: no report of a traced run of {base_version()} in "

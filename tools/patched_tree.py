@@ -8,8 +8,8 @@ patched copy in ``DSV4_GUARD_PATCHED_TREE`` and the released tree in
 ``DSV4_GUARD_RELEASED_TREE`` (they load the released ``utils.py`` and ``mori/conn.py``
 from it to compare). The copy is rebuilt when the series or the release changes.
 
-``tools/matrix.py`` calls :func:`run_series` after a release's full run, so ``make
-test`` covers the patches. Alone, for a quick loop:
+``tools/matrix.py`` calls :func:`run_series` for every release (``make matrix`` after
+the release's suite; ``make test`` as a job of its own), so both cover the patches. Alone, for a quick loop:
 ``python tools/patched_tree.py --release 0.5.23 [-- PYTEST ARGS]``.
 """
 

@@ -65,6 +65,9 @@ def machine_cause(exc: BaseException, device: str) -> str | None:
     return None
 
 
+_LINES = re.compile(r"[^\n]*\n|[^\n]+")
+
+
 @functools.lru_cache(maxsize=64)
 def _tree(path: str) -> tuple[tuple[ast.stmt, ...], tuple[str, ...]] | None:
     """A source file's ``assert``, ``if`` and ``raise`` statements (by line) and its lines
@@ -78,7 +81,7 @@ def _tree(path: str) -> tuple[tuple[ast.stmt, ...], tuple[str, ...]] | None:
     checks = sorted((node for node in ast.walk(tree)
                      if isinstance(node, (ast.Assert, ast.If, ast.Raise))),
                     key=lambda node: node.lineno)
-    return tuple(checks), tuple(text.splitlines(keepends=True))
+    return tuple(checks), tuple(_LINES.findall(text))  # as the parser counts lines: at \n
 
 
 def _segment(lines: tuple[str, ...], node: ast.AST) -> str:

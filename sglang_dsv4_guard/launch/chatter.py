@@ -42,7 +42,8 @@ from typing import Any, TextIO
 from sglang_dsv4_guard.log import LOGGER_NAME
 
 __all__ = ["CAP", "IMPORT", "LOGGERS", "MIRRORED", "TRACE_LINES", "Output", "Recorder",
-           "capturing", "explaining", "mirrored", "recording", "section", "split_mirrored"]
+           "capturing", "explaining", "leaving_out", "mirrored", "recording", "section",
+           "split_mirrored"]
 
 CAP = 200  # lines kept per section
 TRACE_LINES = 30  # lines kept of one log record's traceback
@@ -113,6 +114,7 @@ class Recorder:
 _lock = threading.RLock()
 _recorders: list[Recorder] = []
 _sections: list[str] = []
+_left_out: list[str] = []  # loggers whose records are not kept (leaving_out)
 
 
 def _importing() -> bool:
@@ -183,6 +185,20 @@ def recording() -> Iterator[Recorder]:
 
 
 @contextmanager
+def leaving_out(logger: str) -> Iterator[None]:
+    """The records of ``logger`` and its children are not kept in the block (what the
+    guard's own probes make SGLang log about themselves); warnings, prints and other
+    loggers' records are kept as usual."""
+    with _lock:
+        _left_out.append(logger)
+    try:
+        yield
+    finally:
+        with _lock:
+            _left_out.remove(logger)
+
+
+@contextmanager
 def section(name: str) -> Iterator[None]:
     """Lines inside the block are ``name``'s (a server's role)."""
     with _lock:
@@ -238,6 +254,8 @@ class _Handler(logging.Handler):
     ones: the exception's own line is the last)."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if any(record.name == name or record.name.startswith(name + ".") for name in _left_out):
+            return
         try:
             text = record.getMessage()
         except Exception:  # a record whose arguments do not format: its template

@@ -18,6 +18,7 @@ this machine's (the GPU model is not known here), never the flags'.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ _CUDA = (Device("SM80 (A100)", 8, 0), Device("SM90 (H100/H200)", 9, 0),
 _MPS = (Device("an Apple GPU (MPS)", mps=True),)
 # The probes in sglang.srt.utils(.common); absent ones in a release are skipped.
 _SGLANG_PROBES = (*(name for name in _CUDA[0].answers() if "." not in name), "is_mps")
+_held = threading.RLock()  # probed() blocks: one thread's at a time (nesting is its own)
 _TORCH_PROBES = ("torch.cuda.get_device_capability", "torch.backends.mps.is_available",
                  "torch.mps.is_available")
 
@@ -121,41 +123,43 @@ def probed(device: Device | None = None) -> Iterator[list[str]]:
     original: under the probe's names in the modules loaded before the block, under any
     name in those imported during it."""
     read: list[str] = []
-    common = _utils()
-    originals = {name: getattr(common, name) for name in _SGLANG_PROBES
-                 if callable(getattr(common, name, None))}
-    stand_ins = {name: _stand_in(name, fn, read, device) for name, fn in originals.items()}
-    names = originals.keys()
-    patched: list[tuple[Any, str, Any]] = []
-    before = _sglang_modules()
-    for module in before.values():
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for attr in names & namespace.keys():
-            if namespace[attr] is originals[attr]:
-                patched.append((module, attr, originals[attr]))
-                setattr(module, attr, stand_ins[attr])
-    for name in _TORCH_PROBES:
-        owner = _torch_owner(name)
-        if owner is not None:
-            original = getattr(*owner)
-            patched.append((owner[0], owner[1], original))
-            setattr(owner[0], owner[1], _stand_in(name, original, read, device))
-    try:
-        yield read
-    finally:
-        for owner, attr, original in patched:
-            setattr(owner, attr, original)
-        ours = {id(fn): originals[name] for name, fn in stand_ins.items()}
-        for key, module in _sglang_modules().items():
-            namespace = getattr(module, "__dict__", None)
-            if not isinstance(namespace, dict):
-                continue
-            attrs = list(namespace) if before.get(key) is not module else names & namespace.keys()
-            for attr in attrs:
-                if id(namespace.get(attr)) in ours:
-                    setattr(module, attr, ours[id(namespace[attr])])
+    with _held:  # one block at a time: a second thread's would take ours for originals
+        common = _utils()
+        originals = {name: getattr(common, name) for name in _SGLANG_PROBES
+                     if callable(getattr(common, name, None))}
+        stand_ins = {name: _stand_in(name, fn, read, device) for name, fn in originals.items()}
+        names = originals.keys()
+        patched: list[tuple[Any, str, Any]] = []
+        before = _sglang_modules()
+        try:
+            for module in before.values():
+                namespace = getattr(module, "__dict__", None)
+                if not isinstance(namespace, dict):
+                    continue
+                for attr in names & namespace.keys():
+                    if namespace[attr] is originals[attr]:
+                        patched.append((module, attr, originals[attr]))
+                        setattr(module, attr, stand_ins[attr])
+            for name in _TORCH_PROBES:
+                owner = _torch_owner(name)
+                if owner is not None:
+                    original = getattr(*owner)
+                    patched.append((owner[0], owner[1], original))
+                    setattr(owner[0], owner[1], _stand_in(name, original, read, device))
+            yield read
+        finally:
+            for owner, attr, original in patched:
+                setattr(owner, attr, original)
+            ours = {id(fn): originals[name] for name, fn in stand_ins.items()}
+            for key, module in _sglang_modules().items():
+                namespace = getattr(module, "__dict__", None)
+                if not isinstance(namespace, dict):
+                    continue
+                attrs = list(namespace) if before.get(key) is not module \
+                    else names & namespace.keys()
+                for attr in attrs:
+                    if id(namespace.get(attr)) in ours:
+                        setattr(module, attr, ours[id(namespace[attr])])
 
 
 def as_devices(device: str, refusal: str,

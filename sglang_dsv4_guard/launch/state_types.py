@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_dsv4_guard.launch.chatter import recording
+from sglang_dsv4_guard.launch.chatter import leaving_out
 from sglang_dsv4_guard.launch.derive import ModelFacts, Side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, NotDerived
@@ -245,13 +245,19 @@ def _kv_manager_calls(pool: Any, draft: Any, kv_args: Any) -> None:
     utils.setup_state_kv_args(kv_args, pool, draft)
 
 
+# The loggers of SGLang's pool classes: what they say of a miniature probe pool ("KV Cache
+# is allocated ... #tokens: 64") is not the server's.
+POOL_LOGGERS = "sglang.srt.mem_cache"
+
+
 @contextmanager
 def probing(env: tuple[tuple[str, str], ...]) -> Iterator[None]:
-    """A miniature pool's build and set-up: in ``env``, offline, the guard's logger quiet,
-    and what SGLang says meanwhile kept out of ``check``'s ``sglang_output`` (the server
-    never builds this pool; and a probe is cached, so it would be said by a process's
-    first check only)."""
-    with offline_env(dict(env)), silenced(), recording():
+    """A miniature pool's build and set-up: in ``env``, offline, the guard's logger quiet.
+    What the pool classes log of it is not kept in ``check``'s ``sglang_output`` (the
+    server never builds this pool, and the probe is cached, so a process's first check
+    alone would say it); what the server's environment makes SGLang warn meanwhile
+    ("Invalid value for SGLANG_USE_HND_KVCACHE") is kept, under the server."""
+    with offline_env(dict(env)), silenced(), leaving_out(POOL_LOGGERS):
         yield
 
 
