@@ -8,6 +8,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The base release: the one matrix.txt installs in the venv itself (its line says "-").
 SGLANG_VERSION ?= $(shell awk '$$1 !~ /^#/ && $$2 == "-" {print $$1}' matrix.txt)
+ifneq ($(words $(SGLANG_VERSION)),1)
+$(error matrix.txt: exactly one release line must have "-" as its second field (the base release, installed in $(VENV)); found "$(SGLANG_VERSION)")
+endif
 STAMP := $(VENV)/.setup-$(SGLANG_VERSION)
 SETUP_LOG := .setup.log
 comma := ,

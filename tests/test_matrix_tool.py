@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import sys
 import sysconfig
 import tempfile
@@ -361,6 +362,36 @@ class TestEstTimes(GuardTestCase):
                              f"register_cpu_ci(est_time={1 + durations.COLD_START})\n")
             self.assertIn("tests/test_b.py: no register_cpu_ci(est_time=...) call, left alone",
                           changed)
+
+
+class TestRunParts(GuardTestCase):
+    """make test's and make check-fast's split of the test files into pytest runs."""
+
+    def test_more_runs_than_files_leave_none_empty(self) -> None:
+        """Every file in exactly one run, and no run without a file (pytest given no file
+        runs them all)."""
+        files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+        parts = matrix._parts(len(files) + 8)
+        self.assertTrue(all(parts))
+        self.assertEqual(sorted(f for part in parts for f in part), files)
+
+    def test_a_disabled_test_file_is_an_error(self) -> None:
+        """A tests/test_*.py registered disabled would be in no run: named, not dropped."""
+        with tempfile.TemporaryDirectory() as tmp:
+            tests = Path(tmp, "tests")
+            tests.mkdir()
+            register = "from sglang.test.ci.ci_register import register_cpu_ci\n"
+            (tests / "test_a.py").write_text(
+                register + 'register_cpu_ci(est_time=5, suite="stage-a-test-cpu")\n'
+                "import unittest\nif __name__ == '__main__':\n    unittest.main()\n")
+            (tests / "test_b.py").write_text(
+                register + 'register_cpu_ci(est_time=5, suite="stage-a-test-cpu", '
+                'disabled="flaky")\n')
+            with unittest.mock.patch.object(matrix, "ROOT", Path(tmp)), \
+                    contextlib.chdir(tmp), self.assertRaises(SystemExit) as caught:
+                matrix._parts(2)
+        self.assertIn("tests/test_b.py: registered with register_cpu_ci(..., disabled=...)",
+                      str(caught.exception))
 
 
 class TestHarnessParts(GuardTestCase):

@@ -172,7 +172,7 @@ class TestBadFindings(GuardTestCase):
         self.assert_isolated(report.findings, "BadFields")
         self.assertIn("[ACME001]", render_report(report) or "")
 
-    def test_g090_bad_finding_fields_in_check(self) -> None:
+    def test_g090_bad_finding_fields_in_check_command(self) -> None:
         """``check`` with a bad plug-in installed through a real entry point prints the
         report, no traceback."""
         source = """

@@ -3,12 +3,14 @@ release exactly where the SGLang code it drove differs, on real traces of SGLang
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
 import sys
 import tempfile
 import unittest
+import unittest.mock
 from pathlib import Path
 
 import sglang
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import release_code  # noqa: E402 - tools/ is not a package
 import selection  # noqa: E402
+import suite  # noqa: E402
 import trace_drives  # noqa: E402
 
 SGLANG = Path(sglang.__file__).resolve().parent
@@ -281,6 +284,49 @@ class TestPlacing(GuardTestCase):
             self.assertEqual(chosen.runs[release], everywhere)
             self.assertEqual(chosen.covered[release], {"tests/t.py::T::test_same": "0.5.23"})
         self.assertEqual(chosen.unplaced, ["tests/t.py::T::test_fork"])
+
+    def test_a_process_entry_that_is_not_one_fails_the_run(self) -> None:
+        """A PROCESS_TESTS entry whose traced tests started no interpreter, or that names no
+        traced test (renamed), is a problem of the run, named; an entry whose test
+        started one is not."""
+        entries = ("tests/test_mori.py::TestLazyPatch", "tests/test_renamed.py::TestGone")
+        with unittest.mock.patch.dict(selection.PROCESS_TESTS, clear=True,
+                                      **{e: suite.ProcessTest("t") for e in entries}):
+            mori = "tests/test_mori.py::TestLazyPatch::test_fresh_interpreter"
+            idle = selection.idle_process_entries({mori: selection.Trace(mori, "tests/test_mori.py")})
+            self.assertEqual(idle, [f"PROCESS_TESTS lists {entries[0]}, whose tests started no "
+                                    "Python interpreter", f"PROCESS_TESTS lists {entries[1]}, "
+                                    "which names no test"])
+            started = selection.Trace(mori, "tests/test_mori.py", children=1)
+            self.assertEqual(len(selection.idle_process_entries({mori: started})), 1)
+
+
+class TestNamedPlaces(GuardTestCase):
+    """The files and functions the selection names by hand still exist, so a rename cannot
+    silently turn off an every-release run or a part of every key."""
+
+    def test_named_files_and_functions_exist(self) -> None:
+        for test_file in (*selection.EVERY_RELEASE, selection.RUNNER_TESTS):
+            self.assertTrue((ROOT / test_file).is_file(), test_file)
+        package = ROOT / "sglang_dsv4_guard"
+        for module, function in (selection.VERDICT, *selection.SITES):
+            text = (package / module).read_text(encoding="utf-8")
+            self.assertIn(f"\ndef {function}(", text, f"{module}::{function}")
+        self.assertTrue((package / selection.SERIES).is_file(), selection.SERIES)
+        self.assertTrue((SGLANG / selection.RUNNER).is_dir(), selection.RUNNER)
+
+    def test_single_test_entries_name_one_test(self) -> None:
+        """pytest's --deselect (make check-fast) matches a node id by prefix: a PROCESS_TESTS
+        entry naming one test must not be the start of another test's name in its class."""
+        for entry in selection.PROCESS_TESTS:
+            if entry.count("::") != 2:
+                continue
+            path, cls, name = entry.split("::")
+            tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+            methods = [f.name for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls
+                       for f in c.body if isinstance(f, ast.FunctionDef)]
+            self.assertIn(name, methods, entry)
+            self.assertEqual([m for m in methods if m != name and m.startswith(name)], [], entry)
 
 
 if __name__ == "__main__":

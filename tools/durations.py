@@ -55,11 +55,12 @@ def test_seconds(paths: Iterable[Path]) -> dict[str, float]:
     return found
 
 
-def report(paths: Iterable[Path]) -> str:
-    """The slowest tests and the process tests' cost, as text."""
+def report(paths: Iterable[Path]) -> tuple[str, list[str]]:
+    """The slowest tests and the process tests' cost, as text, and the in-process tests
+    slower than :data:`SLOW` (each is a fault: made faster, or a declared process test)."""
     cases = _cases(paths)
     if not cases:
-        return "durations: no JUnit report in .matrix/reports (run make test or make matrix)"
+        return "durations: no JUnit report in .matrix/reports (run make test or make matrix)", []
     lines = [f"The 20 slowest of {len(cases)} test runs:"]
     for run, test, seconds in sorted(cases, key=lambda c: -c[2])[:20]:
         kind = "process test" if process_test(test) else "in-process"
@@ -76,7 +77,7 @@ def report(paths: Iterable[Path]) -> str:
     slow = sorted({test for _, test, seconds in cases if seconds > SLOW and not process_test(test)})
     lines.append(f"In-process tests slower than {SLOW:.0f} s: "
                  + (", ".join(slow) if slow else "none"))
-    return "\n".join(lines)
+    return "\n".join(lines), slow
 
 
 _EST_TIME = re.compile(r"(register_cpu_ci\(\s*est_time\s*=\s*)(\d+(?:\.\d*)?)")

@@ -231,7 +231,11 @@ def undeclared_process_tests(traces: Mapping[str, Trace]) -> list[str]:
 
 
 def idle_process_entries(traces: Mapping[str, Trace]) -> list[str]:
-    """The ``PROCESS_TESTS`` entries none of whose traced tests started an interpreter."""
+    """What is wrong with each ``PROCESS_TESTS`` entry that is not one: none of its traced
+    tests started an interpreter, or it names no traced test (a renamed file, class or
+    test). Either way ``make check-fast`` leaves out tests it should run."""
     used = {process_test(test) for test, trace in traces.items() if trace.children}
-    return [entry for entry in sorted(PROCESS_TESTS) if entry not in used
-            and any(process_test(test) == entry for test in traces)]
+    named = {process_test(test) for test in traces}
+    return [f"PROCESS_TESTS lists {entry}, whose tests started no Python interpreter"
+            if entry in named else f"PROCESS_TESTS lists {entry}, which names no test"
+            for entry in sorted(PROCESS_TESTS) if entry not in used]

@@ -62,10 +62,9 @@ class ProcessTest:
 # asserted in-process on every release: tests/test_process_fixtures.py).
 PROCESS_TESTS: dict[str, ProcessTest] = {
     **{f"tests/test_report_once.py::{name}": ProcessTest(_SCHEDULERS, _LOADER) for name in (
-        "TestFingerprintAndMarkers", "TestHostileMarkerDirectory", "TestAtExit",
-        "TestSpawnedSchedulers")},
+        "TestAtExit", "TestSpawnedSchedulers")},
     **{f"tests/test_launch_identity.py::{name}": ProcessTest(_SCHEDULERS, _LOADER)
-       for name in ("TestLaunchIdentityRule", "TestSweep", "TestPreStartedPool",
+       for name in ("TestLaunchIdentityRule", "TestPreStartedPool",
                     "TestTwoPidNamespaces", "TestManyStaleLaunches",
                     "TestTwoServersRunningFromOneLauncher")},
     "tests/test_sglang_loader.py::TestLoadPlugins": ProcessTest(
@@ -121,8 +120,6 @@ PROCESS_TESTS: dict[str, ProcessTest] = {
     # in-process by TestPatchesCommand everywhere).
     "tests/test_patch_series.py::TestDoctorPatchesLine": ProcessTest(
         "runs doctor in a fresh interpreter, as an operator does", _LOADER),
-    "tests/test_layers.py::TestPackageLayers": ProcessTest(
-        "runs tools/imports.py as a command"),
     "tests/test_matrix_tool.py::TestHarnessParts": ProcessTest(
         "starts SGLang's fork worker", ("test/ci/ci_register.py",
                                         "test/ci/ci_utils.py::run_unittest_files")),
@@ -137,7 +134,7 @@ PROCESS_TESTS: dict[str, ProcessTest] = {
     # Single tests of otherwise in-process classes.
     "tests/test_check_inputs.py::TestBadInput::test_no_traceback_in_a_fresh_process":
         ProcessTest("runs the check command in a fresh interpreter on bad input"),
-    "tests/test_plugin_faults.py::TestBadFindings::test_g090_bad_finding_fields_in_check":
+    "tests/test_plugin_faults.py::TestBadFindings::test_g090_bad_finding_fields_in_check_command":
         ProcessTest("runs check's child with a plug-in that builds bad findings",
                     ("srt/server_args.py",)),
     "tests/test_errors_and_inputs.py::TestMappingComparisonMemory::"
