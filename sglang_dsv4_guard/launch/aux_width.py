@@ -20,6 +20,7 @@ from __future__ import annotations
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.host.envs import env_copy, env_reading
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import NotJudged
 from sglang_dsv4_guard.host.verdict import imported_package_dir
@@ -27,8 +28,6 @@ from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import (
     CONTRIBUTORS,
-    env_copy,
-    env_reading,
     field_source,
     side_field,
 )

@@ -27,12 +27,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE, PD_QUANT_CONFIG
 from sglang_dsv4_guard.launch.contact_fixes import contact_fixes
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side, _model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, env_reading, field_source
+from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
 from sglang_dsv4_guard.launch.gpus import page_size_by_gpu
 from sglang_dsv4_guard.launch.kv_layout_env import EVERY_MACHINE, LAYOUT_ENV
 from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import env_copy
 from sglang_dsv4_guard.launch.kv_layout_env import LAYOUT_ENV
 from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.pd.endpoint import Value

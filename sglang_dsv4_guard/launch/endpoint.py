@@ -8,21 +8,17 @@ place only.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dsv4_guard.fixes import Edit
-from sglang_dsv4_guard.host.targets import ENVIRON_MODULE
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.remedy import page_size_source
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Endpoint, Value
 
-__all__ = ["CONTRIBUTORS", "NotDerived", "endpoint_of", "env_copy", "env_reading",
-           "field_source", "side_field"]
+__all__ = ["CONTRIBUTORS", "NotDerived", "endpoint_of", "field_source", "side_field"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -52,43 +48,6 @@ def field_source(side: Side, field: str, option: str) -> str:
     if side.args.resolved:
         return f"SGLang's resolution (no {option} typed: the release's default)"
     return f"the parser's default (no {option} typed; resolution did not complete)"
-
-
-def _accepted(field: Any) -> str:
-    """The spellings the field's own ``parse`` compares with (the string tuples its code
-    holds: ``EnvBool.parse``'s ``["true", "1", "yes", "y"]`` ...), '' when it holds none."""
-    code = getattr(getattr(type(field), "parse", None), "__code__", None)
-    groups = [", ".join(c) for c in (code.co_consts if code is not None else ())
-              if isinstance(c, tuple) and c and all(isinstance(x, str) for x in c)]
-    return f"; it accepts {' | '.join(groups)}" if groups else ""
-
-
-def env_reading(name: str, value: str | None) -> tuple[Any, str | None]:
-    """What the release reads for ``name=value`` (unset: its default) and, when SGLang's
-    own parse refuses the value, why: sglang/srt/environ.py ``EnvField.get`` catches the
-    field's ``parse`` ``ValueError``, warns and returns the default (every release). A
-    name SGLang does not declare is read as typed."""
-    envs = importlib.import_module(ENVIRON_MODULE)  # unscanned: SGLang's environ
-    field = vars(envs.Envs).get(name)
-    if field is None or not hasattr(field, "parse"):
-        return value, None
-    default = field.default() if callable(field.default) else field.default
-    if value is None:
-        return default, None
-    try:
-        return field.parse(value), None
-    except ValueError as exc:
-        return default, (f"SGLang's {type(field).__name__} refuses {name}={value} ({exc}): "
-                         f"it warns and reads {default} (the default){_accepted(field)}")
-
-
-def env_copy(role: str, name: str, value: str | None) -> Edit:
-    """The edit giving ``role`` what SGLang reads for ``name=value``: the value itself,
-    or unset when SGLang refuses it (it then reads its default, as unset does) — never a
-    value SGLang refuses."""
-    if value is None or env_reading(name, value)[1] is not None:
-        return Edit(role, name, remove=True, env=True)
-    return Edit(role, name, value, env=True)
 
 
 def _base(side: Side) -> dict[str, Value]:
@@ -143,4 +102,4 @@ def endpoint_of(side: Side) -> Endpoint:
                          "judged (a guard bug, please report it)")
     for name in values.get(UNKNOWN, Value((), "")).value:  # not known: left out
         values.pop(name, None)
-    return Endpoint(side.role, values, tuple(notes))
+    return Endpoint(side.role, values, tuple(notes), dict(side.args.env))

@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.launch.chatter import section
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint import env_copy
 from sglang_dsv4_guard.launch.remedy import accepted_fix
 from sglang_dsv4_guard.launch.state_types import (
     Refused,

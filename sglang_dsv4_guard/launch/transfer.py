@@ -15,6 +15,7 @@ from dataclasses import replace
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, digest_pd_tree, locate, row_releases
 from sglang_dsv4_guard.host.verdict import imported_package_dir
@@ -25,15 +26,13 @@ from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import (
     CONTRIBUTORS,
     NotDerived,
-    env_copy,
-    env_reading,
     field_source,
     side_field,
 )
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
-from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, aux_details, aux_send
-from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env, peer_count_log
+from sglang_dsv4_guard.pd.aux_count import aux_count_findings
+from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
 from sglang_dsv4_guard.pd.transfer import BACKENDS, StateVerdict, send_extra_verdicts
@@ -202,69 +201,14 @@ def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
 
 
 def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G045: metadata buffer counts that differ, with what the prefill's backend's
-    ``send_aux`` then does (run from the release's source, :mod:`..pd.aux_send`):
-    an error where it raises (0.5.20 - 0.5.22's Mooncake and NIXL loop over the decode's
-    buffers; the TCP paths send the prefill's by index), a warning where only the KV
-    checksum, the last buffer, is left out."""
-    p, d = run.prefill, run.decode
-    if not (p.has("aux_buffer_count") and d.has("aux_buffer_count")):
-        return [], []  # the endpoint's note says why the count is not known
-    local, remote = int(p.get("aux_buffer_count")), int(d.get("aux_buffer_count"))
-    if local == remote:
-        return [], []
-    backend = str(p.get("transfer_backend"))
-    package = imported_package_dir()
-    if backend not in AUX_BACKENDS or package is None:
-        return [], [f"DSV4G045: not judged: prefill {local} and decode {remote} metadata "
-                    f"buffers, and the {backend} transfer's send_aux is not one this guard "
-                    "runs" if package is not None else
-                    "DSV4G045: not judged: the imported SGLang's source was not found"]
-    try:
-        with offline_env(run.prefill_side.args.env):
-            sent = aux_send(backend, package, local, remote)
-    except NotJudged as exc:
-        return [], [f"DSV4G045 ({backend}): not judged: {exc}"]
-    checksum_only = _aux(run.prefill_side, bool(d.get("kv_checksum"))) == remote
-    try:
-        logged = peer_count_log(local, remote)
-    except AttributeError:  # a release without the check: nothing is logged
-        logged = None
-    fails = bool(sent.prefill_raised or sent.decode_raised)
-    env = run.prefill_side.args.env
-    when = (when_text(Phase.PER_REQUEST, backend, env, receiver=not sent.prefill_raised)
-            if fails else when_text(Phase.SILENT, backend, env, logged=logged is not None,
-                                    aligned=checksum_only))
-    return [Finding(
-        code="DSV4G045", severity=Severity.WARNING if checksum_only and not fails
-        else Severity.ERROR, summary=CODES["DSV4G045"].title,
-        subject=f"prefill -> decode {backend} transfer of the metadata buffers",
-        observations=tuple(e.observation(n) for n in ("aux_buffer_count", "sampling_mask_env",
-                                                        "kv_checksum") for e in (p, d)),
-        details=tuple(aux_details(local, remote, checksum_only, sent)),
-        fixes=tuple(_aux_fixes(run, checksum_only)) if run.derive else (),
-        docs=docs_url("DSV4G045"), host_message=logged or sent.prefill_raised
-        or sent.decode_raised, when=when)], []
-
-
-def _aux_fixes(run: ContractRun, checksum_only: bool) -> list[Fix]:
+    """DSV4G045 (:mod:`sglang_dsv4_guard.pd.aux_count`), in the prefill's environment,
+    with the fixes the release's parser accepts."""
+    with offline_env(run.prefill_side.args.env):
+        found, unknowns = aux_count_findings(run.prefill, run.decode, imported_package_dir())
     sides = {"prefill": run.prefill_side, "decode": run.decode_side}
-    found: list[Fix | None] = []
-    name = mask_env()
-    for src, dst in (("prefill", "decode"), ("decode", "prefill")):
-        s, t = sides[src], sides[dst]
-        if not checksum_only and s.args.env.get(name) != t.args.env.get(name):
-            edit = env_copy(dst, name, s.args.env.get(name))
-            found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s "
-                                            f"{name}", field="sampling_mask_env",
-                             edits=(edit,)))
-        flag = flag_for_field("disaggregation_enable_kv_checksum")
-        on = bool(side_field(s, "disaggregation_enable_kv_checksum"))
-        if flag is not None and on != bool(side_field(t, "disaggregation_enable_kv_checksum")):
-            found.append(Fix(FixKind.FLAGS, f"give the {dst} server the {src}'s KV checksum "
-                                            "setting", field="kv_checksum",
-                             edits=(Edit(dst, flag.option, remove=not on),)))
-    return [f for f in (accepted_fix(f, sides) for f in found) if f is not None]
+    return [replace(f, fixes=tuple(x for x in (accepted_fix(x, sides) for x in f.fixes)
+                                   if x is not None) if run.derive else ())
+            for f in found], unknowns
 
 
 def _changed(keys: tuple[str, ...], code: str) -> str | None:

@@ -31,11 +31,15 @@ class Endpoint:
     ``values`` is keyed by the name SGLang's code reads (``attn_tp_size``, ``page_size``,
     ``kv_cache_dtype_str``, ``state_types`` ...); ``notes`` says what could not be derived.
     A missing name means the value is not known for this server (never a default).
+    ``env`` is the server's environment as typed (``check``: the launch line's; at run
+    time: the live process's), ``None`` when it is not known (the peer of a run-time
+    check): a fix copies a variable only from a server whose environment is known.
     """
 
     role: str
     values: Mapping[str, Value] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
 
     def has(self, name: str) -> bool:
         """Whether ``name`` is known for this server."""
@@ -61,4 +65,4 @@ class Endpoint:
 
     def with_values(self, **values: Value) -> Endpoint:
         """A copy with ``values`` added or replaced."""
-        return Endpoint(self.role, {**self.values, **values}, self.notes)
+        return Endpoint(self.role, {**self.values, **values}, self.notes, self.env)

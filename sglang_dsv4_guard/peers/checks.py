@@ -22,8 +22,7 @@ from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.mori.checks import tp_fixes
 from sglang_dsv4_guard.mori.snapshot import SendSnapshot
-from sglang_dsv4_guard.pd.aux_send import aux_details, aux_send
-from sglang_dsv4_guard.pd.buffers import aux_buffer_count, peer_count_log
+from sglang_dsv4_guard.pd.aux_count import aux_count_findings
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.mamba_state import MAMBA_CODE, mamba_refusal
 from sglang_dsv4_guard.pd.mori_send import mori_state_refusals
@@ -195,43 +194,9 @@ def _send_extra(reg: Registration) -> tuple[list[Finding], list[str]]:
 
 
 def _aux(reg: Registration) -> tuple[list[Finding], list[str]]:
-    p, d = reg.prefill, reg.decode
-    if not (p.has("aux_buffer_count") and d.has("aux_buffer_count")):
-        return [], []
-    local, remote = int(p.get("aux_buffer_count")), int(d.get("aux_buffer_count"))
-    package = imported_package_dir()
-    if local == remote or package is None:
-        return [], []
-    try:
-        sent = aux_send(reg.backend, package, local, remote)
-    except NotJudged as exc:
-        return [], [f"DSV4G045 ({reg.backend}): not judged: {exc}"]
-    try:
-        logged = peer_count_log(local, remote)
-    except AttributeError:  # a release without the check: nothing is logged
-        logged = None
-    fails = bool(sent.prefill_raised or sent.decode_raised)
-    # Only the KV checksum's buffer (the last) differs: the prefill's own flag says which
-    # side has it, MetadataBuffers how many buffers it adds (none before 0.5.21).
-    checksum = aux_buffer_count(True, None) - aux_buffer_count(False, None)
-    checksum_only = checksum > 0 and local - remote == (
-        checksum if p.get("kv_checksum") else -checksum)
-    when = (when_text(Phase.PER_REQUEST, reg.backend, reg.env, receiver=not sent.prefill_raised)
-            if fails else when_text(Phase.SILENT, reg.backend, reg.env,
-                                    logged=logged is not None, aligned=checksum_only))
-    fix = Fix(FixKind.ADVICE, "give both servers the same SGLANG_ENABLE_DISAGG_SAMPLING_MASK "
-              "and --disaggregation-enable-kv-checksum (this prefill: "
-              f"SGLANG_ENABLE_DISAGG_SAMPLING_MASK="
-              f"{reg.env.get('SGLANG_ENABLE_DISAGG_SAMPLING_MASK', 'unset')}, KV checksum "
-              f"{'on' if p.get('kv_checksum') else 'off'})", field="aux_buffer_count")
-    return [Finding(
-        code="DSV4G045", severity=Severity.WARNING if checksum_only and not fails
-        else Severity.ERROR, summary=CODES["DSV4G045"].title,
-        subject=f"prefill -> decode {reg.backend} transfer of the metadata buffers",
-        observations=(p.observation("aux_buffer_count"), d.observation("aux_buffer_count")),
-        details=(_peer_line(reg), *aux_details(local, remote, checksum_only, sent)), fixes=(fix,),
-        docs=docs_url("DSV4G045"),
-        host_message=logged or sent.prefill_raised or sent.decode_raised, when=when)], []
+    """DSV4G045 (:mod:`sglang_dsv4_guard.pd.aux_count`), naming the peer."""
+    found, unknowns = aux_count_findings(reg.prefill, reg.decode, imported_package_dir())
+    return [_with_peer(reg, f) for f in found], unknowns
 
 
 def _mooncake_state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:

@@ -140,7 +140,7 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
             tuple(sorted(mgr["_prepared_state_components"])),
             f"{owner}._prepared_state_components on the prefill (the state components "
             "NIXL prepares: CUDA, UCX, PP, CP and DCP 1)")
-    return Endpoint("prefill", values), {**mgr, **kv}
+    return Endpoint("prefill", values, env=dict(os.environ)), {**mgr, **kv}
 
 
 def _state_geometry(values: dict[str, Value], read: dict[str, Any], source: str,
