@@ -1,0 +1,131 @@
+"""``check`` and the run-time wrappers give the same finding for a condition both can see.
+
+For each pair, ``check`` reads two launch lines; the run time is SGLang's real connector
+code: the decode's registration message built by the release's own receiver and parsed
+by its ``KVArgsRegisterInfo.from_zmq``, registered with a prefill manager in the prefill's
+environment (Mooncake's real bootstrap thread, NIXL's ``_add_remote_peer``). Each server's
+metadata buffers are counted by SGLang's own ``MetadataBuffers`` in that server's
+environment, as each server builds them. The codes, severities, ``when`` and fix edits
+must agree. What only ``check`` can see (the decode's own environment and flags) is named
+where the fixes are compared.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import unittest
+from typing import Any
+from unittest import mock
+
+import peers_real
+import sglang.srt.disaggregation.mooncake.conn as mooncake
+import sglang.srt.disaggregation.nixl.conn as nixl
+from check_helpers import GPT_OSS, check_json, server
+from helpers import GuardTestCase, guard_logs_off
+from sglang.test.ci.ci_register import register_cpu_ci
+from test_peers import bootstrap_threads, published_configs
+
+import sglang_dsv4_guard
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.lifecycle import installation
+from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
+
+register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
+
+CHECKSUM = flag_for_field("disaggregation_enable_kv_checksum")  # 0.5.21+
+Edit = tuple[str, str, Any, bool, bool]
+
+
+def _edits(fixes: list[dict[str, Any]]) -> set[Edit]:
+    return {(e["server"], e["name"], e["value"], e["remove"], e["env"])
+            for f in fixes for e in f["edits"]}
+
+
+def _environ(env: dict[str, str], name: str) -> dict[str, str]:
+    """The process environment with ``name`` as ``env`` says (unset when it is not there)."""
+    return {**{k: v for k, v in os.environ.items() if k != name}, **env}
+
+
+class TestMetadataBufferCounts(GuardTestCase):
+    """DSV4G045: the sampling-mask variable and the KV checksum flag on either server."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        published_configs(self)
+
+    def _runtime(self, backend: str, prefill_env: dict[str, str], local: int, remote: int,
+                 checksum: bool) -> list[Finding]:
+        """The findings the guard reports when a decode with ``remote`` buffers registers
+        with a prefill with ``local`` in ``prefill_env``."""
+        conn = mooncake if backend == "mooncake" else nixl
+        with mock.patch.dict(os.environ, _environ(prefill_env, mask_env()), clear=True):
+            sglang_dsv4_guard.install("on", load_entry_points=False)
+            try:
+                frames, info = peers_real.registration(conn, backend, aux=remote,
+                                                       name="sess-aux")
+                mgr = peers_real.prefill(conn, backend, aux=local)
+                mgr.server_args.disaggregation_enable_kv_checksum = checksum
+                with guard_logs_off():
+                    if backend == "mooncake":
+                        bootstrap_threads(mgr, [frames])
+                    else:
+                        nixl.NixlKVManager._add_remote_peer(mgr, info)
+                current = installation()
+                assert current is not None
+                return [f for r in current.peers.reports() for f in r.findings
+                        if f.code == "DSV4G045"]
+            finally:
+                with guard_logs_off():
+                    sglang_dsv4_guard.uninstall()
+
+    def test_check_and_registration_agree(self) -> None:
+        """Every combination of the variable and the flag on the two servers, on Mooncake
+        (and NIXL with the variable only): the same code and severity, the same ``when``;
+        each fix edit the registration offers is one ``check`` offers the decode, and,
+        where only one of the two settings differs, all of them."""
+        name = mask_env()
+        checksums = (False, True) if CHECKSUM is not None else (False,)
+        cases = [("mooncake", *c) for c in itertools.product((None, "1"), (None, "1"),
+                                                               checksums, checksums)]
+        cases += [("nixl", p, d, False, False) for p, d in ((None, "1"), ("1", None))]
+        differing = 0
+        for backend, p_mask, d_mask, p_sum, d_sum in cases:
+            with self.subTest(backend=backend, prefill_mask=p_mask, decode_mask=d_mask,
+                              prefill_checksum=p_sum, decode_checksum=d_sum):
+                envs = [{name: v} if v else {} for v in (p_mask, d_mask)]
+                counts = []
+                for env, checksum in zip(envs, (p_sum, d_sum), strict=True):
+                    with offline_env(env):
+                        counts.append(aux_buffer_count(checksum, None))
+                flags = [CHECKSUM.option if on and CHECKSUM else "" for on in (p_sum, d_sum)]
+                more = [arg for role, env in zip(("prefill", "decode"), envs, strict=True)
+                        for k, v in env.items() for arg in (f"--{role}-env", f"{k}={v}")]
+                _, doc = check_json(server("prefill", GPT_OSS, flags[0], backend=backend),
+                                    server("decode", GPT_OSS, flags[1], backend=backend), *more)
+                checked = [f for f in doc["findings"] if f["code"] == "DSV4G045"]
+                ran = self._runtime(backend, envs[0], counts[0], counts[1], p_sum)
+                self.assertEqual(len(checked), int(counts[0] != counts[1]), doc["findings"])
+                self.assertEqual([(f["code"], f["severity"], f["when"]) for f in checked],
+                                 [(f.code, f.severity.value, f.when) for f in ran])
+                if not checked:
+                    continue
+                differing += 1
+                observed = {(o["role"], o["name"]): o["value"]
+                            for o in checked[0]["observations"]}
+                self.assertEqual((observed["prefill", "aux_buffer_count"],
+                                  observed["decode", "aux_buffer_count"]), tuple(counts))
+                offered = {e for e in _edits(checked[0]["fixes"]) if e[0] == "decode"}
+                given = {(e.server, e.name, e.value, e.remove, e.env)
+                         for f in ran[0].fixes for e in f.edits}
+                self.assertTrue(given, ran[0].fixes)
+                self.assertLessEqual(given, offered)
+                if (p_mask != d_mask) != (p_sum != d_sum):
+                    self.assertEqual(given, offered)
+        self.assertGreaterEqual(differing, 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
