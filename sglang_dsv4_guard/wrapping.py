@@ -24,10 +24,12 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
+from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.dedup.markers import Seen
 from sglang_dsv4_guard.dedup.mismatch import Mismatch, sparse
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.findings import Finding, Report, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import REGISTRY_MODULE, SCHEDULER_MODULE
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.reporter import Delivery, delivering, headline, pointer
@@ -45,6 +47,7 @@ __all__ = [
     "publish",
     "publish_registration",
     "replacing",
+    "self_check",
     "upgrades",
 ]
 
@@ -176,3 +179,25 @@ def handler_prints_traceback(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def self_check(predicted: str | None, actual: str | None, role: str, snapshot: str,
+               accepted: str = "accepted") -> Finding:
+    """DSV4G099: the built-in checks predicted ``predicted`` (``None``: acceptance) where
+    SGLang said ``actual`` (``None``: it accepted). SGLang's verdict stands; the fixes
+    ask for the JSON report (what differs, for a bug report) or the guard off on that
+    server. ``snapshot``: what the guard read before SGLang's call."""
+    server = role if role in ("prefill", "decode") else "this server"
+    return Finding(
+        code="DSV4G099", severity=Severity.WARNING,
+        summary="the guard's prediction differs from SGLang's verdict; SGLang's stands",
+        subject="guard self-check",
+        details=(f"SGLang: {actual or accepted}", f"guard predicted: {predicted or 'acceptance'}"),
+        fixes=(Fix(FixKind.FLAGS, "report it with the JSON report: SGLang's verdict and the "
+                   "guard's prediction above are what differs", field="guard self-check",
+                   inputs=(snapshot,),
+                   edits=(Edit(server, "SGLANG_DSV4_GUARD_LOG_FORMAT", "json", env=True),)),
+               Fix(FixKind.FLAGS, "or turn the guard off for this server; SGLang's verdict "
+                   "does not change", field="guard self-check",
+                   edits=(Edit(server, "SGLANG_DSV4_GUARD", "0", env=True),))),
+        docs=docs_url("DSV4G099"))

@@ -218,6 +218,8 @@ class TestVerdictAndModes(GuardTestCase):
         [finding] = guarded.findings
         self.assertEqual((finding.code, finding.severity), ("DSV4G099", Severity.WARNING))
         self.assertEqual(finding.details[1], "guard predicted: acceptance")
+        self.assertEqual([(e.name, e.value) for f in finding.fixes for e in f.edits],
+                         [("SGLANG_DSV4_GUARD_LOG_FORMAT", "json"), ("SGLANG_DSV4_GUARD", "0")])
 
 
 class _Drifting(DeepSeekV4TokenToKVPool):  # type: ignore[misc]

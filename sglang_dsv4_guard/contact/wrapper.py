@@ -36,12 +36,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.contact.cached import answers_cached
 from sglang_dsv4_guard.contact.snapshot import ContactContext, snapshot_contact
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Finding, Report, Severity
-from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.host import server
 from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT, SCHEDULER_MODULE
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
@@ -54,6 +52,7 @@ from sglang_dsv4_guard.wrapping import (
     note_carrier,
     publish,
     replacing,
+    self_check,
     upgrades,
 )
 
@@ -72,17 +71,6 @@ def _backend(manager: object) -> str:
         return str(chosen)
     name = type(manager).__name__.lower()
     return name[:-len("kvmanager")] if name.endswith("kvmanager") else name
-
-
-def _discrepancy(predicted: str | None, actual: str) -> Finding:
-    return Finding(
-        code="DSV4G099", severity=Severity.WARNING,
-        summary="the guard's prediction differs from SGLang's verdict; SGLang's stands",
-        subject="guard self-check",
-        details=(f"SGLang: {actual}", f"guard predicted: {predicted or 'acceptance'}"),
-        fixes=(Fix(FixKind.FLAGS, "report it with the JSON report", field="guard self-check",
-                   edits=(Edit("decode", "SGLANG_DSV4_GUARD_LOG_FORMAT", "json", env=True),)),),
-        docs=docs_url("DSV4G099"))
 
 
 class ContactGuard:
@@ -104,7 +92,8 @@ class ContactGuard:
         ours = [f.host_message for f in findings
                 if is_builtin(f.origin) and f.severity is Severity.ERROR and f.host_message]
         if ours[:1] != [contact.message]:
-            findings.append(_discrepancy(ours[0] if ours else None, contact.message))
+            findings.append(self_check(ours[0] if ours else None, contact.message, "decode",
+                                           "the prefill's answer at first contact"))
         first = contact.message.splitlines()[0]
         return Report.of(findings, context.describe(contact.bootstrap_addr), host_error=first)
 

@@ -25,10 +25,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
-from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import CALLERS, SCHEDULER_MODULE
 from sglang_dsv4_guard.plugins import is_builtin, plugin_failure
 from sglang_dsv4_guard.reporter import Delivery
@@ -48,6 +46,7 @@ from sglang_dsv4_guard.wrapping import (
     note_on,
     our_failure,
     publish,
+    self_check,
     upgrades,
 )
 
@@ -149,25 +148,6 @@ def _prepare(rt: Runtime, sig: inspect.Signature, caller: CallSite,
     return prepare_pair(rt, bound.arguments.get("token_to_kv_pool"), draft, caller)
 
 
-def _discrepancy(predicted: str | None, actual: str | None, role: str) -> Finding:
-    server = role if role in ("prefill", "decode") else "this server"
-    return Finding(
-        code="DSV4G099", severity=Severity.WARNING,
-        summary="the guard's prediction differs from SGLang's verdict; SGLang's stands",
-        subject="guard self-check",
-        details=(f"SGLang: {actual or 'accepted the pools'}",
-                 f"guard predicted: {predicted or 'acceptance'}"),
-        fixes=(Fix(FixKind.FLAGS, "report it with the JSON report: SGLang's verdict and the "
-                   "guard's prediction above are what differs", field="guard self-check",
-                   inputs=("the guard's snapshot of the pools, before SGLang's call",),
-                   edits=(Edit(server, "SGLANG_DSV4_GUARD_LOG_FORMAT", "json", env=True),)),
-               Fix(FixKind.FLAGS, "or turn the guard off for this server; SGLang's verdict "
-                   "does not change", field="guard self-check",
-                   edits=(Edit(server, "SGLANG_DSV4_GUARD", "0", env=True),))),
-        docs=docs_url("DSV4G099"),
-    )
-
-
 def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
               sglang_own: bool = True) -> tuple[Report, bool]:
     """``sglang_own``: the host error is SGLang's own exact ``RuntimeError`` (a subclass such
@@ -179,7 +159,8 @@ def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
                                     if is_builtin(f.origin)])
     mirrored = sglang_own and host_line is not None and host_line.startswith("DSV4 ")
     if (mirrored or host_line is None) and predicted != host_line and prep.pair.predictable:
-        findings.append(_discrepancy(predicted, host_line, prep.context.role))
+        findings.append(self_check(predicted, host_line, prep.context.role, "the guard's "
+                                   "snapshot of the pools, before SGLang's call", "accepted the pools"))
     return Report.of(findings, prep.context.describe(), host_error=host_line), mirrored
 
 
