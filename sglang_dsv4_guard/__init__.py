@@ -34,6 +34,7 @@ __all__ = [
     "Mode",
     "NotASequence",
     "Observation",
+    "PairContext",
     "PoolSnapshot",
     "Registration",
     "RegistrationContext",
@@ -90,6 +91,7 @@ _LAZY = {
     "SendSnapshot": "sglang_dsv4_guard.mori.snapshot",
     "Endpoint": "sglang_dsv4_guard.pd.endpoint",
     "Value": "sglang_dsv4_guard.pd.endpoint",
+    "PairContext": "sglang_dsv4_guard.pd.endpoint",
     "Registration": "sglang_dsv4_guard.peers.snapshot",
     "RegistrationContext": "sglang_dsv4_guard.peers.snapshot",
     "hookimpl": "sglang_dsv4_guard.hookspecs",
@@ -114,7 +116,7 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.host.releases import GeometryField, HostProfile
     from sglang_dsv4_guard.lifecycle import install, is_installed, summary, uninstall
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
-    from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+    from sglang_dsv4_guard.pd.endpoint import Endpoint, PairContext, Value
     from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
     from sglang_dsv4_guard.settings import Mode, Setting, Settings
     from sglang_dsv4_guard.state.cuda_graphs import CudaGraphs

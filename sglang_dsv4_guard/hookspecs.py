@@ -32,6 +32,7 @@ import pluggy
 from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+from sglang_dsv4_guard.pd.endpoint import Endpoint, PairContext
 from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
 from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 
@@ -102,6 +103,35 @@ def sglang_dsv4_guard_check_registration(
     :return: every refusal SGLang will make for this peer, at registration or later.
     """
     raise NotImplementedError  # pragma: no cover
+
+
+@hookspec
+def sglang_dsv4_guard_check_pair(
+    prefill: Endpoint, decode: Endpoint, context: PairContext
+) -> Sequence[Finding]:
+    """A prefill/decode contract condition, judged in ``check`` and at run time alike.
+
+    Must be pure. ``check`` calls it on the endpoints two launch lines imply (in the
+    prefill's environment), before launch; at run time it is called once per new decode
+    peer, when the peer registers with a Mooncake, NIXL or MORI prefill rank, on the
+    endpoints the prefill's manager and the peer's registration give (the prefill's
+    environment is the process's own; the decode's ``env`` is ``None``: not known). A
+    value an endpoint does not hold is not known there: judge only what both hold, and
+    say what could not be judged with ``context.not_judged(line)``. ``check`` keeps a flag
+    fix only when the release's parser accepts its edits and ``check --fix`` proves it; at
+    run time fixes are shown unproven. ``docs/plugins.md`` has a complete example.
+
+    :param prefill: the prefill's values by the name SGLang's code reads, with sources.
+    :param decode: the decode's.
+    :param context: the phase (``check`` or ``registration``), the transfer backend, the
+        release profile; where unknowns go.
+    :return: every problem found.
+    """
+    raise NotImplementedError  # pragma: no cover
+
+
+#: The pair hook's name, for its callers (``check``'s contract and the registration guard).
+PAIR_HOOK = sglang_dsv4_guard_check_pair.__name__
 
 
 @hookspec

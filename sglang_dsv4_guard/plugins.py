@@ -53,6 +53,7 @@ from sglang_dsv4_guard.findings import (
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori import checks as mori_checks
+from sglang_dsv4_guard.pd import conditions as pd_conditions
 from sglang_dsv4_guard.peers import checks as peers_checks
 from sglang_dsv4_guard.reporter import LogReporter
 from sglang_dsv4_guard.state import checks as state_checks
@@ -69,6 +70,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, ModuleType], ...] = (
     ("builtin_state", state_checks),
     ("builtin_mori", mori_checks),
     ("builtin_peers", peers_checks),
+    ("builtin_pd_contract", pd_conditions),
     ("builtin_first_contact", contact_checks),
 )
 LOG_REPORTER = "builtin_log_reporter"

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.hookspecs import PAIR_HOOK
+from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.launch.allocation import allocation_row
 from sglang_dsv4_guard.launch.aux_width import aux_width_row
 from sglang_dsv4_guard.launch.chatter import section
@@ -20,15 +23,18 @@ from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint import endpoint_of
 from sglang_dsv4_guard.launch.kv_layout_env import kv_layout_env_row
 from sglang_dsv4_guard.launch.kv_setup import kv_setup_row
+from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.remedy import accepted_fix
 from sglang_dsv4_guard.launch.transfer import (
-    aux_row,
     hisparse_backend_row,
     nixl_payload_row,
     send_extra_row,
 )
 from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.pd.endpoint import PairContext
+from sglang_dsv4_guard.plugins import build_plugins
 
-__all__ = ["ROWS", "ContractRun", "contract_findings"]
+__all__ = ["ROWS", "ContractRun", "contract_findings", "pair_conditions"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -36,7 +42,7 @@ log = logging.getLogger(LOGGER_NAME)
 # name -> (run -> (findings, unknowns)). A row that cannot be judged on this release says
 # so in its unknowns; it never guesses.
 ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
-    "transfer.send_extra": send_extra_row, "transfer.aux_buffers": aux_row,
+    "transfer.send_extra": send_extra_row,
     "transfer.aux_row_widths": aux_width_row,
     "transfer.nixl_payload": nixl_payload_row, "transfer.hisparse_backend": hisparse_backend_row,
     "start-up.dsv4_kv_layout": kv_layout_env_row, "start-up.kv_setup": kv_setup_row,
@@ -44,8 +50,8 @@ ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
 }
 
 
-def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = True
-                      ) -> tuple[list[Finding], list[str]]:
+def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = True,
+                      profile: HostProfile | None = None) -> tuple[list[Finding], list[str]]:
     """Every row's findings and unknowns for the pair. What SGLang says while one server's
     values are derived (its own pools' log lines, its environment's parse warnings)
     is that server's (:func:`~.chatter.section`); what it says while a row compares the
@@ -68,5 +74,21 @@ def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = 
             continue
         findings.extend(found)
         unknowns.extend(unknown)
-    return findings, unknowns
+    found, unknown = pair_conditions(run, profile)
+    return findings + found, unknowns + unknown
+
+
+def pair_conditions(run: ContractRun, profile: HostProfile | None = None
+                    ) -> tuple[list[Finding], list[str]]:
+    """The contract conditions of the pair hook (the built-in ones, ``pd/conditions.py``,
+    and every plug-in's), in the prefill's environment, as at run time; each flag fix kept
+    only when the release's parser accepts its edits (``--fix`` then proves it)."""
+    context = PairContext("check", str(run.prefill.get("transfer_backend")), profile)
+    with offline_env(run.prefill_side.args.env):
+        found = build_plugins().collect(PAIR_HOOK, {
+            "prefill": run.prefill, "decode": run.decode, "context": context})
+    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
+    return [replace(f, fixes=tuple(x for x in (accepted_fix(x, sides) for x in f.fixes)
+                                   if x is not None) if run.derive else ())
+            for f in found], list(context.unknowns)
 

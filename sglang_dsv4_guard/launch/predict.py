@@ -269,7 +269,8 @@ def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, st
     if prefill.transfer_backend == decode.transfer_backend == "mori":
         findings.extend(_mori(prefill, decode, profile))
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
-    contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive)
+    contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive,
+                                                    profile)
     # The first-contact row judges page sizes: where it raised, its error replaces this
     # warning; where a server's resolution did not complete, its page size is not known
     # (the row's unknowns line says DSV4G022 was not judged), so no warning is built on it.

@@ -31,14 +31,13 @@ from sglang_dsv4_guard.launch.endpoint import (
 )
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
-from sglang_dsv4_guard.pd.aux_count import aux_count_findings
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
 from sglang_dsv4_guard.pd.transfer import BACKENDS, StateVerdict, send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["SAMPLING_MASK", "aux_row", "hisparse_backend_row", "nixl_payload_row",
+__all__ = ["SAMPLING_MASK", "hisparse_backend_row", "nixl_payload_row",
            "send_extra_row"]
 
 del _state_types, _swa_layout
@@ -198,17 +197,6 @@ def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     findings = [_send_extra_finding(run, backend, v) for v in merged.values()
                 if not (v.code == "DSV4G041" and skip_minimax)]
     return findings, unknowns
-
-
-def aux_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G045 (:mod:`sglang_dsv4_guard.pd.aux_count`), in the prefill's environment,
-    with the fixes the release's parser accepts."""
-    with offline_env(run.prefill_side.args.env):
-        found, unknowns = aux_count_findings(run.prefill, run.decode, imported_package_dir())
-    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
-    return [replace(f, fixes=tuple(x for x in (accepted_fix(x, sides) for x in f.fixes)
-                                   if x is not None) if run.derive else ())
-            for f in found], unknowns
 
 
 def _changed(keys: tuple[str, ...], code: str) -> str | None:

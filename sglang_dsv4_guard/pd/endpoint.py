@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_dsv4_guard.findings import Observation
+from sglang_dsv4_guard.host.releases import HostProfile
 
-__all__ = ["UNKNOWN", "Endpoint", "Value"]
+__all__ = ["PHASES", "UNKNOWN", "Endpoint", "PairContext", "Value"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
@@ -66,3 +67,26 @@ class Endpoint:
     def with_values(self, **values: Value) -> Endpoint:
         """A copy with ``values`` added or replaced."""
         return Endpoint(self.role, {**self.values, **values}, self.notes, self.env)
+
+
+#: Where a pair is judged: ``check`` (two launch lines, before launch) or
+#: ``registration`` (a decode peer registering with a live prefill rank).
+PHASES = ("check", "registration")
+
+
+@dataclass(frozen=True)
+class PairContext:
+    """Where a prefill/decode condition runs (``phase``, one of :data:`PHASES`), on which
+    transfer backend and release profile (``None``: not judged), and what it could not
+    judge: a condition calls :meth:`not_judged` with one line naming its code, the value
+    and why (``check`` prints them as ``unknowns``; never an error)."""
+
+    phase: str
+    backend: str
+    profile: HostProfile | None = None
+    unknowns: list[str] = field(default_factory=list)
+
+    def not_judged(self, line: str) -> None:
+        """Record that a condition could not be judged here, and why."""
+        self.unknowns.append(str(line))
+

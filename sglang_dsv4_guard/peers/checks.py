@@ -22,7 +22,6 @@ from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.mori.checks import tp_fixes
 from sglang_dsv4_guard.mori.snapshot import SendSnapshot
-from sglang_dsv4_guard.pd.aux_count import aux_count_findings
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.mamba_state import MAMBA_CODE, mamba_refusal
 from sglang_dsv4_guard.pd.mori_send import mori_state_refusals
@@ -36,7 +35,7 @@ from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
 
-__all__ = ["registration_findings", "sglang_dsv4_guard_check_registration"]
+__all__ = ["registration_findings", "sglang_dsv4_guard_check_registration", "with_peer"]
 
 
 def _peer_line(reg: Registration) -> str:
@@ -193,12 +192,6 @@ def _send_extra(reg: Registration) -> tuple[list[Finding], list[str]]:
         for v in verdicts if not (v.code == "DSV4G041" and first)], unknowns
 
 
-def _aux(reg: Registration) -> tuple[list[Finding], list[str]]:
-    """DSV4G045 (:mod:`sglang_dsv4_guard.pd.aux_count`), naming the peer."""
-    found, unknowns = aux_count_findings(reg.prefill, reg.decode, imported_package_dir())
-    return [_with_peer(reg, f) for f in found], unknowns
-
-
 def _mooncake_state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
     """Mooncake's own state-layout verdict on the peer (DSV4G050, 0.5.22+)."""
     reason, unknown = state_layout_refusal(reg.prefill, reg.decode, reg.peer)
@@ -228,7 +221,7 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     relayout, unknowns = ([], []) if not _relayouts(reg) else relayout_findings(
         reg.prefill, reg.decode, release, reg.env)
     if relayout:
-        return [_with_peer(reg, f) for f in relayout], unknowns
+        return [with_peer(reg, f) for f in relayout], unknowns
     found: list[Finding] = []
     if reg.backend == "nixl" and _known(reg.decode, "kv_mem_kinds"):
         found += _payload(reg)
@@ -241,10 +234,9 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
         extra += _mori_state(reg)
     mamba, notes = _mamba(reg)
     extra, more = extra + mamba, more + notes
-    aux, most = _aux(reg)
     # NIXL prepares the state only once the payload was prepared (a refusal there ends it).
     state, rest = _nixl_state_layout(reg) if reg.backend == "nixl" and not found else ([], [])
-    return found + extra + aux + state, unknowns + more + most + rest
+    return found + extra + state, unknowns + more + rest
 
 
 def _relayouts(reg: Registration) -> bool:
@@ -260,7 +252,8 @@ def _known(endpoint: Endpoint, name: str) -> bool:
     return endpoint.has(name)
 
 
-def _with_peer(reg: Registration, finding: Finding) -> Finding:
+def with_peer(reg: Registration, finding: Finding) -> Finding:
+    """``finding`` with the registering peer named first in its details."""
     return Finding(**{**finding.__dict__, "details": (_peer_line(reg), *finding.details)})
 
 
@@ -268,7 +261,7 @@ def _with_peer(reg: Registration, finding: Finding) -> Finding:
 @hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_registration(registration: Registration,
                                          context: RegistrationContext) -> list[Finding]:
-    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 045, 046, 050,
+    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 046, 050,
     055-058."""
     del context
     return registration_findings(registration)[0]

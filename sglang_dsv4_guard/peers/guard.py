@@ -23,10 +23,14 @@ from typing import Any
 from sglang_dsv4_guard.dedup.mismatch import Mismatch
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
+from sglang_dsv4_guard.hookspecs import PAIR_HOOK
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.pd.endpoint import PairContext
+from sglang_dsv4_guard.pd.relayout import CODE as RELAYOUT_CODE
 from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.peers.checks import with_peer
 from sglang_dsv4_guard.peers.snapshot import (
     TIMEOUT_ENV,
     Registration,
@@ -43,6 +47,7 @@ __all__ = ["PeerGuard", "checked", "is_new_peer", "is_prefill", "judged", "timeo
 logger = logging.getLogger(LOGGER_NAME)
 
 _HOOK = "sglang_dsv4_guard_check_registration"
+
 MismatchKey = tuple[str, tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...]]
 
 
@@ -84,6 +89,10 @@ class PeerGuard:
         reg = snapshot_registration(backend, manager, info)
         context = RegistrationContext(self.rt.profile, self.rt.settings.mode.value.value)
         findings = self.rt.plugins.collect(_HOOK, {"registration": reg, "context": context})
+        if not any(f.code == RELAYOUT_CODE for f in findings):  # SGLang registered the peer
+            pair = PairContext("registration", backend, self.rt.profile)
+            findings += [with_peer(reg, f) for f in self.rt.plugins.collect(
+                PAIR_HOOK, {"prefill": reg.prefill, "decode": reg.decode, "context": pair})]
         if not findings:
             return None
         report = Report.of(findings, {"function": f"{type(manager).__name__} registration",

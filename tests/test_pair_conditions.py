@@ -1,0 +1,167 @@
+"""A third party's prefill/decode condition (``sglang_dsv4_guard_check_pair``) runs in
+``check`` and at run time alike, with the same finding; what it cannot judge is an
+``unknowns`` line; one that raises is its own DSV4G090, and the check goes on."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import unittest
+from typing import Any, ClassVar
+from unittest import mock
+
+import peers_real
+import sglang.srt.disaggregation.nixl.conn as nixl
+from check_helpers import GPT_OSS, check_json, server
+from helpers import GuardTestCase, guard_logs_off
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_dsv4_guard import (
+    Edit,
+    Endpoint,
+    Finding,
+    Fix,
+    FixKind,
+    PairContext,
+    Severity,
+    hookimpl,
+)
+from sglang_dsv4_guard.lifecycle import installation
+from sglang_dsv4_guard.testing import register
+
+register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
+
+
+class MooncakeOnly:
+    """docs/plugins.md's example: the fleet's pairs transfer over Mooncake."""
+
+    phases: ClassVar[list[str]] = []
+
+    @hookimpl
+    def sglang_dsv4_guard_check_pair(self, prefill: Endpoint, decode: Endpoint,
+                                     context: PairContext) -> list[Finding]:
+        self.phases.append(context.phase)
+        if not prefill.has("transfer_backend"):
+            context.not_judged("ACME002: not judged: the prefill's transfer backend is not known")
+            return []
+        if prefill.get("transfer_backend") == "mooncake":
+            return []
+        return [Finding(
+            code="ACME002", severity=Severity.WARNING,
+            summary="the pair does not transfer over the fleet's Mooncake",
+            subject="prefill -> decode transfer backend",
+            observations=(prefill.observation("transfer_backend"),
+                          decode.observation("transfer_backend")),
+            fixes=(Fix(FixKind.FLAGS, "run both servers on Mooncake", field="transfer_backend",
+                       edits=tuple(Edit(role, "--disaggregation-transfer-backend", "mooncake")
+                                   for role in ("prefill", "decode"))),),
+        )]
+
+
+class CannotJudge:
+    """A condition that can never be judged here."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_pair(self, prefill: Endpoint, decode: Endpoint,
+                                     context: PairContext) -> list[Finding]:
+        context.not_judged(f"ACME003 ({context.phase}): not judged: no fleet inventory here")
+        return []
+
+
+class Raising:
+    """A hostile condition."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_pair(self, prefill: Endpoint, decode: Endpoint,
+                                     context: PairContext) -> list[Finding]:
+        raise ZeroDivisionError("acme")
+
+
+PLUGINS = {"mooncake_only": MooncakeOnly(), "cannot_judge": CannotJudge(), "raising": Raising()}
+
+
+def _check(backend: str, *names: str) -> dict[str, Any]:
+    """``check --format json`` of a GPT-OSS pair on ``backend``, with the plug-ins ``names``
+    installed as entry points, as an operator installs them."""
+    points = [importlib.metadata.EntryPoint(name, f"{__name__}:PLUGINS", "sglang_dsv4_guard")
+              for name in names]
+    loaded = {name: PLUGINS[name] for name in names}
+
+    def load(self: importlib.metadata.EntryPoint) -> Any:
+        return loaded[self.name]
+
+    real = importlib.metadata.entry_points
+
+    def entry_points(**kw: Any) -> Any:
+        return points if kw.get("group") == "sglang_dsv4_guard" else real(**kw)
+
+    with mock.patch("importlib.metadata.entry_points", entry_points), \
+            mock.patch.object(importlib.metadata.EntryPoint, "load", load):
+        return check_json(server("prefill", GPT_OSS, backend=backend),
+                          server("decode", GPT_OSS, backend=backend))[1]
+
+
+def _edits(fixes: Any) -> set[tuple[str, str, Any, bool, bool]]:
+    return {(e["server"], e["name"], e["value"], e["remove"], e["env"]) if isinstance(e, dict)
+            else (e.server, e.name, e.value, e.remove, e.env)
+            for f in fixes for e in (f["edits"] if isinstance(f, dict) else f.edits)}
+
+
+class TestPairConditions(GuardTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        MooncakeOnly.phases.clear()
+
+    def _registered(self, *plugins: object) -> list[Finding]:
+        """The findings when a NIXL decode peer registers with a NIXL prefill (same
+        attention TP: SGLang accepts it), the plug-ins registered."""
+        self.install_guard("on", load_entry_points=False)
+        register(*plugins)
+        _, info = peers_real.registration(nixl, "nixl", tp=1)
+        mgr = peers_real.prefill(nixl, "nixl", tp=1)
+        with guard_logs_off():
+            nixl.NixlKVManager._add_remote_peer(mgr, info)
+        current = installation()
+        assert current is not None
+        return [f for r in current.peers.reports() for f in r.findings]
+
+    def test_the_same_finding_in_check_and_at_registration(self) -> None:
+        """On NIXL: ACME002 in check and when a peer registers, with the same severity,
+        observed values and fix edits; the fix survives check's parser filter. On
+        Mooncake: none in check."""
+        checked = [f for f in _check("nixl", "mooncake_only")["findings"]
+                   if f["code"] == "ACME002"]
+        ran = [f for f in self._registered(PLUGINS["mooncake_only"]) if f.code == "ACME002"]
+        self.assertEqual(MooncakeOnly.phases, ["check", "registration"])
+        self.assertEqual(len(checked), 1)
+        self.assertEqual([(f["code"], f["severity"]) for f in checked],
+                         [(f.code, f.severity.value) for f in ran])
+        self.assertEqual([(o["role"], o["value"]) for o in checked[0]["observations"]],
+                         [(o.role, o.value) for o in ran[0].observations])
+        expected = {(role, "--disaggregation-transfer-backend", "mooncake", False, False)
+                    for role in ("prefill", "decode")}
+        self.assertEqual(_edits(checked[0]["fixes"]), expected)
+        self.assertEqual(_edits(ran[0].fixes), expected)
+        self.assertIn("decode peer", ran[0].details[0])  # the registering peer is named
+        self.assertEqual([f for f in _check("mooncake", "mooncake_only")["findings"]
+                          if f["code"] == "ACME002"], [])
+
+    def test_not_judged_is_an_unknowns_line(self) -> None:
+        """What a condition cannot judge is one of check's unknowns lines, never a finding."""
+        doc = _check("nixl", "cannot_judge")
+        self.assertIn("ACME003 (check): not judged: no fleet inventory here", doc["unknowns"])
+        self.assertNotIn("ACME003", [f["code"] for f in doc["findings"]])
+
+    def test_a_raising_condition_is_its_own_g090(self) -> None:
+        """A condition that raises is a DSV4G090 naming it, in check and at registration;
+        the built-in conditions and the other plug-ins still run."""
+        doc = _check("nixl", "raising", "mooncake_only")
+        codes = [f["code"] for f in doc["findings"]]
+        self.assertIn("DSV4G090", codes)
+        self.assertIn("ACME002", codes)
+        ran = [f.code for f in self._registered(PLUGINS["raising"], PLUGINS["mooncake_only"])]
+        self.assertIn("DSV4G090", ran)
+        self.assertIn("ACME002", ran)
+
+
+if __name__ == "__main__":
+    unittest.main()
