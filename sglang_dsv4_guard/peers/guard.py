@@ -47,7 +47,6 @@ __all__ = ["PeerGuard", "checked", "is_new_peer", "is_prefill", "judged", "timeo
 logger = logging.getLogger(LOGGER_NAME)
 
 _HOOK = "sglang_dsv4_guard_check_registration"
-
 MismatchKey = tuple[str, tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...]]
 
 
