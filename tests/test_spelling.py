@@ -29,7 +29,6 @@ FINGERPRINT_MEANS_A_REPORT = {
     "sglang_dsv4_guard/mori/wrapper.py": "the G006 summary names its report's fingerprint",
     "sglang_dsv4_guard/peers/guard.py": "its summary and count lines name the report's fingerprint",
     "sglang_dsv4_guard/state/snapshot.py": "the role keeps two sides' fingerprints apart",
-    "tools/suite.py": "names test_report_once's TestFingerprintAndMarkers",
 }
 
 # Modules that name SGLang's modules themselves, each with why. Docstrings are prose and
