@@ -364,28 +364,38 @@ class TestEstTimes(GuardTestCase):
                           changed)
 
 
+_REGISTER = "from sglang.test.ci.ci_register import register_cpu_ci\n"
+
+
+def _test_files(root: Path, *names: str) -> list[str]:
+    """Test files under ``root/tests`` as SGLang's harness accepts them; their paths."""
+    (root / "tests").mkdir(exist_ok=True)
+    for name in names:
+        (root / "tests" / name).write_text(
+            _REGISTER + 'register_cpu_ci(est_time=5, suite="stage-a-test-cpu")\n'
+            "import unittest\nif __name__ == '__main__':\n    unittest.main()\n")
+    return [f"tests/{name}" for name in names]
+
+
 class TestRunParts(GuardTestCase):
     """make test's and make check-fast's split of the test files into pytest runs."""
 
     def test_more_runs_than_files_leave_none_empty(self) -> None:
         """Every file in exactly one run, and no run without a file (pytest given no file
-        runs them all)."""
-        files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
-        parts = matrix._parts(len(files) + 8)
-        self.assertTrue(all(parts))
-        self.assertEqual(sorted(f for part in parts for f in part), files)
+        runs them all): three files in eight runs."""
+        with tempfile.TemporaryDirectory() as tmp:
+            names = _test_files(Path(tmp), "test_a.py", "test_b.py", "test_c.py")
+            with unittest.mock.patch.object(matrix, "ROOT", Path(tmp)), contextlib.chdir(tmp):
+                parts = matrix._parts(8)
+        self.assertEqual(len(parts), 3)
+        self.assertEqual(sorted(f for part in parts for f in part), names)
 
     def test_a_disabled_test_file_is_an_error(self) -> None:
         """A tests/test_*.py registered disabled would be in no run: named, not dropped."""
         with tempfile.TemporaryDirectory() as tmp:
-            tests = Path(tmp, "tests")
-            tests.mkdir()
-            register = "from sglang.test.ci.ci_register import register_cpu_ci\n"
-            (tests / "test_a.py").write_text(
-                register + 'register_cpu_ci(est_time=5, suite="stage-a-test-cpu")\n'
-                "import unittest\nif __name__ == '__main__':\n    unittest.main()\n")
-            (tests / "test_b.py").write_text(
-                register + 'register_cpu_ci(est_time=5, suite="stage-a-test-cpu", '
+            _test_files(Path(tmp), "test_a.py")
+            (Path(tmp, "tests") / "test_b.py").write_text(
+                _REGISTER + 'register_cpu_ci(est_time=5, suite="stage-a-test-cpu", '
                 'disabled="flaky")\n')
             with unittest.mock.patch.object(matrix, "ROOT", Path(tmp)), \
                     contextlib.chdir(tmp), self.assertRaises(SystemExit) as caught:
