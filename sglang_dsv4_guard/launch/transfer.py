@@ -44,10 +44,9 @@ del _state_types, _swa_layout
 SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
 
-def _aux(side: Side, checksum: bool | None = None) -> int:
+def _aux(side: Side) -> int:
     with offline_env(side.args.env):
-        return aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum"))
-                                if checksum is None else checksum,
+        return aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum")),
                                 side_field(side, "sampling_mask_max_tokens"))
 
 
