@@ -94,7 +94,7 @@ _LAZY = {
     "PairContext": "sglang_dsv4_guard.pd.endpoint",
     "Registration": "sglang_dsv4_guard.peers.snapshot",
     "RegistrationContext": "sglang_dsv4_guard.peers.snapshot",
-    "hookimpl": "sglang_dsv4_guard.hookspecs",
+    "hookimpl": "sglang_dsv4_guard.hookmarkers",
     "install": "sglang_dsv4_guard.lifecycle",
     "is_installed": "sglang_dsv4_guard.lifecycle",
     "summary": "sglang_dsv4_guard.lifecycle",
@@ -112,7 +112,7 @@ if TYPE_CHECKING:
     )
     from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
     from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-    from sglang_dsv4_guard.hookspecs import hookimpl
+    from sglang_dsv4_guard.hookmarkers import hookimpl
     from sglang_dsv4_guard.host.releases import GeometryField, HostProfile
     from sglang_dsv4_guard.lifecycle import install, is_installed, summary, uninstall
     from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot

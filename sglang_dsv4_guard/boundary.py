@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.findings import (
     LIST_CAP,
     STRING_CAP,
@@ -33,7 +34,63 @@ from sglang_dsv4_guard.findings import (
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host import flags
 
-__all__ = ["clean_finding", "raised_text", "safe_text"]
+__all__ = ["BUILTIN_NAMES", "LOG_REPORTER", "clean_finding", "is_builtin", "plugin_failure",
+           "raised_text", "safe_text"]
+
+
+# The names of the built-in hook implementations, in the order the plug-in manager
+# registers them (first, as ordinary plug-ins: in pluggy's order they run after
+# third-party ones), then the log reporter's. The modules are paired with them where the
+# guard is assembled (assembly.BUILTIN_PLUGINS), above every wrapped place: the wrappers
+# tell their own plug-ins from others' here, without reaching their checks.
+BUILTIN_NAMES = ("builtin_autoshare", "builtin_state", "builtin_mori", "builtin_peers",
+                 "builtin_pd_contract", "builtin_first_contact")
+LOG_REPORTER = "builtin_log_reporter"
+_BUILTIN_NAMES = frozenset(BUILTIN_NAMES) | {LOG_REPORTER}
+
+_NEVER_BLOCKS = "a plug-in's failure never blocks, in strict mode either"
+_UNAFFECTED = "SGLang's verdict is not affected; " + _NEVER_BLOCKS
+_CONSEQUENCE = {
+    "load": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "register": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "validate": "the guard runs without this plug-in; " + _UNAFFECTED,
+    "finding": "this finding is left out, the plug-in's other findings are kept; "
+               + _UNAFFECTED,
+    "sglang_dsv4_guard_remediate_state":
+        "the guard went on without its result; a remediation may have changed the pools "
+        "before it failed (the guard re-reads them when they changed); " + _NEVER_BLOCKS,
+    "changed": "the guard re-read the pools, so the checks see them as SGLang does; "
+               + _NEVER_BLOCKS,
+    "sglang_dsv4_guard_report": "the other reporters still received the report; "
+                                + _UNAFFECTED,
+}
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is one of the guard's own plug-ins."""
+    return name in _BUILTIN_NAMES
+
+
+def plugin_failure(name: str, stage: str, problem: str, effect: str | None = None) -> Finding:
+    """The finding for a plug-in that could not load, raised, or returned garbage.
+
+    ``effect`` picks the consequence line (default: the one for ``stage``).
+    """
+    return Finding(
+        code="DSV4G090",
+        severity=Severity.WARNING,
+        summary=f"guard plug-in {name!r} failed ({stage}); the guard went on without it",
+        subject=f"plug-in {name}",
+        details=(problem, _CONSEQUENCE.get(effect or stage, "its findings are missing from "
+                                                             "this report; " + _UNAFFECTED)),
+        fixes=(Fix(FixKind.CODE, f"fix or uninstall the plug-in {name!r} (entry-point group "
+                   "sglang_dsv4_guard); the guard runs without it until then",
+                   field=f"plug-in {name}",
+                   inputs=(f"the plug-in {name!r} (entry-point group sglang_dsv4_guard), at "
+                           f"{stage}",)),),
+        docs=docs_url("DSV4G090"),
+        origin=name,
+    )
 
 
 def safe_text(show: Callable[[Any], Any], obj: object, limit: int = 300) -> str:

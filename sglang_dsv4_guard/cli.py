@@ -158,7 +158,7 @@ def _load_plugins_quietly() -> tuple[GuardPlugins, str]:
     doctor's. ``KeyboardInterrupt`` is the operator's and propagates.
     """
     # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.plugins import build_plugins
+    from sglang_dsv4_guard.assembly import build_plugins
 
     captured = io.StringIO()
     with silenced(), contextlib.redirect_stdout(captured), \
@@ -171,7 +171,7 @@ def _other_plugins_hooks() -> bool:
     if not _importable(REGISTRY_MODULE):
         return True
     # deferred: doctor only, with SGLang's registry; each command loads only what it uses
-    from sglang_dsv4_guard.host.registry import effect, other_plugins_hooks
+    from sglang_dsv4_guard.hook_registry import effect, other_plugins_hooks
 
     records, failures = other_plugins_hooks()
     ok = True

@@ -153,11 +153,13 @@ CODES: dict[str, CodeInfo] = {
             "model across different attention-TP sizes. SGLang finds this per request, "
             "in the transfer thread; the guard reports it when the decode peer registers.",
             (
-                "derived from each server's layout, keeping its GPU count when it can: under "
-                "--enable-dp-attention a --dp-size edit (attention TP = --tp-size / --dp-size), "
-                "else --tp-size; at run time the decode's layout is unknown, so its fix names "
-                "both forms without an edit; no release from 0.5.16 to 0.5.23 transfers the "
-                "non-MLA 'swa' state across TP",
+                "derived from each server's layout (attention TP = --tp-size / (attention "
+                "DP x attention CP)), the same in check and at run time: first a new "
+                "attention-DP size, which keeps the server's GPU count (--attn-dp-size from "
+                "0.5.22, --dp-size with --enable-dp-attention before), then a --tp-size "
+                "edit, said to change it; at run time the decode's layout is unknown, so its "
+                "fix names both forms without an edit; no release from 0.5.16 to 0.5.23 "
+                "transfers the non-MLA 'swa' state across TP",
             ),
         ),
         CodeInfo(

@@ -1,6 +1,6 @@
 """The composition root: ``install()`` / ``uninstall()`` / ``is_installed()``, idempotent
 both ways, and ``summary()`` (a runtime that is not installed, for ``check`` and tests, is
-:func:`sglang_dsv4_guard.runtime.standalone_runtime`).
+:func:`sglang_dsv4_guard.assembly.standalone_runtime`).
 
 ``install`` judges the imported SGLang by its code (:mod:`sglang_dsv4_guard.host.verdict`)
 before patching, builds the runtime (settings, plug-in manager, release profile), hands it
@@ -24,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.contact.wrapper import CONTACT_MODULE, contact_patcher
 from sglang_dsv4_guard.dedup.markers import cleanup_at_exit
 from sglang_dsv4_guard.errors import DSV4GuardInstallError
-from sglang_dsv4_guard.host.registry import (
+from sglang_dsv4_guard.hook_registry import (
     StateHook,
     loader_is_running,
     register_state_hook,
@@ -39,7 +40,7 @@ from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, restore
 from sglang_dsv4_guard.peers.wrapper import CONNECTORS, PeerGuard, mori_registration
-from sglang_dsv4_guard.plugins import build_plugins
+from sglang_dsv4_guard.plugins import GuardPlugins
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import Mode, Settings, settings_for
 from sglang_dsv4_guard.state import provenance
@@ -65,6 +66,7 @@ class Installation:
     mori: MoriGuard
     hooks: PostImportHooks
     peers: PeerGuard
+    plugins: GuardPlugins  # the runtime's Hooks, as the manager they are (to register on)
     patches: list[AppliedPatch] = field(default_factory=list)
     undo: Undo = field(default=nothing_to_undo)
     ready: bool = False  # True once install() has returned it
@@ -179,7 +181,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
 def install_from_sglang_loader(settings: Settings) -> Undo:
     """The entry point's install: while SGLang's ``load_plugins()`` runs the guard, register
     an ``AROUND`` hook with SGLang's ``HookRegistry`` instead of patching (see
-    :mod:`sglang_dsv4_guard.host.registry`); otherwise (the registry would never apply the
+    :mod:`sglang_dsv4_guard.hook_registry`); otherwise (the registry would never apply the
     hook) patch as :func:`install` does. A guard already installed by patching with the same
     settings stays so, and its place in the chain is checked after ``apply_hooks()``."""
     running = loader_is_running()
@@ -228,11 +230,11 @@ def _install(chosen: Settings, load_entry_points: bool,
                        str(STATE))
     current: Installation | None = None
     try:
-        runtime = Runtime(chosen, build_plugins(load_entry_points, chosen.log_format.value),
-                          host.profile())
+        plugins = build_plugins(load_entry_points, chosen.log_format.value)
+        runtime = Runtime(chosen, plugins, host.profile())
         peers = PeerGuard(runtime)
         current = Installation(runtime, MoriGuard(runtime, mori_registration(peers)),
-                               PostImportHooks(), peers)
+                               PostImportHooks(), peers, plugins)
         current.undo = _undo_for(current)
         if via_sglang_registry:
             current.host_hook = register_state_hook(

@@ -41,90 +41,31 @@ from typing import Any
 import pluggy
 
 from sglang_dsv4_guard import hookspecs
-from sglang_dsv4_guard.autoshare import remedy as autoshare_remedy
-from sglang_dsv4_guard.boundary import clean_finding, raised_text, safe_text
-from sglang_dsv4_guard.codes import docs_url
-from sglang_dsv4_guard.contact import checks as contact_checks
+from sglang_dsv4_guard.boundary import (
+    BUILTIN_NAMES,
+    LOG_REPORTER,
+    clean_finding,
+    is_builtin,
+    plugin_failure,
+    raised_text,
+    safe_text,
+)
 from sglang_dsv4_guard.findings import (
     Finding,
     Report,
-    Severity,
 )
-from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.mori import checks as mori_checks
-from sglang_dsv4_guard.pd import conditions as pd_conditions
-from sglang_dsv4_guard.peers import checks as peers_checks
 from sglang_dsv4_guard.reporter import LogReporter
-from sglang_dsv4_guard.state import checks as state_checks
 
-__all__ = ["BUILTIN_PLUGINS", "LOG_REPORTER", "GuardPlugins", "add_all", "add_plugin",
-           "build_plugins", "is_builtin", "operator_interrupt", "plugin_failure"]
+__all__ = ["BUILTIN_NAMES", "LOG_REPORTER", "GuardPlugins", "add_all", "add_plugin",
+           "build_manager", "is_builtin", "operator_interrupt", "plugin_failure"]
 
 logger = logging.getLogger(LOGGER_NAME)
-
-# The built-in hook implementations, registered first as ordinary plug-ins (so, in
-# pluggy's order, they run after third-party ones), then the log reporter.
-BUILTIN_PLUGINS: tuple[tuple[str, ModuleType], ...] = (
-    ("builtin_autoshare", autoshare_remedy),
-    ("builtin_state", state_checks),
-    ("builtin_mori", mori_checks),
-    ("builtin_peers", peers_checks),
-    ("builtin_pd_contract", pd_conditions),
-    ("builtin_first_contact", contact_checks),
-)
-LOG_REPORTER = "builtin_log_reporter"
-_BUILTIN_NAMES = frozenset(name for name, _ in BUILTIN_PLUGINS) | {LOG_REPORTER}
-
-_NEVER_BLOCKS = "a plug-in's failure never blocks, in strict mode either"
-_UNAFFECTED = "SGLang's verdict is not affected; " + _NEVER_BLOCKS
-_CONSEQUENCE = {
-    "load": "the guard runs without this plug-in; " + _UNAFFECTED,
-    "register": "the guard runs without this plug-in; " + _UNAFFECTED,
-    "validate": "the guard runs without this plug-in; " + _UNAFFECTED,
-    "finding": "this finding is left out, the plug-in's other findings are kept; "
-               + _UNAFFECTED,
-    "sglang_dsv4_guard_remediate_state":
-        "the guard went on without its result; a remediation may have changed the pools "
-        "before it failed (the guard re-reads them when they changed); " + _NEVER_BLOCKS,
-    "changed": "the guard re-read the pools, so the checks see them as SGLang does; "
-               + _NEVER_BLOCKS,
-    "sglang_dsv4_guard_report": "the other reporters still received the report; "
-                                + _UNAFFECTED,
-}
-
-
-def is_builtin(name: str) -> bool:
-    """Whether ``name`` is one of the guard's own plug-ins."""
-    return name in _BUILTIN_NAMES
-
 
 def operator_interrupt(exc: BaseException) -> bool:
     """A ``KeyboardInterrupt`` in the main thread: the operator's Ctrl-C, to let through."""
     return (isinstance(exc, KeyboardInterrupt)
             and threading.current_thread() is threading.main_thread())
-
-
-def plugin_failure(name: str, stage: str, problem: str, effect: str | None = None) -> Finding:
-    """The finding for a plug-in that could not load, raised, or returned garbage.
-
-    ``effect`` picks the consequence line (default: the one for ``stage``).
-    """
-    return Finding(
-        code="DSV4G090",
-        severity=Severity.WARNING,
-        summary=f"guard plug-in {name!r} failed ({stage}); the guard went on without it",
-        subject=f"plug-in {name}",
-        details=(problem, _CONSEQUENCE.get(effect or stage, "its findings are missing from "
-                                                             "this report; " + _UNAFFECTED)),
-        fixes=(Fix(FixKind.CODE, f"fix or uninstall the plug-in {name!r} (entry-point group "
-                   "sglang_dsv4_guard); the guard runs without it until then",
-                   field=f"plug-in {name}",
-                   inputs=(f"the plug-in {name!r} (entry-point group sglang_dsv4_guard), at "
-                           f"{stage}",)),),
-        docs=docs_url("DSV4G090"),
-        origin=name,
-    )
 
 
 @dataclasses.dataclass
@@ -271,15 +212,18 @@ def add_plugin(plugins: GuardPlugins, obj: object, name: str) -> Finding | None:
 _HOOK_NAMES = tuple(name for name in vars(hookspecs) if name.startswith("sglang_dsv4_guard_"))
 
 
-def build_plugins(load_entry_points: bool = True, log_format: str = "text") -> GuardPlugins:
-    """Build a manager with the built-ins and, unless told not to, third-party plug-ins.
+def build_manager(builtins: tuple[tuple[str, object], ...], load_entry_points: bool = True,
+                  log_format: str = "text") -> GuardPlugins:
+    """Build a manager with ``builtins`` (name and hook module, in :data:`BUILTIN_NAMES`'
+    order: see :func:`sglang_dsv4_guard.assembly.build_plugins`), the log reporter and,
+    unless told not to, third-party plug-ins.
 
     ``log_format`` (``"text"`` or ``"json"``) is the built-in log reporter's.
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     plugins = GuardPlugins(pm, [])
-    for name, module in BUILTIN_PLUGINS:
+    for name, module in builtins:
         error = _register(pm, module, name)
         if error:  # a bug of ours: say so loudly, but carry on
             plugins.load_problems.append(plugin_failure(name, "register", error))

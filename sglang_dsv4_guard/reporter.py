@@ -37,7 +37,7 @@ from typing import Any
 
 from sglang_dsv4_guard.dedup.markers import PROOF_SECONDS, Seen, ServerDedup, fingerprint
 from sglang_dsv4_guard.findings import Report, Severity
-from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.undo import Undo, nothing_to_undo

@@ -1,25 +1,47 @@
 """The installed guard's state, shared by the wrappers: settings, plug-ins, release.
 
 Built by :mod:`sglang_dsv4_guard.lifecycle` (``install()``), or not installed by
-:func:`standalone_runtime` (for ``check`` and tests), and handed to the wrappers.
+:func:`sglang_dsv4_guard.assembly.standalone_runtime` (for ``check`` and tests), and
+handed to the wrappers.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.host.releases import HostProfile
-from sglang_dsv4_guard.host.verdict import judge_imported
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.plugins import GuardPlugins, add_all, build_plugins
-from sglang_dsv4_guard.settings import Mode, Settings, settings_for
+from sglang_dsv4_guard.reporter import LogReporter
+from sglang_dsv4_guard.settings import Mode, Settings
 
-__all__ = ["Runtime", "add_note", "standalone_runtime"]
+__all__ = ["Hooks", "Runtime", "add_note"]
 
 logger = logging.getLogger(LOGGER_NAME)
+
+
+class Hooks(Protocol):
+    """What the wrappers call on the plug-in manager (:class:`sglang_dsv4_guard.plugins.
+    GuardPlugins`, built where the guard is assembled): declared here, so that a wrapper
+    never imports the manager, whose hook specs name its package's snapshot types."""
+
+    @property
+    def log_reporter(self) -> LogReporter | None:
+        """The built-in log reporter (``None`` if it could not be registered)."""
+
+    def collect_each(self, hook: str, kwargs: Mapping[str, Any]
+                     ) -> Iterator[tuple[str, list[Finding]]]:
+        """Per implementation of ``hook``, in call order: its name and checked findings."""
+
+    def collect(self, hook: str, kwargs: Mapping[str, Any]) -> list[Finding]:
+        """Every implementation's findings for ``hook``, each called on its own."""
+
+    def report(self, report: Report) -> list[Finding]:
+        """Hand ``report`` to every reporter; the reporters that failed, as findings."""
 
 
 @dataclass
@@ -28,7 +50,7 @@ class Runtime:
     somebody still holds passes straight through to SGLang."""
 
     settings: Settings
-    plugins: GuardPlugins
+    plugins: Hooks
     profile: HostProfile
     active: bool = True
 
@@ -62,23 +84,3 @@ def add_note(exc: BaseException, note: str) -> None:
     else:  # pragma: no cover - Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]
 
-
-def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
-                       autoshare: bool = False, load_entry_points: bool = False) -> Runtime:
-    """A runtime that is not installed: the wrappers' machinery for ``check`` and tests.
-
-    The built-ins, then (with ``load_entry_points``) third-party entry points, then
-    ``plugins`` registered as a server registers entry points (a refused one raises
-    ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
-    (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
-    """
-    settings = settings_for(mode, autoshare, "text", None)
-    if settings.mode.value is Mode.OFF:
-        raise ValueError(f"mode must be 'on' or 'strict' (got {mode!r}): with the guard off "
-                         "there is nothing to check")
-    host = judge_imported()  # the checks of the imported code, as install() uses
-    if host.behaves_as is None:
-        raise RuntimeError(f"the guard cannot model this SGLang: {host.message}")
-    manager = build_plugins(load_entry_points=load_entry_points)
-    add_all(manager, plugins)
-    return Runtime(settings, manager, host.profile())

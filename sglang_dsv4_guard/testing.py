@@ -20,13 +20,13 @@ needs them is called.
 
 from __future__ import annotations
 
+from sglang_dsv4_guard.assembly import standalone_runtime
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.targets import MORI_SEND
 from sglang_dsv4_guard.lifecycle import installation, reset
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 from sglang_dsv4_guard.plugins import add_all
 from sglang_dsv4_guard.reporter import Recorder
-from sglang_dsv4_guard.runtime import standalone_runtime
 from sglang_dsv4_guard.samples import (
     MAPPING_KINDS,
     PoolSpec,
@@ -113,7 +113,7 @@ def register(*plugins: object) -> Undo:
     current = installation()
     if current is None:
         raise RuntimeError("the guard is not installed: call sglang_dsv4_guard.install() first")
-    manager = current.runtime.plugins
+    manager = current.plugins
     added = add_all(manager, plugins)
 
     def undo() -> bool:

@@ -31,8 +31,8 @@ from sglang.test.test_utils import CustomTestCase
 from sglang.version import __version__ as sglang_version_label
 
 import sglang_dsv4_guard
+from sglang_dsv4_guard.hook_registry import StateHook
 from sglang_dsv4_guard.host import targets
-from sglang_dsv4_guard.host.registry import StateHook
 from sglang_dsv4_guard.log import silenced
 from sglang_dsv4_guard.patching import WRAPPER_MARK, PostImportHooks
 from sglang_dsv4_guard.testing import reset
@@ -106,7 +106,7 @@ def leftovers() -> list[str]:
 def _guard_apply_hooks(registry: Any) -> Any:
     """The guard's one-shot ``apply_hooks`` wrapper on ``registry``, or ``None``."""
     func = getattr(vars(registry).get("apply_hooks"), "__func__", None)
-    return func if getattr(func, "__module__", None) == "sglang_dsv4_guard.host.registry" else None
+    return func if getattr(func, "__module__", None) == "sglang_dsv4_guard.hook_registry" else None
 
 
 def _pool_class() -> Any:

@@ -18,6 +18,7 @@ import unittest
 from typing import Any
 from unittest import mock
 
+import mori_stub
 import peers_real
 import sglang.srt.disaggregation.mooncake.conn as mooncake
 import sglang.srt.disaggregation.nixl.conn as nixl
@@ -29,7 +30,8 @@ from test_peers import bootstrap_threads, published_configs
 import sglang_dsv4_guard
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.launch.derive import attention_tp
+from sglang_dsv4_guard.launch.parse import offline_env, parse_side
 from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 
@@ -125,6 +127,70 @@ class TestMetadataBufferCounts(GuardTestCase):
                 if (p_mask != d_mask) != (p_sum != d_sum):
                     self.assertEqual(given, offered)
         self.assertGreaterEqual(differing, 4)
+
+
+class TestAttentionTpFixes(GuardTestCase):
+    """DSV4G006 on MORI: the attention-TP family's fixes (pd/attention_tp.py) on gpt-oss
+    (non-MLA, swa state), from ``check``'s launch lines and from SGLang's MORI send path
+    on a prefill whose server arguments are SGLang's own resolution of the same line."""
+
+    # (prefill line, decode line): plain TP, attention DP in the release's spelling,
+    # attention CP; each decode's attention TP differs from its prefill's.
+    def layouts(self) -> list[tuple[str, str]]:
+        dp = "--attn-dp-size 2" if flag_for_field("attn_dp_size") else (
+            "--dp-size 2 --enable-dp-attention")
+        return [("--tp-size 8", "--tp-size 4"), ("--tp-size 4", "--tp-size 8"),
+                (f"--tp-size 8 {dp}", "--tp-size 8"), ("--tp-size 8", f"--tp-size 8 {dp}"),
+                ("--tp-size 8 --attn-cp-size 2", "--tp-size 2")]
+
+    def _runtime(self, prefill: str, decode_attn_tp: int) -> list[Finding]:
+        """The findings SGLang's MORI send path (the guard installed) reports for a prefill
+        resolved from ``prefill`` and a decode peer of ``decode_attn_tp``."""
+        args = parse_side("prefill", prefill, {})
+        import sglang.srt.disaggregation.mori.conn as conn
+
+        attn_tp, _ = attention_tp(args)  # SGLang's compute_dp_attention_world_info
+        mgr = mori_stub.manager(conn, attn_tp=attn_tp)
+        mgr.server_args = args.server_args
+        # A peer of its own per pair: the guard reports a peer's mismatch once.
+        peer = mori_stub.peer(conn, f"decode-{prefill}-{decode_attn_tp}", decode_tp=decode_attn_tp)
+        with guard_logs_off():
+            mgr._add_remote_peer(peer)
+            try:
+                mgr._send_swa_dsa_state(*mori_stub.send_args(conn, peer, "swa"))
+            except Exception as exc:  # SGLang's refusal, carrying the guard's finding
+                return [f for f in getattr(exc, "findings", ()) if f.code == "DSV4G006"]
+        return []
+
+    def test_check_and_send_path_agree(self) -> None:
+        """The same code and severity, and the prefill's fix edits equal, fix by fix in
+        order (``check`` keeps those the release's resolution accepts); the decode's
+        layout is known to ``check`` only: its fixes carry edits there and none at run
+        time, where they name both forms."""
+        mori_stub.install_stub()
+        self.install_guard("on", load_entry_points=False)
+        for prefill, decode in self.layouts():
+            with self.subTest(prefill=prefill, decode=decode):
+                _, doc = check_json(server("prefill", GPT_OSS, prefill),
+                                    server("decode", GPT_OSS, decode))
+                [checked] = [f for f in doc["findings"] if f["code"] == "DSV4G006"]
+                observed = {(o["role"], o["name"]): o["value"] for o in checked["observations"]}
+                [ran] = self._runtime(server("prefill", GPT_OSS, prefill),
+                                      observed["decode", "decode_tp_size"])
+                self.assertEqual((ran.code, ran.severity.value),
+                                 (checked["code"], checked["severity"]))
+
+                def prefill_only(edits: list[set[Edit]]) -> list[set[Edit]]:
+                    return [e for e in edits if e and all(x[0] == "prefill" for x in e)]
+
+                at_check = prefill_only([_edits([f]) for f in checked["fixes"]])
+                at_run = prefill_only([{(e.server, e.name, e.value, e.remove, e.env)
+                                        for e in f.edits} for f in ran.fixes])
+                self.assertTrue(at_run, ran.fixes)
+                self.assertEqual(at_check, [e for e in at_run if e in at_check])
+                self.assertLessEqual(len(at_run) - len(at_check), 1)
+                decode_fixes = [f for f in ran.fixes if f.text.startswith("give the decode")]
+                self.assertEqual([f.edits for f in decode_fixes], [()])
 
 
 if __name__ == "__main__":

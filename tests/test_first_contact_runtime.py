@@ -34,6 +34,7 @@ from sglang_dsv4_guard import (
     Finding,
     Severity,
 )
+from sglang_dsv4_guard.assembly import standalone_runtime
 from sglang_dsv4_guard.contact import wrapper as contact_wrapper
 from sglang_dsv4_guard.contact.cached import CACHED_SITE, answers_cached, cached_digest
 from sglang_dsv4_guard.hookspecs import hookimpl
@@ -42,7 +43,6 @@ from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT
 from sglang_dsv4_guard.patching import WRAPPER_MARK
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
-from sglang_dsv4_guard.runtime import standalone_runtime
 from sglang_dsv4_guard.testing import record, register
 
 register_cpu_ci(est_time=59, suite="stage-a-test-cpu")

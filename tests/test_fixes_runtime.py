@@ -19,7 +19,7 @@ from sglang_dsv4_guard import DSV4GuardError
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import accepts, flag_for_field
 from sglang_dsv4_guard.mori.snapshot import SendSnapshot
-from sglang_dsv4_guard.state.fixes import edits
+from sglang_dsv4_guard.state.pool_fixes import edits
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_transfer, new_kv_args, record
 
 register_cpu_ci(est_time=50, suite="stage-a-test-cpu")
@@ -122,38 +122,62 @@ class TestUnifiedFixes(GuardTestCase):
 
 
 class TestMoriFixes(GuardTestCase):
-    """DSV4G006: edits per server from that server's TP layout, keeping its GPU count."""
+    """DSV4G006: edits per server from that server's TP layout (pd/attention_tp.py, the
+    family's one home, as in check), the fix keeping its GPU count first."""
 
     def fixes(self, snap: SendSnapshot, phase: str = "send") -> tuple[Fix, ...]:
         return tuple(check_transfer(snap, phase=phase).findings[0].fixes)
 
     def test_dp_attention_prefill_changes_dp_size(self) -> None:
         """Prefill --tp-size 8 --dp-size 8 --enable-dp-attention (attention TP 1), decode
-        attention TP 4: the prefill gets attention DP 2 (its 8 GPUs kept), not --tp-size 32:
+        attention TP 4: the prefill's first fix gives it attention DP 2 (its 8 GPUs kept):
         --dp-size 2, or on a release with --attn-dp-size, --attn-dp-size 2 in place of the
-        deprecated pair."""
+        deprecated pair; --tp-size 32 comes after it, said to change its GPU count."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=1,
                             decode_tp_size=4, tp_size=8, dp_size=8, enable_dp_attention=True)
-        edits = [(e.server, e.name, e.value) for f in self.fixes(snap) for e in f.edits]
-        self.assertEqual(edits, [("prefill", "--attn-dp-size", "2"),
-                                 ("prefill", "--enable-dp-attention", None),
-                                 ("prefill", "--dp-size", None)]
-                         if flag_for_field("attn_dp_size") else [("prefill", "--dp-size", "2")])
+        edited = [f for f in self.fixes(snap) if f.edits]
+        self.assertEqual([sorted((e.server, e.name, str(e.value)) for e in f.edits)
+                          for f in edited],
+                         [sorted([("prefill", "--attn-dp-size", "2"),
+                                  ("prefill", "--enable-dp-attention", "None"),
+                                  ("prefill", "--dp-size", "None")])
+                          if flag_for_field("attn_dp_size") else [("prefill", "--dp-size", "2")],
+                          [("prefill", "--tp-size", "32")]])
+        self.assertIn("(this changes its GPU count)", edited[1].text)
+        self.assertNotIn("changes its GPU count", edited[0].text)
 
     def test_plain_prefill_changes_tp_size(self) -> None:
-        """Prefill --tp-size 8 without DP attention, decode attention TP 4: --tp-size 4."""
+        """Prefill --tp-size 8 without DP attention, decode attention TP 4: attention DP 2
+        (its 8 GPUs kept), or --tp-size 4 (said to change its GPU count), as check gives."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=8,
                             decode_tp_size=4, tp_size=8, dp_size=1, enable_dp_attention=False)
-        edits = [(e.server, e.name, e.value) for f in self.fixes(snap) for e in f.edits]
-        self.assertEqual(edits, [("prefill", "--tp-size", "4")])
+        edits = [[(e.server, e.name, e.value) for e in f.edits] for f in self.fixes(snap)
+                 if f.edits]
+        dp = ([("prefill", "--attn-dp-size", "2")] if flag_for_field("attn_dp_size")
+              else [("prefill", "--dp-size", "2"), ("prefill", "--enable-dp-attention", None)])
+        self.assertEqual(edits, [dp, [("prefill", "--tp-size", "4")]])
+
+    def test_attention_cp_counts(self) -> None:
+        """Prefill --tp-size 8 with attention CP 2 (attention TP 4), decode attention TP 2:
+        attention DP is --tp-size / (attention TP x attention CP) = 2, and --tp-size keeps
+        the CP: 2 x 1 x 2 = 4 (the run-time copy once left attention CP out)."""
+        snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
+                            decode_tp_size=2, tp_size=8, dp_size=1, enable_dp_attention=False,
+                            attn_cp_size=2)
+        edits = [[(e.server, e.name, e.value) for e in f.edits] for f in self.fixes(snap)
+                 if f.edits]
+        dp = ([("prefill", "--attn-dp-size", "2")] if flag_for_field("attn_dp_size")
+              else [("prefill", "--dp-size", "2"), ("prefill", "--enable-dp-attention", None)])
+        self.assertEqual(edits, [dp, [("prefill", "--tp-size", "4")]])
 
     def test_decode_layout_unknown_no_decode_edit(self) -> None:
         """At run time the decode's DP layout is unknown: its fix names both forms (plain
         --tp-size, or the release's attention-DP flag) and carries no edit."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
                             decode_tp_size=2, tp_size=8, dp_size=2, enable_dp_attention=True)
-        [decode] = [f for f in self.fixes(snap) if f.field == "decode_tp_size"]
-        self.assertEqual(decode.edits, ())
+        [decode] = [f for f in self.fixes(snap) if f.text.startswith("give the decode")]
+        self.assertEqual((decode.kind, decode.field, decode.edits),
+                         (FixKind.ADVICE, "attn_tp_size", ()))
         self.assertIn("--tp-size 4 without DP attention", decode.text)
         self.assertIn("--attn-dp-size" if flag_for_field("attn_dp_size") else "--dp-size",
                       decode.text)
@@ -165,11 +189,11 @@ class TestMoriFixes(GuardTestCase):
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
                             decode_tp_size=2, tp_size=4, dp_size=1, enable_dp_attention=False,
                             decode_tp=8, decode_dp_size=4, decode_enable_dp_attention=True)
-        [decode] = [f for f in self.fixes(snap, "check") if f.field == "decode_tp_size"]
-        self.assertEqual([(e.server, e.name, e.value) for e in decode.edits],
-                         [("decode", "--attn-dp-size", "2"),
-                          ("decode", "--enable-dp-attention", None),
-                          ("decode", "--dp-size", None)]
+        decode = self.fixes(snap, "check")[0]
+        self.assertEqual(sorted((e.server, e.name, str(e.value)) for e in decode.edits),
+                         sorted([("decode", "--attn-dp-size", "2"),
+                                 ("decode", "--enable-dp-attention", "None"),
+                                 ("decode", "--dp-size", "None")])
                          if flag_for_field("attn_dp_size") else [("decode", "--dp-size", "2")])
 
     def test_attn_dp_size_prefill_edits_attn_dp_size(self) -> None:
@@ -188,7 +212,7 @@ class TestMoriFixes(GuardTestCase):
                                 enable_dp_attention=True)
             wanted = {("prefill", "--dp-size", None, True),
                       ("prefill", "--enable-dp-attention", None, True)}
-        [prefill] = [f for f in self.fixes(snap) if f.field == "attn_tp_size"
+        [prefill] = [f for f in self.fixes(snap) if f.field == "attn_tp_size" and f.edits
                      and all(e.server == "prefill" for e in f.edits)
                      and not any(e.name == "--tp-size" for e in f.edits)]
         self.assertEqual({(e.server, e.name, e.value, e.remove) for e in prefill.edits}, wanted)

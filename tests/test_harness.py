@@ -168,7 +168,7 @@ class TestRegistryLeftovers(GuardTestCase):
     def test_registry_hook_and_apply_hooks_wrapper_are_leftovers(self) -> None:
         """A StateHook registered in the registry and the guard's apply_hooks wrapper are both
         named by leftovers() and removed by the test's clean-up (which fails the test)."""
-        from sglang_dsv4_guard.host.registry import register_state_hook
+        from sglang_dsv4_guard.hook_registry import register_state_hook
 
         class LeakyRegistry(GuardTestCase):
             def test_leak(self) -> None:

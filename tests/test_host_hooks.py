@@ -301,7 +301,7 @@ class TestHookRegistry(GuardTestCase):
 
 
 class TestConnectorsStayLazy(GuardTestCase):
-    """Why the guard registers no connector method with SGLang's registry (host/registry.py):
+    """Why the guard registers no connector method with SGLang's registry (hook_registry.py):
     in a scheduler process as SGLang's loader meets it, the guard's lazy wrappers cost the
     per-request call no frame but the guard's own and import nothing; a registered hook on
     the same methods puts the registry's frame in every call, imports the NIXL connector a

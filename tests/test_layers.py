@@ -4,6 +4,7 @@ imports too (a deferred import never hides a cycle)."""
 
 from __future__ import annotations
 
+import ast
 import sys
 import tempfile
 import textwrap
@@ -42,9 +43,50 @@ class TestPackageLayers(GuardTestCase):
         """No cycle between modules, with deferred and type-only imports counted."""
         self.assertEqual(imports.cycles(imports.package_graph()), [])
 
-    def test_no_cycle_between_sub_packages(self) -> None:
-        """Sub-packages import each other one way only."""
+    def test_no_cycle_between_folders(self) -> None:
+        """Folders (each sub-package, and each top-level module) import each other one
+        way only, type-only imports counted."""
         self.assertEqual(imports.cycles(imports.package_graph(), collapse=True), [])
+
+    def test_wrapped_places_do_not_reach_the_hook_specs(self) -> None:
+        """The hook specs name the wrapped places' snapshot types; those packages import
+        the markers (hookmarkers) and the runtime's ``Hooks`` protocol, never the specs
+        or the plug-in manager, so the folder graph has no way back."""
+        edges = imports.package_graph()
+        places = ("state", "mori", "peers", "contact", "pd", "autoshare")
+        reached = {(e.source, e.target) for e in edges
+                   if e.source.split(".")[0] in places and e.target in ("hookspecs", "plugins")}
+        self.assertEqual(reached, set())
+        self.assertIn(("hookspecs", "state.snapshot", "typing"),
+                      {(e.source, e.target, e.kind) for e in edges})
+
+    def test_no_module_imports_another_modules_private_name(self) -> None:
+        """``from sglang_dsv4_guard.x import _name`` is a fault: a name another module
+        needs is that module's public surface (in its ``__all__``)."""
+        found = []
+        for module, path in imports.package_modules().items():
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                        "sglang_dsv4_guard"):
+                    found += [f"{module} imports {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+        self.assertEqual(found, [])
+
+    def test_one_name_per_module_and_class(self) -> None:
+        """No two modules share a basename, but the snapshot/checks/wrapper trio of each
+        wrapped place; no two classes share a name (two ``Recorder``s and two
+        ``Registration``s once meant different things)."""
+        trio = {"snapshot", "checks", "wrapper", "__init__"}
+        basenames: dict[str, list[str]] = {}
+        classes: dict[str, list[str]] = {}
+        for module, path in imports.package_modules().items():
+            basenames.setdefault(path.stem, []).append(module)
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, []).append(module)
+        self.assertEqual({k: v for k, v in basenames.items() if len(v) > 1 and k not in trio},
+                         {})
+        self.assertEqual({k: v for k, v in classes.items() if len(v) > 1}, {})
 
     def test_no_import_points_up(self) -> None:
         """Every import points down a layer or stays within its own."""
@@ -116,6 +158,19 @@ class TestRulesCatchFaults(GuardTestCase):
             edges = imports.package_graph(Path(tmp))
         self.assertEqual(imports.cycles(edges), [])
         self.assertEqual(imports.cycles(edges, collapse=True), [["autoshare", "state"]])
+
+    def test_a_top_level_module_between_folders_is_a_cycle(self) -> None:
+        """``state.wrapper`` -> ``plugins`` -> ``state.checks``: a top-level module is a
+        folder of its own, so the wrapper reaching its own checks through the manager is
+        a cycle (the one the package had before assembly.py)."""
+        with _tree({"__init__.py": "", "state/__init__.py": "",
+                    "state/checks.py": "",
+                    "state/wrapper.py": "from sglang_dsv4_guard import plugins\n",
+                    "plugins.py": "from sglang_dsv4_guard.state import checks\n",
+                    }) as tmp:
+            edges = imports.package_graph(Path(tmp))
+        self.assertEqual(imports.cycles(edges), [])
+        self.assertEqual(imports.cycles(edges, collapse=True), [["plugins", "state"]])
 
     def test_a_relative_import_of_a_sibling_module_is_seen(self) -> None:
         """``from . import lifecycle`` in a top-level module (and ``from .. import

@@ -24,7 +24,9 @@ from sglang_dsv4_guard import (
     PairContext,
     Severity,
     hookimpl,
+    hookspecs,
 )
+from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
 from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.testing import register
 
@@ -161,6 +163,16 @@ class TestPairConditions(GuardTestCase):
         ran = [f.code for f in self._registered(PLUGINS["raising"], PLUGINS["mooncake_only"])]
         self.assertIn("DSV4G090", ran)
         self.assertIn("ACME002", ran)
+
+
+class TestPairHookName(GuardTestCase):
+    """The name the callers use (hookmarkers.PAIR_HOOK, a leaf) is the spec's."""
+
+    def test_marker_names_the_spec(self) -> None:
+        """``hookspecs`` has a spec by that name, and it is a hook spec of the project."""
+        spec = getattr(hookspecs, PAIR_HOOK)
+        self.assertEqual(spec.__name__, PAIR_HOOK)
+        self.assertIn(f"{hookspecs.PROJECT}_spec", vars(spec))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.pools import _published
+from sglang_dsv4_guard.launch.pools import published_server_args
 
 register_cpu_ci(est_time=39, suite="stage-a-test-cpu")
 
@@ -47,7 +47,7 @@ def _sglang_says(env: dict[str, str]) -> str | None:
     select = getattr(pool, "select_dsv4_kv_layout", None)
     if select is None:
         return None
-    with offline_env(env), _published(None):
+    with offline_env(env), published_server_args(None):
         try:
             select()
         except (AssertionError, ValueError) as exc:

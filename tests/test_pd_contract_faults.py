@@ -13,7 +13,7 @@ from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.launch import endpoint
+from sglang_dsv4_guard.launch import endpoint_values
 from sglang_dsv4_guard.pd.endpoint import Value
 
 register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
@@ -45,11 +45,11 @@ class TestContributorFault(GuardTestCase):
         def broken(side: Any, values: dict[str, Value]) -> dict[str, Value]:
             raise RuntimeError("contributor exploded")
 
-        endpoint.CONTRIBUTORS.append(broken)
+        endpoint_values.CONTRIBUTORS.append(broken)
         try:
             doc = _gpt_oss("", "", "--prefill-env", f"{MASK}=1")
         finally:
-            endpoint.CONTRIBUTORS.remove(broken)
+            endpoint_values.CONTRIBUTORS.remove(broken)
         lines = [u for u in doc["unknowns"] if "contributor exploded" in u]
         self.assertEqual(len(lines), 2, doc["unknowns"])  # one per server
         self.assertTrue(all("broken" in u and "RuntimeError" in u for u in lines), lines)

@@ -29,7 +29,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.launch.contract import contract_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
-from sglang_dsv4_guard.launch.endpoint import endpoint_of
+from sglang_dsv4_guard.launch.endpoint_values import endpoint_of
 from sglang_dsv4_guard.launch.gpus import page_sizes
 from sglang_dsv4_guard.launch.parse import parse_side
 from sglang_dsv4_guard.pd.endpoint import Endpoint

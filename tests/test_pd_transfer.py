@@ -22,11 +22,11 @@ from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch.contract import ContractRun
 from sglang_dsv4_guard.launch.derive import derive_side
-from sglang_dsv4_guard.launch.endpoint import endpoint_of
+from sglang_dsv4_guard.launch.endpoint_values import endpoint_of
 from sglang_dsv4_guard.launch.parse import parse_side
-from sglang_dsv4_guard.launch.transfer import send_extra_row
+from sglang_dsv4_guard.launch.transfer_rows import send_extra_row
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
-from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
+from sglang_dsv4_guard.pd.send_extra import send_extra_verdicts
 
 register_cpu_ci(est_time=37, suite="stage-a-test-cpu")
 

@@ -17,7 +17,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.host.pd_digests import SITES, digest_pd_tree, locate, row_releases
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
-from sglang_dsv4_guard.pd.nixl import REGIONS, decode_kv_kinds
+from sglang_dsv4_guard.pd.nixl_payload import REGIONS, decode_kv_kinds
 
 register_cpu_ci(est_time=37, suite="stage-a-test-cpu")
 

@@ -27,7 +27,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 import sglang_dsv4_guard
 from sglang_dsv4_guard.hookspecs import hookimpl
 from sglang_dsv4_guard.lifecycle import installation
-from sglang_dsv4_guard.pd.nixl import _PHRASES
+from sglang_dsv4_guard.pd.nixl_payload import _PHRASES
 
 register_cpu_ci(est_time=51, suite="stage-a-test-cpu")
 

@@ -11,7 +11,7 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard import Finding, SettingError, Severity, hookimpl
-from sglang_dsv4_guard.plugins import build_plugins
+from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.testing import PoolSpec, Recorder, build_pair, check_pools, register
 
 register_cpu_ci(est_time=31, suite="stage-a-test-cpu")

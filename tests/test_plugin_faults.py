@@ -19,9 +19,10 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError, Finding, Observation, Severity, hookimpl
+from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.cli import main as cli_main
 from sglang_dsv4_guard.lifecycle import installation
-from sglang_dsv4_guard.plugins import GuardPlugins, add_plugin, build_plugins
+from sglang_dsv4_guard.plugins import GuardPlugins, add_plugin
 from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.testing import PoolSpec, build_pair, check_pools, record, register
 

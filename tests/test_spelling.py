@@ -40,7 +40,7 @@ SPELLS_SGLANG = {
     # SCHEDULER_MODULE), sglang.srt.plugins and sglang.srt.environ
     "sglang_dsv4_guard/host/loader.py": "to be moved",
     # to be moved: sglang.srt.plugins and its hook_registry (targets.REGISTRY_MODULE)
-    "sglang_dsv4_guard/host/registry.py": "to be moved",
+    "sglang_dsv4_guard/hook_registry.py": "to be moved",
 }
 
 

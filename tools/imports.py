@@ -9,8 +9,9 @@ every cycle and every import that points up a layer, and exits 1 if there is one
 The rules (``tests/test_layers.py`` holds the package to them):
 
 - an import points down or stays within its layer; never up;
-- no cycle between modules, nor between sub-packages (``state`` -> ``autoshare`` ->
-  ``state`` is one), counting every kind of import: a deferred or type-only import is
+- no cycle between modules, nor between folders (each sub-package, and each top-level
+  module, a node: ``state`` -> ``plugins`` -> ``state`` is one), counting every kind of
+  import: a deferred or type-only import is
   never a way around a cycle. Deferred imports remain for start-up cost (SGLang, torch,
   the commands' heavy pieces), each with a comment saying so: a deferred import of our
   own modules without ``# deferred: <why>`` on its line or in the comment lines right
@@ -47,15 +48,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test support for plug-in authors", ("testing",)),
     ("commands and the public surface", ("cli", "demo", "entry", ROOT_MODULE)),
     ("the check command", ("launch",)),
-    ("composition root: install, uninstall, summary, standalone runtime", ("lifecycle",)),
+    ("composition root: install, uninstall, summary, standalone runtime",
+     ("lifecycle", "assembly")),
     ("wrappers of SGLang's functions and the rules they share",
      ("state.wrapper", "mori.wrapper", "peers.wrapper", "peers.guard", "peers.nixl",
-      "peers.mooncake", "contact.wrapper", "host.registry", "wrapping")),
+      "peers.mooncake", "contact.wrapper", "hook_registry", "wrapping")),
     ("runtime and plug-in manager", ("runtime", "plugins")),
-    ("built-in hook implementations", ("reporter", "state.checks", "state.fixes", "state.sharing",
+    ("built-in hook implementations", ("reporter", "state.checks", "state.pool_fixes", "state.sharing",
                                        "mori.checks", "peers.checks", "contact.checks", "autoshare", "pd")),
     ("hook specs, rendering, deduplication, plug-in boundary",
-     ("hookspecs", "render", "dedup", "boundary")),
+     ("hookspecs", "hookmarkers", "render", "dedup", "boundary")),
     ("snapshots of SGLang's objects, sample objects",
      ("state", "mori", "peers", "contact", "pd.endpoint", "samples")),
     ("patching and what the guard knows of SGLang", ("patching", "host")),
@@ -292,20 +294,18 @@ def upward(edges: Iterable[Edge]) -> list[Edge]:
 def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
     """The strongly connected groups of more than one node (Tarjan), sorted.
 
-    With ``collapse``, only imports from one sub-package into another count, each module
-    as its sub-package (``state.checks`` as ``state``): sub-packages import each other one
-    way, so ``state.checks`` -> ``autoshare.rule`` -> ``state.snapshot`` is a cycle though
-    no module is on one. (A sub-package is a vertical slice, snapshot to wrapper, so its
-    modules sit in several layers; through top-level modules it may be reached again.)
+    With ``collapse``, folders are nodes: each module counts as its sub-package
+    (``state.checks`` as ``state``), a top-level module as itself. Folders import each
+    other one way, so ``state.wrapper`` -> ``plugins`` -> ``state.checks`` is a cycle
+    though no module is on one.
     """
     edges = list(edges)
-    subpackages = _subpackages(edges)
     graph: dict[str, set[str]] = {}
     for edge in edges:
         source, target = edge.source, edge.target
         if collapse:
             source, target = source.split(".")[0], target.split(".")[0]
-            if source == target or not {source, target} <= subpackages:
+            if source == target:
                 continue
         graph.setdefault(source, set()).add(target)
         graph.setdefault(target, set())
@@ -339,18 +339,11 @@ def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
     return sorted(found)
 
 
-def _subpackages(edges: Iterable[Edge]) -> set[str]:
-    """The sub-packages the edges name (``state`` of ``state.checks``)."""
-    return {name.split(".")[0] for e in edges for name in (e.source, e.target) if "." in name}
-
-
 def _cycle_edges(edges: list[Edge], group: list[str], collapse: bool) -> list[Edge]:
     def node(name: str) -> str:
         return name.split(".")[0] if collapse else name
-    subpackages = _subpackages(edges)
     return [e for e in edges if node(e.source) in group and node(e.target) in group
-            and node(e.source) != node(e.target)
-            and (not collapse or {node(e.source), node(e.target)} <= subpackages)]
+            and node(e.source) != node(e.target)]
 
 
 def report(edges: list[Edge], modules: Iterable[str], layered: bool) -> tuple[list[str], bool]:
@@ -384,7 +377,7 @@ def report(edges: list[Edge], modules: Iterable[str], layered: bool) -> tuple[li
         for module in ordered:
             lines.extend(module_lines(module))
     ok = True
-    for collapse, what in ((False, "module"), (True, "sub-package"))[:2 if layered else 1]:
+    for collapse, what in ((False, "module"), (True, "folder"))[:2 if layered else 1]:
         groups = cycles(edges, collapse)
         ok &= not groups
         lines.append(f"  {what} cycles: " + ("none" if not groups else str(len(groups))))

@@ -5,7 +5,7 @@ Usage: ``python tools/pd_digests.py PATH [--release 0.5.24] [--write]``
 PATH is a wheel, a site directory holding ``sglang/`` or the ``sglang`` package (as for
 ``tools/digests.py``, whose reading of PATH this reuses). Without ``--write`` the digests
 are printed as JSON; with it they are stored for the release. A stored release makes
-``check`` judge its transfer-time rows (``pd/transfer.py``) by evaluating its own
+``check`` judge its transfer-time rows (``pd/send_extra.py``) by evaluating its own
 conditions: store one only after reading that release's checks, which the rows' tests then
 cover. Nothing is imported from the release.
 """

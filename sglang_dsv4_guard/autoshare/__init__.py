@@ -3,7 +3,7 @@
 - :mod:`~sglang_dsv4_guard.state.sharing`: when rebinding is provably safe, a pure
   function of a :class:`~sglang_dsv4_guard.state.snapshot.StatePair` (it lives with the
   state checks, since the ``DSV4G004`` check uses the same decision to offer the switch);
-- :mod:`~sglang_dsv4_guard.autoshare.remedy`: the built-in ``remediate_state`` hook
+- :mod:`~sglang_dsv4_guard.autoshare.rebind`: the built-in ``remediate_state`` hook
   that acts on the rule through SGLang's own ``register_mapping``.
 
 Opt-in: ``SGLANG_DSV4_GUARD_AUTOSHARE=1`` or ``install(autoshare=True)``.

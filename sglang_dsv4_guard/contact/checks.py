@@ -19,7 +19,7 @@ from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot, Seen
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from sglang_dsv4_guard.boundary import is_builtin
 from sglang_dsv4_guard.contact.cached import answers_cached
 from sglang_dsv4_guard.contact.snapshot import ContactContext, snapshot_contact
 from sglang_dsv4_guard.errors import DSV4GuardError
@@ -43,7 +44,6 @@ from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.host import server
 from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT, SCHEDULER_MODULE
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
-from sglang_dsv4_guard.plugins import is_builtin
 from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.runtime import Runtime, add_note
 from sglang_dsv4_guard.wrapping import (

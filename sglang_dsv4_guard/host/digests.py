@@ -50,8 +50,9 @@ from sglang_dsv4_guard.host.targets import (
     pool_attributes_read,
 )
 
-__all__ = ["MISSING", "POOL_ATTRIBUTES", "Part", "UnreadableSource", "code_version",
-           "differences", "digest_tree", "read_module"]
+__all__ = ["MISSING", "POOL_ATTRIBUTES", "Part", "UnreadableSource", "ast_digest",
+           "code_version", "differences", "digest_tree", "find_definition", "in_source_order",
+           "read_module"]
 
 MISSING = "missing"
 UTILS = STATE.path
@@ -71,7 +72,7 @@ class Part:
     what: str
 
 
-def _digest(*nodes: ast.AST) -> str:
+def ast_digest(*nodes: ast.AST) -> str:
     text = "\n".join(ast.dump(node, include_attributes=False) for node in nodes)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -140,18 +141,18 @@ def read_module(package_dir: Path, relative: str) -> ast.Module | None:
     return _parse(path, relative, stat.st_mtime_ns, stat.st_size)
 
 
-def _find(body: list[ast.stmt], name: str) -> ast.FunctionDef | ast.ClassDef | None:
+def find_definition(body: list[ast.stmt], name: str) -> ast.FunctionDef | ast.ClassDef | None:
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
             return node
     return None
 
 
-def _in_order(node: ast.AST) -> Iterator[ast.AST]:
+def in_source_order(node: ast.AST) -> Iterator[ast.AST]:
     """Every node under ``node``, in source order (``ast.walk`` is breadth-first)."""
     for child in ast.iter_child_nodes(node):
         yield child
-        yield from _in_order(child)
+        yield from in_source_order(child)
 
 
 @dataclass(frozen=True)
@@ -202,12 +203,12 @@ def _checks(root: ast.AST, context: tuple[ast.AST, ...] = (), condition: str = "
 
 
 def _check_digest(check: _Check) -> str:
-    return _digest(*check.context, check.node)
+    return ast_digest(*check.context, check.node)
 
 
 def _message(raise_node: ast.Raise | ast.Assert) -> str:
     """The first words of what ``raise_node`` raises (or asserts), for people."""
-    for node in _in_order(raise_node):
+    for node in in_source_order(raise_node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip():
             return node.value.split(":")[0].strip()
     return _short(ast.unparse(raise_node))
@@ -219,7 +220,7 @@ def _short(text: str) -> str:
 
 def _state_parts(module: ast.Module | None) -> list[Part]:
     name = STATE.qualname
-    fn = _find(module.body, name) if module else None
+    fn = find_definition(module.body, name) if module else None
     if not isinstance(fn, ast.FunctionDef):
         return [Part(f"{name}.signature", MISSING, f"{name} ({UTILS})")]
     parts = [Part(f"{name}.signature", _signature(fn), f"{name} parameters")]
@@ -228,24 +229,24 @@ def _state_parts(module: ast.Module | None) -> list[Part]:
                   and "draft_token_to_kv_pool" in ast.dump(s.test)), None)
     if block is None:
         return [*parts, Part(f"{name}.dsv4_gate", MISSING, f"{name} DeepSeek-V4 draft block")]
-    parts.append(Part(f"{name}.dsv4_gate", _digest(block.test),
+    parts.append(Part(f"{name}.dsv4_gate", ast_digest(block.test),
                       f"{name} DeepSeek-V4 draft block condition "
                       f"({_short(ast.unparse(block.test))})"))
     for number, check in enumerate(_checks(block), 1):
         parts.append(Part(f"{name}.dsv4_check.{number}", _check_digest(check),
                           f"{name} DSV4 check {number} ('{_message(check.node)}')"))
-    geometry = [s for s in _in_order(block) if isinstance(s, ast.Assign)
+    geometry = [s for s in in_source_order(block) if isinstance(s, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id in _GEOMETRY_NAMES for t in s.targets)]
-    parts.append(Part(f"{name}.dsv4_geometry", _digest(*geometry) if geometry else MISSING,
+    parts.append(Part(f"{name}.dsv4_geometry", ast_digest(*geometry) if geometry else MISSING,
                       f"{name} DSV4 geometry tuples (target_geometry / draft_geometry)"))
     return parts
 
 
 def _mori_parts(module: ast.Module | None) -> list[Part]:
     owner = MORI_SEND.qualname.split(".")[0]
-    cls = _find(module.body, owner) if module else None
+    cls = find_definition(module.body, owner) if module else None
     body = cls.body if isinstance(cls, ast.ClassDef) else []
-    send, register = _find(body, MORI_SEND.attr), _find(body, MORI_REGISTER.attr)
+    send, register = find_definition(body, MORI_SEND.attr), find_definition(body, MORI_REGISTER.attr)
     prefix = f"{owner}."
     parts = []
     for fn, method in ((send, MORI_SEND.attr), (register, MORI_REGISTER.attr)):
@@ -265,7 +266,7 @@ def _assigned_attributes(cls: ast.ClassDef) -> dict[str, list[str]]:
     for method in cls.body:
         if not isinstance(method, ast.FunctionDef):
             continue
-        for node in _in_order(method):
+        for node in in_source_order(method):
             targets: list[ast.expr] = []
             if isinstance(node, ast.Assign):
                 targets = list(node.targets)
@@ -282,7 +283,7 @@ def _assigned_attributes(cls: ast.ClassDef) -> dict[str, list[str]]:
 
 def _pool_parts(module: ast.Module | None) -> list[Part]:
     name = DSV4_POOL.qualname
-    cls = _find(module.body, name) if module else None
+    cls = find_definition(module.body, name) if module else None
     if not isinstance(cls, ast.ClassDef):
         return [Part(f"{name}.class", MISSING, f"{name} ({POOL})")]
     assigned = _assigned_attributes(cls)
@@ -292,7 +293,7 @@ def _pool_parts(module: ast.Module | None) -> list[Part]:
         digest = hashlib.sha256(",".join(methods).encode()).hexdigest()[:16]
         parts.append(Part(f"{name}.{attribute}", digest,
                           f"{name}.{attribute} set in: {', '.join(methods) or 'no method'}"))
-    register = _find(cls.body, POOL_REGISTER)
+    register = find_definition(cls.body, POOL_REGISTER)
     parts.append(Part(f"{name}.{POOL_REGISTER}.signature",
                       _signature(register) if isinstance(register, ast.FunctionDef) else MISSING,
                       f"{name}.{POOL_REGISTER} parameters"))

@@ -41,7 +41,7 @@ class Flag:
     nargs: int | str | None = None  # argparse's: None (one value), '?', '+', '*', or a count
 
 
-class _Quiet(argparse.ArgumentParser):
+class _RaisingParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ValueError(message)
 
@@ -61,7 +61,7 @@ def flag_table() -> Mapping[str, Flag]:
     import importlib  # deferred: SGLang's server_args, only when a table is needed
 
     server_args = importlib.import_module(SERVER_ARGS_MODULE)  # unscanned: host/targets' name
-    parser = _Quiet(add_help=False)
+    parser = _RaisingParser(add_help=False)
     server_args.ServerArgs.add_cli_args(parser)
     table: dict[str, Flag] = {}
     for action in parser._actions:

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from sglang_dsv4_guard.host.digests import MISSING, _digest, _find, _in_order, read_module
+from sglang_dsv4_guard.host.digests import MISSING, ast_digest, find_definition, in_source_order, read_module
 from sglang_dsv4_guard.host.targets import (
     MORI_REGISTER,
     PD_FIRST_CONTACT,
@@ -148,7 +148,7 @@ class Located:
         """The site's digest: tests, branches, assignments, methods and the statement
         (once per located site: a located site is cached per file version)."""
         marks = [n for test, wanted in self.chain for n in (test, ast.Constant(wanted))]
-        return _digest(*marks, *self.assigns, *self.methods, self.node)
+        return ast_digest(*marks, *self.assigns, *self.methods, self.node)
 
     def holds(self, names: Mapping[str, Any]) -> bool:
         """Whether the check's statement runs for ``names`` (``self``, ``st`` ...): the
@@ -209,7 +209,7 @@ class Located:
 
 def _with_children(node: ast.AST) -> Iterator[ast.AST]:
     yield node
-    yield from _in_order(node)
+    yield from in_source_order(node)
 
 
 def _names_read(nodes: Sequence[ast.AST]) -> set[str]:
@@ -218,7 +218,7 @@ def _names_read(nodes: Sequence[ast.AST]) -> set[str]:
 
 def _holds(stmt: ast.stmt, phrase: str) -> bool:
     return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and phrase in n.value
-               for n in _in_order(stmt))
+               for n in in_source_order(stmt))
 
 
 def _matches(spec: SiteSpec, stmt: ast.stmt) -> bool:
@@ -227,7 +227,7 @@ def _matches(spec: SiteSpec, stmt: ast.stmt) -> bool:
     if spec.assigned:
         return isinstance(stmt, ast.Assign) and _holds(stmt, spec.assigned)
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr == spec.call for n in _in_order(stmt))
+               and n.func.attr == spec.call for n in in_source_order(stmt))
 
 
 _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try,
@@ -312,8 +312,8 @@ def _located(package_dir: Path, spec: SiteSpec, mtime_ns: int, size: int) -> Loc
 def _locate(package_dir: Path, spec: SiteSpec) -> Located | None:
     module = read_module(package_dir, spec.target.path)
     owner, method = spec.target.qualname.split(".")
-    cls = _find(module.body, owner) if module else None
-    fn = _find(cls.body, method) if isinstance(cls, ast.ClassDef) else None
+    cls = find_definition(module.body, owner) if module else None
+    fn = find_definition(cls.body, method) if isinstance(cls, ast.ClassDef) else None
     if not isinstance(cls, ast.ClassDef) or not isinstance(fn, ast.FunctionDef):
         return None
     if spec.first:

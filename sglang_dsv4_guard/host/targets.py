@@ -2,10 +2,10 @@
 
 Patching (:mod:`sglang_dsv4_guard.patching`), the snapshots (:mod:`sglang_dsv4_guard.state.
 snapshot`, :mod:`sglang_dsv4_guard.mori.snapshot`), SGLang's hook registry
-(:mod:`sglang_dsv4_guard.host.registry`), the code digests (:mod:`sglang_dsv4_guard.host.
+(:mod:`sglang_dsv4_guard.hook_registry`), the code digests (:mod:`sglang_dsv4_guard.host.
 digests`), rendering and the CLI read these names; none spells one out itself (but
 ``launch/``, which builds SGLang's own parser, config and pools for ``check``, and, until
-they are moved here, ``host/loader.py`` and ``host/registry.py``: ``tests/test_spelling.py``
+they are moved here, ``host/loader.py`` and ``hook_registry.py``: ``tests/test_spelling.py``
 holds the rest of the package to it). The pool attributes are covered by the code
 digests; the MORI attributes (``MORI_*_ATTRS``) are not, only the MORI check's source
 is. A target
@@ -233,7 +233,7 @@ PD_QUANT_CONFIG = PatchTarget("sglang.srt.model_loader.weight_utils", "get_quant
 #: The DeepSeek-V4 pool's PD KV layout (0.5.23): its selector and the pool method.
 PD_DSV4_POOL_MODULE = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 PD_DSV4_LAYOUT = PatchTarget(PD_DSV4_POOL_MODULE, "select_dsv4_kv_layout")
-#: The transfer-time rows (``pd/transfer.py``, ``host/pd_digests.py``): the functions
+#: The transfer-time rows (``pd/send_extra.py``, ``host/pd_digests.py``): the functions
 #: whose conditions are digested and evaluated, and the ones called on half-built objects.
 PD_STATE_TYPE_MODULE = "sglang.srt.disaggregation.base.conn"
 PD_MOONCAKE_SEND_EXTRA = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.maybe_send_extra")
@@ -318,7 +318,7 @@ MAPPING_ATTR = "full_to_swa_index_mapping"
 #: property over its engine descriptor). These are not digested: a change in how SGLang
 #: sets them is not seen by the code digests (the MORI check's own source is).
 MORI_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "attn_tp_size", "pp_size")
-MORI_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention")
+MORI_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "attn_cp_size")
 MORI_KV_ARGS_ATTRS = ("state_types",)
 MORI_PEER_ATTRS = ("decode_tp_size", "engine_key", "endpoint", "dst_port")
 
@@ -335,7 +335,8 @@ PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_ml
 PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
                        "engine_rank", "state_data_ptrs", "state_item_lens", "state_data_lens",
                        "state_layer_ids", "mla_compression_ratios", "state_dim_per_tensor")
-PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "speculative_algorithm",
+PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "attn_cp_size",
+                           "speculative_algorithm",
                            "disaggregation_enable_kv_checksum")
 PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_dcp_rank",
                     "dst_kv_mem_kinds", "dst_kv_item_lens", "dst_kv_ptrs", "dst_aux_ptrs",

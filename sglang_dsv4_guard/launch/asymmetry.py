@@ -1,6 +1,6 @@
 """PD asymmetries no runtime check sees (DSV4G020-DSV4G025): pure functions of two sides.
 
-Their fixes are derived from both servers' flags by :mod:`.remedy`.
+Their fixes are derived from both servers' flags by :mod:`.flag_fixes`.
 
 Warnings, except DSV4G023 (different transfer backends cannot connect): an error.
 """

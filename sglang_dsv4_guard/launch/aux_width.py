@@ -26,13 +26,13 @@ from sglang_dsv4_guard.host.pd_digests import NotJudged
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint import (
+from sglang_dsv4_guard.launch.endpoint_values import (
     CONTRIBUTORS,
     field_source,
     side_field,
 )
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fix, copy_pairs, flag_edit, flag_fix
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, RowLanding, aux_rows
 from sglang_dsv4_guard.pd.buffers import MASK_WIDTH_ENV, aux_row_widths
 from sglang_dsv4_guard.pd.endpoint import Value
@@ -133,7 +133,7 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
     flags is a source; the edited line must resolve)."""
     sides = {"prefill": run.prefill_side, "decode": run.decode_side}
     found: list[Fix | None] = []
-    for src, dst in _pairs(run.prefill_side, run.decode_side):
+    for src, dst in copy_pairs(run.prefill_side, run.decode_side):
         if flag_for_field(_FIELD) is None:  # the variable sets it: an environment edit
             typed = src.args.env.get(MASK_WIDTH_ENV)
             found.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s "
@@ -141,8 +141,8 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
                              edits=(env_copy(dst.role, MASK_WIDTH_ENV, typed),)))
             continue
         width = side_field(src, _FIELD)
-        found.append(_fix(f"give the {dst.role} server the {src.role}'s {_option()} {width}",
-                          _FIELD, [_set(dst.role, _FIELD, width)]))
+        found.append(flag_fix(f"give the {dst.role} server the {src.role}'s {_option()} {width}",
+                          _FIELD, [flag_edit(dst.role, _FIELD, width)]))
     return tuple(f for f in (accepted_fix(f, sides) for f in found) if f is not None)
 
 

@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 from sglang_dsv4_guard.log import LOGGER_NAME
 
-__all__ = ["CAP", "IMPORT", "LOGGERS", "MIRRORED", "TRACE_LINES", "Output", "Recorder",
+__all__ = ["CAP", "IMPORT", "LOGGERS", "MIRRORED", "TRACE_LINES", "Output", "OutputRecorder",
            "capturing", "explaining", "leaving_out", "mirrored", "recording", "section",
            "split_mirrored"]
 
@@ -66,7 +66,7 @@ class Output:
 
     def after(self, first: Output) -> Output:
         """``first``'s lines, then this output's, per section (the cap is applied again)."""
-        recorder = Recorder()
+        recorder = OutputRecorder()
         for output in (first, self):
             for name, lines in output.sections:
                 for line in lines:
@@ -91,7 +91,7 @@ class Output:
 
 
 @dataclass
-class Recorder:
+class OutputRecorder:
     """Lines as they come, per section, bounded."""
 
     kept: dict[str, list[str]] = field(default_factory=dict)
@@ -112,7 +112,7 @@ class Recorder:
 
 
 _lock = threading.RLock()
-_recorders: list[Recorder] = []
+_recorders: list[OutputRecorder] = []
 _sections: list[str] = []
 _left_out: list[str] = []  # loggers whose records are not kept (leaving_out)
 
@@ -171,9 +171,9 @@ def split_mirrored(text: str) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 @contextmanager
-def recording() -> Iterator[Recorder]:
+def recording() -> Iterator[OutputRecorder]:
     """A fresh recorder for the block: lines inside go to it, not to an outer one."""
-    recorder = Recorder()
+    recorder = OutputRecorder()
     with _lock:
         _recorders.append(recorder)
     try:

@@ -31,13 +31,13 @@ from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE, PD_QUANT_CONFIG
 from sglang_dsv4_guard.launch.contact_fixes import contact_fixes
 from sglang_dsv4_guard.launch.contract_run import ContractRun
-from sglang_dsv4_guard.launch.derive import Side, _model_config
+from sglang_dsv4_guard.launch.derive import Side, release_model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS, field_source
 from sglang_dsv4_guard.launch.gpus import page_size_by_gpu
 from sglang_dsv4_guard.launch.kv_layout_env import EVERY_MACHINE, LAYOUT_ENV
 from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
-from sglang_dsv4_guard.launch.pools import _published
+from sglang_dsv4_guard.launch.pools import published_server_args
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings
@@ -45,13 +45,13 @@ from sglang_dsv4_guard.pd.relayout import relayout_findings
 
 log = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["NOTES", "contact_row", "contact_values"]
+__all__ = ["NOTES", "contact_row", "contact_values", "resolved_value", "typed_source"]
 
 NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not derived
 
 
 
-def _server_value(side: Side, name: str, default: Any) -> Any:
+def resolved_value(side: Side, name: str, default: Any) -> Any:
     """The resolved ``ServerArgs`` field, else the one the line typed, else the release's
     default for it."""
     if side.args.server_args is not None:
@@ -67,7 +67,7 @@ def _server_value(side: Side, name: str, default: Any) -> Any:
     return default if found is None else found
 
 
-def _source(side: Side, field: str, option: str) -> str:
+def typed_source(side: Side, field: str, option: str) -> str:
     """:func:`~.endpoint.field_source`, with the value as the line typed it."""
     typed = typed_flags(list(side.args.argv)).get(field)
     if typed is not None and typed[1] is not None:
@@ -79,7 +79,7 @@ def _quantized(side: Side) -> bool:
     """Whether the server loads a quantized checkpoint: ``--quantization``, or a
     quantization config in config.json or hf_quant_config.json (what ``ModelConfig``
     reads)."""
-    if _server_value(side, "quantization", None):
+    if resolved_value(side, "quantization", None):
         return True
     path = os.path.join(side.model.path, "config.json")
     try:
@@ -104,7 +104,7 @@ def _stand_in_model(side: Side) -> tuple[Any, str | None, str | None]:
     if not _quantized(side):
         return None, None, None  # no quantization: the model has no quant config
     try:
-        model_config, _ = _model_config(
+        model_config, _ = release_model_config(
             f"--{side.role}", side.model.path, False, side.speculative_algorithm,
             side.args.server_args, side.args.env, bool(side.args.typed.get("trust_remote_code")))
     except CheckInputError as exc:
@@ -137,8 +137,8 @@ def _kv_dtype(side: Side) -> tuple[Value | None, str | None]:
     ``server_args.kv_cache_dtype``, which ``ModelRunner._record_kv_cache_dtype`` rewrites
     to that same resolved string when the model loads (before the KV manager is built):
     one value for every release."""
-    server = str(_server_value(side, "kv_cache_dtype", "auto"))
-    source = _source(side, "kv_cache_dtype", "--kv-cache-dtype")
+    server = str(resolved_value(side, "kv_cache_dtype", "auto"))
+    source = typed_source(side, "kv_cache_dtype", "--kv-cache-dtype")
     model, model_source, unknown = None, None, None
     if server == "auto":
         model, model_source, unknown = _stand_in_model(side)
@@ -176,12 +176,12 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
     if select is None or pool_cls is None or not hasattr(pool_cls, "pd_kv_layout"):
         return none, None
     env = {k: v for k, v in side.args.env.items() if k in LAYOUT_ENV}
-    backend = _server_value(side, "dsv4_attn_backend", None)
+    backend = resolved_value(side, "dsv4_attn_backend", None)
     typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in LAYOUT_ENV)
     source = (f"the release's {PD_DSV4_LAYOUT.attr} and pd_kv_layout on "
               f"--dsv4-attn-backend {backend} and {typed_env}")
     try:
-        with offline_env(env), _published(side.args.server_args):
+        with offline_env(env), published_server_args(side.args.server_args):
             layout, option = select()
             pool = object.__new__(pool_cls)
             pool.kv_layout, pool.compressed_kv_layout_option = layout, option
@@ -220,7 +220,7 @@ def _dspark(side: Side) -> tuple[Value, str | None]:
     source = (f"the release's get_dsv41_spec_layout (--speculative-algorithm "
               f"{side.speculative_algorithm}, {side.model.path}/config.json compress_ratios)")
     try:
-        with _published(side.args.server_args):
+        with published_server_args(side.args.server_args):
             return Value(function(kv_args), source), None
     except Exception as exc:  # it reads the pools' transfer layout: not built here
         return Value(None, source), (f"{side.role}: the DeepSeek-V4.1 DSpark layout (DSV4G032) "
@@ -290,15 +290,15 @@ def _contact_values(side: Side) -> dict[str, Value]:
     notes += [note] if note else []
     if kv_dtype is None and "kv_cache_dtype_str" not in unknown:
         unknown.append("kv_cache_dtype_str")
-    dcp = _server_value(side, "dcp_size", 1) or 1
+    dcp = resolved_value(side, "dcp_size", 1) or 1
     values = {
-        "dcp_size": Value(int(dcp), _source(side, "dcp_size", "--dcp-size")),
+        "dcp_size": Value(int(dcp), typed_source(side, "dcp_size", "--dcp-size")),
         "is_hybrid_mla_backend": Value(False, "SGLang's setup_state_kv_args sets it only for "
                                               "a hybrid linear-attention pool"),
-        "enable_kv_cache_sharding": Value(bool(_server_value(
+        "enable_kv_cache_sharding": Value(bool(resolved_value(
             side, "enable_kv_cache_sharding", False)), field_source(
             side, "enable_kv_cache_sharding", "--enable-kv-cache-sharding")),
-        "enable_dsa_cache_layer_split": Value(bool(_server_value(
+        "enable_dsa_cache_layer_split": Value(bool(resolved_value(
             side, "enable_dsa_cache_layer_split", False)), field_source(
             side, "enable_dsa_cache_layer_split", "--enable-dsa-cache-layer-split")),
         "kv_layout": layout,

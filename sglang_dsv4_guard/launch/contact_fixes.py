@@ -1,7 +1,7 @@
 """The fixes of ``check``'s first-contact and DCP relayout findings: what each server would
 be launched with so that SGLang's condition holds, derived from the two servers' values
 (never the row's text), filtered by the release's parser (``accepted_fix``) and proven by
-``check --fix``. DSV4G022's page-size fixes are :mod:`~sglang_dsv4_guard.launch.remedy`'s."""
+``check --fix``. DSV4G022's page-size fixes are :mod:`~sglang_dsv4_guard.launch.flag_fixes`'s."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.flag_fixes import (
+    accepted_fix,
+    attention_tp_fixes,
+    copy_pairs,
+    flag_edit,
+    flag_fix,
+)
 from sglang_dsv4_guard.launch.kv_layout_env import LAYOUT_ENV
-from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.relayout import CODE, relayout_raise
 
@@ -32,13 +38,13 @@ def _edits(name: str, src: Side, dst: Side, run: ContractRun) -> list[Edit | Non
     """The edits giving ``dst`` a value of ``name`` that satisfies the condition."""
     other = run.prefill if src is run.prefill_side else run.decode
     if name == "kv_cache_dtype_str":
-        return [_set(dst.role, "kv_cache_dtype", other.get(name))]
+        return [flag_edit(dst.role, "kv_cache_dtype", other.get(name))]
     if name == "pp_size" and dst.role == "decode":
-        return [_set(dst.role, "pp_size", other.get(name))]
+        return [flag_edit(dst.role, "pp_size", other.get(name))]
     if name in ("attn_cp_size", "dcp_size", "enable_kv_cache_sharding"):
         own = (run.decode if dst is run.decode_side else run.prefill).get(name)
         if name in typed_flags(list(dst.args.argv)) and own not in (None, False, 1):
-            return [_set(dst.role, name, None)]  # back to the release's default (1 / off)
+            return [flag_edit(dst.role, name, None)]  # back to the release's default (1 / off)
         return []
     if name == "kv_layout":
         return [env_copy(dst.role, key, src.args.env.get(key)) for key in LAYOUT_ENV
@@ -58,7 +64,7 @@ def _dcp_taken(src: Side, dst: Side, run: ContractRun) -> list[Edit | None]:
     ends[dst.role] = ends[dst.role].with_values(dcp_size=Value(size, src.role))
     if relayout_raise(ends["prefill"], ends["decode"]) != (None, None):
         return []
-    return [_set(dst.role, "dcp_size", size)]
+    return [flag_edit(dst.role, "dcp_size", size)]
 
 
 def contact_fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
@@ -71,16 +77,16 @@ def contact_fixes(finding: Finding, run: ContractRun) -> tuple[Fix, ...]:
     for name in names:
         inputs = tuple(f"{e.role}: {name} {e.get(name)!r} from {e.source(name)}"
                        for e in (run.prefill, run.decode))
-        for src, dst in _pairs(p, d):
+        for src, dst in copy_pairs(p, d):
             edits = _edits(name, src, dst, run)
             if edits:
                 label = _LABELS.get(name, name).format(src=src.role)
-                candidates.append(_fix(f"launch the {dst.role} server with {label}", name,
+                candidates.append(flag_fix(f"launch the {dst.role} server with {label}", name,
                                        edits, *inputs))
             taken = (_dcp_taken(src, dst, run) if (name, finding.code) == ("dcp_size", CODE)
                      else [])  # the relayout's own condition: DSV4G036
             if taken:
-                candidates.append(_fix(f"launch the {dst.role} server with the {src.role}'s "
+                candidates.append(flag_fix(f"launch the {dst.role} server with the {src.role}'s "
                                        "DCP size", name, taken, *inputs))
     fixes = tuple(dict.fromkeys(f for f in (accepted_fix(c, sides) for c in candidates)
                                 if f is not None))

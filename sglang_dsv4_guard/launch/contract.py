@@ -11,28 +11,28 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
+from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.findings import Finding
-from sglang_dsv4_guard.hookspecs import PAIR_HOOK
+from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
 from sglang_dsv4_guard.host.releases import HostProfile
-from sglang_dsv4_guard.launch.allocation import allocation_row
+from sglang_dsv4_guard.launch.allocation_row import allocation_row
 from sglang_dsv4_guard.launch.aux_width import aux_width_row
 from sglang_dsv4_guard.launch.chatter import section
 from sglang_dsv4_guard.launch.contact import contact_row
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint import endpoint_of
+from sglang_dsv4_guard.launch.endpoint_values import endpoint_of
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fix
 from sglang_dsv4_guard.launch.kv_layout_env import kv_layout_env_row
 from sglang_dsv4_guard.launch.kv_setup import kv_setup_row
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.remedy import accepted_fix
-from sglang_dsv4_guard.launch.transfer import (
+from sglang_dsv4_guard.launch.transfer_rows import (
     hisparse_backend_row,
     nixl_payload_row,
     send_extra_row,
 )
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import PairContext
-from sglang_dsv4_guard.plugins import build_plugins
 
 __all__ = ["ROWS", "ContractRun", "contract_findings", "pair_conditions"]
 

@@ -30,7 +30,7 @@ from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, machine_ca
 from sglang_dsv4_guard.launch.remote_code import missing_code
 from sglang_dsv4_guard.log import LOGGER_NAME
 
-__all__ = ["ModelFacts", "Side", "derive_side", "load_model"]
+__all__ = ["ModelFacts", "Side", "derive_side", "load_model", "release_model_config"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -133,7 +133,7 @@ def _build_config(path: str, draft: bool, algorithm: str | None, server_args: An
         return ModelConfig(path, **kwargs)
 
 
-def _model_config(option: str, path: str, draft: bool, algorithm: str | None,
+def release_model_config(option: str, path: str, draft: bool, algorithm: str | None,
                   server_args: Any, env: Mapping[str, str], remote_code: bool
                   ) -> tuple[Any, str | None]:
     """The release's ``ModelConfig``, and a note when remote code had to be left out."""
@@ -167,13 +167,13 @@ def load_model(option: str, path: str, draft: bool = False, algorithm: str | Non
     """``ModelConfig`` on ``path``/config.json, built once, from the server's resolved
     ``ServerArgs`` when there is one (``ModelConfig.from_server_args``, so
     --json-model-override-args, --revision and quantization apply); a missing or
-    unreadable config names ``option``. With the note of :func:`_model_config`."""
+    unreadable config names ``option``. With the note of :func:`release_model_config`."""
     from sglang.srt.configs.model_config import is_deepseek_v4
 
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise CheckInputError(option, f"no config.json in {path!r} (give a local directory; "
                                       "weights are not needed)")
-    config, note = _model_config(option, path, draft, algorithm, server_args, env or {},
+    config, note = release_model_config(option, path, draft, algorithm, server_args, env or {},
                                  remote_code)
     hf = config.hf_config
     arch = (getattr(hf, "architectures", None) or ["?"])[0]

@@ -24,10 +24,10 @@ from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import PD_DSV4_LAYOUT
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS
+from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fix
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.pools import _published
-from sglang_dsv4_guard.launch.remedy import accepted_fix
+from sglang_dsv4_guard.launch.pools import published_server_args
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
@@ -52,7 +52,7 @@ def selection(side: Side, env: dict[str, str]) -> tuple[str, str | None]:
     (the others unset): ``("accepted", None)``, ``("refused", message)`` on every machine,
     or ``("gpu", message)`` when what it says depends on the GPU."""
     select = _select()
-    with offline_env(env), _published(side.args.server_args):
+    with offline_env(env), published_server_args(side.args.server_args):
         for name in LAYOUT_ENV:
             if name not in env:
                 os.environ.pop(name, None)

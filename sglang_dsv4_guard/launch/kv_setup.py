@@ -27,11 +27,11 @@ from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.launch.chatter import section
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.remedy import accepted_fix
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fix
 from sglang_dsv4_guard.launch.state_types import (
     Refused,
-    _model_kind,
     layers_of,
+    model_pool_kind,
     pool_kind,
     registered_state,
 )
@@ -50,7 +50,7 @@ def setup_refusal(side: Side, env: Mapping[str, str]) -> Refused | None:
     kind = pool_kind(side)
     if kind not in _POOL_NAMES:
         return None
-    draft_kind = _model_kind(side.draft) if side.draft is not None else None
+    draft_kind = model_pool_kind(side.draft) if side.draft is not None else None
     if side.draft is not None and draft_kind not in ("mha", "mla", "swa"):
         return None  # a draft pool not built here: its set-up is unknown
     got = registered_state(kind, draft_kind, layers_of(side, kind),

@@ -26,13 +26,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sglang_dsv4_guard.assembly import standalone_runtime
+from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
+from sglang_dsv4_guard.reporter import Recorder
+from sglang_dsv4_guard.samples import new_kv_args
+from sglang_dsv4_guard.state.wrapper import make_state_wrapper
 
-__all__ = ["PoolRun", "draft_ratio", "last_run", "max_draft_tokens", "run_state_check",
-           "state_type_names"]
+__all__ = ["PoolRun", "draft_ratio", "last_run", "max_draft_tokens",
+           "published_server_args", "run_state_check", "state_type_names"]
 
 log = logging.getLogger(LOGGER_NAME)
 _POOL_ROWS = 1024  # SWA slots of a miniature pool; page sizes must divide it
@@ -86,7 +91,7 @@ def draft_ratio() -> tuple[int, str]:
 
 
 @contextmanager
-def _published(server_args: Any) -> Iterator[None]:
+def published_server_args(server_args: Any) -> Iterator[None]:
     """The server's resolved ``ServerArgs`` published in the runtime context for the block
     (the release's test override saves and restores the previous context); a dummy one
     when resolution did not complete."""
@@ -151,16 +156,9 @@ def run_state_check(side: Side) -> PoolRun | None:
     ``None`` when SGLang's DeepSeek-V4 block would not run: no DSV4 target, no draft,
     a draft that is not DeepSeek-V4, or unified-KV mode (not buildable on this machine).
     """
-    # deferred: SGLang and torch are loaded when a pool check runs; the guard's own
-    # modules below need no deferral (no cycle): to be moved to the top by launch/'s owner
+    # deferred: SGLang and torch are loaded when a pool check runs
     import torch
     from sglang.srt.disaggregation import utils
-
-    from sglang_dsv4_guard.errors import DSV4GuardError
-    from sglang_dsv4_guard.reporter import Recorder
-    from sglang_dsv4_guard.runtime import standalone_runtime
-    from sglang_dsv4_guard.samples import new_kv_args
-    from sglang_dsv4_guard.state.wrapper import make_state_wrapper
 
     if side.draft is None or not (side.model.is_dsv4 and side.draft.is_dsv4) \
             or side.unified_kv or side.page_size is None:
@@ -175,7 +173,7 @@ def run_state_check(side: Side) -> PoolRun | None:
     host_error: str | None = None
     report: Report | None = None
     # The report is returned and rendered by ``check``; the guard's log would repeat it.
-    with offline_env(side.args.env), _published(side.args.server_args), silenced():
+    with offline_env(side.args.env), published_server_args(side.args.server_args), silenced():
         mtp = max_draft_tokens(side.args.server_args)
         try:
             target = _pool(target_ratios, side.model.sliding_window or 128, side.page_size,

@@ -17,17 +17,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
+from sglang_dsv4_guard.host.verdict import judge_imported
 from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.launch.chatter import Output, capturing, recording, section
 from sglang_dsv4_guard.launch.contract import contract_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
 from sglang_dsv4_guard.launch.edit import typed_flags
+from sglang_dsv4_guard.launch.flag_fixes import derived_fixes, page_size_source
 from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.launch.pools import PoolRun, draft_ratio, run_state_check
-from sglang_dsv4_guard.launch.remedy import derived_fixes, page_size_source
 from sglang_dsv4_guard.launch.said import Said, said_about
+from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.host.releases import HostProfile
@@ -126,10 +130,6 @@ def _refused(side: Side, other: Side) -> Finding:
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
     """The guard's send checks on the transfer the two servers imply (phase ``check``:
     before launch, on the transfer the two lines imply)."""
-    # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
-    from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
-    from sglang_dsv4_guard.plugins import build_plugins
-
     a = prefill.args
     snap = SendSnapshot(
         state_type="swa" if prefill.swa_state else "none",
@@ -240,10 +240,6 @@ def _quoting(result: CheckResult) -> CheckResult:
 def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, str] | None,
                decode_env: Mapping[str, str] | None, refusals: Callable[[], tuple[str, ...]],
                derive: bool) -> CheckResult:
-    # deferred: none needed (no cycle, nothing heavy): to be moved to the top by launch/'s owner
-    from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
-    from sglang_dsv4_guard.host.verdict import judge_imported
-
     host = judge_imported()  # by the imported code, as install() judges it, not the label
     if host.behaves_as is None:
         raise CheckInputError("sglang", f"the imported SGLang ({host.version or 'absent'}) "

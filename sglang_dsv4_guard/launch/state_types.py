@@ -45,13 +45,14 @@ from typing import Any
 from sglang_dsv4_guard.launch.chatter import leaving_out
 from sglang_dsv4_guard.launch.derive import ModelFacts, Side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, NotDerived
+from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS, NotDerived
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.launch.pools import last_run, state_type_names
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 from sglang_dsv4_guard.pd.endpoint import Value
 
-__all__ = ["Refused", "layers_of", "minimax_layers", "pool_kind", "probing", "registered_state"]
+__all__ = ["Refused", "layers_of", "miniature_pool", "minimax_layers", "model_pool_kind",
+           "pool_kind", "probing", "registered_state"]
 
 log = logging.getLogger(LOGGER_NAME)
 _ROWS = 64
@@ -89,7 +90,7 @@ def _other_class(side: Side) -> bool:
                for v in _said(side, n)) or any(any(_said(side, f)) for f in _CLASS_FLAGS)
 
 
-def _model_kind(model: ModelFacts) -> str | None:
+def model_pool_kind(model: ModelFacts) -> str | None:
     """The pool SGLang's configurator builds for ``model``, by its own predicates, when it
     is one of the kinds built here; ``None`` otherwise."""
     config = model.config
@@ -139,7 +140,7 @@ def pool_kind(side: Side) -> str | None:
     if _unified(side):
         dtype_other = any("mxfp" in str(d) or "fp4" in str(d)
                           for d in _said(side, "kv_cache_dtype"))
-        if dtype_other or side.model.is_dsv4 or _model_kind(side.model) != "swa" \
+        if dtype_other or side.model.is_dsv4 or model_pool_kind(side.model) != "swa" \
                 or (kv_dtype(side) == "auto" and _quantized_kv(side.model)):
             return None
         return "unified_swa"
@@ -149,7 +150,7 @@ def pool_kind(side: Side) -> str | None:
         return "dsv4"
     if kv_dtype(side) == "auto" and _quantized_kv(side.model):
         return None  # the model's quantization config may give a block-scaled KV pool
-    kind = _model_kind(side.model)
+    kind = model_pool_kind(side.model)
     if kind == "minimax" and (int(side.args.get("pp_size") or 1) > 1
                               or any(_said(side, "enable_hisparse"))
                               or any("nvfp4" in str(q) for q in _said(side, "quantization"))):
@@ -178,7 +179,7 @@ def unified_pool() -> Any:
                                   ).token_to_kv_pool
 
 
-def _pool(kind: str, layers: tuple[tuple[int, ...], ...] = ()) -> Any:
+def miniature_pool(kind: str, layers: tuple[tuple[int, ...], ...] = ()) -> Any:
     """A miniature ``kind`` pool by SGLang's own constructor (``layers``: a MiniMax pool's
     :func:`minimax_layers`)."""
     if kind == "unified_swa":
@@ -276,8 +277,8 @@ def registered_state(kind: str, draft_kind: str | None = None,
     with probing(env):
         try:
             kv_args = new_kv_args()
-            draft = _pool(draft_kind) if draft_kind else None
-            pool = _pool(kind, layers)
+            draft = miniature_pool(draft_kind) if draft_kind else None
+            pool = miniature_pool(kind, layers)
         except Exception as exc:  # the release's constructor refused on this CPU: unknown
             log.debug("a %s pool not built: %s", kind, exc, exc_info=True)
             return f"{type(exc).__name__}: {exc}"
@@ -296,7 +297,7 @@ def registered_state(kind: str, draft_kind: str | None = None,
 
 
 def _built(side: Side, kind: str) -> dict[str, Value]:
-    draft_kind = _model_kind(side.draft) if side.draft is not None else None
+    draft_kind = model_pool_kind(side.draft) if side.draft is not None else None
     if side.draft is not None and draft_kind is None:
         return {}  # a draft pool not built here: what the call registers is unknown
     got = registered_state(kind, draft_kind, layers_of(side, kind))

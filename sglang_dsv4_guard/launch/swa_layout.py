@@ -23,10 +23,10 @@ import logging
 from collections.abc import Mapping
 
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS, field_source, side_field
+from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS, field_source, side_field
 from sglang_dsv4_guard.launch.state_types import (
     Refused,
-    _pool,
+    miniature_pool,
     pool_kind,
     probing,
     registered_state,
@@ -61,7 +61,7 @@ def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
     try:
         with probing(env):
             kv_args = new_kv_args()
-            setup_state_kv_args(kv_args, unified_pool() if unified else _pool("swa"), None)
+            setup_state_kv_args(kv_args, unified_pool() if unified else miniature_pool("swa"), None)
     except Exception as exc:  # the release's constructor or function refused: unknown
         log.debug("SWA layout (unified=%s) not derived: %s", unified, exc, exc_info=True)
         return f"{type(exc).__name__}: {exc}"

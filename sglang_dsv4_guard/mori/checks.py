@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
-from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.fixes import Fix
+from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+from sglang_dsv4_guard.pd.attention_tp import AttentionLayout, attention_tp_fixes
 
 _DECODE_TP = ("the decode server's attention TP size, sent when it registers "
               "(KVArgsRegisterInfo.decode_tp_size)")
@@ -30,107 +31,30 @@ def _attn_tp_source() -> str:
             "server: MoriKVManager.attn_tp_size")
 
 
-def _inputs() -> tuple[str, ...]:
-    if _has_attn_dp():
-        return (f"attention TP = --tp-size / --attn-dp-size ({_REWRITE})",)
-    return ("attention TP = --tp-size, or --tp-size / --dp-size with --enable-dp-attention",)
-
-
-def _attn_dp(tp: int | None, attn_tp: int | None) -> int | None:
-    """The server's attention-DP width, from its --tp-size and the attention TP size it
-    runs (SGLang's attention TP is --tp-size / attention DP), or ``None`` unknown."""
-    if tp is None or attn_tp is None or attn_tp <= 0 or tp % attn_tp:
-        return None
-    return tp // attn_tp
-
-
-def _dp_edits(server: str, new_dp: int, deprecated: bool | None) -> tuple[Edit, ...]:
-    """Edits that give ``server`` attention-DP width ``new_dp`` in the release's spelling;
-    ``deprecated``: the line was seen with --enable-dp-attention (its --dp-size is then
-    the width, and both go on a release with --attn-dp-size)."""
-    if _has_attn_dp():
-        old = ((Edit(server, "--enable-dp-attention", remove=True),
-                Edit(server, "--dp-size", remove=True)) if deprecated else ())
-        if new_dp == 1:
-            return old or (Edit(server, "--attn-dp-size", remove=True),)
-        return (Edit(server, "--attn-dp-size", str(new_dp)), *old)
-    if new_dp == 1:
-        return (Edit(server, "--enable-dp-attention", remove=True),
-                Edit(server, "--dp-size", remove=True))
-    return (Edit(server, "--dp-size", str(new_dp)),)
-
-
-def _edits(*candidates: Edit) -> tuple[Edit, ...]:
-    """The edits the installed release's parser accepts (:func:`flags.vetted`)."""
-    return flags.vetted(*candidates)
-
-
-def _layout_edits(server: str, tp: int | None, attn_tp: int | None,
-                  dp_attention: bool | None, want: int) -> tuple[Edit, ...]:
-    """Edits that give ``server`` attention TP ``want`` from its layout (``--tp-size``
-    and the attention TP it runs), keeping its GPU count when they can: with attention DP
-    a new attention-DP width (or none at width 1), else --tp-size. Never an edit that
-    sets a value the server already has."""
-    dp = _attn_dp(tp, attn_tp)
-    if tp is None or dp is None or attn_tp == want:
-        return ()
-    if dp > 1:
-        if tp % want == 0:
-            return _dp_edits(server, tp // want, dp_attention)
-        return (Edit(server, "--tp-size", str(want * dp)),)
-    return (Edit(server, "--tp-size", str(want)),)
-
-
-def _layout(tp: int | None, attn_tp: int | None) -> str:
-    dp = _attn_dp(tp, attn_tp)
-    if tp is None:
-        return ""
-    if dp is None or dp == 1:
-        return f"--tp-size {tp}"
-    spelled = f"--attn-dp-size {dp}" if _has_attn_dp() else f"--dp-size {dp} --enable-dp-attention"
-    return f"--tp-size {tp} {spelled}"
+def layouts(t: SendSnapshot) -> tuple[AttentionLayout, AttentionLayout]:
+    """The two servers' attention layouts as the transfer knows them: the prefill's from
+    its server arguments, the decode's from its launch line before launch (``check``),
+    else only the attention TP size it registered."""
+    prefill = AttentionLayout("prefill", t.attn_tp_size, t.tp_size, t.attn_cp_size or 1,
+                              t.dp_size or 1, bool(t.enable_dp_attention), typed=None)
+    decode = AttentionLayout("decode", t.decode_tp_size)
+    if t.decode_tp is not None:
+        decode = AttentionLayout("decode", t.decode_tp_size, t.decode_tp, 1,
+                                 t.decode_dp_size or 1, bool(t.decode_enable_dp_attention),
+                                 typed=None)
+    return prefill, decode
 
 
 def tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
-    """Flag edits that make the attention TP sizes equal, one server at a time, from that
-    server's layout; the decode's layout is known before launch only, so at run time its
-    fix names both forms and carries no edit."""
-    inputs = _inputs()
-    found: list[Fix] = []
-    if t.attn_tp_size is not None and t.attn_tp_size > 0:
-        want = t.attn_tp_size
-        text = (f"give the decode server attention TP {want}, the prefill's (it has "
-                f"{t.decode_tp_size})")
-        decode_now = _layout(t.decode_tp, t.decode_tp_size)
-        edits = _edits(*_layout_edits("decode", t.decode_tp, t.decode_tp_size,
-                                      t.decode_enable_dp_attention, want))
-        if edits:
-            found.append(Fix(FixKind.FLAGS, f"{text} (it runs {decode_now})",
-                             field="decode_tp_size", inputs=inputs, edits=edits))
-        else:
-            dp_form = ("an --attn-dp-size" if _has_attn_dp()
-                       else "with --enable-dp-attention a --dp-size")
-            found.append(Fix(
-                FixKind.ADVICE,
-                f"{text}: --tp-size {want} without DP attention, or {dp_form} of its "
-                f"--tp-size / {want} (the decode's layout is not known here, so no edit is "
-                "given)",
-                field="decode_tp_size", inputs=inputs))
-    if t.decode_tp_size is not None and t.decode_tp_size > 0:
-        prefill_now = _layout(t.tp_size, t.attn_tp_size)
-        edits = _edits(*_layout_edits("prefill", t.tp_size, t.attn_tp_size,
-                                      t.enable_dp_attention, t.decode_tp_size))
-        if edits:
-            hint = (_has_attn_dp() and not t.enable_dp_attention
-                    and any(e.name == "--attn-dp-size" for e in edits))
-            note = ("; if its line has the deprecated --dp-size N --enable-dp-attention, "
-                    "replace them (this release rewrites them into --attn-dp-size N)"
-                    if hint else "")
-            found.append(Fix(
-                FixKind.FLAGS,
-                f"or give the prefill server attention TP {t.decode_tp_size}, the decode's"
-                + (f" (this prefill server runs {prefill_now}{note})" if prefill_now else note),
-                field="attn_tp_size", inputs=inputs, edits=edits))
+    """The attention-TP family's fixes (:func:`attention_tp_fixes`), each edit one the
+    installed release's parser accepts."""
+    found = []
+    for fix in attention_tp_fixes(*layouts(t)):
+        if fix.edits:
+            edits = flags.vetted(*fix.edits)
+            if len(edits) != len(fix.edits):
+                continue
+        found.append(fix)
     return tuple(found)
 
 

@@ -31,6 +31,7 @@ class SendSnapshot:
     tp_size: int | None = None
     dp_size: int | None = None
     enable_dp_attention: bool | None = None
+    attn_cp_size: int | None = None
     pp_size: int | None = None
     engine_key: str | None = None
     endpoint: str | None = None
@@ -93,6 +94,7 @@ def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapsho
         tp_size=_int(server_args["tp_size"]),
         dp_size=_int(server_args["dp_size"]),
         enable_dp_attention=server_args["enable_dp_attention"],
+        attn_cp_size=_int(server_args["attn_cp_size"]),
         pp_size=_int(mgr["pp_size"]),
         engine_key=info["engine_key"],
         endpoint=info["endpoint"],

@@ -53,7 +53,7 @@ class StateLayoutVerdict:
     components: tuple[tuple[int, str, tuple[int, ...], tuple[int, ...]], ...]
 
 
-class _Quiet:
+class _SilentLogger:
     """The silenced logger of the copied method: the real registration logged already."""
 
     def __getattr__(self, name: str) -> Any:
@@ -91,7 +91,7 @@ def state_layout_verdict(prefill: Endpoint, decode: Endpoint, package: Path,
     module = importlib.import_module(PD_NIXL_STATE.module)  # unscanned: targets
     cls = getattr(module, PD_NIXL_STATE.qualname.split(".")[0])
     real = vars(cls)["_prepare_state_xfer"]
-    method = types.FunctionType(real.__code__, {**real.__globals__, "logger": _Quiet()},
+    method = types.FunctionType(real.__code__, {**real.__globals__, "logger": _SilentLogger()},
                                 real.__name__, real.__defaults__, real.__closure__)
     enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
     types_ = [enum(s) for s in prefill.get("state_types")]

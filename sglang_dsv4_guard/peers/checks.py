@@ -17,7 +17,7 @@ from __future__ import annotations
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.mori.checks import tp_fixes
@@ -25,13 +25,13 @@ from sglang_dsv4_guard.mori.snapshot import SendSnapshot
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.mamba_state import MAMBA_CODE, mamba_refusal
 from sglang_dsv4_guard.pd.mori_send import mori_state_refusals
-from sglang_dsv4_guard.pd.nixl import payload_verdict
+from sglang_dsv4_guard.pd.nixl_payload import payload_verdict
 from sglang_dsv4_guard.pd.nixl_state import state_layout_verdict
 from sglang_dsv4_guard.pd.relayout import relayout_findings
+from sglang_dsv4_guard.pd.send_extra import BACKENDS as TRANSFER_BACKENDS
+from sglang_dsv4_guard.pd.send_extra import send_extra_verdicts
 from sglang_dsv4_guard.pd.state_layout import CODE as LAYOUT_CODE
 from sglang_dsv4_guard.pd.state_layout import state_layout_refusal, state_layout_when
-from sglang_dsv4_guard.pd.transfer import BACKENDS as TRANSFER_BACKENDS
-from sglang_dsv4_guard.pd.transfer import send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
 
@@ -43,14 +43,14 @@ def _peer_line(reg: Registration) -> str:
 
 
 def _tp_fixes(reg: Registration, state_type: str) -> tuple[Fix, ...]:
-    """The attention-TP fixes MORI's check derives, on the prefill's layout and the TP
-    size the decode registered (its layout is not known at run time)."""
+    """The attention-TP family's fixes on the prefill's layout and the TP size the decode
+    registered (its layout is not known at run time)."""
     p, d = reg.prefill, reg.decode
     return tp_fixes(SendSnapshot(
         state_type=state_type, is_mla_backend=bool(p.get("is_mla_backend")),
         attn_tp_size=p.get("attn_tp_size"), decode_tp_size=d.get("attn_tp_size"),
         tp_size=p.get("tp_size"), dp_size=p.get("dp_size"),
-        enable_dp_attention=p.get("enable_dp_attention")))
+        enable_dp_attention=p.get("enable_dp_attention"), attn_cp_size=p.get("attn_cp_size")))
 
 
 def _finding(reg: Registration, code: str, message: str, function: str, subject: str,

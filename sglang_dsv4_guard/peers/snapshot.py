@@ -115,6 +115,7 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
             "len(kv_args.aux_data_ptrs): the prefill's metadata buffers"))
     for name, flag in (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
                        ("enable_dp_attention", "--enable-dp-attention"),
+                       ("attn_cp_size", "--attn-cp-size"),
                        ("speculative_algorithm", "--speculative-algorithm")):
         _put(values, name, args[name], f"server flag {flag} on the prefill")
     _put(values, "kv_checksum", args["disaggregation_enable_kv_checksum"],

@@ -9,7 +9,7 @@ in ``sglang.srt.disaggregation.prefill`` and ``.decode``). Codes: ``DSV4G001`` t
 - :mod:`~sglang_dsv4_guard.state.provenance`: which line registered each pool's mapping
   (SGLang's ``register_mapping`` observed once the guard is installed);
 - :mod:`~sglang_dsv4_guard.state.checks`: the built-in ``check_state`` hook, pure;
-- :mod:`~sglang_dsv4_guard.state.fixes`: the checks' fixes, derived per differing field
+- :mod:`~sglang_dsv4_guard.state.pool_fixes`: the checks' fixes, derived per differing field
   on the installed release;
 - :mod:`~sglang_dsv4_guard.state.sharing`: the auto-share rule the checks and the
   remedy (:mod:`sglang_dsv4_guard.autoshare`) both follow, pure;

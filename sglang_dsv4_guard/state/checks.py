@@ -12,9 +12,9 @@ from typing import Any
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import LIST_CAP, Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix
-from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.releases import HostProfile
-from sglang_dsv4_guard.state import fixes as derive
+from sglang_dsv4_guard.state import pool_fixes as derive
 from sglang_dsv4_guard.state.sharing import decide
 from sglang_dsv4_guard.state.snapshot import (
     NotASequence,

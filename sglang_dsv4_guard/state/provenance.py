@@ -33,18 +33,18 @@ from typing import Any
 
 from sglang_dsv4_guard.patching import is_ours
 
-__all__ = ["Registration", "forget", "make_register_wrapper", "registered_by"]
+__all__ = ["MappingRegistration", "forget", "make_register_wrapper", "registered_by"]
 
 
 @dataclass(frozen=True)
-class Registration:
+class MappingRegistration:
     """One observed ``register_mapping`` call: where it was made and what it registered."""
 
     caller: str  # "path/to/file.py:123 (function)"
     tensor: Callable[[], object] | None  # a weak reference; None: None was registered
 
 
-_SEEN: weakref.WeakKeyDictionary[object, Registration] = weakref.WeakKeyDictionary()
+_SEEN: weakref.WeakKeyDictionary[object, MappingRegistration] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -86,7 +86,7 @@ def _record(pool: object, tensor: object) -> None:
     try:
         ref = None if tensor is None else weakref.ref(tensor)
         with _LOCK:
-            _SEEN[pool] = Registration(where, ref)
+            _SEEN[pool] = MappingRegistration(where, ref)
     except TypeError:  # a pool or tensor that refuses weak references: nothing recorded
         pass
 

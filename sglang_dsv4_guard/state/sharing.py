@@ -7,7 +7,7 @@ draft pool references the old tensor (``TensorInfo.other_references == 0``: the
 ``sys.getrefcount`` surplus over a singly held object; anything else, or unknown, refuses).
 
 A pure function of a :class:`~sglang_dsv4_guard.state.snapshot.StatePair`. It decides;
-:mod:`sglang_dsv4_guard.autoshare.remedy` acts (``draft_pool.register_mapping``),
+:mod:`sglang_dsv4_guard.autoshare.rebind` acts (``draft_pool.register_mapping``),
 and the ``DSV4G004`` check uses the same decision to offer, or not, the switch.
 """
 

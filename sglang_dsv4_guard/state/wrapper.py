@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from sglang_dsv4_guard.boundary import is_builtin, plugin_failure
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
 from sglang_dsv4_guard.host.targets import CALLERS, SCHEDULER_MODULE
-from sglang_dsv4_guard.plugins import is_builtin, plugin_failure
 from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.runtime import Runtime, add_note
 from sglang_dsv4_guard.state.snapshot import (

@@ -3,7 +3,7 @@ they read.
 
 - DSV4G040/041: the prefill's Mooncake/NIXL ``maybe_send_extra`` on each state type its
   pool registers (:mod:`.state_types`), evaluated with SGLang's own conditions
-  (:mod:`sglang_dsv4_guard.pd.transfer`);
+  (:mod:`sglang_dsv4_guard.pd.send_extra`);
 - DSV4G045: the two servers' metadata buffer counts, by SGLang's own ``MetadataBuffers``
   and (0.5.23) ``check_peer_aux_buffer_count`` (:mod:`sglang_dsv4_guard.pd.buffers`).
 """
@@ -23,18 +23,18 @@ from sglang_dsv4_guard.launch import state_types as _state_types  # registers it
 from sglang_dsv4_guard.launch import swa_layout as _swa_layout  # registers its contributor
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint import (
+from sglang_dsv4_guard.launch.endpoint_values import (
     CONTRIBUTORS,
     NotDerived,
     field_source,
     side_field,
 )
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.remedy import accepted_fix, attention_tp_fixes
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
-from sglang_dsv4_guard.pd.nixl import NixlVerdict, hisparse_backend_verdict, payload_verdict
-from sglang_dsv4_guard.pd.transfer import BACKENDS, StateVerdict, send_extra_verdicts
+from sglang_dsv4_guard.pd.nixl_payload import NixlVerdict, hisparse_backend_verdict, payload_verdict
+from sglang_dsv4_guard.pd.send_extra import BACKENDS, StateVerdict, send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["SAMPLING_MASK", "hisparse_backend_row", "nixl_payload_row",

@@ -12,10 +12,10 @@ import logging
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.hookspecs import hookimpl
+from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.targets import MAPPING_ATTR, POOL_REGISTER
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.state.fixes import mapping_source
+from sglang_dsv4_guard.state.pool_fixes import mapping_source
 from sglang_dsv4_guard.state.sharing import decide
 from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.remedy import page_size_source
+from sglang_dsv4_guard.launch.flag_fixes import page_size_source
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Endpoint, Value
 

@@ -21,9 +21,11 @@ from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, lookup, typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, parse_side
 from sglang_dsv4_guard.launch.refusal import refusal_fixes
+from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
+from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
 
-__all__ = ["UNIFIED_VARIABLE", "accepted_fix", "attention_tp_fixes", "derived_fixes",
-           "page_size_source"]
+__all__ = ["UNIFIED_VARIABLE", "accepted_fix", "attention_tp_fixes", "copy_pairs",
+           "derived_fixes", "flag_edit", "flag_fix", "page_size_source"]
 
 UNIFIED_VARIABLE = "SGLANG_HACK_FLASHMLA_BACKEND"
 
@@ -46,7 +48,7 @@ def page_size_source(side: Side) -> str:
     return f"server flag --page-size {typed}"
 
 
-def _set(role: str, field: str, value: object) -> Edit | None:
+def flag_edit(role: str, field: str, value: object) -> Edit | None:
     found = flag_for_field(field)
     if found is None:
         return None
@@ -54,7 +56,7 @@ def _set(role: str, field: str, value: object) -> Edit | None:
                 remove=value is None)
 
 
-def _fix(text: str, field: str, edits: list[Edit | None], *inputs: str) -> Fix | None:
+def flag_fix(text: str, field: str, edits: list[Edit | None], *inputs: str) -> Fix | None:
     kept = tuple(e for e in edits if e is not None)
     if not kept or len(kept) != len(edits):
         return None  # a flag this release does not have: not suggested
@@ -72,7 +74,7 @@ def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
     return tuple(edits)
 
 
-def _pairs(p: Side, d: Side) -> tuple[tuple[Side, Side], ...]:
+def copy_pairs(p: Side, d: Side) -> tuple[tuple[Side, Side], ...]:
     """(source, destination), the decode taking the prefill's first; a server whose own
     flags the release's resolution refused (DSV4G026) is never a source: its values are
     not copied to the other server."""
@@ -140,29 +142,29 @@ def _g021(p: Side, d: Side) -> list[Fix | None]:
                    "speculative flags)" for s in (p, d))
     return [Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s speculative "
                                "flags", ", ".join(fields), _speculative_flags(src, dst), inputs)
-            for src, dst in _pairs(p, d) if _speculative_flags(src, dst)]
+            for src, dst in copy_pairs(p, d) if _speculative_flags(src, dst)]
 
 
 def _g022(p: Side, d: Side) -> list[Fix | None]:
     inputs = tuple(f"{s.role}: page size {s.page_size} from {page_size_source(s)}"
                    for s in (p, d))
     fixes: list[Fix | None] = []
-    for src, dst in _pairs(p, d):
+    for src, dst in copy_pairs(p, d):
         typed = _typed_page(dst)
         if typed is not None and dst.args.resolved and typed != dst.page_size:
             continue  # the release sets this server's page size itself
         if src.page_size is not None:
-            fixes.append(_fix(f"launch the {dst.role} server with the {src.role}'s page size",
-                              "page_size", [_set(dst.role, "page_size", src.page_size)],
+            fixes.append(flag_fix(f"launch the {dst.role} server with the {src.role}'s page size",
+                              "page_size", [flag_edit(dst.role, "page_size", src.page_size)],
                               *inputs))
     return fixes
 
 
 def _same(field: str, what: str, p: Side, d: Side, inputs: tuple[str, ...]
           ) -> list[Fix | None]:
-    return [_fix(f"launch the {dst.role} server with the {src.role}'s {what}", field,
-                 [_set(dst.role, field, src.args.get(field))], *inputs)
-            for src, dst in _pairs(p, d)]
+    return [flag_fix(f"launch the {dst.role} server with the {src.role}'s {what}", field,
+                 [flag_edit(dst.role, field, src.args.get(field))], *inputs)
+            for src, dst in copy_pairs(p, d)]
 
 
 def _g024(p: Side, d: Side) -> list[Fix | None]:
@@ -176,17 +178,17 @@ def _g024(p: Side, d: Side) -> list[Fix | None]:
                                     "serve one checkpoint on both (check --fix does not apply "
                                     "this itself: which model to serve is the operator's "
                                     "choice)", ", ".join(fields), inputs=inputs)]
-    return [_fix(f"serve the {src.role}'s checkpoint on the {dst.role} server",
-                 ", ".join(fields), [_set(dst.role, name, src.args.get(name))
+    return [flag_fix(f"serve the {src.role}'s checkpoint on the {dst.role} server",
+                 ", ".join(fields), [flag_edit(dst.role, name, src.args.get(name))
                                      for name in fields], *inputs)
-            for src, dst in _pairs(p, d)]
+            for src, dst in copy_pairs(p, d)]
 
 
 def _g025(p: Side, d: Side) -> list[Fix | None]:
     inputs = tuple(f"{s.role} env: {UNIFIED_VARIABLE}="
                    f"{s.args.env.get(UNIFIED_VARIABLE, '(unset)')}" for s in (p, d))
     fixes: list[Fix | None] = []
-    for src, dst in _pairs(p, d):
+    for src, dst in copy_pairs(p, d):
         value = src.args.env.get(UNIFIED_VARIABLE)
         edit = Edit(dst.role, UNIFIED_VARIABLE, value, remove=value is None, env=True)
         fixes.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s "
@@ -195,67 +197,20 @@ def _g025(p: Side, d: Side) -> list[Fix | None]:
     return fixes
 
 
+def attention_layout(side: Side) -> AttentionLayout:
+    """``side``'s attention layout as its launch line gives it (what was typed known)."""
+    a = side.args
+    typed = frozenset(typed_flags(list(a.argv))) & {"dp_size", "enable_dp_attention",
+                                                    "attn_dp_size"}
+    return AttentionLayout(side.role, side.attn_tp_size, int(a.get("tp_size") or 1),
+                           int(a.get("attn_cp_size") or 1), int(a.typed.get("dp_size") or 1),
+                           bool(a.get("enable_dp_attention")), typed)
+
+
 def attention_tp_fixes(p: Side, d: Side) -> list[Fix | None]:
-    """Fixes giving one server the other's attention TP: by its attention-DP size first
-    (its GPU count kept), else by its --tp-size (said to change its GPU count)."""
-    inputs = tuple(f"{s.role}: attention TP {s.attn_tp_size} = --tp-size "
-                   f"{s.args.get('tp_size')} / (attention DP {s.attn_dp_size} x attention CP "
-                   f"{s.args.get('attn_cp_size') or 1}) (SGLang's "
-                   "compute_dp_attention_world_info)" for s in (p, d))
-    fixes: list[Fix | None] = [_dp_fix(src, dst, inputs) for src, dst in ((p, d), (d, p))]
-    fixes += [_fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its "
-                   "--tp-size (this changes its GPU count)", "attn_tp_size",
-                   [_set(dst.role, "tp_size", src.attn_tp_size * dst.attn_dp_size
-                         * (dst.args.get("attn_cp_size") or 1))], *inputs)
-              for src, dst in ((p, d), (d, p))]
-    return fixes
-
-
-def _dp_fix(src: Side, dst: Side, inputs: tuple[str, ...]) -> Fix | None:
-    """``dst`` given ``src``'s attention TP by its attention-DP size, keeping its
-    --tp-size: ``dp = tp / (attention TP x attention CP)``, spelled as the release spells
-    attention DP (:func:`_dp_edits`)."""
-    tp, cp = int(dst.args.get("tp_size") or 1), int(dst.args.get("attn_cp_size") or 1)
-    if tp % (src.attn_tp_size * cp):
-        return None
-    dp = tp // (src.attn_tp_size * cp)
-    edits, replicas = _dp_edits(dst, dp)
-    if not edits:
-        return None
-    kept = (f"keeping its --tp-size {tp} but dropping its --dp-size {replicas} replicas "
-            "(this changes its GPU count)" if replicas > 1
-            else f"keeping its --tp-size {tp} (its GPU count)")
-    return _fix(f"give the {dst.role} server attention TP {src.attn_tp_size} by its attention "
-                f"DP size ({dp}), {kept}", "attn_tp_size", edits, *inputs)
-
-
-def _dp_edits(dst: Side, dp: int) -> tuple[list[Edit | None], int]:
-    """The edits giving ``dst`` attention DP ``dp``, and the --dp-size replicas they drop
-    (1 when none). Where the release has --attn-dp-size (0.5.22+), that flag, the
-    deprecated ``--dp-size N --enable-dp-attention`` removed (its parallel_hook rewrites
-    it to --attn-dp-size, and --dp-size alone counts replicas, which it refuses beside
-    attention DP); before, --dp-size with --enable-dp-attention, and no flag at all for
-    attention DP 1 rather than --dp-size 1."""
-    typed = typed_flags(list(dst.args.argv))
-    if flag_for_field("attn_dp_size") is None:
-        if dp == 1:
-            return [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
-                    if field in typed], 1
-        edits = [_set(dst.role, "dp_size", dp)]
-        if "enable_dp_attention" not in typed:
-            found = flag_for_field("enable_dp_attention")
-            edits.append(Edit(dst.role, found.option) if found is not None else None)
-        return edits, 1
-    replicas = 1 if "enable_dp_attention" in typed else int(dst.args.typed.get("dp_size") or 1)
-    if dp == max(1, int(dst.attn_dp_size)) and replicas == 1:
-        return [], 1
-    edits = [_set(dst.role, field, None) for field in ("dp_size", "enable_dp_attention")
-             if field in typed and (field != "dp_size" or dp > 1 or replicas == 1)]
-    if dp > 1:
-        edits.append(_set(dst.role, "attn_dp_size", dp))
-    elif "attn_dp_size" in typed:
-        edits.append(_set(dst.role, "attn_dp_size", None))
-    return edits, replicas if dp > 1 else 1
+    """The attention-TP family's fixes (one home: :mod:`sglang_dsv4_guard.pd.attention_tp`)
+    on the two launch lines' layouts."""
+    return list(pd_attention_tp_fixes(attention_layout(p), attention_layout(d)))
 
 
 def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
@@ -265,8 +220,8 @@ def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
     if side.draft is None or side.draft.sliding_window == side.model.sliding_window \
             or not side.args.typed.get("speculative_draft_model_path"):
         return ()
-    fix = _fix(f"serve the target's own MTP layers as the {side.role} server's draft",
-               "sliding_window", [_set(side.role, "speculative_draft_model_path", None)],
+    fix = flag_fix(f"serve the target's own MTP layers as the {side.role} server's draft",
+               "sliding_window", [flag_edit(side.role, "speculative_draft_model_path", None)],
                f"{side.role}: target sliding_window {side.model.sliding_window} "
                f"({side.model.path}/config.json)",
                f"{side.role}: draft sliding_window {side.draft.sliding_window} "

@@ -16,12 +16,12 @@ from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.verdict import imported_package_dir
-from sglang_dsv4_guard.launch.contact import _server_value, _source
+from sglang_dsv4_guard.launch.contact import resolved_value, typed_source
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint import CONTRIBUTORS
-from sglang_dsv4_guard.launch.remedy import _fix, _pairs, _set, accepted_fix
+from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fix, copy_pairs, flag_edit, flag_fix
 from sglang_dsv4_guard.pd.allocation import CODE, POLICY, allocation_findings
 from sglang_dsv4_guard.pd.endpoint import Value
 
@@ -36,10 +36,10 @@ def _policy(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     found = flag_for_field(FIELD)
     if found is None:
         return {}  # before 0.5.22: no policy, nothing published or compared
-    value = _server_value(side, FIELD, None)  # resolution does not change the line's value
+    value = resolved_value(side, FIELD, None)  # resolution does not change the line's value
     if value is None:
         return {}
-    return {POLICY: Value(str(value), _source(side, FIELD, found.option))}
+    return {POLICY: Value(str(value), typed_source(side, FIELD, found.option))}
 
 
 def _fixes(run: ContractRun) -> tuple[Fix, ...]:
@@ -50,14 +50,14 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
     inputs = tuple(f"{e.role}: {POLICY} {e.get(POLICY)!r} from {e.source(POLICY)}"
                    for e in (run.prefill, run.decode))
     candidates: list[Fix | None] = []
-    for src, dst in _pairs(p, d):
+    for src, dst in copy_pairs(p, d):
         if FIELD in typed_flags(list(src.args.argv)):
-            edit = _set(dst.role, FIELD, ends[src.role].get(POLICY))
+            edit = flag_edit(dst.role, FIELD, ends[src.role].get(POLICY))
         elif FIELD in typed_flags(list(dst.args.argv)):
-            edit = _set(dst.role, FIELD, None)  # back to the release's default, as src
+            edit = flag_edit(dst.role, FIELD, None)  # back to the release's default, as src
         else:
             continue
-        candidates.append(_fix(f"launch the {dst.role} server with the {src.role}'s decode "
+        candidates.append(flag_fix(f"launch the {dst.role} server with the {src.role}'s decode "
                                "allocation policy", FIELD, [edit], *inputs))
     fixes = tuple(dict.fromkeys(f for f in (accepted_fix(c, {"prefill": p, "decode": d})
                                             for c in candidates) if f is not None))

@@ -1,0 +1,176 @@
+"""The fixes that give two servers the same attention TP size: one home for the family.
+
+Attention TP is ``--tp-size / (attention DP x attention CP)`` (SGLang's
+``compute_dp_attention_world_info``). Every condition that refuses different attention
+TP sizes (MORI's ``swa`` state, DSV4G006; the head-sliced Mooncake/NIXL state transfer,
+DSV4G040; HiSparse over NIXL; decode's first contact) takes its fixes from
+:func:`attention_tp_fixes`, in ``check`` and at run time alike. ``check`` builds each
+:class:`AttentionLayout` from a launch line and proves the fixes; the run-time wrappers
+build the prefill's from its live server arguments, and know of a decode peer only the
+attention TP it registered, so its fix is said without an edit, not as another sentence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_for_field
+
+__all__ = ["FIELD", "AttentionLayout", "attention_tp_fixes"]
+
+#: The compared field every fix of the family addresses.
+FIELD = "attn_tp_size"
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """One server's attention layout, as far as the caller knows it.
+
+    ``tp_size`` is ``None`` when the server's launch layout is not known (a decode peer
+    at run time sends its attention TP size alone). ``typed`` holds which of
+    ``dp_size``, ``enable_dp_attention`` and ``attn_dp_size`` its line has: from a launch
+    line, what was typed; ``None`` when only the resolved server arguments are known (then
+    a field counts as typed when it differs from SGLang's default). ``dp_size`` is the
+    ``--dp-size`` value (from 0.5.22, without ``--enable-dp-attention``, data-parallel
+    replicas); ``dp_attention`` whether ``--enable-dp-attention`` is on."""
+
+    role: str
+    attn_tp_size: int | None
+    tp_size: int | None = None
+    attn_cp_size: int = 1
+    dp_size: int = 1
+    dp_attention: bool = False
+    typed: frozenset[str] | None = frozenset()
+
+    @property
+    def known(self) -> bool:
+        """Whether the server's --tp-size and attention TP are both known."""
+        return self.tp_size is not None and bool(self.attn_tp_size)
+
+    @property
+    def attn_dp_size(self) -> int:
+        """Attention DP: --tp-size / (attention TP x attention CP), 1 when unknown."""
+        if not self.known:
+            return 1
+        return max(1, int(self.tp_size or 1) // (int(self.attn_tp_size or 1) * self.attn_cp_size))
+
+    def has(self, field: str) -> bool:
+        """Whether the server's line has ``field`` (see ``typed``)."""
+        if self.typed is not None:
+            return field in self.typed
+        if field == "dp_size":
+            return self.dp_size > 1
+        if field == "attn_dp_size":
+            return self.attn_dp_size > 1 and not self.dp_attention
+        return self.dp_attention
+
+    def describe(self) -> str:
+        """What decides this server's attention TP, for a fix's ``inputs``."""
+        if not self.known:
+            return (f"{self.role}: attention TP {self.attn_tp_size} (its --tp-size and "
+                    "attention DP are not known here)")
+        return (f"{self.role}: attention TP {self.attn_tp_size} = --tp-size {self.tp_size} / "
+                f"(attention DP {self.attn_dp_size} x attention CP {self.attn_cp_size}) "
+                "(SGLang's compute_dp_attention_world_info)")
+
+
+def attention_tp_fixes(prefill: AttentionLayout, decode: AttentionLayout) -> tuple[Fix, ...]:
+    """Fixes giving one server the other's attention TP size: the decode taking the
+    prefill's first. For each server whose layout is known, by its attention-DP size
+    (its GPU count kept) where its --tp-size divides, then by its --tp-size (said to
+    change its GPU count); for a server whose layout is not known, one fix naming both
+    forms, without an edit. Spelled as the installed release's parser spells each flag;
+    a fix needing a flag the release does not have is not given."""
+    inputs = (prefill.describe(), decode.describe())
+    pairs = [(src, dst) for src, dst in ((prefill, decode), (decode, prefill))
+             if src.attn_tp_size and dst.attn_tp_size != src.attn_tp_size]
+    found = [_dp_fix(src, dst, inputs) if dst.known else _unknown_fix(src, dst, inputs)
+             for src, dst in pairs]
+    found += [_tp_fix(src, dst, inputs) for src, dst in pairs if dst.known]
+    return tuple(f for f in found if f is not None)
+
+
+def _set(role: str, field: str, value: object) -> Edit | None:
+    found = flag_for_field(field)
+    if found is None:
+        return None
+    return Edit(role, found.option, None if value is None else str(value),
+                remove=value is None)
+
+
+def _fix(text: str, edits: list[Edit | None], inputs: tuple[str, ...]) -> Fix | None:
+    if not edits or any(e is None for e in edits):
+        return None  # a flag this release does not have: not suggested
+    return Fix(FixKind.FLAGS, text, field=FIELD, edits=tuple(e for e in edits if e is not None),
+               inputs=inputs)
+
+
+def _tp_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...]) -> Fix | None:
+    want = int(src.attn_tp_size or 1)
+    return _fix(f"give the {dst.role} server attention TP {want} by its --tp-size (this "
+                "changes its GPU count)",
+                [_set(dst.role, "tp_size", want * dst.attn_dp_size * dst.attn_cp_size)], inputs)
+
+
+def _dp_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...]) -> Fix | None:
+    """``dst`` given ``src``'s attention TP by its attention-DP size, keeping its
+    --tp-size: ``dp = tp / (attention TP x attention CP)``."""
+    want, tp, cp = int(src.attn_tp_size or 1), int(dst.tp_size or 1), dst.attn_cp_size
+    if tp % (want * cp):
+        return None
+    dp = tp // (want * cp)
+    edits, replicas = _dp_edits(dst, dp)
+    if not edits:
+        return None
+    kept = (f"keeping its --tp-size {tp} but dropping its --dp-size {replicas} replicas "
+            "(this changes its GPU count)" if replicas > 1
+            else f"keeping its --tp-size {tp} (its GPU count)")
+    note = ""
+    if (dst.typed is None and not dst.dp_attention and dp > 1
+            and flag_for_field("attn_dp_size") is not None):
+        note = ("; if its line has the deprecated --dp-size N --enable-dp-attention, replace "
+                "them (this release rewrites them into --attn-dp-size N)")
+    return _fix(f"give the {dst.role} server attention TP {want} by its attention DP size "
+                f"({dp}), {kept}{note}", edits, inputs)
+
+
+def _dp_edits(dst: AttentionLayout, dp: int) -> tuple[list[Edit | None], int]:
+    """The edits giving ``dst`` attention DP ``dp``, and the --dp-size replicas they drop
+    (1 when none). Where the release has --attn-dp-size (0.5.22+), that flag, the
+    deprecated ``--dp-size N --enable-dp-attention`` removed (its parallel_hook rewrites
+    it to --attn-dp-size, and --dp-size alone counts replicas, which it refuses beside
+    attention DP); before, --dp-size with --enable-dp-attention, and no flag at all for
+    attention DP 1 rather than --dp-size 1."""
+    if flag_for_field("attn_dp_size") is None:
+        if dp == 1:
+            return [_set(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")
+                    if dst.has(f)], 1
+        edits = [_set(dst.role, "dp_size", dp)]
+        if not dst.has("enable_dp_attention"):
+            found = flag_for_field("enable_dp_attention")
+            edits.append(Edit(dst.role, found.option) if found is not None else None)
+        return edits, 1
+    replicas = 1 if dst.has("enable_dp_attention") else max(1, dst.dp_size)
+    if dp == dst.attn_dp_size and replicas == 1:
+        return [], 1
+    edits = [_set(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")
+             if dst.has(f) and (f != "dp_size" or dp > 1 or replicas == 1)]
+    if dp > 1:
+        edits.append(_set(dst.role, "attn_dp_size", dp))
+    elif dst.has("attn_dp_size"):
+        edits.append(_set(dst.role, "attn_dp_size", None))
+    return edits, replicas if dp > 1 else 1
+
+
+def _unknown_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...]) -> Fix:
+    """``dst``'s fix when its layout is not known: both forms named, no edit."""
+    want = int(src.attn_tp_size or 1)
+    dp_form = ("an --attn-dp-size" if flag_for_field("attn_dp_size") is not None
+               else "with --enable-dp-attention a --dp-size")
+    return Fix(FixKind.ADVICE,
+               f"give the {dst.role} server attention TP {want}, the {src.role}'s (it has "
+               f"{dst.attn_tp_size}): --tp-size {want} without DP attention, or {dp_form} "
+               f"of its --tp-size / ({want} x its attention CP size) (the {dst.role}'s "
+               "layout is not known here, so no edit is given: check with both launch "
+               "lines gives the edits, proven)", field=FIELD, inputs=inputs)
