@@ -26,20 +26,16 @@ which propagates. See :mod:`sglang_dsv4_guard.plugins` for the full policy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+# Only the plug-in manager imports these specs; the wrapped places' packages, whose
+# snapshot types they name, import the markers (hookmarkers) and never reach this module.
+from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot
+from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK, PROJECT, hookimpl, hookspec
-
-# The argument types are annotations only (pluggy calls by name). Only the plug-in
-# manager imports these specs; the wrapped places' packages, whose snapshot types they
-# name, import the markers (hookmarkers) and never reach this module.
-if TYPE_CHECKING:
-    from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot
-    from sglang_dsv4_guard.findings import Finding, Report
-    from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
-    from sglang_dsv4_guard.pd.endpoint import Endpoint, PairContext
-    from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
-    from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
+from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+from sglang_dsv4_guard.pd.endpoint import Endpoint, PairContext
+from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
+from sglang_dsv4_guard.state.snapshot import StateContext, StatePair
 
 __all__ = ["PAIR_HOOK", "PROJECT", "hookimpl", "hookspec"]
 

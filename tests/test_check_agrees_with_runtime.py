@@ -135,13 +135,15 @@ class TestAttentionTpFixes(GuardTestCase):
     on a prefill whose server arguments are SGLang's own resolution of the same line."""
 
     # (prefill line, decode line): plain TP, attention DP in the release's spelling,
-    # attention CP; each decode's attention TP differs from its prefill's.
+    # attention CP, DP replicas; each decode's attention TP differs from its prefill's.
     def layouts(self) -> list[tuple[str, str]]:
         dp = "--attn-dp-size 2" if flag_for_field("attn_dp_size") else (
             "--dp-size 2 --enable-dp-attention")
         return [("--tp-size 8", "--tp-size 4"), ("--tp-size 4", "--tp-size 8"),
                 (f"--tp-size 8 {dp}", "--tp-size 8"), ("--tp-size 8", f"--tp-size 8 {dp}"),
-                ("--tp-size 8 --attn-cp-size 2", "--tp-size 2")]
+                ("--tp-size 8 --attn-cp-size 2", "--tp-size 2"),
+                # --dp-size without --enable-dp-attention: replicas, whose loss is said
+                ("--tp-size 8 --dp-size 2", "--tp-size 4")]
 
     def _runtime(self, prefill: str, decode_attn_tp: int) -> list[Finding]:
         """The findings SGLang's MORI send path (the guard installed) reports for a prefill
@@ -189,6 +191,9 @@ class TestAttentionTpFixes(GuardTestCase):
                 self.assertTrue(at_run, ran.fixes)
                 self.assertEqual(at_check, [e for e in at_run if e in at_check])
                 self.assertLessEqual(len(at_run) - len(at_check), 1)
+                if prefill == "--tp-size 8 --dp-size 2":  # replicas: never GPU-count-keeping
+                    self.assertFalse([f for f in ran.fixes if "(its GPU count)" in f.text
+                                      and f.text.startswith("give the prefill")], ran.fixes)
                 decode_fixes = [f for f in ran.fixes if f.text.startswith("give the decode")]
                 self.assertEqual([f.edits for f in decode_fixes], [()])
 

@@ -134,7 +134,8 @@ class TestCheckProcessTouchesNothing(_AuditedCommand):
         ``--crash-dump-folder X`` (SGLang's resolution creates ``X/<hostname>``) on both
         servers. No socket look-up or connection in any process; each fetch is an
         ``unknowns`` line naming its flag; nothing is left in the command's cwd, HOME,
-        TMPDIR or X; every write any process tried was refused and named in ``unknowns``."""
+        TMPDIR or X; the only writes any process tried are under X, each refused and named
+        in ``unknowns`` (the fetching inputs try none)."""
         dumps = str(self.root / "dumps")
         prefill = server("prefill", self.remote_code_model(),
                          f"--trust-remote-code --tokenizer-path someorg/tok "
@@ -155,11 +156,12 @@ class TestCheckProcessTouchesNothing(_AuditedCommand):
         refused = [u for u in unknowns if u.startswith("this check refused")]
         self.assertEqual(len(refused), 1, out)
         self.assertIn(f"mkdir {dumps}{os.sep}", refused[0])
-        # Every write any process tried outside TMPDIR is one the check refused and named.
-        tried = [line.split(" ", 2)[2] for line in audit]
+        # Every write any process tried outside TMPDIR is under X, refused and named.
+        tried = [line.split(" ", 2)[2].strip("'") for line in audit]
         self.assertNotEqual(tried, [])
         for path in tried:
-            self.assertIn(path.strip("'"), refused[0])
+            self.assertTrue(path.startswith(dumps + os.sep), audit)
+            self.assertIn(path, refused[0])
 
     def test_model_config_error_is_one_line(self) -> None:
         """A config.json whose ``model_type`` transformers does not know (its message spans

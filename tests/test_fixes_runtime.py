@@ -178,7 +178,7 @@ class TestMoriFixes(GuardTestCase):
         [decode] = [f for f in self.fixes(snap) if f.text.startswith("give the decode")]
         self.assertEqual((decode.kind, decode.field, decode.edits),
                          (FixKind.ADVICE, "attn_tp_size", ()))
-        self.assertIn("--tp-size 4 without DP attention", decode.text)
+        self.assertIn("--tp-size 4 (times its attention CP size) without DP attention", decode.text)
         self.assertIn("--attn-dp-size" if flag_for_field("attn_dp_size") else "--dp-size",
                       decode.text)
 

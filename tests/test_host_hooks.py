@@ -301,7 +301,8 @@ class TestHookRegistry(GuardTestCase):
 
 
 class TestConnectorsStayLazy(GuardTestCase):
-    """Why the guard registers no connector method with SGLang's registry (hook_registry.py):
+    """Why the guard registers no connector method with SGLang's registry (the guard's
+    sglang_dsv4_guard/hook_registry.py):
     in a scheduler process as SGLang's loader meets it, the guard's lazy wrappers cost the
     per-request call no frame but the guard's own and import nothing; a registered hook on
     the same methods puts the registry's frame in every call, imports the NIXL connector a
@@ -326,7 +327,8 @@ class TestConnectorsStayLazy(GuardTestCase):
         self.assertTrue(hooked["after"]["nixl"])  # type: ignore[index]
         files = hooked["files"]
         assert isinstance(files, list)
-        self.assertIn("hook_registry.py", [Path(f).name for f in files])
+        self.assertTrue(any(Path(f).as_posix().endswith("sglang/srt/plugins/hook_registry.py")
+                            for f in files), files)  # SGLang's, not the guard's namesake
         self.assertGreater(len(files), len(lazy["files"]))  # type: ignore[arg-type]
         self.assertIn(f"Failed to apply hooks to {CONNECTOR_TARGETS[2]}", stderr)
 

@@ -322,7 +322,7 @@ def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
         unknowns += list(endpoint.get(NOTES, ()))
     if run.derive:
         findings = [f if f.code == "DSV4G022" else replace(f, fixes=contact_fixes(f, run))
-                    for f in findings]  # DSV4G022's fixes: derived_fixes (remedy._g022)
+                    for f in findings]  # DSV4G022's fixes: derived_fixes (flag_fixes._g022)
     return findings, unknowns + relayout_unknowns
 
 

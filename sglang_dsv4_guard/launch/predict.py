@@ -137,6 +137,7 @@ def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
         decode_tp_size=decode.attn_tp_size,
         state_types=("swa",) if prefill.swa_state else (), tp_size=a.get("tp_size"),
         dp_size=a.typed.get("dp_size"), enable_dp_attention=a.typed.get("enable_dp_attention"),
+        attn_cp_size=a.get("attn_cp_size"),
         pp_size=a.get("pp_size"), engine_key="planned decode server",
         decode_tp=decode.args.get("tp_size"), decode_dp_size=decode.args.typed.get("dp_size"),
         decode_enable_dp_attention=decode.args.typed.get("enable_dp_attention"))

@@ -142,16 +142,19 @@ def _dp_edits(dst: AttentionLayout, dp: int) -> tuple[list[Edit | None], int]:
     it to --attn-dp-size, and --dp-size alone counts replicas, which it refuses beside
     attention DP); before, --dp-size with --enable-dp-attention, and no flag at all for
     attention DP 1 rather than --dp-size 1."""
+    # Without --enable-dp-attention, --dp-size counts replicas (every release).
+    replicas = 1 if dst.has("enable_dp_attention") else max(1, dst.dp_size)
     if flag_for_field("attn_dp_size") is None:
-        if dp == 1:
-            return [_set(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")
-                    if dst.has(f)], 1
-        edits = [_set(dst.role, "dp_size", dp)]
+        if dp == 1:  # attention DP off: only a --dp-size that was its width goes
+            return ([_set(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")]
+                    if dst.has("enable_dp_attention") else []), 1
+        edits: list[Edit | None] = []
+        if dst.dp_size != dp:  # never an edit to the value the server already has
+            edits.append(_set(dst.role, "dp_size", dp))
         if not dst.has("enable_dp_attention"):
             found = flag_for_field("enable_dp_attention")
             edits.append(Edit(dst.role, found.option) if found is not None else None)
-        return edits, 1
-    replicas = 1 if dst.has("enable_dp_attention") else max(1, dst.dp_size)
+        return edits, replicas
     if dp == dst.attn_dp_size and replicas == 1:
         return [], 1
     edits = [_set(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")
@@ -168,9 +171,10 @@ def _unknown_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, 
     want = int(src.attn_tp_size or 1)
     dp_form = ("an --attn-dp-size" if flag_for_field("attn_dp_size") is not None
                else "with --enable-dp-attention a --dp-size")
+    has = f" (it has {dst.attn_tp_size})" if dst.attn_tp_size else ""
     return Fix(FixKind.ADVICE,
-               f"give the {dst.role} server attention TP {want}, the {src.role}'s (it has "
-               f"{dst.attn_tp_size}): --tp-size {want} without DP attention, or {dp_form} "
-               f"of its --tp-size / ({want} x its attention CP size) (the {dst.role}'s "
+               f"give the {dst.role} server attention TP {want}, the {src.role}'s{has}: "
+               f"--tp-size {want} (times its attention CP size) without DP attention, or "
+               f"{dp_form} of its --tp-size / ({want} x its attention CP size) (the {dst.role}'s "
                "layout is not known here, so no edit is given: check with both launch "
                "lines gives the edits, proven)", field=FIELD, inputs=inputs)

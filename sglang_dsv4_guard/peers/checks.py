@@ -3,9 +3,9 @@
 Each condition is the one ``check`` runs (:mod:`sglang_dsv4_guard.pd`), on the endpoints
 the registration snapshot built from the live manager and the decode's
 ``KVArgsRegisterInfo``: the DCP relayout (DSV4G036, :mod:`..pd.relayout`), NIXL's payload
-preparation (DSV4G042/043/046, :mod:`..pd.nixl`) and its prepared state transfer
+preparation (DSV4G042/043/046, :mod:`..pd.nixl_payload`) and its prepared state transfer
 (DSV4G055, :mod:`..pd.nixl_state`), ``maybe_send_extra`` per state type
-(DSV4G040/041, :mod:`..pd.transfer`), NIXL's and MORI's replicated Mamba state
+(DSV4G040/041, :mod:`..pd.send_extra`), NIXL's and MORI's replicated Mamba state
 (DSV4G058, :mod:`..pd.mamba_state`), Mooncake's state-layout verdict (DSV4G050,
 :mod:`..pd.state_layout`), the metadata buffer counts and what the backend's
 ``send_aux`` does with them (DSV4G045, :mod:`..pd.aux_send`, :mod:`..pd.buffers`). Pure
