@@ -23,7 +23,8 @@ from sglang_dsv4_guard.fixes import Edit
 from sglang_dsv4_guard.host.targets import SERVER_ARGS_MODULE
 from sglang_dsv4_guard.log import LOGGER_NAME
 
-__all__ = ["Flag", "accepts", "flag", "flag_for_field", "flag_table", "refusal", "vetted"]
+__all__ = ["Flag", "accepts", "flag", "flag_edit", "flag_for_field", "flag_table", "refusal",
+           "vetted"]
 
 logger = logging.getLogger(LOGGER_NAME)
 _NOTED: list[bool] = []  # the table's failure was logged (once per process)
@@ -101,6 +102,16 @@ def flag_for_field(field: str) -> Flag | None:
         if found.field == field:
             return found
     return None
+
+
+def flag_edit(role: str, field: str, value: object) -> Edit | None:
+    """``role``'s edit setting ServerArgs field ``field`` to ``value`` (``None``: remove
+    the flag), spelled as the installed release spells it; ``None`` when it has no flag."""
+    found = flag_for_field(field)
+    if found is None:
+        return None
+    return Edit(role, found.option, None if value is None else str(value),
+                remove=value is None)
 
 
 def refusal(edit: Edit) -> str | None:

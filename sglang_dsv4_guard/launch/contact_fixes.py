@@ -8,6 +8,7 @@ from __future__ import annotations
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy
+from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
@@ -15,7 +16,6 @@ from sglang_dsv4_guard.launch.flag_fixes import (
     accepted_fix,
     attention_tp_fixes,
     copy_pairs,
-    flag_edit,
     flag_fix,
 )
 from sglang_dsv4_guard.launch.kv_layout_env import LAYOUT_ENV

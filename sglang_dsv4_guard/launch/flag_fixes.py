@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, lookup, typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, parse_side
@@ -25,7 +25,7 @@ from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
 
 __all__ = ["UNIFIED_VARIABLE", "accepted_fix", "attention_tp_fixes", "copy_pairs",
-           "derived_fixes", "flag_edit", "flag_fix", "page_size_source"]
+           "derived_fixes", "flag_fix", "page_size_source"]
 
 UNIFIED_VARIABLE = "SGLANG_HACK_FLASHMLA_BACKEND"
 
@@ -46,14 +46,6 @@ def page_size_source(side: Side) -> str:
         return (f"SGLang's resolution for the model (--page-size {typed} was typed and "
                 "replaced: the release sets this model's page size itself)")
     return f"server flag --page-size {typed}"
-
-
-def flag_edit(role: str, field: str, value: object) -> Edit | None:
-    found = flag_for_field(field)
-    if found is None:
-        return None
-    return Edit(role, found.option, None if value is None else str(value),
-                remove=value is None)
 
 
 def flag_fix(text: str, field: str, edits: list[Edit | None], *inputs: str) -> Fix | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
 
 __all__ = ["FIELD", "AttentionLayout", "attention_tp_fixes"]
 
@@ -91,14 +91,6 @@ def attention_tp_fixes(prefill: AttentionLayout, decode: AttentionLayout) -> tup
     return tuple(f for f in found if f is not None)
 
 
-def _set(role: str, field: str, value: object) -> Edit | None:
-    found = flag_for_field(field)
-    if found is None:
-        return None
-    return Edit(role, found.option, None if value is None else str(value),
-                remove=value is None)
-
-
 def _fix(text: str, edits: list[Edit | None], inputs: tuple[str, ...]) -> Fix | None:
     if not edits or any(e is None for e in edits):
         return None  # a flag this release does not have: not suggested
@@ -110,7 +102,7 @@ def _tp_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...])
     want = int(src.attn_tp_size or 1)
     return _fix(f"give the {dst.role} server attention TP {want} by its --tp-size (this "
                 "changes its GPU count)",
-                [_set(dst.role, "tp_size", want * dst.attn_dp_size * dst.attn_cp_size)], inputs)
+                [flag_edit(dst.role, "tp_size", want * dst.attn_dp_size * dst.attn_cp_size)], inputs)
 
 
 def _dp_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...]) -> Fix | None:
@@ -146,23 +138,23 @@ def _dp_edits(dst: AttentionLayout, dp: int) -> tuple[list[Edit | None], int]:
     replicas = 1 if dst.has("enable_dp_attention") else max(1, dst.dp_size)
     if flag_for_field("attn_dp_size") is None:
         if dp == 1:  # attention DP off: only a --dp-size that was its width goes
-            return ([_set(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")]
+            return ([flag_edit(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")]
                     if dst.has("enable_dp_attention") else []), 1
         edits: list[Edit | None] = []
         if dst.dp_size != dp:  # never an edit to the value the server already has
-            edits.append(_set(dst.role, "dp_size", dp))
+            edits.append(flag_edit(dst.role, "dp_size", dp))
         if not dst.has("enable_dp_attention"):
             found = flag_for_field("enable_dp_attention")
             edits.append(Edit(dst.role, found.option) if found is not None else None)
         return edits, replicas
     if dp == dst.attn_dp_size and replicas == 1:
         return [], 1
-    edits = [_set(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")
+    edits = [flag_edit(dst.role, f, None) for f in ("dp_size", "enable_dp_attention")
              if dst.has(f) and (f != "dp_size" or dp > 1 or replicas == 1)]
     if dp > 1:
-        edits.append(_set(dst.role, "attn_dp_size", dp))
+        edits.append(flag_edit(dst.role, "attn_dp_size", dp))
     elif dst.has("attn_dp_size"):
-        edits.append(_set(dst.role, "attn_dp_size", None))
+        edits.append(flag_edit(dst.role, "attn_dp_size", None))
     return edits, replicas if dp > 1 else 1
 
 
