@@ -198,5 +198,73 @@ class TestAttentionTpFixes(GuardTestCase):
                 self.assertEqual([f.edits for f in decode_fixes], [()])
 
 
+class TestStateTransfer(GuardTestCase):
+    """DSV4G040 (pd/send_extra.py, one pair condition): gpt-oss (non-MLA, swa state) with
+    different attention TP, with and without PP on the prefill, from ``check``'s launch
+    lines and from a decode's registration (SGLang's receiver and ``from_zmq``, read by
+    Mooncake's real bootstrap thread) with a prefill manager whose server arguments are
+    SGLang's own resolution of the same line and whose SWA KV cache is the plain pool's
+    ``nhd`` layout. (NIXL's registration of a decode of another TP needs a KV geometry
+    the miniature manager does not have; its DSV4G040 is held to SGLang's own
+    ``maybe_send_extra`` in ``test_peers.py``, through the same condition.)"""
+
+    CASES = (("--tp-size 2", "--tp-size 1"), ("--tp-size 1", "--tp-size 2"),
+             ("--tp-size 2 --pp-size 2", "--tp-size 1"))
+
+    def _runtime(self, prefill: str, decode_attn_tp: int) -> list[Finding]:
+        backend = "mooncake"
+        args = parse_side("prefill", prefill, {})
+        attn_tp, _ = attention_tp(args)  # SGLang's compute_dp_attention_world_info
+        frames, _ = peers_real.registration(mooncake, backend, tp=decode_attn_tp,
+                                            name=f"sess-{prefill}")
+        mgr = peers_real.prefill(mooncake, backend, tp=attn_tp, state_types=[_swa()])
+        mgr.server_args, mgr.pp_size = args.server_args, args.get("pp_size") or 1
+        mgr.kv_args.swa_kv_cache_layout = "nhd"
+        with guard_logs_off():
+            bootstrap_threads(mgr, [frames])
+        current = installation()
+        assert current is not None
+        return [f for r in current.peers.reports() for f in r.findings
+                if f.code in ("DSV4G040", "DSV4G041")
+                and r.context.get("peer", "").startswith(f"sess-{prefill}")]
+
+    def test_check_and_registration_agree(self) -> None:
+        """The same codes, severities and ``when``, and the prefill's fix edits equal, fix
+        by fix in order; the decode's layout is known to ``check`` only (at run time its
+        attention-TP fix names both forms, without an edit)."""
+        published_configs(self)
+        self.install_guard("on", load_entry_points=False)
+        found = 0
+        backend = "mooncake"
+        for prefill, decode in self.CASES:
+            with self.subTest(prefill=prefill, decode=decode):
+                _, doc = check_json(server("prefill", GPT_OSS, prefill, backend=backend),
+                                    server("decode", GPT_OSS, decode, backend=backend))
+                checked = [f for f in doc["findings"] if f["code"] in ("DSV4G040", "DSV4G041")]
+                decode_tp, _ = attention_tp(parse_side("decode", server(
+                    "decode", GPT_OSS, decode, backend=backend), {}))
+                ran = self._runtime(server("prefill", GPT_OSS, prefill, backend=backend),
+                                    decode_tp)
+                self.assertEqual([(f["code"], f["severity"], f["when"]) for f in checked],
+                                 [(f.code, f.severity.value, f.when) for f in ran])
+                if not checked:
+                    continue
+                found += 1
+                at_check = [_edits([f]) for f in checked[0]["fixes"]]
+                at_run = [{(e.server, e.name, e.value, e.remove, e.env) for e in f.edits}
+                          for f in ran[0].fixes]
+                self.assertEqual([e for e in at_check if e and all(x[0] == "prefill" for x in e)],
+                                 [e for e in at_run if e and all(x[0] == "prefill" for x in e)])
+                self.assertEqual([f.edits for f in ran[0].fixes
+                                  if f.text.startswith("give the decode")], [()])
+        self.assertGreaterEqual(found, 1)
+
+
+def _swa() -> Any:
+    from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
+
+    return __import__(PD_STATE_TYPE_MODULE, fromlist=["StateType"]).StateType("swa")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -20,13 +20,11 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.verdict import imported_package_dir
-from sglang_dsv4_guard.launch.contract import ContractRun
 from sglang_dsv4_guard.launch.derive import derive_side
 from sglang_dsv4_guard.launch.endpoint_values import endpoint_of
 from sglang_dsv4_guard.launch.parse import parse_side
-from sglang_dsv4_guard.launch.transfer_rows import send_extra_row
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
-from sglang_dsv4_guard.pd.send_extra import send_extra_verdicts
+from sglang_dsv4_guard.pd.send_extra import send_extra_findings, send_extra_verdicts
 
 register_cpu_ci(est_time=37, suite="stage-a-test-cpu")
 
@@ -154,8 +152,8 @@ class TestMiniMaxRow(GuardTestCase):
                  for role, tp in (("prefill", 1), ("decode", 2))]
         prefill = endpoint_of(sides[0]).with_values(
             state_types=Value(("minimax_index_k",), "SGLang's MiniMaxSparseKVPool"))
-        run = ContractRun(prefill, endpoint_of(sides[1]), sides[0], sides[1], "test")
-        findings, unknowns = send_extra_row(run)
+        findings, unknowns = send_extra_findings(prefill, endpoint_of(sides[1]),
+                                                 imported_package_dir())
         report = Report.of(findings, {"function": "test"})
         self.assertEqual(unknowns, [])
         if sglang_release() >= Version("0.5.23"):

@@ -336,7 +336,7 @@ PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_c
                        "engine_rank", "state_data_ptrs", "state_item_lens", "state_data_lens",
                        "state_layer_ids", "mla_compression_ratios", "state_dim_per_tensor")
 PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "attn_cp_size",
-                           "speculative_algorithm",
+                           "speculative_algorithm", "enable_unified_memory",
                            "disaggregation_enable_kv_checksum")
 PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_dcp_rank",
                     "dst_kv_mem_kinds", "dst_kv_item_lens", "dst_kv_ptrs", "dst_aux_ptrs",

@@ -26,11 +26,7 @@ from sglang_dsv4_guard.launch.flag_fixes import accepted_fix
 from sglang_dsv4_guard.launch.kv_layout_env import kv_layout_env_row
 from sglang_dsv4_guard.launch.kv_setup import kv_setup_row
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.transfer_rows import (
-    hisparse_backend_row,
-    nixl_payload_row,
-    send_extra_row,
-)
+from sglang_dsv4_guard.launch.transfer_rows import hisparse_backend_row, nixl_payload_row
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import PairContext
 
@@ -42,7 +38,6 @@ log = logging.getLogger(LOGGER_NAME)
 # name -> (run -> (findings, unknowns)). A row that cannot be judged on this release says
 # so in its unknowns; it never guesses.
 ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
-    "transfer.send_extra": send_extra_row,
     "transfer.aux_row_widths": aux_width_row,
     "transfer.nixl_payload": nixl_payload_row, "transfer.hisparse_backend": hisparse_backend_row,
     "start-up.dsv4_kv_layout": kv_layout_env_row, "start-up.kv_setup": kv_setup_row,

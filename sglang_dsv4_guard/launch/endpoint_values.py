@@ -14,8 +14,9 @@ from typing import Any
 
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.flag_fixes import page_size_source
+from sglang_dsv4_guard.launch.flag_fixes import attention_layout, page_size_source
 from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.pd.attention_tp import TYPED
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Endpoint, Value
 
 __all__ = ["CONTRIBUTORS", "NotDerived", "endpoint_of", "field_source", "side_field"]
@@ -53,6 +54,7 @@ def field_source(side: Side, field: str, option: str) -> str:
 def _base(side: Side) -> dict[str, Value]:
     a = side.args
     tp_source = field_source(side, "tp_size", "--tp-size")
+    layout = attention_layout(side)
     values: dict[str, Any] = {
         "transfer_backend": Value(side.transfer_backend, field_source(
             side, "disaggregation_transfer_backend", "--disaggregation-transfer-backend")),
@@ -63,6 +65,13 @@ def _base(side: Side) -> dict[str, Value]:
                               field_source(side, "attn_cp_size", "--attn-cp-size")),
         "pp_size": Value(a.get("pp_size") or 1, field_source(side, "pp_size", "--pp-size")),
         "tp_size": Value(a.get("tp_size") or 1, tp_source),
+        "dp_size": Value(layout.dp_size, field_source(side, "dp_size", "--dp-size")),
+        "enable_dp_attention": Value(layout.dp_attention, field_source(
+            side, "enable_dp_attention", "--enable-dp-attention")),
+        TYPED: Value(layout.typed, "the launch line"),
+        "enable_unified_memory": Value(bool(side_field(side, "enable_unified_memory")),
+                                       field_source(side, "enable_unified_memory",
+                                                    "--enable-unified-memory")),
         "page_size": Value(side.page_size, page_size_source(side)),
         "is_mla_backend": Value(side.model.uses_mla_pool,
                                 f"{side.model.path}/config.json: attention "

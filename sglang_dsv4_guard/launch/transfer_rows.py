@@ -1,23 +1,18 @@
-"""``check``'s transfer-time contract rows (DSV4G040, DSV4G041, DSV4G045) and the values
-they read.
-
-- DSV4G040/041: the prefill's Mooncake/NIXL ``maybe_send_extra`` on each state type its
-  pool registers (:mod:`.state_types`), evaluated with SGLang's own conditions
-  (:mod:`sglang_dsv4_guard.pd.send_extra`);
-- DSV4G045: the two servers' metadata buffer counts, by SGLang's own ``MetadataBuffers``
-  and (0.5.23) ``check_peer_aux_buffer_count`` (:mod:`sglang_dsv4_guard.pd.buffers`).
+"""``check``'s transfer-time contract rows (NIXL's registration payload, DSV4G042/043/046;
+HiSparse off Mooncake, DSV4G044) and the transfer values of each server that the pair
+conditions read: the state types its pool registers (:mod:`.state_types`, for
+DSV4G040/041, :mod:`sglang_dsv4_guard.pd.send_extra`), its SWA layout (:mod:`.swa_layout`)
+and its metadata buffer count (DSV4G045, :mod:`sglang_dsv4_guard.pd.aux_count`).
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, digest_pd_tree, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, digest_pd_tree, row_releases
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch import state_types as _state_types  # registers its contributor
 from sglang_dsv4_guard.launch import swa_layout as _swa_layout  # registers its contributor
@@ -34,11 +29,9 @@ from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl_payload import NixlVerdict, hisparse_backend_verdict, payload_verdict
-from sglang_dsv4_guard.pd.send_extra import BACKENDS, StateVerdict, send_extra_verdicts
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["SAMPLING_MASK", "hisparse_backend_row", "nixl_payload_row",
-           "send_extra_row"]
+__all__ = ["SAMPLING_MASK", "hisparse_backend_row", "nixl_payload_row"]
 
 del _state_types, _swa_layout
 SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
@@ -109,93 +102,6 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
 
 
 CONTRIBUTORS.extend((_contribute, _aux_values))
-
-
-def _tp_fixes(run: ContractRun, pp: bool, layout: bool = False) -> tuple[Fix, ...]:
-    if not run.derive:
-        return ()
-    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
-    found: list[Fix | None] = list(attention_tp_fixes(run.prefill_side, run.decode_side))
-    unified = flag_for_field("enable_unified_memory")
-    if layout and unified is not None and side_field(run.prefill_side, "enable_unified_memory"):
-        # the plain SWAKVPool's SWA layout is NHD, which the head-sliced transfer takes
-        found.insert(0, Fix(FixKind.FLAGS, "run the prefill without the unified memory pool "
-                                           "(its page_major SWA layout cannot be head-sliced)",
-                            field="swa_kv_cache_layout",
-                            edits=(Edit("prefill", unified.option, remove=True),)))
-    pp_flag = flag_for_field("pp_size")
-    if pp and pp_flag is not None:
-        # The head-sliced transfer needs the prefill's PP 1 (common/conn.py
-        # CommonKVManager._get_mha_head_slice_blocks, 0.5.22+), and the decode's first
-        # contact asserts its PP equal to the prefill's or 1 (common/conn.py
-        # CommonKVManager._resolve_rank_mapping, 0.5.23): PP 1 on every server that has more.
-        roles = [r for r, e in (("prefill", run.prefill), ("decode", run.decode))
-                 if int(e.get("pp_size") or 1) > 1]
-        found.insert(0, Fix(FixKind.FLAGS, "run " + " and ".join(f"the {r}" for r in roles)
-                            + " without pipeline parallelism (head-sliced SWA transfer needs "
-                            "the prefill's PP 1, and a decode's PP must equal it or be 1)",
-                            field="pp_size",
-                            edits=tuple(Edit(r, pp_flag.option, "1") for r in roles)))
-    kept = [accepted_fix(f, sides) for f in found]
-    return tuple(f for f in kept if f is not None)
-
-
-def _send_extra_finding(run: ContractRun, backend: str, verdict: StateVerdict) -> Finding:
-    p, d = run.prefill, run.decode
-    pp = "pipeline parallelism" in verdict.message
-    layout = "KV cache layout" in verdict.message
-    info = CODES[verdict.code]
-    names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else []),
-             *(["swa_kv_cache_layout"] if layout else [])]
-    return Finding(
-        code=verdict.code, severity=Severity.ERROR, summary=info.title,
-        subject=f"prefill -> decode {backend} transfer of the {verdict.state_type} state",
-        observations=(*(p.observation(n) for n in names), d.observation("attn_tp_size"),
-                      p.observation("transfer_backend"), d.observation("transfer_backend")),
-        details=(f"SGLang's {verdict.function} raises it on the prefill for every request "
-                 f"that carries {verdict.state_type} state: the prefill has attention TP "
-                 f"{p.get('attn_tp_size')}, the decode {d.get('attn_tp_size')}",),
-        fixes=_tp_fixes(run, pp, layout), docs=docs_url(verdict.code), host_message=verdict.message,
-        when=when_text(Phase.PER_REQUEST, backend, run.prefill_side.args.env))
-
-
-def _first_contact_minimax() -> bool:
-    """Whether decode's first contact already refuses MiniMax with different attention TP
-    (0.5.23: then pd-contact's row reports it, not this one)."""
-    package = imported_package_dir()
-    return package is not None and locate(package, SITES["first_contact.minimax"]) is not None
-
-
-def send_extra_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G040/DSV4G041 for the pair."""
-    p, d = run.prefill, run.decode
-    backend = p.get("transfer_backend")
-    if backend != d.get("transfer_backend") or backend not in BACKENDS:
-        return [], []
-    package = imported_package_dir()
-    if package is None:
-        return [], ["DSV4G040: not judged: the imported SGLang's source was not found"]
-    if not p.has("state_types"):
-        if p.get("attn_tp_size") != d.get("attn_tp_size") and not p.get("is_mla_backend"):
-            return [], [f"DSV4G040 ({backend}): not judged: the state types of the prefill's "
-                        "pool (a pool this check does not build) are not known, and attention "
-                        f"TP differs ({p.get('attn_tp_size')} vs {d.get('attn_tp_size')})"]
-        return [], []
-    verdicts, unknowns = send_extra_verdicts(p, d, backend, package, p.get("state_types"))
-    skip_minimax = _first_contact_minimax()
-    # State types refused by one branch with one message (0.5.21+: MiniMax's index and
-    # dense KV) are one refusal: the transfer raises at the first of them.
-    merged: dict[tuple[str, str], StateVerdict] = {}
-    for v in verdicts:
-        key = (v.code, v.message)
-        if key in merged:
-            first = merged[key]
-            merged[key] = replace(first, state_type=f"{first.state_type} and {v.state_type}")
-        else:
-            merged[key] = v
-    findings = [_send_extra_finding(run, backend, v) for v in merged.values()
-                if not (v.code == "DSV4G041" and skip_minimax)]
-    return findings, unknowns
 
 
 def _changed(keys: tuple[str, ...], code: str) -> str | None:

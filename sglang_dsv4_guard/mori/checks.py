@@ -45,7 +45,7 @@ def layouts(t: SendSnapshot) -> tuple[AttentionLayout, AttentionLayout]:
     return prefill, decode
 
 
-def tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
+def _tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
     """The attention-TP family's fixes (:func:`attention_tp_fixes`), each edit one the
     installed release's parser accepts."""
     found = []
@@ -113,6 +113,6 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
     return [Finding(
         code="DSV4G006", severity=Severity.ERROR, summary=CODES["DSV4G006"].title,
         subject="MORI swa state transfer", observations=tuple(observations),
-        details=tuple(details), fixes=tp_fixes(t), docs=docs_url("DSV4G006"),
+        details=tuple(details), fixes=_tp_fixes(t), docs=docs_url("DSV4G006"),
         host_message=host_message(t),
     )]

@@ -16,11 +16,15 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
+from sglang_dsv4_guard.pd.endpoint import Endpoint
 
-__all__ = ["FIELD", "AttentionLayout", "attention_tp_fixes"]
+__all__ = ["FIELD", "TYPED", "AttentionLayout", "attention_tp_fixes", "layout_of"]
 
 #: The compared field every fix of the family addresses.
 FIELD = "attn_tp_size"
+#: The endpoint value naming which of ``dp_size``, ``enable_dp_attention`` and
+#: ``attn_dp_size`` a launch line typed (absent at run time: only resolved values known).
+TYPED = "parallel_flags_typed"
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,18 @@ class AttentionLayout:
         return (f"{self.role}: attention TP {self.attn_tp_size} = --tp-size {self.tp_size} / "
                 f"(attention DP {self.attn_dp_size} x attention CP {self.attn_cp_size}) "
                 "(SGLang's compute_dp_attention_world_info)")
+
+
+def layout_of(endpoint: Endpoint) -> AttentionLayout:
+    """``endpoint``'s attention layout: its launch layout known when its ``tp_size`` is
+    (``check``'s servers, a live prefill), else only its attention TP (a decode peer)."""
+    e = endpoint
+    tp = e.get("tp_size")
+    return AttentionLayout(
+        e.role, e.get("attn_tp_size"), None if tp is None else int(tp),
+        int(e.get("attn_cp_size") or 1), int(e.get("dp_size") or 1),
+        bool(e.get("enable_dp_attention")),
+        frozenset(e.get(TYPED)) if e.has(TYPED) else None)
 
 
 def attention_tp_fixes(prefill: AttentionLayout, decode: AttentionLayout) -> tuple[Fix, ...]:

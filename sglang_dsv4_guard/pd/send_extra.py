@@ -10,22 +10,32 @@ attention TP on every release (DSV4G041). These checks sit in a transfer thread 
 cannot be driven here, so the release's own conditions are evaluated
 (:mod:`sglang_dsv4_guard.host.pd_digests`) on a half-built manager carrying the prefill's
 values and the decode's registration: SGLang's tests, and SGLang's message.
+
+The one home of DSV4G040/041: :func:`send_extra_findings` is a pair condition
+(:mod:`.conditions`), run by ``check`` on two launch lines and at each decode peer's
+registration on the live manager's values, with the same finding and fixes.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
+from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["BACKENDS", "StateVerdict", "send_extra_verdicts", "site_keys"]
+__all__ = ["BACKENDS", "StateVerdict", "send_extra_findings", "send_extra_verdicts", "site_keys"]
 
 #: The backends whose ``maybe_send_extra`` these rows read (MORI's is DSV4G006's).
 BACKENDS = ("mooncake", "nixl")
@@ -137,3 +147,82 @@ def send_extra_verdicts(prefill: Endpoint, decode: Endpoint, backend: str, packa
         if verdict is not None:
             verdicts.append(verdict)
     return verdicts, unknowns
+
+
+def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
+                        ) -> tuple[list[Finding], list[str]]:
+    """DSV4G040/041 for the pair (both servers on Mooncake or on NIXL), and what could not
+    be judged. State types one branch refuses with one message (0.5.21+: MiniMax's index
+    and dense KV) are one refusal: the transfer raises at the first of them."""
+    backend = prefill.get("transfer_backend")
+    if backend not in BACKENDS or decode.get("transfer_backend", backend) != backend \
+            or not (prefill.has("attn_tp_size") and decode.has("attn_tp_size")):
+        return [], []
+    if package is None:
+        return [], ["DSV4G040: not judged: the imported SGLang's source was not found"]
+    if not prefill.has("state_types"):
+        if prefill.get("attn_tp_size") != decode.get("attn_tp_size") \
+                and not prefill.get("is_mla_backend"):
+            return [], [f"DSV4G040 ({backend}): not judged: the state types of the prefill's "
+                        "pool (a pool this check does not build) are not known, and attention "
+                        f"TP differs ({prefill.get('attn_tp_size')} vs "
+                        f"{decode.get('attn_tp_size')})"]
+        return [], []
+    verdicts, unknowns = send_extra_verdicts(prefill, decode, backend, package,
+                                             prefill.get("state_types"))
+    # 0.5.23 refuses MiniMax at decode's first contact: that condition reports it.
+    minimax_first = locate(package, SITES["first_contact.minimax"]) is not None
+    merged: dict[tuple[str, str], StateVerdict] = {}
+    for v in verdicts:
+        if v.code == "DSV4G041" and minimax_first:
+            continue
+        first = merged.get((v.code, v.message))
+        merged[(v.code, v.message)] = v if first is None else replace(
+            first, state_type=f"{first.state_type} and {v.state_type}")
+    return [_finding(prefill, decode, backend, v) for v in merged.values()], unknowns
+
+
+def _finding(prefill: Endpoint, decode: Endpoint, backend: str, verdict: StateVerdict
+             ) -> Finding:
+    pp = "pipeline parallelism" in verdict.message
+    layout = "KV cache layout" in verdict.message
+    names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else []),
+             *(["swa_kv_cache_layout"] if layout else [])]
+    observed = [*((prefill, n) for n in names), (decode, "attn_tp_size"),
+                (prefill, "transfer_backend"), (decode, "transfer_backend")]
+    return Finding(
+        code=verdict.code, severity=Severity.ERROR, summary=CODES[verdict.code].title,
+        subject=f"prefill -> decode {backend} transfer of the {verdict.state_type} state",
+        observations=tuple(e.observation(n) for e, n in observed if e.has(n)),
+        details=(f"SGLang's {verdict.function} raises it on the prefill for every request "
+                 f"that carries {verdict.state_type} state: the prefill has attention TP "
+                 f"{prefill.get('attn_tp_size')}, the decode {decode.get('attn_tp_size')}",),
+        fixes=_fixes(prefill, decode, pp, layout), docs=docs_url(verdict.code),
+        host_message=verdict.message,
+        when=when_text(Phase.PER_REQUEST, backend, prefill.env or {}))
+
+
+def _fixes(prefill: Endpoint, decode: Endpoint, pp: bool, layout: bool) -> tuple[Fix, ...]:
+    """Equal attention TP sizes (:mod:`.attention_tp`); for a head-sliced transfer that
+    refuses the prefill's PP or SWA layout, those first."""
+    found: list[Fix] = []
+    pp_flag = flag_for_field("pp_size")
+    roles = [e.role for e in (prefill, decode) if int(e.get("pp_size") or 1) > 1]
+    if pp and pp_flag is not None and roles:
+        # The head-sliced transfer needs the prefill's PP 1 (common/conn.py
+        # CommonKVManager._get_mha_head_slice_blocks, 0.5.22+), and the decode's first
+        # contact asserts its PP equal to the prefill's or 1 (common/conn.py
+        # CommonKVManager._resolve_rank_mapping, 0.5.23): PP 1 on every server that has more.
+        found.append(Fix(FixKind.FLAGS, "run " + " and ".join(f"the {r}" for r in roles)
+                         + " without pipeline parallelism (head-sliced SWA transfer needs "
+                         "the prefill's PP 1, and a decode's PP must equal it or be 1)",
+                         field="pp_size", edits=tuple(Edit(r, pp_flag.option, "1")
+                                                      for r in roles)))
+    unified = flag_for_field("enable_unified_memory")
+    if layout and unified is not None and prefill.get("enable_unified_memory"):
+        # the plain SWAKVPool's SWA layout is NHD, which the head-sliced transfer takes
+        found.append(Fix(FixKind.FLAGS, "run the prefill without the unified memory pool "
+                                        "(its page_major SWA layout cannot be head-sliced)",
+                         field="swa_kv_cache_layout",
+                         edits=(Edit("prefill", unified.option, remove=True),)))
+    return (*found, *attention_tp_fixes(layout_of(prefill), layout_of(decode)))

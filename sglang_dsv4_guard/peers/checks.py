@@ -20,16 +20,13 @@ from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate
 from sglang_dsv4_guard.host.verdict import imported_package_dir
-from sglang_dsv4_guard.mori.checks import tp_fixes
-from sglang_dsv4_guard.mori.snapshot import SendSnapshot
+from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.mamba_state import MAMBA_CODE, mamba_refusal
 from sglang_dsv4_guard.pd.mori_send import mori_state_refusals
 from sglang_dsv4_guard.pd.nixl_payload import payload_verdict
 from sglang_dsv4_guard.pd.nixl_state import state_layout_verdict
 from sglang_dsv4_guard.pd.relayout import relayout_findings
-from sglang_dsv4_guard.pd.send_extra import BACKENDS as TRANSFER_BACKENDS
-from sglang_dsv4_guard.pd.send_extra import send_extra_verdicts
 from sglang_dsv4_guard.pd.state_layout import CODE as LAYOUT_CODE
 from sglang_dsv4_guard.pd.state_layout import state_layout_refusal, state_layout_when
 from sglang_dsv4_guard.pd.when import Phase, when_text
@@ -42,15 +39,10 @@ def _peer_line(reg: Registration) -> str:
     return f"decode peer: {reg.peer} at {reg.address} ({reg.backend})"
 
 
-def _tp_fixes(reg: Registration, state_type: str) -> tuple[Fix, ...]:
-    """The attention-TP family's fixes on the prefill's layout and the TP size the decode
-    registered (its layout is not known at run time)."""
-    p, d = reg.prefill, reg.decode
-    return tp_fixes(SendSnapshot(
-        state_type=state_type, is_mla_backend=bool(p.get("is_mla_backend")),
-        attn_tp_size=p.get("attn_tp_size"), decode_tp_size=d.get("attn_tp_size"),
-        tp_size=p.get("tp_size"), dp_size=p.get("dp_size"),
-        enable_dp_attention=p.get("enable_dp_attention"), attn_cp_size=p.get("attn_cp_size")))
+def _tp_fixes(reg: Registration) -> tuple[Fix, ...]:
+    """The attention-TP family's fixes (:mod:`..pd.attention_tp`) on the prefill's layout
+    and the TP size the decode registered (its layout is not known at run time)."""
+    return attention_tp_fixes(layout_of(reg.prefill), layout_of(reg.decode))
 
 
 def _finding(reg: Registration, code: str, message: str, function: str, subject: str,
@@ -82,7 +74,7 @@ def _payload(reg: Registration) -> list[Finding]:
         fixes = (Fix(FixKind.ADVICE, "run the decode without HiSparse (its KV regions are in "
                      "host memory: " + ", ".join(sorted(set(d.get("kv_mem_kinds") or ())))
                      + ")", field="enable_hisparse"),)
-        fixes = (_tp_fixes(reg, "swa") if verdict.code == "DSV4G043" else ()) + fixes
+        fixes = (_tp_fixes(reg) if verdict.code == "DSV4G043" else ()) + fixes
     return [_finding(reg, verdict.code, verdict.message, verdict.function,
                      "decode peer's NIXL registration",
                      ("kv_regions", "kv_mem_kinds", "attn_tp_size", "is_mla_backend",
@@ -169,27 +161,8 @@ def _pairing_fixes(reg: Registration, state_type: str, pairs_by: tuple[str, obje
                  f"{label} TP ({tp}); the decode registered {reg.decode.get('attn_tp_size')}",
                  field="decode_tp_size"),)
     if tp == reg.prefill.get("attn_tp_size"):
-        fixes = _tp_fixes(reg, state_type) + fixes
+        fixes = _tp_fixes(reg) + fixes
     return fixes
-
-
-def _send_extra(reg: Registration) -> tuple[list[Finding], list[str]]:
-    package = imported_package_dir()
-    p = reg.prefill
-    if package is None or not p.has("state_types") or not p.has("attn_tp_size") \
-            or not reg.decode.has("attn_tp_size"):
-        return [], []
-    verdicts, unknowns = send_extra_verdicts(p, reg.decode, reg.backend, package,
-                                             p.get("state_types"))
-    # 0.5.23 refuses MiniMax at decode's first contact: a decode that got here matches.
-    first = locate(package, SITES["first_contact.minimax"]) is not None
-    return [_finding(
-        reg, v.code, v.message, v.function,
-        f"prefill -> decode {reg.backend} transfer of the {v.state_type} state",
-        ("attn_tp_size", "is_mla_backend", "state_types", "pp_size", "swa_kv_cache_layout"),
-        Phase.PER_REQUEST, f"every request that carries {v.state_type} state will fail",
-        _tp_fixes(reg, v.state_type))
-        for v in verdicts if not (v.code == "DSV4G041" and first)], unknowns
 
 
 def _mooncake_state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
@@ -228,12 +201,11 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     if reg.backend == "mooncake":
         layout, notes = _mooncake_state_layout(reg)
         found, unknowns = found + layout, unknowns + notes
-    # MORI's per-request TP refusal is its own hook's (DSV4G006, mori/checks.py).
-    extra, more = _send_extra(reg) if reg.backend in TRANSFER_BACKENDS else ([], [])
-    if reg.backend == "mori":
-        extra += _mori_state(reg)
-    mamba, notes = _mamba(reg)
-    extra, more = extra + mamba, more + notes
+    # MORI's per-request TP refusal is its own hook's (DSV4G006, mori/checks.py);
+    # Mooncake's and NIXL's send_extra (DSV4G040/041) a pair condition (pd/send_extra.py).
+    extra = _mori_state(reg) if reg.backend == "mori" else []
+    mamba, more = _mamba(reg)
+    extra += mamba
     # NIXL prepares the state only once the payload was prepared (a refusal there ends it).
     state, rest = _nixl_state_layout(reg) if reg.backend == "nixl" and not found else ([], [])
     return found + extra + state, unknowns + more + rest

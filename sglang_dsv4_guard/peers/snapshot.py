@@ -116,7 +116,8 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
     for name, flag in (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
                        ("enable_dp_attention", "--enable-dp-attention"),
                        ("attn_cp_size", "--attn-cp-size"),
-                       ("speculative_algorithm", "--speculative-algorithm")):
+                       ("speculative_algorithm", "--speculative-algorithm"),
+                       ("enable_unified_memory", "--enable-unified-memory")):
         _put(values, name, args[name], f"server flag {flag} on the prefill")
     _put(values, "kv_checksum", args["disaggregation_enable_kv_checksum"],
          "server flag --disaggregation-enable-kv-checksum on the prefill")
