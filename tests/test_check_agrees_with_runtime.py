@@ -12,6 +12,7 @@ where the fixes are compared.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import unittest
@@ -22,7 +23,7 @@ import mori_stub
 import peers_real
 import sglang.srt.disaggregation.mooncake.conn as mooncake
 import sglang.srt.disaggregation.nixl.conn as nixl
-from check_helpers import GPT_OSS, check_json, server
+from check_helpers import DSV3, GPT_OSS, check_json, server
 from helpers import GuardTestCase, guard_logs_off
 from sglang.test.ci.ci_register import register_cpu_ci
 from test_peers import bootstrap_threads, published_configs
@@ -257,6 +258,63 @@ class TestStateTransfer(GuardTestCase):
                                  [e for e in at_run if e and all(x[0] == "prefill" for x in e)])
                 self.assertEqual([f.edits for f in ran[0].fixes
                                   if f.text.startswith("give the decode")], [()])
+        self.assertGreaterEqual(found, 1)
+
+
+class TestNixlPayload(GuardTestCase):
+    """DSV4G043 and DSV4G046 (pd/nixl_payload.py, one pair condition): ``check`` on two
+    launch lines, and SGLang's real ``NixlKVManager._add_remote_peer`` given the decode's
+    registration (the release's receiver and ``from_zmq``) by a prefill manager whose
+    server arguments are SGLang's resolution of the same prefill line."""
+
+    EAGLE = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
+             "--speculative-num-steps 3 --speculative-num-draft-tokens 4")
+
+    def _runtime(self, prefill: str, *, tp: int, decode_tp: int, kinds: tuple[str, ...],
+                 regions: int, name: str) -> list[Finding]:
+        args = parse_side("prefill", prefill, {})
+        _, info = peers_real.registration(nixl, "nixl", tp=decode_tp, kinds=kinds, name=name)
+        mgr = peers_real.prefill(nixl, "nixl", tp=tp, regions=regions,
+                                 speculative=args.get("speculative_algorithm"))
+        mgr.server_args = args.server_args
+        # SGLang's refusal is raised unchanged; the guard's report is what is compared
+        with guard_logs_off(), contextlib.suppress(NotImplementedError, ValueError):
+            nixl.NixlKVManager._add_remote_peer(mgr, info)
+        current = installation()
+        assert current is not None
+        return [f for r in current.peers.reports() for f in r.findings
+                if r.context.get("peer", "").startswith(name)
+                and f.code in ("DSV4G042", "DSV4G043", "DSV4G046")]
+
+    def test_check_and_registration_agree(self) -> None:
+        """The same codes, severities and ``when``; every edit the registration offers is
+        one ``check`` offers, in the same order (the decode's layout is known to ``check``
+        only; DSV4G046's flag edits are derived from both launch lines, so at run time
+        its fix is said without one)."""
+        self.install_guard("on", load_entry_points=False)
+        cases = [  # prefill line, decode line, run-time shape
+            (server("prefill", GPT_OSS, "--tp-size 1", backend="nixl"),
+             server("decode", GPT_OSS, "--tp-size 4 --enable-hisparse", backend="nixl"),
+             {"tp": 1, "decode_tp": 4, "kinds": ("DRAM", "DRAM"), "regions": 2}),
+            (server("prefill", DSV3, f"--tp-size 8 {self.EAGLE}", backend="nixl"),
+             server("decode", DSV3, "--tp-size 8", backend="nixl"),
+             {"tp": 8, "decode_tp": 8, "kinds": ("VRAM", "VRAM"), "regions": 4})]
+        found = 0
+        for i, (prefill, decode, shape) in enumerate(cases):
+            with self.subTest(prefill=prefill, decode=decode):
+                _, doc = check_json(prefill, decode)
+                checked = [f for f in doc["findings"]
+                           if f["code"] in ("DSV4G042", "DSV4G043", "DSV4G046")]
+                ran = self._runtime(prefill, name=f"payload-{i}", **shape)
+                self.assertEqual([(f["code"], f["severity"], f["when"]) for f in checked],
+                                 [(f.code, f.severity.value, f.when) for f in ran])
+                if not checked:
+                    continue
+                found += 1
+                at_check = [_edits([f]) for f in checked[0]["fixes"]]
+                at_run = [{(e.server, e.name, e.value, e.remove, e.env) for e in f.edits}
+                          for f in ran[0].fixes]
+                self.assertEqual([e for e in at_check if e in at_run], [e for e in at_run if e])
         self.assertGreaterEqual(found, 1)
 
 

@@ -47,7 +47,7 @@ from sglang_dsv4_guard.host.targets import (
 )
 
 __all__ = ["PD_DIGESTS_FILE", "SITES", "Located", "NotJudged", "SiteSpec", "digest_pd_tree",
-           "first_statement", "known_releases", "locate", "row_releases"]
+           "first_statement", "known_releases", "locate", "row_releases", "unjudged_sites"]
 
 PD_DIGESTS_FILE = Path(__file__).with_name("pd_digests.json")
 
@@ -357,3 +357,20 @@ def row_releases(found: Mapping[str, str], keys: Sequence[str],
     """The known releases whose digests of ``keys`` are all those ``found``."""
     return [release for release, stored in known().items()
             if all(stored.get(k) == found.get(k) for k in keys)]
+
+
+def unjudged_sites(package: Path | None, keys: Sequence[str], code: str) -> str | None:
+    """The ``unknowns`` line of a condition reading sites ``keys`` when the release at
+    ``package`` matches no known release on them (or its source was not found), else
+    ``None``."""
+    if package is None:
+        return f"{code}: not judged: the imported SGLang's source was not found"
+    found = {}
+    for key in keys:
+        site = locate(package, SITES[key])
+        found[key] = site.digest if site is not None else MISSING
+    if row_releases(found, keys):
+        return None
+    targets = sorted({str(SITES[k].target) for k in keys})
+    return (f"{code}: not judged: SGLang's {' / '.join(targets)} differs from every release "
+            "this guard knows")

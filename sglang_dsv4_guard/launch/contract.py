@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 
 from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.findings import Finding
@@ -22,11 +21,11 @@ from sglang_dsv4_guard.launch.contact import contact_row
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint_values import endpoint_of
-from sglang_dsv4_guard.launch.flag_fixes import accepted_fix
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fixes
 from sglang_dsv4_guard.launch.kv_layout_env import kv_layout_env_row
 from sglang_dsv4_guard.launch.kv_setup import kv_setup_row
 from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.transfer_rows import hisparse_backend_row, nixl_payload_row
+from sglang_dsv4_guard.launch.transfer_rows import hisparse_backend_row
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import PairContext
 
@@ -39,7 +38,7 @@ log = logging.getLogger(LOGGER_NAME)
 # so in its unknowns; it never guesses.
 ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
     "transfer.aux_row_widths": aux_width_row,
-    "transfer.nixl_payload": nixl_payload_row, "transfer.hisparse_backend": hisparse_backend_row,
+    "transfer.hisparse_backend": hisparse_backend_row,
     "start-up.dsv4_kv_layout": kv_layout_env_row, "start-up.kv_setup": kv_setup_row,
     "first contact": contact_row, "receiver.allocation_policy": allocation_row,
 }
@@ -82,8 +81,6 @@ def pair_conditions(run: ContractRun, profile: HostProfile | None = None
     with offline_env(run.prefill_side.args.env):
         found = build_plugins().collect(PAIR_HOOK, {
             "prefill": run.prefill, "decode": run.decode, "context": context})
-    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
-    return [replace(f, fixes=tuple(x for x in (accepted_fix(x, sides) for x in f.fixes)
-                                   if x is not None) if run.derive else ())
+    return [accepted_fixes(f, run.prefill_side, run.decode_side, run.derive)
             for f in found], list(context.unknowns)
 

@@ -24,7 +24,7 @@ from sglang_dsv4_guard.launch.refusal import refusal_fixes
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
 
-__all__ = ["UNIFIED_VARIABLE", "accepted_fix", "attention_tp_fixes", "copy_pairs",
+__all__ = ["UNIFIED_VARIABLE", "accepted_fix", "accepted_fixes", "attention_tp_fixes", "copy_pairs",
            "derived_fixes", "flag_fix", "page_size_source"]
 
 UNIFIED_VARIABLE = "SGLANG_HACK_FLASHMLA_BACKEND"
@@ -93,6 +93,16 @@ def accepted_fix(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
         if edited.resolution_error is not None or _replaced(edited, edits):
             return None
     return fix
+
+
+def accepted_fixes(finding: Finding, prefill: Side, decode: Side, derive: bool = True
+                   ) -> Finding:
+    """``finding`` with only the fixes :func:`accepted_fix` keeps (none when ``derive`` is
+    off: ``check --fix``'s re-runs read only which findings remain)."""
+    sides = {"prefill": prefill, "decode": decode}
+    return replace(finding, fixes=tuple(f for f in (accepted_fix(x, sides)
+                                                    for x in finding.fixes) if f is not None)
+                   if derive else ())
 
 
 def _replaced(edited: SideArgs, edits: list[Edit]) -> bool:

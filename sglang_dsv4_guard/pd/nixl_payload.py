@@ -11,6 +11,12 @@ transfer handles, which the half-built manager cannot: that is "accepted".
 
 ``pop_preallocated``'s check sits in the decode's scheduler loop: its digested condition
 (:mod:`sglang_dsv4_guard.host.pd_digests`) is evaluated on a half-built queue.
+
+The one home of DSV4G042/043/046: :func:`nixl_payload_findings` is a pair condition
+(:mod:`.conditions`), run by ``check`` on two launch lines and at each decode peer's NIXL
+registration on the live manager and the registration message, with the same finding and
+fixes (``check`` replaces DSV4G046's with the speculative-decoding flag edits it derives
+from both launch lines). :func:`payload_finding` also builds ``check``'s DSV4G044.
 """
 
 from __future__ import annotations
@@ -22,13 +28,23 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
+from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.relayout import requires_relayout
+from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["REGIONS", "NixlVerdict", "decode_kv_kinds", "hisparse_backend_verdict",
+__all__ = ["PAYLOAD_SITES", "REGIONS", "NixlVerdict", "decode_kv_kinds",
+           "hisparse_backend_verdict", "nixl_payload_findings", "payload_finding",
            "payload_verdict"]
+
+#: The digested sites of NIXL's registration payload checks.
+PAYLOAD_SITES = ("nixl.hisparse_spec", "nixl.direct_to_host", "nixl.fewer_regions")
 
 REGIONS = 2  # KV regions of a target pool in the miniature registration
 _PHRASES = {"decode-only speculative": "DSV4G042", "direct-to-host": "DSV4G043",
@@ -146,3 +162,87 @@ def hisparse_backend_verdict(decode: Endpoint, package: Path) -> NixlVerdict | N
     if not site.holds(names):
         return None
     return NixlVerdict("DSV4G044", site.message(names), str(site.spec.target))
+
+
+def nixl_payload_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
+                          ) -> tuple[list[Finding], list[str]]:
+    """DSV4G042/043/046: NIXL's registration of the decode (both servers on NIXL), and
+    what could not be judged. Judged where the decode's HiSparse is known (from its launch
+    line, or the memory kinds its registration carries) and each server's DCP size is
+    known, or neither's is (a release without DCP)."""
+    if not prefill.get("transfer_backend") == decode.get("transfer_backend", "nixl") == "nixl":
+        return [], []
+    if not decode.has("enable_hisparse") or prefill.has("dcp_size") != decode.has("dcp_size"):
+        return [], []  # a value it reads was not derived: the endpoint's note says why
+    changed = unjudged_sites(package, PAYLOAD_SITES, "DSV4G042/DSV4G043/DSV4G046")
+    if changed:
+        return [], [changed]
+    verdict = payload_verdict(prefill, decode)
+    return ([payload_finding(prefill, decode, verdict, Phase.REGISTRATION)]
+            if verdict else []), []
+
+
+def payload_finding(prefill: Endpoint, decode: Endpoint, verdict: NixlVerdict,
+                    phase: Phase) -> Finding:
+    """The finding of a NIXL payload refusal (and of HiSparse off Mooncake, DSV4G044)."""
+    names = (("transfer_backend", "speculative_algorithm", "kv_regions")
+             if verdict.code == "DSV4G046" else (
+        "transfer_backend", "enable_hisparse", "kv_mem_kinds", "speculative_algorithm",
+        "is_dsv4", *(("attn_tp_size", "is_mla_backend") if verdict.code == "DSV4G043" else ())))
+    return Finding(
+        code=verdict.code, severity=Severity.ERROR, summary=CODES[verdict.code].title,
+        subject=("decode peer's NIXL registration" if verdict.code == "DSV4G046"
+                 else "decode server HiSparse transfer"),
+        observations=tuple(e.observation(n) for n in names for e in (prefill, decode)
+                           if e.has(n)),
+        details=(_details(prefill, decode, verdict),), fixes=_fixes(prefill, decode, verdict),
+        docs=docs_url(verdict.code), host_message=verdict.message,
+        when=when_text(phase, str(prefill.get("transfer_backend")), prefill.env or {}))
+
+
+def _details(prefill: Endpoint, decode: Endpoint, verdict: NixlVerdict) -> str:
+    d = decode
+    if verdict.code == "DSV4G046":
+        return (f"SGLang's {verdict.function} raises it: the prefill runs "
+                f"{prefill.get('speculative_algorithm')} and registers its draft pool's "
+                "KV regions after the target's (PrefillBootstrapQueue._init_kv_manager); the "
+                "decode, without speculative decoding, registers only the target's")
+    if verdict.code == "DSV4G044":
+        # decode.py DecodePreallocQueue.pop_preallocated (0.5.17+; a draft pool from 0.5.22)
+        pools = " and ".join(n for n, on in (("a DeepSeek-V4 KV pool", d.get("is_dsv4")), (
+            "a draft KV pool", d.get("speculative_algorithm"))) if on)
+        return (f"SGLang's {verdict.function} raises it: the decode runs HiSparse with "
+                f"{pools or 'the pool the release tests'} on the "
+                f"{d.get('transfer_backend')} backend, and its HiSparse transfer is "
+                "Mooncake's only")
+    draft = (", its draft's on the GPU" if d.get("speculative_algorithm") else "")
+    return (f"SGLang's {verdict.function} raises it; the decode's HiSparse KV is in host "
+            f"memory (DRAM){draft} (the memory kinds NIXL reads from the registration, as "
+            "HiSparse allocates them)")
+
+
+def _fixes(prefill: Endpoint, decode: Endpoint, verdict: NixlVerdict) -> tuple[Fix, ...]:
+    """DSV4G046: the speculative decoding of both servers alike (said here; ``check``
+    derives the flag edits from both lines). DSV4G042-044: the decode without HiSparse;
+    where attention TP differs (DSV4G043), equal attention TP first; else Mooncake on
+    both servers, whose transfer takes HiSparse."""
+    if verdict.code == "DSV4G046":
+        regions = ("" if not (prefill.has("kv_regions") and decode.has("kv_regions")) else
+                   f": the decode registered {decode.get('kv_regions')} KV regions, the "
+                   f"prefill has {prefill.get('kv_regions')}")
+        return (Fix(FixKind.ADVICE, "run the decode with the prefill's speculative decoding "
+                    f"({prefill.get('speculative_algorithm') or 'its draft model'}), or the "
+                    f"prefill without it{regions}", field="speculative_algorithm"),)
+    tp = verdict.code == "DSV4G043"
+    found: list[Fix] = list(attention_tp_fixes(layout_of(prefill), layout_of(decode))
+                            if tp else ())
+    hisparse, backend = flag_for_field("enable_hisparse"), flag_for_field(
+        "disaggregation_transfer_backend")
+    if hisparse is not None:
+        found.append(Fix(FixKind.FLAGS, "run the decode without HiSparse", field="enable_hisparse",
+                         edits=(Edit("decode", hisparse.option, remove=True),)))
+    if backend is not None and not tp:
+        found.append(Fix(FixKind.FLAGS, "use the Mooncake transfer backend on both servers",
+                         field="transfer_backend", edits=tuple(
+                             Edit(e.role, backend.option, "mooncake") for e in (prefill, decode))))
+    return tuple(found)

@@ -29,7 +29,7 @@ from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
 from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint
@@ -126,14 +126,9 @@ def send_extra_verdicts(prefill: Endpoint, decode: Endpoint, backend: str, packa
     """Each state type the prefill sends that SGLang's ``maybe_send_extra`` on ``backend``
     refuses for this decode, and what could not be judged (a release whose sites differ
     from every known one, a condition reading a value not derived)."""
-    found = {}
-    for key in site_keys(backend):
-        site = locate(package, SITES[key])
-        found[key] = site.digest if site is not None else "missing"
-    if not row_releases(found, site_keys(backend)):
-        changed = sorted({str(SITES[k].target) for k in site_keys(backend)})
-        return [], [f"DSV4G040/DSV4G041 ({backend}): not judged: SGLang's "
-                    f"{' / '.join(changed)} differs from every release this guard knows"]
+    changed = unjudged_sites(package, site_keys(backend), f"DSV4G040/DSV4G041 ({backend})")
+    if changed:
+        return [], [changed]
     enum = _state_type_enum()
     verdicts: list[StateVerdict] = []
     unknowns: list[str] = []

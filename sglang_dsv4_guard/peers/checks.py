@@ -1,15 +1,15 @@
-"""Built-in registration check: what SGLang will refuse later for this decode peer.
+"""Built-in registration check: what SGLang will refuse later for this decode peer, for
+the conditions not yet written as pair conditions (:mod:`sglang_dsv4_guard.pd.conditions`,
+which the registration wrappers run after this hook: NIXL's payload, DSV4G042/043/046;
+``maybe_send_extra``, DSV4G040/041; the metadata buffer counts, DSV4G045).
 
-Each condition is the one ``check`` runs (:mod:`sglang_dsv4_guard.pd`), on the endpoints
-the registration snapshot built from the live manager and the decode's
-``KVArgsRegisterInfo``: the DCP relayout (DSV4G036, :mod:`..pd.relayout`), NIXL's payload
-preparation (DSV4G042/043/046, :mod:`..pd.nixl_payload`) and its prepared state transfer
-(DSV4G055, :mod:`..pd.nixl_state`), ``maybe_send_extra`` per state type
-(DSV4G040/041, :mod:`..pd.send_extra`), NIXL's and MORI's replicated Mamba state
-(DSV4G058, :mod:`..pd.mamba_state`), Mooncake's state-layout verdict (DSV4G050,
-:mod:`..pd.state_layout`), the metadata buffer counts and what the backend's
-``send_aux`` does with them (DSV4G045, :mod:`..pd.aux_send`, :mod:`..pd.buffers`). Pure
-apart from running those SGLang functions on half-built objects, as ``check`` does.
+On the endpoints the registration snapshot built from the live manager and the decode's
+``KVArgsRegisterInfo``: the DCP relayout (DSV4G036, :mod:`..pd.relayout`), NIXL's
+prepared state transfer (DSV4G055, :mod:`..pd.nixl_state`), NIXL's and MORI's replicated
+Mamba state (DSV4G058, :mod:`..pd.mamba_state`), MORI's state refusals
+(DSV4G041/056/057, :mod:`..pd.mori_send`) and Mooncake's state-layout verdict (DSV4G050,
+:mod:`..pd.state_layout`). Pure apart from running those SGLang functions on half-built
+objects, as ``check`` does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
-from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.mamba_state import MAMBA_CODE, mamba_refusal
 from sglang_dsv4_guard.pd.mori_send import mori_state_refusals
 from sglang_dsv4_guard.pd.nixl_payload import payload_verdict
@@ -56,30 +55,6 @@ def _finding(reg: Registration, code: str, message: str, function: str, subject:
                  f"SGLang's {function} raises it"),
         fixes=fixes, docs=docs_url(code), host_message=message,
         when=when_text(phase, reg.backend, reg.env))
-
-
-def _payload(reg: Registration) -> list[Finding]:
-    verdict = payload_verdict(reg.prefill, reg.decode)
-    if verdict is None:
-        return []
-    p, d = reg.prefill, reg.decode
-    if verdict.code == "DSV4G046":
-        algo = p.get("speculative_algorithm")
-        fixes: tuple[Fix, ...] = (Fix(
-            FixKind.ADVICE, f"run the decode with the prefill's speculative decoding "
-            f"({algo or 'its draft model'}), or the prefill without it: the decode "
-            f"registered {d.get('kv_regions')} KV regions, the prefill has "
-            f"{p.get('kv_regions')}", field="speculative_algorithm"),)
-    else:
-        fixes = (Fix(FixKind.ADVICE, "run the decode without HiSparse (its KV regions are in "
-                     "host memory: " + ", ".join(sorted(set(d.get("kv_mem_kinds") or ())))
-                     + ")", field="enable_hisparse"),)
-        fixes = (_tp_fixes(reg) if verdict.code == "DSV4G043" else ()) + fixes
-    return [_finding(reg, verdict.code, verdict.message, verdict.function,
-                     "decode peer's NIXL registration",
-                     ("kv_regions", "kv_mem_kinds", "attn_tp_size", "is_mla_backend",
-                      "speculative_algorithm"), Phase.REGISTRATION,
-                     "the prefill's bootstrap thread dies on it", fixes)]
 
 
 def _nixl_state_layout(reg: Registration) -> tuple[list[Finding], list[str]]:
@@ -196,8 +171,6 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     if relayout:
         return [with_peer(reg, f) for f in relayout], unknowns
     found: list[Finding] = []
-    if reg.backend == "nixl" and _known(reg.decode, "kv_mem_kinds"):
-        found += _payload(reg)
     if reg.backend == "mooncake":
         layout, notes = _mooncake_state_layout(reg)
         found, unknowns = found + layout, unknowns + notes
@@ -206,8 +179,11 @@ def registration_findings(reg: Registration) -> tuple[list[Finding], list[str]]:
     extra = _mori_state(reg) if reg.backend == "mori" else []
     mamba, more = _mamba(reg)
     extra += mamba
-    # NIXL prepares the state only once the payload was prepared (a refusal there ends it).
-    state, rest = _nixl_state_layout(reg) if reg.backend == "nixl" and not found else ([], [])
+    # NIXL prepares the state only once the payload was prepared: a refusal there
+    # (DSV4G042/043/046, the pair condition of pd/nixl_payload.py) ends it.
+    state, rest = (_nixl_state_layout(reg) if reg.backend == "nixl"
+                   and not (reg.decode.has("kv_mem_kinds")
+                            and payload_verdict(reg.prefill, reg.decode)) else ([], []))
     return found + extra + state, unknowns + more + rest
 
 
@@ -220,10 +196,6 @@ def _relayouts(reg: Registration) -> bool:
     return package is not None and locate(package, SITES["peers.mori_relayout"]) is not None
 
 
-def _known(endpoint: Endpoint, name: str) -> bool:
-    return endpoint.has(name)
-
-
 def with_peer(reg: Registration, finding: Finding) -> Finding:
     """``finding`` with the registering peer named first in its details."""
     return Finding(**{**finding.__dict__, "details": (_peer_line(reg), *finding.details)})
@@ -233,7 +205,7 @@ def with_peer(reg: Registration, finding: Finding) -> Finding:
 @hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_registration(registration: Registration,
                                          context: RegistrationContext) -> list[Finding]:
-    """What SGLang will refuse for this decode peer: DSV4G036, 040-043, 046, 050,
-    055-058."""
+    """What SGLang will refuse for this decode peer: DSV4G036, 041 and 056-057 (MORI),
+    050, 055 and 058."""
     del context
     return registration_findings(registration)[0]
