@@ -23,6 +23,7 @@ __all__ = [
     "CONTACT_INFO_FIELDS",
     "CONTACT_MANAGER_ATTRS",
     "CUDA_GRAPH_CONFIG",
+    "DSV4_LAYOUT_ENV",
     "DSV4_POOL",
     "ENVIRON_MODULE",
     "KV_ARGS",
@@ -335,6 +336,8 @@ PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_ml
 PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
                        "engine_rank", "state_data_ptrs", "state_item_lens", "state_data_lens",
                        "state_layer_ids", "mla_compression_ratios", "state_dim_per_tensor")
+#: The variables SGLang's select_dsv4_kv_layout reads (0.5.21+).
+DSV4_LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
 PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "attn_cp_size",
                            "speculative_algorithm", "enable_unified_memory",
                            "disaggregation_enable_kv_checksum")

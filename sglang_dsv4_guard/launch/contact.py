@@ -22,20 +22,25 @@ import inspect
 import json
 import logging
 import os
-from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.host.envs import env_reading
-from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_DSV4_LAYOUT, PD_KV_DTYPE, PD_QUANT_CONFIG
-from sglang_dsv4_guard.launch.contact_fixes import contact_fixes
+from sglang_dsv4_guard.host.targets import (
+    DSV4_LAYOUT_ENV,
+    DSV4_POOL,
+    PD_DSV4_LAYOUT,
+    PD_KV_DTYPE,
+    PD_QUANT_CONFIG,
+)
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side, release_model_config
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fixes
 from sglang_dsv4_guard.launch.gpus import page_size_by_gpu
-from sglang_dsv4_guard.launch.kv_layout_env import EVERY_MACHINE, LAYOUT_ENV
+from sglang_dsv4_guard.launch.kv_layout_env import EVERY_MACHINE
 from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.launch.pools import published_server_args
 from sglang_dsv4_guard.log import LOGGER_NAME
@@ -175,9 +180,9 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
     select = getattr(module, PD_DSV4_LAYOUT.attr, None)
     if select is None or pool_cls is None or not hasattr(pool_cls, "pd_kv_layout"):
         return none, None
-    env = {k: v for k, v in side.args.env.items() if k in LAYOUT_ENV}
+    env = {k: v for k, v in side.args.env.items() if k in DSV4_LAYOUT_ENV}
     backend = resolved_value(side, "dsv4_attn_backend", None)
-    typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in LAYOUT_ENV)
+    typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in DSV4_LAYOUT_ENV)
     source = (f"the release's {PD_DSV4_LAYOUT.attr} and pd_kv_layout on "
               f"--dsv4-attn-backend {backend} and {typed_env}")
     try:
@@ -320,9 +325,9 @@ def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     findings += more
     for endpoint in (run.prefill, run.decode):
         unknowns += list(endpoint.get(NOTES, ()))
-    if run.derive:
-        findings = [f if f.code == "DSV4G022" else replace(f, fixes=contact_fixes(f, run))
-                    for f in findings]  # DSV4G022's fixes: derived_fixes (flag_fixes._g022)
+    # DSV4G022's fixes are derived_fixes' (flag_fixes._g022: the page size per GPU)
+    findings = [f if f.code == "DSV4G022" else accepted_fixes(
+        f, run.prefill_side, run.decode_side, run.derive) for f in findings]
     return findings, unknowns + relayout_unknowns
 
 

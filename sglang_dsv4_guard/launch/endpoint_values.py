@@ -68,7 +68,7 @@ def _base(side: Side) -> dict[str, Value]:
         "dp_size": Value(layout.dp_size, field_source(side, "dp_size", "--dp-size")),
         "enable_dp_attention": Value(layout.dp_attention, field_source(
             side, "enable_dp_attention", "--enable-dp-attention")),
-        TYPED: Value(layout.typed, "the launch line"),
+        TYPED: Value(frozenset(typed_flags(list(a.argv))), "the launch line"),
         "enable_unified_memory": Value(bool(side_field(side, "enable_unified_memory")),
                                        field_source(side, "enable_unified_memory",
                                                     "--enable-unified-memory")),

@@ -21,7 +21,7 @@ from typing import Any
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.host.targets import PD_DSV4_LAYOUT
+from sglang_dsv4_guard.host.targets import DSV4_LAYOUT_ENV, PD_DSV4_LAYOUT
 from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS
@@ -31,10 +31,9 @@ from sglang_dsv4_guard.launch.pools import published_server_args
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["EVERY_MACHINE", "LAYOUT_ENV", "kv_layout_env_row"]
+__all__ = ["EVERY_MACHINE", "kv_layout_env_row"]
 
 CODE = "DSV4G047"
-LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
 # select_dsv4_kv_layout's assertions that hold before it looks at the GPU (0.5.21+): a
 # value it does not know, and (0.5.22+) trtllm with a V4.1 layout; its SM100 assertion is
 # the GPU's.
@@ -53,7 +52,7 @@ def selection(side: Side, env: dict[str, str]) -> tuple[str, str | None]:
     or ``("gpu", message)`` when what it says depends on the GPU."""
     select = _select()
     with offline_env(env), published_server_args(side.args.server_args):
-        for name in LAYOUT_ENV:
+        for name in DSV4_LAYOUT_ENV:
             if name not in env:
                 os.environ.pop(name, None)
         try:
@@ -68,7 +67,7 @@ def selection(side: Side, env: dict[str, str]) -> tuple[str, str | None]:
 
 
 def _layout_env(side: Side) -> dict[str, str]:
-    return {k: v for k, v in side.args.env.items() if k in LAYOUT_ENV}
+    return {k: v for k, v in side.args.env.items() if k in DSV4_LAYOUT_ENV}
 
 
 def _accepted(side: Side) -> list[str]:
@@ -80,7 +79,7 @@ def _accepted(side: Side) -> list[str]:
                     if isinstance(c, str) and _NAME.match(c)})
     found = []
     for name in names:
-        outcome, _ = selection(side, {**_layout_env(side), LAYOUT_ENV[0]: name})
+        outcome, _ = selection(side, {**_layout_env(side), DSV4_LAYOUT_ENV[0]: name})
         if outcome != "refused":
             found.append(name + (" (needs an SM100/SM103 GPU)" if outcome == "gpu" else ""))
     return found
@@ -125,7 +124,7 @@ def _fixes(run: ContractRun, side: Side, other: Side) -> tuple[Fix, ...]:
             continue
         edits = tuple(Edit(side.role, k, wanted[k], env=True) if k in wanted
                       else Edit(side.role, k, remove=True, env=True)
-                      for k in LAYOUT_ENV if env.get(k) != wanted.get(k))
+                      for k in DSV4_LAYOUT_ENV if env.get(k) != wanted.get(k))
         fixes.append(accepted_fix(Fix(FixKind.FLAGS, text, field="dsv4_kv_layout_env",
                                       edits=edits), sides))
     return tuple(f for f in fixes if f is not None)
@@ -145,7 +144,7 @@ def kv_layout_env_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
             observations=(end.observation("dsv4_kv_layout_env"),),
             details=(f"SGLang's {PD_DSV4_LAYOUT.attr} (called when the server builds its KV "
                      f"pool) asserts: {message}; for this server it accepts "
-                     f"{LAYOUT_ENV[0]} = " + ", ".join(_accepted(side))
+                     f"{DSV4_LAYOUT_ENV[0]} = " + ", ".join(_accepted(side))
                      + " (unset: the release's default)",),
             fixes=_fixes(run, side, other) if run.derive else (), docs=docs_url(CODE),
             host_message=message,

@@ -22,9 +22,10 @@ __all__ = ["FIELD", "TYPED", "AttentionLayout", "attention_tp_fixes", "layout_of
 
 #: The compared field every fix of the family addresses.
 FIELD = "attn_tp_size"
-#: The endpoint value naming which of ``dp_size``, ``enable_dp_attention`` and
-#: ``attn_dp_size`` a launch line typed (absent at run time: only resolved values known).
-TYPED = "parallel_flags_typed"
+#: The endpoint value holding the ServerArgs fields a server's launch line typed (absent
+#: at run time, where only resolved values are known).
+TYPED = "typed_fields"
+_DP_FIELDS = frozenset({"dp_size", "enable_dp_attention", "attn_dp_size"})
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def layout_of(endpoint: Endpoint) -> AttentionLayout:
         e.role, e.get("attn_tp_size"), None if tp is None else int(tp),
         int(e.get("attn_cp_size") or 1), int(e.get("dp_size") or 1),
         bool(e.get("enable_dp_attention")),
-        frozenset(e.get(TYPED)) if e.has(TYPED) else None)
+        frozenset(e.get(TYPED)) & _DP_FIELDS if e.has(TYPED) else None)
 
 
 def attention_tp_fixes(prefill: AttentionLayout, decode: AttentionLayout) -> tuple[Fix, ...]:

@@ -38,6 +38,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE,
 )
 from sglang_dsv4_guard.patching import WRAPPER_MARK
+from sglang_dsv4_guard.pd.contact_fixes import contact_fixes
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
@@ -369,6 +370,7 @@ def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) ->
         details=(order, f"SGLang's own {PD_FIRST_CONTACT.qualname} raised {raised.kind} on "
                         "the values both launch lines imply (the prefill's as its bootstrap "
                         "server answers them)"),
+        fixes=contact_fixes(raised.code, tuple(fields), prefill, decode),
         docs=docs_url(raised.code), host_message=raised.message,
         when=when_text(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
 

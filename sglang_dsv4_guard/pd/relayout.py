@@ -13,8 +13,11 @@ from collections.abc import Mapping
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.host.targets import PD_COMMON_MANAGER, PD_COMMON_MODULE, PD_RELAYOUT
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.contact_fixes import contact_fixes
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["CODE", "relayout_findings", "relayout_raise", "requires_relayout"]
@@ -95,6 +98,28 @@ def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
                            for e in (prefill, decode) if e.has(name)),
         details=(f"SGLang's own {PD_RELAYOUT.qualname} raised on the prefill's DCP size and "
                  f"pool kind and the decode's DCP size ({_ranks(prefill, decode)})",),
-        docs=docs_url(CODE), host_message=message,
+        fixes=_fixes(prefill, decode), docs=docs_url(CODE), host_message=message,
         when=when_text(Phase.REGISTRATION, backend, env))
     return [finding], unknowns
+
+
+def _fixes(prefill: Endpoint, decode: Endpoint) -> tuple[Fix, ...]:
+    """DCP off where a server sets it (:mod:`.contact_fixes`), then each server taking the
+    other's DCP size where the release's relayout then accepts the pair: equal DCP sizes
+    need none (``CommonKVManager.requires_dcp_relayout``, 0.5.17 - 0.5.23;
+    ``pd_disaggregation_hook`` warns that a DCP prefill is supported with the decode's DCP
+    layout)."""
+    found = list(contact_fixes(CODE, ("dcp_size",), prefill, decode))
+    for src, dst in ((prefill, decode), (decode, prefill)):
+        size = int(src.get("dcp_size", 1) or 1)
+        if size == 1 or size == int(dst.get("dcp_size", 1) or 1):
+            continue
+        ends = {"prefill": prefill, "decode": decode}
+        ends[dst.role] = dst.with_values(dcp_size=Value(size, src.role))
+        edit = flag_edit(dst.role, "dcp_size", size)
+        if edit is not None and relayout_raise(ends["prefill"], ends["decode"]) == (None, None):
+            found.append(Fix(FixKind.FLAGS, f"launch the {dst.role} server with the "
+                             f"{src.role}'s DCP size", field="dcp_size", edits=(edit,),
+                             inputs=tuple(f"{e.role}: dcp_size {e.get('dcp_size')!r} from "
+                                          f"{e.source('dcp_size')}" for e in (prefill, decode))))
+    return tuple(found)

@@ -1,0 +1,104 @@
+"""The fixes of decode's first-contact findings and of the DCP relayout (DSV4G036): one
+home for the family, in ``check`` and at run time alike.
+
+Each fix gives one server what SGLang's condition needs, derived from the two endpoints'
+values (never a finding's text): the other server's value (KV cache dtype, page size,
+PP, the DeepSeek-V4 KV layout variables), the neutral one (attention CP, DCP and KV
+cache sharding off), or equal attention TP (:mod:`.attention_tp`); the relayout adds the
+other server's DCP size where the release's relayout then accepts the pair
+(:mod:`.relayout`). A value is copied only
+from a server where it is known, and a variable only from a server whose environment is
+known; an edit needs a flag the installed release's parser has. ``check`` keeps the
+fixes the release's resolution accepts and ``--fix`` proves them; at run time, where
+the other server's launch line is not known, they are said as derived, unproven.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.host.envs import env_copy
+from sglang_dsv4_guard.host.flags import flag_edit
+from sglang_dsv4_guard.host.targets import DSV4_LAYOUT_ENV
+from sglang_dsv4_guard.pd.attention_tp import TYPED, attention_tp_fixes, layout_of
+from sglang_dsv4_guard.pd.endpoint import Endpoint
+
+__all__ = ["contact_fixes"]
+
+# What each fix gives the edited server, by the value SGLang's condition reads.
+_LABELS = {"kv_cache_dtype_str": "the {src}'s KV cache dtype string",
+           "page_size": "the {src}'s page size",
+           "pp_size": "the {src}'s pipeline-parallel size",
+           "attn_cp_size": "attention context parallel size 1",
+           "dcp_size": "decode context parallel size 1",
+           "enable_kv_cache_sharding": "KV cache sharding off",
+           "kv_layout": "the {src}'s DeepSeek-V4 KV layout variables"}
+# The ServerArgs field of each copied value.
+_COPIED = {"kv_cache_dtype_str": "kv_cache_dtype", "page_size": "page_size", "pp_size": "pp_size"}
+# Values SGLang's condition needs at their default (1 / off), and, per code, the only
+# server whose value the condition reads.
+_NEUTRAL = ("attn_cp_size", "dcp_size", "enable_kv_cache_sharding")
+_NEUTRAL_SERVER = {("DSV4G034", "dcp_size"): "decode", ("DSV4G034", "attn_cp_size"): "prefill",
+                   ("DSV4G034", "enable_kv_cache_sharding"): "prefill",
+                   ("DSV4G035", "attn_cp_size"): "decode",
+                   ("DSV4G035", "enable_kv_cache_sharding"): "prefill"}
+# Values no flag sets: what both servers need, said without an edit.
+_ADVICE = {"dsv41_spec_layout": "DSpark enabled the same way (speculative algorithm, block "
+                                "size, target/draft KV layout) and the same release"}
+
+
+def contact_fixes(code: str, names: tuple[str, ...], prefill: Endpoint, decode: Endpoint
+                  ) -> tuple[Fix, ...]:
+    """The fixes of one finding whose condition reads ``names``, in order: equal attention
+    TP first, then per value, the decode changed before the prefill."""
+    found: list[Fix] = []
+    names = tuple(dict.fromkeys(names))
+    if "attn_tp_size" in names:
+        found += attention_tp_fixes(layout_of(prefill), layout_of(decode))
+    for name in names:
+        inputs = tuple(f"{e.role}: {name} {e.get(name)!r} from {e.source(name)}"
+                       for e in (prefill, decode))
+        if name in _ADVICE and prefill.get(name) != decode.get(name):
+            found.append(Fix(FixKind.ADVICE, f"give both servers {_ADVICE[name]}: prefill "
+                             f"{prefill.get(name)!r}, decode {decode.get(name)!r}",
+                             field=name, inputs=inputs))
+        for src, dst in ((prefill, decode), (decode, prefill)):
+            edits = _edits(code, name, src, dst)
+            if edits and all(e is not None for e in edits):
+                label = _LABELS.get(name, name).format(src=src.role)
+                found.append(Fix(FixKind.FLAGS, f"launch the {dst.role} server with {label}",
+                                 field=name, edits=tuple(e for e in edits if e is not None),
+                                 inputs=inputs))
+    return tuple(dict.fromkeys(found))
+
+
+def _typed(endpoint: Endpoint, name: str, value: Any) -> bool:
+    """Whether ``endpoint``'s line sets ``name``: from its launch line where known, else
+    (a live server's resolved value) whether the value is other than the default."""
+    if endpoint.has(TYPED):
+        return name in (endpoint.get(TYPED) or ())
+    return value not in (None, False, 1)
+
+
+def _edits(code: str, name: str, src: Endpoint, dst: Endpoint) -> list[Edit | None]:
+    """The edits giving ``dst`` a value of ``name`` that satisfies the condition (none:
+    no fix of this kind)."""
+    want = src.get(name)
+    if name in _COPIED:
+        if not src.has(name) or want == dst.get(name) or (
+                name == "pp_size" and dst.role != "decode"):  # a decode's PP follows
+            return []
+        return [flag_edit(dst.role, _COPIED[name], want)]
+    if name in _NEUTRAL:
+        own = dst.get(name)
+        server = _NEUTRAL_SERVER.get((code, name), dst.role)
+        if server != dst.role or own in (None, False, 1) or not _typed(dst, name, own):
+            return []
+        return [flag_edit(dst.role, name, None)]  # back to the release's default (1 / off)
+    if name == "kv_layout":
+        if src.env is None or src.get(name) == dst.get(name):
+            return []
+        return [env_copy(dst.role, key, src.env.get(key)) for key in DSV4_LAYOUT_ENV
+                if dst.env is None or src.env.get(key) != dst.env.get(key)] or [None]
+    return []
