@@ -696,6 +696,26 @@ CODES: dict[str, CodeInfo] = {
             sglang_releases=("0.5.20", None),
         ),
         CodeInfo(
+            "DSV4G059",
+            "Mooncake/NIXL/MORI: the Mamba state is sharded on one server and replicated on "
+            "the other",
+            "Mamba state replication metadata differs between prefill and decode",
+            "From 0.5.20 (MORI from 0.5.22) the Mamba state transfer to a decode of another "
+            "TP slices each state tensor by heads with SGLang's "
+            "compute_mamba_state_slice_byte_blocks, which refuses a tensor the prefill "
+            "holds sharded and the decode replicated (its TP-sharded dimension 0), or the "
+            "other way round, and replicated tensors whose item lengths differ (\"Replicated "
+            "Mamba state item lengths differ\"). Every request that carries Mamba state "
+            "fails (both servers keep running). At run time the guard reports it when the "
+            "decode peer registers (once per distinct mismatch), by running that function "
+            "on the registration's values. check does not predict it (the per-tensor "
+            "dimensions are known once the pools are built).",
+            ("derived: equal attention TP sizes (where the transfer slices by attention "
+             "TP: then whole items are copied); the same model and state-pool flags on "
+             "both servers",),
+            sglang_releases=("0.5.20", None),
+        ),
+        CodeInfo(
             "DSV4G090",
             "a guard plug-in failed",
             None,

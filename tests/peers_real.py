@@ -91,9 +91,11 @@ def _kv_args(regions: int, kinds: Sequence[str], aux: int, state_types: Sequence
 def registration(conn: ModuleType, backend: str, *, tp: int = 1,
                  kinds: Sequence[str] = ("VRAM", "VRAM"), aux: int = 3, dcp: int = 1,
                  dcp_rank: int = 0, name: str = "decode-0", port: int = 7001,
-                 state_lens: Sequence[Sequence[int]] = (), state_item: int | None = None) -> Any:
+                 state_lens: Sequence[Sequence[int]] = (), state_item: int | None = None,
+                 state_dims: Sequence[Sequence[int]] | None = None) -> Any:
     """A decode rank's registration, sent by the release's own receiver code and parsed by
-    its ``KVArgsRegisterInfo.from_zmq``. Returns (the frames, the parsed registration)."""
+    its ``KVArgsRegisterInfo.from_zmq``. Returns (the frames, the parsed registration).
+    ``state_dims``: each state component's tensors' TP-sharded dimensions (0: replicated)."""
     manager_cls = conn.NixlKVManager if backend == "nixl" else conn.MooncakeKVManager
     receiver_cls = conn.NixlKVReceiver if backend == "nixl" else conn.MooncakeKVReceiver
     mgr = object.__new__(manager_cls)
@@ -104,6 +106,8 @@ def registration(conn: ModuleType, backend: str, *, tp: int = 1,
         dcp_size=dcp, dcp_rank=dcp_rank, session_id=name,
         engine=SimpleNamespace(get_session_id=lambda: name))
     mgr.get_session_id = lambda: name
+    if state_dims is not None:
+        mgr.kv_args.state_dim_per_tensor = [list(d) for d in state_dims]
     receiver = object.__new__(receiver_cls)
     sock = Socket()
     receiver.__dict__.update(kv_mgr=mgr, bootstrap_infos=[{"rank_ip": "10.0.0.1",

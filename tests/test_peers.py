@@ -850,6 +850,98 @@ def nixl_mamba_refusal(mgr: Any, decode_tp: int) -> str | None:
     return None
 
 
+def slice_refusal(conn: Any, mgr: Any, info: Any) -> str | None:
+    """The oracle: SGLang's real ``_send_mamba_state_slice`` of the backend (0.5.20+), on
+    the prefill manager's first state component and the decode's registration, what it
+    transfers stopped (Mooncake's ``_transfer_data``; NIXL's agent accepts everything);
+    the ``ValueError`` it raises, if any."""
+    cls = conn.NixlKVManager if conn is nixl else conn.MooncakeKVManager
+    send = vars(cls).get("_send_mamba_state_slice")
+    if send is None:
+        return None
+    kv = mgr.kv_args
+    mgr._transfer_data = lambda *args, **kwargs: 0
+    mgr._post_xfer = lambda *args, **kwargs: None
+    tp = getattr(info, "dst_attn_tp_size", None) or info.decode_tp_size
+    values = {"req": SimpleNamespace(mooncake_session_id="decode", room=0),
+              "peer_name": "decode", "notif": "room", "prefill_mamba_index": [0],
+              "dst_mamba_index": [0],
+              "prefill_state_indices": [0], "dst_state_indices": [0], "dst_tp_rank": 0,
+              "decode_tp_rank": 0, "dst_gpu_id": 0, "dst_attn_tp_size": tp,
+              "decode_tp_size": tp, "src_state_data_ptrs": kv.state_data_ptrs[0],
+              "src_state_item_lens": kv.state_item_lens[0],
+              "src_state_dim_per_tensor": kv.state_dim_per_tensor[0],
+              "dst_state_data_ptrs": info.dst_state_data_ptrs[0],
+              "dst_state_item_lens": info.dst_state_item_lens[0],
+              "dst_state_dim_per_tensor": info.dst_state_dim_per_tensor[0],
+              "src_layer_ids": kv.state_layer_ids[0], "dst_layer_ids": info.dst_state_layer_ids[0]}
+    names = list(inspect.signature(send).parameters)[1:]
+    try:
+        send(mgr, **{n: values[n] for n in names if n in values})
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+class TestMambaSlice(GuardTestCase):
+    """DSV4G059: a Mamba state tensor sharded on one server and replicated on the other
+    (or replicated with other item lengths), for a decode of another TP: reported when
+    the decode registers (SGLang's real Mooncake bootstrap thread, NIXL's real
+    ``_add_remote_peer``), exactly when SGLang's own slice transfer then refuses
+    (0.5.20+; never before). NIXL refuses a replicated prefill tensor first (DSV4G058,
+    ``TestNixlMambaState``'s oracle): there, no DSV4G059."""
+
+    # (prefill TP, decode TP, prefill dims, decode dims, prefill lens, decode lens, refused)
+    # of one Mamba component of two tensors (conv, temporal); a sharded tensor has 8
+    # heads on a TP-1 rank, 4 on a TP-2 one.
+    CASES = (
+        (1, 2, (8, 8), (4, 4), (128, 128), (64, 64), False),  # both sharded: sliced
+        (1, 2, (8, 0), (4, 4), (128, 32), (64, 64), True),  # replicated on the prefill only
+        (2, 1, (4, 4), (8, 0), (64, 64), (128, 32), True),  # replicated on the decode only
+        (1, 2, (8, 0), (4, 0), (128, 32), (64, 32), False),  # replicated alike
+        (1, 2, (8, 0), (4, 0), (128, 32), (64, 48), True),  # replicated, other lengths
+        (2, 2, (4, 0), (4, 4), (64, 32), (64, 64), False),  # equal TP: whole items copied
+    )
+
+    def test_reported_exactly_when_sglangs_slice_transfer_refuses(self) -> None:
+        published_configs(self)
+        self.install_guard("on", load_entry_points=False)
+        current = installation()
+        assert current is not None
+        has = current.runtime.profile.version >= Version("0.5.20")
+        refused = {"mooncake": 0, "nixl": 0}
+        for conn, backend in ((mooncake, "mooncake"), (nixl, "nixl")):
+            mamba = conn.StateType("mamba")
+            for i, (tp, decode_tp, dims, dst_dims, lens, dst_lens, want) in enumerate(
+                    self.CASES):
+                first = backend == "nixl" and 0 in dims  # DSV4G058 refuses first
+                with self.subTest(backend=backend, tp=tp, decode_tp=decode_tp, dims=dims,
+                                  dst_dims=dst_dims, lens=lens, dst_lens=dst_lens):
+                    name = f"slice-{backend}-{i}"
+                    frames, info = peers_real.registration(
+                        conn, backend, tp=decode_tp, name=name, state_lens=[dst_lens],
+                        state_dims=[dst_dims])
+                    mgr = peers_real.prefill(conn, backend, tp=tp, mla=True,
+                                             state_types=[mamba], state_lens=[lens],
+                                             state_dims=[dims])
+                    with guard_logs_off():
+                        if backend == "mooncake":
+                            bootstrap_threads(mgr, [frames])
+                        else:
+                            register(nixl.NixlKVManager._add_remote_peer, mgr, info)
+                    found = [f.host_message for r in current.peers.reports()
+                             for f in r.findings
+                             if f.code == "DSV4G059" and f"{name} " in f.details[0]]
+                    expected = (slice_refusal(conn, mgr, info)
+                                if tp != decode_tp and not first else None)
+                    self.assertEqual(expected is not None, want and has and not first,
+                                     expected)
+                    self.assertEqual(found, [expected] if expected else [])
+                    refused[backend] += bool(found)
+        self.assertEqual(refused, {"mooncake": 3, "nixl": 1} if has else
+                         {"mooncake": 0, "nixl": 0})
+
+
 class TestNixlMambaState(GuardTestCase):
     """NIXL's per-request refusal of a replicated Mamba state for a decode of another TP
     (0.5.20+: ``maybe_send_extra``): reported at registration (DSV4G058), exactly when

@@ -44,11 +44,13 @@ __all__ = [
     "PD_DECODE_MODULE",
     "PD_DSV4_LAYOUT",
     "PD_DSV4_POOL_MODULE",
+    "PD_ENTRY_PAIRS",
     "PD_FAKE_MANAGER",
     "PD_FIRST_CONTACT",
     "PD_HEAD_SLICE",
     "PD_KV_DTYPE",
     "PD_MAMBA_SENDERS",
+    "PD_MAMBA_SLICE",
     "PD_METADATA_BUFFERS",
     "PD_MOONCAKE_CUSTOM_POOL",
     "PD_MOONCAKE_MODULE",
@@ -246,6 +248,11 @@ PD_HEAD_SLICE = PatchTarget(PD_COMMON_MODULE, "CommonKVManager._get_mha_head_sli
 #: on that manager.
 PD_MORI_SEND_STATE = PatchTarget(MORI_MODULE, "MoriKVManager.send_state")
 PD_MAMBA_SENDERS = ("_send_mamba_state", "_send_mamba_state_slice")
+#: The Mamba slice transfer's byte blocks and entry pairing (``pd/mamba_slice.py``,
+#: 0.5.20+), as each connector module binds them (``from ..utils import ...``).
+PD_MAMBA_SLICE = PatchTarget("sglang.srt.disaggregation.utils",
+                             "compute_mamba_state_slice_byte_blocks")
+PD_ENTRY_PAIRS = PatchTarget("sglang.srt.disaggregation.utils", "build_transfer_entry_pairs")
 PD_NIXL_PAYLOAD = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_payload_xfer")
 #: NIXL's prepared state transfer (0.5.23+), run when a decode peer registers
 #: (``pd/nixl_state.py``); its rejection is raised per request by ``maybe_send_extra``.
@@ -345,7 +352,8 @@ PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_d
                     "dst_kv_mem_kinds", "dst_kv_item_lens", "dst_kv_ptrs", "dst_aux_ptrs",
                     "agent_name", "mooncake_session_id", "endpoint", "dst_port",
                     "dst_state_data_ptrs", "dst_state_item_lens", "dst_state_data_lens",
-                    "dst_state_layer_ids", "dst_aux_mem_descs", "dst_state_mem_descs")
+                    "dst_state_layer_ids", "dst_aux_mem_descs", "dst_state_mem_descs",
+                    "dst_state_dim_per_tensor")
 
 
 def pool_attributes_read() -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.pd.aux_count import aux_count_findings
 from sglang_dsv4_guard.pd.endpoint import Endpoint, PairContext
+from sglang_dsv4_guard.pd.mamba_slice import mamba_slice_findings
 from sglang_dsv4_guard.pd.nixl_payload import nixl_payload_findings
 from sglang_dsv4_guard.pd.send_extra import send_extra_findings
 
@@ -26,7 +27,7 @@ Condition = Callable[[Endpoint, Endpoint, "Path | None"], tuple[list[Finding], l
 
 #: The built-in conditions, in the order SGLang meets them.
 CONDITIONS: tuple[Condition, ...] = (nixl_payload_findings, send_extra_findings,
-                                      aux_count_findings)
+                                      mamba_slice_findings, aux_count_findings)
 
 
 # tryfirst: SGLang's own conditions come first in every report, under pluggy's call order.

@@ -4,11 +4,10 @@ closure of ``start_prefill_thread``), and the prefill threads that die of what t
 registered (NIXL's and Mooncake's bootstrap threads, Mooncake's ``transfer_worker``),
 lazily, the moment SGLang imports the connector; and MORI's registration beyond its TP
 rule (called by :mod:`sglang_dsv4_guard.mori.wrapper` through
-:func:`.wrapper.mori_registration`, wired by the composition root). Codes: DSV4G036,
-DSV4G040 - 043, DSV4G045, DSV4G046, the ones ``check`` gives for the same conditions;
-DSV4G050 (Mooncake's state layout), DSV4G055 - 057 (NIXL's prepared state, MORI's
-state transfer) and DSV4G058 (NIXL's and MORI's replicated Mamba state), which ``check``
-cannot predict from launch lines.
+:func:`.wrapper.mori_registration`, wired by the composition root). Its findings are
+the registration hook's (:mod:`.checks`: what only a registration shows) and the pair
+conditions' (:mod:`sglang_dsv4_guard.pd.conditions`, which ``check`` runs too); the codes
+are listed in ``docs/codes.md``.
 
 - :mod:`~sglang_dsv4_guard.peers.snapshot`: the registration as two endpoints;
 - :mod:`~sglang_dsv4_guard.peers.checks`: the built-in ``check_registration`` hook, on the

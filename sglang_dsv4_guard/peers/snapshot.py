@@ -124,14 +124,7 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
     _state_geometry(values, kv, "kv_args.{} on the prefill", "")
     _put(values, "state_tp_size", _int(mgr["state_tp_size"]),
          f"{owner}.state_tp_size on the prefill")
-    # per component, the TP-sharded dimension of each tensor (0: replicated); absent or
-    # another shape: not known
-    with contextlib.suppress(TypeError, ValueError):
-        values["state_dim_per_tensor"] = Value(
-            tuple(tuple(None if x is None else int(x) for x in _sequence(c))
-                  for c in _sequence(kv["state_dim_per_tensor"])),
-            "kv_args.state_dim_per_tensor on the prefill (per state component, each "
-            "tensor's TP-sharded dimension; 0: replicated)")
+    _dims(values, kv["state_dim_per_tensor"], "kv_args.state_dim_per_tensor on the prefill")
     _put(values, "mla_compression_ratios", kv["mla_compression_ratios"],
          "kv_args.mla_compression_ratios on the prefill")
     if mgr["state_mem_descs"] is not None:  # MORI
@@ -157,6 +150,17 @@ def _state_geometry(values: dict[str, Value], read: dict[str, Any], source: str,
         values[name] = Value(per, source.format(prefix + name))
 
 
+def _dims(values: dict[str, Value], dims: object, source: str) -> None:
+    """Per state component, the TP-sharded dimension of each tensor (0: replicated);
+    absent or another shape: not known."""
+    with contextlib.suppress(TypeError, ValueError):
+        values["state_dim_per_tensor"] = Value(
+            tuple(tuple(None if x is None else int(x) for x in _sequence(c))
+                  for c in _sequence(dims)),
+            f"{source} (per state component, each tensor's TP-sharded dimension; "
+            "0: replicated)")
+
+
 def _decode(backend: str, info: object) -> Endpoint:
     peer = _read(info, targets.PEERS_INFO_ATTRS)
     owner = f"{type(info).__name__} (the decode's registration)"
@@ -175,6 +179,7 @@ def _decode(backend: str, info: object) -> Endpoint:
     if regions is not None:
         values["kv_regions"] = Value(len(regions), f"the KV regions in {owner}")
     _state_geometry(values, peer, "{} in " + owner, "dst_")
+    _dims(values, peer["dst_state_dim_per_tensor"], f"dst_state_dim_per_tensor in {owner}")
     if peer["dst_state_mem_descs"] is not None:  # MORI
         values["state_components"] = Value(len(peer["dst_state_mem_descs"]),
                                            f"len(dst_state_mem_descs) in {owner}")
