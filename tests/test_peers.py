@@ -932,8 +932,10 @@ class TestMambaSlice(GuardTestCase):
                     found = [f.host_message for r in current.peers.reports()
                              for f in r.findings
                              if f.code == "DSV4G059" and f"{name} " in f.details[0]]
+                    # before 0.5.20 the slice sender has no such check (a replicated
+                    # tensor divides by its 0 there): nothing to report
                     expected = (slice_refusal(conn, mgr, info)
-                                if tp != decode_tp and not first else None)
+                                if has and tp != decode_tp and not first else None)
                     self.assertEqual(expected is not None, want and has and not first,
                                      expected)
                     self.assertEqual(found, [expected] if expected else [])
