@@ -25,6 +25,8 @@ import sglang.srt.disaggregation.mooncake.conn as mooncake
 import sglang.srt.disaggregation.nixl.conn as nixl
 from check_helpers import DSV3, GPT_OSS, check_json, server
 from helpers import GuardTestCase, guard_logs_off
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
 from test_peers import bootstrap_threads, published_configs
 
@@ -199,129 +201,135 @@ class TestAttentionTpFixes(GuardTestCase):
                 self.assertEqual([f.edits for f in decode_fixes], [()])
 
 
-class TestStateTransfer(GuardTestCase):
-    """DSV4G040 (pd/send_extra.py, one pair condition): gpt-oss (non-MLA, swa state) with
-    different attention TP, with and without PP on the prefill, from ``check``'s launch
-    lines and from a decode's registration (SGLang's receiver and ``from_zmq``, read by
-    Mooncake's real bootstrap thread) with a prefill manager whose server arguments are
-    SGLang's own resolution of the same line and whose SWA KV cache is the plain pool's
-    ``nhd`` layout. (NIXL's registration of a decode of another TP needs a KV geometry
-    the miniature manager does not have; its DSV4G040 is held to SGLang's own
-    ``maybe_send_extra`` in ``test_peers.py``, through the same condition.)"""
+# The pair conditions both places see (pd/conditions.py), and the ones only one sees:
+# DSV4G059 (the per-tensor dimensions exist once the pools are built: run time only);
+# DSV4G044 (the decode's first request: check only); DSV4G050/055-058 (the registration
+# hook's, on values launch lines do not give: run time only).
+PAIR_CODES = ("DSV4G040", "DSV4G041", "DSV4G042", "DSV4G043", "DSV4G045", "DSV4G046")
+EAGLE = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "
+         "--speculative-num-draft-tokens 4")
 
-    CASES = (("--tp-size 2", "--tp-size 1"), ("--tp-size 1", "--tp-size 2"),
-             ("--tp-size 2 --pp-size 2", "--tp-size 1"))
 
-    def _runtime(self, prefill: str, decode_attn_tp: int) -> list[Finding]:
-        backend = "mooncake"
-        args = parse_side("prefill", prefill, {})
-        attn_tp, _ = attention_tp(args)  # SGLang's compute_dp_attention_world_info
-        frames, _ = peers_real.registration(mooncake, backend, tp=decode_attn_tp,
-                                            name=f"sess-{prefill}")
-        mgr = peers_real.prefill(mooncake, backend, tp=attn_tp, state_types=[_swa()])
-        mgr.server_args, mgr.pp_size = args.server_args, args.get("pp_size") or 1
-        mgr.kv_args.swa_kv_cache_layout = "nhd"
-        with guard_logs_off():
-            bootstrap_threads(mgr, [frames])
-        current = installation()
-        assert current is not None
-        return [f for r in current.peers.reports() for f in r.findings
-                if f.code in ("DSV4G040", "DSV4G041")
-                and r.context.get("peer", "").startswith(f"sess-{prefill}")]
+@st.composite
+def launch_pairs(draw: Any) -> dict[str, Any]:
+    """A prefill and a decode line over Mooncake or NIXL: gpt-oss (non-MLA, SWA state) with
+    attention TP and PP drawn, or DeepSeek-V3 (MLA) with EAGLE on neither, one or both;
+    HiSparse on a NIXL decode; the sampling-mask variable on either server. (NIXL
+    with gpt-oss at different TP is drawn only with HiSparse, which NIXL refuses first: its
+    registration of a decode of another TP needs a KV geometry the miniature manager does
+    not have.)"""
+    backend = draw(st.sampled_from(["mooncake", "nixl"]))
+    gpt = draw(st.booleans())
+    tps = draw(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4])) if gpt
+               else st.just((8, 8)))
+    hisparse = backend == "nixl" and (draw(st.booleans()) or (gpt and tps[0] != tps[1]))
+    pp = draw(st.sampled_from([1, 2])) if gpt else 1
+    draft = "none" if gpt else draw(st.sampled_from(["none", "prefill", "decode", "both"]))
+    masks = draw(st.sampled_from([(None, None), ("1", None), (None, "1")]))
+    return {"backend": backend, "model": GPT_OSS if gpt else DSV3, "tps": tps, "pp": pp,
+            "hisparse": hisparse, "draft": draft, "masks": masks}
 
-    def test_check_and_registration_agree(self) -> None:
-        """The same codes, severities and ``when``, and the prefill's fix edits equal, fix
-        by fix in order; the decode's layout is known to ``check`` only (at run time its
-        attention-TP fix names both forms, without an edit)."""
+
+class TestPairConditionsAgree(GuardTestCase):
+    """The parity property: on drawn launch pairs, the pair conditions' findings from
+    ``check`` equal the ones the registration wrappers report for the run-time objects
+    SGLang builds from the same lines: the decode's registration sent by the release's own
+    receiver and parsed by its ``from_zmq``, read by Mooncake's real bootstrap thread or
+    NIXL's real ``_add_remote_peer``, with a prefill manager holding SGLang's resolution of
+    the prefill line, its metadata buffers counted by SGLang's ``MetadataBuffers`` in each
+    server's environment. Codes, severities and ``when`` are equal; every edit the run
+    time offers is one ``check`` offers, in the same order, and the prefill's edits are
+    equal (the decode's layout and lines are ``check``'s alone; DSV4G046's fixes are the
+    speculative-decoding family's, derived from both lines, said without edits at run
+    time)."""
+
+    @settings(max_examples=20, deadline=None, derandomize=True)  # tools/suite.py
+    @given(launch_pairs())
+    # always: HiSparse with a decode-only draft on NIXL (DSV4G042), and gpt-oss with PP on
+    # the prefill at another TP over Mooncake (DSV4G040 on every release)
+    @example({"backend": "nixl", "model": DSV3, "tps": (8, 8), "pp": 1, "hisparse": True,
+              "draft": "decode", "masks": (None, None)})
+    @example({"backend": "mooncake", "model": GPT_OSS, "tps": (2, 1), "pp": 2,
+              "hisparse": False, "draft": "none", "masks": (None, "1")})
+    def test_check_and_registration_agree(self, pair: dict[str, Any]) -> None:
         published_configs(self)
-        self.install_guard("on", load_entry_points=False)
-        found = 0
-        backend = "mooncake"
-        for prefill, decode in self.CASES:
-            with self.subTest(prefill=prefill, decode=decode):
-                _, doc = check_json(server("prefill", GPT_OSS, prefill, backend=backend),
-                                    server("decode", GPT_OSS, decode, backend=backend))
-                checked = [f for f in doc["findings"] if f["code"] in ("DSV4G040", "DSV4G041")]
-                decode_tp, _ = attention_tp(parse_side("decode", server(
-                    "decode", GPT_OSS, decode, backend=backend), {}))
-                ran = self._runtime(server("prefill", GPT_OSS, prefill, backend=backend),
-                                    decode_tp)
-                self.assertEqual([(f["code"], f["severity"], f["when"]) for f in checked],
-                                 [(f.code, f.severity.value, f.when) for f in ran])
-                if not checked:
-                    continue
-                found += 1
-                at_check = [_edits([f]) for f in checked[0]["fixes"]]
-                at_run = [{(e.server, e.name, e.value, e.remove, e.env) for e in f.edits}
-                          for f in ran[0].fixes]
-                self.assertEqual([e for e in at_check if e and all(x[0] == "prefill" for x in e)],
-                                 [e for e in at_run if e and all(x[0] == "prefill" for x in e)])
-                self.assertEqual([f.edits for f in ran[0].fixes
-                                  if f.text.startswith("give the decode")], [()])
-        self.assertGreaterEqual(found, 1)
+        backend, (ptp, dtp) = pair["backend"], pair["tps"]
+        name = mask_env()
+        envs = [{name: v} if v else {} for v in pair["masks"]]
+        extra = [f"--tp-size {ptp}" + (f" --pp-size {pair['pp']}" if pair["pp"] > 1 else ""),
+                 f"--tp-size {dtp}" + (" --enable-hisparse" if pair["hisparse"] else "")]
+        if pair["draft"] in ("prefill", "both"):
+            extra[0] += f" {EAGLE}"
+        if pair["draft"] in ("decode", "both"):
+            extra[1] += f" {EAGLE}"
+        lines = [server(role, pair["model"], x, backend=backend)
+                 for role, x in zip(("prefill", "decode"), extra, strict=True)]
+        more = [arg for role, env in zip(("prefill", "decode"), envs, strict=True)
+                for k, v in env.items() for arg in (f"--{role}-env", f"{k}={v}")]
+        _, doc = check_json(*lines, *more)
+        checked = [f for f in doc["findings"] if f["code"] in PAIR_CODES]
+        ran = self._runtime(pair, lines, envs)
+        self.assertEqual([(f["code"], f["severity"], f["when"]) for f in checked],
+                         [(f.code, f.severity.value, f.when) for f in ran])
+        for at_check, at_run in zip(checked, ran, strict=True):
+            if at_check["code"] == "DSV4G046":  # the speculative family's fixes: derived
+                continue  # from both launch lines (launch/flag_fixes.py), said at run time
+            offered = [_edits([f]) for f in at_check["fixes"]]
+            given = [{(e.server, e.name, e.value, e.remove, e.env) for e in f.edits}
+                     for f in at_run.fixes]
+            self.assertEqual([e for e in offered if e in given], [e for e in given if e])
+            prefill_only = [e for e in offered if e and all(x[0] == "prefill" for x in e)]
+            if at_check["code"] != "DSV4G045":  # the decode's variable: check's alone
+                self.assertEqual([e for e in given if e and all(x[0] == "prefill" for x in e)],
+                                 prefill_only)
+        event(f"{backend}: {', '.join(f['code'] for f in checked) or 'accepted'}")
 
+    def _runtime(self, pair: dict[str, Any], lines: list[str], envs: list[dict[str, str]]
+                 ) -> list[Finding]:
+        """The pair conditions' findings the guard reports at registration."""
+        backend = pair["backend"]
+        conn = mooncake if backend == "mooncake" else nixl
+        args = [parse_side(role, line, env) for role, line, env
+                in zip(("prefill", "decode"), lines, envs, strict=True)]
+        (attn, _), (dattn, _) = attention_tp(args[0]), attention_tp(args[1])
+        counts = []
+        for env in envs:
+            with offline_env(env):
+                counts.append(aux_buffer_count(False, None))
+        gpt = pair["model"] == GPT_OSS
+        speculative = [bool(a.get("speculative_algorithm")) for a in args]
+        kinds = (("DRAM" if pair["hisparse"] else "VRAM",) * 2 + ("VRAM",) * 2 * speculative[1])
+        peer = f"parity-{len(self._seen)}"
+        self._seen.append(peer)
+        with mock.patch.dict(os.environ, _environ(envs[0], mask_env()), clear=True):
+            sglang_dsv4_guard.install("on", load_entry_points=False)
+            try:
+                frames, info = peers_real.registration(conn, backend, tp=dattn, kinds=kinds,
+                                                       aux=counts[1], name=peer)
+                mgr = peers_real.prefill(
+                    conn, backend, tp=attn, mla=not gpt, aux=counts[0],
+                    regions=4 if speculative[0] else 2,
+                    state_types=[conn.StateType("swa")] if gpt else [],
+                    speculative=args[0].get("speculative_algorithm"))
+                mgr.server_args, mgr.pp_size = args[0].server_args, pair["pp"]
+                mgr.kv_args.swa_kv_cache_layout = "nhd"  # the plain SWA pool's
+                mgr.prep_handles_segment_src = {}  # NIXL 0.5.23's mixed-memory handles
+                with guard_logs_off(), contextlib.suppress(NotImplementedError, ValueError):
+                    if backend == "mooncake":
+                        bootstrap_threads(mgr, [frames])
+                    else:
+                        nixl.NixlKVManager._add_remote_peer(mgr, info)
+                current = installation()
+                assert current is not None
+                return [f for r in current.peers.reports() for f in r.findings
+                        if f.code in PAIR_CODES]
+            finally:
+                with guard_logs_off():
+                    sglang_dsv4_guard.uninstall()
 
-class TestNixlPayload(GuardTestCase):
-    """DSV4G043 and DSV4G046 (pd/nixl_payload.py, one pair condition): ``check`` on two
-    launch lines, and SGLang's real ``NixlKVManager._add_remote_peer`` given the decode's
-    registration (the release's receiver and ``from_zmq``) by a prefill manager whose
-    server arguments are SGLang's resolution of the same prefill line."""
-
-    EAGLE = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
-             "--speculative-num-steps 3 --speculative-num-draft-tokens 4")
-
-    def _runtime(self, prefill: str, *, tp: int, decode_tp: int, kinds: tuple[str, ...],
-                 regions: int, name: str) -> list[Finding]:
-        args = parse_side("prefill", prefill, {})
-        _, info = peers_real.registration(nixl, "nixl", tp=decode_tp, kinds=kinds, name=name)
-        mgr = peers_real.prefill(nixl, "nixl", tp=tp, regions=regions,
-                                 speculative=args.get("speculative_algorithm"))
-        mgr.server_args = args.server_args
-        # SGLang's refusal is raised unchanged; the guard's report is what is compared
-        with guard_logs_off(), contextlib.suppress(NotImplementedError, ValueError):
-            nixl.NixlKVManager._add_remote_peer(mgr, info)
-        current = installation()
-        assert current is not None
-        return [f for r in current.peers.reports() for f in r.findings
-                if r.context.get("peer", "").startswith(name)
-                and f.code in ("DSV4G042", "DSV4G043", "DSV4G046")]
-
-    def test_check_and_registration_agree(self) -> None:
-        """The same codes, severities and ``when``; every edit the registration offers is
-        one ``check`` offers, in the same order (the decode's layout is known to ``check``
-        only; DSV4G046's flag edits are derived from both launch lines, so at run time
-        its fix is said without one)."""
-        self.install_guard("on", load_entry_points=False)
-        cases = [  # prefill line, decode line, run-time shape
-            (server("prefill", GPT_OSS, "--tp-size 1", backend="nixl"),
-             server("decode", GPT_OSS, "--tp-size 4 --enable-hisparse", backend="nixl"),
-             {"tp": 1, "decode_tp": 4, "kinds": ("DRAM", "DRAM"), "regions": 2}),
-            (server("prefill", DSV3, f"--tp-size 8 {self.EAGLE}", backend="nixl"),
-             server("decode", DSV3, "--tp-size 8", backend="nixl"),
-             {"tp": 8, "decode_tp": 8, "kinds": ("VRAM", "VRAM"), "regions": 4})]
-        found = 0
-        for i, (prefill, decode, shape) in enumerate(cases):
-            with self.subTest(prefill=prefill, decode=decode):
-                _, doc = check_json(prefill, decode)
-                checked = [f for f in doc["findings"]
-                           if f["code"] in ("DSV4G042", "DSV4G043", "DSV4G046")]
-                ran = self._runtime(prefill, name=f"payload-{i}", **shape)
-                self.assertEqual([(f["code"], f["severity"], f["when"]) for f in checked],
-                                 [(f.code, f.severity.value, f.when) for f in ran])
-                if not checked:
-                    continue
-                found += 1
-                at_check = [_edits([f]) for f in checked[0]["fixes"]]
-                at_run = [{(e.server, e.name, e.value, e.remove, e.env) for e in f.edits}
-                          for f in ran[0].fixes]
-                self.assertEqual([e for e in at_check if e in at_run], [e for e in at_run if e])
-        self.assertGreaterEqual(found, 1)
-
-
-def _swa() -> Any:
-    from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
-
-    return __import__(PD_STATE_TYPE_MODULE, fromlist=["StateType"]).StateType("swa")
+    def setUp(self) -> None:
+        super().setUp()
+        self._seen: list[str] = []
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sgla
                   "test_peers::TestNixlRegistrationParity::test_parity",
                   "test_peers::TestMooncakeRegistrationParity::test_parity",
                   "test_mori::TestMoriRegistrationParity::test_parity",
-                  "test_first_contact_runtime::TestFirstContactParity::test_parity")
+                  "test_first_contact_runtime::TestFirstContactParity::test_parity",
+                  "test_check_agrees_with_runtime::TestPairConditionsAgree::"
+                  "test_check_and_registration_agree")
 # Property tests that draw a fixed, small number of examples whatever the profile (each
 # example costs several SGLang resolutions), with that number.
 FIXED_EXAMPLES = {
@@ -36,7 +38,9 @@ FIXED_EXAMPLES = {
     "test_peers::TestNixlRegistrationParity::test_parity": 40,
     "test_peers::TestMooncakeRegistrationParity::test_parity": 30,
     "test_mori::TestMoriRegistrationParity::test_parity": 24,
-    "test_first_contact_runtime::TestFirstContactParity::test_parity": 25}
+    "test_first_contact_runtime::TestFirstContactParity::test_parity": 25,
+    "test_check_agrees_with_runtime::TestPairConditionsAgree::"
+    "test_check_and_registration_agree": 20}
 
 _LOADER = ("srt/plugins/__init__.py", "srt/plugins/hook_registry.py")
 _SCHEDULERS = "starts scheduler-like processes as SGLang's launcher does"
