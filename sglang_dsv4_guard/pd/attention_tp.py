@@ -18,7 +18,8 @@ from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
-__all__ = ["FIELD", "TYPED", "AttentionLayout", "attention_tp_fixes", "layout_of"]
+__all__ = ["FIELD", "TYPED", "AttentionLayout", "attention_tp_fixes", "layout_of",
+           "pairing_fixes"]
 
 #: The compared field every fix of the family addresses.
 FIELD = "attn_tp_size"
@@ -187,3 +188,19 @@ def _unknown_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, 
                f"{dp_form} of its --tp-size / ({want} x its attention CP size) (the {dst.role}'s "
                "layout is not known here, so no edit is given: check with both launch "
                "lines gives the edits, proven)", field=FIELD, inputs=inputs)
+
+
+def pairing_fixes(prefill: Endpoint, decode: Endpoint, state_type: str,
+                  pairs_by: tuple[str, object]) -> tuple[Fix, ...]:
+    """The decode given the TP this release's transfer pairs ``state_type`` by (the
+    prefill's attention or state TP, as the release's own check accepted it); for the
+    attention TP, the flag edits that make both attention TP sizes equal first."""
+    label, tp = pairs_by
+    backend = str(prefill.get("transfer_backend")).upper()
+    fixes: tuple[Fix, ...] = (Fix(
+        FixKind.ADVICE, f"give the decode TP {tp}: this release's {backend} pairs the "
+        f"{state_type} state by the prefill's {label} TP ({tp}); the decode registered "
+        f"{decode.get('attn_tp_size')}", field="decode_tp_size"),)
+    if tp == prefill.get("attn_tp_size"):
+        fixes = attention_tp_fixes(layout_of(prefill), layout_of(decode)) + fixes
+    return fixes

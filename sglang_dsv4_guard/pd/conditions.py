@@ -9,25 +9,37 @@ registration, so each finding is built in one place.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.aux_count import aux_count_findings
 from sglang_dsv4_guard.pd.endpoint import Endpoint, PairContext
 from sglang_dsv4_guard.pd.mamba_slice import mamba_slice_findings
+from sglang_dsv4_guard.pd.mamba_state import mamba_findings
+from sglang_dsv4_guard.pd.mori_send import mori_state_findings
 from sglang_dsv4_guard.pd.nixl_payload import nixl_payload_findings
+from sglang_dsv4_guard.pd.nixl_state import nixl_state_findings
 from sglang_dsv4_guard.pd.send_extra import send_extra_findings
+from sglang_dsv4_guard.pd.state_layout import state_layout_findings
 
 __all__ = ["CONDITIONS", "sglang_dsv4_guard_check_pair"]
+
+log = logging.getLogger(LOGGER_NAME)
 
 Condition = Callable[[Endpoint, Endpoint, "Path | None"], tuple[list[Finding], list[str]]]
 
 #: The built-in conditions, in the order SGLang meets them.
-CONDITIONS: tuple[Condition, ...] = (nixl_payload_findings, send_extra_findings,
-                                      mamba_slice_findings, aux_count_findings)
+CONDITIONS: tuple[Condition, ...] = (
+    # at registration: NIXL's payload, Mooncake's state layout, NIXL's prepared state
+    nixl_payload_findings, state_layout_findings, nixl_state_findings,
+    # per request: the state transfer (Mooncake/NIXL, MORI, Mamba), the metadata buffers
+    send_extra_findings, mori_state_findings, mamba_findings, mamba_slice_findings,
+    aux_count_findings)
 
 
 # tryfirst: SGLang's own conditions come first in every report, under pluggy's call order.
@@ -39,7 +51,15 @@ def sglang_dsv4_guard_check_pair(prefill: Endpoint, decode: Endpoint,
     package = imported_package_dir()
     found: list[Finding] = []
     for condition in CONDITIONS:
-        findings, unknowns = condition(prefill, decode, package)
+        try:
+            findings, unknowns = condition(prefill, decode, package)
+        except Exception as exc:  # our bug: that condition is not judged, the others run
+            log.warning("the %s condition failed (a guard bug; please report it): %s: %s",
+                        condition.__qualname__, type(exc).__name__, exc, exc_info=True)
+            context.not_judged(f"{condition.__qualname__}: not judged: the guard's own "
+                               f"check failed ({type(exc).__name__}: {exc}); a guard bug, "
+                               "please report it")
+            continue
         found.extend(findings)
         for line in unknowns:
             context.not_judged(line)

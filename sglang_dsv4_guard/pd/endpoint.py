@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_dsv4_guard.findings import Observation
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
-__all__ = ["PHASES", "UNKNOWN", "Endpoint", "PairContext", "Value"]
+__all__ = ["PEER", "PHASES", "UNKNOWN", "Endpoint", "PairContext", "Value", "pair_finding"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
 # do not judge them, and one ``unknowns`` line of the row that left them out says why.
 UNKNOWN = "unknown_values"
+#: The value naming a decode peer registering at run time (its name on the prefill);
+#: ``check``'s endpoints, built from launch lines, have none.
+PEER = "peer_name"
 
 
 @dataclass(frozen=True)
@@ -90,3 +95,16 @@ class PairContext:
         """Record that a condition could not be judged here, and why."""
         self.unknowns.append(str(line))
 
+
+
+def pair_finding(code: str, subject: str, ends: tuple[Endpoint, Endpoint],
+                 names: Sequence[str], details: Sequence[str], fixes: Sequence[Fix],
+                 host_message: str | None, when: str,
+                 severity: Severity = Severity.ERROR) -> Finding:
+    """A pair condition's finding: the catalogue's title and docs for ``code``, and each of
+    ``names`` observed on each server where it is known (the prefill's first)."""
+    return Finding(
+        code=code, severity=severity, summary=CODES[code].title, subject=subject,
+        observations=tuple(e.observation(n) for n in names for e in ends if e.has(n)),
+        details=tuple(details), fixes=tuple(fixes), docs=docs_url(code),
+        host_message=host_message, when=when)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_MAMBA_SENDERS,
@@ -41,9 +42,11 @@ from sglang_dsv4_guard.host.targets import (
     PD_NIXL_SEND_EXTRA,
     PD_STATE_TYPE_MODULE,
 )
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
+from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
+from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["MAMBA_CODE", "MambaRefusal", "mamba_refusal"]
+__all__ = ["MAMBA_CODE", "MambaRefusal", "mamba_findings", "mamba_refusal"]
 
 MAMBA_CODE = "DSV4G058"
 _PHRASE = "Replicated Mamba PD state transfer"
@@ -181,3 +184,27 @@ def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint, package: Pa
         return None
     label = _compares(backend, method, manager, types, dst)
     return MambaRefusal(message, str(target), (label, tp if label == "attention" else state_tp))
+
+
+def mamba_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
+                   ) -> tuple[list[Finding], list[str]]:
+    """The pair condition: NIXL's and MORI's per-request refusal of replicated Mamba state
+    for a decode of another TP (0.5.20+), judged where the prefill's per-tensor dimensions
+    are known (run time)."""
+    backend = str(prefill.get("transfer_backend"))
+    if package is None or backend not in _SENDS or not prefill.has("state_dim_per_tensor"):
+        return [], []
+    try:
+        refusal = mamba_refusal(backend, prefill, decode, package)
+    except NotJudged as exc:
+        return [], [f"{MAMBA_CODE} ({backend}): not judged: {exc}"]
+    if refusal is None:
+        return [], []
+    return [pair_finding(
+        MAMBA_CODE, f"prefill -> decode {backend} transfer of the mamba state",
+        (prefill, decode), ("attn_tp_size", "state_tp_size", "state_types",
+                            "state_dim_per_tensor"),
+        ("every request that carries mamba state will fail",
+         f"SGLang's {refusal.function} raises it"),
+        pairing_fixes(prefill, decode, "mamba", refusal.pairs_by), refusal.message,
+        when_text(Phase.PER_REQUEST, backend, prefill.env or {}))], []

@@ -22,15 +22,20 @@ import importlib
 import inspect
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_SEND, PD_STATE_TYPE_MODULE
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["MoriRefusal", "mori_state_refusals"]
+__all__ = ["MoriRefusal", "mori_state_findings", "mori_state_refusals"]
 
 _TP = "heterogeneous TP not supported"
 _COUNT = "state component count mismatch"
@@ -136,3 +141,31 @@ def _pairs_by(send: Any, manager: Any, peer: Any, kwargs: dict[str, Any]
     finally:
         peer.decode_tp_size = tried
     return None
+
+
+def mori_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
+                        ) -> tuple[list[Finding], list[str]]:
+    """The pair condition: MORI's per-request state refusals for a registering decode peer
+    (DSV4G041, 056, 057; run time: ``check``'s child never imports MORI's connector)."""
+    del package
+    if prefill.get("transfer_backend") != "mori" or not decode.has(PEER):
+        return [], []
+    found = []
+    for r in mori_state_refusals(prefill, decode):
+        if r.code == "DSV4G057":
+            fixes: tuple[Fix, ...] = (Fix(
+                FixKind.ADVICE, "give both servers the same state pools (the same model and "
+                f"the flags that add state, e.g. speculative decoding): the decode registered "
+                f"{decode.get('state_components')} state components, the prefill has "
+                f"{prefill.get('state_components')}", field="state_components"),)
+        else:
+            fixes = pairing_fixes(prefill, decode, str(r.state_type),
+                                  r.pairs_by or ("attention", prefill.get("attn_tp_size")))
+        what = f"{r.state_type} state" if r.state_type else "state"
+        found.append(pair_finding(
+            r.code, f"prefill -> decode MORI transfer of the {what}", (prefill, decode),
+            ("attn_tp_size", "state_tp_size", "state_components", "state_types",
+             "is_mla_backend"),
+            (f"every request that carries {what} will fail", f"SGLang's {r.function} raises it"),
+            fixes, r.message, when_text(Phase.PER_REQUEST, "mori", prefill.env or {})))
+    return found, []

@@ -28,12 +28,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.pd_digests import SITES, Located, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.pd.nixl_payload import payload_verdict
 from sglang_dsv4_guard.pd.relayout import requires_relayout
+from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["KEYS", "StateLayoutVerdict", "state_layout_verdict"]
+__all__ = ["KEYS", "StateLayoutVerdict", "nixl_state_findings", "state_layout_verdict"]
 
 KEYS = ("nixl.state_layout", "nixl.state_rejected")
 #: What each side must carry for the verdict (else: not known, nothing judged).
@@ -132,3 +136,34 @@ def state_layout_verdict(prefill: Endpoint, decode: Endpoint, package: Path,
                    if i < len(src) and (i >= len(dst) or src[i] != dst[i]))
     message = rejected.message({"peer_name": peer, "rejection": rejection})
     return StateLayoutVerdict(rejection, message, str(rejected.spec.target), differ)
+
+
+def nixl_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
+                        ) -> tuple[list[Finding], list[str]]:
+    """The pair condition: NIXL's prepared state transfer (0.5.23+) rejecting a decode
+    whose state slot strides differ, judged where the prefill's prepared components are
+    known (run time). NIXL prepares the state only once the payload was prepared: a
+    refusal there (:mod:`.nixl_payload`) ends the registration first."""
+    if package is None or prefill.get("transfer_backend") != "nixl" \
+            or not prefill.has("prepared_state_components") \
+            or (decode.has("kv_mem_kinds") and payload_verdict(prefill, decode)):
+        return [], []
+    try:
+        verdict = state_layout_verdict(prefill, decode, package,
+                                       str(decode.get(PEER, "decode")))
+    except NotJudged as exc:
+        return [], [f"DSV4G055 (nixl): not judged: {exc}"]
+    if verdict is None:
+        return [], []
+    differ = "; ".join(f"component {i} ({st}): prefill {list(p)}, decode {list(d)}"
+                       for i, st, p, d in verdict.components)
+    fix = Fix(FixKind.ADVICE, "give the decode the prefill's state pool geometry (the same "
+              "model, state dtypes and state TP share on both servers): the slot strides in "
+              f"bytes differ for {differ or verdict.rejection}", field="state_item_lens")
+    return [pair_finding(
+        "DSV4G055", "decode peer's NIXL state registration", (prefill, decode),
+        ("state_item_lens", "state_types", "prepared_state_components", "attn_tp_size",
+         "is_mla_backend"),
+        (f"SGLang logs \"NIXL state layout rejected\" and every request to this peer will "
+         f"fail ({verdict.rejection})", f"SGLang's {verdict.function} raises it"),
+        (fix,), verdict.message, when_text(Phase.PER_REQUEST, "nixl", prefill.env or {}))], []

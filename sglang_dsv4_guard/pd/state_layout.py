@@ -22,9 +22,12 @@ import functools
 import importlib
 import logging
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE,
@@ -32,9 +35,9 @@ from sglang_dsv4_guard.host.targets import (
     PEERS_MOONCAKE_VALIDATE,
 )
 from sglang_dsv4_guard.host.verdict import imported_package_dir
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 
-__all__ = ["CODE", "LOGGED", "SITE", "state_layout_refusal", "state_layout_when"]
+__all__ = ["CODE", "LOGGED", "SITE", "state_layout_findings", "state_layout_refusal"]
 
 CODE = "DSV4G050"
 SITE = "mooncake.state_layout"
@@ -125,8 +128,27 @@ class _ThisThread(logging.Filter):
         return record.thread != self.ident
 
 
-def state_layout_when() -> str:
-    """``when:`` for DSV4G050."""
-    return (f"when a decode rank registers with the prefill: SGLang logs \"{LOGGED} ...\" "
-            "and every later request to that decode rank fails with the reason; both "
-            "servers keep running")
+def state_layout_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
+                          ) -> tuple[list[Finding], list[str]]:
+    """The pair condition: Mooncake's own verdict on the decode's state layout (0.5.22+),
+    judged where the decode's registration carries its state layout (run time)."""
+    del package  # the method's own digest decides (``_judged``)
+    if prefill.get("transfer_backend") != "mooncake" or not decode.has("state_item_lens"):
+        return [], []
+    reason, unknown = state_layout_refusal(prefill, decode,
+                                           str(decode.get(PEER, "decode")))
+    if reason is None:
+        return [], [f"{CODE} (mooncake): not judged: {unknown}"] if unknown else []
+    fix = Fix(FixKind.ADVICE, "run both servers with the same model, attention TP and "
+              "state-pool flags: the decode registered state item lengths "
+              f"{decode.get('state_item_lens')}, the prefill has "
+              f"{prefill.get('state_item_lens')} (state components "
+              f"{prefill.get('state_types')})", field="state_item_lens")
+    return [pair_finding(
+        CODE, "decode peer's Mooncake state layout", (prefill, decode),
+        ("state_types", "state_item_lens", "attn_tp_size"),
+        (f"SGLang's MooncakeKVManager._validate_peer_state_layout rejects it: {reason}",),
+        (fix,), reason,
+        f"when a decode rank registers with the prefill: SGLang logs \"{LOGGED} ...\" and "
+        "every later request to that decode rank fails with the reason; both servers keep "
+        "running")], []

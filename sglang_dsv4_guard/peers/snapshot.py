@@ -18,7 +18,7 @@ from typing import Any
 
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
-from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Value
 
 __all__ = ["BACKENDS", "TIMEOUT_ENV", "Registration", "RegistrationContext", "peer_name",
            "snapshot_registration"]
@@ -164,7 +164,8 @@ def _dims(values: dict[str, Value], dims: object, source: str) -> None:
 def _decode(backend: str, info: object) -> Endpoint:
     peer = _read(info, targets.PEERS_INFO_ATTRS)
     owner = f"{type(info).__name__} (the decode's registration)"
-    values: dict[str, Value] = {"transfer_backend": Value(backend, owner)}
+    values: dict[str, Value] = {"transfer_backend": Value(backend, owner),
+                                PEER: Value(peer_name(info), owner)}
     tp_name = "decode_tp_size" if peer["decode_tp_size"] is not None else "dst_attn_tp_size"
     _put(values, "attn_tp_size", _int(peer[tp_name]),
          f"{tp_name} in {owner}: the decode's attention TP size")
