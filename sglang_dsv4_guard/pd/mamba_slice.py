@@ -29,8 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.targets import (
     MORI_MODULE,
@@ -40,7 +39,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_NIXL_MODULE,
 )
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["CODE", "mamba_slice_findings"]
@@ -142,14 +141,10 @@ def _finding(prefill: Endpoint, decode: Endpoint, backend: str, component: int,
     if not prefill.has("state_tp_size") or prefill.get("state_tp_size") == prefill.get(
             "attn_tp_size"):  # the slicing is by attention TP: equal ones copy whole items
         fixes = attention_tp_fixes(layout_of(prefill), layout_of(decode)) + fixes
-    return Finding(
-        code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
-        subject=f"prefill -> decode {backend} transfer of the mamba state",
-        observations=tuple(e.observation(n) for n in names for e in (prefill, decode)
-                           if e.has(n)),
-        details=(f"SGLang's {PD_MAMBA_SLICE} raises it on the prefill for every request that "
-                 f"carries Mamba state: component {component}, prefill TP "
-                 f"{prefill.get('state_tp_size') or prefill.get('attn_tp_size')}, decode "
-                 f"attention TP {decode.get('attn_tp_size')}",),
-        fixes=fixes, docs=docs_url(CODE), host_message=message,
-        when=when_text(Phase.PER_REQUEST, backend, prefill.env or {}))
+    return pair_finding(
+        CODE, f"prefill -> decode {backend} transfer of the mamba state", (prefill, decode),
+        names, (f"SGLang's {PD_MAMBA_SLICE} raises it on the prefill for every request that "
+                f"carries Mamba state: component {component}, prefill TP "
+                f"{prefill.get('state_tp_size') or prefill.get('attn_tp_size')}, decode "
+                f"attention TP {decode.get('attn_tp_size')}",),
+        fixes, message, when_text(Phase.PER_REQUEST, backend, prefill.env or {}))

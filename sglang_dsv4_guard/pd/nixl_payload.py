@@ -28,14 +28,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
@@ -189,15 +188,12 @@ def payload_finding(prefill: Endpoint, decode: Endpoint, verdict: NixlVerdict,
              if verdict.code == "DSV4G046" else (
         "transfer_backend", "enable_hisparse", "kv_mem_kinds", "speculative_algorithm",
         "is_dsv4", *(("attn_tp_size", "is_mla_backend") if verdict.code == "DSV4G043" else ())))
-    return Finding(
-        code=verdict.code, severity=Severity.ERROR, summary=CODES[verdict.code].title,
-        subject=("decode peer's NIXL registration" if verdict.code == "DSV4G046"
-                 else "decode server HiSparse transfer"),
-        observations=tuple(e.observation(n) for n in names for e in (prefill, decode)
-                           if e.has(n)),
-        details=(_details(prefill, decode, verdict),), fixes=_fixes(prefill, decode, verdict),
-        docs=docs_url(verdict.code), host_message=verdict.message,
-        when=when_text(phase, str(prefill.get("transfer_backend")), prefill.env or {}))
+    return pair_finding(
+        verdict.code, ("decode peer's NIXL registration" if verdict.code == "DSV4G046"
+                       else "decode server HiSparse transfer"), (prefill, decode), names,
+        (_details(prefill, decode, verdict),), _fixes(prefill, decode, verdict),
+        verdict.message, when_text(phase, str(prefill.get("transfer_backend")),
+                                   prefill.env or {}))
 
 
 def _details(prefill: Endpoint, decode: Endpoint, verdict: NixlVerdict) -> str:
