@@ -199,8 +199,8 @@ def _explain(args: argparse.Namespace) -> int:
     if info.sglang_releases is not None:
         print(f"SGLang releases with this check: {info.releases_text()}")
     # A report's fixes are derived from what differs; explain says how, per code.
-    for remedy in info.remedies:
-        print(f"how the fix is derived: {remedy}")
+    for line in info.fix_derivation:
+        print(f"how the fix is derived: {line}")
     return 0
 
 

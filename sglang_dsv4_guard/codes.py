@@ -13,13 +13,14 @@ from packaging.version import InvalidVersion, Version
 __all__ = ["CODES", "CodeInfo", "docs_url"]
 
 
-# How a first-contact code is fixed when the guard meets it at run time (the remedies
-# line ``explain`` adds for each code decode's first contact raises).
+# How a first-contact code is fixed when the guard meets it at run time (the line of
+# ``fix_derivation`` ``explain`` adds for each code decode's first contact raises).
 _RUNTIME = ("at run time (the guard on the decode server): decode's first contact raises "
             "SGLang's error with every mismatch under these codes, both servers' values by "
             "role (the prefill's from its /route answer); each fix names the server to "
-            "change and the value it needs (the flag when the decode's release has it) and "
-            "points to `check --fix`, which proves it on both launch lines")
+            "change and the value it needs (the flag when the decode's release has it), "
+            "derived as check derives it; the report says they are unproven there and that "
+            "`check --fix` proves them on both launch lines")
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,9 @@ class CodeInfo:
     title: str
     sglang_message: str | None
     meaning: str
-    remedies: tuple[str, ...]
+    # How each fix is derived (``explain``'s "how the fix is derived" lines): prose about
+    # the derivation, never the fixes themselves (those are derived from the values).
+    fix_derivation: tuple[str, ...]
     # The SGLang releases whose code has the check this code stands for, as (first,
     # last) inclusive, ``None`` for open-ended; ``None`` altogether: every release.
     sglang_releases: tuple[str | None, str | None] | None = None

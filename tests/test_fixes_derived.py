@@ -39,7 +39,7 @@ CHECK_CASES = {
     "NEXTN on DeepSeek-V4": (server("prefill", DSV4, "--speculative-algorithm NEXTN"),
                              server("decode", DSV4)),
 }
-EXPLAIN_TEXTS = {text for info in CODES.values() for text in info.remedies}
+EXPLAIN_TEXTS = {text for info in CODES.values() for text in info.fix_derivation}
 
 
 def _problems(code: str, fix: dict[str, Any]) -> list[str]:

@@ -31,6 +31,17 @@ FINGERPRINT_MEANS_A_REPORT = {
     "sglang_dsv4_guard/state/snapshot.py": "the role keeps two sides' fingerprints apart",
 }
 
+# Where "remedy" (or "remediation", "remediate") is said: it means only the auto-share
+# plug-in stage that changes SGLang's objects; a finding's fixes are "fixes".
+REMEDY_MEANS_AUTOSHARE = {
+    "sglang_dsv4_guard/autoshare": "the built-in remediation itself",
+    "sglang_dsv4_guard/hookspecs.py": "the remediation hook's spec",
+    "sglang_dsv4_guard/boundary.py": "a remediation plug-in's failure and its stage name",
+    "sglang_dsv4_guard/state": "the state wrapper runs the remediation stage",
+    "sglang_dsv4_guard/testing.py": "runs the remediation stage for a plug-in's tests",
+    "sglang_dsv4_guard/codes.py": "DSV4G090 names the stage a plug-in failed in",
+}
+
 # Modules that name SGLang's modules themselves, each with why. Docstrings are prose and
 # not counted; imports and string literals are.
 SPELLS_SGLANG = {
@@ -112,6 +123,20 @@ class TestOneMeaningOfFingerprint(GuardTestCase):
             path = ROOT / name
             files = [path] if path.is_file() else _sources(path)
             self.assertTrue(any("fingerprint" in f.read_text(encoding="utf-8").lower()
+                                for f in files), name)
+
+
+class TestOneMeaningOfRemedy(GuardTestCase):
+    """"Remedy" is the auto-share stage that changes SGLang's objects, never a fix."""
+
+    def test_remedy_only_where_it_means_the_remediation_stage(self) -> None:
+        self.assertEqual(_hits("remed", REMEDY_MEANS_AUTOSHARE, PACKAGE, ROOT / "tools"), [])
+
+    def test_the_allow_list_names_real_uses(self) -> None:
+        for name in REMEDY_MEANS_AUTOSHARE:
+            path = ROOT / name
+            files = [path] if path.is_file() else _sources(path)
+            self.assertTrue(any("remed" in f.read_text(encoding="utf-8").lower()
                                 for f in files), name)
 
 
