@@ -4,8 +4,7 @@
 Wrapped lazily, the moment SGLang imports the common connector module. The pass path
 (fetched, not ready) is one ``try``; the cached one SGLang's own first statement where its
 digest is a known release's; when SGLang raises its first mismatch, the
-report names every one, with ``check``'s codes (``DSV4G022``, ``DSV4G030``-``DSV4G035``,
-``DSV4G041``).
+report names every one, with ``check``'s codes (:mod:`sglang_dsv4_guard.pd.first_contact`).
 
 - :mod:`~sglang_dsv4_guard.contact.snapshot`: both servers' values (the decode's live
   manager, the prefill's ``PrefillServerInfo`` from SGLang's frame);

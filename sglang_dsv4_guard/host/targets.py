@@ -152,7 +152,7 @@ PEERS_MOONCAKE_WORKER = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
 PEERS_MOONCAKE_START = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
                                    "MooncakeKVManager.start_prefill_thread")
 #: Mooncake's verdict on a registering decode peer's state layout (0.5.22+): a reason
-#: rejects every state transfer to that peer (``pd/state_layout.py``, DSV4G050).
+#: rejects every state transfer to that peer (``pd/state_layout.py``).
 PEERS_MOONCAKE_VALIDATE = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
                                       "MooncakeKVManager._validate_peer_state_layout")
 #: Mooncake's parse of a decode peer's registration message, a classmethod the bootstrap
@@ -260,7 +260,7 @@ PD_NIXL_STATE = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_state_xfer")
 PD_POP_PREALLOCATED = PatchTarget(PD_DECODE_MODULE, "DecodePreallocQueue.pop_preallocated")
 PD_AUX_COUNT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.check_peer_aux_buffer_count")
 PD_METADATA_BUFFERS = PatchTarget("sglang.srt.disaggregation.utils", "MetadataBuffers")
-#: DSV4G045's transfer of the metadata buffers (``pd/aux_send.py``): each backend's
+#: The transfer of the metadata buffers (``pd/aux_send.py``, ``pd/aux_count.py``): each backend's
 #: ``send_aux`` (digested, run from its parsed source), the codec its TCP path and the
 #: decode's receiving side use, and Mooncake's custom memory pool switch.
 PD_MOONCAKE_SEND_AUX = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.send_aux")

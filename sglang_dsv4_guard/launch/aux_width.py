@@ -5,7 +5,7 @@ servers (DSV4G048): ``--sampling-mask-max-tokens`` differs while
 (0.5.16 - 0.5.19, whose ``MetadataBuffers`` reads that variable when the scheduler passes it
 no width: it both switches the buffers on and sizes them).
 
-The buffer counts agree (DSV4G045 is the counts' row), but two buffers
+The buffer counts agree (:mod:`sglang_dsv4_guard.pd.aux_count` judges the counts), but two buffers
 (``output_token_sampling_mask_idx``, ``output_token_sampling_logprobs``) are as wide as the
 flag. Each server's buffers are SGLang's own ``MetadataBuffers`` built with its flag and
 environment (:func:`..pd.buffers.aux_row_widths`); the prefill's backend's ``send_aux`` is
@@ -160,7 +160,7 @@ def aux_width_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     local = [n for _, n in p.get("aux_row_widths")]
     remote = [n for _, n in d.get("aux_row_widths")]
     if len(local) != len(remote) or local == remote:
-        return [], []  # equal widths, or different counts (DSV4G045's row)
+        return [], []  # equal widths, or different counts (pd/aux_count.py's)
     backend = str(p.get("transfer_backend"))
     if backend != d.get("transfer_backend"):
         return [], []  # two backends cannot connect (DSV4G023)

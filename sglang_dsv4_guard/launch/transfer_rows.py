@@ -1,8 +1,8 @@
 """``check``'s transfer-time contract row DSV4G044 (HiSparse off Mooncake at the decode's
 first request) and the transfer values of each server that the pair
 conditions read: the state types its pool registers (:mod:`.state_types`, for
-DSV4G040/041, :mod:`sglang_dsv4_guard.pd.send_extra`), its SWA layout (:mod:`.swa_layout`)
-and its metadata buffer count (DSV4G045, :mod:`sglang_dsv4_guard.pd.aux_count`).
+:mod:`sglang_dsv4_guard.pd.send_extra`), its SWA layout (:mod:`.swa_layout`)
+and its metadata buffer count (:mod:`sglang_dsv4_guard.pd.aux_count`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sglang_dsv4_guard.launch.endpoint_values import (
 )
 from sglang_dsv4_guard.launch.flag_fixes import accepted_fixes
 from sglang_dsv4_guard.launch.parse import offline_env
+from sglang_dsv4_guard.pd.aux_count import CODE as AUX_CODE
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl_payload import hisparse_backend_verdict, payload_finding
@@ -51,7 +52,7 @@ def _refused_width(side: Side) -> str | None:
         return None
     flag = flag_for_field("sampling_mask_max_tokens")
     option = flag.option if flag is not None else "--sampling-mask-max-tokens"
-    return (f"DSV4G045: not judged: {option} {width}: SGLang's "
+    return (f"{AUX_CODE}: not judged: {option} {width}: SGLang's "
             "validate_sampling_mask_max_tokens refuses it at start-up (it must be "
             "positive): the server would not start; its metadata buffers are not counted")
 
@@ -68,7 +69,7 @@ def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     try:
         count = _aux(side)
     except ValueError as exc:  # a width the class would read that is too wide to build
-        raise NotDerived(f"DSV4G045: not judged: {exc}") from None
+        raise NotDerived(f"{AUX_CODE}: not judged: {exc}") from None
     return {"aux_buffer_count": Value(count, (
         "SGLang's MetadataBuffers(...).get_buf_infos() built on CPU with this server's "
         f"{name}" + (f"={mask}" if mask is not None else " (unset)")

@@ -3,7 +3,7 @@
 Wraps ``MoriKVManager._send_swa_dsa_state`` (per request) and
 ``MoriKVManager._add_remote_peer`` (once per decode peer), lazily, the moment SGLang
 imports the connector. Code: ``DSV4G006``. The registration's other conditions (DCP
-relayout, metadata buffer counts, state types: DSV4G036, 041, 045, 056, 057) are checked
+relayout, then the pair conditions of :mod:`sglang_dsv4_guard.pd.conditions`) are checked
 by the peer guard (:mod:`sglang_dsv4_guard.peers`), which the composition root hands to
 :class:`~sglang_dsv4_guard.mori.wrapper.MoriGuard` as a callable (``peers`` imports
 ``mori``, never the reverse).

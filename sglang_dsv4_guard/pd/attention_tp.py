@@ -2,8 +2,8 @@
 
 Attention TP is ``--tp-size / (attention DP x attention CP)`` (SGLang's
 ``compute_dp_attention_world_info``). Every condition that refuses different attention
-TP sizes (MORI's ``swa`` state, DSV4G006; the head-sliced Mooncake/NIXL state transfer,
-DSV4G040; HiSparse over NIXL; decode's first contact) takes its fixes from
+TP sizes (MORI's ``swa`` state, :mod:`sglang_dsv4_guard.mori`; the Mooncake/NIXL state
+transfer, :mod:`.send_extra`; HiSparse over NIXL; decode's first contact) takes its fixes from
 :func:`attention_tp_fixes`, in ``check`` and at run time alike. ``check`` builds each
 :class:`AttentionLayout` from a launch line and proves the fixes; the run-time wrappers
 build the prefill's from its live server arguments, and know of a decode peer only the

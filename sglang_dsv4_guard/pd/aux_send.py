@@ -1,5 +1,5 @@
 """What the prefill's ``send_aux`` does with the metadata buffers when the two servers
-register different numbers of them (DSV4G045), run from the release's own source.
+register different numbers of them (:mod:`.aux_count`), run from the release's own source.
 
 Each backend's ``send_aux`` (Mooncake's, NIXL's, MORI's, with the helpers it calls:
 ``send_aux_tcp``, ``send_aux_rdma``) is digested (``host/pd_digests.py``, sites

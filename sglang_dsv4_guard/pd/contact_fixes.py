@@ -1,4 +1,4 @@
-"""The fixes of decode's first-contact findings and of the DCP relayout (DSV4G036): one
+"""The fixes of decode's first-contact findings and of the DCP relayout (:mod:`.relayout`): one
 home for the family, in ``check`` and at run time alike.
 
 Each fix gives one server what SGLang's condition needs, derived from the two endpoints'

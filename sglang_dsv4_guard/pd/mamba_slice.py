@@ -16,7 +16,7 @@ component the transfer slices (the prefill's state TP, or its attention TP where
 release has no state TP, differs from the decode's attention TP, and both servers
 registered the per-tensor dimensions), in SGLang's entry pairing
 (``build_transfer_entry_pairs``). NIXL and MORI refuse a replicated prefill tensor for a
-decode of another TP first (DSV4G058): a component that meets that refusal ends the
+decode of another TP first (:mod:`.mamba_state`): a component that meets that refusal ends the
 request there. Only the function's own two messages count; anything else leaves the pair
 not judged. ``check`` does not see the condition: which tensors are replicated, and
 their item lengths, are known once the pools are built.
@@ -46,7 +46,7 @@ __all__ = ["CODE", "mamba_slice_findings"]
 
 CODE = "DSV4G059"
 _MODULES = {"mooncake": PD_MOONCAKE_MODULE, "nixl": PD_NIXL_MODULE, "mori": MORI_MODULE}
-# The backends that refuse a replicated prefill tensor first (DSV4G058).
+# The backends that refuse a replicated prefill tensor first (:mod:`.mamba_state`).
 _REPLICATED_FIRST = ("nixl", "mori")
 _MESSAGES = ("Mamba state replication metadata differs",
              "Replicated Mamba state item lengths differ")
@@ -94,7 +94,7 @@ def _refusal(backend: str, module: Any, compute: Callable[..., Any], prefill: En
         src_dims, dst_dims = (_at(e.get("state_dim_per_tensor"), i) for e in (prefill, decode))
         src_lens, dst_lens = (_at(e.get("state_item_lens"), i) for e in (prefill, decode))
         if backend in _REPLICATED_FIRST and 0 in src_dims:
-            return None  # DSV4G058 ends the request at this component
+            return None  # mamba_state's refusal ends the request at this component
         if not src_dims or not dst_dims:
             continue  # no dimensions registered: the whole item is copied
         try:

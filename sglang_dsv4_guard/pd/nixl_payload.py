@@ -73,7 +73,7 @@ def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
     ``NixlKVManager._add_remote_peer`` sets it just before (0.5.17+,
     sglang/srt/disaggregation/nixl/conn.py); with it, ``_prepare_payload_xfer`` takes its
     DCP branch first and returns before either HiSparse check (0.5.17 - 0.5.23). When the
-    relayout itself raises (DSV4G036), registration stops there: no verdict here."""
+    relayout itself raises (:mod:`.relayout`), registration stops there: no verdict here."""
     relayout = requires_relayout(prefill, decode)
     if relayout is None:
         return None

@@ -20,21 +20,21 @@ three points, none on a per-request path:
 The peer table stays SGLang's own ``dict`` in every other case.
 
 The closure calls ``self.requires_dcp_relayout`` *before* that write, and a DCP pair it
-refuses (DSV4G036) raises there: the bootstrap thread ends and the table never sees the
+refuses (:mod:`..pd.relayout`) raises there: the bootstrap thread ends and the table never sees the
 peer. The closure cannot be wrapped, and the method is ``CommonKVManager``'s, shared with
 NIXL, MORI and ``check``; so the narrowest hook is on the manager *instance*: the same
 wrapper of ``start_prefill_thread`` sets ``requires_dcp_relayout`` on the instance, a
 function that calls the class's method (looked up at call time) and, only when it raises,
 reads the registering peer from its caller, the bootstrap closure's local
 ``decode_kv_args`` (``PEERS_MOONCAKE_BOOTSTRAP``; the closure's source is digested with
-``start_prefill_thread``), checks it once (the DSV4G036 report ``check`` gives) and names
+``start_prefill_thread``), checks it once (the relayout report ``check`` gives) and names
 the thread's death once; SGLang's exception rises unchanged and the thread ends as before.
 
 ``transfer_worker`` (a thread target) is wrapped: when it dies ("Transfer thread failed
 ... is dead."), the guard names the cause it had reported at registration, the peers
 registered with it and what now hangs, once per cause. The cause is SGLang's message, or
 for an ``IndexError`` (0.5.16 - 0.5.22's ``send_aux`` indexing the prefill's metadata
-buffers with the decode's count: DSV4G045) the error SGLang's ``RuntimeError`` wraps.
+buffers with the decode's count, :mod:`..pd.aux_count`) the error SGLang's ``RuntimeError`` wraps.
 
 Nothing here imports ``mooncake`` or SGLang's connector module.
 """
@@ -149,7 +149,7 @@ def _parsed(guard: PeerGuard, caller: Any, info: object) -> None:
 def _relayout_refused(guard: PeerGuard, manager: object, caller: Any,
                       error: BaseException) -> None:
     """SGLang's relayout refused the peer registering in ``caller`` (SGLang's bootstrap
-    closure; anything else: nothing to say): its report (DSV4G036), then the bootstrap
+    closure; anything else: nothing to say): its relayout report, then the bootstrap
     thread's death named once; a failure of ours rides as a note (strict)."""
     ours = None
     try:
@@ -222,7 +222,7 @@ _WORKER_HANGS = ("every request sharded to this worker's queue now hangs (its KV
 def _died_of(error: RuntimeError) -> BaseException:
     """What the worker died of, as the registration's finding words it: SGLang's
     ``RuntimeError`` quotes the error it met ("because of <message>"), which is the
-    finding's message itself, except for an ``IndexError`` (DSV4G045's is recorded as
+    finding's message itself, except for an ``IndexError`` (the buffer count's is recorded as
     ``IndexError: <message>``): then the wrapped error, whose message the finding holds."""
     met = error.__context__
     return met if isinstance(met, IndexError) and str(met) else error
