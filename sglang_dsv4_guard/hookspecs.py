@@ -112,7 +112,8 @@ def sglang_dsv4_guard_check_pair(
 
     Must be pure. ``check`` calls it on the endpoints two launch lines imply (in the
     prefill's environment), before launch; at run time it is called once per new decode
-    peer, when the peer registers with a Mooncake, NIXL or MORI prefill rank, on the
+    peer SGLang registers with a Mooncake, NIXL or MORI prefill rank (not for one whose
+    DCP relayout SGLang refused: that peer is not registered), on the
     endpoints the prefill's manager and the peer's registration give (the prefill's
     environment is the process's own; the decode's ``env`` is ``None``: not known). A
     value an endpoint does not hold is not known there: judge only what both hold, and

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import unittest
 from typing import Any, ClassVar
@@ -28,6 +29,7 @@ from sglang_dsv4_guard import (
 )
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
 from sglang_dsv4_guard.lifecycle import installation
+from sglang_dsv4_guard.pd import conditions
 from sglang_dsv4_guard.testing import register
 
 register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
@@ -76,6 +78,24 @@ class Raising:
     def sglang_dsv4_guard_check_pair(self, prefill: Endpoint, decode: Endpoint,
                                      context: PairContext) -> list[Finding]:
         raise ZeroDivisionError("acme")
+
+
+class Hostile:
+    """A registration check that reports under the DCP relayout's code and tries to change
+    the servers the pair conditions read."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_registration(self, registration: Any,
+                                             context: Any) -> list[Finding]:
+        for endpoint in (registration.prefill, registration.decode):
+            try:
+                endpoint.values["transfer_backend"] = None  # type: ignore[index]
+            except TypeError:
+                Hostile.refused += 1
+        return [Finding(code="DSV4G036", severity=Severity.ERROR, summary="a plug-in's",
+                        subject="anything")]
+
+    refused = 0
 
 
 PLUGINS = {"mooncake_only": MooncakeOnly(), "cannot_judge": CannotJudge(), "raising": Raising()}
@@ -163,6 +183,50 @@ class TestPairConditions(GuardTestCase):
         ran = [f.code for f in self._registered(PLUGINS["raising"], PLUGINS["mooncake_only"])]
         self.assertIn("DSV4G090", ran)
         self.assertIn("ACME002", ran)
+
+
+class TestBuiltinConditionsHold(GuardTestCase):
+    """The built-in conditions cannot be switched off or changed by a plug-in, and one of
+    them failing leaves the others running."""
+
+    def test_a_plugins_relayout_code_does_not_switch_the_conditions_off(self) -> None:
+        """A plug-in's finding under DSV4G036 (the DCP relayout's code) and its attempt to
+        change the endpoints: the built-in NIXL payload refusal of a HiSparse decode of
+        another TP is still reported, on the values SGLang's objects hold."""
+        self.install_guard("on", load_entry_points=False)
+        register(Hostile())
+        _, info = peers_real.registration(nixl, "nixl", tp=2, kinds=("DRAM", "DRAM"))
+        mgr = peers_real.prefill(nixl, "nixl", tp=1)
+        with guard_logs_off(), contextlib.suppress(NotImplementedError):
+            nixl.NixlKVManager._add_remote_peer(mgr, info)
+        current = installation()
+        assert current is not None
+        codes = [f.code for r in current.peers.reports() for f in r.findings]
+        self.assertIn("DSV4G036", codes)  # the plug-in's, reported as its own
+        self.assertIn("DSV4G043", codes)  # SGLang's refusal, still judged
+        self.assertEqual(Hostile.refused, 2)  # both endpoints read-only
+
+    def test_a_failing_condition_is_logged_once_and_the_others_run(self) -> None:
+        """A built-in condition that raises (a guard bug): an unknowns line naming it, one
+        WARNING per process however many pairs meet it, and the next condition's finding."""
+        def broken(prefill: Endpoint, decode: Endpoint, package: Any) -> Any:
+            raise KeyError("boom")
+
+        def found(prefill: Endpoint, decode: Endpoint, package: Any) -> Any:
+            return [Finding(code="ACME009", severity=Severity.INFO, summary="s",
+                            subject="x")], []
+
+        ends = (Endpoint("prefill"), Endpoint("decode"))
+        with mock.patch.object(conditions, "CONDITIONS", (broken, found)), \
+                mock.patch.object(conditions, "_FAILED", set()), \
+                self.assertLogs("sglang_dsv4_guard", "WARNING") as logs:
+            for _ in range(3):
+                context = PairContext("registration", "nixl")
+                got = conditions.sglang_dsv4_guard_check_pair(*ends, context)
+                self.assertEqual([f.code for f in got], ["ACME009"])
+                self.assertEqual(len(context.unknowns), 1)
+                self.assertIn("broken", context.unknowns[0])
+        self.assertEqual(len([r for r in logs.records if "broken" in r.getMessage()]), 1)
 
 
 class TestPairHookName(GuardTestCase):

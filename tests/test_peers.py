@@ -929,9 +929,15 @@ class TestMambaSlice(GuardTestCase):
                             bootstrap_threads(mgr, [frames])
                         else:
                             register(nixl.NixlKVManager._add_remote_peer, mgr, info)
-                    found = [f.host_message for r in current.peers.reports()
-                             for f in r.findings
-                             if f.code == "DSV4G059" and f"{name} " in f.details[0]]
+                    ours = [f for r in current.peers.reports() for f in r.findings
+                            if f.code == "DSV4G059" and f"{name} " in f.details[0]]
+                    found = [f.host_message for f in ours]
+                    # equal TP copies whole items: a fix for a tensor sharded on one
+                    # side, never for replicated ones of other lengths
+                    self.assertEqual([any(x.field == "attn_tp_size" for x in f.fixes)
+                                      for f in ours],
+                                     [str(f.host_message).startswith("Mamba state replication")
+                                      for f in ours])
                     # before 0.5.20 the slice sender has no such check (a replicated
                     # tensor divides by its 0 there): nothing to report
                     expected = (slice_refusal(conn, mgr, info)

@@ -22,10 +22,12 @@ import inspect
 import json
 import logging
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.targets import (
     DSV4_LAYOUT_ENV,
@@ -326,9 +328,18 @@ def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     for endpoint in (run.prefill, run.decode):
         unknowns += list(endpoint.get(NOTES, ()))
     # DSV4G022's fixes are derived_fixes' (flag_fixes._g022: the page size per GPU)
-    findings = [f if f.code == "DSV4G022" else accepted_fixes(
-        f, run.prefill_side, run.decode_side, run.derive) for f in findings]
+    findings = [f if f.code == "DSV4G022" else _accepted(f, run) for f in findings]
     return findings, unknowns + relayout_unknowns
+
+
+def _accepted(finding: Finding, run: ContractRun) -> Finding:
+    """``finding`` with the fixes the release's resolution accepts; none accepted: the
+    line saying no flag change of either line the release accepts fixes it."""
+    kept = accepted_fixes(finding, run.prefill_side, run.decode_side, run.derive)
+    if kept.fixes or not run.derive:
+        return kept
+    return replace(kept, fixes=(Fix(FixKind.NO_FLAG_FIX, "no flag change of either line "
+                                                        "that the release accepts fixes this"),))
 
 
 CONTRIBUTORS.append(contact_values)

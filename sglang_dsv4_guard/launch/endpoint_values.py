@@ -17,7 +17,7 @@ from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.flag_fixes import attention_layout, page_size_source
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import TYPED
-from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Endpoint, Value
+from sglang_dsv4_guard.pd.endpoint import REFUSED, UNKNOWN, Endpoint, Value
 
 __all__ = ["CONTRIBUTORS", "NotDerived", "endpoint_of", "field_source", "side_field"]
 
@@ -69,6 +69,7 @@ def _base(side: Side) -> dict[str, Value]:
         "enable_dp_attention": Value(layout.dp_attention, field_source(
             side, "enable_dp_attention", "--enable-dp-attention")),
         TYPED: Value(frozenset(typed_flags(list(a.argv))), "the launch line"),
+        REFUSED: Value(a.resolution_error is not None, "SGLang's resolution of the line"),
         "enable_unified_memory": Value(bool(side_field(side, "enable_unified_memory")),
                                        field_source(side, "enable_unified_memory",
                                                     "--enable-unified-memory")),

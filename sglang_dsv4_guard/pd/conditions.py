@@ -10,6 +10,7 @@ registration, so each finding is built in one place.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +43,21 @@ CONDITIONS: tuple[Condition, ...] = (
     aux_count_findings)
 
 
+_FAILED: set[tuple[str, str]] = set()
+_LOCK = threading.Lock()
+
+
+def _failed(name: str, exc: Exception) -> None:
+    """Log a condition's failure (a guard bug) once per condition and exception type, per
+    process: at run time it would otherwise repeat for every registering peer."""
+    with _LOCK:
+        first = (name, type(exc).__name__) not in _FAILED
+        _FAILED.add((name, type(exc).__name__))
+    if first:
+        log.warning("the %s condition failed (a guard bug; please report it; logged once "
+                    "per process): %s: %s", name, type(exc).__name__, exc, exc_info=True)
+
+
 # tryfirst: SGLang's own conditions come first in every report, under pluggy's call order.
 @hookimpl(tryfirst=True)
 def sglang_dsv4_guard_check_pair(prefill: Endpoint, decode: Endpoint,
@@ -54,8 +70,7 @@ def sglang_dsv4_guard_check_pair(prefill: Endpoint, decode: Endpoint,
         try:
             findings, unknowns = condition(prefill, decode, package)
         except Exception as exc:  # our bug: that condition is not judged, the others run
-            log.warning("the %s condition failed (a guard bug; please report it): %s: %s",
-                        condition.__qualname__, type(exc).__name__, exc, exc_info=True)
+            _failed(condition.__qualname__, exc)
             context.not_judged(f"{condition.__qualname__}: not judged: the guard's own "
                                f"check failed ({type(exc).__name__}: {exc}); a guard bug, "
                                "please report it")

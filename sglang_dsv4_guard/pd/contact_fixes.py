@@ -22,9 +22,9 @@ from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.host.targets import DSV4_LAYOUT_ENV
 from sglang_dsv4_guard.pd.attention_tp import TYPED, attention_tp_fixes, layout_of
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import REFUSED, Endpoint
 
-__all__ = ["contact_fixes"]
+__all__ = ["NO_FIX", "contact_fixes"]
 
 # What each fix gives the edited server, by the value SGLang's condition reads.
 _LABELS = {"kv_cache_dtype_str": "the {src}'s KV cache dtype string",
@@ -43,9 +43,14 @@ _NEUTRAL_SERVER = {("DSV4G034", "dcp_size"): "decode", ("DSV4G034", "attn_cp_siz
                    ("DSV4G034", "enable_kv_cache_sharding"): "prefill",
                    ("DSV4G035", "attn_cp_size"): "decode",
                    ("DSV4G035", "enable_kv_cache_sharding"): "prefill"}
-# Values no flag sets: what both servers need, said without an edit.
+# What both servers need, said without an edit where none is derived (no flag sets it,
+# or the environment to copy it from is not known here).
 _ADVICE = {"dsv41_spec_layout": "DSpark enabled the same way (speculative algorithm, block "
-                                "size, target/draft KV layout) and the same release"}
+                                "size, target/draft KV layout) and the same release",
+           "kv_layout": "the same --dsv4-attn-backend and SGLANG_DSV4_KV_LAYOUT / "
+                        "SGLANG_DSV4_COMPRESSED_KV_LAYOUT (the layouts differ)"}
+#: The fix of a finding none of whose values a flag of either server sets.
+NO_FIX = Fix(FixKind.NO_FLAG_FIX, "no flag change of either server fixes this")
 
 
 def contact_fixes(code: str, names: tuple[str, ...], prefill: Endpoint, decode: Endpoint
@@ -59,18 +64,20 @@ def contact_fixes(code: str, names: tuple[str, ...], prefill: Endpoint, decode: 
     for name in names:
         inputs = tuple(f"{e.role}: {name} {e.get(name)!r} from {e.source(name)}"
                        for e in (prefill, decode))
-        if name in _ADVICE and prefill.get(name) != decode.get(name):
-            found.append(Fix(FixKind.ADVICE, f"give both servers {_ADVICE[name]}: prefill "
-                             f"{prefill.get(name)!r}, decode {decode.get(name)!r}",
-                             field=name, inputs=inputs))
+        edited = []
         for src, dst in ((prefill, decode), (decode, prefill)):
             edits = _edits(code, name, src, dst)
             if edits and all(e is not None for e in edits):
                 label = _LABELS.get(name, name).format(src=src.role)
-                found.append(Fix(FixKind.FLAGS, f"launch the {dst.role} server with {label}",
-                                 field=name, edits=tuple(e for e in edits if e is not None),
-                                 inputs=inputs))
-    return tuple(dict.fromkeys(found))
+                edited.append(Fix(FixKind.FLAGS, f"launch the {dst.role} server with {label}",
+                                  field=name, edits=tuple(e for e in edits if e is not None),
+                                  inputs=inputs))
+        if name in _ADVICE and not edited and prefill.get(name) != decode.get(name):
+            found.append(Fix(FixKind.ADVICE, f"give both servers {_ADVICE[name]}: prefill "
+                             f"{prefill.get(name)!r}, decode {decode.get(name)!r}",
+                             field=name, inputs=inputs))
+        found += edited
+    return tuple(dict.fromkeys(found)) or (NO_FIX,)
 
 
 def _typed(endpoint: Endpoint, name: str, value: Any) -> bool:
@@ -85,6 +92,8 @@ def _edits(code: str, name: str, src: Endpoint, dst: Endpoint) -> list[Edit | No
     """The edits giving ``dst`` a value of ``name`` that satisfies the condition (none:
     no fix of this kind)."""
     want = src.get(name)
+    if src.get(REFUSED):
+        return []  # its values are not copied: DSV4G026's fixes come first
     if name in _COPIED:
         if not src.has(name) or want == dst.get(name) or (
                 name == "pp_size" and dst.role != "decode"):  # a decode's PP follows

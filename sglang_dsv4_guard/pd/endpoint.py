@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
@@ -11,12 +12,15 @@ from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
-__all__ = ["PEER", "PHASES", "UNKNOWN", "Endpoint", "PairContext", "Value", "pair_finding"]
+__all__ = ["PEER", "PHASES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Value", "pair_finding"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
 # do not judge them, and one ``unknowns`` line of the row that left them out says why.
 UNKNOWN = "unknown_values"
+#: The value saying that SGLang's resolution refused this server's own flags (``check``:
+#: DSV4G026): its values are never copied to the other server.
+REFUSED = "resolution_refused"
 #: The value naming a decode peer registering at run time (its name on the prefill);
 #: ``check``'s endpoints, built from launch lines, have none.
 PEER = "peer_name"
@@ -46,6 +50,12 @@ class Endpoint:
     values: Mapping[str, Value] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     env: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        # read-only: every condition and plug-in reads the same two servers
+        object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
+        if self.env is not None:
+            object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
 
     def has(self, name: str) -> bool:
         """Whether ``name`` is known for this server."""

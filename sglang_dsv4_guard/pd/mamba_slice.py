@@ -40,6 +40,7 @@ from sglang_dsv4_guard.host.targets import (
 )
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
+from sglang_dsv4_guard.pd.nixl_state import nixl_state_findings
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["CODE", "mamba_slice_findings"]
@@ -57,15 +58,15 @@ def mamba_slice_findings(prefill: Endpoint, decode: Endpoint, package: Path | No
     """DSV4G059 for the pair, and what could not be judged (nothing: a value not known,
     or a refusal other than the function's own, leaves the pair silently unjudged, as
     every server before its pools are built is)."""
-    del package  # SGLang's own function, as its connector module binds it
     backend = str(prefill.get("transfer_backend"))
     module = sys.modules.get(_MODULES.get(backend, ""))  # never imported here
     compute = getattr(module, PD_MAMBA_SLICE.attr, None)
     if not callable(compute) or not _known(prefill, decode):
         return [], []
     refusal = _refusal(backend, module, compute, prefill, decode)
-    if refusal is None:
-        return [], []
+    if refusal is None or (backend == "nixl" and nixl_state_findings(prefill, decode,
+                                                                    package)[0]):
+        return [], []  # NIXL 0.5.23 refuses a rejected state layout first (nixl_state.py)
     component, message = refusal
     return [_finding(prefill, decode, backend, component, message)], []
 
@@ -99,8 +100,8 @@ def _refusal(backend: str, module: Any, compute: Callable[..., Any], prefill: En
             continue  # no dimensions registered: the whole item is copied
         try:
             for s, d in _pairs(module, prefill, decode, i, len(src_lens), len(dst_lens)):
-                if not src_lens[s]:
-                    continue  # an empty entry is not sent
+                if backend == "nixl" and _empty(prefill, decode, i, s, d, src_lens):
+                    continue  # NIXL sends no empty entry nor one without a pointer
                 compute(src_item_len=int(src_lens[s]), dst_item_len=int(dst_lens[d]),
                         src_dim=int(src_dims[s]), dst_dim=int(dst_dims[d]), outer_count=1,
                         src_attn_tp_size=tp, dst_attn_tp_size=decode_tp,
@@ -113,6 +114,14 @@ def _refusal(backend: str, module: Any, compute: Callable[..., Any], prefill: En
         except Exception:  # past SGLang's checks, on what is not known here
             return None
     return None
+
+
+def _empty(prefill: Endpoint, decode: Endpoint, component: int, s: int, d: int,
+           src_lens: Sequence[Any]) -> bool:
+    """NIXL's skip of an entry: no length, or a null pointer on either side."""
+    ptrs = [_at(e.get("state_data_ptrs") or (), component) for e in (prefill, decode)]
+    return (not src_lens[s] or (s < len(ptrs[0]) and not ptrs[0][s])
+            or (d < len(ptrs[1]) and not ptrs[1][d]))
 
 
 def _pairs(module: Any, prefill: Endpoint, decode: Endpoint, component: int, src: int,
@@ -138,8 +147,11 @@ def _finding(prefill: Endpoint, decode: Endpoint, backend: str, component: int,
         f"(prefill dimensions {list(_at(prefill.get('state_dim_per_tensor'), component))}, "
         f"decode {list(_at(decode.get('state_dim_per_tensor'), component))})",
         field="state_dim_per_tensor"),)
-    if not prefill.has("state_tp_size") or prefill.get("state_tp_size") == prefill.get(
-            "attn_tp_size"):  # the slicing is by attention TP: equal ones copy whole items
+    # Equal attention TP copies whole items (where the slicing is by attention TP): that
+    # fixes a tensor sharded on one side only, never replicated ones of other lengths
+    # (then Mooncake refuses the slot size, and NIXL and MORI copy it misplaced).
+    if message.startswith(_MESSAGES[0]) and (not prefill.has("state_tp_size") or prefill.get(
+            "state_tp_size") == prefill.get("attn_tp_size")):
         fixes = attention_tp_fixes(layout_of(prefill), layout_of(decode)) + fixes
     return pair_finding(
         CODE, f"prefill -> decode {backend} transfer of the mamba state", (prefill, decode),

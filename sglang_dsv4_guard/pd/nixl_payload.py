@@ -34,7 +34,7 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
-from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
@@ -167,11 +167,12 @@ def nixl_payload_findings(prefill: Endpoint, decode: Endpoint, package: Path | N
                           ) -> tuple[list[Finding], list[str]]:
     """DSV4G042/043/046: NIXL's registration of the decode (both servers on NIXL), and
     what could not be judged. Judged where the decode's HiSparse is known (from its launch
-    line, or the memory kinds its registration carries); a DCP size not known is 1, as
-    a release without DCP has it."""
+    line, or the memory kinds its registration carries) and, from launch lines, both DCP
+    sizes; a registration without one is of a release without DCP (size 1)."""
     if not prefill.get("transfer_backend") == decode.get("transfer_backend", "nixl") == "nixl":
         return [], []
-    if not decode.has("enable_hisparse"):
+    if not decode.has("enable_hisparse") or (not decode.has(PEER) and not (
+            prefill.has("dcp_size") and decode.has("dcp_size"))):
         return [], []  # a value it reads was not derived: the endpoint's note says why
     changed = unjudged_sites(package, PAYLOAD_SITES, "DSV4G042/DSV4G043/DSV4G046")
     if changed:

@@ -203,7 +203,12 @@ def _fixes(prefill: Endpoint, decode: Endpoint, pp: bool, layout: bool) -> tuple
     found: list[Fix] = []
     pp_flag = flag_for_field("pp_size")
     roles = [e.role for e in (prefill, decode) if int(e.get("pp_size") or 1) > 1]
-    if pp and pp_flag is not None and roles:
+    if pp and not decode.has("pp_size"):  # a registering decode: its PP is not known
+        found.append(Fix(FixKind.ADVICE, "run the prefill without pipeline parallelism "
+                         "(head-sliced SWA transfer needs the prefill's PP 1), and the "
+                         "decode with PP 1 (a decode's PP must equal the prefill's or be 1; "
+                         "its PP is not known here)", field="pp_size"))
+    elif pp and pp_flag is not None and roles:
         # The head-sliced transfer needs the prefill's PP 1 (common/conn.py
         # CommonKVManager._get_mha_head_slice_blocks, 0.5.22+), and the decode's first
         # contact asserts its PP equal to the prefill's or 1 (common/conn.py

@@ -20,6 +20,7 @@ import threading
 import weakref
 from typing import Any
 
+from sglang_dsv4_guard.boundary import is_builtin
 from sglang_dsv4_guard.dedup.mismatch import Mismatch
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
@@ -88,7 +89,9 @@ class PeerGuard:
         reg = snapshot_registration(backend, manager, info)
         context = RegistrationContext(self.rt.profile, self.rt.settings.mode.value.value)
         findings = self.rt.plugins.collect(_HOOK, {"registration": reg, "context": context})
-        if not any(f.code == RELAYOUT_CODE for f in findings):  # SGLang registered the peer
+        # SGLang registered the peer unless its own relayout refused it (a plug-in's
+        # finding under that code does not switch the pair conditions off)
+        if not any(f.code == RELAYOUT_CODE and is_builtin(f.origin) for f in findings):
             pair = PairContext("registration", backend, self.rt.profile)
             findings += [with_peer(reg, f) for f in self.rt.plugins.collect(
                 PAIR_HOOK, {"prefill": reg.prefill, "decode": reg.decode, "context": pair})]
