@@ -93,7 +93,7 @@ def _edits(code: str, name: str, src: Endpoint, dst: Endpoint) -> list[Edit | No
     no fix of this kind)."""
     want = src.get(name)
     if src.get(REFUSED):
-        return []  # its values are not copied: DSV4G026's fixes come first
+        return []  # its values are not copied: the refusal's own fixes come first
     if name in _COPIED:
         if not src.has(name) or want == dst.get(name) or (
                 name == "pp_size" and dst.role != "decode"):  # a decode's PP follows
