@@ -54,6 +54,22 @@ def _environ(env: dict[str, str], name: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k != name}, **env}
 
 
+def _registered(backend: str, mgr: Any, frames: Any, info: Any,
+                codes: tuple[str, ...]) -> list[Finding]:
+    """The decode registers with ``mgr`` through the backend's real code (Mooncake's
+    bootstrap thread reading ``frames``, NIXL's ``_add_remote_peer`` of ``info``; SGLang's
+    own refusal rises unchanged and is not what is compared); the guard's findings under
+    ``codes``."""
+    with guard_logs_off(), contextlib.suppress(NotImplementedError, ValueError):
+        if backend == "mooncake":
+            bootstrap_threads(mgr, [frames])
+        else:
+            nixl.NixlKVManager._add_remote_peer(mgr, info)
+    current = installation()
+    assert current is not None
+    return [f for r in current.peers.reports() for f in r.findings if f.code in codes]
+
+
 class TestMetadataBufferCounts(GuardTestCase):
     """DSV4G045: the sampling-mask variable and the KV checksum flag on either server."""
 
@@ -73,15 +89,7 @@ class TestMetadataBufferCounts(GuardTestCase):
                                                        name="sess-aux")
                 mgr = peers_real.prefill(conn, backend, aux=local)
                 mgr.server_args.disaggregation_enable_kv_checksum = checksum
-                with guard_logs_off():
-                    if backend == "mooncake":
-                        bootstrap_threads(mgr, [frames])
-                    else:
-                        nixl.NixlKVManager._add_remote_peer(mgr, info)
-                current = installation()
-                assert current is not None
-                return [f for r in current.peers.reports() for f in r.findings
-                        if f.code == "DSV4G045"]
+                return _registered(backend, mgr, frames, info, ("DSV4G045",))
             finally:
                 with guard_logs_off():
                     sglang_dsv4_guard.uninstall()
@@ -318,15 +326,7 @@ class TestPairConditionsAgree(GuardTestCase):
                 mgr.server_args, mgr.pp_size = args[0].server_args, pair["pp"]
                 mgr.kv_args.swa_kv_cache_layout = "nhd"  # the plain SWA pool's
                 mgr.prep_handles_segment_src = {}  # NIXL 0.5.23's mixed-memory handles
-                with guard_logs_off(), contextlib.suppress(NotImplementedError, ValueError):
-                    if backend == "mooncake":
-                        bootstrap_threads(mgr, [frames])
-                    else:
-                        nixl.NixlKVManager._add_remote_peer(mgr, info)
-                current = installation()
-                assert current is not None
-                return [f for r in current.peers.reports() for f in r.findings
-                        if f.code in PAIR_CODES]
+                return _registered(backend, mgr, frames, info, PAIR_CODES)
             finally:
                 with guard_logs_off():
                     sglang_dsv4_guard.uninstall()
