@@ -19,7 +19,7 @@ from typing import Any
 
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy
-from sglang_dsv4_guard.host.flags import flag_edit
+from sglang_dsv4_guard.host.flags import flag_edit, vetted
 from sglang_dsv4_guard.host.targets import DSV4_LAYOUT_ENV
 from sglang_dsv4_guard.pd.attention_tp import TYPED, attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import REFUSED, Endpoint
@@ -80,6 +80,13 @@ def contact_fixes(code: str, names: tuple[str, ...], prefill: Endpoint, decode: 
     return tuple(dict.fromkeys(found)) or (NO_FIX,)
 
 
+def _vetted(edit: Edit | None) -> Edit | None:
+    """``edit`` when the installed release's parser takes it (its flag, and a value among
+    its choices: a value copied from a server of another release may not be), else
+    ``None`` (no fix of that kind)."""
+    return edit if edit is not None and vetted(edit) else None
+
+
 def _typed(endpoint: Endpoint, name: str, value: Any) -> bool:
     """Whether ``endpoint``'s line sets ``name``: from its launch line where known, else
     (a live server's resolved value) whether the value is other than the default."""
@@ -98,13 +105,13 @@ def _edits(code: str, name: str, src: Endpoint, dst: Endpoint) -> list[Edit | No
         if not src.has(name) or want == dst.get(name) or (
                 name == "pp_size" and dst.role != "decode"):  # a decode's PP follows
             return []
-        return [flag_edit(dst.role, _COPIED[name], want)]
+        return [_vetted(flag_edit(dst.role, _COPIED[name], want))]
     if name in _NEUTRAL:
         own = dst.get(name)
         server = _NEUTRAL_SERVER.get((code, name), dst.role)
         if server != dst.role or own in (None, False, 1) or not _typed(dst, name, own):
             return []
-        return [flag_edit(dst.role, name, None)]  # back to the release's default (1 / off)
+        return [_vetted(flag_edit(dst.role, name, None))]  # back to the default (1 / off)
     if name == "kv_layout":
         if src.env is None or src.get(name) == dst.get(name):
             return []
