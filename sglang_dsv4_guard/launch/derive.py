@@ -26,11 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, machine_cause, offline_env
 from sglang_dsv4_guard.launch.remote_code import missing_code
 from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 
-__all__ = ["ModelFacts", "Side", "derive_side", "load_model", "release_model_config"]
+__all__ = ["ModelFacts", "Side", "attention_layout", "derive_side", "load_model", "page_size_source",
+           "release_model_config", "typed_page"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -250,3 +253,31 @@ def derive_side(args: SideArgs) -> Side:
                 speculative_algorithm=str(algorithm) if algorithm else None,
                 num_draft_tokens=args.get("speculative_num_draft_tokens"),
                 swa_state=swa_state, unified_kv=_unified(args, backend, model), notes=notes)
+
+def typed_page(side: Side) -> int | None:
+    """The ``--page-size`` the line typed, ``None`` when it typed none."""
+    value = side.args.typed.get("page_size")
+    return int(value) if isinstance(value, int) else None
+
+
+def page_size_source(side: Side) -> str:
+    """Where ``side``'s page size came from: the flag typed, or the release's resolution."""
+    typed = typed_page(side)
+    if not side.args.resolved:
+        return side.page_size_source
+    if typed is None:
+        return "SGLang's resolution (no --page-size typed: the release's default for the model)"
+    if typed != side.page_size:
+        return (f"SGLang's resolution for the model (--page-size {typed} was typed and "
+                "replaced: the release sets this model's page size itself)")
+    return f"server flag --page-size {typed}"
+
+
+def attention_layout(side: Side) -> AttentionLayout:
+    """``side``'s attention layout as its launch line gives it (what was typed known)."""
+    a = side.args
+    typed = frozenset(typed_flags(list(a.argv))) & {"dp_size", "enable_dp_attention",
+                                                    "attn_dp_size"}
+    return AttentionLayout(side.role, side.attn_tp_size, int(a.get("tp_size") or 1),
+                           int(a.get("attn_cp_size") or 1), int(a.typed.get("dp_size") or 1),
+                           bool(a.get("enable_dp_attention")), typed)

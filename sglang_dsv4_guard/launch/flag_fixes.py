@@ -17,35 +17,17 @@ from dataclasses import replace
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit
-from sglang_dsv4_guard.launch.derive import Side
+from sglang_dsv4_guard.launch.derive import Side, attention_layout, page_size_source, typed_page
 from sglang_dsv4_guard.launch.edit import apply_edits, apply_env, lookup, typed_flags
 from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, parse_side
 from sglang_dsv4_guard.launch.refusal import refusal_fixes
-from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
 
 __all__ = ["UNIFIED_VARIABLE", "accepted_fix", "accepted_fixes", "attention_tp_fixes", "copy_pairs",
-           "derived_fixes", "flag_fix", "page_size_source"]
+           "derived_fixes", "flag_fix"]
 
 UNIFIED_VARIABLE = "SGLANG_HACK_FLASHMLA_BACKEND"
 
-
-def _typed_page(side: Side) -> int | None:
-    value = side.args.typed.get("page_size")
-    return int(value) if isinstance(value, int) else None
-
-
-def page_size_source(side: Side) -> str:
-    """Where ``side``'s page size came from: the flag typed, or the release's resolution."""
-    typed = _typed_page(side)
-    if not side.args.resolved:
-        return side.page_size_source
-    if typed is None:
-        return "SGLang's resolution (no --page-size typed: the release's default for the model)"
-    if typed != side.page_size:
-        return (f"SGLang's resolution for the model (--page-size {typed} was typed and "
-                "replaced: the release sets this model's page size itself)")
-    return f"server flag --page-size {typed}"
 
 
 def flag_fix(text: str, field: str, edits: list[Edit | None], *inputs: str) -> Fix | None:
@@ -152,7 +134,7 @@ def _g022(p: Side, d: Side) -> list[Fix | None]:
                    for s in (p, d))
     fixes: list[Fix | None] = []
     for src, dst in copy_pairs(p, d):
-        typed = _typed_page(dst)
+        typed = typed_page(dst)
         if typed is not None and dst.args.resolved and typed != dst.page_size:
             continue  # the release sets this server's page size itself
         if src.page_size is not None:
@@ -197,16 +179,6 @@ def _g025(p: Side, d: Side) -> list[Fix | None]:
                                         f"{UNIFIED_VARIABLE}", UNIFIED_VARIABLE, (edit,),
                          inputs))
     return fixes
-
-
-def attention_layout(side: Side) -> AttentionLayout:
-    """``side``'s attention layout as its launch line gives it (what was typed known)."""
-    a = side.args
-    typed = frozenset(typed_flags(list(a.argv))) & {"dp_size", "enable_dp_attention",
-                                                    "attn_dp_size"}
-    return AttentionLayout(side.role, side.attn_tp_size, int(a.get("tp_size") or 1),
-                           int(a.get("attn_cp_size") or 1), int(a.typed.get("dp_size") or 1),
-                           bool(a.get("enable_dp_attention")), typed)
 
 
 def attention_tp_fixes(p: Side, d: Side) -> list[Fix | None]:

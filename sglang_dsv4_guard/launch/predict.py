@@ -25,9 +25,9 @@ from sglang_dsv4_guard.host.verdict import judge_imported
 from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.launch.chatter import Output, capturing, recording, section
 from sglang_dsv4_guard.launch.contract import contract_findings
-from sglang_dsv4_guard.launch.derive import Side, derive_side
+from sglang_dsv4_guard.launch.derive import Side, derive_side, page_size_source
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.flag_fixes import derived_fixes, page_size_source
+from sglang_dsv4_guard.launch.flag_fixes import derived_fixes
 from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.launch.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.launch.said import Said, said_about
