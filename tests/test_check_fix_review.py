@@ -11,8 +11,8 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.fixes import Edit
-from sglang_dsv4_guard.launch.edit import apply_edits, typed_flags
-from sglang_dsv4_guard.launch.parse import parse_side
+from sglang_dsv4_guard.launch.offline.parse import parse_side
+from sglang_dsv4_guard.launch.server.edit import apply_edits, typed_flags
 
 register_cpu_ci(est_time=34, suite="stage-a-test-cpu")
 

@@ -198,6 +198,25 @@ class TestRulesCatchFaults(GuardTestCase):
         self.assertEqual(imports.cycles(edges), [])
         self.assertEqual(imports.cycles(edges, collapse=True), [["autoshare", "state"]])
 
+    def test_nested_sub_packages_importing_each_other_is_a_cycle(self) -> None:
+        """``launch.rows`` -> ``launch.server`` -> ``launch.rows``, and a sub-package
+        reaching a module of the package above it (``launch.server`` -> ``launch.text``,
+        while ``launch.predict`` imports ``launch.server``): folders at every depth."""
+        with _tree({"__init__.py": "", "launch/__init__.py": "", "launch/rows/__init__.py": "",
+                    "launch/server/__init__.py": "",
+                    "launch/rows/contract.py": "from sglang_dsv4_guard.launch.server.derive import S\n",
+                    "launch/server/derive.py": "",
+                    "launch/server/pools.py": "from sglang_dsv4_guard.launch.rows.run import R\n"
+                                              "from sglang_dsv4_guard.launch.text import T\n",
+                    "launch/rows/run.py": "",
+                    "launch/text.py": "",
+                    "launch/predict.py": "from sglang_dsv4_guard.launch.server.derive import S\n",
+                    }) as tmp:
+            edges = imports.package_graph(Path(tmp))
+        self.assertEqual(imports.cycles(edges), [])
+        self.assertEqual(imports.cycles(edges, collapse=True),
+                         [["launch", "launch.rows", "launch.server"]])
+
     def test_a_top_level_module_between_folders_is_a_cycle(self) -> None:
         """``state.wrapper`` -> ``plugins`` -> ``state.checks``: a top-level module is a
         folder of its own, so the wrapper reaching its own checks through the manager is

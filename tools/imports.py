@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -294,19 +294,18 @@ def upward(edges: Iterable[Edge]) -> list[Edge]:
 def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
     """The strongly connected groups of more than one node (Tarjan), sorted.
 
-    With ``collapse``, folders are nodes: each module counts as its sub-package
-    (``state.checks`` as ``state``), a top-level module as itself. Folders import each
-    other one way, so ``state.wrapper`` -> ``plugins`` -> ``state.checks`` is a cycle
-    though no module is on one.
+    With ``collapse``, folders are nodes (:func:`folders`), at every depth. Folders import
+    each other one way, so ``state.wrapper`` -> ``plugins`` -> ``state.checks`` is a cycle
+    though no module is on one, and so is ``launch.rows`` -> ``launch.server`` ->
+    ``launch.rows``, or a sub-package importing a module of the package above it.
     """
     edges = list(edges)
+    folder_of = folders(edges) if collapse else (lambda name: name)
     graph: dict[str, set[str]] = {}
     for edge in edges:
-        source, target = edge.source, edge.target
-        if collapse:
-            source, target = source.split(".")[0], target.split(".")[0]
-            if source == target:
-                continue
+        source, target = folder_of(edge.source), folder_of(edge.target)
+        if collapse and source == target:
+            continue
         graph.setdefault(source, set()).add(target)
         graph.setdefault(target, set())
     index: dict[str, int] = {}
@@ -339,9 +338,18 @@ def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
     return sorted(found)
 
 
+def folders(edges: Iterable[Edge]) -> Callable[[str], str]:
+    """Each module's folder: a package (``launch.rows``, its ``__init__``) is its own, a
+    module in a package is the package's (``launch.rows.contract`` and ``launch.predict``
+    are ``launch.rows`` and ``launch``), a top-level module is itself. A name is a package
+    when another module of the graph is inside it."""
+    names = {n for e in edges for n in (e.source, e.target)}
+    packages = {n.rpartition(".")[0] for n in names if "." in n}
+    return lambda name: name if name in packages or "." not in name else name.rpartition(".")[0]
+
+
 def _cycle_edges(edges: list[Edge], group: list[str], collapse: bool) -> list[Edge]:
-    def node(name: str) -> str:
-        return name.split(".")[0] if collapse else name
+    node = folders(edges) if collapse else (lambda name: name)
     return [e for e in edges if node(e.source) in group and node(e.target) in group
             and node(e.source) != node(e.target)]
 

@@ -1,11 +1,15 @@
 """``sglang-dsv4-guard check``: predict a PD deployment's failures from its launch flags.
 
-``parse`` (the release's own flag parser and resolution, as the servers' device),
-``derive`` (its ``ModelConfig`` and attention-TP function), ``pools`` (miniature real
-pools and SGLang's real state check), ``asymmetry`` (prefill/decode differences),
-``predict`` (the whole run), ``text`` (rendering), ``child`` (the one process that
-imports SGLang, started with the environment ``check`` controls) and ``sandbox`` (that
-child's walls: no network, no writes). The command imports none of SGLang itself; its
-entry is ``child.answer_in_child``, reached through ``sglang-dsv4-guard check``; the
-package itself exports nothing.
+By concern, each layer importing only those below it:
+
+- ``offline``: SGLang's own parser and resolution, run offline behind walls;
+- ``server``: one server derived from its launch line with the release's code;
+- ``fixing``: the fixes of the findings, derived from the two servers' values;
+- ``rows``: the prefill/decode contract rows, and the asymmetries no run-time check sees;
+- ``child`` (the one process that imports SGLang, started with the environment
+  ``check`` controls), ``predict`` (the whole run), ``prove`` (``--fix``: each fix proven by a re-run) and
+  ``text`` (rendering).
+
+The command imports none of SGLang itself; its entry is ``child.answer_in_child``,
+reached through ``sglang-dsv4-guard check``; the package itself exports nothing.
 """

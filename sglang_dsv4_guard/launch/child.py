@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sglang_dsv4_guard.launch.parse import CheckInputError
+from sglang_dsv4_guard.launch.offline.parse import CheckInputError
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.launch.prove import Fixed
@@ -62,7 +62,7 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
     """The child's request from ``check``'s parsed arguments; a malformed ``--*-env`` item
     raises :class:`~.parse.CheckInputError` naming it."""
     # deferred: the parent (the check command) loads only what it runs
-    from sglang_dsv4_guard.launch.parse import parse_env
+    from sglang_dsv4_guard.launch.offline.parse import parse_env
 
     return {"prefill": args.prefill, "decode": args.decode,
             "prefill_env": parse_env("--prefill-env", args.prefill_env),
@@ -79,7 +79,7 @@ def answer(request: Mapping[str, Any],
     What SGLang says meanwhile (its import's warnings too) is captured, never printed:
     the document's ``sglang_output``, and after the text with ``request["verbose"]``."""
     # deferred: the child's work: the parent (the check command) never loads it
-    from sglang_dsv4_guard.launch.chatter import capturing, recording
+    from sglang_dsv4_guard.launch.offline.chatter import capturing, recording
 
     with capturing(), recording() as outside:
         reply = _answer(request, refusals)
@@ -98,7 +98,7 @@ def answer(request: Mapping[str, Any],
 def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
             ) -> dict[str, Any]:
     # deferred: the child's work: the parent (the check command) never loads it
-    from sglang_dsv4_guard.launch.parse import CheckInputError, one_line
+    from sglang_dsv4_guard.launch.offline.parse import CheckInputError, one_line
 
     # when the command started the child (the system-wide monotonic clock), else now
     started = float(request.get("started") or time.monotonic())
@@ -337,7 +337,7 @@ def _no_answer(returncode: int, err: str, verbose: bool) -> dict[str, Any]:
     ``verbose``, SGLang's last :data:`TAIL` lines too (``output_tail``), never the child's
     traceback."""
     # deferred: the parent (the check command) loads only what it runs
-    from sglang_dsv4_guard.launch.chatter import split_mirrored
+    from sglang_dsv4_guard.launch.offline.chatter import split_mirrored
 
     said, lines = split_mirrored(err)
     raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
@@ -364,11 +364,11 @@ _EXCEPTION_LINE = re.compile(r"^[\w.]*\w+(Error|Exception|Exit)\b")
 def main() -> int:
     """The child: walls up, one request from stdin, one answer to the original stdout."""
     # deferred: only the child puts its walls up
-    from sglang_dsv4_guard.launch import sandbox
+    from sglang_dsv4_guard.launch.offline import sandbox
 
     sandbox.install(sys.argv[1])
     # deferred: the capture is the child's only, imported behind its walls
-    from sglang_dsv4_guard.launch.chatter import mirrored
+    from sglang_dsv4_guard.launch.offline.chatter import mirrored
 
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what SGLang prints (Python or C) goes to stderr, not into the answer

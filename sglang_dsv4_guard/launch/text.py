@@ -9,10 +9,10 @@ from sglang_dsv4_guard.findings import Severity
 from sglang_dsv4_guard.render import render_finding
 
 if TYPE_CHECKING:
-    from sglang_dsv4_guard.launch.chatter import Output
-    from sglang_dsv4_guard.launch.derive import Side
+    from sglang_dsv4_guard.launch.offline.chatter import Output
     from sglang_dsv4_guard.launch.predict import CheckResult
     from sglang_dsv4_guard.launch.prove import Fixed
+    from sglang_dsv4_guard.launch.server.derive import Side
 
 __all__ = ["render_check", "render_fixed", "render_output"]
 

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.parse import CheckInputError, SideArgs, machine_cause, offline_env
-from sglang_dsv4_guard.launch.remote_code import missing_code
+from sglang_dsv4_guard.launch.offline.parse import CheckInputError, SideArgs, machine_cause, offline_env
+from sglang_dsv4_guard.launch.offline.remote_code import missing_code
+from sglang_dsv4_guard.launch.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 

@@ -24,15 +24,15 @@ from sglang_dsv4_guard.host.envs import env_copy, env_reading
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
 from sglang_dsv4_guard.host.pd_digests import NotJudged
 from sglang_dsv4_guard.host.verdict import imported_package_dir
-from sglang_dsv4_guard.launch.contract_run import ContractRun
-from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint_values import (
+from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fix, copy_pairs, flag_fix
+from sglang_dsv4_guard.launch.offline.parse import offline_env
+from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
+from sglang_dsv4_guard.launch.server.derive import Side
+from sglang_dsv4_guard.launch.server.endpoint_values import (
     CONTRIBUTORS,
     field_source,
     side_field,
 )
-from sglang_dsv4_guard.launch.flag_fixes import accepted_fix, copy_pairs, flag_fix
-from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, RowLanding, aux_rows
 from sglang_dsv4_guard.pd.buffers import MASK_WIDTH_ENV, aux_row_widths
 from sglang_dsv4_guard.pd.endpoint import Value

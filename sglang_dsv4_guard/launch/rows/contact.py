@@ -36,15 +36,15 @@ from sglang_dsv4_guard.host.targets import (
     PD_KV_DTYPE,
     PD_QUANT_CONFIG,
 )
-from sglang_dsv4_guard.launch.contract_run import ContractRun
-from sglang_dsv4_guard.launch.derive import Side, release_model_config
-from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS, field_source
-from sglang_dsv4_guard.launch.flag_fixes import accepted_fixes
-from sglang_dsv4_guard.launch.gpus import page_size_by_gpu
-from sglang_dsv4_guard.launch.kv_layout_env import EVERY_MACHINE
-from sglang_dsv4_guard.launch.parse import CheckInputError, offline_env
-from sglang_dsv4_guard.launch.pools import published_server_args
+from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fixes
+from sglang_dsv4_guard.launch.offline.parse import CheckInputError, offline_env
+from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
+from sglang_dsv4_guard.launch.rows.kv_layout_env import EVERY_MACHINE
+from sglang_dsv4_guard.launch.server.derive import Side, release_model_config
+from sglang_dsv4_guard.launch.server.edit import typed_flags
+from sglang_dsv4_guard.launch.server.endpoint_values import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.launch.server.gpus import page_size_by_gpu
+from sglang_dsv4_guard.launch.server.pools import published_server_args
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings

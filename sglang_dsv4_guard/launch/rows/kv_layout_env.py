@@ -22,12 +22,12 @@ from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import DSV4_LAYOUT_ENV, PD_DSV4_LAYOUT
-from sglang_dsv4_guard.launch.contract_run import ContractRun
-from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS
-from sglang_dsv4_guard.launch.flag_fixes import accepted_fix
-from sglang_dsv4_guard.launch.parse import offline_env
-from sglang_dsv4_guard.launch.pools import published_server_args
+from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fix
+from sglang_dsv4_guard.launch.offline.parse import offline_env
+from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
+from sglang_dsv4_guard.launch.server.derive import Side
+from sglang_dsv4_guard.launch.server.endpoint_values import CONTRIBUTORS
+from sglang_dsv4_guard.launch.server.pools import published_server_args
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.when import Phase, when_text
 

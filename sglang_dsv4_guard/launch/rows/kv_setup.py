@@ -24,11 +24,11 @@ from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy
-from sglang_dsv4_guard.launch.chatter import section
-from sglang_dsv4_guard.launch.contract_run import ContractRun
-from sglang_dsv4_guard.launch.derive import Side
-from sglang_dsv4_guard.launch.flag_fixes import accepted_fix
-from sglang_dsv4_guard.launch.state_types import (
+from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fix
+from sglang_dsv4_guard.launch.offline.chatter import section
+from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
+from sglang_dsv4_guard.launch.server.derive import Side
+from sglang_dsv4_guard.launch.server.state_types import (
     Refused,
     layers_of,
     model_pool_kind,
