@@ -116,11 +116,12 @@ def _sglang_loader(guard_on: bool) -> bool:
     which of the release's scheduler entry points call it; False when the guard is asked
     for and SGLang will not run it."""
     # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.host.loader import GROUP, loader_verdict, scheduler_entry_points
+    from sglang_dsv4_guard.host.loader import loader_verdict, scheduler_entry_points
+    from sglang_dsv4_guard.host.targets import PLUGIN_GROUP
     from sglang_dsv4_guard.host.verdict import imported_package_dir
 
     loader = loader_verdict()
-    eps = [ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name == loader.name]
+    eps = [ep for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP) if ep.name == loader.name]
     print(f"SGLang entry point {loader.name or '(none)'}: "
           f"{eps[0].value if eps and loader.name else 'MISSING'}")
     ok = bool(eps and loader.name)

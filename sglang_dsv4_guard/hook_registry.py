@@ -50,6 +50,7 @@ MORI's and first contact's targets are in the chain check after ``apply_hooks()`
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Iterable
@@ -60,6 +61,7 @@ from sglang_dsv4_guard.host.loader import guard_names
 from sglang_dsv4_guard.host.targets import (
     MORI_TARGETS,
     PD_FIRST_CONTACT,
+    PLUGINS_MODULE,
     REGISTRY_MODULE,
     STATE,
     STATE_HOLDERS,
@@ -291,8 +293,8 @@ def other_plugins_hooks(own: str = "dsv4_guard") -> tuple[list[HookRecord], list
     """Run every other SGLang plug-in's function as ``load_plugins()`` does, but apply no
     hook; return their hooks on the guard's targets and the plug-ins that failed.
     The registry's records are put back as they were."""
-    import sglang.srt.plugins as host
-    from sglang.srt.plugins import hook_registry
+    host = importlib.import_module(PLUGINS_MODULE)  # unscanned: SGLang's plug-in loader
+    hook_registry = importlib.import_module(REGISTRY_MODULE)  # unscanned: its registry
 
     registry = hook_registry.HookRegistry
     saved = {target: list(entries) for target, entries in registry._hooks.items()}

@@ -47,11 +47,6 @@ REMEDY_MEANS_AUTOSHARE = {
 SPELLS_SGLANG = {
     "sglang_dsv4_guard/host/targets.py": "the one place SGLang's names are declared",
     "sglang_dsv4_guard/launch": "check builds SGLang's own parser, config and pools",
-    # to be moved: GROUP (the entry-point group), _SCHEDULER_MODULE (targets.
-    # SCHEDULER_MODULE), sglang.srt.plugins and sglang.srt.environ
-    "sglang_dsv4_guard/host/loader.py": "to be moved",
-    # to be moved: sglang.srt.plugins and its hook_registry (targets.REGISTRY_MODULE)
-    "sglang_dsv4_guard/hook_registry.py": "to be moved",
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib
 import importlib.metadata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -24,12 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from sglang_dsv4_guard.host.digests import UnreadableSource, read_module
-from sglang_dsv4_guard.host.targets import SCHEDULER_MODULE
+from sglang_dsv4_guard.host.targets import (
+    ENVIRON_MODULE,
+    PLUGIN_GROUP,
+    PLUGINS_MODULE,
+    SCHEDULER_MODULE,
+)
 
-__all__ = ["GROUP", "LoaderVerdict", "SchedulerEntry", "guard_names", "loader_verdict",
+__all__ = ["LoaderVerdict", "SchedulerEntry", "guard_names", "loader_verdict",
            "scheduler_entry_points"]
 
-GROUP = "sglang.srt.plugins"
 _DISTRIBUTION = "sglang-dsv4-guard"
 
 
@@ -49,7 +54,7 @@ def _own_entry_point() -> importlib.metadata.EntryPoint | None:
         dist = importlib.metadata.distribution(_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return None
-    return next((ep for ep in dist.entry_points if ep.group == GROUP), None)
+    return next((ep for ep in dist.entry_points if ep.group == PLUGIN_GROUP), None)
 
 
 def _listed(plugins: str) -> list[str]:
@@ -105,11 +110,10 @@ def loader_verdict() -> LoaderVerdict:
     ep = _own_entry_point()
     if ep is None:
         return LoaderVerdict("", False, "", f"{_DISTRIBUTION} declares no entry point in "
-                             f"group {GROUP}", "reinstall sglang-dsv4-guard")
+                             f"group {PLUGIN_GROUP}", "reinstall sglang-dsv4-guard")
     try:
-        import sglang.srt.plugins as host
-        from sglang.srt.environ import envs
-
+        host = importlib.import_module(PLUGINS_MODULE)  # unscanned: SGLang's loader
+        envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
         plugins = envs.SGLANG_PLUGINS.get() or ""
         excluded = host._get_excluded_dists()
         found = host.load_plugins_by_group(host.GENERAL_PLUGINS_GROUP, excluded_dists=excluded)

@@ -4,9 +4,8 @@ Patching (:mod:`sglang_dsv4_guard.patching`), the snapshots (:mod:`sglang_dsv4_g
 snapshot`, :mod:`sglang_dsv4_guard.mori.snapshot`), SGLang's hook registry
 (:mod:`sglang_dsv4_guard.hook_registry`), the code digests (:mod:`sglang_dsv4_guard.host.
 digests`), rendering and the CLI read these names; none spells one out itself (but
-``launch/``, which builds SGLang's own parser, config and pools for ``check``, and, until
-they are moved here, ``host/loader.py`` and ``hook_registry.py``: ``tests/test_spelling.py``
-holds the rest of the package to it). The pool attributes are covered by the code
+``launch/``, which builds SGLang's own parser, config and pools for ``check``:
+``tests/test_spelling.py`` holds the rest of the package to it). The pool attributes are covered by the code
 digests; the MORI attributes (``MORI_*_ATTRS``) are not, only the MORI check's source
 is. A target
 is a module and a qualified name inside it (``"func"`` or ``"Class.method"``), resolved
@@ -80,6 +79,8 @@ __all__ = [
     "PEERS_MOONCAKE_WORKER",
     "PEERS_NIXL_REGISTER",
     "PEERS_SERVER_ARGS_ATTRS",
+    "PLUGINS_MODULE",
+    "PLUGIN_GROUP",
     "POOL_ATTRS",
     "POOL_REGISTER",
     "POOL_REGISTER_TARGET",
@@ -270,6 +271,10 @@ PD_AUX_CODEC = PatchTarget("sglang.srt.disaggregation.common.utils", "AuxDataCod
 PD_MOONCAKE_CUSTOM_POOL = PatchTarget("sglang.srt.disaggregation.mooncake.utils",
                                       "check_mooncake_custom_mem_pool_enabled")
 ENVIRON_MODULE = "sglang.srt.environ"
+#: SGLang's plug-in loader (``load_plugins_by_group``), and the entry-point group it loads
+#: general plug-ins from (the one ``pyproject.toml`` declares the guard in).
+PLUGINS_MODULE = "sglang.srt.plugins"
+PLUGIN_GROUP = "sglang.srt.plugins"
 
 REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
