@@ -9,7 +9,7 @@
 - ``demo``: SGLang's real ``setup_state_kv_args`` on a built-in pair with several
   mismatches, unguarded, then guarded, then a passing pair.
 - ``check``: a PD deployment's failures predicted from the two servers' launch flags,
-  with the installed release's own parser, model config and checks (``launch/``).
+  with the installed release's own parser, model config and checks (``check/``).
 - ``patches``: the SGLang patch series for the installed release, and for each patch
   whether SGLang carries it, would take it, or why not (:mod:`sglang_dsv4_guard.host.patchset`).
 """
@@ -215,7 +215,7 @@ def _demo(_: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     # SGLang is imported only in the child, started with the environment check controls.
     # deferred: check only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.launch.child import run_command
+    from sglang_dsv4_guard.check.child import run_command
 
     return run_command(args)
 

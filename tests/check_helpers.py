@@ -10,8 +10,8 @@ from typing import Any
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.child import answer, run_command
 from sglang_dsv4_guard.cli import _parser, main
-from sglang_dsv4_guard.launch.child import answer, run_command
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).
@@ -35,7 +35,7 @@ def server(role: str, model: str, extra: str = "", backend: str = "mori") -> str
 def run_cli(*argv: str) -> tuple[int, str, str]:
     """``sglang-dsv4-guard argv...`` in this process: exit status, stdout, stderr.
 
-    ``check`` does its child's work (``launch.child.answer``, the same code) here, so the
+    ``check`` does its child's work (``check.child.answer``, the same code) here, so the
     installed release's answers are tested in-process on every release; the child process
     itself (environment, walls, no network, no writes) is tested by test_check_process.py."""
     out, err = io.StringIO(), io.StringIO()

@@ -32,8 +32,8 @@ from typing import Any
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.host import targets
-from sglang_dsv4_guard.launch.offline.parse import offline_env
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).

@@ -225,7 +225,7 @@ class TestResolution(GuardTestCase):
         """A refusal this machine caused is told apart from the flags' own: a missing package
         (named), the network, a GPU probe on a GPU server; a refusal about the flags, or a
         device refusal for a CPU server, is the server's."""
-        from sglang_dsv4_guard.launch.offline.parse import machine_cause
+        from sglang_dsv4_guard.check.offline.parse import machine_cause
 
         missing = ModuleNotFoundError("No module named 'modelscope'", name="modelscope")
         self.assertIn("'modelscope' is not installed", machine_cause(missing, "cuda") or "")
@@ -240,7 +240,7 @@ class TestResolution(GuardTestCase):
     def test_missing_package_without_a_module_name_quotes_the_message(self) -> None:
         """An ImportError that names no module (SGLang's ``torch_npu is required when run on
         npu device.``) is a missing package, quoted as SGLang says it."""
-        from sglang_dsv4_guard.launch.offline.parse import machine_cause
+        from sglang_dsv4_guard.check.offline.parse import machine_cause
 
         exc = ImportError("torch_npu is required when run on npu device.")
         self.assertEqual(machine_cause(exc, "npu"), "a package is missing on this machine: "

@@ -31,10 +31,10 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from test_peers import bootstrap_threads, published_configs
 
 import sglang_dsv4_guard
+from sglang_dsv4_guard.check.offline.parse import offline_env, parse_side
+from sglang_dsv4_guard.check.server.derive import attention_tp
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.launch.offline.parse import offline_env, parse_side
-from sglang_dsv4_guard.launch.server.derive import attention_tp
 from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 
@@ -281,7 +281,7 @@ class TestPairConditionsAgree(GuardTestCase):
                          [(f.code, f.severity.value, f.when) for f in ran])
         for at_check, at_run in zip(checked, ran, strict=True):
             if at_check["code"] == "DSV4G046":  # the speculative family's fixes: derived
-                continue  # from both launch lines (launch/fixing/flag_fixes.py), said at run time
+                continue  # from both launch lines (check/fixing/flag_fixes.py), said at run time
             # PP 1 for a head-sliced transfer needs the decode's PP, which a registration
             # does not carry: at run time that fix is said without an edit
             offered = [_edits([f]) for f in at_check["fixes"] if f["field"] != "pp_size"]

@@ -20,15 +20,15 @@ from check_helpers import (
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.fixing import refusal
+from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.predict import run_check
+from sglang_dsv4_guard.check.prove import Lines, _errors, _prove, _Runner, fix_check
+from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env
+from sglang_dsv4_guard.check.server.state_types import registered_state
+from sglang_dsv4_guard.check.server.swa_layout import registered_layout
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import accepts, flag_for_field
-from sglang_dsv4_guard.launch.fixing import refusal
-from sglang_dsv4_guard.launch.offline.parse import parse_side
-from sglang_dsv4_guard.launch.predict import run_check
-from sglang_dsv4_guard.launch.prove import Lines, _errors, _prove, _Runner, fix_check
-from sglang_dsv4_guard.launch.server.edit import apply_edits, apply_env
-from sglang_dsv4_guard.launch.server.state_types import registered_state
-from sglang_dsv4_guard.launch.server.swa_layout import registered_layout
 
 register_cpu_ci(est_time=53, suite="stage-a-test-cpu")
 

@@ -14,8 +14,8 @@ from check_helpers import DSV3, DSV4, GPT_OSS, LLAMA, check_json, codes, run_cli
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.launch.offline.parse import parse_side
-from sglang_dsv4_guard.launch.server.edit import typed_flags
+from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.server.edit import typed_flags
 
 register_cpu_ci(est_time=46, suite="stage-a-test-cpu")
 

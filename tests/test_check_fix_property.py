@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.prove import Lines, fix_check
 from sglang_dsv4_guard.fixes import FixKind
 from sglang_dsv4_guard.host.flags import accepts
-from sglang_dsv4_guard.launch.prove import Lines, fix_check
 
 register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
 

@@ -10,9 +10,9 @@ from check_helpers import DSV4, check_json, codes, run_cli, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.server.edit import apply_edits, typed_flags
 from sglang_dsv4_guard.fixes import Edit
-from sglang_dsv4_guard.launch.offline.parse import parse_side
-from sglang_dsv4_guard.launch.server.edit import apply_edits, typed_flags
 
 register_cpu_ci(est_time=34, suite="stage-a-test-cpu")
 

@@ -13,14 +13,14 @@ from check_helpers import DSV4, GPT_OSS, LLAMA, check_json, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.child import fix_status
+from sglang_dsv4_guard.check.fixing import refusal
+from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.prove import Fixed, Lines, cost, fix_check
+from sglang_dsv4_guard.check.server import pools
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.launch.child import fix_status
-from sglang_dsv4_guard.launch.fixing import refusal
-from sglang_dsv4_guard.launch.offline.parse import parse_side
-from sglang_dsv4_guard.launch.prove import Fixed, Lines, cost, fix_check
-from sglang_dsv4_guard.launch.server import pools
 
 register_cpu_ci(est_time=34, suite="stage-a-test-cpu")
 

@@ -104,8 +104,8 @@ class TestChatterKept(GuardTestCase):
         SGLang warn while the probe runs is still the server's (in the first check: a
         warning of a cached probe, like any warning Python shows once per place, is said
         once per process; the command runs each check in a fresh child)."""
-        from sglang_dsv4_guard.launch.server.state_types import registered_state
-        from sglang_dsv4_guard.launch.server.swa_layout import registered_layout
+        from sglang_dsv4_guard.check.server.state_types import registered_state
+        from sglang_dsv4_guard.check.server.swa_layout import registered_layout
 
         registered_state.cache_clear()  # built once per process: this check builds them
         registered_layout.cache_clear()
@@ -127,7 +127,7 @@ class TestChatterKept(GuardTestCase):
     def test_logged_exception_keeps_its_traceback(self) -> None:
         """A record logged with its exception (``logger.exception``) is kept with the
         exception's traceback lines, the last one naming the exception."""
-        from sglang_dsv4_guard.launch.offline.chatter import capturing, recording, section
+        from sglang_dsv4_guard.check.offline.chatter import capturing, recording, section
 
         logger = logging.getLogger("sglang.srt.test_check_output")
         with capturing(), recording() as kept, section("prefill"):
@@ -144,7 +144,7 @@ class TestChatterKept(GuardTestCase):
     def test_logged_traceback_is_bounded(self) -> None:
         """A record's traceback of many frames keeps at most TRACE_LINES of its lines (the
         last ones, the exception's own line among them) and says how many it left out."""
-        from sglang_dsv4_guard.launch.offline.chatter import TRACE_LINES, capturing, recording, section
+        from sglang_dsv4_guard.check.offline.chatter import TRACE_LINES, capturing, recording, section
 
         def deep(n: int) -> None:  # each level's exception is the cause of the next
             try:
@@ -222,7 +222,7 @@ class TestCaptureKeepsSGLangBehaviour(GuardTestCase):
     def test_warning_made_an_error_still_raises(self) -> None:
         """A warning category the warnings filters turn into an error still raises while
         check captures output."""
-        from sglang_dsv4_guard.launch.offline.chatter import capturing
+        from sglang_dsv4_guard.check.offline.chatter import capturing
 
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)
@@ -245,7 +245,7 @@ class TestCaptureIsBoundedAndUndone(GuardTestCase):
 
     def test_section_past_the_cap_counts_the_rest(self) -> None:
         """Past CAP lines in one section, the rest are counted in a last line."""
-        from sglang_dsv4_guard.launch.offline.chatter import CAP, capturing, recording, section
+        from sglang_dsv4_guard.check.offline.chatter import CAP, capturing, recording, section
 
         logger = logging.getLogger("sglang.srt.test_check_output")
         with capturing(), recording() as kept, section("decode"):
@@ -261,7 +261,7 @@ class TestCaptureIsBoundedAndUndone(GuardTestCase):
         propagation and levels and Python's last-resort handler are as before."""
         import sys
 
-        from sglang_dsv4_guard.launch.offline.chatter import LOGGERS, capturing
+        from sglang_dsv4_guard.check.offline.chatter import LOGGERS, capturing
 
         def state() -> list[object]:
             loggers = [logging.getLogger(n) for n in LOGGERS]
@@ -276,7 +276,7 @@ class TestCaptureIsBoundedAndUndone(GuardTestCase):
 
 _ANSWER = """
 import json, sys
-from sglang_dsv4_guard.launch.child import answer
+from sglang_dsv4_guard.check.child import answer
 reply = answer({"prefill": sys.argv[1], "decode": sys.argv[2]})
 sys.__stdout__.write(json.dumps(reply))
 """

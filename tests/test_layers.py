@@ -98,7 +98,7 @@ class TestPackageLayers(GuardTestCase):
         its commands in functions, the package root names its exports for type checkers."""
         kinds = {(e.source, e.target, e.kind) for e in imports.package_graph()}
         self.assertIn(("lifecycle", "state.wrapper", "top"), kinds)
-        self.assertIn(("cli", "launch.child", "deferred"), kinds)
+        self.assertIn(("cli", "check.child", "deferred"), kinds)
         self.assertIn(("(package)", "lifecycle", "typing"), kinds)
 
     def test_no_tools_cycle(self) -> None:
@@ -199,23 +199,23 @@ class TestRulesCatchFaults(GuardTestCase):
         self.assertEqual(imports.cycles(edges, collapse=True), [["autoshare", "state"]])
 
     def test_nested_sub_packages_importing_each_other_is_a_cycle(self) -> None:
-        """``launch.rows`` -> ``launch.server`` -> ``launch.rows``, and a sub-package
-        reaching a module of the package above it (``launch.server`` -> ``launch.text``,
-        while ``launch.predict`` imports ``launch.server``): folders at every depth."""
-        with _tree({"__init__.py": "", "launch/__init__.py": "", "launch/rows/__init__.py": "",
-                    "launch/server/__init__.py": "",
-                    "launch/rows/contract.py": "from sglang_dsv4_guard.launch.server.derive import S\n",
-                    "launch/server/derive.py": "",
-                    "launch/server/pools.py": "from sglang_dsv4_guard.launch.rows.run import R\n"
-                                              "from sglang_dsv4_guard.launch.text import T\n",
-                    "launch/rows/run.py": "",
-                    "launch/text.py": "",
-                    "launch/predict.py": "from sglang_dsv4_guard.launch.server.derive import S\n",
+        """``check.rows`` -> ``check.server`` -> ``check.rows``, and a sub-package
+        reaching a module of the package above it (``check.server`` -> ``check.text``,
+        while ``check.predict`` imports ``check.server``): folders at every depth."""
+        with _tree({"__init__.py": "", "check/__init__.py": "", "check/rows/__init__.py": "",
+                    "check/server/__init__.py": "",
+                    "check/rows/contract.py": "from sglang_dsv4_guard.check.server.derive import S\n",
+                    "check/server/derive.py": "",
+                    "check/server/pools.py": "from sglang_dsv4_guard.check.rows.run import R\n"
+                                              "from sglang_dsv4_guard.check.text import T\n",
+                    "check/rows/run.py": "",
+                    "check/text.py": "",
+                    "check/predict.py": "from sglang_dsv4_guard.check.server.derive import S\n",
                     }) as tmp:
             edges = imports.package_graph(Path(tmp))
         self.assertEqual(imports.cycles(edges), [])
         self.assertEqual(imports.cycles(edges, collapse=True),
-                         [["launch", "launch.rows", "launch.server"]])
+                         [["check", "check.rows", "check.server"]])
 
     def test_a_top_level_module_between_folders_is_a_cycle(self) -> None:
         """``state.wrapper`` -> ``plugins`` -> ``state.checks``: a top-level module is a

@@ -13,8 +13,8 @@ from check_helpers import DATA, DSV4, LLAMA, check_json, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.launch.offline.parse import offline_env
-from sglang_dsv4_guard.launch.server.pools import published_server_args
+from sglang_dsv4_guard.check.offline.parse import offline_env
+from sglang_dsv4_guard.check.server.pools import published_server_args
 
 register_cpu_ci(est_time=39, suite="stage-a-test-cpu")
 

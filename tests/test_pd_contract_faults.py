@@ -12,8 +12,8 @@ from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.server import endpoint_values
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.launch.server import endpoint_values
 from sglang_dsv4_guard.pd.endpoint import Value
 
 register_cpu_ci(est_time=32, suite="stage-a-test-cpu")

@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 from pd_real import first_contact_raise, send_extra_refusal
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.rows.contract import contract_findings
+from sglang_dsv4_guard.check.server.derive import Side, derive_side
+from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
+from sglang_dsv4_guard.check.server.gpus import page_sizes
 from sglang_dsv4_guard.findings import Finding, Severity
-from sglang_dsv4_guard.launch.offline.parse import parse_side
-from sglang_dsv4_guard.launch.rows.contract import contract_findings
-from sglang_dsv4_guard.launch.server.derive import Side, derive_side
-from sglang_dsv4_guard.launch.server.endpoint_values import endpoint_of
-from sglang_dsv4_guard.launch.server.gpus import page_sizes
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
 register_cpu_ci(est_time=40, suite="stage-a-test-cpu")

@@ -14,9 +14,9 @@ from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.launch.offline.parse import parse_side
-from sglang_dsv4_guard.launch.server.derive import derive_side
-from sglang_dsv4_guard.launch.server.gpus import page_sizes
+from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.server.derive import derive_side
+from sglang_dsv4_guard.check.server.gpus import page_sizes
 
 register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 

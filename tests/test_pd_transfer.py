@@ -18,11 +18,11 @@ from packaging.version import Version
 from pd_real import send_extra_refusal
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.server.derive import derive_side
+from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.verdict import imported_package_dir
-from sglang_dsv4_guard.launch.offline.parse import parse_side
-from sglang_dsv4_guard.launch.server.derive import derive_side
-from sglang_dsv4_guard.launch.server.endpoint_values import endpoint_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.send_extra import send_extra_findings, send_extra_verdicts
 

@@ -15,8 +15,8 @@ from packaging.version import Version
 from pd_real import mooncake_mask_rows
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.launch.offline.parse import offline_env
 from sglang_dsv4_guard.pd.buffers import (
     MAX_WIDTH,
     aux_buffer_count,

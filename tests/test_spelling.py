@@ -46,7 +46,7 @@ REMEDY_MEANS_AUTOSHARE = {
 # not counted; imports and string literals are.
 SPELLS_SGLANG = {
     "sglang_dsv4_guard/host/targets.py": "the one place SGLang's names are declared",
-    "sglang_dsv4_guard/launch": "check builds SGLang's own parser, config and pools",
+    "sglang_dsv4_guard/check": "check builds SGLang's own parser, config and pools",
 }
 
 

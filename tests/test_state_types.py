@@ -41,8 +41,8 @@ QWEN3_NEXT = {
 def decode_of(model: str, extra: str = "", backend: str = "nixl") -> tuple[Any, Any]:
     """The decode's contract endpoint of a P TP2 / D TP4 pair of ``model`` (its pool run
     made first, as check makes it), and its derived side."""
-    from sglang_dsv4_guard.launch.predict import run_check
-    from sglang_dsv4_guard.launch.server.endpoint_values import endpoint_of
+    from sglang_dsv4_guard.check.predict import run_check
+    from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
 
     result = run_check(server("prefill", model, f"--tp-size 2 {extra}", backend),
                        server("decode", model, f"--tp-size 4 {extra}", backend))
@@ -126,7 +126,7 @@ class TestParity(GuardTestCase):
 
     def test_hybrid_swa_gpt_oss(self) -> None:
         """gpt-oss: the real function on an ``SWAKVPool`` registers what check derived."""
-        from sglang_dsv4_guard.launch.server.state_types import miniature_pool
+        from sglang_dsv4_guard.check.server.state_types import miniature_pool
 
         ep = endpoint(GPT_OSS)
         self.assertEqual(tuple(ep.get("state_types")), real_state_types(miniature_pool("swa")))
@@ -295,7 +295,7 @@ class TestStaysUnknown(GuardTestCase):
     def test_block_scaled_kv_dtype(self) -> None:
         """llama with an MXFP8 or FP4 KV cache dtype: its own pool class (block scales),
         so no state types are derived for it."""
-        from sglang_dsv4_guard.launch.server.endpoint_values import endpoint_of
+        from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
 
         for dtype in block_scaled_dtypes():
             with self.subTest(dtype=dtype):
@@ -313,8 +313,8 @@ class TestStaysUnknown(GuardTestCase):
 
 
 def _decode_side(model: str, extra: str) -> Any:
-    from sglang_dsv4_guard.launch.offline.parse import parse_side
-    from sglang_dsv4_guard.launch.server.derive import derive_side
+    from sglang_dsv4_guard.check.offline.parse import parse_side
+    from sglang_dsv4_guard.check.server.derive import derive_side
 
     return derive_side(parse_side("decode", server("decode", model, extra, "nixl"), {}))
 

@@ -47,7 +47,7 @@ ROOT_MODULE = "(package)"  # sglang_dsv4_guard/__init__.py: the public surface
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test support for plug-in authors", ("testing",)),
     ("commands and the public surface", ("cli", "demo", "entry", ROOT_MODULE)),
-    ("the check command", ("launch",)),
+    ("the check command", ("check",)),
     ("composition root: install, uninstall, summary, standalone runtime",
      ("lifecycle", "assembly")),
     ("wrappers of SGLang's functions and the rules they share",
@@ -296,8 +296,8 @@ def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
 
     With ``collapse``, folders are nodes (:func:`folders`), at every depth. Folders import
     each other one way, so ``state.wrapper`` -> ``plugins`` -> ``state.checks`` is a cycle
-    though no module is on one, and so is ``launch.rows`` -> ``launch.server`` ->
-    ``launch.rows``, or a sub-package importing a module of the package above it.
+    though no module is on one, and so is ``check.rows`` -> ``check.server`` ->
+    ``check.rows``, or a sub-package importing a module of the package above it.
     """
     edges = list(edges)
     folder_of = folders(edges) if collapse else (lambda name: name)
@@ -339,9 +339,9 @@ def cycles(edges: Iterable[Edge], collapse: bool = False) -> list[list[str]]:
 
 
 def folders(edges: Iterable[Edge]) -> Callable[[str], str]:
-    """Each module's folder: a package (``launch.rows``, its ``__init__``) is its own, a
-    module in a package is the package's (``launch.rows.contract`` and ``launch.predict``
-    are ``launch.rows`` and ``launch``), a top-level module is itself. A name is a package
+    """Each module's folder: a package (``check.rows``, its ``__init__``) is its own, a
+    module in a package is the package's (``check.rows.contract`` and ``check.predict``
+    are ``check.rows`` and ``check``), a top-level module is itself. A name is a package
     when another module of the graph is inside it."""
     names = {n for e in edges for n in (e.source, e.target)}
     packages = {n.rpartition(".")[0] for n in names if "." in n}

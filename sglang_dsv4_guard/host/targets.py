@@ -4,7 +4,7 @@ Patching (:mod:`sglang_dsv4_guard.patching`), the snapshots (:mod:`sglang_dsv4_g
 snapshot`, :mod:`sglang_dsv4_guard.mori.snapshot`), SGLang's hook registry
 (:mod:`sglang_dsv4_guard.hook_registry`), the code digests (:mod:`sglang_dsv4_guard.host.
 digests`), rendering and the CLI read these names; none spells one out itself (but
-``launch/``, which builds SGLang's own parser, config and pools for ``check``:
+``check/``, which builds SGLang's own parser, config and pools for ``check``:
 ``tests/test_spelling.py`` holds the rest of the package to it). The pool attributes are covered by the code
 digests; the MORI attributes (``MORI_*_ATTRS``) are not, only the MORI check's source
 is. A target

@@ -19,7 +19,7 @@ __all__ = ["PEER", "PHASES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "V
 # do not judge them, and one ``unknowns`` line of the row that left them out says why.
 UNKNOWN = "unknown_values"
 #: The value saying that SGLang's resolution refused this server's own flags (``check``'s
-#: refusal finding, launch/fixing/refusal.py): its values are never copied to the other server.
+#: refusal finding, check/fixing/refusal.py): its values are never copied to the other server.
 REFUSED = "resolution_refused"
 #: The value naming a decode peer registering at run time (its name on the prefill);
 #: ``check``'s endpoints, built from launch lines, have none.

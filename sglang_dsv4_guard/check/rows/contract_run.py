@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_dsv4_guard.launch.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import Side
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
 __all__ = ["ContractRun"]

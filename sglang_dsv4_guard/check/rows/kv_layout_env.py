@@ -18,16 +18,16 @@ import os
 import re
 from typing import Any
 
+from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix
+from sglang_dsv4_guard.check.offline.parse import offline_env
+from sglang_dsv4_guard.check.rows.contract_run import ContractRun
+from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS
+from sglang_dsv4_guard.check.server.pools import published_server_args
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import DSV4_LAYOUT_ENV, PD_DSV4_LAYOUT
-from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fix
-from sglang_dsv4_guard.launch.offline.parse import offline_env
-from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
-from sglang_dsv4_guard.launch.server.derive import Side
-from sglang_dsv4_guard.launch.server.endpoint_values import CONTRIBUTORS
-from sglang_dsv4_guard.launch.server.pools import published_server_args
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.when import Phase, when_text
 

@@ -26,6 +26,15 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fixes
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
+from sglang_dsv4_guard.check.rows.contract_run import ContractRun
+from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE
+from sglang_dsv4_guard.check.server.derive import Side, release_model_config
+from sglang_dsv4_guard.check.server.edit import typed_flags
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.check.server.gpus import page_size_by_gpu
+from sglang_dsv4_guard.check.server.pools import published_server_args
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_reading
@@ -36,15 +45,6 @@ from sglang_dsv4_guard.host.targets import (
     PD_KV_DTYPE,
     PD_QUANT_CONFIG,
 )
-from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fixes
-from sglang_dsv4_guard.launch.offline.parse import CheckInputError, offline_env
-from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
-from sglang_dsv4_guard.launch.rows.kv_layout_env import EVERY_MACHINE
-from sglang_dsv4_guard.launch.server.derive import Side, release_model_config
-from sglang_dsv4_guard.launch.server.edit import typed_flags
-from sglang_dsv4_guard.launch.server.endpoint_values import CONTRIBUTORS, field_source
-from sglang_dsv4_guard.launch.server.gpus import page_size_by_gpu
-from sglang_dsv4_guard.launch.server.pools import published_server_args
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings

@@ -11,21 +11,21 @@ import logging
 from collections.abc import Callable
 
 from sglang_dsv4_guard.assembly import build_plugins
+from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fixes
+from sglang_dsv4_guard.check.offline.chatter import section
+from sglang_dsv4_guard.check.offline.parse import offline_env
+from sglang_dsv4_guard.check.rows.allocation_row import allocation_row
+from sglang_dsv4_guard.check.rows.aux_width import aux_width_row
+from sglang_dsv4_guard.check.rows.contact import contact_row
+from sglang_dsv4_guard.check.rows.contract_run import ContractRun
+from sglang_dsv4_guard.check.rows.kv_layout_env import kv_layout_env_row
+from sglang_dsv4_guard.check.rows.kv_setup import kv_setup_row
+from sglang_dsv4_guard.check.rows.transfer_rows import hisparse_backend_row
+from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
 from sglang_dsv4_guard.host.releases import HostProfile
-from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fixes
-from sglang_dsv4_guard.launch.offline.chatter import section
-from sglang_dsv4_guard.launch.offline.parse import offline_env
-from sglang_dsv4_guard.launch.rows.allocation_row import allocation_row
-from sglang_dsv4_guard.launch.rows.aux_width import aux_width_row
-from sglang_dsv4_guard.launch.rows.contact import contact_row
-from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
-from sglang_dsv4_guard.launch.rows.kv_layout_env import kv_layout_env_row
-from sglang_dsv4_guard.launch.rows.kv_setup import kv_setup_row
-from sglang_dsv4_guard.launch.rows.transfer_rows import hisparse_backend_row
-from sglang_dsv4_guard.launch.server.derive import Side
-from sglang_dsv4_guard.launch.server.endpoint_values import endpoint_of
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import PairContext
 

@@ -17,6 +17,15 @@ same value on both servers).
 
 from __future__ import annotations
 
+from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs, flag_fix
+from sglang_dsv4_guard.check.offline.parse import offline_env
+from sglang_dsv4_guard.check.rows.contract_run import ContractRun
+from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.endpoint_values import (
+    CONTRIBUTORS,
+    field_source,
+    side_field,
+)
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
@@ -24,15 +33,6 @@ from sglang_dsv4_guard.host.envs import env_copy, env_reading
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
 from sglang_dsv4_guard.host.pd_digests import NotJudged
 from sglang_dsv4_guard.host.verdict import imported_package_dir
-from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fix, copy_pairs, flag_fix
-from sglang_dsv4_guard.launch.offline.parse import offline_env
-from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
-from sglang_dsv4_guard.launch.server.derive import Side
-from sglang_dsv4_guard.launch.server.endpoint_values import (
-    CONTRIBUTORS,
-    field_source,
-    side_field,
-)
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, RowLanding, aux_rows
 from sglang_dsv4_guard.pd.buffers import MASK_WIDTH_ENV, aux_row_widths
 from sglang_dsv4_guard.pd.endpoint import Value

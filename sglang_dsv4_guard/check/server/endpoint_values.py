@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dsv4_guard.launch.server.derive import Side, attention_layout, page_size_source
-from sglang_dsv4_guard.launch.server.edit import typed_flags
+from sglang_dsv4_guard.check.server.derive import Side, attention_layout, page_size_source
+from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import TYPED
 from sglang_dsv4_guard.pd.endpoint import REFUSED, UNKNOWN, Endpoint, Value

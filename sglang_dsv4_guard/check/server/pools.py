@@ -27,10 +27,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sglang_dsv4_guard.assembly import standalone_runtime
+from sglang_dsv4_guard.check.offline.parse import offline_env
+from sglang_dsv4_guard.check.server.derive import Side
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
-from sglang_dsv4_guard.launch.offline.parse import offline_env
-from sglang_dsv4_guard.launch.server.derive import Side
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 from sglang_dsv4_guard.reporter import Recorder
 from sglang_dsv4_guard.samples import new_kv_args

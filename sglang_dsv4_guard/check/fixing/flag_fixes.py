@@ -14,13 +14,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
+from sglang_dsv4_guard.check.fixing.refusal import refusal_fixes
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, parse_side
+from sglang_dsv4_guard.check.server.derive import Side, attention_layout, page_size_source, typed_page
+from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, lookup, typed_flags
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit
-from sglang_dsv4_guard.launch.fixing.refusal import refusal_fixes
-from sglang_dsv4_guard.launch.offline.parse import CheckInputError, SideArgs, parse_side
-from sglang_dsv4_guard.launch.server.derive import Side, attention_layout, page_size_source, typed_page
-from sglang_dsv4_guard.launch.server.edit import apply_edits, apply_env, lookup, typed_flags
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
 
 __all__ = ["UNIFIED_VARIABLE", "accepted_fix", "accepted_fixes", "attention_tp_fixes", "copy_pairs",

@@ -22,9 +22,9 @@ import functools
 import logging
 from collections.abc import Mapping
 
-from sglang_dsv4_guard.launch.server.derive import Side
-from sglang_dsv4_guard.launch.server.endpoint_values import CONTRIBUTORS, field_source, side_field
-from sglang_dsv4_guard.launch.server.state_types import (
+from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source, side_field
+from sglang_dsv4_guard.check.server.state_types import (
     Refused,
     miniature_pool,
     pool_kind,

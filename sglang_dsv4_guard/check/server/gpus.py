@@ -7,7 +7,7 @@ model's default ``trtllm_mha`` sets an untyped page size to 64, on SM90 ``fa3`` 
 1 (``arg_groups/model_override_base.py``, ``arg_groups/overrides.py``, 0.5.23). So when
 the first-contact row finds the page sizes different on this machine's resolution, both
 lines are resolved again by SGLang as each GPU model its probes tell apart
-(:func:`~sglang_dsv4_guard.launch.offline.probes.devices_for`). A pair whose page sizes agree on
+(:func:`~sglang_dsv4_guard.check.offline.probes.devices_for`). A pair whose page sizes agree on
 some GPU model is not refused everywhere: the finding becomes a warning naming, per GPU
 model, both page sizes and what SGLang does. Refused on every GPU model, the error
 stands, with the per-GPU page sizes in its details where they vary.
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sglang_dsv4_guard.check.offline.parse import resolve_as
+from sglang_dsv4_guard.check.offline.probes import devices_for
+from sglang_dsv4_guard.check.server.derive import Side
 from sglang_dsv4_guard.findings import Finding, Severity
-from sglang_dsv4_guard.launch.offline.parse import resolve_as
-from sglang_dsv4_guard.launch.offline.probes import devices_for
-from sglang_dsv4_guard.launch.server.derive import Side
 
 __all__ = ["CODE", "page_size_by_gpu", "page_sizes"]
 

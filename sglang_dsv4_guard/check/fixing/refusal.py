@@ -26,10 +26,10 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, parse_side
+from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, typed_flags
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import Flag, flag, flag_for_field, flag_table
-from sglang_dsv4_guard.launch.offline.parse import CheckInputError, SideArgs, parse_side
-from sglang_dsv4_guard.launch.server.edit import apply_edits, apply_env, typed_flags
 
 __all__ = ["MAX_DEPTH", "MAX_RESOLUTIONS", "Search", "refusal_fixes"]
 

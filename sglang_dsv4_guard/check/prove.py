@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sglang_dsv4_guard.check.offline.parse import CheckInputError
+from sglang_dsv4_guard.check.predict import CheckResult, run_check
+from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, lookup, typed_flags
 from sglang_dsv4_guard.findings import Finding, Report, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
-from sglang_dsv4_guard.launch.offline.parse import CheckInputError
-from sglang_dsv4_guard.launch.predict import CheckResult, run_check
-from sglang_dsv4_guard.launch.server.edit import apply_edits, apply_env, lookup, typed_flags
 
 __all__ = ["MAX_RUNS", "Deadline", "Fixed", "Lines", "fix_check"]
 

@@ -18,19 +18,19 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.assembly import build_plugins
+from sglang_dsv4_guard.check.fixing.flag_fixes import derived_fixes
+from sglang_dsv4_guard.check.offline.chatter import Output, capturing, recording, section
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_side
+from sglang_dsv4_guard.check.rows.asymmetry import SideView, asymmetry_findings
+from sglang_dsv4_guard.check.rows.contract import contract_findings
+from sglang_dsv4_guard.check.server.derive import Side, derive_side, page_size_source
+from sglang_dsv4_guard.check.server.edit import typed_flags
+from sglang_dsv4_guard.check.server.pools import PoolRun, draft_ratio, run_state_check
+from sglang_dsv4_guard.check.server.said import Said, said_about
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
 from sglang_dsv4_guard.host.verdict import judge_imported
-from sglang_dsv4_guard.launch.fixing.flag_fixes import derived_fixes
-from sglang_dsv4_guard.launch.offline.chatter import Output, capturing, recording, section
-from sglang_dsv4_guard.launch.offline.parse import CheckInputError, parse_side
-from sglang_dsv4_guard.launch.rows.asymmetry import SideView, asymmetry_findings
-from sglang_dsv4_guard.launch.rows.contract import contract_findings
-from sglang_dsv4_guard.launch.server.derive import Side, derive_side, page_size_source
-from sglang_dsv4_guard.launch.server.edit import typed_flags
-from sglang_dsv4_guard.launch.server.pools import PoolRun, draft_ratio, run_state_check
-from sglang_dsv4_guard.launch.server.said import Said, said_about
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 
 if TYPE_CHECKING:

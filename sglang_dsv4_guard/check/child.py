@@ -39,10 +39,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sglang_dsv4_guard.launch.offline.parse import CheckInputError
+from sglang_dsv4_guard.check.offline.parse import CheckInputError
 
 if TYPE_CHECKING:
-    from sglang_dsv4_guard.launch.prove import Fixed
+    from sglang_dsv4_guard.check.prove import Fixed
 
 __all__ = ["answer", "answer_in_child", "child_environment", "fix_status", "print_answer", "request_of",
            "run_command"]
@@ -62,7 +62,7 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
     """The child's request from ``check``'s parsed arguments; a malformed ``--*-env`` item
     raises :class:`~.parse.CheckInputError` naming it."""
     # deferred: the parent (the check command) loads only what it runs
-    from sglang_dsv4_guard.launch.offline.parse import parse_env
+    from sglang_dsv4_guard.check.offline.parse import parse_env
 
     return {"prefill": args.prefill, "decode": args.decode,
             "prefill_env": parse_env("--prefill-env", args.prefill_env),
@@ -79,14 +79,14 @@ def answer(request: Mapping[str, Any],
     What SGLang says meanwhile (its import's warnings too) is captured, never printed:
     the document's ``sglang_output``, and after the text with ``request["verbose"]``."""
     # deferred: the child's work: the parent (the check command) never loads it
-    from sglang_dsv4_guard.launch.offline.chatter import capturing, recording
+    from sglang_dsv4_guard.check.offline.chatter import capturing, recording
 
     with capturing(), recording() as outside:
         reply = _answer(request, refusals)
     checked = reply.pop("output", None)  # the check's own lines, per server
     if checked is not None:
         # deferred: the child's work (rendering)
-        from sglang_dsv4_guard.launch.text import render_output
+        from sglang_dsv4_guard.check.text import render_output
 
         output = checked.after(outside.output())
         reply["document"]["sglang_output"] = output.to_dict()
@@ -98,14 +98,14 @@ def answer(request: Mapping[str, Any],
 def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
             ) -> dict[str, Any]:
     # deferred: the child's work: the parent (the check command) never loads it
-    from sglang_dsv4_guard.launch.offline.parse import CheckInputError, one_line
+    from sglang_dsv4_guard.check.offline.parse import CheckInputError, one_line
 
     # when the command started the child (the system-wide monotonic clock), else now
     started = float(request.get("started") or time.monotonic())
     try:
         # deferred: the prediction imports SGLang: only the child runs it, inside the try
-        from sglang_dsv4_guard.launch.predict import run_check
-        from sglang_dsv4_guard.launch.text import render_check
+        from sglang_dsv4_guard.check.predict import run_check
+        from sglang_dsv4_guard.check.text import render_check
 
         if request.get("fix"):
             return _answer_fixed(request, refusals, started)
@@ -125,8 +125,8 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
                   started: float) -> dict[str, Any]:
     """``check --fix``: the check with each fix proven, and the corrected lines."""
     # deferred: the child's work (imports SGLang)
-    from sglang_dsv4_guard.launch.prove import Deadline, Lines, fix_check
-    from sglang_dsv4_guard.launch.text import render_check, render_fixed
+    from sglang_dsv4_guard.check.prove import Deadline, Lines, fix_check
+    from sglang_dsv4_guard.check.text import render_check, render_fixed
 
     limit = _timeout()
     deadline = Deadline(started + limit / 2,
@@ -204,7 +204,7 @@ def child_environment(scratch: str, base: Mapping[str, str] | None = None) -> di
 # The child's first statement: exactly this process's sys.path (``python -m`` or ``-c``
 # alone would put the working directory first, where another ``sglang`` may be).
 _BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
-         "from sglang_dsv4_guard.launch.child import main; sys.exit(main())")
+         "from sglang_dsv4_guard.check.child import main; sys.exit(main())")
 
 
 def _sglang_file() -> str | None:
@@ -337,7 +337,7 @@ def _no_answer(returncode: int, err: str, verbose: bool) -> dict[str, Any]:
     ``verbose``, SGLang's last :data:`TAIL` lines too (``output_tail``), never the child's
     traceback."""
     # deferred: the parent (the check command) loads only what it runs
-    from sglang_dsv4_guard.launch.offline.chatter import split_mirrored
+    from sglang_dsv4_guard.check.offline.chatter import split_mirrored
 
     said, lines = split_mirrored(err)
     raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
@@ -364,11 +364,11 @@ _EXCEPTION_LINE = re.compile(r"^[\w.]*\w+(Error|Exception|Exit)\b")
 def main() -> int:
     """The child: walls up, one request from stdin, one answer to the original stdout."""
     # deferred: only the child puts its walls up
-    from sglang_dsv4_guard.launch.offline import sandbox
+    from sglang_dsv4_guard.check.offline import sandbox
 
     sandbox.install(sys.argv[1])
     # deferred: the capture is the child's only, imported behind its walls
-    from sglang_dsv4_guard.launch.offline.chatter import mirrored
+    from sglang_dsv4_guard.check.offline.chatter import mirrored
 
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what SGLang prints (Python or C) goes to stderr, not into the answer

@@ -1,4 +1,4 @@
-"""Rendering a :class:`~sglang_dsv4_guard.launch.predict.CheckResult` as text (pure)."""
+"""Rendering a :class:`~sglang_dsv4_guard.check.predict.CheckResult` as text (pure)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from sglang_dsv4_guard.findings import Severity
 from sglang_dsv4_guard.render import render_finding
 
 if TYPE_CHECKING:
-    from sglang_dsv4_guard.launch.offline.chatter import Output
-    from sglang_dsv4_guard.launch.predict import CheckResult
-    from sglang_dsv4_guard.launch.prove import Fixed
-    from sglang_dsv4_guard.launch.server.derive import Side
+    from sglang_dsv4_guard.check.offline.chatter import Output
+    from sglang_dsv4_guard.check.predict import CheckResult
+    from sglang_dsv4_guard.check.prove import Fixed
+    from sglang_dsv4_guard.check.server.derive import Side
 
 __all__ = ["render_check", "render_fixed", "render_output"]
 

@@ -29,9 +29,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from sglang_dsv4_guard.launch.offline.causes import failing_source, machine_cause, one_line
-from sglang_dsv4_guard.launch.offline.probes import Device, as_devices, probed
-from sglang_dsv4_guard.launch.offline.remote_code import missing_code
+from sglang_dsv4_guard.check.offline.causes import failing_source, machine_cause, one_line
+from sglang_dsv4_guard.check.offline.probes import Device, as_devices, probed
+from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
            "machine_cause", "offline_env", "one_line", "parse_env", "parse_side",

@@ -42,12 +42,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_dsv4_guard.launch.offline.chatter import leaving_out
-from sglang_dsv4_guard.launch.offline.parse import offline_env
-from sglang_dsv4_guard.launch.server.derive import ModelFacts, Side
-from sglang_dsv4_guard.launch.server.edit import typed_flags
-from sglang_dsv4_guard.launch.server.endpoint_values import CONTRIBUTORS, NotDerived
-from sglang_dsv4_guard.launch.server.pools import last_run, state_type_names
+from sglang_dsv4_guard.check.offline.chatter import leaving_out
+from sglang_dsv4_guard.check.offline.parse import offline_env
+from sglang_dsv4_guard.check.server.derive import ModelFacts, Side
+from sglang_dsv4_guard.check.server.edit import typed_flags
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, NotDerived
+from sglang_dsv4_guard.check.server.pools import last_run, state_type_names
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 from sglang_dsv4_guard.pd.endpoint import Value
 

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_dsv4_guard.launch.offline.parse import CheckInputError, SideArgs, machine_cause, offline_env
-from sglang_dsv4_guard.launch.offline.remote_code import missing_code
-from sglang_dsv4_guard.launch.server.edit import typed_flags
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, machine_cause, offline_env
+from sglang_dsv4_guard.check.offline.remote_code import missing_code
+from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 
@@ -55,7 +55,7 @@ class ModelFacts:
     compress_ratios: tuple[int, ...]
     nextn_layers: int
     num_layers: int
-    # The release's ModelConfig itself, for SGLang's own pool predicates (launch/state_types).
+    # The release's ModelConfig itself, for SGLang's own pool predicates (check/server/state_types).
     config: Any = field(default=None, compare=False, repr=False)
 
     @property

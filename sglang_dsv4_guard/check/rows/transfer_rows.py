@@ -7,23 +7,23 @@ and its metadata buffer count (:mod:`sglang_dsv4_guard.pd.aux_count`).
 
 from __future__ import annotations
 
-from sglang_dsv4_guard.findings import Finding
-from sglang_dsv4_guard.host.envs import env_reading
-from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.host.pd_digests import NotJudged, unjudged_sites
-from sglang_dsv4_guard.host.verdict import imported_package_dir
-from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fixes
-from sglang_dsv4_guard.launch.offline.parse import offline_env
-from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
-from sglang_dsv4_guard.launch.server import state_types as _state_types  # registers its contributor
-from sglang_dsv4_guard.launch.server import swa_layout as _swa_layout  # registers its contributor
-from sglang_dsv4_guard.launch.server.derive import Side
-from sglang_dsv4_guard.launch.server.endpoint_values import (
+from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fixes
+from sglang_dsv4_guard.check.offline.parse import offline_env
+from sglang_dsv4_guard.check.rows.contract_run import ContractRun
+from sglang_dsv4_guard.check.server import state_types as _state_types  # registers its contributor
+from sglang_dsv4_guard.check.server import swa_layout as _swa_layout  # registers its contributor
+from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.endpoint_values import (
     CONTRIBUTORS,
     NotDerived,
     field_source,
     side_field,
 )
+from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.host.envs import env_reading
+from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.host.pd_digests import NotJudged, unjudged_sites
+from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.pd.aux_count import CODE as AUX_CODE
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value

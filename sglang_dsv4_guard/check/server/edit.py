@@ -17,9 +17,9 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 
+from sglang_dsv4_guard.check.offline.parse import strip_launcher
 from sglang_dsv4_guard.fixes import Edit
 from sglang_dsv4_guard.host.flags import Flag, flag, flag_table
-from sglang_dsv4_guard.launch.offline.parse import strip_launcher
 
 __all__ = ["apply_edits", "apply_env", "launcher_prefix", "lookup", "occurrences",
            "typed_flags"]

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sglang_dsv4_guard.launch.offline.chatter import explaining
-from sglang_dsv4_guard.launch.server.edit import typed_flags
+from sglang_dsv4_guard.check.offline.chatter import explaining
+from sglang_dsv4_guard.check.server.edit import typed_flags
 
 if TYPE_CHECKING:
-    from sglang_dsv4_guard.launch.server.derive import Side
+    from sglang_dsv4_guard.check.server.derive import Side
 
 __all__ = ["FIELDS", "Said", "said_about"]
 

@@ -20,21 +20,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
-from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.envs import env_copy
-from sglang_dsv4_guard.launch.fixing.flag_fixes import accepted_fix
-from sglang_dsv4_guard.launch.offline.chatter import section
-from sglang_dsv4_guard.launch.rows.contract_run import ContractRun
-from sglang_dsv4_guard.launch.server.derive import Side
-from sglang_dsv4_guard.launch.server.state_types import (
+from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix
+from sglang_dsv4_guard.check.offline.chatter import section
+from sglang_dsv4_guard.check.rows.contract_run import ContractRun
+from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.state_types import (
     Refused,
     layers_of,
     model_pool_kind,
     pool_kind,
     registered_state,
 )
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["kv_setup_row", "setup_refusal"]
