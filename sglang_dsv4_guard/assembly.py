@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.autoshare import rebind as autoshare_rebind
 from sglang_dsv4_guard.contact import checks as contact_checks
-from sglang_dsv4_guard.host.verdict import judge_imported
+from sglang_dsv4_guard.host.judgement import judge_imported
 from sglang_dsv4_guard.mori import checks as mori_checks
 from sglang_dsv4_guard.pd import conditions as pd_conditions
 from sglang_dsv4_guard.peers import checks as peers_checks

@@ -53,11 +53,11 @@ def _importable(name: str) -> bool:
 def _release_line() -> tuple[str, bool]:
     """``SGLang: 0.5.20 (supported; range 0.5.16 to 0.5.23)`` and whether the guard can run.
 
-    Judged by the imported code (:mod:`sglang_dsv4_guard.host.verdict`): what it matches
+    Judged by the imported code (:mod:`sglang_dsv4_guard.host.judgement`): what it matches
     or what changed."""
     # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
+    from sglang_dsv4_guard.host.judgement import judge_imported
     from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
-    from sglang_dsv4_guard.host.verdict import judge_imported
 
     host = judge_imported()
     usable = host.behaves_as is not None
@@ -116,11 +116,11 @@ def _sglang_loader(guard_on: bool) -> bool:
     which of the release's scheduler entry points call it; False when the guard is asked
     for and SGLang will not run it."""
     # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.host.loader import loader_verdict, scheduler_entry_points
+    from sglang_dsv4_guard.host.judgement import imported_package_dir
+    from sglang_dsv4_guard.host.loader import loader_judgement, scheduler_entry_points
     from sglang_dsv4_guard.host.targets import PLUGIN_GROUP
-    from sglang_dsv4_guard.host.verdict import imported_package_dir
 
-    loader = loader_verdict()
+    loader = loader_judgement()
     eps = [ep for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP) if ep.name == loader.name]
     print(f"SGLang entry point {loader.name or '(none)'}: "
           f"{eps[0].value if eps and loader.name else 'MISSING'}")

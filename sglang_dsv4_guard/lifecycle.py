@@ -2,7 +2,7 @@
 both ways, and ``summary()`` (a runtime that is not installed, for ``check`` and tests, is
 :func:`sglang_dsv4_guard.assembly.standalone_runtime`).
 
-``install`` judges the imported SGLang by its code (:mod:`sglang_dsv4_guard.host.verdict`)
+``install`` judges the imported SGLang by its code (:mod:`sglang_dsv4_guard.host.judgement`)
 before patching, builds the runtime (settings, plug-in manager, release profile), hands it
 to the wrappers, wraps ``setup_state_kv_args`` (and every stale binding of it), and
 arranges for the connector modules (MORI's, the common one's first contact, NIXL's and
@@ -34,8 +34,8 @@ from sglang_dsv4_guard.hook_registry import (
     register_state_hook,
     verify_after_apply_hooks,
 )
+from sglang_dsv4_guard.host.judgement import forget_judgements, judge_imported
 from sglang_dsv4_guard.host.targets import DSV4_POOL, POOL_REGISTER_TARGET, STATE
-from sglang_dsv4_guard.host.verdict import forget_verdicts, judge_imported
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, restore
@@ -115,7 +115,7 @@ _warned: set[str] = set()  # reasons already warned about in this process (reset
 def reset() -> None:
     """Put the process back as a fresh import of the guard left it, as structlog's
     ``reset_defaults`` does: uninstall (if installed), forget the warnings already given
-    (each is given once per process) and the memoised verdicts on the imported SGLang.
+    (each is given once per process) and the memoised judgements of the imported SGLang.
     Run by the project's test case before and after every test, so that whether a warning
     appears never depends on which test ran before. The launch identity
     (:mod:`sglang_dsv4_guard.dedup.identity`) is not reset: it is opened once per process
@@ -123,7 +123,7 @@ def reset() -> None:
     uninstall()
     with _lock:
         _warned.clear()
-    forget_verdicts()
+    forget_judgements()
     provenance.forget()
 
 
@@ -162,7 +162,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
 
     All or nothing: when any patch cannot be applied, every patch already applied
     is restored. When the imported SGLang's code matches no release the guard knows
-    (judged by the code, not the label: :mod:`sglang_dsv4_guard.host.verdict`), or when
+    (judged by the code, not the label: :mod:`sglang_dsv4_guard.host.judgement`), or when
     patching fails, it warns and leaves SGLang exactly as it was, or raises
     :class:`DSV4GuardInstallError` in strict mode. (Run by SGLang's ``load_plugins()``,
     the entry point uses :func:`install_from_sglang_loader` instead.) A nested call (a

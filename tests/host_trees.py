@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).

@@ -28,10 +28,10 @@ from sglang.test.test_utils import CustomTestCase
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard.cli import main
-from sglang_dsv4_guard.host import verdict as host
+from sglang_dsv4_guard.host import judgement as host
 from sglang_dsv4_guard.host.digests import MORI, digest_tree
+from sglang_dsv4_guard.host.judgement import judge, load_known
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN, profile_for
-from sglang_dsv4_guard.host.verdict import judge, load_known
 
 register_cpu_ci(est_time=94, suite="stage-a-test-cpu")
 
@@ -125,7 +125,7 @@ class TestJudgedByCode(CustomTestCase):
     def test_same_code_digests_same_profile(self) -> None:
         """Releases the code digests cannot tell apart, released or with the patch series,
         have one profile (bar the version), so guarding one as its twin predicts the same
-        verdicts."""
+        judgements."""
         for section in ("releases", "patched"):
             known = load_known(section=section)
             self.assertTrue(known, section)
@@ -137,27 +137,27 @@ class TestJudgedByCode(CustomTestCase):
 
     def test_own_release_is_quiet(self) -> None:
         """Metadata, code and code digests agree: this release's profile, nothing logged."""
-        verdict = judge(real_package(), sglang_release())
-        self.assertEqual((verdict.behaves_as, verdict.message), (sglang_release(), ""))
+        judgement = judge(real_package(), sglang_release())
+        self.assertEqual((judgement.behaves_as, judgement.message), (sglang_release(), ""))
 
     def test_metadata_of_another_release_loses_to_the_code(self) -> None:
         """A source tree over another installed wheel: a warning names both; the code's
         release's profile is used."""
         other = other_release()
-        verdict = judge(real_package(), other)
-        self.assertEqual(verdict.behaves_as, sglang_release())
-        self.assertEqual(verdict.level, logging.WARNING)
-        self.assertIn(f"installed metadata says SGLang {other}, the imported code", verdict.message)
-        self.assertIn(f"says {sglang_release()}; using the code's release", verdict.message)
+        judgement = judge(real_package(), other)
+        self.assertEqual(judgement.behaves_as, sglang_release())
+        self.assertEqual(judgement.level, logging.WARNING)
+        self.assertIn(f"installed metadata says SGLang {other}, the imported code", judgement.message)
+        self.assertIn(f"says {sglang_release()}; using the code's release", judgement.message)
 
     def test_unknown_release_with_known_checks_runs(self) -> None:
         """A 0.5.24 whose checks equal a known release's: guarded as that release (INFO)."""
         with tempfile.TemporaryDirectory() as tmp:
-            verdict = judge(disguised_tree(Path(tmp), "0.5.24") / "sglang", None)
-        self.assertIn(verdict.behaves_as, twins())
-        self.assertEqual(verdict.level, logging.INFO)
+            judgement = judge(disguised_tree(Path(tmp), "0.5.24") / "sglang", None)
+        self.assertIn(judgement.behaves_as, twins())
+        self.assertEqual(judgement.level, logging.INFO)
         self.assertIn(f"SGLang 0.5.24 ({tmp}/sglang) has the same checks as known release "
-                      f"{verdict.behaves_as}", verdict.message)
+                      f"{judgement.behaves_as}", judgement.message)
 
     def test_garbage_version_file_names_the_code_match(self) -> None:
         """``_version.py`` unreadable and metadata of a release with other checks: reports
@@ -165,62 +165,62 @@ class TestJudgedByCode(CustomTestCase):
         profile's version is the matched release."""
         other = other_release()
         with tempfile.TemporaryDirectory() as tmp:
-            verdict = judge(disguised_tree(Path(tmp), "not a version") / "sglang", other)
-        mine = verdict.behaves_as
+            judgement = judge(disguised_tree(Path(tmp), "not a version") / "sglang", other)
+        mine = judgement.behaves_as
         self.assertIn(mine, twins())  # 0.5.16's code matches 0.5.17's too
-        self.assertEqual(verdict.name, f"code matching {mine} (labelled {other})")
-        profile = verdict.profile()
-        self.assertEqual((profile.version, profile.name), (mine, verdict.name))
+        self.assertEqual(judgement.name, f"code matching {mine} (labelled {other})")
+        profile = judgement.profile()
+        self.assertEqual((profile.version, profile.name), (mine, judgement.name))
 
     def test_changed_state_check_is_named(self) -> None:
         """One changed condition in the DSV4 block: no profile; the check and range named."""
         with tempfile.TemporaryDirectory() as tmp:
-            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=STATE_EDIT) / "sglang",
+            judgement = judge(disguised_tree(Path(tmp), "0.5.24", edits=STATE_EDIT) / "sglang",
                             None)
-        self.assertIsNone(verdict.behaves_as)
-        self.assertEqual(verdict.changed, (STATE_CHANGE,))
+        self.assertIsNone(judgement.behaves_as)
+        self.assertEqual(judgement.changed, (STATE_CHANGE,))
         self.assertIn(f"differs from every release the guard knows ({SUPPORTED_MIN} to "
-                      f"{SUPPORTED_MAX})", verdict.message)
+                      f"{SUPPORTED_MAX})", judgement.message)
 
     def test_check_wrapped_in_a_new_condition_is_changed(self) -> None:
         """A check whose own test and raise stay but that now sits under an added ``if``
         runs less often: judged changed, the check named."""
         with tempfile.TemporaryDirectory() as tmp:
-            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=WRAP_EDIT) / "sglang",
+            judgement = judge(disguised_tree(Path(tmp), "0.5.24", edits=WRAP_EDIT) / "sglang",
                             None)
-        self.assertIsNone(verdict.behaves_as)
-        self.assertEqual(verdict.changed, (STATE_CHANGE,))
+        self.assertIsNone(judgement.behaves_as)
+        self.assertEqual(judgement.changed, (STATE_CHANGE,))
 
     def test_swapped_branch_is_changed(self) -> None:
         """Negating the unified/paged branch condition moves the geometry checks to the
         other mode: no profile, and the checks under that branch are named."""
         with tempfile.TemporaryDirectory() as tmp:
-            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=BRANCH_EDIT) / "sglang",
+            judgement = judge(disguised_tree(Path(tmp), "0.5.24", edits=BRANCH_EDIT) / "sglang",
                             None)
-        self.assertIsNone(verdict.behaves_as)
-        self.assertGreaterEqual(len(verdict.changed), 2, verdict.changed)
+        self.assertIsNone(judgement.behaves_as)
+        self.assertGreaterEqual(len(judgement.changed), 2, judgement.changed)
         self.assertTrue(all(c.startswith("setup_state_kv_args DSV4 check ")
-                            for c in verdict.changed), verdict.changed)
+                            for c in judgement.changed), judgement.changed)
 
     def test_changed_mori_check_is_named(self) -> None:
         """A changed MORI TP check: no profile; the function and its check named."""
         with tempfile.TemporaryDirectory() as tmp:
-            verdict = judge(disguised_tree(Path(tmp), "0.5.24", edits=MORI_EDIT) / "sglang",
+            judgement = judge(disguised_tree(Path(tmp), "0.5.24", edits=MORI_EDIT) / "sglang",
                             None)
-        self.assertIsNone(verdict.behaves_as)
-        self.assertTrue(verdict.changed, verdict.message)
+        self.assertIsNone(judgement.behaves_as)
+        self.assertTrue(judgement.changed, judgement.message)
         self.assertTrue(all(c.startswith("MoriKVManager._send_swa_dsa_state check ")
-                            for c in verdict.changed), verdict.changed)
-        self.assertIn("peer_info.decode_tp_size > self.attn_tp_size", verdict.changed[0])
-        self.assertIn("): changed (was ", verdict.changed[0])
-        self.assertIn("peer_info.decode_tp_size != self.attn_tp_size", verdict.changed[0])
+                            for c in judgement.changed), judgement.changed)
+        self.assertIn("peer_info.decode_tp_size > self.attn_tp_size", judgement.changed[0])
+        self.assertIn("): changed (was ", judgement.changed[0])
+        self.assertIn("peer_info.decode_tp_size != self.attn_tp_size", judgement.changed[0])
 
     def test_judge_imported_is_memoised_until_a_file_changes(self) -> None:
         """Judged once per process for the same files; a changed file's new mtime makes
         it judged again."""
         with tempfile.TemporaryDirectory() as tmp:
             package = disguised_tree(Path(tmp), "0.5.24") / "sglang"
-            host.forget_verdicts()
+            host.forget_judgements()
             with mock.patch.object(host, "imported_package_dir", return_value=package), \
                     mock.patch.object(host, "judge", wraps=host.judge) as judged:
                 first, second = host.judge_imported(), host.judge_imported()
@@ -230,12 +230,12 @@ class TestJudgedByCode(CustomTestCase):
                 os.utime(package / "_version.py", ns=(1, 1))
                 self.assertEqual(host.judge_imported().code, Version("0.5.25"))
                 self.assertEqual(judged.call_count, 2)
-        host.forget_verdicts()
+        host.forget_judgements()
 
     def test_unreadable_code_digests_leave_sglang_alone(self) -> None:
         """A broken digests.json: install warns and stays inert, no traceback of ours."""
         broken = json.JSONDecodeError("Expecting value", "", 0)
-        host.forget_verdicts()  # judge afresh, with the broken data
+        host.forget_judgements()  # judge afresh, with the broken data
         with mock.patch.object(host, "load_known", side_effect=broken), \
                 self.assertLogs("sglang_dsv4_guard", "WARNING") as logs:
             sglang_dsv4_guard.install("on", load_entry_points=False)
@@ -274,34 +274,34 @@ class TestPatchedTreeJudged(CustomTestCase):
         release's profile, an INFO naming the series."""
         with tempfile.TemporaryDirectory() as tmp:
             package = patched_tree(Path(tmp))
-            verdict = judge(package, sglang_release())
-        self.assertEqual((verdict.behaves_as, verdict.level), (sglang_release(), logging.INFO))
+            judgement = judge(package, sglang_release())
+        self.assertEqual((judgement.behaves_as, judgement.level), (sglang_release(), logging.INFO))
         self.assertIn(f"carries sglang-dsv4-guard's patch series for {sglang_release()}",
-                      verdict.message)
+                      judgement.message)
 
     def test_patched_release_changed_elsewhere_stays_inert(self) -> None:
         """The series plus any other change to what the guard depends on: no profile."""
         with tempfile.TemporaryDirectory() as tmp:
-            verdict = judge(patched_tree(Path(tmp), mori_edit=True), sglang_release())
-        self.assertIsNone(verdict.behaves_as)
-        self.assertEqual(verdict.level, logging.WARNING)
+            judgement = judge(patched_tree(Path(tmp), mori_edit=True), sglang_release())
+        self.assertIsNone(judgement.behaves_as)
+        self.assertEqual(judgement.level, logging.WARNING)
 
     def test_patched_release_changed_elsewhere_names_only_that_change(self) -> None:
         """The series plus one MORI edit: the warning names that one change, against the
         release with its series, not the series' own rewrite of setup_state_kv_args as if
         SGLang had changed it (an operator would then 'upgrade sglang-dsv4-guard')."""
         with tempfile.TemporaryDirectory() as tmp:
-            verdict = judge(patched_tree(Path(tmp), mori_edit=True), sglang_release())
+            judgement = judge(patched_tree(Path(tmp), mori_edit=True), sglang_release())
         # The edit changes every MORI check that compares the TP sizes (one or two,
         # by release), and nothing else.
-        self.assertTrue(verdict.changed, verdict.message)
-        self.assertIn("MoriKVManager._send_swa_dsa_state check 1", verdict.changed[0])
-        for change in verdict.changed:
+        self.assertTrue(judgement.changed, judgement.message)
+        self.assertIn("MoriKVManager._send_swa_dsa_state check 1", judgement.changed[0])
+        for change in judgement.changed:
             self.assertTrue(change.startswith("MoriKVManager._send_swa_dsa_state check "),
                             change)
-        self.assertNotIn("setup_state_kv_args", verdict.message)
+        self.assertNotIn("setup_state_kv_args", judgement.message)
         self.assertIn(f"closest, {sglang_release()} with sglang-dsv4-guard's patch series",
-                      verdict.message)
+                      judgement.message)
 
     def test_tool_computes_the_stored_patched_code_digests(self) -> None:
         """tools/digests.py --patched on the release prints the stored parts."""

@@ -24,7 +24,7 @@ from host_trees import disguised_tree, real_package
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.host.digests import UTILS
-from sglang_dsv4_guard.host.verdict import HostVerdict, judge
+from sglang_dsv4_guard.host.judgement import HostJudgement, judge
 
 register_cpu_ci(est_time=74, suite="stage-a-test-cpu")
 
@@ -80,7 +80,7 @@ def as_nobody() -> Iterator[None]:
         os.seteuid(0)
 
 
-def judged(tmp: str, files: dict[str, bytes]) -> HostVerdict:
+def judged(tmp: str, files: dict[str, bytes]) -> HostJudgement:
     package = disguised_tree(Path(tmp), str(sglang_release()), files=files) / "sglang"
     return judge(package, sglang_release())
 
@@ -107,7 +107,7 @@ class TestUnreadableSourceNamed(GuardTestCase):
     """A file that cannot be read or parsed: no profile, the file and the reason named,
     nothing called changed or not found."""
 
-    def assert_named(self, verdict: HostVerdict, reason: str) -> None:
+    def assert_named(self, verdict: HostJudgement, reason: str) -> None:
         unreadable, message = verdict.unreadable, verdict.message
         self.assertTrue(unreadable.startswith(f"{UTILS} "), unreadable)
         self.assertIn(reason, unreadable)

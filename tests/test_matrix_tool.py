@@ -18,8 +18,8 @@ from helpers import GuardTestCase
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.host.judgement import load_known
 from sglang_dsv4_guard.host.releases import is_supported
-from sglang_dsv4_guard.host.verdict import load_known
 
 register_cpu_ci(est_time=43, suite="stage-a-test-cpu")
 

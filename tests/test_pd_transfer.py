@@ -22,9 +22,9 @@ from sglang_dsv4_guard.check.offline.parse import parse_side
 from sglang_dsv4_guard.check.server.derive import derive_side
 from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
 from sglang_dsv4_guard.findings import Report
-from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
-from sglang_dsv4_guard.pd.send_extra import send_extra_findings, send_extra_verdicts
+from sglang_dsv4_guard.pd.send_extra import send_extra_findings, send_extra_refusals
 
 register_cpu_ci(est_time=37, suite="stage-a-test-cpu")
 
@@ -130,7 +130,7 @@ def _ours(prefill_tp: int, decode_tp: int, pp: int, mla: bool, state: str,
     prefill = ep("prefill", prefill_tp, pp)
     if state_tp is not None:  # the live manager's, as the registration snapshot reads it
         prefill = prefill.with_values(state_tp_size=Value(state_tp, "drawn"))
-    verdicts, unknowns = send_extra_verdicts(prefill, ep("decode", decode_tp, 1), "nixl",
+    verdicts, unknowns = send_extra_refusals(prefill, ep("decode", decode_tp, 1), "nixl",
                                              package, [state])
     if unknowns:  # SGLang refuses the state first for a reason of its own: that message
         assert "refuses this state before comparing TP sizes" in unknowns[0], unknowns
@@ -228,7 +228,7 @@ class TestSendExtraDigest(GuardTestCase):
             p = Endpoint("prefill", {"attn_tp_size": Value(1, "t"), "pp_size": Value(2, "t"),
                                      "is_mla_backend": Value(False, "t")})
             d = Endpoint("decode", {"attn_tp_size": Value(4, "t")})
-            verdicts, unknowns = send_extra_verdicts(p, d, "mooncake", root / "sglang", ["swa"])
+            verdicts, unknowns = send_extra_refusals(p, d, "mooncake", root / "sglang", ["swa"])
         self.assertEqual(verdicts, [])
         self.assertEqual(len(unknowns), 1)
         self.assertIn("differs from every release this guard knows", unknowns[0])

@@ -1015,9 +1015,9 @@ class TestNixlMambaState(GuardTestCase):
         import tempfile
         from pathlib import Path
 
+        from sglang_dsv4_guard.host.judgement import imported_package_dir
         from sglang_dsv4_guard.host.pd_digests import NotJudged
         from sglang_dsv4_guard.host.targets import PD_NIXL_SEND_EXTRA
-        from sglang_dsv4_guard.host.verdict import imported_package_dir
         from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
         from sglang_dsv4_guard.pd.mamba_state import mamba_refusal
 

@@ -135,6 +135,53 @@ class TestOneMeaningOfRemedy(GuardTestCase):
                                 for f in files), name)
 
 
+def _identifiers(path: Path) -> set[str]:
+    """The names a module of the package defines or binds (:func:`_identifiers_of`)."""
+    return _identifiers_of(path, PACKAGE)
+
+
+def _identifiers_of(path: Path, top: Path) -> set[str]:
+    """The names a module defines or binds: functions, classes, arguments, variables,
+    attributes assigned, and its own file and folder names (below ``top``)."""
+    names = {path.stem, *path.relative_to(top).parts[:-1]}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return names
+
+
+class TestOneMeaningOfVerdictAndLaunch(GuardTestCase):
+    """A *verdict* is SGLang's own outcome on a configuration (it accepts, or raises); the
+    guard's view of the installed release is its *judgement* (``host/judgement.py``); one
+    of SGLang's refusals of a pair is a *refusal* (``NixlRefusal`` ...). *Launch* is a
+    server's launch (its launch line; dedup's launch identity), never the ``check``
+    command's package. Prose may say "SGLang's verdict"; no name the package binds says
+    "verdict" or is a module or folder called "launch"."""
+
+    def test_no_name_says_verdict(self) -> None:
+        found = sorted(f"{path.relative_to(ROOT)}: {name}" for path in PACKAGE.rglob("*.py")
+                       for name in _identifiers(path) if "verdict" in name.lower())
+        self.assertEqual(found, [])
+
+    def test_no_module_or_folder_is_called_launch(self) -> None:
+        found = sorted(str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*")
+                       if path.stem == "launch" and "__pycache__" not in path.parts)
+        self.assertEqual(found, [])
+
+    def test_the_scan_sees_a_name(self) -> None:
+        with tempfile.TemporaryDirectory(dir=PACKAGE.parent) as tmp:
+            path = Path(tmp) / "m.py"
+            path.write_text("class HostVerdict:\n    def f(self, verdict):\n        self.v = 1\n")
+            names = {n for n in _identifiers_of(path, Path(tmp))}
+        self.assertTrue({"HostVerdict", "f", "verdict", "v", "m"} <= names, names)
+
+
 class TestSGLangNamedInOnePlace(GuardTestCase):
     """SGLang's modules are named in ``host/targets.py``, not module by module."""
 

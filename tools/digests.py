@@ -36,8 +36,8 @@ from sglang_dsv4_guard.host.digests import (  # noqa: E402
     code_version,
     digest_tree,
 )
+from sglang_dsv4_guard.host.judgement import DIGESTS_FILE, load_known  # noqa: E402
 from sglang_dsv4_guard.host.patchset import apply_series, series_for  # noqa: E402
-from sglang_dsv4_guard.host.verdict import DIGESTS_FILE, load_known  # noqa: E402
 
 
 def package_dir(path: Path, scratch: Path) -> Path:

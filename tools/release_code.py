@@ -5,7 +5,7 @@ them) and digests, for a function by its file and qualified name: its ``def`` as
 ``ast.dump`` (comments, formatting and line numbers do not count), the fields and bases
 of the classes around it, and the module-level bindings of the names it reads (an import
 by the one name it binds). It also gives what the guard reads of a release rather than
-runs: the profile of the release the guard's verdict guards it as, the guard's patch
+runs: the profile of the release the guard's judgement guards it as, the guard's patch
 series for it, and the guard's digests of SGLang's checks (``host/pd_digests.py``).
 """
 
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sglang_dsv4_guard.host.digests import digest_tree  # noqa: E402
+from sglang_dsv4_guard.host.judgement import judge  # noqa: E402
 from sglang_dsv4_guard.host.pd_digests import digest_pd_tree, known_releases  # noqa: E402
-from sglang_dsv4_guard.host.verdict import judge  # noqa: E402
 
 __all__ = ["ReleaseCode", "def_path", "find", "find_all"]
 
@@ -256,15 +256,15 @@ class ReleaseCode:
         return hashlib.sha256(_class_data(node).encode()).hexdigest()
 
     @functools.cached_property
-    def verdict(self) -> str:
+    def judgement(self) -> str:
         """The guard's judgement of this package: the profile of the release it guards
         it as (what the guard does differently per release; its name left out), or,
         where it matches no release the guard knows, its digests of SGLang's checks."""
-        verdict = judge(self.path, None)
-        if verdict.behaves_as is None:
+        judgement = judge(self.path, None)
+        if judgement.behaves_as is None:
             return json.dumps({k: v.digest for k, v in digest_tree(self.path).items()},
                               sort_keys=True)
-        profile = dataclasses.asdict(verdict.profile())
+        profile = dataclasses.asdict(judgement.profile())
         for name in ("version", "label"):
             profile.pop(name, None)
         return json.dumps(profile, sort_keys=True, default=str)
@@ -285,7 +285,7 @@ class ReleaseCode:
     @functools.cached_property
     def series(self) -> str:
         """The guard's patch series (``patches/``) for the release it guards this as."""
-        verdict = judge(self.path, None)
-        folder = ROOT / "patches" / f"sglang-{verdict.behaves_as}"
+        judgement = judge(self.path, None)
+        folder = ROOT / "patches" / f"sglang-{judgement.behaves_as}"
         return "\n".join(f"{p.name}\0{p.read_text(encoding='utf-8')}"
                          for p in sorted(folder.glob("*.patch")))

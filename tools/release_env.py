@@ -178,7 +178,7 @@ def _overlay(release: Release) -> Path:
 def sglang_package(release: Release) -> Path:
     """The directory of ``release``'s ``sglang`` package (prepared, never imported)."""
     if is_base(release):
-        from sglang_dsv4_guard.host.verdict import imported_package_dir
+        from sglang_dsv4_guard.host.judgement import imported_package_dir
 
         package = imported_package_dir()
         if package is None:

@@ -4,7 +4,7 @@
 recording what each test ran. A test's *key* on a release (:func:`key`) is a digest of that release's code for
 everything the test drove (``tools/release_code.py``): each SGLang function that ran, the
 SGLang names its test file imports, and what the guard read of SGLang rather than ran
-(the profile its verdict picks, its patch series, the digests of the checks of SGLang
+(the profile its judgement picks, its patch series, the digests of the checks of SGLang
 that the guard's functions that ran name). SGLang's test runner (``sglang/test/``) runs
 every test and is in no key.
 
@@ -55,7 +55,7 @@ RUNNER = "test/"
 RUNNER_TESTS = "tests/test_harness.py"
 # What the guard reads of SGLang besides the code a test runs, by the guard's function
 # that reads it: a test that ran it depends on that, on every release.
-VERDICT = ("host/verdict.py", "judge")  # the release it guards as, and that one's profile
+JUDGEMENT = ("host/judgement.py", "judge")  # the release it guards as, and that one's profile
 SERIES = "host/patchset.py"  # the patch series of the release it guards as
 SITES = {("host/pd_digests.py", "locate"), ("host/pd_digests.py", "digest_pd_tree"),
          ("host/pd_digests.py", "row_releases")}  # whether it knows SGLang's checks
@@ -68,16 +68,16 @@ class Trace:
     test: str
     file: str
     sglang: tuple[tuple[str, str], ...] = ()
-    reads: frozenset[str] = frozenset()  # "verdict", "series", "sites": what the guard read
+    reads: frozenset[str] = frozenset()  # "judgement", "series", "sites": what the guard read
     unplaced: str = ""  # why the test cannot be placed (it then runs everywhere)
     children: int = 0  # Python interpreters it started (process tests)
 
 
 def _reads(record: Mapping[str, Any]) -> set[str]:
-    """What the guard read of SGLang in one record, besides what ran: its verdict, its
+    """What the guard read of SGLang in one record, besides what ran: its judgement, its
     patch series, whether it knows SGLang's checks (``host/pd_digests.py``)."""
     ran = {(str(path), str(name)) for path, name in record.get("guard", ())}
-    return ({"verdict"} if VERDICT in ran else set()) \
+    return ({"judgement"} if JUDGEMENT in ran else set()) \
         | ({"series"} if any(path == SERIES for path, _ in ran) else set()) \
         | ({"sites"} if ran & SITES else set())
 
@@ -154,7 +154,7 @@ def parts(trace: Trace, package: ReleaseCode) -> dict[str, str]:
     if entry is not None:  # what its children drive, as PROCESS_TESTS declares it
         found.update({f"children: {item}": package.declared(item)
                       for item in PROCESS_TESTS[entry].drives})
-    readers = {"verdict": lambda: package.verdict, "series": lambda: package.series,
+    readers = {"judgement": lambda: package.judgement, "series": lambda: package.series,
                "sites": lambda: package.sites}
     found.update({f"the guard's {read}": readers[read]() for read in sorted(trace.reads)})
     return found

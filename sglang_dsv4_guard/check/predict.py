@@ -29,8 +29,8 @@ from sglang_dsv4_guard.check.server.pools import PoolRun, draft_ratio, run_state
 from sglang_dsv4_guard.check.server.said import Said, said_about
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+from sglang_dsv4_guard.host.judgement import judge_imported
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
-from sglang_dsv4_guard.host.verdict import judge_imported
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 
 if TYPE_CHECKING:

@@ -53,17 +53,17 @@ def _side(side: Side, said: list[str]) -> str:
 
 
 def render_check(result: CheckResult) -> str:
-    """Derived values per server, every finding, what flags cannot tell, a verdict line."""
+    """Derived values per server, every finding, what flags cannot tell, the outcome line."""
     parts = [f"sglang-dsv4-guard check (SGLang {result.release})",
              *(_side(s, _said(result, s)) for s in (result.prefill, result.decode))]
     refused = {s.role for s in (result.prefill, result.decode)
                if s.args.resolution_error is not None}
     for run in result.pool_runs:
-        verdict = run.host_error or ("not run" if run.build_error else "accepted")
+        outcome = run.host_error or ("not run" if run.build_error else "accepted")
         built = (" built from the flags as parsed (SGLang's resolution refused them, "
                  "DSV4G026)" if run.role in refused else "")
         parts.append(f"{run.role}: SGLang's setup_state_kv_args on miniature real "
-                     f"pools{built}: {verdict}")
+                     f"pools{built}: {outcome}")
     parts += [render_finding(f) for f in result.report.findings]
     if result.unknowns:
         parts.append("not knowable from the flags:\n" +

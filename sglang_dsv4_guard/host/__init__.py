@@ -1,2 +1,2 @@
 """What the guard knows of the imported SGLang: its release profiles, its code digests,
-the verdict on which release it is, its hook registry and our patch series in it."""
+the judgement of which release it is, its hook registry and our patch series in it."""

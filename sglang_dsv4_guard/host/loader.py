@@ -4,7 +4,7 @@ SGLang runs the guard only through ``load_plugins()``: the guard's entry point m
 SGLang's own filter (``SGLANG_PLUGINS``, ``SGLANG_PLATFORM``), and the process that builds
 the scheduler must call ``load_plugins()`` before it does.
 
-- :func:`loader_verdict` asks SGLang's own ``load_plugins_by_group`` (what
+- :func:`loader_judgement` asks SGLang's own ``load_plugins_by_group`` (what
   ``load_plugins()`` runs) whether it yields the guard's function, under this
   distribution's entry-point name or any other (another distribution may declare it);
   when not, it says why and derives the fix.
@@ -32,14 +32,14 @@ from sglang_dsv4_guard.host.targets import (
     SCHEDULER_MODULE,
 )
 
-__all__ = ["LoaderVerdict", "SchedulerEntry", "guard_names", "loader_verdict",
+__all__ = ["LoaderJudgement", "SchedulerEntry", "guard_names", "loader_judgement",
            "scheduler_entry_points"]
 
 _DISTRIBUTION = "sglang-dsv4-guard"
 
 
 @dataclass(frozen=True)
-class LoaderVerdict:
+class LoaderJudgement:
     """What SGLang's ``load_plugins()`` will do with the guard's entry point."""
 
     name: str  # the guard's entry point, from the distribution's metadata ("" if none)
@@ -105,11 +105,11 @@ def guard_names(found: Mapping[str, tuple[Any, Any]],
     return [name for name, (func, _) in found.items() if func is target]
 
 
-def loader_verdict() -> LoaderVerdict:
+def loader_judgement() -> LoaderJudgement:
     """Whether ``load_plugins()`` in a process with this environment runs the guard."""
     ep = _own_entry_point()
     if ep is None:
-        return LoaderVerdict("", False, "", f"{_DISTRIBUTION} declares no entry point in "
+        return LoaderJudgement("", False, "", f"{_DISTRIBUTION} declares no entry point in "
                              f"group {PLUGIN_GROUP}", "reinstall sglang-dsv4-guard")
     try:
         host = importlib.import_module(PLUGINS_MODULE)  # unscanned: SGLang's loader
@@ -118,13 +118,13 @@ def loader_verdict() -> LoaderVerdict:
         excluded = host._get_excluded_dists()
         found = host.load_plugins_by_group(host.GENERAL_PLUGINS_GROUP, excluded_dists=excluded)
     except (Exception, SystemExit) as exc:  # a plug-in's import ends SGLang's loader too
-        return LoaderVerdict(ep.name, False, "", f"SGLang's plug-in loader fails: "
+        return LoaderJudgement(ep.name, False, "", f"SGLang's plug-in loader fails: "
                              f"{type(exc).__name__}: {exc}")
     guard = guard_names(found, ep)
     if guard:
-        return LoaderVerdict(guard[0], True, plugins)
+        return LoaderJudgement(guard[0], True, plugins)
     reason, fix = _why_not(ep.name, plugins, excluded, ep)
-    return LoaderVerdict(ep.name, False, plugins, reason, fix)
+    return LoaderJudgement(ep.name, False, plugins, reason, fix)
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def _loads_first(name: str, fn: ast.AST, before: int,
 def scheduler_entry_points(package: Path) -> list[SchedulerEntry]:
     """Every function under ``package/srt`` (the ``sglang`` package directory) that
     constructs SGLang's ``Scheduler``, in path order. Files that cannot be read are
-    skipped (the host verdict names those it depends on)."""
+    skipped (the host judgement names those it depends on)."""
     entries = []
     for path in sorted((package / "srt").rglob("*.py")):
         relative = path.relative_to(package).as_posix()

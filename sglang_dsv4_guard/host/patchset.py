@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_dsv4_guard.host.verdict import judge_imported
+from sglang_dsv4_guard.host.judgement import judge_imported
 
 __all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "apply_series", "check_series",
            "patches_root",
@@ -275,7 +275,7 @@ def tree_version(site: Path) -> str | None:
 
 def _installed() -> tuple[str | None, Path | None, str]:
     """The release whose series applies to the importable tree, its site, and a note
-    when the labels and the code disagree. Judged by the code (:mod:`.verdict`), as
+    when the labels and the code disagree. Judged by the code (:mod:`.judgement`), as
     ``install()`` judges it, so a new release with known checks gets its twin's series;
     code matching no known release falls back to the tree's own label."""
     site = sglang_site()

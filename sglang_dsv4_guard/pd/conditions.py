@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.hookmarkers import hookimpl
-from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.aux_count import aux_count_findings
 from sglang_dsv4_guard.pd.endpoint import Endpoint, PairContext

@@ -38,9 +38,9 @@ from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["PAYLOAD_SITES", "REGIONS", "NixlVerdict", "decode_kv_kinds",
-           "hisparse_backend_verdict", "nixl_payload_findings", "payload_finding",
-           "payload_verdict"]
+__all__ = ["PAYLOAD_SITES", "REGIONS", "NixlRefusal", "decode_kv_kinds",
+           "hisparse_backend_refusal", "nixl_payload_findings", "payload_finding",
+           "payload_refusal"]
 
 #: The digested sites of NIXL's registration payload checks.
 PAYLOAD_SITES = ("nixl.hisparse_spec", "nixl.direct_to_host", "nixl.fewer_regions")
@@ -51,7 +51,7 @@ _PHRASES = {"decode-only speculative": "DSV4G042", "direct-to-host": "DSV4G043",
 
 
 @dataclass(frozen=True)
-class NixlVerdict:
+class NixlRefusal:
     """A refusal: the code, SGLang's message and the function that raised it."""
 
     code: str
@@ -66,14 +66,14 @@ def decode_kv_kinds(decode: Endpoint, decode_only_draft: bool) -> list[str]:
     return [target] * REGIONS + (["VRAM"] * REGIONS if decode_only_draft else [])
 
 
-def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
+def payload_refusal(prefill: Endpoint, decode: Endpoint) -> NixlRefusal | None:
     """SGLang's ``_prepare_payload_xfer`` on the pair's registration: its refusal, if any.
 
     The peer carries the release's own ``requires_dcp_relayout`` result, as NIXL's
     ``NixlKVManager._add_remote_peer`` sets it just before (0.5.17+,
     sglang/srt/disaggregation/nixl/conn.py); with it, ``_prepare_payload_xfer`` takes its
     DCP branch first and returns before either HiSparse check (0.5.17 - 0.5.23). When the
-    relayout itself raises (:mod:`.relayout`), registration stops there: no verdict here."""
+    relayout itself raises (:mod:`.relayout`), registration stops there: no refusal here."""
     relayout = requires_relayout(prefill, decode)
     if relayout is None:
         return None
@@ -109,7 +109,7 @@ def payload_verdict(prefill: Endpoint, decode: Endpoint) -> NixlVerdict | None:
     except (NotImplementedError, ValueError) as exc:
         for phrase, code in _PHRASES.items():
             if phrase in str(exc):
-                return NixlVerdict(code, str(exc), str(PD_NIXL_PAYLOAD))
+                return NixlRefusal(code, str(exc), str(PD_NIXL_PAYLOAD))
         return None
     except Exception:  # past the checks: the transfer handles this manager cannot build
         return None
@@ -151,7 +151,7 @@ def _names(decode: Endpoint) -> dict[str, Any]:
             "_is_fake_transfer": _is_fake_transfer(utils, name)}
 
 
-def hisparse_backend_verdict(decode: Endpoint, package: Path) -> NixlVerdict | None:
+def hisparse_backend_refusal(decode: Endpoint, package: Path) -> NixlRefusal | None:
     """``pop_preallocated``'s HiSparse backend check for the decode; ``None`` when the
     release has none or it holds not. Raises :class:`NotJudged`."""
     site = locate(package, SITES["decode.hisparse_mooncake"])
@@ -160,7 +160,7 @@ def hisparse_backend_verdict(decode: Endpoint, package: Path) -> NixlVerdict | N
     names = _names(decode)
     if not site.holds(names):
         return None
-    return NixlVerdict("DSV4G044", site.message(names), str(site.spec.target))
+    return NixlRefusal("DSV4G044", site.message(names), str(site.spec.target))
 
 
 def nixl_payload_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
@@ -177,60 +177,60 @@ def nixl_payload_findings(prefill: Endpoint, decode: Endpoint, package: Path | N
     changed = unjudged_sites(package, PAYLOAD_SITES, "DSV4G042/DSV4G043/DSV4G046")
     if changed:
         return [], [changed]
-    verdict = payload_verdict(prefill, decode)
-    return ([payload_finding(prefill, decode, verdict, Phase.REGISTRATION)]
-            if verdict else []), []
+    refusal = payload_refusal(prefill, decode)
+    return ([payload_finding(prefill, decode, refusal, Phase.REGISTRATION)]
+            if refusal else []), []
 
 
-def payload_finding(prefill: Endpoint, decode: Endpoint, verdict: NixlVerdict,
+def payload_finding(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal,
                     phase: Phase) -> Finding:
     """The finding of a NIXL payload refusal (and of HiSparse off Mooncake, DSV4G044)."""
     names = (("transfer_backend", "speculative_algorithm", "kv_regions")
-             if verdict.code == "DSV4G046" else (
+             if refusal.code == "DSV4G046" else (
         "transfer_backend", "enable_hisparse", "kv_mem_kinds", "speculative_algorithm",
-        "is_dsv4", *(("attn_tp_size", "is_mla_backend") if verdict.code == "DSV4G043" else ())))
+        "is_dsv4", *(("attn_tp_size", "is_mla_backend") if refusal.code == "DSV4G043" else ())))
     return pair_finding(
-        verdict.code, ("decode peer's NIXL registration" if verdict.code == "DSV4G046"
+        refusal.code, ("decode peer's NIXL registration" if refusal.code == "DSV4G046"
                        else "decode server HiSparse transfer"), (prefill, decode), names,
-        (_details(prefill, decode, verdict),), _fixes(prefill, decode, verdict),
-        verdict.message, when_text(phase, str(prefill.get("transfer_backend")),
+        (_details(prefill, decode, refusal),), _fixes(prefill, decode, refusal),
+        refusal.message, when_text(phase, str(prefill.get("transfer_backend")),
                                    prefill.env or {}))
 
 
-def _details(prefill: Endpoint, decode: Endpoint, verdict: NixlVerdict) -> str:
+def _details(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal) -> str:
     d = decode
-    if verdict.code == "DSV4G046":
-        return (f"SGLang's {verdict.function} raises it: the prefill runs "
+    if refusal.code == "DSV4G046":
+        return (f"SGLang's {refusal.function} raises it: the prefill runs "
                 f"{prefill.get('speculative_algorithm')} and registers its draft pool's "
                 "KV regions after the target's (PrefillBootstrapQueue._init_kv_manager); the "
                 "decode, without speculative decoding, registers only the target's")
-    if verdict.code == "DSV4G044":
+    if refusal.code == "DSV4G044":
         # decode.py DecodePreallocQueue.pop_preallocated (0.5.17+; a draft pool from 0.5.22)
         pools = " and ".join(n for n, on in (("a DeepSeek-V4 KV pool", d.get("is_dsv4")), (
             "a draft KV pool", d.get("speculative_algorithm"))) if on)
-        return (f"SGLang's {verdict.function} raises it: the decode runs HiSparse with "
+        return (f"SGLang's {refusal.function} raises it: the decode runs HiSparse with "
                 f"{pools or 'the pool the release tests'} on the "
                 f"{d.get('transfer_backend')} backend, and its HiSparse transfer is "
                 "Mooncake's only")
     draft = (", its draft's on the GPU" if d.get("speculative_algorithm") else "")
-    return (f"SGLang's {verdict.function} raises it; the decode's HiSparse KV is in host "
+    return (f"SGLang's {refusal.function} raises it; the decode's HiSparse KV is in host "
             f"memory (DRAM){draft} (the memory kinds NIXL reads from the registration, as "
             "HiSparse allocates them)")
 
 
-def _fixes(prefill: Endpoint, decode: Endpoint, verdict: NixlVerdict) -> tuple[Fix, ...]:
+def _fixes(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal) -> tuple[Fix, ...]:
     """DSV4G046: the speculative decoding of both servers alike (said here; ``check``
     derives the flag edits from both lines). DSV4G042-044: the decode without HiSparse;
     where attention TP differs (DSV4G043), equal attention TP first; else Mooncake on
     both servers, whose transfer takes HiSparse."""
-    if verdict.code == "DSV4G046":
+    if refusal.code == "DSV4G046":
         regions = ("" if not (prefill.has("kv_regions") and decode.has("kv_regions")) else
                    f": the decode registered {decode.get('kv_regions')} KV regions, the "
                    f"prefill has {prefill.get('kv_regions')}")
         return (Fix(FixKind.ADVICE, "run the decode with the prefill's speculative decoding "
                     f"({prefill.get('speculative_algorithm') or 'its draft model'}), or the "
                     f"prefill without it{regions}", field="speculative_algorithm"),)
-    tp = verdict.code == "DSV4G043"
+    tp = refusal.code == "DSV4G043"
     found: list[Fix] = list(attention_tp_fixes(layout_of(prefill), layout_of(decode))
                             if tp else ())
     hisparse, backend = flag_for_field("enable_hisparse"), flag_for_field(

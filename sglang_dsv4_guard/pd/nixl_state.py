@@ -33,21 +33,21 @@ from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.pd_digests import SITES, Located, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
-from sglang_dsv4_guard.pd.nixl_payload import payload_verdict
+from sglang_dsv4_guard.pd.nixl_payload import payload_refusal
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["KEYS", "StateLayoutVerdict", "nixl_state_findings", "state_layout_verdict"]
+__all__ = ["KEYS", "StateLayoutRefusal", "nixl_state_findings", "state_layout_refusal"]
 
 KEYS = ("nixl.state_layout", "nixl.state_rejected")
-#: What each side must carry for the verdict (else: not known, nothing judged).
+#: What each side must carry to be judged (else: not known, nothing judged).
 PREFILL_NEEDS = ("prepared_state_components", "state_types", "state_item_lens",
                  "attn_tp_size")
 DECODE_NEEDS = ("state_item_lens", "attn_tp_size")
 
 
 @dataclass(frozen=True)
-class StateLayoutVerdict:
+class StateLayoutRefusal:
     """SGLang's rejection: its recorded reason, the per-request message, and the
     components whose strides differ as (index, state type, prefill's, decode's)."""
 
@@ -78,8 +78,8 @@ def _sites(package: Path) -> tuple[Located | None, Located | None, bool]:
     return sites["nixl.state_layout"], sites["nixl.state_rejected"], known
 
 
-def state_layout_verdict(prefill: Endpoint, decode: Endpoint, package: Path,
-                         peer: str = "decode") -> StateLayoutVerdict | None:
+def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
+                         peer: str = "decode") -> StateLayoutRefusal | None:
     """SGLang's ``_prepare_state_xfer`` on the pair's state registration: its rejection,
     or ``None`` (accepted, a release without it, or a value not known). Raises
     :class:`NotJudged` for a release whose code no known release has."""
@@ -135,7 +135,7 @@ def state_layout_verdict(prefill: Endpoint, decode: Endpoint, package: Path,
                    for i in sorted(manager._prepared_state_components)
                    if i < len(src) and (i >= len(dst) or src[i] != dst[i]))
     message = rejected.message({"peer_name": peer, "rejection": rejection})
-    return StateLayoutVerdict(rejection, message, str(rejected.spec.target), differ)
+    return StateLayoutRefusal(rejection, message, str(rejected.spec.target), differ)
 
 
 def nixl_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
@@ -146,24 +146,24 @@ def nixl_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
     refusal there (:mod:`.nixl_payload`) ends the registration first."""
     if package is None or prefill.get("transfer_backend") != "nixl" \
             or not prefill.has("prepared_state_components") \
-            or (decode.has("kv_mem_kinds") and payload_verdict(prefill, decode)):
+            or (decode.has("kv_mem_kinds") and payload_refusal(prefill, decode)):
         return [], []
     try:
-        verdict = state_layout_verdict(prefill, decode, package,
+        refusal = state_layout_refusal(prefill, decode, package,
                                        str(decode.get(PEER, "decode")))
     except NotJudged as exc:
         return [], [f"DSV4G055 (nixl): not judged: {exc}"]
-    if verdict is None:
+    if refusal is None:
         return [], []
     differ = "; ".join(f"component {i} ({st}): prefill {list(p)}, decode {list(d)}"
-                       for i, st, p, d in verdict.components)
+                       for i, st, p, d in refusal.components)
     fix = Fix(FixKind.ADVICE, "give the decode the prefill's state pool geometry (the same "
               "model, state dtypes and state TP share on both servers): the slot strides in "
-              f"bytes differ for {differ or verdict.rejection}", field="state_item_lens")
+              f"bytes differ for {differ or refusal.rejection}", field="state_item_lens")
     return [pair_finding(
         "DSV4G055", "decode peer's NIXL state registration", (prefill, decode),
         ("state_item_lens", "state_types", "prepared_state_components", "attn_tp_size",
          "is_mla_backend"),
         (f"SGLang logs \"NIXL state layout rejected\" and every request to this peer will "
-         f"fail ({verdict.rejection})", f"SGLang's {verdict.function} raises it"),
-        (fix,), verdict.message, when_text(Phase.PER_REQUEST, "nixl", prefill.env or {}))], []
+         f"fail ({refusal.rejection})", f"SGLang's {refusal.function} raises it"),
+        (fix,), refusal.message, when_text(Phase.PER_REQUEST, "nixl", prefill.env or {}))], []

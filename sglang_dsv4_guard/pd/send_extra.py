@@ -35,14 +35,14 @@ from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["BACKENDS", "StateVerdict", "send_extra_findings", "send_extra_verdicts", "site_keys"]
+__all__ = ["BACKENDS", "StateRefusal", "send_extra_findings", "send_extra_refusals", "site_keys"]
 
 #: The backends whose ``maybe_send_extra`` these rows read (MORI's is DSV4G006's).
 BACKENDS = ("mooncake", "nixl")
 
 
 @dataclass(frozen=True)
-class StateVerdict:
+class StateRefusal:
     """What the prefill's transfer of one state type does for this decode."""
 
     state_type: str
@@ -91,7 +91,7 @@ def _slices(package: Path, backend: str, names: dict[str, Any]) -> bool:
     return sliced is not None and sliced.holds(names)
 
 
-def _one(package: Path, backend: str, names: dict[str, Any]) -> StateVerdict | None:
+def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | None:
     """The refusal of one state type, if any. Raises :class:`NotJudged` where SGLang's
     transfer refuses the state before the TP comparison for another reason (MiniMax with
     PP > 1: a check of its own, not these rows')."""
@@ -104,7 +104,7 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> StateVerdict | N
     for key, code in ((f"{backend}.hetero_tp", "DSV4G040"), (f"{backend}.minimax", "DSV4G041")):
         site = locate(package, SITES[key])
         if site is not None and site.holds(names):
-            return StateVerdict(st, code, site.message(names), str(site.spec.target))
+            return StateRefusal(st, code, site.message(names), str(site.spec.target))
     if not _slices(package, backend, names):
         return None
     # common/conn.py CommonKVManager._get_mha_head_slice_blocks (0.5.22+) refuses, in
@@ -116,13 +116,13 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> StateVerdict | N
         if site is not None and key == "head_slice.layout" and names["_layout_unknown"]:
             raise NotJudged(f"the prefill's SWA KV cache layout is {names['_layout_unknown']}")
         if site is not None and site.holds({"self": names["self"]}):
-            return StateVerdict(st, "DSV4G040", site.message({"self": names["self"]}),
+            return StateRefusal(st, "DSV4G040", site.message({"self": names["self"]}),
                                 str(site.spec.target))
     return None
 
 
-def send_extra_verdicts(prefill: Endpoint, decode: Endpoint, backend: str, package: Path,
-                        state_types: Sequence[str]) -> tuple[list[StateVerdict], list[str]]:
+def send_extra_refusals(prefill: Endpoint, decode: Endpoint, backend: str, package: Path,
+                        state_types: Sequence[str]) -> tuple[list[StateRefusal], list[str]]:
     """Each state type the prefill sends that SGLang's ``maybe_send_extra`` on ``backend``
     refuses for this decode, and what could not be judged (a release whose sites differ
     from every known one, a condition reading a value not derived)."""
@@ -130,18 +130,18 @@ def send_extra_verdicts(prefill: Endpoint, decode: Endpoint, backend: str, packa
     if changed:
         return [], [changed]
     enum = _state_type_enum()
-    verdicts: list[StateVerdict] = []
+    refusals: list[StateRefusal] = []
     unknowns: list[str] = []
     for value in state_types:
         try:
             st = enum(value)
-            verdict = _one(package, backend, _names(prefill, decode, st, enum))
+            refusal = _one(package, backend, _names(prefill, decode, st, enum))
         except (NotJudged, ValueError) as exc:
             unknowns.append(f"DSV4G040 ({backend}, state type {value}): not judged: {exc}")
             continue
-        if verdict is not None:
-            verdicts.append(verdict)
-    return verdicts, unknowns
+        if refusal is not None:
+            refusals.append(refusal)
+    return refusals, unknowns
 
 
 def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
@@ -163,12 +163,12 @@ def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
                         f"TP differs ({prefill.get('attn_tp_size')} vs "
                         f"{decode.get('attn_tp_size')})"]
         return [], []
-    verdicts, unknowns = send_extra_verdicts(prefill, decode, backend, package,
+    refusals, unknowns = send_extra_refusals(prefill, decode, backend, package,
                                              prefill.get("state_types"))
     # 0.5.23 refuses MiniMax at decode's first contact: that condition reports it.
     minimax_first = locate(package, SITES["first_contact.minimax"]) is not None
-    merged: dict[tuple[str, str], StateVerdict] = {}
-    for v in verdicts:
+    merged: dict[tuple[str, str], StateRefusal] = {}
+    for v in refusals:
         if v.code == "DSV4G041" and minimax_first:
             continue
         first = merged.get((v.code, v.message))
@@ -177,23 +177,23 @@ def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
     return [_finding(prefill, decode, backend, v) for v in merged.values()], unknowns
 
 
-def _finding(prefill: Endpoint, decode: Endpoint, backend: str, verdict: StateVerdict
+def _finding(prefill: Endpoint, decode: Endpoint, backend: str, refusal: StateRefusal
              ) -> Finding:
-    pp = "pipeline parallelism" in verdict.message
-    layout = "KV cache layout" in verdict.message
+    pp = "pipeline parallelism" in refusal.message
+    layout = "KV cache layout" in refusal.message
     names = ["attn_tp_size", "is_mla_backend", "state_types", *(["pp_size"] if pp else []),
              *(["swa_kv_cache_layout"] if layout else [])]
     observed = [*((prefill, n) for n in names), (decode, "attn_tp_size"),
                 (prefill, "transfer_backend"), (decode, "transfer_backend")]
     return Finding(
-        code=verdict.code, severity=Severity.ERROR, summary=CODES[verdict.code].title,
-        subject=f"prefill -> decode {backend} transfer of the {verdict.state_type} state",
+        code=refusal.code, severity=Severity.ERROR, summary=CODES[refusal.code].title,
+        subject=f"prefill -> decode {backend} transfer of the {refusal.state_type} state",
         observations=tuple(e.observation(n) for e, n in observed if e.has(n)),
-        details=(f"SGLang's {verdict.function} raises it on the prefill for every request "
-                 f"that carries {verdict.state_type} state: the prefill has attention TP "
+        details=(f"SGLang's {refusal.function} raises it on the prefill for every request "
+                 f"that carries {refusal.state_type} state: the prefill has attention TP "
                  f"{prefill.get('attn_tp_size')}, the decode {decode.get('attn_tp_size')}",),
-        fixes=_fixes(prefill, decode, pp, layout), docs=docs_url(verdict.code),
-        host_message=verdict.message,
+        fixes=_fixes(prefill, decode, pp, layout), docs=docs_url(refusal.code),
+        host_message=refusal.message,
         when=when_text(Phase.PER_REQUEST, backend, prefill.env or {}))
 
 

@@ -28,13 +28,13 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE,
     PD_STATE_TYPE_MODULE,
     PEERS_MOONCAKE_VALIDATE,
 )
-from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 
 __all__ = ["CODE", "LOGGED", "SITE", "state_layout_findings", "state_layout_refusal"]

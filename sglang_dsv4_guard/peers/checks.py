@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.hookmarkers import hookimpl
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import SITES, locate
-from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.pd.relayout import relayout_findings
 from sglang_dsv4_guard.peers.snapshot import Registration, RegistrationContext
 

@@ -25,8 +25,8 @@ from sglang_dsv4_guard.dedup.mismatch import Mismatch
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
-from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import PairContext
 from sglang_dsv4_guard.pd.relayout import CODE as RELAYOUT_CODE

@@ -21,7 +21,7 @@ from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
-from sglang_dsv4_guard.host.verdict import imported_package_dir
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.pd.allocation import CODE, POLICY, allocation_findings
 from sglang_dsv4_guard.pd.endpoint import Value
 

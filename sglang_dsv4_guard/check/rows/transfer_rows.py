@@ -22,12 +22,12 @@ from sglang_dsv4_guard.check.server.endpoint_values import (
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.flags import flag_for_field
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import NotJudged, unjudged_sites
-from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.pd.aux_count import CODE as AUX_CODE
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
-from sglang_dsv4_guard.pd.nixl_payload import hisparse_backend_verdict, payload_finding
+from sglang_dsv4_guard.pd.nixl_payload import hisparse_backend_refusal, payload_finding
 from sglang_dsv4_guard.pd.when import Phase
 
 __all__ = ["SAMPLING_MASK", "hisparse_backend_row"]
@@ -114,10 +114,10 @@ def hisparse_backend_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     if changed or package is None:
         return [], [changed or "DSV4G044: not judged"]
     try:
-        verdict = hisparse_backend_verdict(d, package)
+        refusal = hisparse_backend_refusal(d, package)
     except NotJudged as exc:
         return [], [f"DSV4G044: not judged: {exc}"]
-    if verdict is None:
+    if refusal is None:
         return [], []
-    return [accepted_fixes(payload_finding(run.prefill, d, verdict, Phase.FIRST_REQUEST),
+    return [accepted_fixes(payload_finding(run.prefill, d, refusal, Phase.FIRST_REQUEST),
                            run.prefill_side, run.decode_side, run.derive)], []

@@ -45,7 +45,7 @@ from sglang_dsv4_guard.host.digests import (
 )
 from sglang_dsv4_guard.host.releases import HostProfile, is_supported, profile_for
 
-__all__ = ["DIGESTS_FILE", "HostVerdict", "forget_verdicts", "imported_package_dir", "judge",
+__all__ = ["DIGESTS_FILE", "HostJudgement", "forget_judgements", "imported_package_dir", "judge",
            "judge_imported",
            "load_known"]
 
@@ -53,7 +53,7 @@ DIGESTS_FILE = Path(__file__).with_name("digests.json")
 
 
 @dataclass(frozen=True)
-class HostVerdict:
+class HostJudgement:
     """What the guard concluded about the imported SGLang."""
 
     metadata: Version | None  # what importlib.metadata says
@@ -134,7 +134,7 @@ def _span(known: dict[Version, dict[str, Part]]) -> str:
 
 def judge(package: Path, metadata: Version | None,
           known: dict[Version, dict[str, Part]] | None = None,
-          patched: dict[Version, dict[str, Part]] | None = None) -> HostVerdict:
+          patched: dict[Version, dict[str, Part]] | None = None) -> HostJudgement:
     """Judge the ``sglang`` package at ``package`` whose metadata says ``metadata``
     (``known``, ``patched``: the stored code digests, by default from the data file)."""
     known = load_known() if known is None else known
@@ -149,14 +149,14 @@ def judge(package: Path, metadata: Version | None,
     except UnreadableSource as exc:
         text = (f"SGLang {label or 'of unknown version'} ({package}): {exc} (the guard reads "
                 f"it as Python imports it, to know SGLang's checks; they are not known)")
-        return HostVerdict(metadata, code, None, logging.WARNING, text, unreadable=str(exc))
+        return HostJudgement(metadata, code, None, logging.WARNING, text, unreadable=str(exc))
     matches = [v for v, parts in known.items() if not differences(found, parts)]
     both = (f"installed metadata says SGLang {metadata}, the imported code "
             f"({package}) says {code}")
     disagree = metadata is not None and code is not None and metadata != code
     if label in matches:
         message = f"{both}; using the code's release {code}" if disagree else ""
-        return HostVerdict(metadata, code, label, logging.WARNING, message)
+        return HostJudgement(metadata, code, label, logging.WARNING, message)
     if matches:
         twin = matches[-1]
         text = (f"SGLang {label or 'of unknown version'} ({package}) has the same checks as "
@@ -165,7 +165,7 @@ def judge(package: Path, metadata: Version | None,
             text = f"{both}; {text}"
         unknown_label = label is None or label not in known
         level = logging.INFO if unknown_label and not disagree else logging.WARNING
-        return HostVerdict(metadata, code, twin, level, text)
+        return HostJudgement(metadata, code, twin, level, text)
     carried = [v for v, parts in patched.items() if not differences(found, parts)]
     if carried:
         # Several releases can share a patched text; the label picks among them.
@@ -176,7 +176,7 @@ def judge(package: Path, metadata: Version | None,
             text = f"{both}; {text}"
         mislabelled = label is not None and label != base and label in known
         level = logging.WARNING if disagree or mislabelled else logging.INFO
-        return HostVerdict(metadata, code, base, level, text)
+        return HostJudgement(metadata, code, base, level, text)
     # The closest of the releases and of the releases with our series (a patched tree
     # changed further is named against its patched release, not our own rewrite).
     candidates = [(v, "", parts) for v, parts in known.items()]
@@ -193,12 +193,12 @@ def judge(package: Path, metadata: Version | None,
             "checks: upgrade sglang-dsv4-guard, or run a release it knows)")
     if disagree:
         text = f"{both}; {text}"
-    return HostVerdict(metadata, code, None, logging.WARNING, text, changed)
+    return HostJudgement(metadata, code, None, logging.WARNING, text, changed)
 
 
-# judge_imported() verdicts of this process, by package path, metadata and the mtimes
+# judge_imported() judgements of this process, by package path, metadata and the mtimes
 # of every file read: install, doctor, check and patches judge once, not each time.
-_VERDICTS: dict[tuple[object, ...], HostVerdict] = {}
+_JUDGEMENTS: dict[tuple[object, ...], HostJudgement] = {}
 _READ = (UTILS, MORI, POOL, "_version.py")
 
 
@@ -212,24 +212,24 @@ def _mtimes(package: Path) -> tuple[int, ...]:
     return tuple(stamps)
 
 
-def forget_verdicts() -> None:
-    """Drop the memoised :func:`judge_imported` verdicts (tests that fake the data)."""
-    _VERDICTS.clear()
+def forget_judgements() -> None:
+    """Drop the memoised :func:`judge_imported` judgements (tests that fake the data)."""
+    _JUDGEMENTS.clear()
 
 
-def judge_imported() -> HostVerdict:
+def judge_imported() -> HostJudgement:
     """Judge the SGLang that ``import sglang`` would load in this process (memoised by
     package path, metadata and the mtimes of the files judged)."""
     metadata = _metadata_version()
     package = imported_package_dir()
     if package is None:
-        return HostVerdict(metadata, None, None, logging.WARNING, "SGLang is not installed")
+        return HostJudgement(metadata, None, None, logging.WARNING, "SGLang is not installed")
     try:
         key = (str(package), metadata, _mtimes(package))
-        if key not in _VERDICTS:
-            _VERDICTS[key] = judge(package, metadata)
-        return _VERDICTS[key]
+        if key not in _JUDGEMENTS:
+            _JUDGEMENTS[key] = judge(package, metadata)
+        return _JUDGEMENTS[key]
     except (OSError, ValueError, KeyError, TypeError) as exc:  # our data file, not SGLang
-        return HostVerdict(metadata, None, None, logging.WARNING,
+        return HostJudgement(metadata, None, None, logging.WARNING,
                            f"cannot judge the SGLang at {package}: {DIGESTS_FILE.name} is "
                            f"unreadable ({type(exc).__name__}: {exc})")
