@@ -168,7 +168,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     the entry point uses :func:`install_from_sglang_loader` instead.) A nested call (a
     plug-in calling ``install()`` while this one imports it) raises
     :class:`DSV4GuardInstallError`, which the plug-in loader reports as that plug-in's
-    ``DSV4G090`` load problem.
+    failure to load.
     """
     if getattr(_installing, "active", False):
         raise DSV4GuardInstallError(
