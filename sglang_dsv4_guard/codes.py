@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["CODES", "CodeInfo", "docs_url"]
+__all__ = ["CODES", "ONE_SIDED_DRAFT", "CodeInfo", "docs_url"]
+
+# Speculative decoding on one server only: ``check``'s asymmetry (launch/asymmetry.py)
+# raises it, and the state checks' fixes, a layer below, point to it.
+ONE_SIDED_DRAFT = "DSV4G020"
 
 
 # How a first-contact code is fixed when the guard meets it at run time (the line of

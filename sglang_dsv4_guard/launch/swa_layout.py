@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS, field_source, side_field
+from sglang_dsv4_guard.launch.kv_setup import CODE as KV_SETUP_CODE
 from sglang_dsv4_guard.launch.state_types import (
     Refused,
     miniature_pool,
@@ -89,7 +90,7 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
         return {"swa_kv_cache_layout": Value(None, (
             f"not derived: SGLang's {got.function} refuses {pool} in this server's "
             f"environment ({got.message}): the server stops when its KV transfer is set up "
-            "(DSV4G049)"))}
+            f"({KV_SETUP_CODE})"))}
     if isinstance(got, str):
         return {"swa_kv_cache_layout": Value(None, f"not known here: {pool} could not be "
                                                    f"built on CPU ({got})")}
