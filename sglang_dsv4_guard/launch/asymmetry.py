@@ -49,8 +49,7 @@ def _flag_source(field: str, option: str) -> Callable[[SideView], str]:
 
 def _finding(code: str, subject: str, observations: list[Observation],
              details: tuple[str, ...] = (), severity: Severity = Severity.WARNING) -> Finding:
-    info = CODES[code]
-    return Finding(code=code, severity=severity, summary=info.title, subject=subject,
+    return Finding(code=code, severity=severity, summary=CODES[code].title, subject=subject,
                    observations=tuple(observations), details=details,
                    docs=docs_url(code))
 

@@ -239,9 +239,8 @@ def search(role: str, line: str, env: Mapping[str, str], refusal: str,
 
 
 def refusal_finding(args: SideArgs, other: SideArgs) -> Finding:
-    """The release's resolution raised for this server's flags (its fixes are
-    :func:`refusal_fixes`, derived with the others'); it says when the other server is
-    refused the same way."""
+    """The release's resolution raised for this server's flags (fixes: :func:`refusal_fixes`);
+    it says when the other server is refused the same way."""
     same = ((f"the {other.role} server's flags are refused with the same message (its own "
              f"{CODE}): both servers need the fix",)
             if other.resolution_error == args.resolution_error else ())

@@ -93,8 +93,7 @@ def _typed(endpoint: Endpoint, name: str, value: Any) -> bool:
     return value not in (None, False, 1)
 
 
-def _edits(reads: Mapping[str, str], name: str, src: Endpoint, dst: Endpoint
-           ) -> list[Edit | None]:
+def _edits(reads: Mapping[str, str], name: str, src: Endpoint, dst: Endpoint) -> list[Edit | None]:
     """The edits giving ``dst`` a value of ``name`` that satisfies the condition (none:
     no fix of this kind)."""
     want = src.get(name)
