@@ -12,8 +12,7 @@ from packaging.version import InvalidVersion, Version
 
 __all__ = ["CODES", "ONE_SIDED_DRAFT", "CodeInfo", "docs_url"]
 
-# Speculative decoding on one server only: ``check``'s asymmetry (launch/asymmetry.py)
-# raises it, and the state checks' fixes, a layer below, point to it.
+# A draft on one server only: launch/asymmetry.py raises it; the state fixes name it.
 ONE_SIDED_DRAFT = "DSV4G020"
 
 

@@ -38,9 +38,7 @@ from sglang_dsv4_guard.pd.when import Phase, when_text
 __all__ = ["BACKENDS", "MINIMAX_CODE", "StateVerdict", "send_extra_findings",
            "send_extra_verdicts", "site_keys"]
 
-# MiniMax sparse state with another attention TP (the first contact and MORI's transfer
-# refuse it too, under this code).
-MINIMAX_CODE = "DSV4G041"
+MINIMAX_CODE = "DSV4G041"  # also the first contact's and MORI's transfer's refusal of it
 
 #: The backends whose ``maybe_send_extra`` these rows read (MORI's: :mod:`.mori_send`).
 BACKENDS = ("mooncake", "nixl")
