@@ -42,7 +42,7 @@ def standalone_runtime(plugins: tuple[object, ...] = (), mode: str = "on",
 
     The built-ins, then (with ``load_entry_points``) third-party entry points, then
     ``plugins`` registered as a server registers entry points (a refused one raises
-    ``ValueError`` with its ``DSV4G090`` details). ``mode`` is ``"on"`` or ``"strict"``
+    ``ValueError`` with its plug-in failure's details). ``mode`` is ``"on"`` or ``"strict"``
     (a bad one is a :class:`~sglang_dsv4_guard.errors.SettingError`).
     """
     settings = settings_for(mode, autoshare, "text", None)

@@ -12,7 +12,7 @@ cut (a fix is applied whole): more than ``LIST_CAP`` of them, or an Edit's ``rem
 (``proven`` is ``None``): only ``check --fix`` proves. A fix with an edit the installed
 release's parser refuses (the built-in fixes' filter, :func:`~sglang_dsv4_guard.host.flags.vetted`:
 an unknown flag, a refused value) is dropped, with a debug line; the finding is kept.
-A finding that fails becomes the plug-in's ``DSV4G090`` (:mod:`sglang_dsv4_guard.plugins`).
+A finding that fails becomes the plug-in's failure (:func:`plugin_failure`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from sglang_dsv4_guard.findings import (
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host import flags
 
-__all__ = ["BUILTIN_NAMES", "LOG_REPORTER", "clean_finding", "is_builtin", "plugin_failure",
-           "raised_text", "safe_text"]
+__all__ = ["BUILTIN_NAMES", "CODE", "LOG_REPORTER", "clean_finding", "is_builtin",
+           "plugin_failure", "raised_text", "safe_text"]
 
+CODE = "DSV4G090"  # a plug-in's failure (:func:`plugin_failure`)
 
 # The names of the built-in hook implementations, in the order the plug-in manager
 # registers them (first, as ordinary plug-ins: in pluggy's order they run after
@@ -77,7 +78,7 @@ def plugin_failure(name: str, stage: str, problem: str, effect: str | None = Non
     ``effect`` picks the consequence line (default: the one for ``stage``).
     """
     return Finding(
-        code="DSV4G090",
+        code=CODE,
         severity=Severity.WARNING,
         summary=f"guard plug-in {name!r} failed ({stage}); the guard went on without it",
         subject=f"plug-in {name}",
@@ -88,7 +89,7 @@ def plugin_failure(name: str, stage: str, problem: str, effect: str | None = Non
                    field=f"plug-in {name}",
                    inputs=(f"the plug-in {name!r} (entry-point group sglang_dsv4_guard), at "
                            f"{stage}",)),),
-        docs=docs_url("DSV4G090"),
+        docs=docs_url(CODE),
         origin=name,
     )
 

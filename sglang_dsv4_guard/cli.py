@@ -154,7 +154,7 @@ def _load_plugins_quietly() -> tuple[GuardPlugins, str]:
     """Build the plug-in manager with what plug-ins print captured and our log silenced.
 
     A plug-in that calls argparse at import prints its usage and raises ``SystemExit``:
-    the loader turns that into a ``DSV4G090`` (a plug-in's failure never stops anything),
+    the loader turns that into a plug-in failure finding (one never stops anything),
     doctor prints the problem, and the plug-in's own output is shown as its own, not as
     doctor's. ``KeyboardInterrupt`` is the operator's and propagates.
     """

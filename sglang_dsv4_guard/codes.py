@@ -10,7 +10,20 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["CODES", "CodeInfo", "docs_url"]
+__all__ = ["CODES", "DSV4_KV_LAYOUT", "KV_SETUP_REFUSED", "ONE_SIDED_DRAFT", "SERVED_MODEL",
+           "SPECULATIVE_SETTINGS", "TRANSFER_BACKENDS", "CodeInfo", "docs_url"]
+
+# The codes whose raising module sits above a module that names them (layers point
+# down): named here, in the catalogue. The prefill/decode asymmetries
+# (check/rows/asymmetry.py raises them; check/fixing/flag_fixes.py derives their fixes,
+# the state fixes name a one-sided draft), and SGLang's refusal of a KV pool at KV
+# transfer set-up (check/rows/kv_setup.py; the SWA layout a server registers names it).
+ONE_SIDED_DRAFT = "DSV4G020"
+SPECULATIVE_SETTINGS = "DSV4G021"
+TRANSFER_BACKENDS = "DSV4G023"
+SERVED_MODEL = "DSV4G024"
+DSV4_KV_LAYOUT = "DSV4G025"
+KV_SETUP_REFUSED = "DSV4G049"
 
 
 # How a first-contact code is fixed when the guard meets it at run time (the line of

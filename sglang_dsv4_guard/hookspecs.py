@@ -11,10 +11,10 @@ and implement any of the hooks below with :data:`hookimpl`. Each implementation 
 called on its own, in pluggy's order (``tryfirst`` first, ``trylast`` last, otherwise
 the last registered first; the built-ins are registered first). One that raises, or
 returns something other than a list of :class:`~sglang_dsv4_guard.findings.Finding`,
-becomes a ``DSV4G090`` finding naming the plug-in, and the others still run. Every
+becomes a plug-in failure finding naming the plug-in, and the others still run. Every
 returned finding is checked field by field (``severity`` a ``Severity``,
 ``observations`` ``Observation`` instances, values whose ``repr`` works, ...); a bad
-one becomes ``DSV4G090`` and the plug-in's other findings are kept. Hook wrappers
+one becomes a plug-in failure and the plug-in's other findings are kept. Hook wrappers
 (``wrapper=True`` / ``hookwrapper=True``) are refused at registration.
 
 A plug-in's failure never blocks, in strict mode either, and never changes SGLang's
@@ -52,7 +52,7 @@ def sglang_dsv4_guard_remediate_state(
     :param context: the call's context (release profile, caller, mode, autoshare).
     :return: findings describing what was changed or refused; empty when nothing applied.
         A remediation that changes what SGLang reads but returns no finding is named
-        in a ``DSV4G090`` (the guard notices the change and re-reads the pools).
+        in a plug-in failure finding (the guard notices the change and re-reads the pools).
     """
     raise NotImplementedError  # pragma: no cover - a spec has no body
 

@@ -44,6 +44,7 @@ from sglang_dsv4_guard.plugins import GuardPlugins
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.settings import Mode, Settings, settings_for
 from sglang_dsv4_guard.state import provenance
+from sglang_dsv4_guard.state.checks import MAPPING_CODE
 from sglang_dsv4_guard.state.wrapper import make_state_wrapper
 from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 
@@ -168,7 +169,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
     the entry point uses :func:`install_from_sglang_loader` instead.) A nested call (a
     plug-in calling ``install()`` while this one imports it) raises
     :class:`DSV4GuardInstallError`, which the plug-in loader reports as that plug-in's
-    ``DSV4G090`` load problem.
+    failure to load.
     """
     if getattr(_installing, "active", False):
         raise DSV4GuardInstallError(
@@ -309,8 +310,8 @@ def _on_pool_module(current: Installation, module: ModuleType) -> None:
             current.patches.append(apply(POOL_REGISTER_TARGET, module,
                                          provenance.make_register_wrapper))
         except Exception as exc:
-            logger.info("sglang-dsv4-guard does not observe %s (%s); DSV4G004 says what "
-                        "usually registers the mappings instead", POOL_REGISTER_TARGET, exc)
+            logger.info("sglang-dsv4-guard does not observe %s (%s); %s says what usually "
+                        "registers the mappings instead", POOL_REGISTER_TARGET, exc, MAPPING_CODE)
 
 
 def _on_peers(current: Installation, patcher: Patcher, module: ModuleType) -> None:

@@ -5,23 +5,23 @@ implementation would take the others (and our verdict) down with it. The guard
 instead calls each implementation on its own, in pluggy's order (``tryfirst``
 ones first, ``trylast`` ones last, otherwise the last registered first; the
 built-ins are registered first, so they run after third-party plug-ins), and
-turns a failure into a ``DSV4G090`` finding naming the plug-in.
+turns a failure into a plug-in failure finding naming the plug-in.
 
 The plug-in boundary. Everything a plug-in hands back is checked before the guard
 uses it: a hook's result must be a list (or tuple) of
 :class:`~sglang_dsv4_guard.findings.Finding` whose every field has its declared
 type (``severity`` a :class:`Severity`, ``observations`` :class:`Observation`
 instances with string role, name and source, values whose ``repr`` works, ...). A
-bad finding becomes ``DSV4G090`` naming the plug-in; the plug-in's good findings
+bad finding becomes a plug-in failure naming the plug-in; the plug-in's good findings
 and every other plug-in's findings are kept. Hook wrappers (``wrapper=True`` or
 ``hookwrapper=True``) are refused at registration.
 
-One rule for failures, in every mode: a plug-in's failure is reported as
-``DSV4G090`` and never blocks, in strict mode either; it never changes SGLang's
-verdict. That covers ``BaseException`` too. A ``SystemExit`` (argparse at import),
-a ``GeneratorExit`` or any other ``BaseException`` raised while importing,
-registering or calling a plug-in is its failure: a server must not die because a
-diagnostics plug-in called ``sys.exit()``. The one exception is
+One rule for failures, in every mode: a plug-in's failure is reported
+(:func:`~sglang_dsv4_guard.boundary.plugin_failure`) and never blocks, in strict mode
+either; it never changes SGLang's verdict. That covers ``BaseException`` too. A
+``SystemExit`` (argparse at import), a ``GeneratorExit`` or any other ``BaseException``
+raised while importing, registering or calling a plug-in is its failure: a server must
+not die because a diagnostics plug-in called ``sys.exit()``. The one exception is
 ``KeyboardInterrupt`` in the main thread: Python delivers Ctrl-C (SIGINT) only
 there, so it is taken as the operator's interrupt and propagates, as it would
 without the guard. In any other thread no operator can have sent it, so it is the
@@ -90,7 +90,7 @@ class GuardPlugins:
         """Call each implementation of ``hook`` on its own, in pluggy's order.
 
         Yields (plug-in name, result, ``None``) or, when it failed,
-        (plug-in name, ``None``, its ``DSV4G090`` finding).
+        (plug-in name, ``None``, its failure finding).
         """
         # pluggy keeps implementations in reverse call order (trylast first).
         for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
@@ -114,7 +114,7 @@ class GuardPlugins:
         """Per implementation of ``hook``, in call order: its name and checked findings.
 
         A failure, a result that is not a list of findings, or a finding with a bad
-        field is replaced by a ``DSV4G090`` finding naming the plug-in.
+        field is replaced by a plug-in failure finding naming the plug-in.
         """
         for name, result, failure in self._call_each(hook, kwargs):
             if failure is not None:
@@ -170,7 +170,7 @@ def _register(pm: pluggy.PluginManager, obj: object, name: str) -> str | None:
 
 
 def add_plugin(plugins: GuardPlugins, obj: object, name: str) -> Finding | None:
-    """Register a third-party plug-in as a server does; ``None``, or its ``DSV4G090``.
+    """Register a third-party plug-in as a server does; ``None``, or its failure finding.
 
     A plug-in is refused (and left unregistered) when pluggy refuses it, when it
     implements a hook the guard does not define, when it implements none of the
@@ -257,7 +257,7 @@ def _plugin_name(obj: object, taken: list[str]) -> str:
 def add_all(manager: GuardPlugins, plugins: tuple[object, ...]) -> list[object]:
     """Register ``plugins`` as a server registers entry points; all or nothing.
 
-    Raises ``ValueError`` with the plug-in's ``DSV4G090`` details when one is refused
+    Raises ``ValueError`` with the plug-in's failure details when one is refused
     (the ones registered before it are unregistered again).
     """
     added: list[object] = []

@@ -146,8 +146,8 @@ def build_pair(target: PoolSpec | None = None, draft: PoolSpec | None = None,
 
 
 def three_mismatch_pair() -> tuple[Any, Any]:
-    """The demo's pair: a compressed draft layer (DSV4G001), a draft mapping that differs
-    (DSV4G004) and another page size and window (DSV4G005). SGLang reports only the first."""
+    """The demo's pair: a compressed draft layer, a draft mapping that differs and another
+    page size and window (three of the state checks). SGLang reports only the first."""
     return build_pair(PoolSpec(compression_ratios=(4, 128, 0)),
                       PoolSpec(compression_ratios=(0, 4), page_size=64, sliding_window=64),
                       mapping="different")

@@ -7,7 +7,7 @@
   (from :mod:`sglang_dsv4_guard.samples`).
 - Hooks: :func:`check_pools` and :func:`check_transfer` run the built-ins and your
   plug-ins through the guard's real plug-in manager (the same isolation, ordering and
-  ``DSV4G090`` handling as in a server) and return the :class:`Report`;
+  plug-in failure handling as in a server) and return the :class:`Report`;
   :class:`Recorder` is a reporter that keeps every report it is handed.
 - The installed guard: :func:`record` and :func:`register` add a recorder or a plug-in
   to the guard ``install()`` put in place; each comes with its :data:`Undo`.
@@ -57,7 +57,7 @@ def check_pools(target_pool: object, draft_pool: object, *plugins: object, mode:
     """Run the remediation and check hooks on a pool pair, as the wrapper does.
 
     ``plugins`` are registered after the built-ins exactly as a server registers entry
-    points (a refused one raises ``ValueError`` with its ``DSV4G090`` details). The
+    points (a refused one raises ``ValueError`` with its failure's details). The
     pools are snapshotted as in a server, remediation plug-ins may act (auto-share only
     when ``autoshare``), then every ``check_state`` implementation runs; the report
     goes to every reporter (a :class:`Recorder` among ``plugins`` receives it) and is
@@ -106,7 +106,7 @@ def register(*plugins: object) -> Undo:
     """Register ``plugins`` on the guard ``install()`` put in place; return the undo.
 
     Registered as a server registers entry points, all or nothing: a refused plug-in
-    raises ``ValueError`` with its ``DSV4G090`` details and none is left registered.
+    raises ``ValueError`` with its failure's details and none is left registered.
     The undo unregisters them and returns ``True``; ``False`` when none was still
     registered (undone before, or after ``uninstall()``).
     """

@@ -4,10 +4,10 @@ Parse both servers with the release's own parser (:mod:`.parse`), derive each wi
 own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
 
 - DeepSeek-V4 with a draft: SGLang's real ``setup_state_kv_args`` on miniature real
-  pools of each server, under the guard's state wrapper (:mod:`.pools`): DSV4G001-005;
-- MORI: the guard's ``check_send`` hooks (built-in DSV4G006 and any plug-in's) on the
+  pools of each server, under the guard's state wrapper (:mod:`.pools`);
+- MORI: the guard's ``check_send`` hooks (the built-in TP check and any plug-in's) on the
   transfer the two servers imply, as when the decode peer registers;
-- the PD asymmetries no runtime check sees (:mod:`.asymmetry`): DSV4G020-025;
+- the PD asymmetries no runtime check sees (:mod:`.asymmetry`);
 - what cannot be known from flags, said in ``unknowns``.
 """
 
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.check.fixing.flag_fixes import derived_fixes
+from sglang_dsv4_guard.check.fixing.refusal import refusal_finding
 from sglang_dsv4_guard.check.offline.chatter import Output, capturing, recording, section
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.check.rows.asymmetry import SideView, asymmetry_findings
@@ -27,11 +28,14 @@ from sglang_dsv4_guard.check.server.derive import Side, derive_side, page_size_s
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.check.server.said import Said, said_about
-from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.codes import ONE_SIDED_DRAFT
 from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
 from sglang_dsv4_guard.host.judgement import judge_imported
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
+from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
+from sglang_dsv4_guard.pd.nixl_payload import PREFILL_DRAFT_CODE
+from sglang_dsv4_guard.state.checks import MAPPING_CODE, MODES_CODE, RATIOS_CODE, RING_CODE
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.host.releases import HostProfile
@@ -107,26 +111,6 @@ def _view(side: Side) -> SideView:
     )
 
 
-def _refused(side: Side, other: Side) -> Finding:
-    """DSV4G026: the release's resolution raised for this server's flags (its fixes are
-    derived in :func:`run_check`); it says when the other server is refused the same way."""
-    info = CODES["DSV4G026"]
-    same = ((f"the {other.role} server's flags are refused with the same message (its own "
-             f"DSV4G026): both servers need the fix",)
-            if other.args.resolution_error == side.args.resolution_error else ())
-    return Finding(
-        code="DSV4G026", severity=Severity.ERROR, summary=info.title,
-        subject=f"{side.role} server flags",
-        observations=(Observation(side.role, "resolution", side.args.resolution_error,
-                                  "ServerArgs resolution of the installed release"),),
-        details=(f"the {side.role} server's flags: {' '.join(side.args.argv)}",
-                 f"what this check derives for the {side.role} server (its page size, "
-                 "speculative settings, attention TP, the pools it builds) comes from its "
-                 "flags as parsed, without the model defaults and checks SGLang's "
-                 "resolution would have applied", *same),
-        docs=docs_url("DSV4G026"))
-
-
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
     """The guard's send checks on the transfer the two servers imply (phase ``check``:
     before launch, on the transfer the two lines imply)."""
@@ -148,17 +132,17 @@ def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
 def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
     notes = []
     if any(s.model.is_dsv4 and s.draft is not None for s in (prefill, decode)):
-        notes.append("DSV4G004: whether each server's draft pool is handed the target's "
+        notes.append(f"{MAPPING_CODE}: whether each server's draft pool is handed the target's "
                      "SWA index mapping object is decided when the draft worker is built, "
                      "not by flags; the miniature pools share one tensor, as a correct "
                      "deployment does")
         _, source = draft_ratio()
-        notes.append("DSV4G001: the draft pool's compression ratios are the release's, not "
+        notes.append(f"{RATIOS_CODE}: the draft pool's compression ratios are the release's, not "
                      f"the draft config's: every draft layer gets {source}; a modified "
                      "draft runner that builds its pool otherwise is not visible in flags")
     for side in (prefill, decode):
         if side.unified_kv and side.draft is not None:
-            notes.append(f"DSV4G003 ({side.role}): the unified-KV pool (ROCm) cannot be built "
+            notes.append(f"{RING_CODE} ({side.role}): the unified-KV pool (ROCm) cannot be built "
                          "on this machine; its ring geometry is not predicted (target window "
                          f"{side.model.sliding_window}, draft window "
                          f"{side.draft.sliding_window})")
@@ -189,7 +173,7 @@ def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
                  "--device, else cuda), without that device present: what SGLang reads "
                  "from the GPU itself (its memory, its compute capability) is not known here")
     if prefill.unified_kv or decode.unified_kv:
-        notes.append("DSV4G002 (target and draft pools in different unified-KV modes) cannot "
+        notes.append(f"{MODES_CODE} (target and draft pools in different unified-KV modes) cannot "
                      "come from the environment: both pools of one server read "
                      "SGLANG_HACK_FLASHMLA_BACKEND once")
     return notes
@@ -253,8 +237,8 @@ def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, st
         prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
     with section("decode"):
         decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
-    findings: list[Finding] = [_refused(s, o) for s, o in ((prefill, decode), (decode, prefill))
-                               if s.args.resolution_error is not None]
+    findings: list[Finding] = [refusal_finding(s.args, o.args) for s, o in (
+        (prefill, decode), (decode, prefill)) if s.args.resolution_error is not None]
     runs = []
     for side in (prefill, decode):
         with section(side.role):
@@ -270,12 +254,12 @@ def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, st
                                                     profile)
     # The first-contact row judges page sizes: where it raised, its error replaces this
     # warning; where a server's resolution did not complete, its page size is not known
-    # (the row's unknowns line says DSV4G022 was not judged), so no warning is built on it.
+    # (the row's unknowns line says it was not judged), so no warning is built on it.
     unresolved = not (prefill.args.resolved and decode.args.resolved)
-    if unresolved or any(f.code == "DSV4G022" for f in contract):
-        findings = [f for f in findings if f.code != "DSV4G022"]
-    if any(f.code == "DSV4G046" for f in contract):  # NIXL's registration refuses it: an
-        findings = [f for f in findings if f.code != "DSV4G020"]  # error, not a warning
+    if unresolved or any(f.code == PAGE_CODE for f in contract):
+        findings = [f for f in findings if f.code != PAGE_CODE]
+    if any(f.code == PREFILL_DRAFT_CODE for f in contract):  # NIXL's registration refuses
+        findings = [f for f in findings if f.code != ONE_SIDED_DRAFT]  # it: an error
     findings.extend(contract)
     if derive:
         findings = [derived_fixes(f, prefill, decode) for f in findings]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
 from sglang_dsv4_guard.findings import Severity
 from sglang_dsv4_guard.render import render_finding
 
@@ -61,7 +62,7 @@ def render_check(result: CheckResult) -> str:
     for run in result.pool_runs:
         outcome = run.host_error or ("not run" if run.build_error else "accepted")
         built = (" built from the flags as parsed (SGLang's resolution refused them, "
-                 "DSV4G026)" if run.role in refused else "")
+                 f"{REFUSAL_CODE})" if run.role in refused else "")
         parts.append(f"{run.role}: SGLang's setup_state_kv_args on miniature real "
                      f"pools{built}: {outcome}")
     parts += [render_finding(f) for f in result.report.findings]

@@ -20,8 +20,8 @@ then:
 
 Any failure of ours is logged and SGLang's exception rises unchanged. Strict mode changes
 nothing here (SGLang already refuses), except that our own failure becomes a note on
-SGLang's error. A built-in prediction that differs from SGLang's first message is
-``DSV4G099`` and changes nothing.
+SGLang's error. A built-in prediction that differs from SGLang's first message is a
+self-check finding (:func:`~sglang_dsv4_guard.wrapping.self_check`) and changes nothing.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Wraps ``MoriKVManager._send_swa_dsa_state`` (per request) and
 ``MoriKVManager._add_remote_peer`` (once per decode peer), lazily, the moment SGLang
-imports the connector. Code: ``DSV4G006``. The registration's other conditions (DCP
+imports the connector. Code: :data:`.checks.CODE`. The registration's other conditions (DCP
 relayout, then the pair conditions of :mod:`sglang_dsv4_guard.pd.conditions`) are checked
 by the peer guard (:mod:`sglang_dsv4_guard.peers`), which the composition root hands to
 :class:`~sglang_dsv4_guard.mori.wrapper.MoriGuard` as a callable (``peers`` imports

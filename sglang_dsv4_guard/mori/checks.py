@@ -10,6 +10,8 @@ from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout, attention_tp_fixes
 
+CODE = "DSV4G006"
+
 _DECODE_TP = ("the decode server's attention TP size, sent when it registers "
               "(KVArgsRegisterInfo.decode_tp_size)")
 _REWRITE = ("this release rewrites the deprecated --dp-size N --enable-dp-attention into "
@@ -111,8 +113,8 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
                    "across attention-TP sizes on MORI (the same check in each); other KV, and "
                    "MLA models, are transferred across TP sizes")
     return [Finding(
-        code="DSV4G006", severity=Severity.ERROR, summary=CODES["DSV4G006"].title,
+        code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
         subject="MORI swa state transfer", observations=tuple(observations),
-        details=tuple(details), fixes=_tp_fixes(t), docs=docs_url("DSV4G006"),
+        details=tuple(details), fixes=_tp_fixes(t), docs=docs_url(CODE),
         host_message=host_message(t),
     )]

@@ -43,7 +43,7 @@ from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import LIST_CAP, Report
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_REGISTER, MORI_SEND
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.mori.checks import violates
+from sglang_dsv4_guard.mori.checks import CODE, violates
 from sglang_dsv4_guard.mori.snapshot import (
     SendContext,
     SendSnapshot,
@@ -124,12 +124,12 @@ class MoriGuard:
                     failures: int) -> None:
         """The running count; ``peers`` and ``failures`` as captured under the lock."""
         logger.log(logging.ERROR if what == "failures" else logging.WARNING,
-                   "[DSV4G006] MORI mismatch (%s): %d decode peer(s), %d failed state "
+                   "[%s] MORI mismatch (%s): %d decode peer(s), %d failed state "
                    "transfer(s) so far (fingerprint %s); the full report was printed once; "
                    "counts are logged at 1, 10, 100, ...; exact ones: "
-                   "sglang_dsv4_guard.summary()", m.label, peers, failures,
+                   "sglang_dsv4_guard.summary()", CODE, m.label, peers, failures,
                    m.fingerprint, extra={EXTRA_KEY: {
-                       "codes": ["DSV4G006"], "fingerprint": m.fingerprint, "count": what,
+                       "codes": [CODE], "fingerprint": m.fingerprint, "count": what,
                        "mismatch": m.label, "peers": peers,
                        "failures": failures}})
 
@@ -201,7 +201,7 @@ class MoriGuard:
             self._count_line(mkey, m, "peers", peers, failures)
 
     def others(self, manager: object, register_info: object) -> DSV4GuardError | None:
-        """The registration's conditions besides DSV4G006 (``registration``); a strict
+        """The registration's conditions besides MORI's TP rule (``registration``); a strict
         failure of ours to raise once SGLang's outcome is in."""
         return None if self.registration is None else self.registration(manager, register_info)
 
@@ -220,7 +220,7 @@ class MoriGuard:
         if entry is None:
             return None
         report, rendered = entry
-        first = next((f.host_message for f in report.findings if f.host_message), "DSV4G006")
+        first = next((f.host_message for f in report.findings if f.host_message), CODE)
         return DSV4GuardError(f"{first} [sglang-dsv4-guard strict mode: transfer not attempted]",
                               report, rendered)
 
@@ -230,7 +230,7 @@ class MoriGuard:
         with self._lock:
             lines = []
             for m in self.mismatches.values():
-                lines.append(f"DSV4G006 MORI mismatch ({m.label}; fingerprint "
+                lines.append(f"{CODE} MORI mismatch ({m.label}; fingerprint "
                              f"{m.fingerprint}): {len(m.peers)} decode peer(s), {m.failures} "
                              "failed state transfer(s)")
                 per_peer = [(k, n) for k, n in self.failures.items() if k[0] in m.peers]

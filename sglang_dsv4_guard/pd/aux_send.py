@@ -14,12 +14,12 @@ fallback when the counts differ) send each prefill buffer by index: the decode's
 its own list. The engines (Mooncake's ``_transfer_data``, NIXL's agent, MORI's engine and
 sockets) are recorders: what is sent is counted, nothing leaves the process.
 
-:func:`aux_rows` (DSV4G048) runs the same functions when the counts agree but some rows
-differ in width (``--sampling-mask-max-tokens``): once per request slot, into a fresh
-decode each time, it records where each request's bytes land (the RDMA paths' copies are
-made only inside the decode's registered buffers; the TCP path's are written by the
-decode's real codec into buffers followed by spare bytes, so an overrun is seen, never
-harmful).
+:func:`aux_rows` (``check``'s row widths) runs the same functions when the counts agree
+but some rows differ in width (``--sampling-mask-max-tokens``): once per request slot,
+into a fresh decode each time, it records where each request's bytes land (the RDMA
+paths' copies are made only inside the decode's registered buffers; the TCP path's are
+written by the decode's real codec into buffers followed by spare bytes, so an overrun
+is seen, never harmful).
 
 The caller applies the prefill's environment (``send_aux`` reads ``envs`` when it runs).
 """

@@ -15,6 +15,7 @@ the other server's launch line is not known, they are said as derived, unproven.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -36,13 +37,9 @@ _LABELS = {"kv_cache_dtype_str": "the {src}'s KV cache dtype string",
            "kv_layout": "the {src}'s DeepSeek-V4 KV layout variables"}
 # The ServerArgs field of each copied value.
 _COPIED = {"kv_cache_dtype_str": "kv_cache_dtype", "page_size": "page_size", "pp_size": "pp_size"}
-# Values SGLang's condition needs at their default (1 / off), and, per code, the only
-# server whose value the condition reads.
+# Values SGLang's condition needs at their default (1 / off); the condition says whose
+# value it reads (``reads``, else either server's).
 _NEUTRAL = ("attn_cp_size", "dcp_size", "enable_kv_cache_sharding")
-_NEUTRAL_SERVER = {("DSV4G034", "dcp_size"): "decode", ("DSV4G034", "attn_cp_size"): "prefill",
-                   ("DSV4G034", "enable_kv_cache_sharding"): "prefill",
-                   ("DSV4G035", "attn_cp_size"): "decode",
-                   ("DSV4G035", "enable_kv_cache_sharding"): "prefill"}
 # What both servers need, said without an edit where none is derived (no flag sets it,
 # or the environment to copy it from is not known here).
 _ADVICE = {"dsv41_spec_layout": "DSpark enabled the same way (speculative algorithm, block "
@@ -53,10 +50,11 @@ _ADVICE = {"dsv41_spec_layout": "DSpark enabled the same way (speculative algori
 NO_FIX = Fix(FixKind.NO_FLAG_FIX, "no flag change of either server fixes this")
 
 
-def contact_fixes(code: str, names: tuple[str, ...], prefill: Endpoint, decode: Endpoint
-                  ) -> tuple[Fix, ...]:
-    """The fixes of one finding whose condition reads ``names``, in order: equal attention
-    TP first, then per value, the decode changed before the prefill."""
+def contact_fixes(reads: Mapping[str, str], names: tuple[str, ...], prefill: Endpoint,
+                  decode: Endpoint) -> tuple[Fix, ...]:
+    """The fixes of one finding whose condition reads ``names`` (a neutral value of the
+    server ``reads`` names, where it names one), in order: equal attention TP first, then
+    per value, the decode changed before the prefill."""
     found: list[Fix] = []
     names = tuple(dict.fromkeys(names))
     if "attn_tp_size" in names:
@@ -66,7 +64,7 @@ def contact_fixes(code: str, names: tuple[str, ...], prefill: Endpoint, decode: 
                        for e in (prefill, decode))
         edited = []
         for src, dst in ((prefill, decode), (decode, prefill)):
-            edits = _edits(code, name, src, dst)
+            edits = _edits(reads, name, src, dst)
             if edits and all(e is not None for e in edits):
                 label = _LABELS.get(name, name).format(src=src.role)
                 edited.append(Fix(FixKind.FLAGS, f"launch the {dst.role} server with {label}",
@@ -95,7 +93,7 @@ def _typed(endpoint: Endpoint, name: str, value: Any) -> bool:
     return value not in (None, False, 1)
 
 
-def _edits(code: str, name: str, src: Endpoint, dst: Endpoint) -> list[Edit | None]:
+def _edits(reads: Mapping[str, str], name: str, src: Endpoint, dst: Endpoint) -> list[Edit | None]:
     """The edits giving ``dst`` a value of ``name`` that satisfies the condition (none:
     no fix of this kind)."""
     want = src.get(name)
@@ -108,7 +106,7 @@ def _edits(code: str, name: str, src: Endpoint, dst: Endpoint) -> list[Edit | No
         return [_vetted(flag_edit(dst.role, _COPIED[name], want))]
     if name in _NEUTRAL:
         own = dst.get(name)
-        server = _NEUTRAL_SERVER.get((code, name), dst.role)
+        server = reads.get(name, dst.role)
         if server != dst.role or own in (None, False, 1) or not _typed(dst, name, own):
             return []
         return [_vetted(flag_edit(dst.role, name, None))]  # back to the default (1 / off)

@@ -40,12 +40,21 @@ from sglang_dsv4_guard.host.targets import (
 from sglang_dsv4_guard.patching import WRAPPER_MARK
 from sglang_dsv4_guard.pd.contact_fixes import contact_fixes
 from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["MAX_CALLS", "Contact", "Raised", "contact_findings", "first_contact", "rule_for"]
+__all__ = ["DSPARK_CODE", "DTYPE_CODE", "LAYOUT_CODE", "MAX_CALLS", "PAGE_CODE", "Contact",
+           "Raised", "contact_findings", "first_contact", "rule_for"]
 
 MAX_CALLS = 12
-UNMAPPED_CODE = "DSV4G035"
+# The codes of its conditions (the modules that name one import it from here).
+PAGE_CODE, DTYPE_CODE, LAYOUT_CODE, DSPARK_CODE, MXFP8_CODE, DCP_CODE, CP_CODE = (
+    "DSV4G022", "DSV4G030", "DSV4G031", "DSV4G032", "DSV4G033", "DSV4G034", "DSV4G035")
+UNMAPPED_CODE = CP_CODE
+# Per code, the only server whose neutral value (1 / off) the condition reads.
+_READS = {DCP_CODE: {"dcp_size": "decode", "attn_cp_size": "prefill",
+                     "enable_kv_cache_sharding": "prefill"},
+          CP_CODE: {"attn_cp_size": "decode", "enable_kv_cache_sharding": "prefill"}}
 _ADDRESS = "prefill-bootstrap.check.invalid:8998"  # never resolved: answered locally
 _BLOCK_SCALES = ("block_scale", "block_scale_swa")
 _MINIMAX_INDEX = "minimax_index_k"
@@ -129,28 +138,28 @@ def _decode_cp(manager: Any, data: dict[str, Any]) -> None:
 
 # (words of SGLang's message, code, the endpoint values that decide it, neutraliser).
 _RULES: tuple[tuple[str, str, tuple[str, ...], Neutraliser], ...] = (
-    ("Page size mismatch", "DSV4G022", ("page_size",), _page),
-    ("KV cache dtype mismatch", "DSV4G030", ("kv_cache_dtype_str",), _dtype),
-    ("MiniMax sparse PD requires matching attention TP", "DSV4G041",
+    ("Page size mismatch", PAGE_CODE, ("page_size",), _page),
+    ("KV cache dtype mismatch", DTYPE_CODE, ("kv_cache_dtype_str",), _dtype),
+    ("MiniMax sparse PD requires matching attention TP", MINIMAX_CODE,
      ("attn_tp_size", "state_types"), _drop_states((_MINIMAX_INDEX,))),
-    ("KV layout mismatch", "DSV4G031", ("kv_layout",), _set_manager("kv_layout", "kv_layout")),
-    ("DSpark PD layout mismatch", "DSV4G032", ("dsv41_spec_layout",),
+    ("KV layout mismatch", LAYOUT_CODE, ("kv_layout",), _set_manager("kv_layout", "kv_layout")),
+    ("DSpark PD layout mismatch", DSPARK_CODE, ("dsv41_spec_layout",),
      _set_manager("dsv41_spec_layout", "dsv41_spec_layout")),
-    ("DSpark PD requires the same TP size", "DSV4G032", ("attn_tp_size", "attn_cp_size"),
+    ("DSpark PD requires the same TP size", DSPARK_CODE, ("attn_tp_size", "attn_cp_size"),
      _no_dspark),
-    ("different attention TP sizes with MXFP8", "DSV4G033", ("attn_tp_size", "state_types"),
+    ("different attention TP sizes with MXFP8", MXFP8_CODE, ("attn_tp_size", "state_types"),
      _drop_states(_BLOCK_SCALES)),
-    ("PD decode DCP requires an MLA or hybrid-MLA KV pool", "DSV4G034",
+    ("PD decode DCP requires an MLA or hybrid-MLA KV pool", DCP_CODE,
      ("dcp_size", "is_mla_backend"), _hybrid_mla),
-    ("PD decode DCP currently requires prefill attention CP", "DSV4G034",
+    ("PD decode DCP currently requires prefill attention CP", DCP_CODE,
      ("dcp_size", "attn_cp_size"), _answer("attn_cp_size", 1)),
-    ("PD decode DCP does not support a prefill with --enable-kv-cache-sharding", "DSV4G034",
+    ("PD decode DCP does not support a prefill with --enable-kv-cache-sharding", DCP_CODE,
      ("dcp_size", "enable_kv_cache_sharding"), _no_dcp),
-    ("MLA KV cache sharding requires equal", "DSV4G035",
+    ("MLA KV cache sharding requires equal", CP_CODE,
      ("attn_tp_size", "enable_kv_cache_sharding"), _answer("enable_kv_cache_sharding", False)),
-    ("Decode cp size", "DSV4G035", ("attn_cp_size",), _decode_cp),
-    ("When prefill cp size is 1", "DSV4G035", ("attn_cp_size",), _decode_cp),
-    ("Decode pp size", "DSV4G035", ("pp_size",), _set_manager("pp_size", "pp_size")),
+    ("Decode cp size", CP_CODE, ("attn_cp_size",), _decode_cp),
+    ("When prefill cp size is 1", CP_CODE, ("attn_cp_size",), _decode_cp),
+    ("Decode pp size", CP_CODE, ("pp_size",), _set_manager("pp_size", "pp_size")),
 )
 
 
@@ -311,8 +320,8 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str,
     manager = _manager(cls, decode, prefill, state_type, missing)
     if not decode.has("state_types"):
         unknowns.append(f"decode's first contact ({release}): the decode's state types are "
-                        "not derived, so its MXFP8 and MiniMax conditions (DSV4G033, "
-                        "DSV4G041) ran as if it had none")
+                        f"not derived, so its MXFP8 and MiniMax conditions ({MXFP8_CODE}, "
+                        f"{MINIMAX_CODE}) ran as if it had none")
     raised: list[Raised] = []
     calls = 0
     with _answered(module, data):
@@ -370,7 +379,7 @@ def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) ->
         details=(order, f"SGLang's own {PD_FIRST_CONTACT.qualname} raised {raised.kind} on "
                         "the values both launch lines imply (the prefill's as its bootstrap "
                         "server answers them)"),
-        fixes=contact_fixes(raised.code, tuple(fields), prefill, decode),
+        fixes=contact_fixes(_READS.get(raised.code, {}), tuple(fields), prefill, decode),
         docs=docs_url(raised.code), host_message=raised.message,
         when=when_text(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
 

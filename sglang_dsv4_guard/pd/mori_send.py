@@ -3,9 +3,9 @@
 ``MoriKVManager.send_state`` refuses, per request, a decode that registered another
 number of state components (``state component count mismatch``, every release:
 DSV4G057), and ``_send_swa_dsa_state`` a decode whose TP differs for state it cannot
-reslice: MiniMax sparse state (DSV4G041, ``check``'s code) and, from 0.5.20, QSA state,
-paired by the prefill's attention TP (0.5.20 - 0.5.22) or state TP (0.5.23) (DSV4G056).
-The non-MLA ``swa`` TP rule there is DSV4G006, MORI's own hook
+reslice: MiniMax sparse state (:mod:`.send_extra`'s code, ``check``'s) and, from
+0.5.20, QSA state, paired by the prefill's attention TP (0.5.20 - 0.5.22) or state TP
+(0.5.23) (DSV4G056). The non-MLA ``swa`` TP rule there is MORI's own hook
 (:mod:`sglang_dsv4_guard.mori.checks`); a refusal of one server alone (PP > 1 for sparse
 state) compares nothing and is not reported here.
 
@@ -33,13 +33,14 @@ from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_SEND, PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["MoriRefusal", "mori_state_findings", "mori_state_refusals"]
 
 _TP = "heterogeneous TP not supported"
 _COUNT = "state component count mismatch"
-_SWA = "TP-mismatched non-MLA SWA"  # DSV4G006: MORI's own hook
+_SWA = "TP-mismatched non-MLA SWA"  # MORI's own hook (mori/checks.py)
 _QSA = ("qsa_pending", "qsa_compressed")
 
 
@@ -120,7 +121,7 @@ def mori_state_refusals(prefill: Endpoint, decode: Endpoint) -> list[MoriRefusal
         message = _raised(send, manager, **kwargs)
         if message is None or _SWA in message or _TP not in message:
             continue
-        code = "DSV4G056" if st in _QSA else "DSV4G041"
+        code = "DSV4G056" if st in _QSA else MINIMAX_CODE
         found.append(MoriRefusal(code, st, message, str(MORI_SEND),
                                  _pairs_by(send, manager, peer, kwargs)))
     return found
@@ -146,7 +147,7 @@ def _pairs_by(send: Any, manager: Any, peer: Any, kwargs: dict[str, Any]
 def mori_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
                         ) -> tuple[list[Finding], list[str]]:
     """The pair condition: MORI's per-request state refusals for a registering decode peer
-    (DSV4G041, 056, 057; run time: ``check``'s child never imports MORI's connector)."""
+    (MiniMax's, DSV4G056, 057; run time: ``check``'s child never imports MORI's connector)."""
     del package
     if prefill.get("transfer_backend") != "mori" or not decode.has(PEER):
         return [], []

@@ -38,16 +38,17 @@ from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["PAYLOAD_SITES", "REGIONS", "NixlRefusal", "decode_kv_kinds",
-           "hisparse_backend_refusal", "nixl_payload_findings", "payload_finding",
-           "payload_refusal"]
+__all__ = ["HISPARSE_CODE", "PAYLOAD_SITES", "PREFILL_DRAFT_CODE", "REGIONS", "NixlRefusal",
+           "decode_kv_kinds", "hisparse_backend_refusal", "nixl_payload_findings",
+           "payload_finding", "payload_refusal"]
 
 #: The digested sites of NIXL's registration payload checks.
 PAYLOAD_SITES = ("nixl.hisparse_spec", "nixl.direct_to_host", "nixl.fewer_regions")
 
 REGIONS = 2  # KV regions of a target pool in the miniature registration
+HISPARSE_CODE, PREFILL_DRAFT_CODE = "DSV4G044", "DSV4G046"
 _PHRASES = {"decode-only speculative": "DSV4G042", "direct-to-host": "DSV4G043",
-            "registered fewer KV regions": "DSV4G046"}
+            "registered fewer KV regions": PREFILL_DRAFT_CODE}
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ def hisparse_backend_refusal(decode: Endpoint, package: Path) -> NixlRefusal | N
     names = _names(decode)
     if not site.holds(names):
         return None
-    return NixlRefusal("DSV4G044", site.message(names), str(site.spec.target))
+    return NixlRefusal(HISPARSE_CODE, site.message(names), str(site.spec.target))
 
 
 def nixl_payload_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
@@ -186,11 +187,11 @@ def payload_finding(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal,
                     phase: Phase) -> Finding:
     """The finding of a NIXL payload refusal (and of HiSparse off Mooncake, DSV4G044)."""
     names = (("transfer_backend", "speculative_algorithm", "kv_regions")
-             if refusal.code == "DSV4G046" else (
+             if refusal.code == PREFILL_DRAFT_CODE else (
         "transfer_backend", "enable_hisparse", "kv_mem_kinds", "speculative_algorithm",
         "is_dsv4", *(("attn_tp_size", "is_mla_backend") if refusal.code == "DSV4G043" else ())))
     return pair_finding(
-        refusal.code, ("decode peer's NIXL registration" if refusal.code == "DSV4G046"
+        refusal.code, ("decode peer's NIXL registration" if refusal.code == PREFILL_DRAFT_CODE
                        else "decode server HiSparse transfer"), (prefill, decode), names,
         (_details(prefill, decode, refusal),), _fixes(prefill, decode, refusal),
         refusal.message, when_text(phase, str(prefill.get("transfer_backend")),
@@ -199,12 +200,12 @@ def payload_finding(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal,
 
 def _details(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal) -> str:
     d = decode
-    if refusal.code == "DSV4G046":
+    if refusal.code == PREFILL_DRAFT_CODE:
         return (f"SGLang's {refusal.function} raises it: the prefill runs "
                 f"{prefill.get('speculative_algorithm')} and registers its draft pool's "
                 "KV regions after the target's (PrefillBootstrapQueue._init_kv_manager); the "
                 "decode, without speculative decoding, registers only the target's")
-    if refusal.code == "DSV4G044":
+    if refusal.code == HISPARSE_CODE:
         # decode.py DecodePreallocQueue.pop_preallocated (0.5.17+; a draft pool from 0.5.22)
         pools = " and ".join(n for n, on in (("a DeepSeek-V4 KV pool", d.get("is_dsv4")), (
             "a draft KV pool", d.get("speculative_algorithm"))) if on)
@@ -223,7 +224,7 @@ def _fixes(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal) -> tuple[F
     derives the flag edits from both lines). DSV4G042-044: the decode without HiSparse;
     where attention TP differs (DSV4G043), equal attention TP first; else Mooncake on
     both servers, whose transfer takes HiSparse."""
-    if refusal.code == "DSV4G046":
+    if refusal.code == PREFILL_DRAFT_CODE:
         regions = ("" if not (prefill.has("kv_regions") and decode.has("kv_regions")) else
                    f": the decode registered {decode.get('kv_regions')} KV regions, the "
                    f"prefill has {prefill.get('kv_regions')}")

@@ -109,7 +109,7 @@ def _fixes(prefill: Endpoint, decode: Endpoint) -> tuple[Fix, ...]:
     need none (``CommonKVManager.requires_dcp_relayout``, 0.5.17 - 0.5.23;
     ``pd_disaggregation_hook`` warns that a DCP prefill is supported with the decode's DCP
     layout)."""
-    found = list(contact_fixes(CODE, ("dcp_size",), prefill, decode))
+    found = list(contact_fixes({}, ("dcp_size",), prefill, decode))
     for src, dst in ((prefill, decode), (decode, prefill)):
         size = int(src.get("dcp_size", 1) or 1)
         if size == 1 or size == int(dst.get("dcp_size", 1) or 1):

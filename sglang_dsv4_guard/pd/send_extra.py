@@ -35,9 +35,12 @@ from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["BACKENDS", "StateRefusal", "send_extra_findings", "send_extra_refusals", "site_keys"]
+__all__ = ["BACKENDS", "MINIMAX_CODE", "StateRefusal", "send_extra_findings",
+           "send_extra_refusals", "site_keys"]
 
-#: The backends whose ``maybe_send_extra`` these rows read (MORI's is DSV4G006's).
+MINIMAX_CODE = "DSV4G041"  # also the first contact's and MORI's transfer's refusal of it
+
+#: The backends whose ``maybe_send_extra`` these rows read (MORI's: :mod:`.mori_send`).
 BACKENDS = ("mooncake", "nixl")
 
 
@@ -101,7 +104,7 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | N
         raise NotJudged(f"SGLang's {before.spec.target} refuses this state before comparing "
                         f"TP sizes: {before.message(names)!r} (per request; a check these "
                         "rows do not report)")
-    for key, code in ((f"{backend}.hetero_tp", "DSV4G040"), (f"{backend}.minimax", "DSV4G041")):
+    for key, code in ((f"{backend}.hetero_tp", "DSV4G040"), (f"{backend}.minimax", MINIMAX_CODE)):
         site = locate(package, SITES[key])
         if site is not None and site.holds(names):
             return StateRefusal(st, code, site.message(names), str(site.spec.target))
@@ -169,7 +172,7 @@ def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
     minimax_first = locate(package, SITES["first_contact.minimax"]) is not None
     merged: dict[tuple[str, str], StateRefusal] = {}
     for v in refusals:
-        if v.code == "DSV4G041" and minimax_first:
+        if v.code == MINIMAX_CODE and minimax_first:
             continue
         first = merged.get((v.code, v.message))
         merged[(v.code, v.message)] = v if first is None else replace(

@@ -1,8 +1,7 @@
 """The guard around ``sglang.srt.disaggregation.utils.setup_state_kv_args``.
 
 Wraps SGLang's ``setup_state_kv_args`` (and the stale ``from ... import`` bindings of it
-in ``sglang.srt.disaggregation.prefill`` and ``.decode``). Codes: ``DSV4G001`` to
-``DSV4G005`` and ``DSV4G010``.
+in ``sglang.srt.disaggregation.prefill`` and ``.decode``). Codes: those of :mod:`.checks`.
 
 - :mod:`~sglang_dsv4_guard.state.snapshot`: plain values read from the target and
   draft pools (the only module here that touches SGLang objects);

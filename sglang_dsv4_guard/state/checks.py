@@ -23,6 +23,9 @@ from sglang_dsv4_guard.state.snapshot import (
     StatePair,
 )
 
+# The block's codes, by condition (the modules that name one import it from here).
+RATIOS_CODE, MODES_CODE, RING_CODE, MAPPING_CODE, PAGED_CODE, INCOMPLETE_CODE = (
+    "DSV4G001", "DSV4G002", "DSV4G003", "DSV4G004", "DSV4G005", "DSV4G010")
 _RATIO_SOURCE = {
     "target pool": "usually the model config's compress_ratios (config.json)",
     "draft pool": "usually KVCacheConfigurator (is_draft_worker): COMPRESS_RATIO_NEXTN_LAYER "
@@ -62,7 +65,7 @@ def _finding(
 def _incomplete(snap: PoolSnapshot, name: str, context: StateContext) -> Finding:
     value = snap.get(name)
     return _finding(
-        "DSV4G010",
+        INCOMPLETE_CODE,
         f"the {snap.role} has no readable attribute {name!r}",
         f"{snap.role} ({snap.type_name})",
         observations=(Observation(snap.role, name, value, "pool attribute"),),
@@ -86,7 +89,7 @@ def _ratios_not_a_list(pair: StatePair, value: NotASequence,
     observations = _ratio_observations(pair)
     if value.one_shot:
         return [_finding(
-            "DSV4G001", f"the draft pool's {what}", "draft pool compression_ratios",
+            RATIOS_CODE, f"the draft pool's {what}", "draft pool compression_ratios",
             severity=Severity.WARNING, observations=observations,
             details=("a one-shot iterator: SGLang's SWA-only check consumes it, so the guard "
                      "does not read it and makes no prediction for this check; any later "
@@ -95,17 +98,17 @@ def _ratios_not_a_list(pair: StatePair, value: NotASequence,
         )]
     if value.truthy is False:  # SGLang: `not compression_ratios` -> its SWA-only error
         return [_finding(
-            "DSV4G001", f"the draft pool's {what}", "draft pool compression_ratios",
+            RATIOS_CODE, f"the draft pool's {what}", "draft pool compression_ratios",
             observations=observations,
             details=(f"SGLang tests `not compression_ratios`, which is true for {value.text}, "
                      "and raises its SWA-only error",),
             fixes=derive.ratio_fixes(pair, context),
-            host_message=CODES["DSV4G001"].sglang_message,
+            host_message=CODES[RATIOS_CODE].sglang_message,
         )]
     why = (f"SGLang's `not compression_ratios` raises ({value.error})" if value.truthy is None
            else "SGLang raises TypeError iterating it")
     return [_finding(
-        "DSV4G010", f"the draft pool's {what}", f"draft pool ({pair.draft.type_name})",
+        INCOMPLETE_CODE, f"the draft pool's {what}", f"draft pool ({pair.draft.type_name})",
         observations=observations, details=(why,),
         fixes=derive.incomplete_fixes(pair.draft, "compression_ratios", context),
     )]
@@ -139,10 +142,10 @@ def _check_ratios(pair: StatePair, context: StateContext) -> list[Finding]:
         details = (f"draft layers that are not SWA-only: {shown}{more}",)
     else:
         details = ("the draft pool lists no layers at all (compression_ratios is empty)",)
-    return [_finding("DSV4G001", CODES["DSV4G001"].title, "draft pool compression_ratios",
+    return [_finding(RATIOS_CODE, CODES[RATIOS_CODE].title, "draft pool compression_ratios",
                      observations=_ratio_observations(pair), details=details,
                      fixes=derive.ratio_fixes(pair, context),
-                     host_message=CODES["DSV4G001"].sglang_message)]
+                     host_message=CODES[RATIOS_CODE].sglang_message)]
 
 
 def _ordered_scan(pair: StatePair, ratios: tuple[object, ...],
@@ -157,12 +160,12 @@ def _ordered_scan(pair: StatePair, ratios: tuple[object, ...],
             return [_incomplete(pair.draft, "compression_ratios", context)]
         if not zero:
             return [_finding(
-                "DSV4G001", CODES["DSV4G001"].title, "draft pool compression_ratios",
+                RATIOS_CODE, CODES[RATIOS_CODE].title, "draft pool compression_ratios",
                 observations=_ratio_observations(pair),
                 details=(f"draft layer {i} is not SWA-only: ratio {r} (SGLang's all() stops "
                          "here; later layers were not compared)",),
                 fixes=derive.ratio_fixes(pair, context),
-                host_message=CODES["DSV4G001"].sglang_message)]
+                host_message=CODES[RATIOS_CODE].sglang_message)]
     return []
 
 
@@ -179,13 +182,13 @@ def _check_unified(pair: StatePair, context: StateContext) -> tuple[list[Finding
         return [], True
     unified = "target pool" if t else "draft pool"
     return [_finding(
-        "DSV4G002", CODES["DSV4G002"].title, "_unified_kv",
+        MODES_CODE, CODES[MODES_CODE].title, "_unified_kv",
         observations=(Observation("target pool", "_unified_kv", t, _UNIFIED_SOURCE),
                       Observation("draft pool", "_unified_kv", d, _UNIFIED_SOURCE)),
         details=(f"only the {unified} is unified; the geometry checks are skipped until "
                  "both pools use one mode",),
         fixes=derive.unified_fixes(pair, context),
-        host_message=CODES["DSV4G002"].sglang_message,
+        host_message=CODES[MODES_CODE].sglang_message,
     )], False
 
 
@@ -208,11 +211,11 @@ def _geometry_finding(code: str, message: str, fields: list[tuple[str, str, str,
 def _check_geometry(pair: StatePair, context: StateContext, unified: bool) -> list[Finding]:
     if unified:
         fields = [(label, attr, attr, source) for label, attr, source in _RING_FIELDS]
-        code, prefix = "DSV4G003", "DSV4 target and draft pools must share SWA ring geometry: "
+        code, prefix = RING_CODE, "DSV4 target and draft pools must share SWA ring geometry: "
     else:
         fields = [(f.name, f.target_attr, f.draft_attr, f.source)
                   for f in context.profile.paged_geometry]
-        code, prefix = "DSV4G005", context.profile.paged_geometry_prefix
+        code, prefix = PAGED_CODE, context.profile.paged_geometry_prefix
     missing = [_incomplete(snap, attr, context) for _, t_attr, d_attr, _ in fields
                for snap, attr in ((pair.target, t_attr), (pair.draft, d_attr))
                if not snap.has(attr)]
@@ -251,7 +254,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
         if t.kind == "none" and pair.target.get("request_window.capacity") is None \
                 and pair.draft.get("swa_req_ring_size") is None:
             return [_finding(
-                "DSV4G004", "neither pool has an SWA index mapping registered",
+                MAPPING_CODE, "neither pool has an SWA index mapping registered",
                 "full_to_swa_index_mapping", severity=Severity.WARNING,
                 observations=observations,
                 details=("SGLang accepts this (None is None), but a paged DSV4 pool without "
@@ -278,9 +281,9 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
         details.append(f"auto-share would not help: {decision.reason}")
     fixes = derive.mapping_fixes(pair, context, decision, never)
     return [_finding(
-        "DSV4G004", CODES["DSV4G004"].title, "full_to_swa_index_mapping",
+        MAPPING_CODE, CODES[MAPPING_CODE].title, "full_to_swa_index_mapping",
         observations=observations, details=tuple(details), fixes=fixes,
-        host_message=None if never else CODES["DSV4G004"].sglang_message,
+        host_message=None if never else CODES[MAPPING_CODE].sglang_message,
     )]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from sglang_dsv4_guard.codes import ONE_SIDED_DRAFT
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.host.server import server_value
@@ -67,7 +68,7 @@ def _flags_fix(text: str, field: str, inputs: tuple[str, ...], *candidates: Edit
     return [Fix(FixKind.FLAGS, text, field=field, edits=kept, inputs=inputs)] if kept else []
 
 
-# -- DSV4G001 ---------------------------------------------------------------------------
+# -- the draft ratios --------------------------------------------------------------------
 
 def _all_zero(values: object) -> bool | None:
     if not isinstance(values, tuple) or not values:
@@ -88,7 +89,7 @@ def swapped(pair: StatePair) -> bool:
 
 
 def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
-    """DSV4G001: the ratios come from no flag; the code paths that produce them."""
+    """The draft ratios: they come from no flag; the code paths that produce them."""
     release = context.profile.name
     found: list[Fix] = []
     if swapped(pair):
@@ -118,17 +119,17 @@ def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
                 "num_effective_layers", "COMPRESS_RATIO_NEXTN_LAYER = 0 (srt/models/deepseek_v4_nextn.py)")))
     found += _flags_fix(
         "or serve without speculative decoding, on both servers of the pair (a draft on "
-        f"one server only is DSV4G020){_runs(context, 'speculative_algorithm')}",
+        f"one server only is {ONE_SIDED_DRAFT}){_runs(context, 'speculative_algorithm')}",
         "compression_ratios", ("--speculative-algorithm",),
         Edit("prefill", "--speculative-algorithm", remove=True),
         Edit("decode", "--speculative-algorithm", remove=True))
     return tuple(found)
 
 
-# -- DSV4G002 / DSV4G003 / DSV4G005 ------------------------------------------------------
+# -- unified-KV modes, ring and paged geometry -------------------------------------------
 
 def unified_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
-    """DSV4G002: the mode is read from the environment when each pool is built."""
+    """Unified-KV modes: the mode is read from the environment when each pool is built."""
     unified = "target pool" if pair.target.get("_unified_kv") else "draft pool"
     now = context.environ.get("SGLANG_HACK_FLASHMLA_BACKEND")
     state = f"={now}" if now is not None else " unset"
@@ -245,7 +246,7 @@ def geometry_source(name: str, side: str, default: str) -> str:
 
 def geometry_fixes(pair: StatePair, context: StateContext,
                    fields: list[tuple[str, str, str, str]]) -> tuple[Fix, ...]:
-    """DSV4G003/DSV4G005: one fix (or two) per field that differs, none for equal ones."""
+    """Ring or paged geometry: one fix (or two) per field that differs, none for equal ones."""
     values = {label: (pair.target.get(t), pair.draft.get(d)) for label, t, d, _ in fields}
     differing = {k: v for k, v in values.items() if v[0] != v[1]}
     found: list[Fix] = []
@@ -254,7 +255,7 @@ def geometry_fixes(pair: StatePair, context: StateContext,
     return tuple(found)
 
 
-# -- DSV4G004 / DSV4G010 -----------------------------------------------------------------
+# -- the shared mapping, an attribute missing --------------------------------------------
 
 def mapping_source(snap: PoolSnapshot, context: StateContext) -> str:
     """The ``from:`` line of a pool's mapping: the registration seen, or what usually does."""
@@ -266,7 +267,7 @@ def mapping_source(snap: PoolSnapshot, context: StateContext) -> str:
 
 def mapping_fixes(pair: StatePair, context: StateContext, decision: ShareDecision | None,
                   never: list[str]) -> tuple[Fix, ...]:
-    """DSV4G004: register the target's tensor on the draft; auto-share only when it would."""
+    """The shared mapping: register the target's tensor on the draft; auto-share only when it would."""
     inputs = (f"the target allocator's full_to_swa_index_mapping, registered on the draft "
               f"by {_CONFIGURATOR}",)
     if pair.target.mapping.kind != "tensor" and pair.draft.mapping.kind == "tensor":
@@ -298,7 +299,7 @@ def mapping_fixes(pair: StatePair, context: StateContext, decision: ShareDecisio
 
 
 def incomplete_fixes(snap: PoolSnapshot, name: str, context: StateContext) -> tuple[Fix, ...]:
-    """DSV4G010: the constructor sets the attribute; the pool was built another way."""
+    """An attribute missing: the constructor sets the attribute; the pool was built another way."""
     unified_only = name.startswith("unified_swa_")
     return (Fix(
         FixKind.CODE,

@@ -6,7 +6,7 @@ Once the guard is installed (in a scheduler: before any pool is built), SGLang's
 method with the caller's arguments and returns its result unchanged; before that it
 records, keyed weakly by the pool, the caller's ``file:line`` and a weak reference to the
 tensor registered (never its ``id()``, which CPython gives to the next object once the
-tensor is freed). Nothing else: no tensor is read or held. ``DSV4G004``'s ``from:``
+tensor is freed). Nothing else: no tensor is read or held. The shared-mapping check's ``from:``
 lines then say what was seen (:func:`registered_by`); a record whose tensor is not the
 pool's current mapping any more (set another way since, or freed) is not used.
 

@@ -8,7 +8,7 @@ draft pool references the old tensor (``TensorInfo.other_references == 0``: the
 
 A pure function of a :class:`~sglang_dsv4_guard.state.snapshot.StatePair`. It decides;
 :mod:`sglang_dsv4_guard.autoshare.rebind` acts (``draft_pool.register_mapping``),
-and the ``DSV4G004`` check uses the same decision to offer, or not, the switch.
+and the shared-mapping check (:mod:`.checks`) uses the same decision to offer, or not, the switch.
 """
 
 from __future__ import annotations

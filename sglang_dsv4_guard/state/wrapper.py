@@ -10,8 +10,9 @@ remediation plug-ins act (auto-share), runs every check, and then:
   as a PEP 678 note and as ``exc.dsv4_guard_report``;
 - SGLang accepted: log any warnings; in strict mode raise on errors and warnings.
 
-The checks' first error is cross-checked against SGLang's message; a mismatch is
-reported as ``DSV4G099`` (our bug) and never changes the outcome.
+The checks' first error is cross-checked against SGLang's message; a mismatch is a
+self-check finding (:func:`~sglang_dsv4_guard.wrapping.self_check`: our bug) and never
+changes the outcome.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from sglang_dsv4_guard.boundary import CODE as PLUGIN_FAILED
 from sglang_dsv4_guard.boundary import is_builtin, plugin_failure
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
@@ -77,7 +79,7 @@ class Prepared:
 
 
 def _changed_silently(name: str, found: list[Finding]) -> Finding:
-    failed = any(f.code == "DSV4G090" for f in found)
+    failed = any(f.code == PLUGIN_FAILED for f in found)
     return plugin_failure(
         name, "sglang_dsv4_guard_remediate_state",
         "changed what SGLang reads from the pools and then failed" if failed else
@@ -94,7 +96,7 @@ def prepare_pair(rt: Runtime, target: object, draft: object,
     (:func:`~sglang_dsv4_guard.state.snapshot.change_token`) of what SGLang reads is
     compared with the one before: when it changed, the pair is snapshotted again, and
     a plug-in that changed it without a finding saying so (it returned nothing, or
-    raised) is named in a ``DSV4G090`` finding.
+    raised) is named in a plug-in failure finding.
 
     ``None`` when SGLang's DeepSeek-V4 draft block does not run for these pools.
     """
@@ -123,7 +125,7 @@ def prepare_pair(rt: Runtime, target: object, draft: object,
         after = (change_token(target), change_token(draft))
         if after != before:
             changed, before = True, after
-            if not any(f.code != "DSV4G090" for f in found):
+            if not any(f.code != PLUGIN_FAILED for f in found):
                 remediation.append(_changed_silently(name, found))
     if changed:
         pair = snapshot_pair(target, draft, rt.profile.npu_gate)
@@ -200,9 +202,9 @@ def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Except
 def _on_host_success(rt: Runtime, prep: Prepared) -> None:
     report, _ = _findings(rt, prep, None)
     # Strict mode blocks on what the checks found, never on a plug-in's failure
-    # (DSV4G090) nor on what remediation did; identity, since values may be tensors.
+    # (PLUGIN_FAILED) nor on what remediation did; identity, since values may be tensors.
     escalate = [f for f in report.findings
-                if f.severity is not Severity.INFO and f.code != "DSV4G090"
+                if f.severity is not Severity.INFO and f.code != PLUGIN_FAILED
                 and not any(f is done for done in prep.remediation)]
     rendered = _publish(rt, report, raised=rt.strict and bool(escalate),
                         in_traceback=prep.in_scheduler)

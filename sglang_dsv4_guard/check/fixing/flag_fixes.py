@@ -6,7 +6,7 @@ decode's first), spelled as the installed release's parser spells the flag
 have is never suggested, nor an edit whose line the release's resolution refuses or
 resolves to another number than the edit set (``--page-size`` on DeepSeek-V4 from 0.5.22,
 whose page size the release sets for the model).
-DSV4G026's fixes come from re-running the resolution (:mod:`.refusal`).
+A refused server's fixes come from re-running the resolution (:mod:`.refusal`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,26 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
+from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
 from sglang_dsv4_guard.check.fixing.refusal import refusal_fixes
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, parse_side
 from sglang_dsv4_guard.check.server.derive import Side, attention_layout, page_size_source, typed_page
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, lookup, typed_flags
+from sglang_dsv4_guard.codes import (
+    DSV4_KV_LAYOUT,
+    ONE_SIDED_DRAFT,
+    SERVED_MODEL,
+    SPECULATIVE_SETTINGS,
+    TRANSFER_BACKENDS,
+)
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit
+from sglang_dsv4_guard.mori.checks import CODE as MORI_TP_CODE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
+from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
+from sglang_dsv4_guard.pd.nixl_payload import PREFILL_DRAFT_CODE
+from sglang_dsv4_guard.state.checks import PAGED_CODE
 
 __all__ = ["UNIFIED_VARIABLE", "accepted_fix", "accepted_fixes", "attention_tp_fixes", "copy_pairs",
            "derived_fixes", "flag_fix"]
@@ -50,7 +62,7 @@ def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
 
 def copy_pairs(p: Side, d: Side) -> tuple[tuple[Side, Side], ...]:
     """(source, destination), the decode taking the prefill's first; a server whose own
-    flags the release's resolution refused (DSV4G026) is never a source: its values are
+    flags the release's resolution refused (:mod:`.refusal`) is never a source: its values are
     not copied to the other server."""
     return tuple((src, dst) for src, dst in ((p, d), (d, p)) if src.args.resolution_error
                  is None)
@@ -65,7 +77,7 @@ def accepted_fix(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
     for role in dict.fromkeys(e.server for e in fix.edits):
         side = sides.get(role)
         if side is None or side.args.resolution_error is not None:
-            continue  # a refused server's own line: DSV4G026's fixes are resolved there
+            continue  # a refused server's own line: the refusal's fixes are resolved there
         edits = [e for e in fix.edits if e.server == role]
         try:
             edited = parse_side(role, apply_edits(shlex.join(side.args.argv), edits, role),
@@ -188,8 +200,9 @@ def attention_tp_fixes(p: Side, d: Side) -> list[Fix | None]:
 
 
 def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
-    """DSV4G005 on a server whose --speculative-draft-model-path has another window than
-    its target: serve the target's own MTP layers (drop that flag)."""
+    """The paged geometry (:data:`PAGED_CODE`) on a server whose
+    --speculative-draft-model-path has another window than its target: serve the target's
+    own MTP layers (drop that flag)."""
     side = p if finding.subject.startswith("prefill") else d
     if side.draft is None or side.draft.sliding_window == side.model.sliding_window \
             or not side.args.typed.get("speculative_draft_model_path"):
@@ -203,25 +216,25 @@ def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
     return (fix,) if fix is not None else ()
 
 
-_DERIVERS = {"DSV4G006": attention_tp_fixes, "DSV4G020": _g020, "DSV4G021": _g021, "DSV4G022": _g022,
-             "DSV4G023": lambda p, d: _same(
+_DERIVERS = {MORI_TP_CODE: attention_tp_fixes, ONE_SIDED_DRAFT: _g020, SPECULATIVE_SETTINGS: _g021,
+             PAGE_CODE: _g022, TRANSFER_BACKENDS: lambda p, d: _same(
                  "disaggregation_transfer_backend", "transfer backend", p, d,
                  tuple(f"{s.role}: --disaggregation-transfer-backend {s.transfer_backend}"
                        for s in (p, d))),
-             "DSV4G024": _g024, "DSV4G025": _g025,
-             # NIXL's registration refusing a prefill-only draft: DSV4G020's fixes
-             "DSV4G046": _g020}
+             SERVED_MODEL: _g024, DSV4_KV_LAYOUT: _g025,
+             # NIXL's registration refusing a prefill-only draft: a one-sided draft's fixes
+             PREFILL_DRAFT_CODE: _g020}
 
 
 def derived_fixes(finding: Finding, p: Side, d: Side) -> Finding:
     """``finding`` with the fixes derived from ``p`` and ``d`` (unchanged for a code whose
     fixes are not derived here)."""
-    if finding.code == "DSV4G026":
+    if finding.code == REFUSAL_CODE:
         side, other = (p, d) if finding.subject.startswith("prefill") else (d, p)
         return replace(finding, fixes=refusal_fixes(
             side.role, side.args.argv, side.args.env, str(side.args.resolution_error),
             other.args.argv))
-    if finding.code == "DSV4G005":  # SGLang's own check on the pools; fixes of both lines
+    if finding.code == PAGED_CODE:  # SGLang's own check on the pools; fixes of both lines
         return replace(finding, fixes=_own_draft(finding, p, d) + finding.fixes)
     derive = _DERIVERS.get(finding.code)
     if derive is None:
@@ -231,8 +244,8 @@ def derived_fixes(finding: Finding, p: Side, d: Side) -> Finding:
     refused = [s.role for s in (p, d) if s.args.resolution_error is not None]
     if not fixes and refused:
         fixes = (Fix(FixKind.ADVICE, f"fix the {' and '.join(refused)} server's flags first "
-                                     "(DSV4G026): a value SGLang's resolution refused is never "
-                                     "copied to the other server, and this finding's fixes "
+                                     f"({REFUSAL_CODE}): a value SGLang's resolution refused "
+                                     "is never copied to the other server, and this finding's fixes "
                                      "are derived from accepted flags"),)
     if not fixes:
         fixes = (Fix(FixKind.NO_FLAG_FIX, "no flag change fixes this: the installed "

@@ -1,4 +1,5 @@
-"""DSV4G026's fixes: flag edits found by re-running the release's resolution.
+"""A server's flags the release's resolution refuses (DSV4G026): the finding, and its
+fixes, flag edits found by re-running the release's resolution.
 
 SGLang's refusal names what it wants: an option string (``--page-size``), a ServerArgs
 field (``cfg.speculative_num_steps``, in the condition of a bare ``assert``), or the
@@ -28,10 +29,14 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, parse_side
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, typed_flags
+from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import Flag, flag, flag_for_field, flag_table
 
-__all__ = ["MAX_DEPTH", "MAX_RESOLUTIONS", "Search", "refusal_fixes"]
+__all__ = ["CODE", "MAX_DEPTH", "MAX_RESOLUTIONS", "Search", "refusal_finding", "refusal_fixes"]
+
+CODE = "DSV4G026"
 
 MAX_RESOLUTIONS = 24
 MAX_DEPTH = 3
@@ -233,9 +238,28 @@ def search(role: str, line: str, env: Mapping[str, str], refusal: str,
     return Search(tuple(accepted), resolve.runs, False)
 
 
+def refusal_finding(args: SideArgs, other: SideArgs) -> Finding:
+    """The release's resolution raised for this server's flags (fixes: :func:`refusal_fixes`);
+    it says when the other server is refused the same way."""
+    same = ((f"the {other.role} server's flags are refused with the same message (its own "
+             f"{CODE}): both servers need the fix",)
+            if other.resolution_error == args.resolution_error else ())
+    return Finding(
+        code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
+        subject=f"{args.role} server flags",
+        observations=(Observation(args.role, "resolution", args.resolution_error,
+                                  "ServerArgs resolution of the installed release"),),
+        details=(f"the {args.role} server's flags: {' '.join(args.argv)}",
+                 f"what this check derives for the {args.role} server (its page size, "
+                 "speculative settings, attention TP, the pools it builds) comes from its "
+                 "flags as parsed, without the model defaults and checks SGLang's "
+                 "resolution would have applied", *same),
+        docs=docs_url(CODE))
+
+
 def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refusal: str,
                   other_argv: tuple[str, ...]) -> tuple[Fix, ...]:
-    """DSV4G026's fixes for the ``role`` server: the edit lists the release accepts
+    """The refusal's fixes for the ``role`` server: the edit lists the release accepts
     (those that set a flag before those that only remove), or why there are none."""
     found = search(role, shlex.join(argv), env, refusal, typed_flags(list(other_argv)))
     inputs = (f"SGLang's resolution of the {role} server's flags: {refusal}",)

@@ -6,7 +6,7 @@ server's device: the line's ``--device``, else ``cuda`` (a PD deployment runs on
 resolving as ``cuda`` needs none), with the server's environment applied and the
 process environment restored afterwards.
 
-A refusal is the server's (``resolution_error``, DSV4G026) unless this machine caused it
+A refusal is the server's (``resolution_error``, :mod:`.refusal`'s finding) unless this machine caused it
 (:func:`machine_cause`: a package missing here, a network fetch, a GPU probe, a write):
 then it is ``machine_refusal``, an ``unknowns`` line. Either way the flags are then used
 as parsed, with only the release's rewrite of the deprecated ``--dp-size N
@@ -242,7 +242,7 @@ def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: s
             resolve = getattr(server_args, "resolve_once", None)
             if resolve is not None:
                 resolve()
-    except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: DSV4G026
+    except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: a refusal
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         cause = machine_cause(exc, device) if isinstance(exc, Exception) else None
         refusal = f"{type(exc).__name__}: {first}"

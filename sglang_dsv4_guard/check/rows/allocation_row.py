@@ -1,4 +1,4 @@
-"""``check``'s decode allocation policy row (DSV4G037, :mod:`..pd.allocation`): the policy
+"""``check``'s decode allocation policy row (:mod:`..pd.allocation`): the policy
 each server runs with, the row, and its fixes.
 
 The policy is ``--disaggregation-decode-allocation-policy`` (0.5.22+) as the release's
@@ -66,7 +66,7 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
 
 
 def allocation_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G037 for the pair, with its fixes."""
+    """The allocation policy's finding for the pair, with its fixes."""
     findings, unknowns = allocation_findings(run.prefill, run.decode, run.release,
                                              imported_package_dir())
     if run.derive:

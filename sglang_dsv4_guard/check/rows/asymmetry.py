@@ -1,8 +1,9 @@
-"""PD asymmetries no runtime check sees (DSV4G020-DSV4G025): pure functions of two sides.
+"""PD asymmetries no runtime check sees: pure functions of two sides. A one-sided draft's
+code is the catalogue's (the state fixes name it), the page size's the first contact's.
 
 Their fixes are derived from both servers' flags by :mod:`.flag_fixes`.
 
-Warnings, except DSV4G023 (different transfer backends cannot connect): an error.
+Warnings, except different transfer backends (they cannot connect): an error.
 """
 
 from __future__ import annotations
@@ -10,11 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.codes import (
+    CODES,
+    DSV4_KV_LAYOUT,
+    ONE_SIDED_DRAFT,
+    SERVED_MODEL,
+    SPECULATIVE_SETTINGS,
+    TRANSFER_BACKENDS,
+    docs_url,
+)
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
 
 __all__ = ["SideView", "asymmetry_findings"]
-
 
 @dataclass(frozen=True)
 class SideView:
@@ -43,8 +52,7 @@ def _flag_source(field: str, option: str) -> Callable[[SideView], str]:
 
 def _finding(code: str, subject: str, observations: list[Observation],
              details: tuple[str, ...] = (), severity: Severity = Severity.WARNING) -> Finding:
-    info = CODES[code]
-    return Finding(code=code, severity=severity, summary=info.title, subject=subject,
+    return Finding(code=code, severity=severity, summary=CODES[code].title, subject=subject,
                    observations=tuple(observations), details=details,
                    docs=docs_url(code))
 
@@ -60,25 +68,25 @@ def _speculative(p: SideView, d: SideView) -> list[Finding]:
                  _flag_source("speculative_algorithm", "--speculative-algorithm"),
                  lambda s: s.speculative_algorithm, p, d)
     if (p.speculative_algorithm is None) != (d.speculative_algorithm is None):
-        return [_finding("DSV4G020", "speculative decoding", algo)]
+        return [_finding(ONE_SIDED_DRAFT, "speculative decoding", algo)]
     if p.speculative_algorithm is None:
         return []
     if p.speculative_algorithm != d.speculative_algorithm \
             or p.num_draft_tokens != d.num_draft_tokens:
         tokens = _both("speculative_num_draft_tokens", lambda s: s.num_draft_tokens_source,
                        lambda s: s.num_draft_tokens, p, d)
-        return [_finding("DSV4G021", "speculative settings", algo + tokens)]
+        return [_finding(SPECULATIVE_SETTINGS, "speculative settings", algo + tokens)]
     return []
 
 
 def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
-    """Every prefill/decode asymmetry between ``p`` and ``d`` (DSV4G023 an error)."""
+    """Every prefill/decode asymmetry between ``p`` and ``d`` (the backends' an error)."""
     findings = _speculative(p, d)
     if p.page_size != d.page_size:
-        findings.append(_finding("DSV4G022", "KV page size", _both(
+        findings.append(_finding(PAGE_CODE, "KV page size", _both(
             "page_size", lambda s: s.page_size_source, lambda s: s.page_size, p, d)))
     if p.transfer_backend != d.transfer_backend:
-        findings.append(_finding("DSV4G023", "transfer backend", _both(
+        findings.append(_finding(TRANSFER_BACKENDS, "transfer backend", _both(
             "transfer_backend", _flag_source("disaggregation_transfer_backend",
                                              "--disaggregation-transfer-backend"),
             lambda s: s.transfer_backend, p, d), severity=Severity.ERROR))
@@ -92,11 +100,11 @@ def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
         models += _both("draft_model_path", "server flag --speculative-draft-model-path "
                         "(the target's path when not given)", lambda s: s.draft_path, p, d)
     if models:
-        findings.append(_finding("DSV4G024", "served model", models,
+        findings.append(_finding(SERVED_MODEL, "served model", models,
                                  ("paths are compared as typed; two hosts may hold the same "
                                   "checkpoint under different paths",)))
     if p.unified_kv != d.unified_kv:
-        findings.append(_finding("DSV4G025", "DeepSeek-V4 KV layout", _both(
+        findings.append(_finding(DSV4_KV_LAYOUT, "DeepSeek-V4 KV layout", _both(
             "SGLANG_HACK_FLASHMLA_BACKEND", lambda s: (
                 f"the server's environment (--{s.role}-env); unified only on ROCm"
                 if s.hack_flashmla_backend is not None else

@@ -163,7 +163,7 @@ def aux_width_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
         return [], []  # equal widths, or different counts (pd/aux_count.py's)
     backend = str(p.get("transfer_backend"))
     if backend != d.get("transfer_backend"):
-        return [], []  # two backends cannot connect (DSV4G023)
+        return [], []  # two backends cannot connect (asymmetry.BACKEND_CODE)
     package = imported_package_dir()
     if backend not in AUX_BACKENDS or package is None:
         return [], [f"{CODE}: not judged: the metadata buffers' row widths differ "

@@ -27,8 +27,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fixes
+from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
+from sglang_dsv4_guard.check.rows.kv_layout_env import CODE as LAYOUT_ENV_CODE
 from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE
 from sglang_dsv4_guard.check.server.derive import Side, release_model_config
 from sglang_dsv4_guard.check.server.edit import typed_flags
@@ -47,7 +49,13 @@ from sglang_dsv4_guard.host.targets import (
 )
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import UNKNOWN, Value
-from sglang_dsv4_guard.pd.first_contact import contact_findings
+from sglang_dsv4_guard.pd.first_contact import (
+    DSPARK_CODE,
+    DTYPE_CODE,
+    LAYOUT_CODE,
+    PAGE_CODE,
+    contact_findings,
+)
 from sglang_dsv4_guard.pd.relayout import relayout_findings
 
 log = logging.getLogger(LOGGER_NAME)
@@ -152,7 +160,7 @@ def _kv_dtype(side: Side) -> tuple[Value | None, str | None]:
     if unknown is not None:
         return None, (f"{side.role}: with --kv-cache-dtype auto the KV cache dtype string "
                       f"follows the checkpoint's quantization config, and {unknown}; "
-                      "DSV4G030 was not judged for this server")
+                      f"{DTYPE_CODE} was not judged for this server")
     try:
         module = importlib.import_module(PD_KV_DTYPE.module)  # unscanned: SGLang
         function = getattr(module, PD_KV_DTYPE.attr)
@@ -195,24 +203,22 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
             pool.compression_ratios = list(side.model.compress_ratios)
             pool.uniform_fp8 = backend == "trtllm" and not side.unified_kv
             value = pool.pd_kv_layout()
-    except AssertionError as exc:
-        if not str(exc).startswith(EVERY_MACHINE):  # the V4.1 layouts' GPU assertion
+    except Exception as exc:
+        if isinstance(exc, AssertionError) and str(exc).startswith(EVERY_MACHINE):
             return Value(None, source), (
-                f"{side.role}: the DeepSeek-V4 KV layout (DSV4G031) depends on the GPU: "
-                f"{type(exc).__name__}: {exc}; not decidable on this machine")
+                f"{side.role}: SGLang's {PD_DSV4_LAYOUT.attr} refuses {typed_env} with "
+                f"--dsv4-attn-backend {backend} on every machine ({exc}): the server would "
+                f"not start ({LAYOUT_ENV_CODE}); the DeepSeek-V4 KV layout ({LAYOUT_CODE}) "
+                "is not judged")
+        # the V4.1 layouts need an SM100/SM103 GPU (or gfx950): their GPU assertion, or else
         return Value(None, source), (
-            f"{side.role}: SGLang's {PD_DSV4_LAYOUT.attr} refuses {typed_env} with "
-            f"--dsv4-attn-backend {backend} on every machine ({exc}): the server would not "
-            "start (DSV4G047); the DeepSeek-V4 KV layout (DSV4G031) is not judged")
-    except Exception as exc:  # the V4.1 layouts need an SM100/SM103 GPU (or gfx950)
-        return Value(None, source), (
-            f"{side.role}: the DeepSeek-V4 KV layout (DSV4G031) depends on the GPU: "
+            f"{side.role}: the DeepSeek-V4 KV layout ({LAYOUT_CODE}) depends on the GPU: "
             f"{type(exc).__name__}: {exc}; not decidable on this machine")
     # What SGLang reads when the variable is unset is its own default (v4 in 0.5.22+).
     read, _ = env_reading("SGLANG_DSV4_KV_LAYOUT", side.args.env.get("SGLANG_DSV4_KV_LAYOUT"))
     mode = str(read).lower()
     note = (f"{side.role}: SGLANG_DSV4_KV_LAYOUT={mode} gives the V4.1 layout on an "
-            "SM100/SM103 GPU and V4 elsewhere; this check computed the V4 case (DSV4G031 "
+            f"SM100/SM103 GPU and V4 elsewhere; this check computed the V4 case ({LAYOUT_CODE} "
             "compares the layouts the two servers' GPUs give)") if mode == "auto" else None
     return Value(value, source), note
 
@@ -230,9 +236,9 @@ def _dspark(side: Side) -> tuple[Value, str | None]:
         with published_server_args(side.args.server_args):
             return Value(function(kv_args), source), None
     except Exception as exc:  # it reads the pools' transfer layout: not built here
-        return Value(None, source), (f"{side.role}: the DeepSeek-V4.1 DSpark layout (DSV4G032) "
-                                     "is read from the built pools, not derived here "
-                                     f"({type(exc).__name__}: {exc})")
+        return Value(None, source), (f"{side.role}: the DeepSeek-V4.1 DSpark layout "
+                                     f"({DSPARK_CODE}) is read from the built pools, not "
+                                     f"derived here ({type(exc).__name__}: {exc})")
 
 
 def contact_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
@@ -251,10 +257,10 @@ def contact_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
 
 # The first-contact values SGLang's resolution decides (a model override, a hook), with
 # the row each decides: not known for a server whose resolution did not complete.
-_RESOLVED_ONLY = {"page_size": ("the page size", "DSV4G022"),
-                  "kv_cache_dtype_str": ("the KV cache dtype string", "DSV4G030"),
-                  "kv_layout": ("the DeepSeek-V4 KV layout", "DSV4G031"),
-                  "dsv41_spec_layout": ("the DSpark layout", "DSV4G032")}
+_RESOLVED_ONLY = {"page_size": ("the page size", PAGE_CODE),
+                  "kv_cache_dtype_str": ("the KV cache dtype string", DTYPE_CODE),
+                  "kv_layout": ("the DeepSeek-V4 KV layout", LAYOUT_CODE),
+                  "dsv41_spec_layout": ("the DSpark layout", DSPARK_CODE)}
 
 
 def _unresolved(side: Side) -> tuple[list[str], str | None]:
@@ -274,8 +280,8 @@ def _unresolved(side: Side) -> tuple[list[str], str | None]:
         names.append("kv_cache_dtype_str")
     if side.model.is_dsv4:  # from the resolved --dsv4-attn-backend and published args
         names += ["kv_layout", "dsv41_spec_layout"]
-    a = side.args  # the refusal itself is said once, by DSV4G026 or its own unknowns line
-    why = ("refused its flags (DSV4G026)" if a.resolution_error is not None else
+    a = side.args  # the refusal itself is said once, by its finding or its own unknowns line
+    why = (f"refused its flags ({REFUSAL_CODE})" if a.resolution_error is not None else
            "did not complete on this machine" if a.machine_refusal else "did not complete")
     labels = ", ".join(_RESOLVED_ONLY[n][0] for n in names)
     rows = ", ".join(dict.fromkeys(_RESOLVED_ONLY[n][1] for n in names))
@@ -327,8 +333,8 @@ def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     findings += more
     for endpoint in (run.prefill, run.decode):
         unknowns += list(endpoint.get(NOTES, ()))
-    # DSV4G022's fixes are derived_fixes' (flag_fixes._g022: the page size per GPU)
-    findings = [f if f.code == "DSV4G022" else _accepted(f, run) for f in findings]
+    # The page size's fixes are derived_fixes' (flag_fixes._g022: the page size per GPU)
+    findings = [f if f.code == PAGE_CODE else _accepted(f, run) for f in findings]
     return findings, unknowns + relayout_unknowns
 
 

@@ -31,13 +31,15 @@ from sglang_dsv4_guard.check.server.state_types import (
     pool_kind,
     registered_state,
 )
-from sglang_dsv4_guard.codes import CODES, docs_url
+from sglang_dsv4_guard.codes import CODES, KV_SETUP_REFUSED, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.pd.when import Phase, when_text
 
-__all__ = ["kv_setup_row", "setup_refusal"]
+__all__ = ["CODE", "kv_setup_row", "setup_refusal"]
+
+CODE = KV_SETUP_REFUSED
 
 _POOL_NAMES = {"mha": "MHATokenToKVPool", "mla": "MLATokenToKVPool",
                "swa": "SWAKVPool", "minimax": "MiniMaxSparseKVPool"}
@@ -85,14 +87,14 @@ def _finding(run: ContractRun, side: Side, refused: Refused) -> Finding:
                 fixes.append(fix)
     message = refused.message.split(": ", 1)[-1]
     return Finding(
-        code="DSV4G049", severity=Severity.ERROR, summary=CODES["DSV4G049"].title,
+        code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
         subject=f"{role} server: the KV transfer set-up of its {_POOL_NAMES[kind]}",
         observations=tuple(observations),
         details=(f"SGLang's {refused.function} refuses the {role} server's pool when its KV "
                  "manager is set up (_init_kv_manager), on every machine: the server never "
                  f"serves ({refused.message}); run here on a miniature {_POOL_NAMES[kind]} "
                  "built by SGLang's own constructor in this server's environment",),
-        fixes=tuple(fixes), docs=docs_url("DSV4G049"), host_message=message,
+        fixes=tuple(fixes), docs=docs_url(CODE), host_message=message,
         when=when_text(Phase.START_UP, str(side.transfer_backend)))
 
 

@@ -1,6 +1,6 @@
-"""``check``'s transfer-time contract row DSV4G044 (HiSparse off Mooncake at the decode's
-first request) and the transfer values of each server that the pair
-conditions read: the state types its pool registers (:mod:`.state_types`, for
+"""``check``'s transfer-time contract row of HiSparse off Mooncake at the decode's first
+request (:mod:`sglang_dsv4_guard.pd.nixl_payload`) and the transfer values of each server
+that the pair conditions read: the state types its pool registers (:mod:`.state_types`, for
 :mod:`sglang_dsv4_guard.pd.send_extra`), its SWA layout (:mod:`.swa_layout`)
 and its metadata buffer count (:mod:`sglang_dsv4_guard.pd.aux_count`).
 """
@@ -27,7 +27,7 @@ from sglang_dsv4_guard.host.pd_digests import NotJudged, unjudged_sites
 from sglang_dsv4_guard.pd.aux_count import CODE as AUX_CODE
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
-from sglang_dsv4_guard.pd.nixl_payload import hisparse_backend_refusal, payload_finding
+from sglang_dsv4_guard.pd.nixl_payload import HISPARSE_CODE, hisparse_backend_refusal, payload_finding
 from sglang_dsv4_guard.pd.when import Phase
 
 __all__ = ["SAMPLING_MASK", "hisparse_backend_row"]
@@ -104,19 +104,19 @@ CONTRIBUTORS.extend((_contribute, _aux_values))
 
 
 def hisparse_backend_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G044: the decode's first request with HiSparse off Mooncake (only ``check``
+    """The decode's first request with HiSparse off Mooncake (only ``check``
     sees it: no run-time place precedes the decode's first request)."""
     d = run.decode
     if not d.get("enable_hisparse") or d.get("transfer_backend") == "mooncake":
         return [], []
     package = imported_package_dir()
-    changed = unjudged_sites(package, ("decode.hisparse_mooncake",), "DSV4G044")
+    changed = unjudged_sites(package, ("decode.hisparse_mooncake",), HISPARSE_CODE)
     if changed or package is None:
-        return [], [changed or "DSV4G044: not judged"]
+        return [], [changed or f"{HISPARSE_CODE}: not judged"]
     try:
         refusal = hisparse_backend_refusal(d, package)
     except NotJudged as exc:
-        return [], [f"DSV4G044: not judged: {exc}"]
+        return [], [f"{HISPARSE_CODE}: not judged: {exc}"]
     if refusal is None:
         return [], []
     return [accepted_fixes(payload_finding(run.prefill, d, refusal, Phase.FIRST_REQUEST),

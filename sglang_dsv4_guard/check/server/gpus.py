@@ -1,4 +1,4 @@
-"""The first-contact page-size verdict on each GPU model a server may have (DSV4G022).
+"""The first-contact page-size verdict on each GPU model a server may have.
 
 ``check`` resolves both launch lines on this machine, which need not have the servers'
 GPU. A page size that is not typed is the attention backend's, and SGLang chooses the
@@ -21,10 +21,9 @@ from sglang_dsv4_guard.check.offline.parse import resolve_as
 from sglang_dsv4_guard.check.offline.probes import devices_for
 from sglang_dsv4_guard.check.server.derive import Side
 from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
 
-__all__ = ["CODE", "page_size_by_gpu", "page_sizes"]
-
-CODE = "DSV4G022"
+__all__ = ["page_size_by_gpu", "page_sizes"]
 
 
 def page_sizes(side: Side) -> dict[str, int | None]:
@@ -38,8 +37,8 @@ def page_sizes(side: Side) -> dict[str, int | None]:
 
 
 def page_size_by_gpu(finding: Finding, prefill: Side, decode: Side) -> Finding:
-    """``finding`` (the first-contact row's DSV4G022) judged on each GPU model."""
-    if finding.code != CODE or not (prefill.args.resolved and decode.args.resolved):
+    """``finding`` (the first-contact row's page size) judged on each GPU model."""
+    if finding.code != PAGE_CODE or not (prefill.args.resolved and decode.args.resolved):
         return finding
     p, d = page_sizes(prefill), page_sizes(decode)
     rows = [(name, p[name], d[name]) for name in p

@@ -310,7 +310,7 @@ def _built(side: Side, kind: str) -> dict[str, Value]:
                          "its KV transfer is set up; its state types are not derived and the "
                          "rows that need them are not judged")
     if isinstance(got, (str, Refused)):
-        return {}  # not built here, or refused (DSV4G049 says so: the server stops)
+        return {}  # not built here, or refused (kv_setup.py's row says so: the server stops)
     types, hybrid_mla = got
     m = side.model
     draft = (f", with a miniature {_POOLS[draft_kind]} draft pool for {side.draft.path}"

@@ -32,6 +32,7 @@ from sglang_dsv4_guard.check.server.state_types import (
     registered_state,
     unified_pool,
 )
+from sglang_dsv4_guard.codes import KV_SETUP_REFUSED
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import Value
 
@@ -89,7 +90,7 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
         return {"swa_kv_cache_layout": Value(None, (
             f"not derived: SGLang's {got.function} refuses {pool} in this server's "
             f"environment ({got.message}): the server stops when its KV transfer is set up "
-            "(DSV4G049)"))}
+            f"({KV_SETUP_REFUSED})"))}
     if isinstance(got, str):
         return {"swa_kv_cache_layout": Value(None, f"not known here: {pool} could not be "
                                                    f"built on CPU ({got})")}
