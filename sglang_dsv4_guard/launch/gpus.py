@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.parse import resolve_as
 from sglang_dsv4_guard.launch.probes import devices_for
@@ -59,8 +59,7 @@ def page_size_by_gpu(finding: Finding, prefill: Side, decode: Side) -> Finding:
     details = (*finding.details, header, *lines)
     if not accepted:
         return replace(finding, details=details)
-    if not refused:
-        return replace(finding, severity=Severity.INFO, details=details, when=(
-            "on no GPU model: the page sizes differ only in this machine's resolution"))
-    return replace(finding, severity=Severity.WARNING, details=details,
-                   when=f"on {', '.join(refused)} only: {finding.when}")
+    effect = (f"on {', '.join(refused)} only: {finding.when and finding.when.effect}" if refused
+              else "on no GPU model: the page sizes differ only in this machine's resolution")
+    return replace(finding, severity=Severity.WARNING if refused else Severity.INFO,
+                   details=details, when=When(Phase.FIRST_CONTACT, effect))

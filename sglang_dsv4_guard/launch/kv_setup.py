@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import STOPS_AT_START, Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.launch.chatter import section
@@ -35,7 +35,6 @@ from sglang_dsv4_guard.launch.state_types import (
     pool_kind,
     registered_state,
 )
-from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["kv_setup_row", "setup_refusal"]
 
@@ -92,8 +91,7 @@ def _finding(run: ContractRun, side: Side, refused: Refused) -> Finding:
                  "manager is set up (_init_kv_manager), on every machine: the server never "
                  f"serves ({refused.message}); run here on a miniature {_POOL_NAMES[kind]} "
                  "built by SGLang's own constructor in this server's environment",),
-        fixes=tuple(fixes), docs=docs_url("DSV4G049"), host_message=message,
-        when=when_text(Phase.START_UP, str(side.transfer_backend)))
+        fixes=tuple(fixes), docs=docs_url("DSV4G049"), host_message=message, when=STOPS_AT_START)
 
 
 def kv_setup_row(run: ContractRun) -> tuple[list[Finding], list[str]]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+from sglang_dsv4_guard.findings import STOPS_AT_START, Finding, Observation, Report, Severity
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
 from sglang_dsv4_guard.host.verdict import judge_imported
 from sglang_dsv4_guard.launch.asymmetry import SideView, asymmetry_findings
@@ -116,7 +116,7 @@ def _refused(side: Side, other: Side) -> Finding:
             if other.args.resolution_error == side.args.resolution_error else ())
     return Finding(
         code="DSV4G026", severity=Severity.ERROR, summary=info.title,
-        subject=f"{side.role} server flags",
+        subject=f"{side.role} server flags", when=STOPS_AT_START,
         observations=(Observation(side.role, "resolution", side.args.resolution_error,
                                   "ServerArgs resolution of the installed release"),),
         details=(f"the {side.role} server's flags: {' '.join(side.args.argv)}",
