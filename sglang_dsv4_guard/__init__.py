@@ -35,6 +35,7 @@ __all__ = [
     "NotASequence",
     "Observation",
     "PairContext",
+    "Phase",
     "PoolSnapshot",
     "Registration",
     "RegistrationContext",
@@ -51,6 +52,7 @@ __all__ = [
     "Undo",
     "Unreadable",
     "Value",
+    "When",
     "__version__",
     "hookimpl",
     "install",
@@ -71,6 +73,8 @@ _LAZY = {
     "Observation": "sglang_dsv4_guard.findings",
     "Report": "sglang_dsv4_guard.findings",
     "Severity": "sglang_dsv4_guard.findings",
+    "Phase": "sglang_dsv4_guard.findings",
+    "When": "sglang_dsv4_guard.findings",
     "GeometryField": "sglang_dsv4_guard.host.releases",
     "HostProfile": "sglang_dsv4_guard.host.releases",
     "Mode": "sglang_dsv4_guard.settings",
@@ -110,7 +114,7 @@ if TYPE_CHECKING:
         DSV4GuardStartupRefused,
         SettingError,
     )
-    from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+    from sglang_dsv4_guard.findings import Finding, Observation, Phase, Report, Severity, When
     from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
     from sglang_dsv4_guard.hookmarkers import hookimpl
     from sglang_dsv4_guard.host.releases import GeometryField, HostProfile

@@ -27,7 +27,9 @@ from sglang_dsv4_guard.findings import (
     STRING_CAP,
     Finding,
     Observation,
+    Phase,
     Severity,
+    When,
     capped_lines,
     cut_text,
 )
@@ -82,6 +84,8 @@ def plugin_failure(name: str, stage: str, problem: str, effect: str | None = Non
         severity=Severity.WARNING,
         summary=f"guard plug-in {name!r} failed ({stage}); the guard went on without it",
         subject=f"plug-in {name}",
+        when=When(Phase.GUARD, "in the guard only: it went on without the plug-in; SGLang's "
+                  "verdict is unchanged"),
         details=(problem, _CONSEQUENCE.get(effect or stage, "its findings are missing from "
                                                              "this report; " + _UNAFFECTED)),
         fixes=(Fix(FixKind.CODE, f"fix or uninstall the plug-in {name!r} (entry-point group "
@@ -257,12 +261,14 @@ def clean_finding(finding: object, origin: str) -> Finding:
         fields = {f.name: getattr(finding, f.name) for f in dataclasses.fields(Finding)}
     except Exception as exc:
         raise TypeError(f"reading its fields {raised_text(exc)}") from exc
-    for name in ("code", "summary", "subject", "docs", "when"):
+    for name in ("code", "summary", "subject", "docs"):
         fields[name] = _text(fields[name], name)
     if not isinstance(fields["severity"], Severity):
         raise TypeError(f"severity must be a sglang_dsv4_guard.Severity (got "
                         f"{type(fields['severity']).__name__} "
                         f"{safe_text(repr, fields['severity'], 80)})")
+    if (when := fields["when"]) is not None and not isinstance(getattr(when, "phase", 0), Phase):
+        raise TypeError(f"when must be a sglang_dsv4_guard.When or None (got {safe_text(repr, when, 80)})")
     if fields["host_message"] is not None:
         fields["host_message"] = _text(fields["host_message"], "host_message (or None)")
     observations = fields["observations"]
@@ -280,8 +286,7 @@ def clean_finding(finding: object, origin: str) -> Finding:
         code=cut_text(fields["code"]), severity=fields["severity"],
         summary=cut_text(fields["summary"]), subject=cut_text(fields["subject"]),
         observations=tuple(_observation(o, i) for i, o in enumerate(observations[:LIST_CAP])),
-        details=details, fixes=_fixes(fields["fixes"]),
-        docs=cut_text(fields["docs"]),
+        details=details, fixes=_fixes(fields["fixes"]), docs=cut_text(fields["docs"]),
         host_message=None if host_message is None else cut_text(host_message), origin=origin,
-        when=cut_text(fields["when"]),
+        when=when and When(when.phase, cut_text(_text(when.effect, "when.effect"))),
     )

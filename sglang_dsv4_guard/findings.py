@@ -16,22 +16,10 @@ from typing import Any
 
 from sglang_dsv4_guard.fixes import Fix
 
-__all__ = [
-    "LINE_CAP",
-    "LIST_CAP",
-    "STRING_CAP",
-    "Finding",
-    "Observation",
-    "Report",
-    "Severity",
-    "capped_lines",
-    "capped_repr",
-    "cut_text",
-    "failure_text",
-    "one_line",
-    "short_repr",
-    "to_jsonable",
-]
+__all__ = ["LINE_CAP", "LIST_CAP", "STOPS_AT_START", "STRING_CAP", "Finding",
+           "Observation", "Phase", "Report", "Severity", "When", "capped_lines",
+           "capped_repr", "cut_text", "failure_text", "one_line", "short_repr",
+           "to_jsonable"]
 
 # The guard's text caps, all of them. Every rendered list (text or JSON) shows its first
 # LIST_CAP items and a count: a pool with a million layers must not make a megabyte message.
@@ -72,6 +60,31 @@ class Severity(str, enum.Enum):
     INFO = "info"
 
 
+class Phase(enum.Enum):
+    """When in a pair's life SGLang makes the comparison (``SILENT``: never, so nothing
+    names the problem; ``GUARD``: the guard's own event, SGLang's behaviour unchanged)."""
+
+    START_UP = "start-up"
+    FIRST_CONTACT = "first contact"
+    FIRST_REQUEST = "first request"
+    REGISTRATION = "registration"
+    PER_REQUEST = "per request"
+    RECEIVER = "per request, at the decode's receiver"
+    SILENT = "silent"
+    GUARD = "guard"
+
+
+@dataclass(frozen=True)
+class When:
+    """A finding's ``when:``: the ``phase`` SGLang finds it in; the ``effect``, what ``when:`` prints."""
+
+    phase: Phase
+    effect: str
+
+
+STOPS_AT_START = When(Phase.START_UP, "at start-up: the server stops with SGLang's error")
+
+
 @dataclass(frozen=True)
 class Observation:
     """One observed value on one side of a comparison.
@@ -108,9 +121,7 @@ class Finding:
     docs: str = ""
     host_message: str | None = None
     origin: str = "builtin"
-    # When SGLang would find it and what the operator would see (``check``'s PD contract
-    # findings): "decode's first contact with the prefill: the decode server exits".
-    when: str = ""
+    when: When | None = None  # every built-in finding sets it
 
     def __post_init__(self) -> None:
         # A plain string becomes an ADVICE fix, copied as an exact str (a str subclass's
@@ -137,21 +148,15 @@ class Finding:
             "severity": self.severity.value,
             "summary": self.summary,
             "subject": self.subject,
-            "observations": [
-                {
-                    "role": o.role,
-                    "name": o.name,
-                    "value": to_jsonable(o.value),
-                    "source": o.source,
-                }
-                for o in self.observations
-            ],
+            "observations": [{"role": o.role, "name": o.name, "value": to_jsonable(o.value),
+                              "source": o.source} for o in self.observations],
             "details": list(self.details),
             "fixes": [fix.to_dict() for fix in self.fixes],
             "docs": self.docs,
             "host_message": self.host_message,
             "origin": self.origin,
-            "when": self.when,
+            "phase": self.when and self.when.phase.value,
+            "when": self.when.effect if self.when else "",
         }
 
 

@@ -67,7 +67,7 @@ def render_finding(finding: Finding) -> str:
         lines.append(f"    ... +{len(finding.observations) - LIST_CAP} more observations "
                      f"({len(finding.observations)} in all)")
     if finding.when:
-        lines.append(f"    when: {cut_text(finding.when)}")
+        lines.append(f"    when: {cut_text(finding.when.effect)}")
     lines += [f"    {detail}" for detail in capped_lines(finding.details)]
     lines += _fix_lines(finding.fixes)
     if finding.origin and not finding.origin.startswith("builtin"):

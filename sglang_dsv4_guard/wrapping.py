@@ -28,7 +28,7 @@ from sglang_dsv4_guard.codes import docs_url
 from sglang_dsv4_guard.dedup.markers import Seen
 from sglang_dsv4_guard.dedup.mismatch import Mismatch, sparse
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Finding, Report, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Report, Severity, When
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import REGISTRY_MODULE, SCHEDULER_MODULE
 from sglang_dsv4_guard.render import render_report
@@ -191,7 +191,8 @@ def self_check(predicted: str | None, actual: str | None, role: str, snapshot: s
     return Finding(
         code="DSV4G099", severity=Severity.WARNING,
         summary="the guard's prediction differs from SGLang's verdict; SGLang's stands",
-        subject="guard self-check",
+        subject="guard self-check", when=When(Phase.GUARD, "in the guard only: SGLang's "
+                                              "verdict stands"),
         details=(f"SGLang: {actual or accepted}", f"guard predicted: {predicted or 'acceptance'}"),
         fixes=(Fix(FixKind.FLAGS, "report it with the JSON report: SGLang's verdict and the "
                    "guard's prediction above are what differs", field="guard self-check",

@@ -2,8 +2,10 @@
 
 ``tools/matrix.py`` names a file in ``DSV4_GUARD_CODES_FILE``; every code in a report the
 guard built during a test that passed is appended to it (``<test id>\\t<code>``), so the
-matrix counts the codes tests produced, not test names. Every report (a wrapper's,
-check's, testing's) is built by ``Report.of``. Two runners feed it: pytest
+matrix counts the codes tests produced, not test names. A built-in finding without a
+``when`` (its phase and effect) is written ``<code> (no when)``, which the matrix refuses
+(``tools/judging.py``). Every report (a wrapper's, check's, testing's) is built by
+``Report.of``. Two runners feed it: pytest
 (``conftest.py``) and SGLang's CI harness, where each file runs as ``python3 <file>``
 under unittest and no conftest runs (``helpers.py`` calls :func:`under_unittest`).
 """
@@ -22,6 +24,7 @@ register_cpu_ci(est_time=1, suite="stage-a-test-cpu",
                 disabled="helper module of the sglang-dsv4-guard tests, not a test")
 
 CODES_FILE = os.environ.get("DSV4_GUARD_CODES_FILE")
+NO_WHEN = "%s (no when)"  # tools/judging.py reads this mark
 _produced: list[str] = []
 _runner: str | None = None  # who reports each test's end: "pytest" or "unittest"
 
@@ -40,7 +43,8 @@ def record(runner: str) -> bool:
 
         def recording_of(cls: type[Report], *args: object, **kwargs: object) -> Report:
             report: Report = build(cls, *args, **kwargs)
-            _produced.extend(report.codes)
+            _produced.extend(f.code if f.when or f.origin != "builtin" else NO_WHEN % f.code
+                             for f in report.findings)
             return report
 
         Report.of = classmethod(recording_of)  # type: ignore[method-assign, assignment]

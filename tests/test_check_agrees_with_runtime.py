@@ -121,8 +121,9 @@ class TestMetadataBufferCounts(GuardTestCase):
                 checked = [f for f in doc["findings"] if f["code"] == "DSV4G045"]
                 ran = self._runtime(backend, envs[0], counts[0], counts[1], p_sum)
                 self.assertEqual(len(checked), int(counts[0] != counts[1]), doc["findings"])
-                self.assertEqual([(f["code"], f["severity"], f["when"]) for f in checked],
-                                 [(f.code, f.severity.value, f.when) for f in ran])
+                self.assertEqual([(f["code"], f["severity"], f["phase"], f["when"]) for f in checked],
+                                 [(f["code"], f["severity"], f["phase"], f["when"])
+                                  for f in map(Finding.to_dict, ran)])
                 if not checked:
                     continue
                 differing += 1
@@ -277,8 +278,9 @@ class TestPairConditionsAgree(GuardTestCase):
         _, doc = check_json(*lines, *more)
         checked = [f for f in doc["findings"] if f["code"] in PAIR_CODES]
         ran = self._runtime(pair, lines, envs)
-        self.assertEqual([(f["code"], f["severity"], f["when"]) for f in checked],
-                         [(f.code, f.severity.value, f.when) for f in ran])
+        self.assertEqual([(f["code"], f["severity"], f["phase"], f["when"]) for f in checked],
+                         [(f["code"], f["severity"], f["phase"], f["when"])
+                          for f in map(Finding.to_dict, ran)])
         for at_check, at_run in zip(checked, ran, strict=True):
             if at_check["code"] == "DSV4G046":  # the speculative family's fixes: derived
                 continue  # from both launch lines (check/fixing/flag_fixes.py), said at run time

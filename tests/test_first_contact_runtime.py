@@ -32,6 +32,7 @@ from sglang_dsv4_guard import (
     ContactSnapshot,
     DSV4GuardError,
     Finding,
+    Phase,
     Severity,
 )
 from sglang_dsv4_guard.assembly import standalone_runtime
@@ -97,7 +98,8 @@ class TestFirstContactReport(GuardTestCase):
         sources = {o.role: o.source for o in page.observations}
         self.assertIn(self.server.addr, sources["prefill"])
         self.assertIn("this decode server", sources["decode"])
-        self.assertIn("first contact", page.when)
+        self.assertIs(page.when.phase, Phase.FIRST_CONTACT)
+        self.assertIn("first contact", page.when.effect)
         self.assertIn(("decode", "--page-size", "64"),
                       {(e.server, e.name, e.value) for f in page.fixes for e in f.edits})
         # the fixes are the pair condition's (pd/contact_fixes.py); unproven here, as said

@@ -76,7 +76,11 @@ class TestGoldenRenderings(GuardTestCase):
             with self.subTest(case=name):
                 golden = GOLDEN / f"{name}.txt"
                 self.assertTrue(golden.is_file(), f"missing {golden}")
-                self.assertEqual(render_case(name), golden.read_text())
+                text = render_case(name)
+                self.assertEqual(text, golden.read_text())
+                # every finding prints its when: line (the README promises one for each)
+                self.assertEqual(len(re.findall(r"^    when: ", text, re.M)),
+                                 len(re.findall(r"^\[DSV4G\d+\] ", text, re.M)))
 
     def test_normalisation_keeps_what_matters(self) -> None:
         """The placeholders replace only ids, pointers, caller and release: two renderings

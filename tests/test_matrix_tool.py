@@ -14,6 +14,7 @@ import unittest.mock
 from concurrent.futures import CancelledError
 from pathlib import Path
 
+import produced_codes
 from helpers import GuardTestCase
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -185,6 +186,17 @@ class TestJudging(GuardTestCase):
         expected = sorted(set(judging.catalogue()) - {"DSV4G001", "DSV4G006"})
         self.assertEqual(result.codes_missing, expected)
         self.assertIn("no passing test produced " + ", ".join(expected), result.problems)
+
+    def test_a_code_produced_without_a_when_fails_the_release(self) -> None:
+        """Every code the package produces carries a when (phase and effect): a built-in
+        finding without one, marked so by the recording (produced_codes.NO_WHEN), is a
+        problem of the release; the same code with a when elsewhere does not hide it."""
+        codes = "".join(f"tests/a.py::T::test_{i}\t{code}\n" for i, code in
+                        enumerate([*judging.catalogue(), produced_codes.NO_WHEN % "DSV4G020"]))
+        result = self._judge(STATISTICS, codes)
+        self.assertEqual(result.codes_missing, [])
+        self.assertIn("produced without a when (phase and effect): DSV4G020 (no when)",
+                      result.problems)
 
     def test_a_property_test_that_ran_must_report_statistics(self) -> None:
         """A property test in the run's report without statistics fails, naming it; too

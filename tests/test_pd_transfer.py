@@ -163,7 +163,7 @@ class TestMiniMaxRow(GuardTestCase):
         message = findings[0].host_message or ""
         self.assertTrue(message.startswith("PD disagg: heterogeneous TP not supported for "
                                            "MiniMax"), message)
-        self.assertIn("Transfer thread failed", findings[0].when)
+        self.assertIn("Transfer thread failed", findings[0].to_dict()["when"])
         self.assertTrue(findings[0].fixes)
 
 

@@ -1,5 +1,6 @@
 """When SGLang finds a broken prefill/decode contract, as ``check`` says it: the
-bootstrap timeout is the server's value read with SGLang's own parser."""
+bootstrap timeout is the server's value read with SGLang's own parser; ``when`` is data
+(a phase and an effect) on every finding."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import unittest
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.boundary import clean_finding, plugin_failure
+from sglang_dsv4_guard.check.rows.asymmetry import SideView, asymmetry_findings
+from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE
-from sglang_dsv4_guard.pd.when import Phase, bootstrap_timeout, when_text
+from sglang_dsv4_guard.pd.when import bootstrap_timeout, when_of
 
 register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
@@ -39,13 +43,66 @@ class TestBootstrapTimeout(GuardTestCase):
     def test_non_positive_times_out_at_once(self) -> None:
         """A timeout of -1 s never lets a poll wait (elapsed is never below it): the
         registration text says requests time out at their first poll."""
-        text = when_text(Phase.REGISTRATION, "mooncake", {VARIABLE: "-1"})
+        text = when_of(Phase.REGISTRATION, "mooncake", {VARIABLE: "-1"}).effect
         self.assertIn("at their first poll", text)
         self.assertNotIn("after -1 s", text)
 
     def test_value_given_is_used(self) -> None:
         """A number in the server's environment is the one the text names."""
-        self.assertIn("after 60 s", when_text(Phase.REGISTRATION, "nixl", {VARIABLE: "60"}))
+        self.assertIn("after 60 s", when_of(Phase.REGISTRATION, "nixl", {VARIABLE: "60"}).effect)
+
+
+def _side(role: str, model: str, algo: str | None, tokens: int | None, page: int,
+          backend: str, flashmla: str | None) -> SideView:
+    return SideView(role, model, model.upper(), None, algo, tokens, "flag", page, "flag",
+                    backend, flashmla is not None, flashmla)
+
+
+class TestWhenIsData(GuardTestCase):
+    """``Finding.when`` holds a phase and an effect; JSON gives both, text prints ``when:``."""
+
+    def test_asymmetries_carry_their_phase(self) -> None:
+        """check's PD asymmetries: the page size is compared at first contact; the
+        speculative settings, backend, model and unified-KV mode are never compared by
+        SGLang (silent)."""
+        p = _side("prefill", "a", "EAGLE", 4, 64, "mooncake", "unified_kv_triton")
+        d = _side("decode", "b", None, None, 256, "nixl", None)
+        found = {f.code: f.when.phase for f in asymmetry_findings(p, d)}
+        self.assertEqual(found, {"DSV4G020": Phase.SILENT, "DSV4G022": Phase.FIRST_CONTACT,
+                                 "DSV4G023": Phase.SILENT, "DSV4G024": Phase.SILENT,
+                                 "DSV4G025": Phase.SILENT})
+        d = _side("decode", "a", "EAGLE", 2, 64, "mooncake", "unified_kv_triton")
+        self.assertEqual([(f.code, f.when.phase) for f in asymmetry_findings(p, d)],
+                         [("DSV4G021", Phase.SILENT)])
+
+    def test_json_gives_phase_and_text(self) -> None:
+        """to_dict: ``phase`` the phase's value, ``when`` the effect (the text key kept)."""
+        finding = asymmetry_findings(_side("prefill", "a", None, None, 64, "nixl", None),
+                                     _side("decode", "a", None, None, 64, "mooncake", None))[0]
+        self.assertEqual({k: finding.to_dict()[k] for k in ("code", "phase", "when")},
+                         {"code": "DSV4G023", "phase": "silent",
+                          "when": finding.when.effect})
+
+    def test_the_guards_own_findings_say_so(self) -> None:
+        """A plug-in's failure (DSV4G090) changes nothing in SGLang: phase GUARD."""
+        self.assertIs(plugin_failure("acme", "check", "boom").when.phase, Phase.GUARD)
+
+    def test_a_logged_silent_row_is_found_at_registration(self) -> None:
+        """A condition SGLang logs when a decode rank registers has that phase; one it
+        never reports stays silent."""
+        self.assertEqual([when_of(Phase.SILENT, "nixl", logged=logged).phase
+                          for logged in (True, False)], [Phase.REGISTRATION, Phase.SILENT])
+
+    def test_a_plugins_when_is_checked(self) -> None:
+        """A plug-in's ``when`` is a When (kept) or None; a plain string is refused,
+        naming the type accepted."""
+        base = Finding("ACME1", Severity.WARNING, "s", "x")
+        kept = clean_finding(Finding("ACME1", Severity.WARNING, "s", "x",
+                                     when=When(Phase.REGISTRATION, "at registration")), "acme")
+        self.assertEqual((kept.when, clean_finding(base, "acme").when),
+                         (When(Phase.REGISTRATION, "at registration"), None))
+        with self.assertRaisesRegex(TypeError, "when must be a sglang_dsv4_guard.When"):
+            clean_finding(Finding("ACME1", Severity.WARNING, "s", "x", when="soon"), "acme")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,9 @@ def judge_codes(result: Result, produced: dict[str, set[str]]) -> None:
     result.codes_missing = sorted(set(catalogue(result.release.version)) - found)
     if result.codes_missing:
         result.problems.append("no passing test produced " + ", ".join(result.codes_missing))
+    if phaseless := sorted(c for c in found if c.endswith(" (no when)")):  # produced_codes
+        result.problems.append("produced without a when (phase and effect): "
+                               + ", ".join(phaseless))
 
 
 def counted_codes(result: Result, codes: dict[str, dict[str, set[str]]]) -> dict[str, set[str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity, When
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.targets import MAPPING_ATTR, POOL_REGISTER
@@ -45,7 +45,8 @@ def sglang_dsv4_guard_remediate_state(target_pool: object, draft_pool: object,
                "mapping (%s)", decision.reason)
     return [Finding(
         code="DSV4G007", severity=severity, summary=CODES["DSV4G007"].title,
-        subject=MAPPING_ATTR,
+        subject=MAPPING_ATTR, when=When(Phase.START_UP, "at start-up, before SGLang's check: "
+                                        "the guard rebound the mapping; the server starts"),
         observations=(
             Observation("draft pool", f"{MAPPING_ATTR} (before)", before,
                         mapping_source(pair.draft, context)),

@@ -17,13 +17,13 @@ from collections.abc import Mapping
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.contact.snapshot import ContactContext, ContactSnapshot, Seen
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.first_contact import contact_findings, rule_for
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["contact_endpoints", "sglang_dsv4_guard_check_first_contact"]
 
@@ -74,7 +74,7 @@ def _unread(contact: ContactSnapshot, context: ContactContext) -> Finding:
                  "readable from SGLang's frame in this release",),
         fixes=(Fix(FixKind.ADVICE, _PROVE, field=code),), docs=docs_url(code),
         host_message=contact.message,
-        when=when_text(Phase.FIRST_CONTACT, context.transfer_backend))
+        when=when_of(Phase.FIRST_CONTACT, context.transfer_backend))
 
 
 @hookimpl(tryfirst=True)

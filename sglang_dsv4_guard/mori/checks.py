@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout, attention_tp_fixes
+from sglang_dsv4_guard.pd.when import when_of
 
 CODE = "DSV4G006"
 
@@ -116,5 +117,5 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
         code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
         subject="MORI swa state transfer", observations=tuple(observations),
         details=tuple(details), fixes=_tp_fixes(t), docs=docs_url(CODE),
-        host_message=host_message(t),
+        host_message=host_message(t), when=when_of(Phase.PER_REQUEST, "mori"),
     )]

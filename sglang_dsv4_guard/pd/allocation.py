@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Severity
 from sglang_dsv4_guard.host.pd_digests import NotJudged, digest_pd_tree, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_COMMON_MANAGER,
@@ -35,7 +35,7 @@ from sglang_dsv4_guard.host.targets import (
 )
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.first_contact import route_answer
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["CODE", "SITE_KEYS", "allocation_findings", "receiver_failure"]
 
@@ -128,5 +128,5 @@ def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
         details=(f"SGLang's own {PD_RECEIVER_INIT.qualname} recorded this failure on the "
                  "prefill's bootstrap answer and the decode's policy",),
         docs=docs_url(CODE), host_message=failure,
-        when=when_text(Phase.RECEIVER, str(decode.get("transfer_backend", "?"))))
+        when=when_of(Phase.RECEIVER, str(decode.get("transfer_backend", "?"))))
     return [finding], []

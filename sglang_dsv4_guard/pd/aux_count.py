@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy
 from sglang_dsv4_guard.host.flags import flag_for_field
@@ -25,7 +25,7 @@ from sglang_dsv4_guard.host.pd_digests import NotJudged
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, aux_details, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env, peer_count_log
 from sglang_dsv4_guard.pd.endpoint import Endpoint
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["CODE", "aux_count_findings"]
 
@@ -65,9 +65,9 @@ def aux_count_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
     only = checksum_only(prefill, decode)
     fails = bool(sent.prefill_raised or sent.decode_raised)
     env = prefill.env or {}
-    when = (when_text(Phase.PER_REQUEST, backend, env, receiver=not sent.prefill_raised)
-            if fails else when_text(Phase.SILENT, backend, env, logged=logged is not None,
-                                    aligned=only))
+    when = (when_of(Phase.PER_REQUEST, backend, env, receiver=not sent.prefill_raised)
+            if fails else when_of(Phase.SILENT, backend, env, logged=logged is not None,
+                                  aligned=only))
     return [Finding(
         code=CODE, severity=Severity.WARNING if only and not fails else Severity.ERROR,
         summary=CODES[CODE].title,

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity
 from sglang_dsv4_guard.host.targets import (
     PD_BASE_MODULE,
     PD_COMMON_MANAGER,
@@ -41,7 +41,7 @@ from sglang_dsv4_guard.patching import WRAPPER_MARK
 from sglang_dsv4_guard.pd.contact_fixes import contact_fixes
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["DSPARK_CODE", "DTYPE_CODE", "LAYOUT_CODE", "MAX_CALLS", "PAGE_CODE", "Contact",
            "Raised", "contact_findings", "first_contact", "rule_for"]
@@ -381,7 +381,7 @@ def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) ->
                         "server answers them)"),
         fixes=contact_fixes(_READS.get(raised.code, {}), tuple(fields), prefill, decode),
         docs=docs_url(raised.code), host_message=raised.message,
-        when=when_text(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
+        when=when_of(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
 
 
 def _without_first_contact(backend: str) -> str | None:

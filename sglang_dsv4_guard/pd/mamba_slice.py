@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.targets import (
     MORI_MODULE,
@@ -41,7 +41,7 @@ from sglang_dsv4_guard.host.targets import (
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
 from sglang_dsv4_guard.pd.nixl_state import nixl_state_findings
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["CODE", "mamba_slice_findings"]
 
@@ -159,4 +159,4 @@ def _finding(prefill: Endpoint, decode: Endpoint, backend: str, component: int,
                 f"carries Mamba state: component {component}, prefill TP "
                 f"{prefill.get('state_tp_size') or prefill.get('attn_tp_size')}, decode "
                 f"attention TP {decode.get('attn_tp_size')}",),
-        fixes, message, when_text(Phase.PER_REQUEST, backend, prefill.env or {}))
+        fixes, message, when_of(Phase.PER_REQUEST, backend, prefill.env or {}))

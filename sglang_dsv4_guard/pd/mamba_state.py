@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_MAMBA_SENDERS,
@@ -44,7 +44,7 @@ from sglang_dsv4_guard.host.targets import (
 )
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
 from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["MAMBA_CODE", "MambaRefusal", "mamba_findings", "mamba_refusal"]
 
@@ -207,4 +207,4 @@ def mamba_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
         ("every request that carries mamba state will fail",
          f"SGLang's {refusal.function} raises it"),
         pairing_fixes(prefill, decode, "mamba", refusal.pairs_by), refusal.message,
-        when_text(Phase.PER_REQUEST, backend, prefill.env or {}))], []
+        when_of(Phase.PER_REQUEST, backend, prefill.env or {}))], []

@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_SEND, PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["MoriRefusal", "mori_state_findings", "mori_state_refusals"]
 
@@ -168,5 +168,5 @@ def mori_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
             ("attn_tp_size", "state_tp_size", "state_components", "state_types",
              "is_mla_backend"),
             (f"every request that carries {what} will fail", f"SGLang's {r.function} raises it"),
-            fixes, r.message, when_text(Phase.PER_REQUEST, "mori", prefill.env or {})))
+            fixes, r.message, when_of(Phase.PER_REQUEST, "mori", prefill.env or {})))
     return found, []

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
@@ -36,7 +36,7 @@ from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 from sglang_dsv4_guard.pd.relayout import requires_relayout
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["HISPARSE_CODE", "PAYLOAD_SITES", "PREFILL_DRAFT_CODE", "REGIONS", "NixlRefusal",
            "decode_kv_kinds", "hisparse_backend_refusal", "nixl_payload_findings",
@@ -194,7 +194,7 @@ def payload_finding(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal,
         refusal.code, ("decode peer's NIXL registration" if refusal.code == PREFILL_DRAFT_CODE
                        else "decode server HiSparse transfer"), (prefill, decode), names,
         (_details(prefill, decode, refusal),), _fixes(prefill, decode, refusal),
-        refusal.message, when_text(phase, str(prefill.get("transfer_backend")),
+        refusal.message, when_of(phase, str(prefill.get("transfer_backend")),
                                    prefill.env or {}))
 
 

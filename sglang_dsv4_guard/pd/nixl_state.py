@@ -28,14 +28,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.pd_digests import SITES, Located, NotJudged, locate, row_releases
 from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 from sglang_dsv4_guard.pd.nixl_payload import payload_refusal
 from sglang_dsv4_guard.pd.relayout import requires_relayout
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["KEYS", "StateLayoutRefusal", "nixl_state_findings", "state_layout_refusal"]
 
@@ -166,4 +166,4 @@ def nixl_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
          "is_mla_backend"),
         (f"SGLang logs \"NIXL state layout rejected\" and every request to this peer will "
          f"fail ({refusal.rejection})", f"SGLang's {refusal.function} raises it"),
-        (fix,), refusal.message, when_text(Phase.PER_REQUEST, "nixl", prefill.env or {}))], []
+        (fix,), refusal.message, when_of(Phase.PER_REQUEST, "nixl", prefill.env or {}))], []

@@ -12,13 +12,13 @@ import importlib
 from collections.abc import Mapping
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.host.targets import PD_COMMON_MANAGER, PD_COMMON_MODULE, PD_RELAYOUT
 from sglang_dsv4_guard.pd.contact_fixes import contact_fixes
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["CODE", "relayout_findings", "relayout_raise", "requires_relayout"]
 
@@ -99,7 +99,7 @@ def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
         details=(f"SGLang's own {PD_RELAYOUT.qualname} raised on the prefill's DCP size and "
                  f"pool kind and the decode's DCP size ({_ranks(prefill, decode)})",),
         fixes=_fixes(prefill, decode), docs=docs_url(CODE), host_message=message,
-        when=when_text(Phase.REGISTRATION, backend, env))
+        when=when_of(Phase.REGISTRATION, backend, env))
     return [finding], unknowns
 
 

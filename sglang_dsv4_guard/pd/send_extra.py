@@ -26,14 +26,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
 from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["BACKENDS", "MINIMAX_CODE", "StateRefusal", "send_extra_findings",
            "send_extra_refusals", "site_keys"]
@@ -197,7 +197,7 @@ def _finding(prefill: Endpoint, decode: Endpoint, backend: str, refusal: StateRe
                  f"{prefill.get('attn_tp_size')}, the decode {decode.get('attn_tp_size')}",),
         fixes=_fixes(prefill, decode, pp, layout), docs=docs_url(refusal.code),
         host_message=refusal.message,
-        when=when_text(Phase.PER_REQUEST, backend, prefill.env or {}))
+        when=when_of(Phase.PER_REQUEST, backend, prefill.env or {}))
 
 
 def _fixes(prefill: Endpoint, decode: Endpoint, pp: bool, layout: bool) -> tuple[Fix, ...]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.findings import Finding, Phase, When
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
@@ -148,7 +148,7 @@ def state_layout_findings(prefill: Endpoint, decode: Endpoint, package: Path | N
         CODE, "decode peer's Mooncake state layout", (prefill, decode),
         ("state_types", "state_item_lens", "attn_tp_size"),
         (f"SGLang's MooncakeKVManager._validate_peer_state_layout rejects it: {reason}",),
-        (fix,), reason,
-        f"when a decode rank registers with the prefill: SGLang logs \"{LOGGED} ...\" and "
-        "every later request to that decode rank fails with the reason; both servers keep "
-        "running")], []
+        (fix,), reason, When(Phase.REGISTRATION, "when a decode rank registers with the "
+                             f"prefill: SGLang logs \"{LOGGED} ...\" and every later request "
+                             "to that decode rank fails with the reason; both servers keep "
+                             "running"))], []

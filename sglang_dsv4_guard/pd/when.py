@@ -7,28 +7,16 @@ release's default), never written per finding.
 
 from __future__ import annotations
 
-import enum
 import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_dsv4_guard.findings import STOPS_AT_START, Phase, When
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE
 
-__all__ = ["Phase", "bootstrap_timeout", "when_text"]
+__all__ = ["bootstrap_timeout", "when_of"]
 
 _TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
-
-
-class Phase(enum.Enum):
-    """Where in a pair's life SGLang makes the comparison."""
-
-    START_UP = "start-up"
-    FIRST_CONTACT = "first contact"
-    FIRST_REQUEST = "first request"
-    REGISTRATION = "registration"
-    PER_REQUEST = "per request"
-    RECEIVER = "per request, at the decode's receiver"
-    SILENT = "silent"
 
 
 def _field() -> Any:
@@ -71,57 +59,52 @@ def _timeout_words(env: Mapping[str, str] | None) -> str:
     return f"after {seconds} s ({source})"
 
 
-def when_text(phase: Phase, backend: str, env: Mapping[str, str] | None = None,
-              logged: bool = False, aligned: bool = False, receiver: bool = False) -> str:
+# The phases whose effect depends on nothing else. RECEIVER: decode.py's prealloc queue
+# reads KVPoll.Failed, logs "Decode handshake failed ... with exception <reason>" and aborts
+# the request (prepare_abort, HTTP 500), 0.5.22 - 0.5.23; the scheduler goes on.
+_FIXED = {STOPS_AT_START.phase: STOPS_AT_START, **{phase: When(phase, effect) for phase, effect in (
+    (Phase.FIRST_CONTACT, "at decode's first contact with the prefill (the first request that "
+     "pairs them): SGLang raises in the decode scheduler and the decode server exits, naming "
+     "only this mismatch"),
+    (Phase.FIRST_REQUEST, "at the decode's first request (its scheduler takes the request from "
+     "the preallocation queue, DecodePreallocQueue.pop_preallocated): SGLang raises in the "
+     "decode scheduler and the decode server exits"),
+    (Phase.RECEIVER, "per request, when the decode sets up its receiver: every request fails "
+     "(the decode logs \"Decode handshake failed ... with exception\" and SGLang's message, "
+     "the client gets HTTP 500 with it); both servers keep running"))}}
+
+
+def when_of(phase: Phase, backend: str, env: Mapping[str, str] | None = None,
+            logged: bool = False, aligned: bool = False, receiver: bool = False) -> When:
     """``when:`` for a finding SGLang makes at ``phase`` on ``backend``.
 
-    ``env`` is the prefill server's environment (its timeout); ``logged`` says that SGLang
-    logs the condition instead of failing (a silent row in releases that log it);
-    ``aligned`` that the data transferred stays where the decode reads it (a silent row
-    whose transfers stay correct); ``receiver`` that the decode's receiving thread raises
-    per request, not the prefill's transfer.
+    ``env`` is the prefill server's environment (its timeout); ``logged``: SGLang logs the
+    condition at registration instead of failing (phase registration); ``aligned``: the
+    data transferred stays where the decode reads it; ``receiver``: the decode's receiving
+    thread raises per request, not the prefill's transfer.
     """
-    if phase is Phase.START_UP:
-        return "at start-up: the server stops with SGLang's error"
-    if phase is Phase.FIRST_CONTACT:
-        return ("at decode's first contact with the prefill (the first request that pairs "
-                "them): SGLang raises in the decode scheduler and the decode server exits, "
-                "naming only this mismatch")
-    if phase is Phase.FIRST_REQUEST:
-        return ("at the decode's first request (its scheduler takes the request from the "
-                "preallocation queue, DecodePreallocQueue.pop_preallocated): SGLang raises "
-                "in the decode scheduler and the decode server exits")
+    if phase in _FIXED:
+        return _FIXED[phase]
     if phase is Phase.REGISTRATION:
         if backend == "mori":
-            return ("when a decode rank registers with the prefill: MORI logs it, then each "
-                    "request to that rank fails")
-        return ("when a decode rank registers with the prefill: the prefill rank's "
-                f"{backend} bootstrap thread dies, and every later request to that rank "
-                f"times out {_timeout_words(env)}")
-    if phase is Phase.RECEIVER:
-        # decode.py: the prealloc queue's handshake poll reads KVPoll.Failed, logs
-        # "Decode handshake failed ... with exception <reason>" and aborts the request
-        # (prepare_abort, HTTP 500), 0.5.22 - 0.5.23; the scheduler goes on.
-        return ("per request, when the decode sets up its receiver: every request fails "
-                "(the decode logs \"Decode handshake failed ... with exception\" and "
-                "SGLang's message, the client gets HTTP 500 with it); both servers keep "
-                "running")
+            return When(phase, "when a decode rank registers with the prefill: MORI logs it, "
+                        "then each request to that rank fails")
+        return When(phase, "when a decode rank registers with the prefill: the prefill "
+                    f"rank's {backend} bootstrap thread dies, and every later request to "
+                    f"that rank times out {_timeout_words(env)}")
     if phase is Phase.PER_REQUEST:
         if receiver:
-            return (f"per request, in the decode's {backend} thread that receives the "
-                    "prefill's metadata buffers one by one: it raises for a buffer index the "
-                    "decode does not have")
+            return When(phase, f"per request, in the decode's {backend} thread that "
+                        "receives the prefill's metadata buffers one by one: it raises for "
+                        "a buffer index the decode does not have")
         if backend == "mooncake":
-            return ("per request, in the prefill's Mooncake transfer worker: the worker "
-                    "thread exits (\"Transfer thread failed ... Prefill instance ... is "
-                    "dead.\") and every request sharded to its queue hangs")
-        return f"per request, in the prefill's {backend} transfer: each request fails"
-    if aligned:
-        return ("when a decode rank registers: SGLang logs an error; the transfers stay "
-                "correct" if logged else "never reported (no error, no log line); the "
-                "transfers stay correct")
+            return When(phase, "per request, in the prefill's Mooncake transfer worker: the "
+                        "worker thread exits (\"Transfer thread failed ... Prefill instance "
+                        "... is dead.\") and every request sharded to its queue hangs")
+        return When(phase, f"per request, in the prefill's {backend} transfer: each request fails")
     if logged:
-        return ("when a decode rank registers: SGLang logs an error and transfers go on "
-                "with misaligned data")
-    return ("never reported: transfers go on with misaligned data (no error, no log "
-            "line)")
+        return When(Phase.REGISTRATION, "when a decode rank registers: SGLang logs an error" + (
+            "; the transfers stay correct" if aligned else " and transfers go on with misaligned data"))
+    return When(phase, "never reported (no error, no log line); the transfers stay correct"
+                if aligned else "never reported: transfers go on with misaligned data (no "
+                "error, no log line)")

@@ -23,14 +23,14 @@ from typing import Any
 from sglang_dsv4_guard.boundary import is_builtin
 from sglang_dsv4_guard.dedup.mismatch import Mismatch
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Finding, Report
+from sglang_dsv4_guard.findings import Finding, Phase, Report
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
 from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import PairContext
 from sglang_dsv4_guard.pd.relayout import CODE as RELAYOUT_CODE
-from sglang_dsv4_guard.pd.when import Phase, when_text
+from sglang_dsv4_guard.pd.when import when_of
 from sglang_dsv4_guard.peers.checks import with_peer
 from sglang_dsv4_guard.peers.snapshot import (
     TIMEOUT_ENV,
@@ -206,7 +206,7 @@ def timeout_text() -> str:
     """What now hangs: SGLang's own words for a dead bootstrap thread, with the timeout of
     this server's environment."""
     env = {TIMEOUT_ENV: os.environ[TIMEOUT_ENV]} if TIMEOUT_ENV in os.environ else {}
-    return when_text(Phase.REGISTRATION, "nixl", env).split("dies, and ", 1)[-1]
+    return when_of(Phase.REGISTRATION, "nixl", env).effect.split("dies, and ", 1)[-1]
 
 
 def judged(*keys: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import LIST_CAP, Finding, Observation, Severity
+from sglang_dsv4_guard.findings import LIST_CAP, STOPS_AT_START, Finding, Observation, Phase, Severity, When
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.releases import HostProfile
@@ -43,22 +43,15 @@ _RING_FIELDS = (
 )
 
 
-def _finding(
-    code: str,
-    summary: str,
-    subject: str,
-    *,
-    observations: tuple[Observation, ...] = (),
-    details: tuple[str, ...] = (),
-    fixes: tuple[Fix | str, ...] = (),
-    severity: Severity = Severity.ERROR,
-    host_message: str | None = None,
-) -> Finding:
+def _finding(code: str, summary: str, subject: str, *, observations: tuple[Observation, ...] = (),
+             details: tuple[str, ...] = (), fixes: tuple[Fix | str, ...] = (),
+             severity: Severity = Severity.ERROR, host_message: str | None = None,
+             when: When = STOPS_AT_START) -> Finding:
     return Finding(
         code=code, severity=severity, summary=summary, subject=subject,
         observations=observations, details=details,
         fixes=tuple(f if isinstance(f, Fix) else Fix.advice(f) for f in fixes),
-        docs=docs_url(code), host_message=host_message,
+        docs=docs_url(code), host_message=host_message, when=when,
     )
 
 
@@ -95,6 +88,8 @@ def _ratios_not_a_list(pair: StatePair, value: NotASequence,
                      "does not read it and makes no prediction for this check; any later "
                      "reader sees it empty",),
             fixes=derive.incomplete_fixes(pair.draft, "compression_ratios", context),
+            when=When(Phase.START_UP, "at start-up: SGLang's own check decides (the guard "
+                      "makes no prediction)"),
         )]
     if value.truthy is False:  # SGLang: `not compression_ratios` -> its SWA-only error
         return [_finding(
@@ -260,6 +255,7 @@ def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
                 details=("SGLang accepts this (None is None), but a paged DSV4 pool without "
                          "a mapping cannot translate full-cache indices to SWA slots",),
                 fixes=derive.mapping_fixes(pair, context, None, []),
+                when=When(Phase.START_UP, "at start-up: SGLang accepts it; the server starts"),
             )]
         return []
     details: list[str] = []

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, parse_side
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, typed_flags
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import STOPS_AT_START, Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import Flag, flag, flag_for_field, flag_table
 
@@ -246,7 +246,7 @@ def refusal_finding(args: SideArgs, other: SideArgs) -> Finding:
             if other.resolution_error == args.resolution_error else ())
     return Finding(
         code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
-        subject=f"{args.role} server flags",
+        subject=f"{args.role} server flags", when=STOPS_AT_START,
         observations=(Observation(args.role, "resolution", args.resolution_error,
                                   "ServerArgs resolution of the installed release"),),
         details=(f"the {args.role} server's flags: {' '.join(args.argv)}",

@@ -20,8 +20,9 @@ from sglang_dsv4_guard.codes import (
     TRANSFER_BACKENDS,
     docs_url,
 )
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity, When
 from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["SideView", "asymmetry_findings"]
 
@@ -50,11 +51,21 @@ def _flag_source(field: str, option: str) -> Callable[[SideView], str]:
                       else f"the release's default (no {option} typed)")
 
 
+# What neither the prefill's /route answer nor a decode's registration carries, by code.
+_UNSENT = {ONE_SIDED_DRAFT: "the speculative settings",
+           SPECULATIVE_SETTINGS: "the speculative settings",
+           TRANSFER_BACKENDS: "the transfer backend", SERVED_MODEL: "the model",
+           DSV4_KV_LAYOUT: "the unified-KV mode"}
+
+
 def _finding(code: str, subject: str, observations: list[Observation],
              details: tuple[str, ...] = (), severity: Severity = Severity.WARNING) -> Finding:
+    when = (when_of(Phase.FIRST_CONTACT, "") if code not in _UNSENT else When(
+        Phase.SILENT, f"never compared by SGLang (neither the prefill's /route answer nor a "
+        f"decode's registration carries {_UNSENT[code]}): no error or log line names it"))
     return Finding(code=code, severity=severity, summary=CODES[code].title, subject=subject,
                    observations=tuple(observations), details=details,
-                   docs=docs_url(code))
+                   docs=docs_url(code), when=when)
 
 
 def _both(name: str, source: str | Callable[[SideView], str],

@@ -27,7 +27,7 @@ from sglang_dsv4_guard.check.server.endpoint_values import (
     side_field,
 )
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy, env_reading
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
@@ -36,6 +36,7 @@ from sglang_dsv4_guard.host.pd_digests import NotJudged
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, RowLanding, aux_rows
 from sglang_dsv4_guard.pd.buffers import MASK_WIDTH_ENV, aux_row_widths
 from sglang_dsv4_guard.pd.endpoint import Value
+from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["aux_width_row"]
 
@@ -117,15 +118,16 @@ def _where(landing: RowLanding, names: list[str], local: list[int],
     return [*said, stride + ": " + "; ".join(seen)]
 
 
-def _when(landing: RowLanding, backend: str) -> str:
+def _when(landing: RowLanding, backend: str) -> When:
     if landing.raised:
-        return f"per request, in the {backend} transfer of the metadata buffers: SGLang raises"
+        return When(Phase.PER_REQUEST, f"per request, in the {backend} transfer of the "
+                    "metadata buffers: SGLang raises")
     if not (landing.misplaced or landing.spilled or landing.past_end):
-        return "never reported (no error, no log line); the transfers stay correct"
-    return ("never reported (no error, no log line): per request, the sampling mask a "
-            "request returns (return_sampling_mask) is read from the wrong bytes on the "
-            "decode, and another request's row or memory past the decode's buffer is "
-            "overwritten")
+        return when_of(Phase.SILENT, backend, aligned=True)
+    return When(Phase.SILENT, "never reported (no error, no log line): per request, the "
+                "sampling mask a request returns (return_sampling_mask) is read from the "
+                "wrong bytes on the decode, and another request's row or memory past the "
+                "decode's buffer is overwritten")
 
 
 def _fixes(run: ContractRun) -> tuple[Fix, ...]:

@@ -25,11 +25,10 @@ from sglang_dsv4_guard.check.server.derive import Side
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS
 from sglang_dsv4_guard.check.server.pools import published_server_args
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import STOPS_AT_START, Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import DSV4_LAYOUT_ENV, PD_DSV4_LAYOUT
 from sglang_dsv4_guard.pd.endpoint import Value
-from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["EVERY_MACHINE", "kv_layout_env_row"]
 
@@ -147,6 +146,5 @@ def kv_layout_env_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
                      f"{DSV4_LAYOUT_ENV[0]} = " + ", ".join(_accepted(side))
                      + " (unset: the release's default)",),
             fixes=_fixes(run, side, other) if run.derive else (), docs=docs_url(CODE),
-            host_message=message,
-            when=when_text(Phase.START_UP, str(end.get("transfer_backend")))))
+            host_message=message, when=STOPS_AT_START))
     return findings, []

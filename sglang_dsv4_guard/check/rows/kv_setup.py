@@ -32,10 +32,9 @@ from sglang_dsv4_guard.check.server.state_types import (
     registered_state,
 )
 from sglang_dsv4_guard.codes import CODES, KV_SETUP_REFUSED, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import STOPS_AT_START, Finding, Observation, Severity
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy
-from sglang_dsv4_guard.pd.when import Phase, when_text
 
 __all__ = ["CODE", "kv_setup_row", "setup_refusal"]
 
@@ -94,8 +93,7 @@ def _finding(run: ContractRun, side: Side, refused: Refused) -> Finding:
                  "manager is set up (_init_kv_manager), on every machine: the server never "
                  f"serves ({refused.message}); run here on a miniature {_POOL_NAMES[kind]} "
                  "built by SGLang's own constructor in this server's environment",),
-        fixes=tuple(fixes), docs=docs_url(CODE), host_message=message,
-        when=when_text(Phase.START_UP, str(side.transfer_backend)))
+        fixes=tuple(fixes), docs=docs_url(CODE), host_message=message, when=STOPS_AT_START)
 
 
 def kv_setup_row(run: ContractRun) -> tuple[list[Finding], list[str]]:

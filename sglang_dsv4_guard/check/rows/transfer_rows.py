@@ -19,7 +19,7 @@ from sglang_dsv4_guard.check.server.endpoint_values import (
     field_source,
     side_field,
 )
-from sglang_dsv4_guard.findings import Finding
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.judgement import imported_package_dir
@@ -28,7 +28,6 @@ from sglang_dsv4_guard.pd.aux_count import CODE as AUX_CODE
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl_payload import HISPARSE_CODE, hisparse_backend_refusal, payload_finding
-from sglang_dsv4_guard.pd.when import Phase
 
 __all__ = ["SAMPLING_MASK", "hisparse_backend_row"]
 

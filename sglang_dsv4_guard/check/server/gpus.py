@@ -20,7 +20,7 @@ from dataclasses import replace
 from sglang_dsv4_guard.check.offline.parse import resolve_as
 from sglang_dsv4_guard.check.offline.probes import devices_for
 from sglang_dsv4_guard.check.server.derive import Side
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
 from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
 
 __all__ = ["page_size_by_gpu", "page_sizes"]
@@ -58,8 +58,7 @@ def page_size_by_gpu(finding: Finding, prefill: Side, decode: Side) -> Finding:
     details = (*finding.details, header, *lines)
     if not accepted:
         return replace(finding, details=details)
-    if not refused:
-        return replace(finding, severity=Severity.INFO, details=details, when=(
-            "on no GPU model: the page sizes differ only in this machine's resolution"))
-    return replace(finding, severity=Severity.WARNING, details=details,
-                   when=f"on {', '.join(refused)} only: {finding.when}")
+    effect = (f"on {', '.join(refused)} only: {finding.when and finding.when.effect}" if refused
+              else "on no GPU model: the page sizes differ only in this machine's resolution")
+    return replace(finding, severity=Severity.WARNING if refused else Severity.INFO,
+                   details=details, when=When(Phase.FIRST_CONTACT, effect))
