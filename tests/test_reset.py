@@ -1,5 +1,5 @@
 """``sglang_dsv4_guard.testing.reset()`` forgets what the process remembers between
-installations (warnings already given, memoised verdicts), and every ``GuardTestCase``
+installations (warnings already given, memoised judgements), and every ``GuardTestCase``
 runs it, so whether a test sees a warning never depends on the tests before it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import testing
-from sglang_dsv4_guard.host import verdict
+from sglang_dsv4_guard.host import judgement
 
 register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
 
@@ -24,7 +24,7 @@ BROKEN = json.JSONDecodeError("Expecting value", "", 0)
 def refuse(case: unittest.TestCase) -> list[str]:
     """Install with the digests unreadable (install refuses and stays inert); return the
     guard's log lines at DEBUG and above."""
-    with mock.patch.object(verdict, "load_known", side_effect=BROKEN), \
+    with mock.patch.object(judgement, "load_known", side_effect=BROKEN), \
             case.assertLogs("sglang_dsv4_guard", logging.DEBUG) as logs:
         sglang_dsv4_guard.install("on", load_entry_points=False)
     case.assertFalse(sglang_dsv4_guard.is_installed())

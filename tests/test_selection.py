@@ -309,7 +309,7 @@ class TestNamedPlaces(GuardTestCase):
         for test_file in (*selection.EVERY_RELEASE, selection.RUNNER_TESTS):
             self.assertTrue((ROOT / test_file).is_file(), test_file)
         package = ROOT / "sglang_dsv4_guard"
-        for module, function in (selection.VERDICT, *selection.SITES):
+        for module, function in (selection.JUDGEMENT, *selection.SITES):
             text = (package / module).read_text(encoding="utf-8")
             self.assertIn(f"\ndef {function}(", text, f"{module}::{function}")
         self.assertTrue((package / selection.SERIES).is_file(), selection.SERIES)
