@@ -239,12 +239,14 @@ class TestTablesMirrorTheCode(GuardTestCase):
     """The tables of codes, settings and releases agree with the modules they mirror."""
 
     def test_code_table_is_the_catalogue(self) -> None:
-        """docs/codes.md has one row per catalogued code, in order, with its title and
-        SGLang's line word for word."""
+        """docs/codes.md has one row per catalogued code, in order, with its title, its
+        severity (``(or lower)`` where the catalogue says when it is milder) and SGLang's
+        line word for word."""
         page = ROOT / "docs" / "codes.md"
         rows = table(page, r"`DSV4G\d+`")
-        shown = {r[0].strip("`"): (r[1], r[2].strip("`")) for r in rows}
-        catalogue = {c: (i.title, i.sglang_message or "—") for c, i in CODES.items()}
+        shown = {r[0].strip("`"): (r[1], r[2], r[3].strip("`")) for r in rows}
+        catalogue = {c: (i.title, i.severity.value + (" (or lower)" if i.milder else ""),
+                         i.sglang_message or "—") for c, i in CODES.items()}
         differences = [f"{code}: docs {shown.get(code)} / codes.py {catalogue.get(code)}"
                        for code in sorted(shown.keys() | catalogue.keys())
                        if shown.get(code) != catalogue.get(code)]

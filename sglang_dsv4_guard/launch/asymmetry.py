@@ -1,8 +1,10 @@
-"""PD asymmetries no runtime check sees (DSV4G020-DSV4G025): pure functions of two sides.
+"""PD asymmetries no runtime check sees (DSV4G020, 021, 023-025): pure functions of two
+sides. Page sizes are judged by decode's first contact
+(:mod:`sglang_dsv4_guard.pd.first_contact`).
 
 Their fixes are derived from both servers' flags by :mod:`.flag_fixes`.
 
-Warnings, except DSV4G023 (different transfer backends cannot connect): an error.
+Each finding's severity is the catalogue's (:mod:`sglang_dsv4_guard.codes`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Severity
+from sglang_dsv4_guard.findings import Finding, Observation
 
 __all__ = ["SideView", "asymmetry_findings"]
 
@@ -27,8 +29,6 @@ class SideView:
     speculative_algorithm: str | None
     num_draft_tokens: int | None
     num_draft_tokens_source: str
-    page_size: int | None
-    page_size_source: str
     transfer_backend: str
     unified_kv: bool
     hack_flashmla_backend: str | None
@@ -42,9 +42,9 @@ def _flag_source(field: str, option: str) -> Callable[[SideView], str]:
 
 
 def _finding(code: str, subject: str, observations: list[Observation],
-             details: tuple[str, ...] = (), severity: Severity = Severity.WARNING) -> Finding:
+             details: tuple[str, ...] = ()) -> Finding:
     info = CODES[code]
-    return Finding(code=code, severity=severity, summary=info.title, subject=subject,
+    return Finding(code=code, severity=info.severity, summary=info.title, subject=subject,
                    observations=tuple(observations), details=details,
                    docs=docs_url(code))
 
@@ -74,14 +74,11 @@ def _speculative(p: SideView, d: SideView) -> list[Finding]:
 def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
     """Every prefill/decode asymmetry between ``p`` and ``d`` (DSV4G023 an error)."""
     findings = _speculative(p, d)
-    if p.page_size != d.page_size:
-        findings.append(_finding("DSV4G022", "KV page size", _both(
-            "page_size", lambda s: s.page_size_source, lambda s: s.page_size, p, d)))
     if p.transfer_backend != d.transfer_backend:
         findings.append(_finding("DSV4G023", "transfer backend", _both(
             "transfer_backend", _flag_source("disaggregation_transfer_backend",
                                              "--disaggregation-transfer-backend"),
-            lambda s: s.transfer_backend, p, d), severity=Severity.ERROR))
+            lambda s: s.transfer_backend, p, d)))
     models = []
     if p.model_path != d.model_path or p.architecture != d.architecture:
         models += _both("model_path", _flag_source("model_path", "--model-path"),

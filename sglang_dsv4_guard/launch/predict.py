@@ -27,7 +27,7 @@ from sglang_dsv4_guard.launch.chatter import Output, capturing, recording, secti
 from sglang_dsv4_guard.launch.contract import contract_findings
 from sglang_dsv4_guard.launch.derive import Side, derive_side
 from sglang_dsv4_guard.launch.edit import typed_flags
-from sglang_dsv4_guard.launch.flag_fixes import derived_fixes, page_size_source
+from sglang_dsv4_guard.launch.flag_fixes import derived_fixes
 from sglang_dsv4_guard.launch.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.launch.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.launch.said import Said, said_about
@@ -99,8 +99,7 @@ def _view(side: Side) -> SideView:
         draft_path=str(draft) if side.speculative_algorithm else None,
         speculative_algorithm=side.speculative_algorithm,
         num_draft_tokens=side.num_draft_tokens,
-        num_draft_tokens_source=_tokens_source(side), page_size=side.page_size,
-        page_size_source=page_size_source(side), transfer_backend=side.transfer_backend,
+        num_draft_tokens_source=_tokens_source(side), transfer_backend=side.transfer_backend,
         unified_kv=side.unified_kv,
         hack_flashmla_backend=side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND"),
         typed=frozenset(typed_flags(list(side.args.argv))),
@@ -115,7 +114,7 @@ def _refused(side: Side, other: Side) -> Finding:
              f"DSV4G026): both servers need the fix",)
             if other.args.resolution_error == side.args.resolution_error else ())
     return Finding(
-        code="DSV4G026", severity=Severity.ERROR, summary=info.title,
+        code="DSV4G026", severity=info.severity, summary=info.title,
         subject=f"{side.role} server flags",
         observations=(Observation(side.role, "resolution", side.args.resolution_error,
                                   "ServerArgs resolution of the installed release"),),
@@ -140,7 +139,8 @@ def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
         attn_cp_size=a.get("attn_cp_size"),
         pp_size=a.get("pp_size"), engine_key="planned decode server",
         decode_tp=decode.args.get("tp_size"), decode_dp_size=decode.args.typed.get("dp_size"),
-        decode_enable_dp_attention=decode.args.typed.get("enable_dp_attention"))
+        decode_enable_dp_attention=decode.args.typed.get("enable_dp_attention"),
+        typed=frozenset(typed_flags(list(a.argv))))
     return build_plugins().collect("sglang_dsv4_guard_check_send", {
         "transfer": snap, "context": SendContext(profile, "on", "check")})
 
@@ -268,12 +268,6 @@ def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, st
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
     contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive,
                                                     profile)
-    # The first-contact row judges page sizes: where it raised, its error replaces this
-    # warning; where a server's resolution did not complete, its page size is not known
-    # (the row's unknowns line says DSV4G022 was not judged), so no warning is built on it.
-    unresolved = not (prefill.args.resolved and decode.args.resolved)
-    if unresolved or any(f.code == "DSV4G022" for f in contract):
-        findings = [f for f in findings if f.code != "DSV4G022"]
     if any(f.code == "DSV4G046" for f in contract):  # NIXL's registration refuses it: an
         findings = [f for f in findings if f.code != "DSV4G020"]  # error, not a warning
     findings.extend(contract)

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Severity
+from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
@@ -186,7 +186,7 @@ def _finding(prefill: Endpoint, decode: Endpoint, backend: str, verdict: StateVe
     observed = [*((prefill, n) for n in names), (decode, "attn_tp_size"),
                 (prefill, "transfer_backend"), (decode, "transfer_backend")]
     return Finding(
-        code=verdict.code, severity=Severity.ERROR, summary=CODES[verdict.code].title,
+        code=verdict.code, severity=CODES[verdict.code].severity, summary=CODES[verdict.code].title,
         subject=f"prefill -> decode {backend} transfer of the {verdict.state_type} state",
         observations=tuple(e.observation(n) for e, n in observed if e.has(n)),
         details=(f"SGLang's {verdict.function} raises it on the prefill for every request "
