@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sglang_dsv4_guard.findings import Finding
-from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.fixes import Fix, FixKind, flag_fix
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
 from sglang_dsv4_guard.host.verdict import imported_package_dir
 from sglang_dsv4_guard.launch.contact import resolved_value, typed_source
@@ -21,7 +21,7 @@ from sglang_dsv4_guard.launch.contract_run import ContractRun
 from sglang_dsv4_guard.launch.derive import Side
 from sglang_dsv4_guard.launch.edit import typed_flags
 from sglang_dsv4_guard.launch.endpoint_values import CONTRIBUTORS
-from sglang_dsv4_guard.launch.flag_fixes import accepted_fix, copy_pairs, flag_fix
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fix, copy_pairs
 from sglang_dsv4_guard.pd.allocation import CODE, POLICY, allocation_findings
 from sglang_dsv4_guard.pd.endpoint import Value
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Severity
-from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.fixes import Fix, FixKind, flag_fix
 from sglang_dsv4_guard.host.envs import env_copy, env_reading
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
 from sglang_dsv4_guard.host.pd_digests import NotJudged
@@ -31,7 +31,7 @@ from sglang_dsv4_guard.launch.endpoint_values import (
     field_source,
     side_field,
 )
-from sglang_dsv4_guard.launch.flag_fixes import accepted_fix, copy_pairs, flag_fix
+from sglang_dsv4_guard.launch.flag_fixes import accepted_fix, copy_pairs
 from sglang_dsv4_guard.launch.parse import offline_env
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, RowLanding, aux_rows
 from sglang_dsv4_guard.pd.buffers import MASK_WIDTH_ENV, aux_row_widths
