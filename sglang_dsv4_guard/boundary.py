@@ -237,7 +237,8 @@ def _fix(fix: object, field: str) -> Fix | None:
                field=cut_text(_text(fix.field, f"{field}.field")),
                edits=kept,
                inputs=capped_lines(_strings(inputs, f"{field}.inputs")),
-               release=cut_text(_text(fix.release, f"{field}.release")), proven=None)
+               release=cut_text(_text(fix.release, f"{field}.release")), proven=None,
+               need=cut_text(_text(fix.need, f"{field}.need")))
 
 
 def _fixes(value: object) -> tuple[Fix, ...]:

@@ -197,6 +197,7 @@ def _explain(args: argparse.Namespace) -> int:
     if info.sglang_message:
         print(f"SGLang's message: {info.sglang_message}")
     print(f"\n{info.meaning}\n")
+    print(f"severity: {info.severity.value}" + (f" ({info.milder})" if info.milder else ""))
     if info.sglang_releases is not None:
         print(f"SGLang releases with this check: {info.releases_text()}")
     # A report's fixes are derived from what differs; explain says how, per code.

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from sglang_dsv4_guard.findings import Severity
+
 __all__ = ["CODES", "DSV4_KV_LAYOUT", "KV_SETUP_REFUSED", "ONE_SIDED_DRAFT", "SERVED_MODEL",
            "SPECULATIVE_SETTINGS", "TRANSFER_BACKENDS", "CodeInfo", "docs_url"]
 
@@ -50,6 +52,9 @@ class CodeInfo:
     # The SGLang releases whose code has the check this code stands for, as (first,
     # last) inclusive, ``None`` for open-ended; ``None`` altogether: every release.
     sglang_releases: tuple[str | None, str | None] | None = None
+    # Its findings' severity (check and run time read it here); when lower (explain says).
+    severity: Severity = Severity.ERROR
+    milder: str = ""
 
     def applies_to(self, release: str) -> bool:
         """Whether ``release``'s SGLang code has this code's check (an unreadable
@@ -100,6 +105,7 @@ CODES: dict[str, CodeInfo] = {
                 "runner, a plug-in building the draft pool",
                 "and, as a workaround, removing --speculative-algorithm on both servers",
             ),
+            milder="a warning when compression_ratios is a one-shot iterator (not read)",
         ),
         CodeInfo(
             "DSV4G002",
@@ -142,6 +148,7 @@ CODES: dict[str, CodeInfo] = {
                 "SGLANG_DSV4_GUARD_AUTOSHARE=1 is offered only when the auto-share rule would "
                 "share (never without a tensor)",
             ),
+            milder="a warning when neither pool has a mapping (SGLang accepts None is None)",
         ),
         CodeInfo(
             "DSV4G005",
@@ -187,6 +194,8 @@ CODES: dict[str, CodeInfo] = {
             "pool (draft_pool.register_mapping).",
             ("derived: nothing to do; the draft's former registration is named, and handing "
              "the draft worker the target's allocator makes the rebinding unnecessary",),
+            severity=Severity.WARNING,
+            milder="a note (info) when both mappings are already the same memory",
         ),
         CodeInfo(
             "DSV4G010",
@@ -209,8 +218,9 @@ CODES: dict[str, CodeInfo] = {
              "speculative decoding every --speculative-* flag the other was given (as "
              "typed; offered only when the other server's own resolution accepted them and "
              "the edited line resolves), or remove them from the server that has them; "
-             "check --fix prefers removing (it never switches speculative decoding on for "
-             "a server that did not ask for it when another proven fix exists)",),
+             "check --fix ranks both alike (each changes what a server was asked to run) "
+             "and applies the first: the copy, keeping the speculative decoding typed",),
+            severity=Severity.WARNING,
         ),
         CodeInfo(
             "DSV4G021",
@@ -227,6 +237,7 @@ CODES: dict[str, CodeInfo] = {
              "prefill takes the decode's; the draft-token counts shown are the release's "
              "resolution of those flags; a server whose own flags SGLang's resolution "
              "refused (DSV4G026) is never the one copied from",),
+            severity=Severity.WARNING,
         ),
         CodeInfo(
             "DSV4G022",
@@ -237,21 +248,21 @@ CODES: dict[str, CodeInfo] = {
             "page size the release resolves for the model) differ. KV is transferred page "
             "by page: decode's first contact with the prefill (`try_ensure_parallel_info`, "
             "the first request that pairs them, every release 0.5.16+) raises this and the "
-            "decode server exits, so check reports it as an error with SGLang's message. "
-            "When a server's page size is not known here, the difference is a warning.",
+            "decode server exits (SGLang's message). Where a server's resolution did not "
+            "complete, its page size is not known and the pair is not judged.",
             ("check derives a flag fix per server: --page-size set to the other server's "
              "resolved page size; never on a server whose resolution replaced a typed "
              "--page-size (the release sets that model's page size itself: DeepSeek-V4 "
              "resolves to 256 on GPU from 0.5.22)",
              _RUNTIME),
+            milder="a warning when the page sizes differ on some GPU models only, a note on none",
         ),
         CodeInfo(
             "DSV4G023",
             "prefill and decode use different transfer backends",
             None,
             "`sglang-dsv4-guard check`: --disaggregation-transfer-backend differs between "
-            "the servers. Both ends of a KV transfer must speak the same engine; the pair "
-            "cannot connect, so this is an error (exit 1).",
+            "the servers. Both ends of a KV transfer must speak one engine: they cannot connect.",
             ("check derives a flag fix per server: --disaggregation-transfer-backend set "
              "to the other server's backend",),
         ),
@@ -270,6 +281,7 @@ CODES: dict[str, CodeInfo] = {
              "the fix is advice with no edit (which model to serve is the operator's "
              "choice: check --fix never applies it); if the two paths name identical "
              "copies on their hosts, nothing needs to change",),
+            severity=Severity.WARNING,
         ),
         CodeInfo(
             "DSV4G025",
@@ -281,6 +293,7 @@ CODES: dict[str, CodeInfo] = {
             "check (DSV4G002) passes, but the two servers ship state in different layouts.",
             ("check derives an environment fix per server: SGLANG_HACK_FLASHMLA_BACKEND "
              "set to (or unset as) the other server's",),
+            severity=Severity.WARNING,
         ),
         CodeInfo(
             "DSV4G026",
@@ -548,6 +561,7 @@ CODES: dict[str, CodeInfo] = {
              "server; a value SGLang refuses is never copied: unset gives what SGLang reads "
              "from it",),
             sglang_releases=("0.5.16", None),
+            milder="a warning when only the KV checksum's buffer differs and no transfer raises",
         ),
         CodeInfo(
             "DSV4G046",
@@ -600,6 +614,7 @@ CODES: dict[str, CodeInfo] = {
              "(a value that server's resolution accepted); in 0.5.16 to 0.5.19 environment "
              "fixes: one server takes the other's variable",),
             sglang_releases=("0.5.16", None),
+            milder="a warning when every row lands in place (a narrower prefill, a TCP path)",
         ),
         CodeInfo(
             "DSV4G049",
@@ -739,6 +754,7 @@ CODES: dict[str, CodeInfo] = {
             "is not a list of findings, or could not be loaded. The guard carried on "
             "without it; SGLang's verdict is unchanged.",
             ("derived: names the plug-in, its entry-point group and the stage that failed",),
+            severity=Severity.WARNING,
         ),
         CodeInfo(
             "DSV4G099",
@@ -750,6 +766,7 @@ CODES: dict[str, CodeInfo] = {
             "please report it with the JSON report.",
             ("derived: env edits for the server that raised: SGLANG_DSV4_GUARD_LOG_FORMAT=json "
              "to report it, or SGLANG_DSV4_GUARD=0",),
+            severity=Severity.WARNING,
         ),
     )
 }

@@ -11,6 +11,9 @@ field in the installed release (``inputs``), and one of
 - ``NO_FLAG_FIX``: no flag change fixes this, and why;
 - ``ADVICE``: free text, what a third-party plug-in gives as a plain string.
 
+A finding's fixes are alternatives (any one fixes it) unless they name several ``need``s:
+then one fix of each need is needed (a step each; the fixes of one need, alternatives).
+
 ``check --fix`` proves flag fixes by re-running the release's resolution and every
 check on the edited lines: ``proven`` is ``True`` for a proven fix, ``False`` for one
 that did not remove its finding or brought a new error, ``None`` when not tried (at
@@ -24,7 +27,7 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["Edit", "Fix", "FixKind"]
+__all__ = ["Edit", "Fix", "FixKind", "flag_fix"]
 
 
 class FixKind(str, enum.Enum):
@@ -81,6 +84,7 @@ class Fix:
     inputs: tuple[str, ...] = ()
     release: str = ""
     proven: bool | None = None
+    need: str = ""  # the step it belongs to (see the module docstring)
 
     @classmethod
     def advice(cls, text: str) -> Fix:
@@ -98,4 +102,12 @@ class Fix:
         """A JSON-ready dictionary of every field."""
         return {"kind": self.kind.value, "text": self.text, "field": self.field,
                 "edits": [e.to_dict() for e in self.edits], "inputs": list(self.inputs),
-                "release": self.release, "proven": self.proven}
+                "release": self.release, "proven": self.proven, "need": self.need}
+
+
+def flag_fix(text: str, field: str, edits: list[Edit | None], *inputs: str) -> Fix | None:
+    """A ``FLAGS`` fix of ``edits``; ``None`` when one is ``None`` (a flag this release does
+    not have: not suggested) or there are none."""
+    kept = tuple(e for e in edits if e is not None)
+    return None if not kept or len(kept) != len(edits) else Fix(
+        FixKind.FLAGS, text, field=field, edits=kept, inputs=inputs)

@@ -28,25 +28,25 @@ def _plural(n: int, word: str) -> str:
 
 
 def _fix_lines(fixes: tuple[Fix, ...]) -> list[str]:
-    """``fix:`` per fix, ``or fix:`` for another fix of the same field (an alternative),
-    the field named when the fixes address several, ``(proven by check)`` / ``(check: did
-    not fix it)`` when check tried it; then its edits one per line. The first
-    :data:`LIST_CAP` fixes and a count of the rest."""
+    """``fix:`` for a need's first fix, ``or fix:`` for each alternative after it, ``step
+    N of M`` when several needs each need a fix (``Fix.need``), the field named when the
+    fixes address several, ``(proven by check)`` / ``(check: did not fix it)`` when check
+    tried it; then its edits one per line. The first :data:`LIST_CAP` fixes and a count
+    of the rest."""
     lines: list[str] = []
     several = len({fix.field for fix in fixes}) > 1
+    needs = list(dict.fromkeys(fix.need for fix in fixes))
     seen: set[str] = set()
     for fix in fixes[:LIST_CAP]:
-        text = fix.text
-        if fix.field not in seen and text.startswith("or "):  # its first alternative was
-            text = text[3:]  # dropped (a value the release refuses): no "or" before nothing
-        alternative = fix.field in seen and not text.startswith("or ")
-        seen.add(fix.field)
-        label = "or fix" if alternative else "fix"
+        label = "or fix" if fix.need in seen else "fix"
+        seen.add(fix.need)
+        if len(needs) > 1:
+            label += f" (step {needs.index(fix.need) + 1} of {len(needs)})"
         if several and fix.field:
             label += f" [{fix.field}]"
         mark = ("" if fix.proven is None
                 else " (proven by check)" if fix.proven else " (check: did not fix it)")
-        lines.append(f"    {label}{mark}: {cut_text(text)}")
+        lines.append(f"    {label}{mark}: {cut_text(fix.text)}")
         lines += [f"         {cut_text(edit.describe())}" for edit in fix.edits[:LIST_CAP]]
     if len(fixes) > LIST_CAP:
         lines.append(f"    ... +{len(fixes) - LIST_CAP} more fixes ({len(fixes)} in all)")

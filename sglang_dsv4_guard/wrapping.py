@@ -198,7 +198,7 @@ def self_check(predicted: str | None, actual: str | None, role: str, snapshot: s
                    "guard's prediction above are what differs", field="guard self-check",
                    inputs=(snapshot,),
                    edits=(Edit(server, "SGLANG_DSV4_GUARD_LOG_FORMAT", "json", env=True),)),
-               Fix(FixKind.FLAGS, "or turn the guard off for this server; SGLang's verdict "
+               Fix(FixKind.FLAGS, "turn the guard off for this server; SGLang's verdict "
                    "does not change", field="guard self-check",
                    edits=(Edit(server, "SGLANG_DSV4_GUARD", "0", env=True),))),
         docs=docs_url("DSV4G099"))

@@ -18,9 +18,12 @@ import shlex
 import unittest
 from pathlib import Path
 
+import sglang
+from check_helpers import DSV4
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.check.offline.parse import parse_side
 from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.codes import CODES
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
@@ -35,6 +38,8 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 MATRIX = [line.split()[0] for line in (ROOT / "matrix.txt").read_text().splitlines()
           if line.strip() and not line.startswith("#")]
+BASE = next(line.split()[0] for line in (ROOT / "matrix.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#") and line.split()[1] == "-")
 
 
 def text(page: Path) -> str:
@@ -135,6 +140,33 @@ class TestReadme(GuardTestCase):
         blocks = [body for lang, body in FENCE.findall(section(README, "Quick start"))]
         self.assertEqual([line for b in blocks for line in b.splitlines()],
                          ["make demo", "make test"])
+
+    def test_opening_names_the_speculative_algorithms_the_release_accepts(self) -> None:
+        """The README's opening names the base release and, as `--speculative-algorithm X`,
+        exactly the algorithms that release's own resolution (``parse_side``: ServerArgs and
+        its DeepSeek-V4 hook) accepts for DeepSeek-V4: each algorithm SGLang knows (its enum
+        and reserved aliases), tried alone, with EAGLE's top-k 1 and with a draft model.
+        On another release of the matrix only the release named is checked."""
+        opening = text(README).split("\n\n")[1]
+        release = re.search(r"SGLang (\d+\.\d+\.\d+)", opening)
+        self.assertIsNotNone(release, opening)
+        assert release is not None
+        self.assertEqual(release.group(1), BASE)
+        if sglang.__version__ != BASE:
+            return
+        # here, not at the top: the names are the base release's (older ones lack them)
+        from sglang.srt.speculative.spec_info import _RESERVED_ALIASES, SpeculativeAlgorithm
+
+        named = set(re.findall(r"`--speculative-algorithm (\w+)`", " ".join(opening.split())))
+        known = [a.name for a in SpeculativeAlgorithm if a is not SpeculativeAlgorithm.NONE]
+        known += sorted(_RESERVED_ALIASES)
+        model = f"--model-path {DSV4} --disaggregation-mode decode"
+        extras = ("", "--speculative-eagle-topk 1 --speculative-num-steps 3 "
+                      "--speculative-num-draft-tokens 4", f"--speculative-draft-model-path {DSV4}")
+        accepted = {a for a in known if any(parse_side(
+            "decode", f"{model} --speculative-algorithm {a} {extra}", {}).resolution_error
+            is None for extra in extras)}
+        self.assertEqual(named, accepted)
 
     def test_every_page_reachable(self) -> None:
         """Every page under docs/ is reached by links from the README."""
@@ -239,12 +271,14 @@ class TestTablesMirrorTheCode(GuardTestCase):
     """The tables of codes, settings and releases agree with the modules they mirror."""
 
     def test_code_table_is_the_catalogue(self) -> None:
-        """docs/codes.md has one row per catalogued code, in order, with its title and
-        SGLang's line word for word."""
+        """docs/codes.md has one row per catalogued code, in order, with its title, its
+        severity (``(or lower)`` where the catalogue says when it is milder) and SGLang's
+        line word for word."""
         page = ROOT / "docs" / "codes.md"
         rows = table(page, r"`DSV4G\d+`")
-        shown = {r[0].strip("`"): (r[1], r[2].strip("`")) for r in rows}
-        catalogue = {c: (i.title, i.sglang_message or "—") for c, i in CODES.items()}
+        shown = {r[0].strip("`"): (r[1], r[2], r[3].strip("`")) for r in rows}
+        catalogue = {c: (i.title, i.severity.value + (" (or lower)" if i.milder else ""),
+                         i.sglang_message or "—") for c, i in CODES.items()}
         differences = [f"{code}: docs {shown.get(code)} / codes.py {catalogue.get(code)}"
                        for code in sorted(shown.keys() | catalogue.keys())
                        if shown.get(code) != catalogue.get(code)]

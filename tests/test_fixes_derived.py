@@ -48,6 +48,8 @@ def _problems(code: str, fix: dict[str, Any]) -> list[str]:
         problems.append(f"{code}: explain's text used as a fix: {fix['text'][:80]}")
     problems += [f"{code}: flag {e['name']} not in the release's parser"
                  for e in fix["edits"] if not e["env"] and not accepts(e["name"])]
+    if fix["text"].startswith("or "):  # alternatives are the renderer's, from Fix.need
+        problems.append(f"{code}: a fix text says 'or' itself: {fix['text'][:80]}")
     # the algorithm, not SGLang's constant COMPRESS_RATIO_NEXTN_LAYER
     if re.search(r"\bNEXTN\b", fix["text"]) or any(e["value"] == "NEXTN" for e in fix["edits"]):
         problems.append(f"{code}: suggests NEXTN")
@@ -89,10 +91,11 @@ class TestFixLabels(GuardTestCase):
     """Rendering says which fixes are alternatives, never "or" before nothing."""
 
     def test_a_lone_or_fix_reads_without_or(self) -> None:
-        """A field's only fix whose text begins "or " (its first alternative was dropped)
-        renders as ``fix: drop ...``; a second fix of one field renders ``or fix:``."""
+        """The first fix left (its first alternative dropped: a value the release refuses)
+        renders as ``fix: drop ...``, never "or" before nothing; the "or" is the renderer's
+        (no fix text begins with it); a second fix of one need renders ``or fix:``."""
         finding = Finding("DSV4G020", Severity.WARNING, "s", "x", fixes=(
-            Fix(FixKind.FLAGS, "or drop speculative decoding", field="speculative"),
+            Fix(FixKind.FLAGS, "drop speculative decoding", field="speculative"),
             Fix(FixKind.FLAGS, "copy the flags", field="speculative")))
         lines = render_finding(finding).splitlines()
         self.assertIn("    fix: drop speculative decoding", lines)

@@ -52,33 +52,31 @@ class TestBootstrapTimeout(GuardTestCase):
         self.assertIn("after 60 s", when_of(Phase.REGISTRATION, "nixl", {VARIABLE: "60"}).effect)
 
 
-def _side(role: str, model: str, algo: str | None, tokens: int | None, page: int,
-          backend: str, flashmla: str | None) -> SideView:
-    return SideView(role, model, model.upper(), None, algo, tokens, "flag", page, "flag",
-                    backend, flashmla is not None, flashmla)
+def _side(role: str, model: str, algo: str | None, tokens: int | None, backend: str,
+          flashmla: str | None) -> SideView:
+    return SideView(role, model, model.upper(), None, algo, tokens, "flag", backend,
+                    flashmla is not None, flashmla)
 
 
 class TestWhenIsData(GuardTestCase):
     """``Finding.when`` holds a phase and an effect; JSON gives both, text prints ``when:``."""
 
     def test_asymmetries_carry_their_phase(self) -> None:
-        """check's PD asymmetries: the page size is compared at first contact; the
-        speculative settings, backend, model and unified-KV mode are never compared by
-        SGLang (silent)."""
-        p = _side("prefill", "a", "EAGLE", 4, 64, "mooncake", "unified_kv_triton")
-        d = _side("decode", "b", None, None, 256, "nixl", None)
+        """check's PD asymmetries: the speculative settings, backend, model and unified-KV
+        mode are never compared by SGLang (silent; page sizes are decode's first contact's)."""
+        p = _side("prefill", "a", "EAGLE", 4, "mooncake", "unified_kv_triton")
+        d = _side("decode", "b", None, None, "nixl", None)
         found = {f.code: f.when.phase for f in asymmetry_findings(p, d)}
-        self.assertEqual(found, {"DSV4G020": Phase.SILENT, "DSV4G022": Phase.FIRST_CONTACT,
-                                 "DSV4G023": Phase.SILENT, "DSV4G024": Phase.SILENT,
-                                 "DSV4G025": Phase.SILENT})
-        d = _side("decode", "a", "EAGLE", 2, 64, "mooncake", "unified_kv_triton")
+        self.assertEqual(found, {"DSV4G020": Phase.SILENT, "DSV4G023": Phase.SILENT,
+                                 "DSV4G024": Phase.SILENT, "DSV4G025": Phase.SILENT})
+        d = _side("decode", "a", "EAGLE", 2, "mooncake", "unified_kv_triton")
         self.assertEqual([(f.code, f.when.phase) for f in asymmetry_findings(p, d)],
                          [("DSV4G021", Phase.SILENT)])
 
     def test_json_gives_phase_and_text(self) -> None:
         """to_dict: ``phase`` the phase's value, ``when`` the effect (the text key kept)."""
-        finding = asymmetry_findings(_side("prefill", "a", None, None, 64, "nixl", None),
-                                     _side("decode", "a", None, None, 64, "mooncake", None))[0]
+        finding = asymmetry_findings(_side("prefill", "a", None, None, "nixl", None),
+                                     _side("decode", "a", None, None, "mooncake", None))[0]
         self.assertEqual({k: finding.to_dict()[k] for k in ("code", "phase", "when")},
                          {"code": "DSV4G023", "phase": "silent",
                           "when": finding.when.effect})

@@ -24,7 +24,7 @@ from sglang_dsv4_guard.check.offline.chatter import Output, capturing, recording
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_side
 from sglang_dsv4_guard.check.rows.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.check.rows.contract import contract_findings
-from sglang_dsv4_guard.check.server.derive import Side, derive_side, page_size_source
+from sglang_dsv4_guard.check.server.derive import Side, derive_side
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.check.server.said import Said, said_about
@@ -33,7 +33,6 @@ from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
 from sglang_dsv4_guard.host.judgement import judge_imported
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
-from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
 from sglang_dsv4_guard.pd.nixl_payload import PREFILL_DRAFT_CODE
 from sglang_dsv4_guard.state.checks import MAPPING_CODE, MODES_CODE, RATIOS_CODE, RING_CODE
 
@@ -103,8 +102,7 @@ def _view(side: Side) -> SideView:
         draft_path=str(draft) if side.speculative_algorithm else None,
         speculative_algorithm=side.speculative_algorithm,
         num_draft_tokens=side.num_draft_tokens,
-        num_draft_tokens_source=_tokens_source(side), page_size=side.page_size,
-        page_size_source=page_size_source(side), transfer_backend=side.transfer_backend,
+        num_draft_tokens_source=_tokens_source(side), transfer_backend=side.transfer_backend,
         unified_kv=side.unified_kv,
         hack_flashmla_backend=side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND"),
         typed=frozenset(typed_flags(list(side.args.argv))),
@@ -124,7 +122,8 @@ def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
         attn_cp_size=a.get("attn_cp_size"),
         pp_size=a.get("pp_size"), engine_key="planned decode server",
         decode_tp=decode.args.get("tp_size"), decode_dp_size=decode.args.typed.get("dp_size"),
-        decode_enable_dp_attention=decode.args.typed.get("enable_dp_attention"))
+        decode_enable_dp_attention=decode.args.typed.get("enable_dp_attention"),
+        typed=frozenset(typed_flags(list(a.argv))))
     return build_plugins().collect("sglang_dsv4_guard_check_send", {
         "transfer": snap, "context": SendContext(profile, "on", "check")})
 
@@ -252,12 +251,6 @@ def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, st
     findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
     contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive,
                                                     profile)
-    # The first-contact row judges page sizes: where it raised, its error replaces this
-    # warning; where a server's resolution did not complete, its page size is not known
-    # (the row's unknowns line says it was not judged), so no warning is built on it.
-    unresolved = not (prefill.args.resolved and decode.args.resolved)
-    if unresolved or any(f.code == PAGE_CODE for f in contract):
-        findings = [f for f in findings if f.code != PAGE_CODE]
     if any(f.code == PREFILL_DRAFT_CODE for f in contract):  # NIXL's registration refuses
         findings = [f for f in findings if f.code != ONE_SIDED_DRAFT]  # it: an error
     findings.extend(contract)

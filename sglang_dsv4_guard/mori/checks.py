@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity
+from sglang_dsv4_guard.findings import Finding, Observation, Phase
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host import flags
@@ -19,15 +19,19 @@ _REWRITE = ("this release rewrites the deprecated --dp-size N --enable-dp-attent
             "--attn-dp-size N")
 
 
-def _has_attn_dp() -> bool:
-    """Whether the installed release's parser sets the attention-DP width with
-    ``--attn-dp-size`` (0.5.22 on), not ``--dp-size`` under ``--enable-dp-attention``."""
-    return flags.flag_for_field("attn_dp_size") is not None
+def _source(t: SendSnapshot, field: str) -> str:
+    """Where the prefill's ``field`` comes from (at run time: typed or not is unknown)."""
+    option = "--" + field.replace("_", "-")
+    if t.typed is None:
+        return f"the prefill server's arguments ({option} as typed, or the release's default)"
+    return (f"server flag {option}" if field in t.typed
+            else f"the release's default (no {option} typed)")
 
 
 def _attn_tp_source() -> str:
-    """Where the prefill's attention TP size comes from, as the installed release says."""
-    if _has_attn_dp():
+    """Where the prefill's attention TP size comes from, as the installed release says
+    (``--attn-dp-size`` from 0.5.22, ``--dp-size`` under ``--enable-dp-attention`` before)."""
+    if flags.flag_for_field("attn_dp_size") is not None:
         return (f"--tp-size divided by --attn-dp-size ({_REWRITE}) on the prefill server: "
                 "MoriKVManager.attn_tp_size")
     return ("--tp-size (divided by --dp-size with --enable-dp-attention) on the prefill "
@@ -51,14 +55,8 @@ def layouts(t: SendSnapshot) -> tuple[AttentionLayout, AttentionLayout]:
 def _tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
     """The attention-TP family's fixes (:func:`attention_tp_fixes`), each edit one the
     installed release's parser accepts."""
-    found = []
-    for fix in attention_tp_fixes(*layouts(t)):
-        if fix.edits:
-            edits = flags.vetted(*fix.edits)
-            if len(edits) != len(fix.edits):
-                continue
-        found.append(fix)
-    return tuple(found)
+    return tuple(fix for fix in attention_tp_fixes(*layouts(t))
+                 if len(flags.vetted(*fix.edits)) == len(fix.edits))
 
 
 def _peer(t: SendSnapshot, phase: str) -> str:
@@ -95,13 +93,10 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
         Observation("prefill", "state_type", t.state_type, "kv_args.state_types (the pool's "
                     "state components, from setup_state_kv_args)"),
     ]
-    for name, value, source in (("tp_size", t.tp_size, "server flag --tp-size"),
-                                ("dp_size", t.dp_size, "server flag --dp-size"),
-                                ("enable_dp_attention", t.enable_dp_attention,
-                                 "server flag --enable-dp-attention"),
-                                ("pp_size", t.pp_size, "server flag --pp-size")):
+    for name, value in (("tp_size", t.tp_size), ("dp_size", t.dp_size),
+                        ("enable_dp_attention", t.enable_dp_attention), ("pp_size", t.pp_size)):
         if value is not None:
-            observations.append(Observation("prefill", name, value, source))
+            observations.append(Observation("prefill", name, value, _source(t, name)))
     details = [_peer(t, context.phase),
                "SGLang labels the prefill *attention* TP size 'prefill_tp_size'"]
     if context.phase == "register":
@@ -114,7 +109,7 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
                    "across attention-TP sizes on MORI (the same check in each); other KV, and "
                    "MLA models, are transferred across TP sizes")
     return [Finding(
-        code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
+        code=CODE, severity=CODES[CODE].severity, summary=CODES[CODE].title,
         subject="MORI swa state transfer", observations=tuple(observations),
         details=tuple(details), fixes=_tp_fixes(t), docs=docs_url(CODE),
         host_message=host_message(t), when=when_of(Phase.PER_REQUEST, "mori"),

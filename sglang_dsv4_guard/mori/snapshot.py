@@ -41,6 +41,8 @@ class SendSnapshot:
     decode_tp: int | None = None
     decode_dp_size: int | None = None
     decode_enable_dp_attention: bool | None = None
+    # The fields the prefill's line typed (check); None at run time: typed or default unknown
+    typed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Phase, Severity
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.host.pd_digests import NotJudged, digest_pd_tree, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_COMMON_MANAGER,
@@ -122,7 +122,7 @@ def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
     names = (POLICY, "attn_tp_size", "attn_cp_size", "pp_size") \
         if "peer attention" in failure else (POLICY,)
     finding = Finding(
-        code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
+        code=CODE, severity=CODES[CODE].severity, summary=CODES[CODE].title,
         subject="the decode's receiver for each request",
         observations=tuple(e.observation(n) for n in names for e in (prefill, decode)),
         details=(f"SGLang's own {PD_RECEIVER_INIT.qualname} recorded this failure on the "

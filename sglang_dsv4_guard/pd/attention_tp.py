@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind, flag_fix
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
@@ -109,18 +109,12 @@ def attention_tp_fixes(prefill: AttentionLayout, decode: AttentionLayout) -> tup
     return tuple(f for f in found if f is not None)
 
 
-def _fix(text: str, edits: list[Edit | None], inputs: tuple[str, ...]) -> Fix | None:
-    if not edits or any(e is None for e in edits):
-        return None  # a flag this release does not have: not suggested
-    return Fix(FixKind.FLAGS, text, field=FIELD, edits=tuple(e for e in edits if e is not None),
-               inputs=inputs)
-
-
 def _tp_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...]) -> Fix | None:
     want = int(src.attn_tp_size or 1)
-    return _fix(f"give the {dst.role} server attention TP {want} by its --tp-size (this "
-                "changes its GPU count)",
-                [flag_edit(dst.role, "tp_size", want * dst.attn_dp_size * dst.attn_cp_size)], inputs)
+    return flag_fix(f"give the {dst.role} server attention TP {want} by its --tp-size (this "
+                    "changes its GPU count)", FIELD,
+                    [flag_edit(dst.role, "tp_size", want * dst.attn_dp_size * dst.attn_cp_size)],
+                    *inputs)
 
 
 def _dp_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...]) -> Fix | None:
@@ -141,8 +135,8 @@ def _dp_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...])
             and flag_for_field("attn_dp_size") is not None):
         note = ("; if its line has the deprecated --dp-size N --enable-dp-attention, replace "
                 "them (this release rewrites them into --attn-dp-size N)")
-    return _fix(f"give the {dst.role} server attention TP {want} by its attention DP size "
-                f"({dp}), {kept}{note}", edits, inputs)
+    return flag_fix(f"give the {dst.role} server attention TP {want} by its attention DP size "
+                    f"({dp}), {kept}{note}", FIELD, edits, *inputs)
 
 
 def _dp_edits(dst: AttentionLayout, dp: int) -> tuple[list[Edit | None], int]:

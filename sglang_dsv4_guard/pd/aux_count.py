@@ -107,13 +107,13 @@ def _fixes(prefill: Endpoint, decode: Endpoint, only: bool) -> list[Fix]:
         if not only and src.env is not None and (
                 dst.env is None or src.env.get(name) != dst.env.get(name)):
             found.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s "
-                             f"{name}", field="sampling_mask_env",
+                             f"{name}", field="sampling_mask_env", need="sampling_mask_env",
                              edits=(env_copy(dst.role, name, src.env.get(name)),)))
         if flag is None or not src.has("kv_checksum"):
             continue
         on = bool(src.get("kv_checksum"))
         if (bool(dst.get("kv_checksum")) != on) if dst.has("kv_checksum") else only:
             found.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s KV "
-                             "checksum setting", field="kv_checksum",
+                             "checksum setting", field="kv_checksum", need="kv_checksum",
                              edits=(Edit(dst.role, flag.option, remove=not on),)))
     return found

@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Mapping
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Phase, Severity
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.host.targets import PD_COMMON_MANAGER, PD_COMMON_MODULE, PD_RELAYOUT
@@ -92,7 +92,7 @@ def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
     if message is None:
         return [], unknowns
     finding = Finding(
-        code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
+        code=CODE, severity=CODES[CODE].severity, summary=CODES[CODE].title,
         subject="decode rank registration with the prefill",
         observations=tuple(e.observation(name) for name in ("dcp_size", "is_mla_backend")
                            for e in (prefill, decode) if e.has(name)),

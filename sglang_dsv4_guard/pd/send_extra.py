@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Phase, Severity
+from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
@@ -189,7 +189,7 @@ def _finding(prefill: Endpoint, decode: Endpoint, backend: str, refusal: StateRe
     observed = [*((prefill, n) for n in names), (decode, "attn_tp_size"),
                 (prefill, "transfer_backend"), (decode, "transfer_backend")]
     return Finding(
-        code=refusal.code, severity=Severity.ERROR, summary=CODES[refusal.code].title,
+        code=refusal.code, severity=CODES[refusal.code].severity, summary=CODES[refusal.code].title,
         subject=f"prefill -> decode {backend} transfer of the {refusal.state_type} state",
         observations=tuple(e.observation(n) for e, n in observed if e.has(n)),
         details=(f"SGLang's {refusal.function} raises it on the prefill for every request "

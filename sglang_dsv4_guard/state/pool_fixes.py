@@ -11,6 +11,7 @@ differences are a code path's (swapped pools, a custom runner, a plug-in), said 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from sglang_dsv4_guard.codes import ONE_SIDED_DRAFT
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -118,7 +119,7 @@ def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
         inputs=("KVCacheConfigurator (is_draft_worker): [COMPRESS_RATIO_NEXTN_LAYER] * "
                 "num_effective_layers", "COMPRESS_RATIO_NEXTN_LAYER = 0 (srt/models/deepseek_v4_nextn.py)")))
     found += _flags_fix(
-        "or serve without speculative decoding, on both servers of the pair (a draft on "
+        "serve without speculative decoding, on both servers of the pair (a draft on "
         f"one server only is {ONE_SIDED_DRAFT}){_runs(context, 'speculative_algorithm')}",
         "compression_ratios", ("--speculative-algorithm",),
         Edit("prefill", "--speculative-algorithm", remove=True),
@@ -249,10 +250,8 @@ def geometry_fixes(pair: StatePair, context: StateContext,
     """Ring or paged geometry: one fix (or two) per field that differs, none for equal ones."""
     values = {label: (pair.target.get(t), pair.draft.get(d)) for label, t, d, _ in fields}
     differing = {k: v for k, v in values.items() if v[0] != v[1]}
-    found: list[Fix] = []
-    for name in differing:
-        found += _geometry_fix(name, pair, context, values, differing)
-    return tuple(found)
+    return tuple(replace(f, need=name) for name in differing  # each differing field: a step
+                 for f in _geometry_fix(name, pair, context, values, differing))
 
 
 # -- the shared mapping, an attribute missing --------------------------------------------
@@ -292,7 +291,7 @@ def mapping_fixes(pair: StatePair, context: StateContext, decision: ShareDecisio
     found = [Fix(FixKind.CODE, text, field=MAPPING_ATTR, inputs=inputs)]
     if decision is not None and decision.share:
         found.append(Fix(
-            FixKind.FLAGS, f"or let the guard rebind it: {decision.reason}", field=MAPPING_ATTR,
+            FixKind.FLAGS, f"let the guard rebind it: {decision.reason}", field=MAPPING_ATTR,
             inputs=("state/sharing.decide: the auto-share rule",),
             edits=(Edit(server_of(context), AUTOSHARE_ENV, "1", env=True),)))
     return tuple(found)

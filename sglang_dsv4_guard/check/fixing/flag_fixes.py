@@ -27,7 +27,7 @@ from sglang_dsv4_guard.codes import (
     TRANSFER_BACKENDS,
 )
 from sglang_dsv4_guard.findings import Finding
-from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.fixes import Edit, Fix, FixKind, flag_fix
 from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.mori.checks import CODE as MORI_TP_CODE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
@@ -36,17 +36,10 @@ from sglang_dsv4_guard.pd.nixl_payload import PREFILL_DRAFT_CODE
 from sglang_dsv4_guard.state.checks import PAGED_CODE
 
 __all__ = ["UNIFIED_VARIABLE", "accepted_fix", "accepted_fixes", "attention_tp_fixes", "copy_pairs",
-           "derived_fixes", "flag_fix"]
+           "derived_fixes"]
 
 UNIFIED_VARIABLE = "SGLANG_HACK_FLASHMLA_BACKEND"
 
-
-
-def flag_fix(text: str, field: str, edits: list[Edit | None], *inputs: str) -> Fix | None:
-    kept = tuple(e for e in edits if e is not None)
-    if not kept or len(kept) != len(edits):
-        return None  # a flag this release does not have: not suggested
-    return Fix(FixKind.FLAGS, text, field=field, edits=kept, inputs=inputs)
 
 
 def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
@@ -125,7 +118,7 @@ def _g020(p: Side, d: Side) -> list[Fix | None]:
         FixKind.FLAGS, f"give the {plain.role} server the {spec.role}'s speculative flags",
         "speculative_algorithm", _speculative_flags(spec, plain), inputs)
     return [copy,
-            Fix(FixKind.FLAGS, f"or drop speculative decoding on the {spec.role} server",
+            Fix(FixKind.FLAGS, f"drop speculative decoding on the {spec.role} server",
                 "speculative_algorithm", removed, inputs) if removed else None]
 
 
@@ -144,16 +137,11 @@ def _g021(p: Side, d: Side) -> list[Fix | None]:
 def _g022(p: Side, d: Side) -> list[Fix | None]:
     inputs = tuple(f"{s.role}: page size {s.page_size} from {page_size_source(s)}"
                    for s in (p, d))
-    fixes: list[Fix | None] = []
-    for src, dst in copy_pairs(p, d):
-        typed = typed_page(dst)
-        if typed is not None and dst.args.resolved and typed != dst.page_size:
-            continue  # the release sets this server's page size itself
-        if src.page_size is not None:
-            fixes.append(flag_fix(f"launch the {dst.role} server with the {src.role}'s page size",
-                              "page_size", [flag_edit(dst.role, "page_size", src.page_size)],
-                              *inputs))
-    return fixes
+    # never to a server whose typed page size its resolution replaced (the release sets it)
+    return [flag_fix(f"launch the {dst.role} server with the {src.role}'s page size",
+                     "page_size", [flag_edit(dst.role, "page_size", src.page_size)], *inputs)
+            for src, dst in copy_pairs(p, d) if src.page_size is not None and (
+                typed_page(dst) in (None, dst.page_size) or not dst.args.resolved)]
 
 
 def _same(field: str, what: str, p: Side, d: Side, inputs: tuple[str, ...]
@@ -213,7 +201,7 @@ def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
                f"({side.model.path}/config.json)",
                f"{side.role}: draft sliding_window {side.draft.sliding_window} "
                f"({side.draft.path}/config.json, --speculative-draft-model-path)")
-    return (fix,) if fix is not None else ()
+    return (replace(fix, need="sliding_window"),) if fix is not None else ()
 
 
 _DERIVERS = {MORI_TP_CODE: attention_tp_fixes, ONE_SIDED_DRAFT: _g020, SPECULATIVE_SETTINGS: _g021,

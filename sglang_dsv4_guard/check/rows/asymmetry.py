@@ -1,9 +1,9 @@
-"""PD asymmetries no runtime check sees: pure functions of two sides. A one-sided draft's
-code is the catalogue's (the state fixes name it), the page size's the first contact's.
+"""PD asymmetries no runtime check sees: pure functions of two sides. Page sizes are judged
+by decode's first contact (:mod:`sglang_dsv4_guard.pd.first_contact`).
 
 Their fixes are derived from both servers' flags by :mod:`.flag_fixes`.
 
-Warnings, except different transfer backends (they cannot connect): an error.
+Each finding's severity is the catalogue's (:mod:`sglang_dsv4_guard.codes`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from sglang_dsv4_guard.codes import (
     TRANSFER_BACKENDS,
     docs_url,
 )
-from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity, When
-from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
-from sglang_dsv4_guard.pd.when import when_of
+from sglang_dsv4_guard.findings import Finding, Observation, Phase, When
 
 __all__ = ["SideView", "asymmetry_findings"]
 
@@ -37,8 +35,6 @@ class SideView:
     speculative_algorithm: str | None
     num_draft_tokens: int | None
     num_draft_tokens_source: str
-    page_size: int | None
-    page_size_source: str
     transfer_backend: str
     unified_kv: bool
     hack_flashmla_backend: str | None
@@ -59,11 +55,12 @@ _UNSENT = {ONE_SIDED_DRAFT: "the speculative settings",
 
 
 def _finding(code: str, subject: str, observations: list[Observation],
-             details: tuple[str, ...] = (), severity: Severity = Severity.WARNING) -> Finding:
-    when = (when_of(Phase.FIRST_CONTACT, "") if code not in _UNSENT else When(
-        Phase.SILENT, f"never compared by SGLang (neither the prefill's /route answer nor a "
-        f"decode's registration carries {_UNSENT[code]}): no error or log line names it"))
-    return Finding(code=code, severity=severity, summary=CODES[code].title, subject=subject,
+             details: tuple[str, ...] = ()) -> Finding:
+    info = CODES[code]
+    when = When(Phase.SILENT, f"never compared by SGLang (neither the prefill's /route answer "
+                f"nor a decode's registration carries {_UNSENT[code]}): no error or log line "
+                "names it")
+    return Finding(code=code, severity=info.severity, summary=info.title, subject=subject,
                    observations=tuple(observations), details=details,
                    docs=docs_url(code), when=when)
 
@@ -93,14 +90,11 @@ def _speculative(p: SideView, d: SideView) -> list[Finding]:
 def asymmetry_findings(p: SideView, d: SideView) -> list[Finding]:
     """Every prefill/decode asymmetry between ``p`` and ``d`` (the backends' an error)."""
     findings = _speculative(p, d)
-    if p.page_size != d.page_size:
-        findings.append(_finding(PAGE_CODE, "KV page size", _both(
-            "page_size", lambda s: s.page_size_source, lambda s: s.page_size, p, d)))
     if p.transfer_backend != d.transfer_backend:
         findings.append(_finding(TRANSFER_BACKENDS, "transfer backend", _both(
             "transfer_backend", _flag_source("disaggregation_transfer_backend",
                                              "--disaggregation-transfer-backend"),
-            lambda s: s.transfer_backend, p, d), severity=Severity.ERROR))
+            lambda s: s.transfer_backend, p, d)))
     models = []
     if p.model_path != d.model_path or p.architecture != d.architecture:
         models += _both("model_path", _flag_source("model_path", "--model-path"),

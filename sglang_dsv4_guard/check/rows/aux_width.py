@@ -17,7 +17,7 @@ same value on both servers).
 
 from __future__ import annotations
 
-from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs, flag_fix
+from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs
 from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server.derive import Side
@@ -28,7 +28,7 @@ from sglang_dsv4_guard.check.server.endpoint_values import (
 )
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
-from sglang_dsv4_guard.fixes import Fix, FixKind
+from sglang_dsv4_guard.fixes import Fix, FixKind, flag_fix
 from sglang_dsv4_guard.host.envs import env_copy, env_reading
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field
 from sglang_dsv4_guard.host.judgement import imported_package_dir

@@ -1,5 +1,5 @@
-"""``check --fix`` after a second outside review: attention DP spelled as the release
-spells it, a copied value the destination's resolution replaces never offered, a partial
+"""``check --fix``'s edits and their cost: attention DP spelled as the release spells
+it, a copied value the destination's resolution replaces never offered, a partial
 correction called partial, removals ranked like switches, and every resolution of a
 refusal's search counted against its budget."""
 
