@@ -10,7 +10,7 @@ from sglang_dsv4_guard.errors import (
     DSV4GuardStartupRefused,
     SettingError,
 )
-from sglang_dsv4_guard.findings import Finding, Observation, Report, Severity
+from sglang_dsv4_guard.findings import STOPS_AT_START, Finding, Observation, Report, Severity
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in
 # each; a disabled one marks a helper module (listed as skipped, never run).
@@ -22,7 +22,7 @@ def sample_errors() -> dict[str, BaseException]:
     """One of each guard exception, with a report that has a finding, keyed by type name."""
     finding = Finding("DSV4G004", Severity.ERROR, "mapping not shared", "full_to_swa_index_mapping",
                       observations=(Observation("draft pool", "page_size", 64, "--page-size"),),
-                      fixes=("share it",), host_message="DSV4 x")
+                      fixes=("share it",), host_message="DSV4 x", when=STOPS_AT_START)
     report = Report.of([finding], {"function": "f", "mode": "on"}, host_error="DSV4 x")
     host = RuntimeError("DSV4 target and draft pools must share the SWA index mapping")
     guard = DSV4GuardError(str(host), report, "rendered report", host)

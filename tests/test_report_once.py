@@ -114,14 +114,15 @@ class TestFingerprintAndMarkers(GuardTestCase):
         """Two decode peers with the same registration mismatch, SGLang's message naming
         each peer ("... rejected for <agent>"): one fingerprint, so one full report per
         server, not per rank; other values are another report (outside review, finding 4)."""
-        from sglang_dsv4_guard.findings import Finding, Severity
+        from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
 
         def registered(peer: str, stride: int) -> Report:
             return Report.of([Finding(
                 code="DSV4G055", severity=Severity.ERROR, summary="strides differ",
                 subject="decode peer's NIXL registration",
                 details=(f"decode peer: {peer} at 10.0.0.2:7000 (nixl)",),
-                host_message=f"NIXL state layout rejected for {peer}: src[0]={stride}")],
+                host_message=f"NIXL state layout rejected for {peer}: src[0]={stride}",
+                when=When(Phase.PER_REQUEST, "per request"))],
                 {"function": "NixlKVManager registration", "peer": f"{peer} at 10.0.0.2:7000"})
 
         first, second = registered("9f1c-uuid-a", 128), registered("77aa-uuid-b", 128)
