@@ -15,10 +15,10 @@ from sglang_dsv4_guard.findings import Severity
 __all__ = ["CODES", "DSV4_KV_LAYOUT", "KV_SETUP_REFUSED", "ONE_SIDED_DRAFT", "SERVED_MODEL",
            "SPECULATIVE_SETTINGS", "TRANSFER_BACKENDS", "CodeInfo", "docs_url"]
 
-# The codes whose raising module sits above a module that names them (layers point
-# down): named here, in the catalogue. The prefill/decode asymmetries
-# (check/rows/asymmetry.py raises them; check/fixing/flag_fixes.py derives their fixes,
-# the state fixes name a one-sided draft), and SGLang's refusal of a KV pool at KV
+# Codes that modules besides the one raising them name, where importing the raiser would
+# point a layer or a folder up: named here, in the catalogue. The prefill/decode
+# asymmetries (pd/asymmetry.py raises them; check/fixing/flag_fixes.py derives their
+# fixes, the state fixes name a one-sided draft), and SGLang's refusal of a KV pool at KV
 # transfer set-up (check/rows/kv_setup.py; the SWA layout a server registers names it).
 ONE_SIDED_DRAFT = "DSV4G020"
 SPECULATIVE_SETTINGS = "DSV4G021"

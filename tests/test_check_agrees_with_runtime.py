@@ -213,7 +213,10 @@ class TestAttentionTpFixes(GuardTestCase):
 # The pair conditions both places see (pd/conditions.py), and the ones only one sees:
 # DSV4G059 (the per-tensor dimensions exist once the pools are built: run time only);
 # DSV4G044 (the decode's first request: check only); DSV4G050/055-058 (the registration
-# hook's, on values launch lines do not give: run time only).
+# hook's, on values launch lines do not give: run time only); DSV4G020/021/023-025 (what
+# SGLang never compares, pd/asymmetry.py: neither a registration nor /route carries the
+# speculative settings, backend, model or KV layout, so the run time's endpoints have
+# none of them: check only).
 PAIR_CODES = ("DSV4G040", "DSV4G041", "DSV4G042", "DSV4G043", "DSV4G045", "DSV4G046")
 EAGLE = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "
          "--speculative-num-draft-tokens 4")

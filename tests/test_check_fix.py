@@ -236,7 +236,7 @@ class TestCheckFix(GuardTestCase):
         lines in ``fixed`` pass ``check`` (exit 0, no findings)."""
         _, doc = check_json(server("prefill", GPT_OSS, "--page-size 16"),
                             server("decode", GPT_OSS, "--page-size 32", backend="nixl"), "--fix")
-        self.assertEqual(codes(doc), ["DSV4G023", "DSV4G022"])
+        self.assertEqual(codes(doc), ["DSV4G022", "DSV4G023"])
         self.assertTrue(all(f["proven"] for x in doc["findings"] for f in x["fixes"]))
         fixed = doc["fixed"]
         status, again = check_json(fixed["prefill"], fixed["decode"])

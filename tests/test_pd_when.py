@@ -11,9 +11,10 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.boundary import clean_finding, plugin_failure
-from sglang_dsv4_guard.check.rows.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
-from sglang_dsv4_guard.host.targets import ENVIRON_MODULE
+from sglang_dsv4_guard.host.targets import ENVIRON_MODULE, FLASHMLA_ENV
+from sglang_dsv4_guard.pd.asymmetry import asymmetry_findings as pd_asymmetry
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
 from sglang_dsv4_guard.pd.when import bootstrap_timeout, when_of
 
 register_cpu_ci(est_time=31, suite="stage-a-test-cpu")
@@ -53,9 +54,16 @@ class TestBootstrapTimeout(GuardTestCase):
 
 
 def _side(role: str, model: str, algo: str | None, tokens: int | None, backend: str,
-          flashmla: str | None) -> SideView:
-    return SideView(role, model, model.upper(), None, algo, tokens, "flag", backend,
-                    flashmla is not None, flashmla)
+          flashmla: str | None) -> Endpoint:
+    values = {"model_path": model, "architecture": model.upper(), "draft_model_path": None,
+              "speculative_algorithm": algo, "speculative_num_draft_tokens": tokens,
+              "transfer_backend": backend, "unified_kv": flashmla is not None}
+    return Endpoint(role, {k: Value(v, "flag") for k, v in values.items()},
+                    env={FLASHMLA_ENV: flashmla} if flashmla else {})
+
+
+def asymmetry_findings(p: Endpoint, d: Endpoint) -> list[Finding]:
+    return pd_asymmetry(p, d)[0]
 
 
 class TestWhenIsData(GuardTestCase):

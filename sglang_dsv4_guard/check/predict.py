@@ -22,7 +22,6 @@ from sglang_dsv4_guard.check.fixing.flag_fixes import derived_fixes
 from sglang_dsv4_guard.check.fixing.refusal import refusal_finding
 from sglang_dsv4_guard.check.offline.chatter import Output, capturing, recording, section
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_side
-from sglang_dsv4_guard.check.rows.asymmetry import SideView, asymmetry_findings
 from sglang_dsv4_guard.check.rows.contract import contract_findings
 from sglang_dsv4_guard.check.server.derive import Side, derive_side
 from sglang_dsv4_guard.check.server.edit import typed_flags
@@ -83,34 +82,9 @@ class CheckResult:
         return said_about(side, self.sglang_output.lines(side.role))
 
 
-def _tokens_source(side: Side) -> str:
-    typed = side.args.typed.get("speculative_num_draft_tokens")
-    if typed is not None and typed == side.num_draft_tokens:
-        return f"server flag --speculative-num-draft-tokens {typed}"
-    if not side.args.resolved:
-        return "server flag --speculative-num-draft-tokens (not typed: None, as parsed)"
-    return ("SGLang's resolution of the speculative flags" + (
-        f" (--speculative-num-draft-tokens {typed} typed)" if typed is not None else
-        " (--speculative-num-draft-tokens not typed)"))
-
-
-def _view(side: Side) -> SideView:
-    draft = side.args.get("speculative_draft_model_path") or side.args.get("model_path")
-    return SideView(
-        role=side.role, model_path=str(side.args.get("model_path")),
-        architecture=side.model.architecture,
-        draft_path=str(draft) if side.speculative_algorithm else None,
-        speculative_algorithm=side.speculative_algorithm,
-        num_draft_tokens=side.num_draft_tokens,
-        num_draft_tokens_source=_tokens_source(side), transfer_backend=side.transfer_backend,
-        unified_kv=side.unified_kv,
-        hack_flashmla_backend=side.args.env.get("SGLANG_HACK_FLASHMLA_BACKEND"),
-        typed=frozenset(typed_flags(list(side.args.argv))),
-    )
-
 
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
-    """The guard's send checks on the transfer the two servers imply (phase ``check``:
+    """The guard's send checks on the transfer the two servers imply (place ``check``:
     before launch, on the transfer the two lines imply)."""
     a = prefill.args
     snap = SendSnapshot(
@@ -248,12 +222,11 @@ def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, st
         findings.extend(run.findings)
     if prefill.transfer_backend == decode.transfer_backend == "mori":
         findings.extend(_mori(prefill, decode, profile))
-    findings.extend(asymmetry_findings(_view(prefill), _view(decode)))
     contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive,
                                                     profile)
+    findings.extend(contract)
     if any(f.code == PREFILL_DRAFT_CODE for f in contract):  # NIXL's registration refuses
         findings = [f for f in findings if f.code != ONE_SIDED_DRAFT]  # it: an error
-    findings.extend(contract)
     if derive:
         findings = [derived_fixes(f, prefill, decode) for f in findings]
     report = Report.of(findings, {"function": "sglang-dsv4-guard check",

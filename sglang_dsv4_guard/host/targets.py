@@ -25,6 +25,7 @@ __all__ = [
     "DSV4_LAYOUT_ENV",
     "DSV4_POOL",
     "ENVIRON_MODULE",
+    "FLASHMLA_ENV",
     "KV_ARGS",
     "MAPPING_ATTR",
     "MORI_KV_ARGS_ATTRS",
@@ -350,6 +351,9 @@ PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_c
                        "state_layer_ids", "mla_compression_ratios", "state_dim_per_tensor")
 #: The variables SGLang's select_dsv4_kv_layout reads (0.5.21+).
 DSV4_LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
+#: The variable whose ``unified_kv_triton`` puts a DeepSeek-V4 server's SWA state in a
+#: unified-KV ring (ROCm; ``is_unified_kv_triton``), read by each pool as it is built.
+FLASHMLA_ENV = "SGLANG_HACK_FLASHMLA_BACKEND"
 PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "attn_cp_size",
                            "speculative_algorithm", "enable_unified_memory",
                            "disaggregation_enable_kv_checksum")

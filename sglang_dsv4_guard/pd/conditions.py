@@ -18,6 +18,7 @@ from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.pd.asymmetry import asymmetry_findings
 from sglang_dsv4_guard.pd.aux_count import aux_count_findings
 from sglang_dsv4_guard.pd.endpoint import Endpoint, PairContext
 from sglang_dsv4_guard.pd.mamba_slice import mamba_slice_findings
@@ -40,7 +41,9 @@ CONDITIONS: tuple[Condition, ...] = (
     nixl_payload_findings, state_layout_findings, nixl_state_findings,
     # per request: the state transfer (Mooncake/NIXL, MORI, Mamba), the metadata buffers
     send_extra_findings, mori_state_findings, mamba_findings, mamba_slice_findings,
-    aux_count_findings)
+    aux_count_findings,
+    # never compared by SGLang: what only check's endpoints carry
+    asymmetry_findings)
 
 
 _FAILED: set[tuple[str, str]] = set()

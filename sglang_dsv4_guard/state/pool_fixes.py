@@ -17,7 +17,7 @@ from sglang_dsv4_guard.codes import ONE_SIDED_DRAFT
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.host.server import server_value
-from sglang_dsv4_guard.host.targets import MAPPING_ATTR
+from sglang_dsv4_guard.host.targets import FLASHMLA_ENV, MAPPING_ATTR
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.state.sharing import ShareDecision
 from sglang_dsv4_guard.state.snapshot import PoolSnapshot, StateContext, StatePair
@@ -132,7 +132,7 @@ def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
 def unified_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
     """Unified-KV modes: the mode is read from the environment when each pool is built."""
     unified = "target pool" if pair.target.get("_unified_kv") else "draft pool"
-    now = context.environ.get("SGLANG_HACK_FLASHMLA_BACKEND")
+    now = context.environ.get(FLASHMLA_ENV)
     state = f"={now}" if now is not None else " unset"
     return (Fix(
         FixKind.CODE,

@@ -30,7 +30,7 @@ from sglang_dsv4_guard.boundary import CODE as PLUGIN_FAILED
 from sglang_dsv4_guard.boundary import is_builtin, plugin_failure
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
-from sglang_dsv4_guard.host.targets import CALLERS, SCHEDULER_MODULE
+from sglang_dsv4_guard.host.targets import CALLERS, FLASHMLA_ENV, SCHEDULER_MODULE
 from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.runtime import Runtime, add_note
 from sglang_dsv4_guard.state.snapshot import (
@@ -54,7 +54,7 @@ from sglang_dsv4_guard.wrapping import (
 
 __all__ = ["CallSite", "Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
 
-_ENV_KEYS = ("SGLANG_HACK_FLASHMLA_BACKEND",)
+_ENV_KEYS = (FLASHMLA_ENV,)
 _HANDLER = f"SGLang's scheduler ({SCHEDULER_MODULE}.run_scheduler_process)"
 
 

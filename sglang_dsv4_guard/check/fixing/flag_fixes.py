@@ -29,17 +29,15 @@ from sglang_dsv4_guard.codes import (
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind, flag_fix
 from sglang_dsv4_guard.host.flags import flag_edit
+from sglang_dsv4_guard.host.targets import FLASHMLA_ENV
 from sglang_dsv4_guard.mori.checks import CODE as MORI_TP_CODE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
 from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
 from sglang_dsv4_guard.pd.nixl_payload import PREFILL_DRAFT_CODE
 from sglang_dsv4_guard.state.checks import PAGED_CODE
 
-__all__ = ["UNIFIED_VARIABLE", "accepted_fix", "accepted_fixes", "attention_tp_fixes", "copy_pairs",
+__all__ = ["accepted_fix", "accepted_fixes", "attention_tp_fixes", "copy_pairs",
            "derived_fixes"]
-
-UNIFIED_VARIABLE = "SGLANG_HACK_FLASHMLA_BACKEND"
-
 
 
 def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
@@ -169,14 +167,14 @@ def _g024(p: Side, d: Side) -> list[Fix | None]:
 
 
 def _g025(p: Side, d: Side) -> list[Fix | None]:
-    inputs = tuple(f"{s.role} env: {UNIFIED_VARIABLE}="
-                   f"{s.args.env.get(UNIFIED_VARIABLE, '(unset)')}" for s in (p, d))
+    inputs = tuple(f"{s.role} env: {FLASHMLA_ENV}="
+                   f"{s.args.env.get(FLASHMLA_ENV, '(unset)')}" for s in (p, d))
     fixes: list[Fix | None] = []
     for src, dst in copy_pairs(p, d):
-        value = src.args.env.get(UNIFIED_VARIABLE)
-        edit = Edit(dst.role, UNIFIED_VARIABLE, value, remove=value is None, env=True)
+        value = src.args.env.get(FLASHMLA_ENV)
+        edit = Edit(dst.role, FLASHMLA_ENV, value, remove=value is None, env=True)
         fixes.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s "
-                                        f"{UNIFIED_VARIABLE}", UNIFIED_VARIABLE, (edit,),
+                                        f"{FLASHMLA_ENV}", FLASHMLA_ENV, (edit,),
                          inputs))
     return fixes
 

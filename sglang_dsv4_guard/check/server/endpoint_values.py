@@ -50,6 +50,18 @@ def field_source(side: Side, field: str, option: str) -> str:
     return f"the parser's default (no {option} typed; resolution did not complete)"
 
 
+def _tokens_source(side: Side) -> str:
+    """Where ``side``'s number of draft tokens comes from: typed, or SGLang's resolution."""
+    typed = side.args.typed.get("speculative_num_draft_tokens")
+    if typed is not None and typed == side.num_draft_tokens:
+        return f"server flag --speculative-num-draft-tokens {typed}"
+    if not side.args.resolved:
+        return "server flag --speculative-num-draft-tokens (not typed: None, as parsed)"
+    return ("SGLang's resolution of the speculative flags" + (
+        f" (--speculative-num-draft-tokens {typed} typed)" if typed is not None else
+        " (--speculative-num-draft-tokens not typed)"))
+
+
 def _base(side: Side) -> dict[str, Value]:
     a = side.args
     tp_source = field_source(side, "tp_size", "--tp-size")
@@ -84,6 +96,14 @@ def _base(side: Side) -> dict[str, Value]:
         "is_dsv4": Value(side.model.is_dsv4, f"{side.model.path}/config.json"),
         "speculative_algorithm": Value(side.speculative_algorithm, field_source(
             side, "speculative_algorithm", "--speculative-algorithm")),
+        "speculative_num_draft_tokens": Value(side.num_draft_tokens, _tokens_source(side)),
+        "model_path": Value(str(a.get("model_path")),
+                            field_source(side, "model_path", "--model-path")),
+        "draft_model_path": Value(
+            str(a.get("speculative_draft_model_path") or a.get("model_path"))
+            if side.speculative_algorithm else None,
+            "server flag --speculative-draft-model-path (the target's path when not given)"),
+        "unified_kv": Value(side.unified_kv, "the server's environment"),
     }
     return values
 
