@@ -78,7 +78,7 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
     registration, never on a passing transfer.
 
     :param transfer: the prefill manager's and the decode peer's values.
-    :param context: the release profile, mode and phase ("register", "send" or "check").
+    :param context: the release profile, mode and place ("register", "send" or "check").
     :return: every problem found.
     """
     raise NotImplementedError  # pragma: no cover
@@ -123,7 +123,7 @@ def sglang_dsv4_guard_check_pair(
 
     :param prefill: the prefill's values by the name SGLang's code reads, with sources.
     :param decode: the decode's.
-    :param context: the phase (``check`` or ``registration``), the transfer backend, the
+    :param context: the place (``check`` or ``registration``), the transfer backend, the
         release profile; where unknowns go.
     :return: every problem found.
     """

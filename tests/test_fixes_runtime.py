@@ -16,6 +16,7 @@ from test_parity_property import pairs
 
 import sglang_dsv4_guard
 from sglang_dsv4_guard import DSV4GuardError
+from sglang_dsv4_guard.findings import Phase
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import accepts, flag_for_field
 from sglang_dsv4_guard.mori.snapshot import SendSnapshot
@@ -125,8 +126,8 @@ class TestMoriFixes(GuardTestCase):
     """DSV4G006: edits per server from that server's TP layout (pd/attention_tp.py, the
     family's one home, as in check), the fix keeping its GPU count first."""
 
-    def fixes(self, snap: SendSnapshot, phase: str = "send") -> tuple[Fix, ...]:
-        return tuple(check_transfer(snap, phase=phase).findings[0].fixes)
+    def fixes(self, snap: SendSnapshot, place: str = "send") -> tuple[Fix, ...]:
+        return tuple(check_transfer(snap, place=place).findings[0].fixes)
 
     def test_dp_attention_prefill_changes_dp_size(self) -> None:
         """Prefill --tp-size 8 --dp-size 8 --enable-dp-attention (attention TP 1), decode
@@ -232,14 +233,16 @@ class TestMoriFixes(GuardTestCase):
             self.assertIn("--dp-size", obs.source)
             self.assertNotIn("--attn-dp-size", obs.source)
 
-    def test_check_phase_wording(self) -> None:
-        """Phase "check": the details say SGLang finds this when the decode peer registers
-        at run time, and name no registered peer."""
+    def test_check_place_wording(self) -> None:
+        """Place "check": the details say the guard reports this when the decode peer
+        registers and SGLang raises it per request (its ``when``), and name no peer."""
         snap = SendSnapshot(state_type="swa", is_mla_backend=False, attn_tp_size=4,
                             decode_tp_size=2, engine_key="planned decode server")
-        details = check_transfer(snap, phase="check").findings[0].details
-        self.assertIn("SGLang finds this when the decode peer registers (at run time): every "
-                      "request carrying 'swa' state then fails", details)
+        found = check_transfer(snap, place="check").findings[0]
+        details = found.details
+        self.assertIs(found.when.phase, Phase.PER_REQUEST)
+        self.assertIn("the guard reports it when the decode peer registers (at run time); "
+                      "SGLang raises it on every request carrying 'swa' state", details)
         self.assertFalse([d for d in details if "registered:" in d or "engine=" in d], details)
 
 

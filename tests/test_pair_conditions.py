@@ -38,12 +38,12 @@ register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 class MooncakeOnly:
     """docs/plugins.md's example: the fleet's pairs transfer over Mooncake."""
 
-    phases: ClassVar[list[str]] = []
+    places: ClassVar[list[str]] = []
 
     @hookimpl
     def sglang_dsv4_guard_check_pair(self, prefill: Endpoint, decode: Endpoint,
                                      context: PairContext) -> list[Finding]:
-        self.phases.append(context.phase)
+        self.places.append(context.place)
         if not prefill.has("transfer_backend"):
             context.not_judged("ACME002: not judged: the prefill's transfer backend is not known")
             return []
@@ -67,7 +67,7 @@ class CannotJudge:
     @hookimpl
     def sglang_dsv4_guard_check_pair(self, prefill: Endpoint, decode: Endpoint,
                                      context: PairContext) -> list[Finding]:
-        context.not_judged(f"ACME003 ({context.phase}): not judged: no fleet inventory here")
+        context.not_judged(f"ACME003 ({context.place}): not judged: no fleet inventory here")
         return []
 
 
@@ -131,7 +131,7 @@ def _edits(fixes: Any) -> set[tuple[str, str, Any, bool, bool]]:
 class TestPairConditions(GuardTestCase):
     def setUp(self) -> None:
         super().setUp()
-        MooncakeOnly.phases.clear()
+        MooncakeOnly.places.clear()
 
     def _registered(self, *plugins: object) -> list[Finding]:
         """The findings when a NIXL decode peer registers with a NIXL prefill (same
@@ -153,7 +153,7 @@ class TestPairConditions(GuardTestCase):
         checked = [f for f in _check("nixl", "mooncake_only")["findings"]
                    if f["code"] == "ACME002"]
         ran = [f for f in self._registered(PLUGINS["mooncake_only"]) if f.code == "ACME002"]
-        self.assertEqual(MooncakeOnly.phases, ["check", "registration"])
+        self.assertEqual(MooncakeOnly.places, ["check", "registration"])
         self.assertEqual(len(checked), 1)
         self.assertEqual([(f["code"], f["severity"]) for f in checked],
                          [(f.code, f.severity.value) for f in ran])

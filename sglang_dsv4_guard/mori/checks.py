@@ -59,8 +59,8 @@ def _tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
                  if len(flags.vetted(*fix.edits)) == len(fix.edits))
 
 
-def _peer(t: SendSnapshot, phase: str) -> str:
-    if phase == "check":
+def _peer(t: SendSnapshot, place: str) -> str:
+    if place == "check":
         return "decode server: the decode launch line checked with this prefill's"
     peer = ", ".join(f"{k}={v}" for k, v in (("engine", t.engine_key), ("endpoint", t.endpoint),
                                              ("port", t.dst_port)) if v is not None)
@@ -97,14 +97,14 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
                         ("enable_dp_attention", t.enable_dp_attention), ("pp_size", t.pp_size)):
         if value is not None:
             observations.append(Observation("prefill", name, value, _source(t, name)))
-    details = [_peer(t, context.phase),
+    details = [_peer(t, context.place),
                "SGLang labels the prefill *attention* TP size 'prefill_tp_size'"]
-    if context.phase == "register":
-        details.append("found when the decode peer registered: every request to it that "
-                       "carries 'swa' state will fail")
-    elif context.phase == "check":
-        details.append("SGLang finds this when the decode peer registers (at run time): "
-                       "every request carrying 'swa' state then fails")
+    if context.place == "register":
+        details.append("found when the decode peer registered: SGLang raises it on every "
+                       "request to that peer that carries 'swa' state")
+    elif context.place == "check":
+        details.append("the guard reports it when the decode peer registers (at run time); "
+                       "SGLang raises it on every request carrying 'swa' state")
     details.append("no SGLang release from 0.5.16 to 0.5.23 transfers the non-MLA 'swa' state "
                    "across attention-TP sizes on MORI (the same check in each); other KV, and "
                    "MLA models, are transferred across TP sizes")

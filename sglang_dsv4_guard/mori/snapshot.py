@@ -53,7 +53,7 @@ class SendContext:
     mode: str = "on"
     # "register" when a decode peer registers, "send" per transfer, "check" before launch
     # (the check command, on the transfer a launch pair implies)
-    phase: str = "send"
+    place: str = "send"
 
 
 def _int(value: object) -> int | None:

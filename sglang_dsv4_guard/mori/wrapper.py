@@ -110,8 +110,8 @@ class MoriGuard:
             self._objects.setdefault(ident, peer)
         return ident
 
-    def _report(self, snap: SendSnapshot, peer: str, phase: str) -> tuple[Report, str]:
-        context = SendContext(self.rt.profile, self.rt.settings.mode.value.value, phase)
+    def _report(self, snap: SendSnapshot, peer: str, place: str) -> tuple[Report, str]:
+        context = SendContext(self.rt.profile, self.rt.settings.mode.value.value, place)
         findings = self.rt.plugins.collect("sglang_dsv4_guard_check_send",
                                            {"transfer": snap, "context": context})
         report = Report.of(findings, {

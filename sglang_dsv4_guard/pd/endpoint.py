@@ -12,7 +12,7 @@ from sglang_dsv4_guard.findings import Finding, Observation, When
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
-__all__ = ["PEER", "PHASES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Value", "pair_finding"]
+__all__ = ["PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Value", "pair_finding"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
@@ -86,17 +86,17 @@ class Endpoint:
 
 #: Where a pair is judged: ``check`` (two launch lines, before launch) or
 #: ``registration`` (a decode peer registering with a live prefill rank).
-PHASES = ("check", "registration")
+PLACES = ("check", "registration")
 
 
 @dataclass(frozen=True)
 class PairContext:
-    """Where a prefill/decode condition runs (``phase``, one of :data:`PHASES`), on which
+    """Where a prefill/decode condition runs (``place``, one of :data:`PLACES`), on which
     transfer backend and release profile (``None``: not judged), and what it could not
     judge: a condition calls :meth:`not_judged` with one line naming its code, the value
     and why (``check`` prints them as ``unknowns``; never an error)."""
 
-    phase: str
+    place: str
     backend: str
     profile: HostProfile | None = None
     unknowns: list[str] = field(default_factory=list)
