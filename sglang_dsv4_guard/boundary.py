@@ -268,8 +268,17 @@ def clean_finding(finding: object, origin: str) -> Finding:
         raise TypeError(f"severity must be a sglang_dsv4_guard.Severity (got "
                         f"{type(fields['severity']).__name__} "
                         f"{safe_text(repr, fields['severity'], 80)})")
-    if (when := fields["when"]) is not None and not isinstance(getattr(when, "phase", 0), Phase):
-        raise TypeError(f"when must be a sglang_dsv4_guard.When or None (got {safe_text(repr, when, 80)})")
+    when = fields["when"]
+    if when is not None:  # each part read once: a property cannot pass the check and then
+        try:              # change, nor a falsy subclass slip through as itself
+            phase, effect = when.phase, when.effect
+        except Exception as exc:
+            raise TypeError(f"when must be a sglang_dsv4_guard.When or None (reading it "
+                            f"{raised_text(exc)})") from exc
+        if not isinstance(phase, Phase):
+            raise TypeError(f"when must be a sglang_dsv4_guard.When or None (got "
+                            f"{safe_text(repr, when, 80)})")
+        when = When(phase, cut_text(_text(effect, "when.effect")))
     if fields["host_message"] is not None:
         fields["host_message"] = _text(fields["host_message"], "host_message (or None)")
     observations = fields["observations"]
@@ -289,5 +298,5 @@ def clean_finding(finding: object, origin: str) -> Finding:
         observations=tuple(_observation(o, i) for i, o in enumerate(observations[:LIST_CAP])),
         details=details, fixes=_fixes(fields["fixes"]), docs=cut_text(fields["docs"]),
         host_message=None if host_message is None else cut_text(host_message), origin=origin,
-        when=when and When(when.phase, cut_text(_text(when.effect, "when.effect"))),
+        when=when,
     )

@@ -11,7 +11,7 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.boundary import clean_finding, plugin_failure
-from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
+from sglang_dsv4_guard.findings import Finding, Phase, Report, Severity, When
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE, FLASHMLA_ENV
 from sglang_dsv4_guard.pd.asymmetry import asymmetry_findings as pd_asymmetry
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
@@ -109,6 +109,33 @@ class TestWhenIsData(GuardTestCase):
                          (When(Phase.REGISTRATION, "at registration"), None))
         with self.assertRaisesRegex(TypeError, "when must be a sglang_dsv4_guard.When"):
             clean_finding(Finding("ACME1", Severity.WARNING, "s", "x", when="soon"), "acme")
+
+    def test_a_plugins_when_is_read_once_and_rebuilt(self) -> None:
+        """A falsy When subclass comes out as a plain When (JSON renders it); a ``phase``
+        property that changes between reads is read once: the finding keeps the phase that
+        was checked, or is refused, never a value that breaks rendering."""
+        class Falsy(When):
+            def __bool__(self) -> bool:
+                return False
+
+        kept = clean_finding(Finding("ACME1", Severity.WARNING, "s", "x",
+                                     when=Falsy(Phase.SILENT, "never")), "acme")
+        self.assertIs(type(kept.when), When)
+        self.assertEqual(Report.of([kept], {}).to_dict()["findings"][0]["phase"], "silent")
+
+        class Shifty:
+            reads = 0
+            effect = "at some point"
+
+            @property
+            def phase(self) -> object:
+                Shifty.reads += 1
+                return Phase.FIRST_CONTACT if Shifty.reads == 1 else "x"
+
+        kept = clean_finding(Finding("ACME1", Severity.WARNING, "s", "x",
+                                     when=Shifty()), "acme")  # type: ignore[arg-type]
+        self.assertEqual((kept.when, Shifty.reads), (When(Phase.FIRST_CONTACT, "at some point"), 1))
+        self.assertEqual(Report.of([kept], {}).to_dict()["findings"][0]["phase"], "first contact")
 
 
 if __name__ == "__main__":
