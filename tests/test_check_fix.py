@@ -116,6 +116,15 @@ class TestDerivedFixes(GuardTestCase):
                          [[("decode", "--model-path", DSV4, False, False)],
                           [("prefill", "--model-path", DSV4_WINDOW64, False, False)]])
 
+    def test_g024_draft_path_only_where_the_finding_compares_it(self) -> None:
+        """Two checkpoints of one architecture, EAGLE on the decode only: the finding
+        compares the model paths (not the draft's: one server has no draft), and so do the
+        fixes: no edit of --speculative-draft-model-path on either server."""
+        _, doc = check_json(server("prefill", DSV4), server("decode", DSV4_WINDOW64, EAGLE1))
+        self.assertEqual([edits(f) for f in finding(doc, "DSV4G024")["fixes"]],
+                         [[("decode", "--model-path", DSV4, False, False)],
+                          [("prefill", "--model-path", DSV4_WINDOW64, False, False)]])
+
     def test_g024_another_architecture_is_only_advice(self) -> None:
         """Checkpoints of different architectures: the fix is advice with no edit (which
         model to serve is the operator's choice, never a flag edit ``--fix`` applies)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.assembly import build_plugins
+from sglang_dsv4_guard.boundary import is_builtin
 from sglang_dsv4_guard.check.fixing.flag_fixes import derived_fixes
 from sglang_dsv4_guard.check.fixing.refusal import refusal_finding
 from sglang_dsv4_guard.check.offline.chatter import Output, capturing, recording, section
@@ -225,10 +226,14 @@ def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, st
     contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive,
                                                     profile)
     findings.extend(contract)
-    if any(f.code == PREFILL_DRAFT_CODE for f in contract):  # NIXL's registration refuses
-        findings = [f for f in findings if f.code != ONE_SIDED_DRAFT]  # it: an error
+    # the built-in rules apply to built-in findings only: a plug-in's finding under a
+    # built-in code keeps its own fixes and removes nothing
+    if any(f.code == PREFILL_DRAFT_CODE and is_builtin(f.origin) for f in contract):
+        findings = [f for f in findings  # NIXL's registration refuses it: an error
+                    if not (f.code == ONE_SIDED_DRAFT and is_builtin(f.origin))]
     if derive:
-        findings = [derived_fixes(f, prefill, decode) for f in findings]
+        findings = [derived_fixes(f, prefill, decode) if is_builtin(f.origin) else f
+                    for f in findings]
     report = Report.of(findings, {"function": "sglang-dsv4-guard check",
                                   "sglang": str(version)})
     return CheckResult(str(version), prefill, decode, report, tuple(runs),

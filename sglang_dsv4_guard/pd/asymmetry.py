@@ -10,7 +10,10 @@ from both launch lines by ``check`` (``check/fixing/flag_fixes.py``).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sglang_dsv4_guard.codes import (
     CODES,
@@ -23,7 +26,7 @@ from sglang_dsv4_guard.codes import (
 )
 from sglang_dsv4_guard.findings import Finding, Observation, Phase, When
 from sglang_dsv4_guard.host.targets import FLASHMLA_ENV
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import REFUSED, Endpoint
 
 __all__ = ["asymmetry_findings"]
 
@@ -37,9 +40,11 @@ _UNSENT = {ONE_SIDED_DRAFT: "the speculative settings",
 def _finding(code: str, subject: str, observations: list[Observation],
              details: tuple[str, ...] = ()) -> Finding:
     info = CODES[code]
+    seen = (": the two transfer engines cannot talk, so requests fail or hang at the KV "
+            "transfer, and no error or log line names the backends"
+            if code == TRANSFER_BACKENDS else ": no error or log line names it")
     when = When(Phase.SILENT, f"never compared by SGLang (neither the prefill's /route answer "
-                f"nor a decode's registration carries {_UNSENT[code]}): no error or log line "
-                "names it")
+                f"nor a decode's registration carries {_UNSENT[code]}){seen}")
     return Finding(code=code, severity=info.severity, summary=info.title, subject=subject,
                    observations=tuple(observations), details=details,
                    docs=docs_url(code), when=when)
@@ -53,21 +58,38 @@ def _known(ends: tuple[Endpoint, Endpoint], name: str) -> bool:
     return all(e.has(name) for e in ends)
 
 
-def _differ(ends: tuple[Endpoint, Endpoint], name: str) -> bool:
-    return _known(ends, name) and ends[0].get(name) != ends[1].get(name)
+def _differ(ends: tuple[Endpoint, Endpoint], name: str,
+            form: Callable[[Any], Any] = lambda v: v) -> bool:
+    return _known(ends, name) and form(ends[0].get(name)) != form(ends[1].get(name))
 
 
-def _speculative(ends: tuple[Endpoint, Endpoint]) -> list[Finding]:
+def _path(value: Any) -> Any:
+    """A path as written, but for its form (``/m/x/`` is ``/m/x``)."""
+    return os.path.normpath(value) if isinstance(value, str) and value else value
+
+
+def _refused(ends: tuple[Endpoint, Endpoint]) -> list[str]:
+    """The roles whose flags SGLang's resolution refused: their algorithm, draft tokens
+    and draft are as typed, not as the release resolves them (NEXTN is EAGLE)."""
+    return [e.role for e in ends if e.get(REFUSED)]
+
+
+def _speculative(ends: tuple[Endpoint, Endpoint], unknowns: list[str]) -> list[Finding]:
     if not _known(ends, "speculative_algorithm"):
         return []
     p, d = (e.get("speculative_algorithm") for e in ends)
     if (p is None) != (d is None):
         return [_finding(ONE_SIDED_DRAFT, "speculative decoding",
                          _both(ends, "speculative_algorithm"))]
-    if p is not None and (p != d or _differ(ends, "speculative_num_draft_tokens")):
-        return [_finding(SPECULATIVE_SETTINGS, "speculative settings", _both(
-            ends, "speculative_algorithm", "speculative_num_draft_tokens"))]
-    return []
+    if p is None or not (p != d or _differ(ends, "speculative_num_draft_tokens")):
+        return []
+    if refused := _refused(ends):
+        unknowns.append(f"{SPECULATIVE_SETTINGS}: not judged: SGLang's resolution refused the "
+                        f"{' and '.join(refused)} server's flags, so its speculative settings "
+                        "are known only as typed, not as the release resolves them")
+        return []
+    return [_finding(SPECULATIVE_SETTINGS, "speculative settings", _both(
+        ends, "speculative_algorithm", "speculative_num_draft_tokens"))]
 
 
 def _layout(end: Endpoint) -> Observation:
@@ -83,19 +105,22 @@ def asymmetry_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
     """The pair condition: every asymmetry between the two servers whose values both
     endpoints carry (the transfer backends' an error, the others warnings)."""
     ends = (prefill, decode)
-    findings = _speculative(ends)
+    unknowns: list[str] = []
+    findings = _speculative(ends, unknowns)
     if _differ(ends, "transfer_backend"):
         findings.append(_finding(TRANSFER_BACKENDS, "transfer backend",
                                  _both(ends, "transfer_backend")))
     models = (_both(ends, "model_path", "architecture")
-              if _differ(ends, "model_path") or _differ(ends, "architecture") else [])
-    if all(e.get("speculative_algorithm") for e in ends) and _differ(ends, "draft_model_path"):
+              if _differ(ends, "model_path", _path) or _differ(ends, "architecture") else [])
+    if all(e.get("speculative_algorithm") for e in ends) and not _refused(ends) \
+            and _differ(ends, "draft_model_path", _path):
         models += _both(ends, "draft_model_path")
     if models:
         findings.append(_finding(SERVED_MODEL, "served model", models,
-                                 ("paths are compared as typed; two hosts may hold the same "
+                                 ("paths are compared as written but for their form (a "
+                                  "trailing slash); two hosts may hold the same "
                                   "checkpoint under different paths",)))
     if _differ(ends, "unified_kv") and all(e.env is not None for e in ends):
         findings.append(_finding(DSV4_KV_LAYOUT, "DeepSeek-V4 KV layout",
                                  [_layout(e) for e in ends]))
-    return findings, []
+    return findings, unknowns

@@ -150,8 +150,10 @@ def _same(field: str, what: str, p: Side, d: Side, inputs: tuple[str, ...]
 
 
 def _g024(p: Side, d: Side) -> list[Fix | None]:
-    fields = [name for name in ("model_path", "speculative_draft_model_path")
-              if p.args.get(name) != d.args.get(name)]
+    # the draft's path only where the finding compares it: both servers decode speculatively
+    names = ("model_path",) + (("speculative_draft_model_path",) if p.speculative_algorithm
+                               and d.speculative_algorithm else ())
+    fields = [name for name in names if p.args.get(name) != d.args.get(name)]
     inputs = tuple(f"{s.role}: --model-path {s.args.get('model_path')} "
                    f"({s.model.architecture}, config.json)" for s in (p, d))
     if p.model.architecture != d.model.architecture:  # another model: the operator decides
@@ -162,7 +164,9 @@ def _g024(p: Side, d: Side) -> list[Fix | None]:
                                     "choice)", ", ".join(fields), inputs=inputs)]
     return [flag_fix(f"serve the {src.role}'s checkpoint on the {dst.role} server",
                  ", ".join(fields), [flag_edit(dst.role, name, src.args.get(name))
-                                     for name in fields], *inputs)
+                                     for name in fields
+                                     if src.args.get(name) is not None
+                                     or name in typed_flags(list(dst.args.argv))], *inputs)
             for src, dst in copy_pairs(p, d)]
 
 
