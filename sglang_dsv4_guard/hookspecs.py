@@ -78,7 +78,7 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
     registration, never on a passing transfer.
 
     :param transfer: the prefill manager's and the decode peer's values.
-    :param context: the release profile, mode and place ("register", "send" or "check").
+    :param context: the release profile, mode and place ("registration", "send" or "check").
     :return: every problem found.
     """
     raise NotImplementedError  # pragma: no cover

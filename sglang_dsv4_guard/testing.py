@@ -84,13 +84,13 @@ def check_pools(target_pool: object, draft_pool: object, *plugins: object, mode:
 def check_transfer(transfer: SendSnapshot, *plugins: object, place: str = "send") -> Report:
     """Run every ``check_send`` implementation on one MORI transfer snapshot.
 
-    ``place`` is ``"send"`` (a transfer), ``"register"`` (a decode peer registering) or
+    ``place`` is ``"send"`` (a transfer), ``"registration"`` (a decode peer registering) or
     ``"check"`` (before launch, as the ``check`` command runs it).
     ``plugins`` are registered as in :func:`check_pools`. The report goes to every
     reporter and is returned.
     """
-    if place not in ("send", "register", "check"):
-        raise ValueError(f"place must be 'send', 'register' or 'check' (got {place!r})")
+    if place not in ("send", "registration", "check"):
+        raise ValueError(f"place must be 'send', 'registration' or 'check' (got {place!r})")
     rt = standalone_runtime(plugins)
     context = SendContext(rt.profile, "on", place)
     findings = rt.plugins.collect("sglang_dsv4_guard_check_send",

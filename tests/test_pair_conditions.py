@@ -12,8 +12,9 @@ from unittest import mock
 
 import peers_real
 import sglang.srt.disaggregation.nixl.conn as nixl
-from check_helpers import GPT_OSS, check_json, server
+from check_helpers import DSV3, GPT_OSS, check_json, server
 from helpers import GuardTestCase, guard_logs_off
+from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard import (
@@ -28,8 +29,12 @@ from sglang_dsv4_guard import (
     hookspecs,
 )
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
+from sglang_dsv4_guard.host.releases import profile_for
 from sglang_dsv4_guard.lifecycle import installation
+from sglang_dsv4_guard.mori.snapshot import SendContext
 from sglang_dsv4_guard.pd import conditions
+from sglang_dsv4_guard.pd.asymmetry import asymmetry_findings
+from sglang_dsv4_guard.pd.endpoint import MAX_UNKNOWNS, REFUSED, Value
 from sglang_dsv4_guard.testing import register
 
 register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
@@ -98,12 +103,28 @@ class Hostile:
     refused = 0
 
 
-PLUGINS = {"mooncake_only": MooncakeOnly(), "cannot_judge": CannotJudge(), "raising": Raising()}
+class ClaimsPayloadCode:
+    """A condition reporting under a built-in code (NIXL's payload refusal of a prefill-only
+    draft) on every pair, with its own fix."""
+
+    @hookimpl
+    def sglang_dsv4_guard_check_pair(self, prefill: Endpoint, decode: Endpoint,
+                                     context: PairContext) -> list[Finding]:
+        return [Finding(code="DSV4G046", severity=Severity.WARNING, summary="a plug-in's",
+                        subject="anything", fixes=(Fix(FixKind.ADVICE, "ask the fleet team"),))]
 
 
-def _check(backend: str, *names: str) -> dict[str, Any]:
-    """``check --format json`` of a GPT-OSS pair on ``backend``, with the plug-ins ``names``
-    installed as entry points, as an operator installs them."""
+PLUGINS = {"mooncake_only": MooncakeOnly(), "cannot_judge": CannotJudge(), "raising": Raising(),
+           "claims_payload": ClaimsPayloadCode()}
+EAGLE = ("--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 "
+         "--speculative-num-draft-tokens 4")
+
+
+def _check(backend: str, *names: str, model: str = GPT_OSS,
+           decode_extra: str = "") -> dict[str, Any]:
+    """``check --format json`` of a pair of ``model`` (GPT-OSS) on ``backend``, the decode
+    with ``decode_extra``, with the plug-ins ``names`` installed as entry points, as an
+    operator installs them."""
     points = [importlib.metadata.EntryPoint(name, f"{__name__}:PLUGINS", "sglang_dsv4_guard")
               for name in names]
     loaded = {name: PLUGINS[name] for name in names}
@@ -118,8 +139,8 @@ def _check(backend: str, *names: str) -> dict[str, Any]:
 
     with mock.patch("importlib.metadata.entry_points", entry_points), \
             mock.patch.object(importlib.metadata.EntryPoint, "load", load):
-        return check_json(server("prefill", GPT_OSS, backend=backend),
-                          server("decode", GPT_OSS, backend=backend))[1]
+        return check_json(server("prefill", model, backend=backend),
+                          server("decode", model, decode_extra, backend=backend))[1]
 
 
 def _edits(fixes: Any) -> set[tuple[str, str, Any, bool, bool]]:
@@ -183,6 +204,83 @@ class TestPairConditions(GuardTestCase):
         ran = [f.code for f in self._registered(PLUGINS["raising"], PLUGINS["mooncake_only"])]
         self.assertIn("DSV4G090", ran)
         self.assertIn("ACME002", ran)
+
+
+    def test_a_plugin_under_a_builtin_code_changes_no_builtin_rule(self) -> None:
+        """A plug-in's finding under NIXL's payload code keeps its own fix (check derives
+        fixes for built-in findings only) and leaves the built-in one-sided draft finding
+        (DSV4G020) standing: a decode-only EAGLE pair over Mooncake."""
+        doc = _check("mooncake", "claims_payload", model=DSV3, decode_extra=EAGLE)
+        ours = [f for f in doc["findings"] if f["code"] == "DSV4G046"]
+        self.assertEqual([[x["text"] for x in f["fixes"]] for f in ours], [["ask the fleet team"]])
+        self.assertIn("DSV4G020", [f["code"] for f in doc["findings"]])
+
+
+class TestAsymmetries(GuardTestCase):
+    """pd/asymmetry.py on endpoints: what SGLang never compares, judged where both servers'
+    values are known, never on values a refused resolution left as typed."""
+
+    @staticmethod
+    def _ends(prefill: dict[str, Any], decode: dict[str, Any]) -> tuple[Endpoint, Endpoint]:
+        base = {"model_path": "/m/dsv4", "architecture": "DeepseekV4ForCausalLM",
+                "speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4,
+                "draft_model_path": "/m/dsv4", "transfer_backend": "mooncake",
+                "unified_kv": False, REFUSED: False}
+        return tuple(Endpoint(role, {k: Value(v, "flag") for k, v in {**base, **over}.items()},
+                              env={})
+                     for role, over in (("prefill", prefill), ("decode", decode)))  # type: ignore[return-value]
+
+    def test_a_refused_servers_typed_algorithm_is_not_compared(self) -> None:
+        """NEXTN typed on a server whose flags SGLang refused, EAGLE on the other: SGLang
+        would resolve NEXTN to EAGLE, so no DSV4G021, and one unknowns line saying why."""
+        found, unknowns = asymmetry_findings(*self._ends(
+            {"speculative_algorithm": "NEXTN", REFUSED: True}, {}))
+        self.assertEqual([f.code for f in found], [])
+        self.assertEqual(len(unknowns), 1)
+        self.assertIn("DSV4G021: not judged", unknowns[0])
+        found, _ = asymmetry_findings(*self._ends({"speculative_num_draft_tokens": 2}, {}))
+        self.assertEqual([f.code for f in found], ["DSV4G021"])
+
+    def test_paths_are_compared_but_for_their_form(self) -> None:
+        """``/m/dsv4/`` is ``/m/dsv4``; ``/m/other`` is another checkpoint (DSV4G024)."""
+        found, _ = asymmetry_findings(*self._ends({"model_path": "/m/dsv4/"},
+                                                  {"draft_model_path": "/m//dsv4"}))
+        self.assertEqual(found, [])
+        found, _ = asymmetry_findings(*self._ends({"model_path": "/m/other"}, {}))
+        self.assertEqual([f.code for f in found], ["DSV4G024"])
+
+    def test_nothing_is_judged_on_what_a_registration_carries(self) -> None:
+        """The run time's endpoints carry no model, draft or KV layout: nothing found."""
+        ends = (Endpoint("prefill", {"transfer_backend": Value("nixl", "the manager"),
+                                     "speculative_algorithm": Value("EAGLE", "server args")}),
+                Endpoint("decode", {"transfer_backend": Value("nixl", "the manager")}))
+        self.assertEqual(asymmetry_findings(*ends), ([], []))
+
+
+class TestPairContext(GuardTestCase):
+    """What a condition records through its context is capped and read-only."""
+
+    def test_not_judged_lines_are_text_capped_and_counted(self) -> None:
+        class Unshowable:
+            def __str__(self) -> str:
+                raise RuntimeError("no")
+
+        context = PairContext("check", "nixl")
+        context.not_judged(Unshowable())  # type: ignore[arg-type]
+        for i in range(MAX_UNKNOWNS + 9):
+            context.not_judged(f"ACME{i}: not judged")
+        self.assertIn("cannot be shown", context.unknowns[0])
+        self.assertEqual(len(context.unknowns), MAX_UNKNOWNS + 1)
+        self.assertEqual(context.unknowns[-1], "... +10 more lines not kept")
+        self.assertIsInstance(context.unknowns, tuple)
+
+    def test_the_old_name_of_place_still_reads_with_a_warning(self) -> None:
+        """``phase`` was the contexts' name for ``place``: it still reads, with a
+        DeprecationWarning, for plug-ins written against it."""
+        for context in (PairContext("registration", "nixl"),
+                        SendContext(profile_for(Version("0.5.23")), "on", "registration")):
+            with self.assertWarns(DeprecationWarning):
+                self.assertEqual(context.phase, "registration")
 
 
 class TestBuiltinConditionsHold(GuardTestCase):

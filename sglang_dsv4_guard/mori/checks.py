@@ -15,7 +15,7 @@ CODE = "DSV4G006"
 
 _DECODE_TP = ("the decode server's attention TP size, sent when it registers "
               "(KVArgsRegisterInfo.decode_tp_size)")
-_REWRITE = ("this release rewrites the deprecated --dp-size N --enable-dp-attention into "
+_REWRITE = ("this release reads a typed --dp-size N --enable-dp-attention as "
             "--attn-dp-size N")
 
 
@@ -61,7 +61,7 @@ def _tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
 
 def _peer(t: SendSnapshot, place: str) -> str:
     if place == "check":
-        return "decode server: the decode launch line checked with this prefill's"
+        return "decode server: the one the decode launch line describes (checked before launch)"
     peer = ", ".join(f"{k}={v}" for k, v in (("engine", t.engine_key), ("endpoint", t.endpoint),
                                              ("port", t.dst_port)) if v is not None)
     return f"decode peer: {peer or 'unknown'}"
@@ -99,7 +99,7 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
             observations.append(Observation("prefill", name, value, _source(t, name)))
     details = [_peer(t, context.place),
                "SGLang labels the prefill *attention* TP size 'prefill_tp_size'"]
-    if context.place == "register":
+    if context.place == "registration":
         details.append("found when the decode peer registered: SGLang raises it on every "
                        "request to that peer that carries 'swa' state")
     elif context.place == "check":

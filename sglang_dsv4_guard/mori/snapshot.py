@@ -7,6 +7,7 @@ The only module of :mod:`sglang_dsv4_guard.mori` that reads SGLang's MORI object
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +52,17 @@ class SendContext:
 
     profile: HostProfile
     mode: str = "on"
-    # "register" when a decode peer registers, "send" per transfer, "check" before launch
+    # "registration" when a decode peer registers, "send" per transfer, "check" before launch
     # (the check command, on the transfer a launch pair implies)
     place: str = "send"
+
+    @property
+    def phase(self) -> str:
+        """The old name of :attr:`place` (a finding's phase is its ``when``), kept for
+        plug-ins written against it: a DeprecationWarning, then the place."""
+        warnings.warn(f"{type(self).__name__}.phase is now {type(self).__name__}.place",
+                      DeprecationWarning, stacklevel=2)
+        return self.place
 
 
 def _int(value: object) -> int | None:

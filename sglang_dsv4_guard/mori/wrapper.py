@@ -189,7 +189,7 @@ class MoriGuard:
         with self._lock:
             if ident in self.registered:
                 return
-            report, rendered = self._report(snap, ident, "register")
+            report, rendered = self._report(snap, ident, "registration")
             self.registered[ident] = report
             if self.rt.strict:
                 self.blocked[ident] = (report, rendered)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, When
+from sglang_dsv4_guard.findings import Finding, Observation, When, cut_text
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
-__all__ = ["PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Value", "pair_finding"]
+__all__ = ["MAX_UNKNOWNS", "PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Value",
+           "pair_finding"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
@@ -84,6 +86,18 @@ class Endpoint:
         return Endpoint(self.role, {**self.values, **values}, self.notes, self.env)
 
 
+#: The most ``unknowns`` lines one pair keeps (the rest are counted): a condition that
+#: calls :meth:`PairContext.not_judged` in a loop cannot flood ``check``'s output.
+MAX_UNKNOWNS = 256
+
+
+def _text(value: object) -> str:
+    try:
+        return str(value)
+    except Exception as exc:  # a line that cannot be shown is still counted
+        return f"(a line that cannot be shown: str raised {type(exc).__name__})"
+
+
 #: Where a pair is judged: ``check`` (two launch lines, before launch) or
 #: ``registration`` (a decode peer registering with a live prefill rank).
 PLACES = ("check", "registration")
@@ -99,11 +113,31 @@ class PairContext:
     place: str
     backend: str
     profile: HostProfile | None = None
-    unknowns: list[str] = field(default_factory=list)
+    _lines: list[str] = field(default_factory=list, init=False, repr=False)
+    _dropped: list[int] = field(default_factory=lambda: [0], init=False, repr=False)
 
     def not_judged(self, line: str) -> None:
-        """Record that a condition could not be judged here, and why."""
-        self.unknowns.append(str(line))
+        """Record that a condition could not be judged here, and why (the line as text,
+        cut to the findings' string cap; past :data:`MAX_UNKNOWNS` lines, only counted)."""
+        if len(self._lines) < MAX_UNKNOWNS:
+            self._lines.append(cut_text(line if isinstance(line, str) else _text(line)))
+        else:
+            self._dropped[0] += 1
+
+    @property
+    def unknowns(self) -> tuple[str, ...]:
+        """What the conditions could not judge, in order (read-only)."""
+        dropped = self._dropped[0]
+        more = [f"... +{dropped} more lines not kept"] if dropped else []
+        return (*self._lines, *more)
+
+    @property
+    def phase(self) -> str:
+        """The old name of :attr:`place` (a finding's phase is its ``when``), kept for
+        plug-ins written against it: a DeprecationWarning, then the place."""
+        warnings.warn(f"{type(self).__name__}.phase is now {type(self).__name__}.place",
+                      DeprecationWarning, stacklevel=2)
+        return self.place
 
 
 
