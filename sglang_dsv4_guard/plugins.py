@@ -1,7 +1,7 @@
 """The plug-in manager: built by a factory, never at import, and fault-isolating.
 
 pluggy calls all implementations of a hook in one go, so one failing
-implementation would take the others (and our verdict) down with it. The guard
+implementation would take the others (and our report) down with it. The guard
 instead calls each implementation on its own, in pluggy's order (``tryfirst``
 ones first, ``trylast`` ones last, otherwise the last registered first; the
 built-ins are registered first, so they run after third-party plug-ins), and

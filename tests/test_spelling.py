@@ -46,7 +46,16 @@ REMEDY_MEANS_AUTOSHARE = {
 # not counted; imports and string literals are.
 SPELLS_SGLANG = {
     "sglang_dsv4_guard/host/targets.py": "the one place SGLang's names are declared",
-    "sglang_dsv4_guard/check": "check builds SGLang's own parser, config and pools",
+    # check builds SGLang's own parser, config and pools, each in the module that needs it:
+    "sglang_dsv4_guard/check/offline/parse.py": "ServerArgs, its flag table and resolution",
+    "sglang_dsv4_guard/check/offline/probes.py": "the device probes answered as a GPU model",
+    "sglang_dsv4_guard/check/server/derive.py": "ModelConfig and the attention-TP function",
+    "sglang_dsv4_guard/check/server/pools.py": "the DeepSeek-V4 pools and their context",
+    "sglang_dsv4_guard/check/server/said.py": "the resolution's view of a value",
+    "sglang_dsv4_guard/check/server/state_types.py": "the pool classes a server would build",
+    "sglang_dsv4_guard/check/server/swa_layout.py": "setup_state_kv_args on those pools",
+    "sglang_dsv4_guard/check/fixing/refusal.py": "ServerArgs and the speculative hook",
+    "sglang_dsv4_guard/check/rows/contact.py": "ServerArgs, LoadConfig and the PD utils",
 }
 
 

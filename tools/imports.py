@@ -47,7 +47,11 @@ ROOT_MODULE = "(package)"  # sglang_dsv4_guard/__init__.py: the public surface
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test support for plug-in authors", ("testing",)),
     ("commands and the public surface", ("cli", "demo", "entry", ROOT_MODULE)),
-    ("the check command", ("check",)),
+    ("the check command: its child process, the run, --fix's proof, rendering", ("check",)),
+    ("check: the contract rows", ("check.rows",)),
+    ("check: the findings' fixes", ("check.fixing",)),
+    ("check: one server derived from its launch line", ("check.server",)),
+    ("check: SGLang's parser and resolution, run offline", ("check.offline",)),
     ("composition root: install, uninstall, summary, standalone runtime",
      ("lifecycle", "assembly")),
     ("wrappers of SGLang's functions and the rules they share",

@@ -44,7 +44,7 @@ FIXED_EXAMPLES = {
 
 _LOADER = ("srt/plugins/__init__.py", "srt/plugins/hook_registry.py")
 _SCHEDULERS = "starts scheduler-like processes as SGLang's launcher does"
-# The files the guard's verdict digests (host/digests.py), and the release's label.
+# The files the guard's judgement digests (host/digests.py), and the release's label.
 _DIGESTED = ("_version.py", "srt/disaggregation/utils.py",
              "srt/mem_cache/deepseek_v4_memory_pool.py", "srt/disaggregation/mori/conn.py")
 
