@@ -49,7 +49,8 @@ CODE = "DSV4G090"  # a plug-in's failure (:func:`plugin_failure`)
 BUILTIN_NAMES = ("builtin_autoshare", "builtin_state", "builtin_mori", "builtin_peers",
                  "builtin_pd_contract", "builtin_first_contact")
 LOG_REPORTER = "builtin_log_reporter"
-_BUILTIN_NAMES = frozenset(BUILTIN_NAMES) | {LOG_REPORTER}
+# and "builtin", the origin of a finding the guard builds itself (Finding.origin's default)
+_BUILTIN_NAMES = frozenset(BUILTIN_NAMES) | {LOG_REPORTER, "builtin"}
 
 _NEVER_BLOCKS = "a plug-in's failure never blocks, in strict mode either"
 _UNAFFECTED = "SGLang's verdict is not affected; " + _NEVER_BLOCKS
