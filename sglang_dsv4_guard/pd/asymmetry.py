@@ -85,8 +85,8 @@ def _speculative(ends: tuple[Endpoint, Endpoint], unknowns: list[str]) -> list[F
         return []
     if refused := _refused(ends):
         unknowns.append(f"{SPECULATIVE_SETTINGS}: not judged: SGLang's resolution refused the "
-                        f"{' and '.join(refused)} server's flags, so its speculative settings "
-                        "are known only as typed, not as the release resolves them")
+                        f"{' and '.join(refused)} server's flags, so their speculative "
+                        "settings are known only as typed, not as the release resolves them")
         return []
     return [_finding(SPECULATIVE_SETTINGS, "speculative settings", _both(
         ends, "speculative_algorithm", "speculative_num_draft_tokens"))]
