@@ -36,6 +36,7 @@ __all__ = [
     "Observation",
     "PairContext",
     "Phase",
+    "PlacedContext",
     "PoolSnapshot",
     "Registration",
     "RegistrationContext",
@@ -75,6 +76,7 @@ _LAZY = {
     "Severity": "sglang_dsv4_guard.findings",
     "Phase": "sglang_dsv4_guard.findings",
     "When": "sglang_dsv4_guard.findings",
+    "PlacedContext": "sglang_dsv4_guard.findings",
     "GeometryField": "sglang_dsv4_guard.host.releases",
     "HostProfile": "sglang_dsv4_guard.host.releases",
     "Mode": "sglang_dsv4_guard.settings",
@@ -114,7 +116,15 @@ if TYPE_CHECKING:
         DSV4GuardStartupRefused,
         SettingError,
     )
-    from sglang_dsv4_guard.findings import Finding, Observation, Phase, Report, Severity, When
+    from sglang_dsv4_guard.findings import (
+        Finding,
+        Observation,
+        Phase,
+        PlacedContext,
+        Report,
+        Severity,
+        When,
+    )
     from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
     from sglang_dsv4_guard.hookmarkers import hookimpl
     from sglang_dsv4_guard.host.releases import GeometryField, HostProfile

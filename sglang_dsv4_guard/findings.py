@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from sglang_dsv4_guard.fixes import Fix
 
 __all__ = ["LINE_CAP", "LIST_CAP", "STOPS_AT_START", "STRING_CAP", "Finding",
-           "Observation", "Phase", "Report", "Severity", "When", "capped_lines",
+           "Observation", "Phase", "PlacedContext", "Report", "Severity", "When", "capped_lines",
            "capped_repr", "cut_text", "failure_text", "one_line", "short_repr",
            "to_jsonable"]
 
@@ -72,6 +73,20 @@ class Phase(enum.Enum):
     RECEIVER = "per request, at the decode's receiver"
     SILENT = "silent"
     GUARD = "guard"
+
+
+class PlacedContext:
+    """A hook context that says where it runs (``place``). ``phase``, the contexts' old
+    name for it, still reads, with a DeprecationWarning: a finding's phase is its ``when``."""
+
+    place: str
+
+    @property
+    def phase(self) -> str:
+        """The old name of :attr:`place`, kept for plug-ins written against it."""
+        warnings.warn(f"{type(self).__name__}.phase is now {type(self).__name__}.place",
+                      DeprecationWarning, stacklevel=2)
+        return self.place
 
 
 @dataclass(frozen=True)

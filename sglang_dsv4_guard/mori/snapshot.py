@@ -7,10 +7,10 @@ The only module of :mod:`sglang_dsv4_guard.mori` that reads SGLang's MORI object
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_dsv4_guard.findings import PlacedContext
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
 
@@ -47,7 +47,7 @@ class SendSnapshot:
 
 
 @dataclass(frozen=True)
-class SendContext:
+class SendContext(PlacedContext):
     """The MORI manager's side of a transfer: the prefill server's view."""
 
     profile: HostProfile
@@ -55,14 +55,6 @@ class SendContext:
     # "registration" when a decode peer registers, "send" per transfer, "check" before launch
     # (the check command, on the transfer a launch pair implies)
     place: str = "send"
-
-    @property
-    def phase(self) -> str:
-        """The old name of :attr:`place` (a finding's phase is its ``when``), kept for
-        plug-ins written against it: a DeprecationWarning, then the place."""
-        warnings.warn(f"{type(self).__name__}.phase is now {type(self).__name__}.place",
-                      DeprecationWarning, stacklevel=2)
-        return self.place
 
 
 def _int(value: object) -> int | None:

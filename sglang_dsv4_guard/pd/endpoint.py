@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, When, cut_text
+from sglang_dsv4_guard.findings import Finding, Observation, PlacedContext, When, cut_text
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
@@ -104,7 +103,7 @@ PLACES = ("check", "registration")
 
 
 @dataclass(frozen=True)
-class PairContext:
+class PairContext(PlacedContext):
     """Where a prefill/decode condition runs (``place``, one of :data:`PLACES`), on which
     transfer backend and release profile (``None``: not judged), and what it could not
     judge: a condition calls :meth:`not_judged` with one line naming its code, the value
@@ -130,14 +129,6 @@ class PairContext:
         dropped = self._dropped[0]
         more = [f"... +{dropped} more lines not kept"] if dropped else []
         return (*self._lines, *more)
-
-    @property
-    def phase(self) -> str:
-        """The old name of :attr:`place` (a finding's phase is its ``when``), kept for
-        plug-ins written against it: a DeprecationWarning, then the place."""
-        warnings.warn(f"{type(self).__name__}.phase is now {type(self).__name__}.place",
-                      DeprecationWarning, stacklevel=2)
-        return self.place
 
 
 
