@@ -89,11 +89,10 @@ class MoriGuard:
     """Per-process MORI state: reports per peer, exact counts, strict-mode blocks."""
 
     def __init__(self, rt: Runtime,
-                 registration: Callable[[object, object], DSV4GuardError | None] | None = None
-                 ) -> None:
+                 registration: Callable[[object, object], DSV4GuardError | None]) -> None:
         self.rt = rt
-        # The registration's other conditions (DCP relayout, metadata buffer counts), checked
-        # by the composition root's peer guard (``peers/``), which dedups its own reports.
+        # The registration's conditions besides MORI's TP rule: the peer guard's
+        # (``peers.wrapper.mori_registration``); a strict failure of ours to raise.
         self.registration = registration
         self._lock = threading.Lock()
         self._reports: dict[tuple[str, str], tuple[Report, str]] = {}
@@ -200,11 +199,6 @@ class MoriGuard:
                 "mismatch": m.label, "peer": ident, "peers": peers}):
             self._count_line(mkey, m, "peers", peers, failures)
 
-    def others(self, manager: object, register_info: object) -> DSV4GuardError | None:
-        """The registration's conditions besides MORI's TP rule (``registration``); a strict
-        failure of ours to raise once SGLang's outcome is in."""
-        return None if self.registration is None else self.registration(manager, register_info)
-
     def blocked_error(self, sig: inspect.Signature, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> DSV4GuardError | None:
         """Strict mode: the error for an ``swa`` transfer to a peer that registered
@@ -241,66 +235,60 @@ class MoriGuard:
             return lines
 
 
-def _send_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        sig = inspect.signature(original)
-        blocked = guard.blocked  # the dict itself: a closure read, no attribute lookup
+def _send_wrapper(guard: MoriGuard, original: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(original)
+    blocked = guard.blocked  # the dict itself: a closure read, no attribute lookup
 
-        @functools.wraps(original)
-        def _send_swa_dsa_state(*args: Any, **kwargs: Any) -> Any:
-            # The pass path: one truth test and a try. `self` stays inside *args so
-            # the call is forwarded without building a new tuple.
-            # `blocked` first: empty unless strict mode found a mismatched peer. Once this
-            # installation is gone (reconfigured, uninstalled) it refuses nothing, even
-            # when another plug-in's wrapper still holds this one.
-            if blocked and guard.rt.active:
-                error = guard.blocked_error(sig, args, kwargs)
-                if error is not None:
-                    raise error
+    @functools.wraps(original)
+    def _send_swa_dsa_state(*args: Any, **kwargs: Any) -> Any:
+        # The pass path: one truth test and a try. `self` stays inside *args so
+        # the call is forwarded without building a new tuple.
+        # `blocked` first: empty unless strict mode found a mismatched peer. Once this
+        # installation is gone (reconfigured, uninstalled) it refuses nothing, even
+        # when another plug-in's wrapper still holds this one.
+        if blocked and guard.rt.active:
+            error = guard.blocked_error(sig, args, kwargs)
+            if error is not None:
+                raise error
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as error:
+            replacement = None
+            if guard.rt.active and upgrades(error):
+                replacement = replacing(
+                    guard.rt, error, "reporting a MORI state-transfer error",
+                    lambda: guard.on_send_error(sig, args, kwargs, error))
+            if replacement is not None:
+                raise replacement from error
+            raise
+
+    return _send_swa_dsa_state
+
+
+def _register_wrapper(guard: MoriGuard, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _add_remote_peer(self: Any, register_info: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = original(self, register_info, *args, **kwargs)
+        except Exception as error:  # e.g. the DCP relayout (0.5.22+): MORI logs it
+            ours = guard.registration(self, register_info) if guard.rt.active else None
+            if ours is not None:
+                note_on(error, ours)
+            raise
+        if guard.rt.active:
             try:
-                return original(*args, **kwargs)
-            except RuntimeError as error:
-                replacement = None
-                if guard.rt.active and upgrades(error):
-                    replacement = replacing(
-                        guard.rt, error, "reporting a MORI state-transfer error",
-                        lambda: guard.on_send_error(sig, args, kwargs, error))
-                if replacement is not None:
-                    raise replacement from error
-                raise
+                guard.on_register(self, register_info)
+            except Exception as exc:
+                guard.rt.internal_error("checking a registering MORI decode peer", exc)
+            ours = guard.registration(self, register_info)
+            if ours is not None:
+                raise ours
+        return result
 
-        return _send_swa_dsa_state
-
-    return make
-
-
-def _register_wrapper(guard: MoriGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def _add_remote_peer(self: Any, register_info: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                result = original(self, register_info, *args, **kwargs)
-            except Exception as error:  # e.g. the DCP relayout (0.5.22+): MORI logs it
-                ours = guard.others(self, register_info) if guard.rt.active else None
-                if ours is not None:
-                    note_on(error, ours)
-                raise
-            if guard.rt.active:
-                try:
-                    guard.on_register(self, register_info)
-                except Exception as exc:
-                    guard.rt.internal_error("checking a registering MORI decode peer", exc)
-                ours = guard.others(self, register_info)
-                if ours is not None:
-                    raise ours
-            return result
-
-        return _add_remote_peer
-
-    return make
+    return _add_remote_peer
 
 
 def patch_module(module: ModuleType, guard: MoriGuard) -> list[AppliedPatch]:
     """Wrap both methods in SGLang's imported MORI connector module."""
-    return apply_all(module, [(MORI_SEND, _send_wrapper(guard)),
-                              (MORI_REGISTER, _register_wrapper(guard))])
+    return apply_all(module, [(MORI_SEND, functools.partial(_send_wrapper, guard)),
+                              (MORI_REGISTER, functools.partial(_register_wrapper, guard))])

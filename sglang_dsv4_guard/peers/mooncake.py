@@ -195,24 +195,21 @@ def _watch(guard: PeerGuard, manager: Any) -> None:
         setattr(manager, name, _relayout_hook(guard, manager))
 
 
-def _mooncake_start(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def start_prefill_thread(self: Any, *args: Any, **kwargs: Any) -> Any:
-            ours = None
-            if guard.rt.active:
-                try:
-                    _watch(guard, self)
-                except Exception as exc:  # strict: rises once SGLang's thread started
-                    ours = our_failure(guard.rt, "watching Mooncake's decode peer table", exc)
-            result = original(self, *args, **kwargs)
-            if ours is not None:
-                raise ours
-            return result
+def _mooncake_start(guard: PeerGuard, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def start_prefill_thread(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ours = None
+        if guard.rt.active:
+            try:
+                _watch(guard, self)
+            except Exception as exc:  # strict: rises once SGLang's thread started
+                ours = our_failure(guard.rt, "watching Mooncake's decode peer table", exc)
+        result = original(self, *args, **kwargs)
+        if ours is not None:
+            raise ours
+        return result
 
-        return start_prefill_thread
-
-    return make
+    return start_prefill_thread
 
 
 _WORKER_HANGS = ("every request sharded to this worker's queue now hangs (its KVPoll "
@@ -228,42 +225,36 @@ def _died_of(error: RuntimeError) -> BaseException:
     return met if isinstance(met, IndexError) and str(met) else error
 
 
-def _mooncake_worker(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def transfer_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return original(self, *args, **kwargs)
-            except RuntimeError as error:
-                if guard.rt.active and _DEAD in str(error):
-                    try:
-                        guard.on_death("mooncake", "transfer worker", self, _died_of(error),
-                                       _WORKER_HANGS)
-                    except Exception as exc:
-                        ours = our_failure(guard.rt, "naming why a Mooncake transfer worker "
-                                           "died", exc)
-                        if ours is not None:
-                            note_on(error, ours)
-                raise
+def _mooncake_worker(guard: PeerGuard, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def transfer_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        except RuntimeError as error:
+            if guard.rt.active and _DEAD in str(error):
+                try:
+                    guard.on_death("mooncake", "transfer worker", self, _died_of(error),
+                                   _WORKER_HANGS)
+                except Exception as exc:
+                    ours = our_failure(guard.rt, "naming why a Mooncake transfer worker died",
+                                       exc)
+                    if ours is not None:
+                        note_on(error, ours)
+            raise
 
-        return transfer_worker
-
-    return make
+    return transfer_worker
 
 
-def _mooncake_parse(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def from_zmq(cls: Any, *args: Any, **kwargs: Any) -> Any:
-            info = original(cls, *args, **kwargs)
-            current = _current(guard)
-            if current.rt.active:
-                _parsed(current, sys._getframe(1), info)
-            return info
+def _mooncake_parse(guard: PeerGuard, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def from_zmq(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        info = original(cls, *args, **kwargs)
+        current = _current(guard)
+        if current.rt.active:
+            _parsed(current, sys._getframe(1), info)
+        return info
 
-        return from_zmq
-
-    return make
+    return from_zmq
 
 
 def patch_mooncake(module: ModuleType, guard: PeerGuard) -> list[AppliedPatch]:
@@ -271,8 +262,8 @@ def patch_mooncake(module: ModuleType, guard: PeerGuard) -> list[AppliedPatch]:
     (no publishing method) its parse of a registration."""
     judged("peers.mooncake_start", "peers.mooncake_worker")
     _LATEST[:] = [guard]
-    targets = [(PEERS_MOONCAKE_START, _mooncake_start(guard)),
-               (PEERS_MOONCAKE_WORKER, _mooncake_worker(guard))]
+    targets = [(PEERS_MOONCAKE_START, functools.partial(_mooncake_start, guard)),
+               (PEERS_MOONCAKE_WORKER, functools.partial(_mooncake_worker, guard))]
     if not callable(getattr(getattr(module, "MooncakeKVManager", None), _PUBLISH, None)):
-        targets.append((PEERS_MOONCAKE_PARSE, _mooncake_parse(guard)))
+        targets.append((PEERS_MOONCAKE_PARSE, functools.partial(_mooncake_parse, guard)))
     return apply_all(module, targets)

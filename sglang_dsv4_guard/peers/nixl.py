@@ -22,35 +22,32 @@ from sglang_dsv4_guard.wrapping import note_on, our_failure
 __all__ = ["patch_nixl"]
 
 
-def _nixl_register(guard: PeerGuard) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def _add_remote_peer(self: Any, decode_kv_args: Any, *args: Any, **kwargs: Any) -> Any:
-            fresh = guard.rt.active and is_new_peer(self, decode_kv_args)
-            try:
-                result = original(self, decode_kv_args, *args, **kwargs)
-            except Exception as error:
-                if fresh:
-                    ours = checked(guard, "nixl", self, decode_kv_args)
-                    try:
-                        guard.on_death("nixl", "bootstrap thread", self, error, timeout_text())
-                    except Exception as exc:
-                        ours = ours or our_failure(
-                            guard.rt, "naming why the NIXL bootstrap thread died", exc)
-                    if ours is not None:
-                        note_on(error, ours)
-                raise
-            ours = checked(guard, "nixl", self, decode_kv_args) if fresh else None
-            if ours is not None:
-                raise ours
-            return result
+def _nixl_register(guard: PeerGuard, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _add_remote_peer(self: Any, decode_kv_args: Any, *args: Any, **kwargs: Any) -> Any:
+        fresh = guard.rt.active and is_new_peer(self, decode_kv_args)
+        try:
+            result = original(self, decode_kv_args, *args, **kwargs)
+        except Exception as error:
+            if fresh:
+                ours = checked(guard, "nixl", self, decode_kv_args)
+                try:
+                    guard.on_death("nixl", "bootstrap thread", self, error, timeout_text())
+                except Exception as exc:
+                    ours = ours or our_failure(
+                        guard.rt, "naming why the NIXL bootstrap thread died", exc)
+                if ours is not None:
+                    note_on(error, ours)
+            raise
+        ours = checked(guard, "nixl", self, decode_kv_args) if fresh else None
+        if ours is not None:
+            raise ours
+        return result
 
-        return _add_remote_peer
-
-    return make
+    return _add_remote_peer
 
 
 def patch_nixl(module: ModuleType, guard: PeerGuard) -> list[AppliedPatch]:
     """Wrap NIXL's registration in SGLang's imported connector module."""
     judged("peers.nixl_register")
-    return apply_all(module, [(PEERS_NIXL_REGISTER, _nixl_register(guard))])
+    return apply_all(module, [(PEERS_NIXL_REGISTER, functools.partial(_nixl_register, guard))])
