@@ -1,17 +1,12 @@
 """Whether the first-contact wrapper may answer decode's cached case itself.
 
-Once a prefill's info is cached, SGLang's decode scheduler still calls
-``try_ensure_parallel_info`` for every pending request, and SGLang's first statement
-answers it: ``if bootstrap_addr in self.prefill_info_table: return True``. A wrapper that
-only calls SGLang adds a frame to that call (1.26x the unwrapped function on 0.5.23); a
-wrapper that runs that same statement first (``wrapper._answers_cached_first``, with no
-closure) and calls SGLang only when it does not return costs about 0.8x on 0.5.23 and
-1.02x on 0.5.16 (whose function is cheaper). It may do so only where the statement is
-SGLang's own: the function
-being wrapped must be a plain function (not another plug-in's wrapper, whose source
-``inspect`` would unwrap to SGLang's) whose first statement after its docstring has the
-digest a known release stores for ``first_contact.cached`` (``host/pd_digests.json``,
-written by ``tools/pd_digests.py``). Any other source keeps the plain wrapper.
+SGLang's first statement answers it (``if bootstrap_addr in self.prefill_info_table:
+return True``; what running it in the wrapper saves: docs/operating.md, First contact).
+The wrapper may run it only where it is SGLang's own: the function being wrapped must be
+a plain function (not another plug-in's wrapper, whose source ``inspect`` would unwrap to
+SGLang's) whose first statement after its docstring has the digest a known release stores
+for ``first_contact.cached`` (``host/pd_digests.json``, written by ``tools/pd_digests.py``).
+Any other source keeps the plain wrapper.
 """
 
 from __future__ import annotations

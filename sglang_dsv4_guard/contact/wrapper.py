@@ -1,10 +1,8 @@
 """The wrapper around ``CommonKVManager.try_ensure_parallel_info`` (decode's first contact).
 
-SGLang's decode scheduler calls it for every pending request; it returns ``True`` at once
-once the prefill's info is cached. Where SGLang's first statement is a known release's
-(:mod:`~sglang_dsv4_guard.contact.cached`), the wrapper runs that statement itself
-(:func:`_answers_cached_first`), so the cached call costs no second frame; everything else
-is one ``try`` around SGLang's call: nothing runs unless SGLang raised.
+SGLang's decode scheduler calls it for every pending request: where SGLang's first
+statement is proven its own (:mod:`~sglang_dsv4_guard.contact.cached`) the wrapper runs it
+itself (:func:`_answers_cached_first`); otherwise it is one ``try`` around SGLang's call.
 
 When SGLang raised (its first mismatch: the decode server is about to exit), the report
 is built from SGLang's own values (:mod:`~sglang_dsv4_guard.contact.snapshot`) and every
@@ -56,8 +54,7 @@ from sglang_dsv4_guard.wrapping import (
     upgrades,
 )
 
-__all__ = ["CONTACT_MODULE", "ContactGuard", "contact_patcher", "make_contact_wrapper",
-           "patch_contact"]
+__all__ = ["CONTACT_MODULE", "ContactGuard", "contact_patcher", "make_contact_wrapper"]
 
 #: The module defining decode's first contact (imported by SGLang, never by the guard).
 CONTACT_MODULE = PD_FIRST_CONTACT.module
@@ -184,9 +181,7 @@ def make_contact_wrapper(guard: ContactGuard
 
             return try_ensure_parallel_info
 
-        # SGLang's own first statement (digest-proven, contact/cached.py), in a function
-        # of its own whose globals hold SGLang's function and the guard: the cached call
-        # runs the very bytecode SGLang's does, with no closure to set up.
+        # The cached call runs the very bytecode SGLang's does, with no closure to set up.
         fast = types.FunctionType(_answers_cached_first.__code__, {
             "__builtins__": builtins, "_SGLANG": original, "_RAISE_FOR": _raise_for,
             "_GUARD": guard}, original.__name__)
@@ -195,13 +190,8 @@ def make_contact_wrapper(guard: ContactGuard
     return make
 
 
-def patch_contact(module: ModuleType, guard: ContactGuard) -> list[AppliedPatch]:
-    """Wrap ``try_ensure_parallel_info`` where it is defined in SGLang's imported common
-    connector module."""
-    return apply_all(module, [(PD_FIRST_CONTACT, make_contact_wrapper(guard))])
-
-
 def contact_patcher(rt: Runtime) -> Callable[[ModuleType], list[AppliedPatch]]:
-    """What the composition root calls with SGLang's imported common connector module."""
-    guard = ContactGuard(rt)
-    return functools.partial(patch_contact, guard=guard)
+    """What the composition root calls with SGLang's imported common connector module:
+    wrap ``try_ensure_parallel_info`` where it is defined."""
+    targets = [(PD_FIRST_CONTACT, make_contact_wrapper(ContactGuard(rt)))]
+    return functools.partial(apply_all, targets=targets)
