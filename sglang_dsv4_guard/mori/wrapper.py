@@ -3,25 +3,22 @@
 The send path runs per request in MORI's transfer threads, so a passing call costs
 one truth test and a ``try`` (free in CPython 3.11 until something raises).
 
-Peers are told apart by :func:`~sglang_dsv4_guard.mori.snapshot.peer_identity` (engine
-key, else endpoint and port, else the object); reports are built and cached per peer.
-What the log shows is decided per *mismatch* (prefill attention TP, decode TP, the
-manager's state layout, MLA or not), so a TP-8 prefill rank meeting 8 decode peers
+Peers are told apart by :func:`~sglang_dsv4_guard.mori.snapshot.peer_identity`; reports
+are built and cached per peer and shown once per *mismatch* (:func:`mismatch_key`;
+:mod:`sglang_dsv4_guard.dedup.mismatch`), so a TP-8 prefill rank meeting 8 decode peers
 with the same TP shows one report, not eight:
 
 - a decode peer registers mismatched (the manager carries an ``swa`` state component,
-  is not MLA, and the TPs differ): the first peer of a mismatch gets the full report in
-  the log, naming how many peers it covers so far; later peers of the same mismatch
-  are counted, and the count is logged at powers of ten (10, 100, ...). A peer whose
-  mismatch differs gets its own report. In strict mode, ``swa`` transfers to that peer
-  then fail at once (only ``swa``: SGLang accepts every other state type).
+  is not MLA, and the TPs differ): reported as every registering peer is
+  (:func:`~sglang_dsv4_guard.wrapping.publish_registration`). In strict mode, ``swa``
+  transfers to that peer then fail at once (only ``swa``: SGLang accepts every other
+  state type).
 - SGLang's TP check raises in a transfer: a :class:`DSV4GuardError` rises with the
-  peer's report. Its text carries the full report only the first time the mismatch is
-  met in this process (and not already printed by another process of the server);
-  otherwise SGLang's line and a one-line pointer. Failures are counted exactly per
-  (peer, state type); the running count per mismatch is logged at 1 (when the
-  registration report came first), 10, 100, ... failures. :func:`~sglang_dsv4_guard.
-  reporter.summary` and ``uninstall()`` show the exact counts.
+  peer's report, in full only the first time the mismatch is met in the server, else
+  SGLang's line and a one-line pointer. Failures are counted exactly per (peer, state
+  type) and logged per mismatch at 1 (when the registration report came first), 10,
+  100, ... failures; :func:`~sglang_dsv4_guard.reporter.summary` and ``uninstall()``
+  show the exact counts.
 
 Nothing here imports ``mori`` or SGLang's MORI connector: :func:`patch_module` is
 called with the module after SGLang imported it.

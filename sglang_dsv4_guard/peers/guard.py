@@ -1,15 +1,12 @@
 """What every registration wrapper shares: the per-process state (each peer checked once,
-one report per distinct mismatch, the causes a dying thread is named by), the guard's own
-failures, and the digest gate that makes a changed release "unknown", never guessed at.
+one report per distinct mismatch, :func:`mismatch_key` and :mod:`sglang_dsv4_guard.dedup.
+mismatch`; the causes a dying thread is named by), the guard's own failures, and the digest
+gate that makes a changed release "unknown", never guessed at.
 
-One report per distinct mismatch (the findings' codes and both sides' values, never the
-peer): the first peer gets the full report (fingerprinted across the server's processes,
-:mod:`sglang_dsv4_guard.dedup.markers`), later peers are counted, and the count is logged
-at 1, 10, 100 ... peers (:mod:`sglang_dsv4_guard.dedup.mismatch`). Strict mode refuses no
-peer here: every condition is one SGLang meets by itself, and raising from the
-registration would end the bootstrap thread, worse than SGLang's own outcome. A failure of
-the guard's own is logged; in strict mode it rises once SGLang's outcome is in (a note on
-SGLang's exception when SGLang raised, never in its place).
+Strict mode refuses no peer here: every condition is one SGLang meets by itself, and
+raising from the registration would end the bootstrap thread, worse than SGLang's own
+outcome. A failure of the guard's own is logged; in strict mode it rises once SGLang's
+outcome is in (a note on SGLang's exception when SGLang raised, never in its place).
 """
 
 from __future__ import annotations
@@ -192,8 +189,7 @@ def is_new_peer(manager: Any, info: object) -> bool:
 
 def checked(guard: PeerGuard, backend: str, manager: object, info: object
              ) -> DSV4GuardError | None:
-    """Check the peer; a failure of ours is logged, and in strict mode returned to raise
-    once SGLang's outcome is in (a note on SGLang's own error when it raised)."""
+    """Check the peer; a failure of ours is logged, and in strict mode returned."""
     if guard.rt.active:
         try:
             guard.on_register(backend, manager, info)

@@ -4,37 +4,25 @@ that parses the decode peer's message (``KVArgsRegisterInfo.from_zmq``) and writ
 three points, none on a per-request path:
 
 - 0.5.22+: the write is SGLang's method ``_publish_peer_registration``, under
-  ``session_lock``. The wrapper of ``start_prefill_thread`` sets an instance
-  ``_publish_peer_registration`` that calls the class's and checks the peer once it
-  returned (the lock released: no plug-in runs under SGLang's lock).
-- Before 0.5.22 the closure writes the table itself. ``from_zmq`` (a classmethod, called
-  nowhere else) is wrapped: once SGLang's parse returned, the peer is checked, the
-  manager read from the caller when it is SGLang's bootstrap closure (its ``self``). The
-  check runs before SGLang's write, and a failure of the guard's own there is only
-  logged: rising there would end the thread before SGLang's own outcome.
-- Before 0.5.22 in strict mode (the mode when the manager started), the manager gets a
-  watched table instead (a ``dict`` whose ``__setitem__`` also checks the peer, after
-  SGLang's write), so a strict failure of the guard's rises after SGLang's write; its
-  reads take CPython's generic subscript path (docs/operating.md, limitations).
-
-The peer table stays SGLang's own ``dict`` in every other case.
+  ``session_lock``; the manager instance gets one that calls the class's and then checks
+  the peer (:func:`_publish_hook`: no plug-in runs under SGLang's lock).
+- Before 0.5.22 the closure writes the table itself: ``from_zmq`` (a classmethod, called
+  nowhere else) is wrapped, and the parsed peer is checked before SGLang's write
+  (:func:`_parsed`).
+- Before 0.5.22 in strict mode (the mode when the manager started), the manager's table
+  is a :class:`WatchedTable` instead, so a strict failure of the guard's rises after
+  SGLang's write; its reads take CPython's generic subscript path (docs/operating.md,
+  limitations). The peer table stays SGLang's own ``dict`` in every other case.
 
 The closure calls ``self.requires_dcp_relayout`` *before* that write, and a DCP pair it
-refuses (:mod:`..pd.relayout`) raises there: the bootstrap thread ends and the table never sees the
-peer. The closure cannot be wrapped, and the method is ``CommonKVManager``'s, shared with
-NIXL, MORI and ``check``; so the narrowest hook is on the manager *instance*: the same
-wrapper of ``start_prefill_thread`` sets ``requires_dcp_relayout`` on the instance, a
-function that calls the class's method (looked up at call time) and, only when it raises,
-reads the registering peer from its caller, the bootstrap closure's local
-``decode_kv_args`` (``PEERS_MOONCAKE_BOOTSTRAP``; the closure's source is digested with
-``start_prefill_thread``), checks it once (the relayout report ``check`` gives) and names
-the thread's death once; SGLang's exception rises unchanged and the thread ends as before.
+refuses (:mod:`..pd.relayout`) raises there: the bootstrap thread ends and the table never
+sees the peer. The closure cannot be wrapped, and the method is ``CommonKVManager``'s,
+shared with NIXL, MORI and ``check``; so the narrowest hook is on the manager *instance*
+(:func:`_relayout_hook`; the closure's source is digested with ``start_prefill_thread``).
 
 ``transfer_worker`` (a thread target) is wrapped: when it dies ("Transfer thread failed
-... is dead."), the guard names the cause it had reported at registration, the peers
-registered with it and what now hangs, once per cause. The cause is SGLang's message, or
-for an ``IndexError`` (0.5.16 - 0.5.22's ``send_aux`` indexing the prefill's metadata
-buffers with the decode's count, :mod:`..pd.aux_count`) the error SGLang's ``RuntimeError`` wraps.
+... is dead."), the guard names the cause it had reported at registration
+(:func:`_died_of`), the peers registered with it and what now hangs, once per cause.
 
 Nothing here imports ``mooncake`` or SGLang's connector module.
 """
@@ -65,8 +53,7 @@ _PUBLISH = "_publish_peer_registration"  # 0.5.22+: SGLang's table write, under 
 
 
 class WatchedTable(dict[Any, Any]):
-    """Mooncake's ``decode_kv_args_table`` before 0.5.22 in strict mode: a ``dict`` that
-    checks each peer SGLang writes (after the write). Reads are a plain dict's."""
+    """A ``dict`` that checks each peer SGLang writes, after the write."""
 
     __slots__ = ("_on_set",)
 
@@ -122,20 +109,10 @@ def _closure(frame: Any) -> Any:
     return None
 
 
-def _registering(frame: Any) -> object | None:
-    """The decode peer's ``KVArgsRegisterInfo`` in SGLang's bootstrap closure, ``frame``
-    (the caller of the relayout hook), or ``None`` when the caller is anything else."""
-    found = _closure(frame)
-    info: object | None = None if found is None else found.f_locals.get(
-        PEERS_MOONCAKE_BOOTSTRAP[1])
-    return info
-
-
 def _parsed(guard: PeerGuard, caller: Any, info: object) -> None:
-    """SGLang's bootstrap closure in ``caller`` parsed a registering decode peer (before
-    0.5.22): check it, on that closure's manager, unless the manager's table is watched
-    (strict mode: the table checks, after SGLang's write). Never raises: a failure of
-    ours is logged, and SGLang's closure goes on to its own outcome."""
+    """SGLang's bootstrap closure in ``caller`` parsed a registering decode peer: check it,
+    on that closure's manager, unless the manager's table is watched. Never raises (that
+    would end the thread before SGLang's own outcome): a failure of ours is logged."""
     try:
         found = _closure(caller)
         manager = None if found is None else found.f_locals.get("self")
@@ -149,11 +126,13 @@ def _parsed(guard: PeerGuard, caller: Any, info: object) -> None:
 def _relayout_refused(guard: PeerGuard, manager: object, caller: Any,
                       error: BaseException) -> None:
     """SGLang's relayout refused the peer registering in ``caller`` (SGLang's bootstrap
-    closure; anything else: nothing to say): its relayout report, then the bootstrap
-    thread's death named once; a failure of ours rides as a note (strict)."""
+    closure, whose local ``decode_kv_args`` it is; anything else: nothing to say): its
+    relayout report, then the bootstrap thread's death named once; a failure of ours
+    rides as a note (strict). SGLang's exception rises unchanged."""
     ours = None
     try:
-        info = _registering(caller)
+        found = _closure(caller)
+        info = None if found is None else found.f_locals.get(PEERS_MOONCAKE_BOOTSTRAP[1])
         if info is None:
             return
         ours = checked(guard, "mooncake", manager, info)

@@ -26,11 +26,8 @@ CONNECTORS: tuple[tuple[str, Callable[[ModuleType, PeerGuard], list[AppliedPatch
 
 
 def mori_registration(guard: PeerGuard) -> Callable[[object, object], DSV4GuardError | None]:
-    """What MORI's registration wrapper (``mori/wrapper.py``) calls for a decode peer
-    registering with a prefill rank: its conditions besides MORI's TP rule (MORI's own,
-    :mod:`sglang_dsv4_guard.mori.checks`): the DCP relayout (0.5.22+) and the metadata
-    buffer counts, under the same codes as ``check`` and this guard's
-    once-per-distinct-mismatch reports."""
+    """What MORI's registration wrapper calls for a decode peer registering with a prefill
+    rank: its conditions besides MORI's TP rule, checked and reported as NIXL's are."""
     def check(manager: object, info: object) -> DSV4GuardError | None:
         return checked(guard, "mori", manager, info) if is_prefill(manager) else None
 
