@@ -25,9 +25,6 @@ from sglang_dsv4_guard.host.targets import CUDA_GRAPH_CONFIG, RUNTIME_CONTEXT
 
 __all__ = ["CudaGraphs", "read_cuda_graphs"]
 
-_RUNTIME_CONTEXT = RUNTIME_CONTEXT
-_CUDA_GRAPH_CONFIG = CUDA_GRAPH_CONFIG
-
 
 @dataclass(frozen=True)
 class CudaGraphs:
@@ -41,14 +38,14 @@ class CudaGraphs:
 def read_cuda_graphs() -> CudaGraphs:
     """Whether SGLang captures no CUDA graph, by SGLang's own rule where the release has it."""
     try:
-        config = importlib.import_module(_CUDA_GRAPH_CONFIG)  # unscanned: SGLang's (host/targets)
+        config = importlib.import_module(CUDA_GRAPH_CONFIG)  # unscanned: SGLang's (host/targets)
     except ImportError as exc:  # an older layout: fall back to the legacy setting below
-        fallback = f"{_CUDA_GRAPH_CONFIG} not importable ({type(exc).__name__})"
+        fallback = f"{CUDA_GRAPH_CONFIG} not importable ({type(exc).__name__})"
     else:
         fully_disabled = getattr(config, "cuda_graph_fully_disabled", None)
         if callable(fully_disabled):
             return _ask_sglang(fully_disabled)
-        fallback = f"{_CUDA_GRAPH_CONFIG}.cuda_graph_fully_disabled absent"
+        fallback = f"{CUDA_GRAPH_CONFIG}.cuda_graph_fully_disabled absent"
     return _legacy_setting(fallback)
 
 
@@ -68,9 +65,9 @@ def _ask_sglang(fully_disabled: Callable[[], object]) -> CudaGraphs:
 
 def _legacy_setting(why: str) -> CudaGraphs:
     try:
-        context = importlib.import_module(_RUNTIME_CONTEXT)  # unscanned: SGLang's (host/targets)
+        context = importlib.import_module(RUNTIME_CONTEXT)  # unscanned: SGLang's (host/targets)
     except Exception as exc:  # reported as the reason the value is unknown
-        return CudaGraphs(None, f"{why}; {_RUNTIME_CONTEXT} not importable ({type(exc).__name__})")
+        return CudaGraphs(None, f"{why}; {RUNTIME_CONTEXT} not importable ({type(exc).__name__})")
     failures: list[str] = [why]
     readers: tuple[tuple[str, Callable[[], object]], ...] = (
         ("runtime_context.get_exec().graph.disable_cuda_graph",

@@ -10,13 +10,10 @@ tensor is freed). Nothing else: no tensor is read or held. The shared-mapping ch
 lines then say what was seen (:func:`registered_by`); a record whose tensor is not the
 pool's current mapping any more (set another way since, or freed) is not used.
 
-The caller is the first frame above our wrapper (whose own frame is never named) that
-is not a ``register_mapping``: another plug-in's wrapper around ours (``functools.wraps``:
-in the ``__wrapped__`` chain of the pool class' method) and a pool subclass' override
-calling ``super()`` (every ``register_mapping`` along the pool class' MRO, with its
-chain) are skipped, never named as the registrar. A wrapper of ours left
-in such a chain by an uninstall (the newer wrapper kept in place) records nothing: only
-the applied one does, so a reinstall never records a call twice.
+The caller named is the first frame above every ``register_mapping`` (:func:`_caller`).
+A wrapper of ours left in another's ``__wrapped__`` chain by an uninstall (the newer
+wrapper kept in place) records nothing: only the applied one does, so a reinstall never
+records a call twice.
 """
 
 from __future__ import annotations
@@ -48,29 +45,26 @@ _SEEN: weakref.WeakKeyDictionary[object, MappingRegistration] = weakref.WeakKeyD
 _LOCK = threading.Lock()
 
 
-def _chain_codes(fn: object, codes: set[CodeType]) -> None:
-    """Add the code of ``fn`` and of every function in its ``__wrapped__`` chain."""
-    for _ in range(32):  # a cycle of __wrapped__ ends too
-        if fn is None:
-            return
-        code = getattr(fn, "__code__", None)
-        if isinstance(code, CodeType):
-            codes.add(code)
-        fn = getattr(fn, "__wrapped__", None)
-
-
 def _wrapper_codes(pool: object) -> set[CodeType]:
     """The code of every ``register_mapping`` along the pool class' MRO (a subclass'
-    override calling ``super()`` included) and of their ``__wrapped__`` chains."""
+    override calling ``super()`` included) and of their ``__wrapped__`` chains (another
+    plug-in's wrapper around ours, ``functools.wraps``)."""
     codes: set[CodeType] = set()
     for cls in type(pool).__mro__:
-        _chain_codes(vars(cls).get("register_mapping"), codes)
+        fn = vars(cls).get("register_mapping")
+        for _ in range(32):  # a cycle of __wrapped__ ends too
+            if fn is None:
+                break
+            code = getattr(fn, "__code__", None)
+            if isinstance(code, CodeType):
+                codes.add(code)
+            fn = getattr(fn, "__wrapped__", None)
     return codes
 
 
 def _caller(pool: object) -> FrameType | None:
-    """The first frame above our wrapper that is not a ``register_mapping`` (a wrapper
-    around ours, or an override along the pool class' MRO)."""
+    """The first frame above our wrapper (whose own frame is never named) that is not a
+    ``register_mapping`` (:func:`_wrapper_codes`): those are skipped, never the registrar."""
     skip = _wrapper_codes(pool)
     frame: FrameType | None = sys._getframe(3)  # above _caller, _record and our wrapper
     while frame is not None and frame.f_code in skip:

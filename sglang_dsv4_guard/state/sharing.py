@@ -30,14 +30,6 @@ class ShareDecision:
     warn: bool = False
 
 
-def _geometry(pair: StatePair, profile: HostProfile) -> tuple[tuple[object, ...], ...]:
-    fields = profile.paged_geometry
-    return (
-        tuple(pair.target.get(f.target_attr) for f in fields),
-        tuple(pair.draft.get(f.draft_attr) for f in fields),
-    )
-
-
 def decide(pair: StatePair, profile: HostProfile) -> ShareDecision:
     """Apply the rule. Only ``share=True`` decisions may lead to a rebinding."""
     t, d = pair.target, pair.draft
@@ -86,7 +78,8 @@ def decide(pair: StatePair, profile: HostProfile) -> ShareDecision:
             f"the SWA capacity differs (swa_size: target={t.get('swa_size')!r}, "
             f"draft={d.get('swa_size')!r}): target indices may not fit the draft's SWA pool",
         )
-    target_geometry, draft_geometry = _geometry(pair, profile)
+    target_geometry = tuple(t.get(f.target_attr) for f in profile.paged_geometry)
+    draft_geometry = tuple(d.get(f.draft_attr) for f in profile.paged_geometry)
     if target_geometry != draft_geometry:
         return ShareDecision(
             False,

@@ -168,15 +168,9 @@ def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
 
 def _publish(rt: Runtime, report: Report, raised: bool, in_traceback: bool = False,
              carrier: str = "the DSV4GuardError raised to SGLang") -> str | None:
-    """Publish ``report``; when it is ``raised``, return the text the exception carries.
-
-    The first occurrence in the server is logged in full here before anything rises (the
-    traceback may never print: SGLang may kill the process group first). When
-    ``in_traceback`` (SGLang's scheduler handler is on the stack and logs the traceback)
-    the exception then carries one line pointing at that log entry; elsewhere it carries
-    the full report too. When another process of this launch (or this one) printed the
-    same report already, the log and the exception carry a one-line pointer.
-    """
+    """Publish ``report``; when it is ``raised``, return the text the exception carries
+    (:func:`~sglang_dsv4_guard.wrapping.carried_text`; ``in_traceback``: SGLang's
+    scheduler handler is on the stack and logs the traceback)."""
     delivery = publish(rt, report, Delivery(raised=raised, carrier=carrier, printed_by=(
         _HANDLER if raised and in_traceback else None)))
     return carried_text(report, delivery)
