@@ -1,12 +1,10 @@
 """Built-in check of decode's first contact: every mismatch, with ``check``'s codes.
 
 The two servers' values go to the runner ``check`` uses
-(:func:`sglang_dsv4_guard.pd.first_contact.contact_findings`: the release's own
-``try_ensure_parallel_info`` on a bare manager, each mismatch neutralised and the function
-called again), so a finding met at run time has the code ``check`` gives the same values.
-The findings and their fixes are the pair conditions' own (:mod:`..pd.first_contact`,
-:mod:`..pd.contact_fixes`); the other server's launch line is unknown here, so the
-report says the fixes are unproven and how to prove them.
+(:func:`sglang_dsv4_guard.pd.first_contact.contact_findings`), so a finding met at run time
+has the code and the fixes (:mod:`..pd.contact_fixes`) ``check`` gives the same values; the
+other server's launch line is unknown here, so the report says the fixes are unproven and
+how to prove them.
 """
 
 from __future__ import annotations

@@ -75,8 +75,7 @@ def engine_key(peer: object) -> str | None:
 
 def _read(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
     """``names`` of ``obj`` (``None`` for one it does not carry; any other failure to
-    read one is the guard's own, reported as such). The peer's ``engine_key``, a
-    property over its engine descriptor, is ``None`` when it cannot be read."""
+    read one is the guard's own, reported as such; ``engine_key``: :func:`engine_key`)."""
     return {name: engine_key(obj) if name == "engine_key" else getattr(obj, name, None)
             for name in names}
 

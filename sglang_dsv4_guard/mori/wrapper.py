@@ -116,8 +116,7 @@ class MoriGuard:
         })
         return report, render_report(report) or ""
 
-    def _count_line(self, key: MismatchKey, m: Mismatch, what: str, peers: int,
-                    failures: int) -> None:
+    def _count_line(self, m: Mismatch, what: str, peers: int, failures: int) -> None:
         """The running count; ``peers`` and ``failures`` as captured under the lock."""
         logger.log(logging.ERROR if what == "failures" else logging.WARNING,
                    "[%s] MORI mismatch (%s): %d decode peer(s), %d failed state "
@@ -164,7 +163,7 @@ class MoriGuard:
         if show_full:
             m.place(seen)
         if sparse(total) and not (show_full and total == 1):
-            self._count_line(mkey, m, "failures", peers, total)
+            self._count_line(m, "failures", peers, total)
         if show_full and prints_in_full(seen):
             text = rendered
         else:
@@ -194,7 +193,7 @@ class MoriGuard:
             failures = m.failures
         if publish_registration(self.rt, report, m, peers, quiet, {
                 "mismatch": m.label, "peer": ident, "peers": peers}):
-            self._count_line(mkey, m, "peers", peers, failures)
+            self._count_line(m, "peers", peers, failures)
 
     def blocked_error(self, sig: inspect.Signature, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> DSV4GuardError | None:

@@ -1,10 +1,7 @@
-"""Built-in registration check: the DCP relayout a decode peer's registration decides.
-
-The DCP relayout (:mod:`..pd.relayout`) runs on the endpoints the registration snapshot
-built from the live manager and the decode's ``KVArgsRegisterInfo``; a relayout that
-raises stops the registration there, so the guard runs the pair conditions
-(:mod:`sglang_dsv4_guard.pd.conditions`, which ``check`` runs too) only for a peer SGLang
-registered. Pure apart from running SGLang's function on a half-built object.
+"""Built-in registration check: the DCP relayout a decode peer's registration decides
+(:mod:`..pd.relayout`), on the endpoints the registration snapshot built from the live
+manager and the decode's ``KVArgsRegisterInfo``. Pure apart from running SGLang's function
+on a half-built object.
 """
 
 from __future__ import annotations

@@ -64,11 +64,6 @@ def _runs(context: StateContext, field: str) -> str:
     return f" ({role if role == 'this server' else f'this {role} server'} runs {shown})"
 
 
-def _flags_fix(text: str, field: str, inputs: tuple[str, ...], *candidates: Edit) -> list[Fix]:
-    kept = edits(*candidates)
-    return [Fix(FixKind.FLAGS, text, field=field, edits=kept, inputs=inputs)] if kept else []
-
-
 # -- the draft ratios --------------------------------------------------------------------
 
 def _all_zero(values: object) -> bool | None:
@@ -118,12 +113,14 @@ def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
         field="compression_ratios",
         inputs=("KVCacheConfigurator (is_draft_worker): [COMPRESS_RATIO_NEXTN_LAYER] * "
                 "num_effective_layers", "COMPRESS_RATIO_NEXTN_LAYER = 0 (srt/models/deepseek_v4_nextn.py)")))
-    found += _flags_fix(
-        "serve without speculative decoding, on both servers of the pair (a draft on "
-        f"one server only is {ONE_SIDED_DRAFT}){_runs(context, 'speculative_algorithm')}",
-        "compression_ratios", ("--speculative-algorithm",),
-        Edit("prefill", "--speculative-algorithm", remove=True),
-        Edit("decode", "--speculative-algorithm", remove=True))
+    kept = edits(Edit("prefill", "--speculative-algorithm", remove=True),
+                 Edit("decode", "--speculative-algorithm", remove=True))
+    if kept:
+        found.append(Fix(
+            FixKind.FLAGS, "serve without speculative decoding, on both servers of the pair "
+            f"(a draft on one server only is {ONE_SIDED_DRAFT})"
+            f"{_runs(context, 'speculative_algorithm')}", field="compression_ratios",
+            edits=kept, inputs=("--speculative-algorithm",)))
     return tuple(found)
 
 

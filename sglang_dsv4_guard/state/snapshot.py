@@ -5,7 +5,6 @@ With :mod:`sglang_dsv4_guard.state.tensors` (the mapping tensors), the only modu
 :mod:`sglang_dsv4_guard.host.targets`. Checks see the frozen dataclasses below, never a
 pool. Every read is defensive: a missing attribute becomes :data:`MISSING` (SGLang would
 raise ``AttributeError`` there), a property that raises becomes an :class:`Unreadable`.
-:func:`change_token` is the cheap token the wrapper compares around remediation plug-ins.
 """
 
 from __future__ import annotations
