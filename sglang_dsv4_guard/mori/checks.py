@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Phase
-from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.host import flags
 from sglang_dsv4_guard.mori.snapshot import SendContext, SendSnapshot
@@ -50,13 +49,6 @@ def layouts(t: SendSnapshot) -> tuple[AttentionLayout, AttentionLayout]:
                                  t.decode_dp_size or 1, bool(t.decode_enable_dp_attention),
                                  typed=None)
     return prefill, decode
-
-
-def _tp_fixes(t: SendSnapshot) -> tuple[Fix, ...]:
-    """The attention-TP family's fixes (:func:`attention_tp_fixes`), each edit one the
-    installed release's parser accepts."""
-    return tuple(fix for fix in attention_tp_fixes(*layouts(t))
-                 if len(flags.vetted(*fix.edits)) == len(fix.edits))
 
 
 def _peer(t: SendSnapshot, place: str) -> str:
@@ -108,9 +100,12 @@ def sglang_dsv4_guard_check_send(transfer: SendSnapshot, context: SendContext) -
     details.append("no SGLang release from 0.5.16 to 0.5.23 transfers the non-MLA 'swa' state "
                    "across attention-TP sizes on MORI (the same check in each); other KV, and "
                    "MLA models, are transferred across TP sizes")
+    # the attention-TP family's fixes whose every edit the installed release's parser accepts
+    fixes = tuple(fix for fix in attention_tp_fixes(*layouts(t))
+                  if len(flags.vetted(*fix.edits)) == len(fix.edits))
     return [Finding(
         code=CODE, severity=CODES[CODE].severity, summary=CODES[CODE].title,
         subject="MORI swa state transfer", observations=tuple(observations),
-        details=tuple(details), fixes=_tp_fixes(t), docs=docs_url(CODE),
+        details=tuple(details), fixes=fixes, docs=docs_url(CODE),
         host_message=host_message(t), when=when_of(Phase.PER_REQUEST, "mori"),
     )]

@@ -252,30 +252,19 @@ def _dsv4_class() -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-def host_is_npu() -> bool:
-    """SGLang's own ``is_npu()`` as the wrapped module sees it."""
-    utils = sys.modules.get(targets.STATE.module)
-    fn = getattr(utils, targets.STATE_IS_NPU, None)
-    return bool(fn()) if callable(fn) else False
-
-
 def snapshot_pair(target_pool: object, draft_pool: object, npu_gate: bool) -> StatePair:
     """Snapshot a target/draft pair and decide whether SGLang's DSV4 block runs for it."""
     cls = _dsv4_class()
     target = snapshot_pool(target_pool, "target pool", cls)
     draft = snapshot_pool(draft_pool, "draft pool", cls)
-    block_runs = target.is_dsv4 and draft.is_dsv4 and not (npu_gate and host_is_npu())
+    is_npu = getattr(sys.modules.get(targets.STATE.module), targets.STATE_IS_NPU, None)
+    # SGLang's own is_npu() as the wrapped module sees it
+    block_runs = target.is_dsv4 and draft.is_dsv4 and not (
+        npu_gate and callable(is_npu) and bool(is_npu()))
     if block_runs and not target.get("_unified_kv"):
         return StatePair(target, draft, block_runs, compare_mappings(target_pool, draft_pool),
                          read_cuda_graphs())
     return StatePair(target, draft, block_runs, None)
-
-
-def _short_hash(value: tuple[object, ...]) -> int | None:
-    try:
-        return hash(value)  # hash() of a tuple runs in C: no Python-level walk
-    except Exception:  # an unhashable item: identity and length stand alone
-        return None
 
 
 def change_token(pool: object) -> tuple[object, ...]:
@@ -291,8 +280,10 @@ def change_token(pool: object) -> tuple[object, ...]:
     for name in POOL_ATTRS:
         value = read_attr(pool, name)
         if isinstance(value, tuple):
-            digest = _short_hash(value)
-            parts.append((len(value), digest) if digest is not None else (id(value), len(value)))
+            try:
+                parts.append((len(value), hash(value)))  # hash() runs in C: no Python-level walk
+            except Exception:  # an unhashable item: identity and length stand alone
+                parts.append((id(value), len(value)))
         elif value is None or isinstance(value, bool | int | float | str | Unreadable):
             parts.append(value)
         else:

@@ -54,7 +54,6 @@ from sglang_dsv4_guard.wrapping import (
 
 __all__ = ["CallSite", "Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
 
-_ENV_KEYS = (FLASHMLA_ENV,)
 _HANDLER = f"SGLang's scheduler ({SCHEDULER_MODULE}.run_scheduler_process)"
 
 
@@ -108,7 +107,7 @@ def prepare_pair(rt: Runtime, target: object, draft: object,
         role=known.role if known else "unknown",
         mode=rt.settings.mode.value.value,
         autoshare=rt.settings.autoshare.value,
-        environ={k: os.environ[k] for k in _ENV_KEYS if k in os.environ},
+        environ={k: os.environ[k] for k in (FLASHMLA_ENV,) if k in os.environ},
         location=who.location,
     )
     pair = snapshot_pair(target, draft, rt.profile.npu_gate)
@@ -209,9 +208,7 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
 
 
 def _caller(frame: FrameType | None) -> CallSite:
-    """Who called ``setup_state_kv_args``: SGLang's own frame past every hook layer (see
-    :func:`~sglang_dsv4_guard.wrapping.calling_frame`), and whether the scheduler's handler
-    is above it."""
+    """The :class:`CallSite` above ``frame``, by :func:`~sglang_dsv4_guard.wrapping.calling_frame`."""
     found = calling_frame(frame)
     if found is None:
         return CallSite("?")
