@@ -81,12 +81,6 @@ def _read(obj: object, dotted: str) -> Any:
     return value
 
 
-def _plain(name: str, value: Any) -> Any:
-    if name == "state_types":
-        return tuple(str(getattr(s, "value", s)) for s in value or ())
-    return value
-
-
 def _decode_source(name: str, dotted: str) -> str:
     where = f"this decode server: {PD_FIRST_CONTACT.qualname.split('.')[0]}.{dotted}"
     field = _FIELDS.get(name)
@@ -110,7 +104,9 @@ def _decode(manager: object) -> dict[str, tuple[Any, str]]:
                 out[name] = (_ABSENT[name], "this release's manager has no "
                              f"{dotted}: it compares no such value")
             continue
-        out[name] = (_plain(name, value), _decode_source(name, dotted))
+        if name == "state_types":
+            value = tuple(str(getattr(s, "value", s)) for s in value or ())
+        out[name] = (value, _decode_source(name, dotted))
     return out
 
 

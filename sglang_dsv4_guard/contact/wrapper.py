@@ -133,12 +133,9 @@ def _raise_for(guard: ContactGuard, manager: object, addr: object, error: Except
 
 
 def _answers_cached_first(self: Any, bootstrap_addr: Any) -> Any:
-    """The wrapper's code where SGLang's first statement is a known release's: that
-    statement, then SGLang's call. On a miss (no info cached yet for that prefill) SGLang
-    runs its statement again: a membership test of the dict SGLang builds, no effect.
-    Where the statement itself raises (no table; an unhashable address) it raises what
-    SGLang's would, from this frame. ``_SGLANG``, ``_RAISE_FOR`` and ``_GUARD`` are the
-    globals :func:`make_contact_wrapper` gives each installed copy."""
+    """SGLang's first statement, then SGLang's call (on a miss SGLang runs its statement
+    again: a membership test, no effect; docs/operating.md, First contact). ``_SGLANG``,
+    ``_RAISE_FOR`` and ``_GUARD``: the globals :func:`make_contact_wrapper` gives each copy."""
     if bootstrap_addr in self.prefill_info_table:
         return True
     try:

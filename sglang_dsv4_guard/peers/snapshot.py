@@ -20,11 +20,9 @@ from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Value
 
-__all__ = ["BACKENDS", "TIMEOUT_ENV", "Registration", "RegistrationContext", "peer_name",
+__all__ = ["TIMEOUT_ENV", "Registration", "RegistrationContext", "peer_name",
            "snapshot_registration"]
 
-#: The backend of each manager class the guard wraps.
-BACKENDS = {"NixlKVManager": "nixl", "MooncakeKVManager": "mooncake", "MoriKVManager": "mori"}
 TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 _MASK_ENV = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
