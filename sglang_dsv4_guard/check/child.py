@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sglang_dsv4_guard.check.offline.parse import CheckInputError
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, one_line, parse_env
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.prove import Fixed
@@ -61,9 +61,6 @@ _SCRATCH_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PA
 def request_of(args: argparse.Namespace) -> dict[str, Any]:
     """The child's request from ``check``'s parsed arguments; a malformed ``--*-env`` item
     raises :class:`~.parse.CheckInputError` naming it."""
-    # deferred: the parent (the check command) loads only what it runs
-    from sglang_dsv4_guard.check.offline.parse import parse_env
-
     return {"prefill": args.prefill, "decode": args.decode,
             "prefill_env": parse_env("--prefill-env", args.prefill_env),
             "decode_env": parse_env("--decode-env", args.decode_env),
@@ -97,9 +94,6 @@ def answer(request: Mapping[str, Any],
 
 def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
             ) -> dict[str, Any]:
-    # deferred: the child's work: the parent (the check command) never loads it
-    from sglang_dsv4_guard.check.offline.parse import CheckInputError, one_line
-
     # when the command started the child (the system-wide monotonic clock), else now
     started = float(request.get("started") or time.monotonic())
     try:
@@ -165,7 +159,6 @@ def run_command(args: argparse.Namespace,
                 answerer: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None) -> int:
     """``check``: the request from ``args``, answered (by :func:`answer_in_child` unless
     ``answerer`` is given), printed; the exit status."""
-    # deferred: the parent (the check command) loads only what it runs
     try:
         request = request_of(args)
     except CheckInputError as exc:
@@ -185,10 +178,10 @@ def print_answer(reply: Mapping[str, Any], output_format: str) -> int:
     return int(reply["exit_status"])
 
 
-def child_environment(scratch: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: ``base`` (this process's) with the offline switches and
-    every home, temporary and cache directory in ``scratch``."""
-    env = dict(os.environ if base is None else base)
+def child_environment(scratch: str) -> dict[str, str]:
+    """The child's environment: this process's with the offline switches and every home,
+    temporary and cache directory in ``scratch``."""
+    env = dict(os.environ)
     if "HF_HOME" not in env:  # where the Hub cache is now, read (never written) there
         cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         env["HF_HOME"] = os.path.join(cache, "huggingface")

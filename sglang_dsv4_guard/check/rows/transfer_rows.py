@@ -29,10 +29,9 @@ from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl_payload import HISPARSE_CODE, hisparse_backend_refusal, payload_finding
 
-__all__ = ["SAMPLING_MASK", "hisparse_backend_row"]
+__all__ = ["hisparse_backend_row"]
 
 del _state_types, _swa_layout
-SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
 
 
 def _aux(side: Side) -> int:
