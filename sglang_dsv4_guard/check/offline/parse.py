@@ -303,12 +303,11 @@ def _resolve_deprecated_dp(namespace: argparse.Namespace) -> tuple[dict[str, Any
         from sglang.srt.arg_groups.parallel_hook import handle_deprecated_dp_attention
     except ImportError:
         return values, "the release's parser (no deprecated-DP rewrite in this release)"
-    from sglang.srt.arg_groups.model_override_base import resolving_view
     from sglang.srt.server_args import ServerArgs
 
     server_args = ServerArgs.from_cli_args(namespace)
     handle_deprecated_dp_attention(server_args)
-    view = resolving_view(server_args)
+    view = _view(server_args)
     for name in ("tp_size", "dp_size", "attn_dp_size", "attn_cp_size",
                  "enable_dp_attention"):
         values[name] = getattr(view, name, values[name])
