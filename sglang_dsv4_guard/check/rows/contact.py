@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import CODE as LAYOUT_ENV_CODE
 from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE
-from sglang_dsv4_guard.check.server.derive import Side, release_model_config
+from sglang_dsv4_guard.check.server.derive import Side, kwargs_for, release_model_config
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source
 from sglang_dsv4_guard.check.server.gpus import page_size_by_gpu
@@ -170,8 +169,7 @@ def _kv_dtype(side: Side) -> tuple[Value | None, str | None]:
                       "model_dtype": torch.bfloat16, "is_draft_worker": False,
                       "is_dflash": False, "speculative_draft_attention_backend": None,
                       "speculative_draft_kv_cache_dtype": None}
-        params = inspect.signature(function).parameters
-        resolved = function(**{k: v for k, v in candidates.items() if k in params})[0]
+        resolved = function(**kwargs_for(function, candidates))[0]
     except Exception as exc:  # a dtype this CPU cannot build (fp8_e5m2 on 0.5.23)
         return Value(server, f"{source} (the release's configure_kv_cache_dtype did not run "
                              f"here: {type(exc).__name__}: {exc}; the string is the flag's)"), None

@@ -32,8 +32,8 @@ from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 
-__all__ = ["ModelFacts", "Side", "attention_layout", "derive_side", "load_model", "page_size_source",
-           "release_model_config", "typed_page"]
+__all__ = ["ModelFacts", "Side", "attention_layout", "derive_side", "kwargs_for", "load_model",
+           "page_size_source", "release_model_config", "typed_page"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -114,7 +114,8 @@ class Side:
         }
 
 
-def _kwargs_for(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
+def kwargs_for(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
+    """The ``candidates`` that ``fn``'s signature takes (each release takes its own)."""
     params = inspect.signature(fn).parameters
     return {k: v for k, v in candidates.items() if k in params}
 
@@ -130,7 +131,7 @@ def _build_config(path: str, draft: bool, algorithm: str | None, server_args: An
                 server_args.trust_remote_code = remote_code
             return ModelConfig.from_server_args(server_args, model_path=path,
                                                 is_draft_model=draft)
-        kwargs = _kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
+        kwargs = kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
                                                     "speculative_algorithm": algorithm,
                                                     "trust_remote_code": remote_code})
         return ModelConfig(path, **kwargs)
@@ -208,7 +209,7 @@ def attention_tp(args: SideArgs) -> tuple[int, int]:
                   "attn_dp_size": args.get("attn_dp_size") or 1,
                   "attn_cp_size": args.get("attn_cp_size") or 1}
     result = compute_dp_attention_world_info(
-        **_kwargs_for(compute_dp_attention_world_info, candidates))
+        **kwargs_for(compute_dp_attention_world_info, candidates))
     return int(result[1]), int(result[3])
 
 

@@ -35,7 +35,6 @@ block-scaled KV dtype (MXFP8, FP4: its own pool classes), the pool classes chose
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,7 +43,7 @@ from typing import Any
 
 from sglang_dsv4_guard.check.offline.chatter import leaving_out
 from sglang_dsv4_guard.check.offline.parse import offline_env
-from sglang_dsv4_guard.check.server.derive import ModelFacts, Side
+from sglang_dsv4_guard.check.server.derive import ModelFacts, Side, kwargs_for
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, NotDerived
 from sglang_dsv4_guard.check.server.pools import last_run, state_type_names
@@ -174,9 +173,7 @@ def unified_pool() -> Any:
         end_layer=2, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
         full_max_total_num_tokens=_ROWS, swa_max_total_num_tokens=_ROWS, total_bytes=None,
         enable_memory_saver=False, need_sort=True)
-    params = inspect.signature(init_unified_swa_pools).parameters
-    return init_unified_swa_pools(**{k: v for k, v in wanted.items() if k in params}
-                                  ).token_to_kv_pool
+    return init_unified_swa_pools(**kwargs_for(init_unified_swa_pools, wanted)).token_to_kv_pool
 
 
 def miniature_pool(kind: str, layers: tuple[tuple[int, ...], ...] = ()) -> Any:
@@ -212,8 +209,7 @@ def miniature_pool(kind: str, layers: tuple[tuple[int, ...], ...] = ()) -> Any:
                       swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
                       layer_num=2, enable_kvcache_transpose=False,
                       token_to_kv_pool_class=MHATokenToKVPool)
-    params = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in wanted.items() if k in params})
+    return cls(**kwargs_for(cls.__init__, wanted))
 
 
 @dataclass(frozen=True)
