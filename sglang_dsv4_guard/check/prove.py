@@ -231,17 +231,14 @@ def _one_fix(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
     return None if best is None or best[0][0] else (best[1], best[2])
 
 
-def _conflict(fix: Fix, taken: set[tuple[str, str, bool]]) -> bool:
-    return any((e.server, e.name, e.env) in taken for e in fix.edits)
-
-
 def _together(findings: list[Finding], start: Lines) -> tuple[Edit, ...]:
     """The least invasive proven fix of each finding that edits nothing an earlier one
     edits."""
     edits: list[Edit] = []
     taken: set[tuple[str, str, bool]] = set()
     for finding in findings:
-        fix = next((f for f in _ranked(finding, start) if not _conflict(f, taken)), None)
+        fix = next((f for f in _ranked(finding, start)
+                    if not any((e.server, e.name, e.env) in taken for e in f.edits)), None)
         if fix is not None:
             edits += fix.edits
             taken |= {(e.server, e.name, e.env) for e in fix.edits}
@@ -319,8 +316,6 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
         if better is not None and len(better[1].report.findings) < len(
                 best[1].report.findings):
             best = better
-    if best is None:
-        return Fixed(result, None, None, runner.runs, runner.exhausted, lines,
-                     runner.spent() if runner.exhausted else "")
-    return Fixed(result, best[0], best[1], runner.runs, runner.exhausted, lines,
+    corrected, checked = best if best is not None else (None, None)
+    return Fixed(result, corrected, checked, runner.runs, runner.exhausted, lines,
                  runner.spent() if runner.exhausted else "")

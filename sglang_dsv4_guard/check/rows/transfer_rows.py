@@ -34,12 +34,6 @@ __all__ = ["hisparse_backend_row"]
 del _state_types, _swa_layout
 
 
-def _aux(side: Side) -> int:
-    with offline_env(side.args.env):
-        return aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum")),
-                                side_field(side, "sampling_mask_max_tokens"))
-
-
 def _refused_width(side: Side) -> str | None:
     """Why SGLang would not start this server on its ``--sampling-mask-max-tokens``: a
     width of 0 or less is refused at resolution by 0.5.20+'s
@@ -65,7 +59,9 @@ def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     name = mask_env()
     mask = side.args.env.get(name)
     try:
-        count = _aux(side)
+        with offline_env(side.args.env):
+            count = aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum")),
+                                     side_field(side, "sampling_mask_max_tokens"))
     except ValueError as exc:  # a width the class would read that is too wide to build
         raise NotDerived(f"{AUX_CODE}: not judged: {exc}") from None
     return {"aux_buffer_count": Value(count, (
