@@ -8,13 +8,10 @@ and XPU support AWQ currently."), its ``ServerArgs`` resolution logs what it cho
 - ``warnings.showwarning`` records the warning instead of writing it. The warnings
   filters are not touched: a warning the filters ignore stays ignored, one they turn
   into an error still raises, one shown once per place is shown (recorded) once;
-- the loggers of :data:`LOGGERS` hand their records to a recording handler (their own
-  handlers are set aside, and they do not propagate, for the block); ``sglang`` records
-  from INFO up, as a launched server shows them; the others at their own level; a
-  record's exception traceback (``logger.exception``) is kept with it, its last
-  :data:`TRACE_LINES` lines.
-  Records no handler takes (Python's last resort) are recorded too, except the guard's
-  own (``sglang_dsv4_guard`` keeps its behaviour);
+- the loggers of :data:`LOGGERS` hand their records to a recording handler
+  (:class:`_Handler`; their own handlers are set aside, and they do not propagate, for
+  the block); ``sglang`` records from INFO up, as a launched server shows them; the
+  others at their own level; so does Python's last resort (:class:`_LastResort`);
 - ``sys.stdout`` and ``sys.stderr`` are recording writers (Python-level writes; what C
   code writes to the descriptors is not seen).
 

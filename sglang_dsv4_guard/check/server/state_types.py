@@ -13,17 +13,14 @@ miniature draft pool of the draft model's kind when the server has one; the stat
 - ``mha``: ``MHATokenToKVPool`` (plain MHA);
 - ``mla``: ``MLATokenToKVPool`` (MLA, not DSA/NSA, not hybrid SWA: DeepSeek-V3 and the like);
 - ``swa``: ``SWAKVPool`` over ``MHATokenToKVPool`` (hybrid sliding-window MHA: gpt-oss);
+- ``unified_swa``: ``init_unified_swa_pools``' ``UnifiedSWAKVPool`` (the ``swa`` model
+  with ``--enable-unified-memory``, 0.5.22+);
 - ``minimax``: ``MiniMaxSparseKVPool`` (MiniMax-M3 sparse, ``is_minimax_sparse``, MHA, not
   hybrid SWA), its dense, sparse and value-less sparse layers read from config.json's
   ``sparse_attention_config`` by SGLang's own ``get_minimax_sparse_*`` helpers, the whole
   model on one rank (PP 1; HiSparse and the NVFP4 pool class, chosen by the GPU, not built);
 - DeepSeek-V4 is not built again: the state types are read from the run of
   :mod:`.pools` on the server's own miniature ``DeepSeekV4TokenToKVPool``\\ s.
-
-Where SGLang's own ``setup_state_kv_args`` refuses a pool built here (the unified SWA pool
-before 0.5.22; a MiniMax pool with index-value sparse layers) the server stops when its
-KV transfer is set up: :class:`Refused` carries SGLang's message (reported by
-:mod:`.kv_setup`), distinct from a pool that cannot be built on this CPU.
 
 Anything else stays unknown, and the rows that need it say so in ``unknowns``: DSA/NSA,
 MLA with hybrid SWA, Mamba and linear-attention hybrids, other MiniMax sparse servers, a
@@ -132,10 +129,8 @@ def _unified(side: Side) -> bool:
 
 
 def pool_kind(side: Side) -> str | None:
-    """``"dsv4"``, ``"mha"``, ``"mla"``, ``"swa"`` or ``"unified_swa"`` (a hybrid-SWA MHA
-    model with unified memory: SGLang's configurator builds ``init_unified_swa_pools``'
-    pool for it, 0.5.22+): the server's pool when it is one this module knows (see the
-    module's docstring); ``None`` for any other (unknown)."""
+    """The server's pool when it is one this module knows (``"dsv4"`` or one of the
+    module docstring's kinds); ``None`` for any other (unknown)."""
     if _unified(side):
         dtype_other = any("mxfp" in str(d) or "fp4" in str(d)
                           for d in _said(side, "kv_cache_dtype"))
