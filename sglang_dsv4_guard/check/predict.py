@@ -1,13 +1,11 @@
-"""``check``: a PD deployment's failures predicted from its two launch command lines.
-
-Parse both servers with the release's own parser (:mod:`.parse`), derive each with its
-own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
+"""``check``'s run: both servers parsed with the release's own parser (:mod:`.parse`) and
+derived with its own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
 
 - DeepSeek-V4 with a draft: SGLang's real ``setup_state_kv_args`` on miniature real
   pools of each server, under the guard's state wrapper (:mod:`.pools`);
 - MORI: the guard's ``check_send`` hooks (the built-in TP check and any plug-in's) on the
   transfer the two servers imply, as when the decode peer registers;
-- the PD asymmetries no runtime check sees (:mod:`.asymmetry`);
+- the prefill/decode contract rows and the pair conditions (:mod:`.contract`);
 - what cannot be known from flags, said in ``unknowns``.
 """
 
@@ -85,8 +83,7 @@ class CheckResult:
 
 
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
-    """The guard's send checks on the transfer the two servers imply (place ``check``:
-    before launch, on the transfer the two lines imply)."""
+    """The guard's send checks on the transfer the two servers imply (place ``check``)."""
     a = prefill.args
     snap = SendSnapshot(
         state_type="swa" if prefill.swa_state else "none",

@@ -5,11 +5,9 @@ For a pair with findings, each finding's ``FLAGS`` fixes are applied to the two 
 and every check). A fix is proven (``proven=True``) when its finding is gone and no
 error appears that the pair did not have; otherwise ``False`` (a line the release's
 parser or ``check`` cannot read counts as not fixed). A finding none of whose fixes is
-proven gets a ``NO_FLAG_FIX`` fix saying why. Then the first proven fix of every
-finding is applied together and checked once more; when that combination does not
-remove them all, they are added one at a time, each kept only if its finding goes and
-no new error comes (greedy). At most :data:`MAX_RUNS` re-runs are made; past that a
-fix is left unproven (``None``) and the finding says the budget ran out.
+proven gets a ``NO_FLAG_FIX`` fix saying why. Then the proven fixes are combined into
+the corrected lines (:func:`_combine`). At most :data:`MAX_RUNS` re-runs are made; past
+that a fix is left unproven (``None``) and the finding says the budget ran out.
 """
 
 from __future__ import annotations

@@ -245,10 +245,8 @@ class _Writer:
 
 
 class _Handler(logging.Handler):
-    """Records a log record as ``LEVEL logger: message``, then its exception's traceback
-    (``logger.exception``, ``exc_info=``) and stack (``stack_info=``) as the standard
-    ``logging.Formatter`` renders them, at most :data:`TRACE_LINES` of those lines (the last
-    ones: the exception's own line is the last)."""
+    """Records a log record as ``LEVEL logger: message``, then its traceback and stack
+    lines (:func:`_trace`)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         if any(record.name == name or record.name.startswith(name + ".") for name in _left_out):
@@ -267,7 +265,9 @@ _FORMATTER = logging.Formatter()
 
 
 def _trace(record: logging.LogRecord) -> list[str]:
-    """The record's traceback and stack lines, bounded to the last :data:`TRACE_LINES`."""
+    """The record's exception traceback (``logger.exception``, ``exc_info=``) and stack
+    (``stack_info=``) as the standard ``logging.Formatter`` renders them, bounded to the
+    last :data:`TRACE_LINES` lines (the exception's own line is the last)."""
     parts = []
     try:
         if record.exc_info and record.exc_info[0] is not None:

@@ -4,16 +4,13 @@
 resolution runs (``__post_init__`` up to 0.5.21, ``resolve_once`` from 0.5.22) as the
 server's device: the line's ``--device``, else ``cuda`` (a PD deployment runs on GPUs;
 resolving as ``cuda`` needs none), with the server's environment applied and the
-process environment restored afterwards.
+process environment restored afterwards, on what :func:`_resolving` leaves of the line.
 
-A refusal is the server's (``resolution_error``, :mod:`.refusal`'s finding) unless this machine caused it
-(:func:`machine_cause`: a package missing here, a network fetch, a GPU probe, a write):
-then it is ``machine_refusal``, an ``unknowns`` line. Either way the flags are then used
-as parsed, with only the release's rewrite of the deprecated ``--dp-size N
---enable-dp-attention`` applied, where the release has it (``arg_groups.parallel_hook.
-handle_deprecated_dp_attention``). A path that ``SGLANG_USE_MODELSCOPE`` would fetch
-from ModelScope is not fetched: resolution runs without that variable, and ``notes``
-says so.
+A refusal is the server's (``resolution_error``, :mod:`.refusal`'s finding) unless this
+machine caused it (``machine_refusal``, :func:`machine_cause`, an ``unknowns`` line).
+Either way the flags are then used as parsed, with only the release's rewrite of the
+deprecated ``--dp-size N --enable-dp-attention`` applied, where the release has it
+(``arg_groups.parallel_hook.handle_deprecated_dp_attention``).
 """
 
 from __future__ import annotations

@@ -2,18 +2,13 @@
 
 - the model: ``ModelConfig.from_server_args`` on the resolved flags (the bare
   ``ModelConfig`` when resolution refused them) and the local ``config.json`` (attention
-  architecture,
-  hybrid SWA layers, the DeepSeek-V4 fields); the draft model with ``is_draft_model=True``
-  as the draft worker loads it (a DeepSeek-V4 draft becomes its NextN architecture);
+  architecture, hybrid SWA layers, the DeepSeek-V4 fields), offline; the draft model with
+  ``is_draft_model=True`` as the draft worker loads it (a DeepSeek-V4 draft becomes its
+  NextN architecture); a config whose remote code is not here is read without it
+  (:mod:`~sglang_dsv4_guard.check.offline.remote_code`), and a note says so;
 - attention TP: the release's ``compute_dp_attention_world_info`` (called for rank 0 with
   the keyword arguments its signature takes: ``enable_dp_attention``/``dp_size`` up to
   0.5.21, ``attn_dp_size`` from 0.5.22, ``attn_cp_size`` everywhere).
-
-Hugging Face hub look-ups are switched off (``HF_HUB_OFFLINE=1``) while configs load.
-With ``--trust-remote-code``, a config whose code is not on this machine (its ``auto_map``
-names a Hub repository, or a file next to config.json that is not there) is read without
-remote code, with the release's class for its ``model_type``, and a note says so:
-``check`` fetches nothing.
 """
 
 from __future__ import annotations
