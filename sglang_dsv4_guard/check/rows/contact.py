@@ -1,17 +1,14 @@
 """``check``'s decode-first-contact and DCP-relayout rows (:mod:`..pd.first_contact`,
 :mod:`..pd.relayout`): the values they read, derived from a launch line, and the fixes.
 
-Values (each with its source): ``kv_cache_dtype_str`` from the release's own
-``configure_kv_cache_dtype`` on the resolved ``--kv-cache-dtype`` (as a target runner
-calls it, with a stand-in model whose ``quant_config`` is the release's own, built from
-config.json: a checkpoint quantizing its KV cache to FP8 publishes ``fp8_e4m3`` under
-``auto``; unknown when the release cannot build that config here);
-``dcp_size``, ``enable_kv_cache_sharding``, ``enable_dsa_cache_layer_split`` from the
-resolved ``ServerArgs``; ``kv_layout`` (0.5.23, DeepSeek-V4) from the release's
+Values (each with its source): ``kv_cache_dtype_str`` as the release's own
+``configure_kv_cache_dtype`` gives it (:func:`_kv_dtype`); ``dcp_size``,
+``enable_kv_cache_sharding``, ``enable_dsa_cache_layer_split`` from the resolved
+``ServerArgs``; ``kv_layout`` (0.5.23, DeepSeek-V4) from the release's
 ``select_dsv4_kv_layout`` and its pool's ``pd_kv_layout`` on a bare pool;
 ``dsv41_spec_layout`` from the release's ``get_dsv41_spec_layout`` (0.5.21+). For a
 server SGLang's resolution did not resolve, the values only resolution decides are
-unknown (:data:`~..pd.endpoint.UNKNOWN`, one ``unknowns`` line), never parser defaults.
+unknown (:func:`_unresolved`), never parser defaults.
 """
 
 from __future__ import annotations
