@@ -30,7 +30,7 @@ from sglang_dsv4_guard.check.offline.causes import failing_source, machine_cause
 from sglang_dsv4_guard.check.offline.probes import Device, as_devices, probed
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
-__all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
+__all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "SideArgs",
            "machine_cause", "offline_env", "one_line", "parse_env", "parse_side",
            "resolve_as", "strip_launcher"]
 
@@ -215,18 +215,6 @@ def _view(server_args: Any) -> Any:
     return resolving_view(server_args)
 
 
-@dataclass(frozen=True)
-class Resolution:
-    """The release's resolution of one server's flags: the fields, or its refusal (the
-    flags', or this machine's)."""
-
-    values: dict[str, Any] | None
-    refusal: str | None
-    device: str
-    server_args: Any = None
-    machine_refusal: str | None = None
-
-
 def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str,
                 as_device: Device | None = None) -> tuple[Any, str | None, str | None]:
     from sglang.srt.server_args import ServerArgs
@@ -250,21 +238,6 @@ def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: s
                 namespace, env, device, candidate))
         return None, refusal, cause
     return server_args, None, None
-
-
-def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]) -> Resolution:
-    """The release's full resolution as the server's device (its ``--device``, else
-    ``cuda``); a refusal this machine caused is kept apart (``machine_refusal``), never
-    taken for the server's own."""
-    device = str(getattr(namespace, "device", None) or "cuda")
-    server_args, refusal, cause = _resolve_on(namespace, env, device)
-    if server_args is None and cause is not None:
-        return Resolution(None, None, device, None, f"{refusal}: {cause}")
-    if server_args is None:
-        return Resolution(None, refusal, device)
-    view = _view(server_args)
-    return Resolution({name: getattr(view, name, None) for name in FIELDS}, None, device,
-                      server_args)
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -378,11 +351,14 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
     resolving, resolve_env, notes = _resolving(namespace, env)
-    resolution = _resolve(resolving, resolve_env)
-    if resolution.values is not None:
-        values = resolution.values
-        resolved_by = ("the release's parser and its full resolution (as --device "
-                       f"{resolution.device})")
+    device = str(getattr(resolving, "device", None) or "cuda")
+    server_args, refusal, cause = _resolve_on(resolving, resolve_env, device)
+    # a refusal this machine caused is kept apart, never taken for the server's own
+    machine_refusal = None if cause is None else f"{refusal}: {cause}"
+    if server_args is not None:
+        view = _view(server_args)
+        values = {name: getattr(view, name, None) for name in FIELDS}
+        resolved_by = f"the release's parser and its full resolution (as --device {device})"
     else:
         values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)
@@ -391,5 +367,5 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
         raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
                                       f"needs {role!r}")
     return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
-                    resolved_by, resolution.refusal, resolution.server_args,
-                    resolution.device, resolution.machine_refusal, notes)
+                    resolved_by, None if cause is not None else refusal, server_args,
+                    device, machine_refusal, notes)
