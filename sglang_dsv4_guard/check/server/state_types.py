@@ -77,13 +77,17 @@ def kv_dtype(side: Side) -> str:
     return str(said[-1]) if said else "auto"
 
 
+def _block_scaled(side: Side) -> bool:
+    """A KV cache dtype with block scales (MXFP8, FP4), as typed or as resolved."""
+    return any("mxfp" in str(d) or "fp4" in str(d) for d in _said(side, "kv_cache_dtype"))
+
+
 def _other_class(side: Side) -> bool:
-    """A KV cache dtype with block scales (MXFP8, FP4) or a flag that makes the release's
+    """A block-scaled KV cache dtype, Ascend, or a flag that makes the release's
     configurator build another pool class, as typed or as resolved."""
-    if any("mxfp" in str(d) or "fp4" in str(d) for d in _said(side, "kv_cache_dtype")):
-        return True
-    return any(v in ("ascend", "npu") for n in ("attention_backend", "device")
-               for v in _said(side, n)) or any(any(_said(side, f)) for f in _CLASS_FLAGS)
+    return _block_scaled(side) or any(
+        v in ("ascend", "npu") for n in ("attention_backend", "device")
+        for v in _said(side, n)) or any(any(_said(side, f)) for f in _CLASS_FLAGS)
 
 
 def model_pool_kind(model: ModelFacts) -> str | None:
@@ -132,18 +136,16 @@ def pool_kind(side: Side) -> str | None:
     """The server's pool when it is one this module knows (``"dsv4"`` or one of the
     module docstring's kinds); ``None`` for any other (unknown)."""
     if _unified(side):
-        dtype_other = any("mxfp" in str(d) or "fp4" in str(d)
-                          for d in _said(side, "kv_cache_dtype"))
-        if dtype_other or side.model.is_dsv4 or model_pool_kind(side.model) != "swa" \
-                or (kv_dtype(side) == "auto" and _quantized_kv(side.model)):
+        if _block_scaled(side) or side.model.is_dsv4 or model_pool_kind(side.model) != "swa" \
+                or _quantized_kv(side):
             return None
         return "unified_swa"
     if _other_class(side):
         return None
     if side.model.is_dsv4:
         return "dsv4"
-    if kv_dtype(side) == "auto" and _quantized_kv(side.model):
-        return None  # the model's quantization config may give a block-scaled KV pool
+    if _quantized_kv(side):
+        return None
     kind = model_pool_kind(side.model)
     if kind == "minimax" and (int(side.args.get("pp_size") or 1) > 1
                               or any(_said(side, "enable_hisparse"))
@@ -152,9 +154,11 @@ def pool_kind(side: Side) -> str | None:
     return kind
 
 
-def _quantized_kv(model: ModelFacts) -> bool:
-    quant = getattr(getattr(model.config, "hf_config", None), "quantization_config", None)
-    return isinstance(quant, dict) and bool(quant.get("kv_cache_quant_algo"))
+def _quantized_kv(side: Side) -> bool:
+    """``--kv-cache-dtype auto`` on a model whose quantization config may give a
+    block-scaled KV pool."""
+    quant = getattr(getattr(side.model.config, "hf_config", None), "quantization_config", None)
+    return kv_dtype(side) == "auto" and isinstance(quant, dict) and bool(quant.get("kv_cache_quant_algo"))
 
 
 def unified_pool() -> Any:
