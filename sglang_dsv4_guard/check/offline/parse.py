@@ -32,7 +32,7 @@ from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "SideArgs",
            "machine_cause", "offline_env", "one_line", "parse_env", "parse_side",
-           "resolve_as", "strip_launcher"]
+           "release_parser", "resolve_as", "strip_launcher"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -112,7 +112,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 @functools.lru_cache(maxsize=4)
-def _release_parser(server_args: type) -> _Parser:
+def release_parser(server_args: type) -> _Parser:
     """The parser ``server_args.add_cli_args`` builds, once per process and release: it is
     a third of a check's time, and ``check --fix`` parses many lines. Parsing reads the
     parser and never changes it (SGLang's actions keep no state of their own)."""
@@ -331,7 +331,7 @@ def resolve_as(args: SideArgs, device: Device) -> Any | None:
     release refuses the flags on that device. Only for flags SGLang resolved here."""
     from sglang.srt.server_args import ServerArgs
 
-    namespace = _release_parser(ServerArgs).parse_args(list(args.argv))
+    namespace = release_parser(ServerArgs).parse_args(list(args.argv))
     resolving, env, _ = _resolving(namespace, args.env)
     server_args, _, _ = _resolve_on(resolving, env, args.resolved_device, device)
     return None if server_args is None else _view(server_args)
@@ -343,7 +343,7 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
 
     option = f"--{role}"
     argv = _split(option, text)
-    parser = _release_parser(ServerArgs)
+    parser = release_parser(ServerArgs)
     try:
         namespace = parser.parse_args(argv)
     except _Refused as exc:

@@ -13,7 +13,6 @@ unknown (:func:`_unresolved`), never parser defaults.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import logging
@@ -24,7 +23,7 @@ from typing import Any
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fixes
 from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env, release_parser
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import CODE as LAYOUT_ENV_CODE
 from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE
@@ -72,9 +71,7 @@ def resolved_value(side: Side, name: str, default: Any) -> Any:
         return typed[1] if typed[1] is not None else True
     from sglang.srt.server_args import ServerArgs
 
-    parser = argparse.ArgumentParser(add_help=False)
-    ServerArgs.add_cli_args(parser)
-    found = parser.get_default(name)
+    found = release_parser(ServerArgs).get_default(name)
     return default if found is None else found
 
 
