@@ -306,11 +306,9 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
         runner.runs += 1  # a check with its fixes derived anew, on the lines so far
         again = run_check(best[0].prefill, best[0].decode, best[0].prefill_env,
                           best[0].decode_env, refusals=refusals)
-        round_runner = _Runner(best[0], refusals, deadline)
-        round_runner.runs, round_runner.cache = runner.runs, runner.cache
-        more = [_prove(f, round_runner, errors) for f in again.report.findings]
-        better = _combine(more, round_runner, errors, best[0])
-        runner.runs, runner.exhausted = round_runner.runs, round_runner.exhausted
+        runner.base = best[0]  # the round's fixes are proven on the lines so far
+        more = [_prove(f, runner, errors) for f in again.report.findings]
+        better = _combine(more, runner, errors, best[0])
         if better is not None and len(better[1].report.findings) < len(
                 best[1].report.findings):
             best = better
