@@ -82,8 +82,7 @@ def accepted_fix(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
 
 def accepted_fixes(finding: Finding, prefill: Side, decode: Side, derive: bool = True
                    ) -> Finding:
-    """``finding`` with only the fixes :func:`accepted_fix` keeps (none when ``derive`` is
-    off: ``check --fix``'s re-runs read only which findings remain)."""
+    """``finding`` with only the fixes :func:`accepted_fix` keeps (none when ``derive`` is off)."""
     sides = {"prefill": prefill, "decode": decode}
     return replace(finding, fixes=tuple(f for f in (accepted_fix(x, sides)
                                                     for x in finding.fixes) if f is not None)

@@ -353,7 +353,6 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     resolving, resolve_env, notes = _resolving(namespace, env)
     device = str(getattr(resolving, "device", None) or "cuda")
     server_args, refusal, cause = _resolve_on(resolving, resolve_env, device)
-    # a refusal this machine caused is kept apart, never taken for the server's own
     machine_refusal = None if cause is None else f"{refusal}: {cause}"
     if server_args is not None:
         view = _view(server_args)

@@ -236,7 +236,6 @@ def derive_side(args: SideArgs) -> Side:
     source = ("SGLang's resolution of the flags" if args.resolved
               else "server flag --page-size")
     if page is None and model.is_dsv4 and not args.resolved:
-        # Resolution did not complete, so its DeepSeek-V4 default was not applied.
         page, source = DSV4_PAGE_SIZE, "SGLang's DeepSeek-V4 default (no --page-size)"
     elif page is None:
         source = "SGLang's platform default (no --page-size)"

@@ -3,9 +3,8 @@
 When the release's ``ServerArgs`` resolution replaced or chose a value ``check`` shows
 (DeepSeek-V4's page size 256 although the line typed ``--page-size 128``, the KV cache
 dtype, the attention backend), the line SGLang logged about it while resolving that
-server explains the value. A line explains a field's value when it names the field (its
-name or its words, any case) and says the value as a whole word (:func:`.chatter.
-explaining`): matched by field and value, never by a release's wording.
+server explains the value: matched by field and value (:func:`.chatter.explaining`), never
+by a release's wording.
 """
 
 from __future__ import annotations
