@@ -51,7 +51,6 @@ SPELLS_SGLANG = {
     "sglang_dsv4_guard/check/offline/probes.py": "the device probes answered as a GPU model",
     "sglang_dsv4_guard/check/server/derive.py": "ModelConfig and the attention-TP function",
     "sglang_dsv4_guard/check/server/pools.py": "the DeepSeek-V4 pools and their context",
-    "sglang_dsv4_guard/check/server/said.py": "the resolution's view of a value",
     "sglang_dsv4_guard/check/server/state_types.py": "the pool classes a server would build",
     "sglang_dsv4_guard/check/server/swa_layout.py": "setup_state_kv_args on those pools",
     "sglang_dsv4_guard/check/fixing/refusal.py": "ServerArgs and the speculative hook",

@@ -4,23 +4,12 @@ Importing SGLang imports ``huggingface_hub`` and ``transformers``, which read
 ``HF_HUB_OFFLINE`` and their cache locations once, at import; so the offline switches
 must be in the environment before the interpreter that imports SGLang starts. The
 parent (the ``check`` command) never imports SGLang: it starts one child for both
-servers (``python -c`` with this process's ``sys.path`` as its own, not the working
-directory first; it checks that its ``sglang`` is the file this process would import) with
-
-- this process's ``sys.path`` as ``PYTHONPATH`` (the same SGLang, guard and plug-ins);
-- ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``HF_DATASETS_OFFLINE`` set to 1 (and the
-  telemetry switches off), so the Hub and remote code are never fetched;
-- ``HOME``, ``XDG_CACHE_HOME``, ``TMPDIR``, SGLang's and its libraries' cache directories
-  and ``HF_MODULES_CACHE`` in a scratch directory the parent removes when the child ends
-  (``HF_HOME`` stays where it was, so a cached file is still read), and
-  ``PYTHONDONTWRITEBYTECODE=1``;
-- the child's audit hook (:mod:`.sandbox`) refusing any network call and any write
-  outside that scratch directory.
+servers (:func:`answer_in_child`) in :func:`child_environment`, behind the walls of
+:mod:`.sandbox` (no network call, no write outside its scratch directory).
 
 The request (both launch lines and environments) goes to the child as JSON on stdin;
-the answer (the JSON document, its text rendering, the exit status, or the one-line
-input error) comes back as JSON on the child's own stdout descriptor (what SGLang
-prints goes to stderr). ``answer`` is the child's work and can run in any process.
+the answer comes back as JSON on the child's own stdout descriptor (what SGLang prints
+goes to stderr). :func:`answer` is the child's work and can run in any process.
 """
 
 from __future__ import annotations
@@ -39,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sglang_dsv4_guard.check.offline.parse import CheckInputError
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, one_line, parse_env
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.prove import Fixed
@@ -61,9 +50,6 @@ _SCRATCH_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PA
 def request_of(args: argparse.Namespace) -> dict[str, Any]:
     """The child's request from ``check``'s parsed arguments; a malformed ``--*-env`` item
     raises :class:`~.parse.CheckInputError` naming it."""
-    # deferred: the parent (the check command) loads only what it runs
-    from sglang_dsv4_guard.check.offline.parse import parse_env
-
     return {"prefill": args.prefill, "decode": args.decode,
             "prefill_env": parse_env("--prefill-env", args.prefill_env),
             "decode_env": parse_env("--decode-env", args.decode_env),
@@ -74,10 +60,9 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
 def answer(request: Mapping[str, Any],
            refusals: Callable[[], tuple[str, ...]] = tuple) -> dict[str, Any]:
     """``run_check`` on ``request`` in this process: ``{"exit_status", "document", "text"}``,
-    or ``{"exit_status": 2, "error": one line}`` for input it cannot read. ``refusals``
-    (what the child's walls refused, read when the check ends) go into ``unknowns``.
-    What SGLang says meanwhile (its import's warnings too) is captured, never printed:
-    the document's ``sglang_output``, and after the text with ``request["verbose"]``."""
+    or ``{"exit_status": 2, "error": one line}`` for input it cannot read. What SGLang
+    says meanwhile (its import's warnings too) is the document's ``sglang_output``, and
+    follows the text with ``request["verbose"]``."""
     # deferred: the child's work: the parent (the check command) never loads it
     from sglang_dsv4_guard.check.offline.chatter import capturing, recording
 
@@ -97,9 +82,6 @@ def answer(request: Mapping[str, Any],
 
 def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
             ) -> dict[str, Any]:
-    # deferred: the child's work: the parent (the check command) never loads it
-    from sglang_dsv4_guard.check.offline.parse import CheckInputError, one_line
-
     # when the command started the child (the system-wide monotonic clock), else now
     started = float(request.get("started") or time.monotonic())
     try:
@@ -165,7 +147,6 @@ def run_command(args: argparse.Namespace,
                 answerer: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None) -> int:
     """``check``: the request from ``args``, answered (by :func:`answer_in_child` unless
     ``answerer`` is given), printed; the exit status."""
-    # deferred: the parent (the check command) loads only what it runs
     try:
         request = request_of(args)
     except CheckInputError as exc:
@@ -185,16 +166,15 @@ def print_answer(reply: Mapping[str, Any], output_format: str) -> int:
     return int(reply["exit_status"])
 
 
-def child_environment(scratch: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: ``base`` (this process's) with the offline switches and
-    every home, temporary and cache directory in ``scratch``."""
-    env = dict(os.environ if base is None else base)
+def child_environment(scratch: str) -> dict[str, str]:
+    """The child's environment: this process's with the offline switches, its ``sys.path``
+    as ``PYTHONPATH``, and every home, temporary and cache directory in ``scratch``."""
+    env = dict(os.environ)
     if "HF_HOME" not in env:  # where the Hub cache is now, read (never written) there
         cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         env["HF_HOME"] = os.path.join(cache, "huggingface")
     env.update(OFFLINE)
     env["HOME"] = env["TMPDIR"] = scratch
-    # The child imports what this process imports (its sys.path, plug-ins added at run time).
     env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
     for name in _SCRATCH_CACHES:
         env[name] = os.path.join(scratch, name.lower())
@@ -289,10 +269,8 @@ def _run_child(scratch: str, payload: str, timeout: float) -> tuple[int, str, st
 def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     """``answer`` in one child process started with :func:`child_environment`; the scratch
     directory is removed when it ends, also when SIGTERM or SIGINT stops this process
-    (the child's process group is killed first). A child that dies without answering is
-    reported as an error line with its last exception line (else its last line of
-    output) and SGLang's last captured line (:func:`_no_answer`), exit 2; one that runs
-    out of time (:func:`_timeout`) likewise."""
+    (the child's process group is killed first). A child that dies without answering
+    (:func:`_no_answer`) or runs out of time (:func:`_timeout`) is an error line, exit 2."""
     try:
         timeout = _timeout()
     except CheckInputError as exc:

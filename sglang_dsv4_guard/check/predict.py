@@ -1,13 +1,11 @@
-"""``check``: a PD deployment's failures predicted from its two launch command lines.
-
-Parse both servers with the release's own parser (:mod:`.parse`), derive each with its
-own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
+"""``check``'s run: both servers parsed with the release's own parser (:mod:`.parse`) and
+derived with its own ``ModelConfig`` and attention-TP function (:mod:`.derive`), then:
 
 - DeepSeek-V4 with a draft: SGLang's real ``setup_state_kv_args`` on miniature real
   pools of each server, under the guard's state wrapper (:mod:`.pools`);
 - MORI: the guard's ``check_send`` hooks (the built-in TP check and any plug-in's) on the
   transfer the two servers imply, as when the decode peer registers;
-- the PD asymmetries no runtime check sees (:mod:`.asymmetry`);
+- the prefill/decode contract rows and the pair conditions (:mod:`.contract`);
 - what cannot be known from flags, said in ``unknowns``.
 """
 
@@ -85,8 +83,7 @@ class CheckResult:
 
 
 def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
-    """The guard's send checks on the transfer the two servers imply (place ``check``:
-    before launch, on the transfer the two lines imply)."""
+    """The guard's send checks on the transfer the two servers imply (place ``check``)."""
     a = prefill.args
     snap = SendSnapshot(
         state_type="swa" if prefill.swa_state else "none",
@@ -174,8 +171,46 @@ def run_check(prefill_args: str, decode_args: str,
     only which findings remain). What SGLang says meanwhile (its warnings, log records
     and prints) is captured, not printed (:mod:`.chatter`): ``sglang_output``."""
     with capturing(), recording() as said:
-        result = _run_check(prefill_args, decode_args, prefill_env, decode_env, refusals,
-                            derive)
+        host = judge_imported()  # by the imported code, as install() judges it, not the label
+        if host.behaves_as is None:
+            raise CheckInputError("sglang", f"the imported SGLang ({host.version or 'absent'}) "
+                                            f"has checks this guard does not know ({host.message}); "
+                                            f"check supports {SUPPORTED_MIN} to {SUPPORTED_MAX} "
+                                            "and releases with the same checks")
+        profile = host.profile()
+        version = host.name
+        with section("prefill"):
+            prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
+        with section("decode"):
+            decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
+        findings: list[Finding] = [refusal_finding(s.args, o.args) for s, o in (
+            (prefill, decode), (decode, prefill)) if s.args.resolution_error is not None]
+        runs = []
+        for side in (prefill, decode):
+            with section(side.role):
+                run = run_state_check(side)
+            if run:
+                runs.append(run)
+        for run in runs:
+            findings.extend(run.findings)
+        if prefill.transfer_backend == decode.transfer_backend == "mori":
+            findings.extend(_mori(prefill, decode, profile))
+        contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive,
+                                                        profile)
+        findings.extend(contract)
+        # the built-in rules apply to built-in findings only: a plug-in's finding under a
+        # built-in code keeps its own fixes and removes nothing
+        if any(f.code == PREFILL_DRAFT_CODE and is_builtin(f.origin) for f in contract):
+            findings = [f for f in findings  # NIXL's registration refuses it: an error
+                        if not (f.code == ONE_SIDED_DRAFT and is_builtin(f.origin))]
+        if derive:
+            findings = [derived_fixes(f, prefill, decode) if is_builtin(f.origin) else f
+                        for f in findings]
+        report = Report.of(findings, {"function": "sglang-dsv4-guard check",
+                                      "sglang": str(version)})
+        result = CheckResult(str(version), prefill, decode, report, tuple(runs),
+                             tuple(_unknowns(prefill, decode, runs) + contract_unknowns
+                                   + _refused_lines(refusals())))
     return _quoting(replace(result, sglang_output=said.output()))
 
 
@@ -194,48 +229,3 @@ def _quoting(result: CheckResult) -> CheckResult:
     findings = tuple(replace(f, observations=tuple(map(quoted, f.observations)))
                      for f in result.report.findings)
     return replace(result, report=replace(result.report, findings=findings))
-
-
-def _run_check(prefill_args: str, decode_args: str, prefill_env: Mapping[str, str] | None,
-               decode_env: Mapping[str, str] | None, refusals: Callable[[], tuple[str, ...]],
-               derive: bool) -> CheckResult:
-    host = judge_imported()  # by the imported code, as install() judges it, not the label
-    if host.behaves_as is None:
-        raise CheckInputError("sglang", f"the imported SGLang ({host.version or 'absent'}) "
-                                        f"has checks this guard does not know ({host.message}); "
-                                        f"check supports {SUPPORTED_MIN} to {SUPPORTED_MAX} "
-                                        "and releases with the same checks")
-    profile = host.profile()
-    version = host.name
-    with section("prefill"):
-        prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
-    with section("decode"):
-        decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
-    findings: list[Finding] = [refusal_finding(s.args, o.args) for s, o in (
-        (prefill, decode), (decode, prefill)) if s.args.resolution_error is not None]
-    runs = []
-    for side in (prefill, decode):
-        with section(side.role):
-            run = run_state_check(side)
-        if run:
-            runs.append(run)
-    for run in runs:
-        findings.extend(run.findings)
-    if prefill.transfer_backend == decode.transfer_backend == "mori":
-        findings.extend(_mori(prefill, decode, profile))
-    contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive,
-                                                    profile)
-    findings.extend(contract)
-    # the built-in rules apply to built-in findings only: a plug-in's finding under a
-    # built-in code keeps its own fixes and removes nothing
-    if any(f.code == PREFILL_DRAFT_CODE and is_builtin(f.origin) for f in contract):
-        findings = [f for f in findings  # NIXL's registration refuses it: an error
-                    if not (f.code == ONE_SIDED_DRAFT and is_builtin(f.origin))]
-    if derive:
-        findings = [derived_fixes(f, prefill, decode) if is_builtin(f.origin) else f
-                    for f in findings]
-    report = Report.of(findings, {"function": "sglang-dsv4-guard check",
-                                  "sglang": str(version)})
-    return CheckResult(str(version), prefill, decode, report, tuple(runs),
-                       tuple(_unknowns(prefill, decode, runs) + contract_unknowns
-                             + _refused_lines(refusals())))

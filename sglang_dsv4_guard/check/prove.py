@@ -5,11 +5,9 @@ For a pair with findings, each finding's ``FLAGS`` fixes are applied to the two 
 and every check). A fix is proven (``proven=True``) when its finding is gone and no
 error appears that the pair did not have; otherwise ``False`` (a line the release's
 parser or ``check`` cannot read counts as not fixed). A finding none of whose fixes is
-proven gets a ``NO_FLAG_FIX`` fix saying why. Then the first proven fix of every
-finding is applied together and checked once more; when that combination does not
-remove them all, they are added one at a time, each kept only if its finding goes and
-no new error comes (greedy). At most :data:`MAX_RUNS` re-runs are made; past that a
-fix is left unproven (``None``) and the finding says the budget ran out.
+proven gets a ``NO_FLAG_FIX`` fix saying why. Then the proven fixes are combined into
+the corrected lines (:func:`_combine`). At most :data:`MAX_RUNS` re-runs are made; past
+that a fix is left unproven (``None``) and the finding says the budget ran out.
 """
 
 from __future__ import annotations
@@ -231,17 +229,14 @@ def _one_fix(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
     return None if best is None or best[0][0] else (best[1], best[2])
 
 
-def _conflict(fix: Fix, taken: set[tuple[str, str, bool]]) -> bool:
-    return any((e.server, e.name, e.env) in taken for e in fix.edits)
-
-
 def _together(findings: list[Finding], start: Lines) -> tuple[Edit, ...]:
     """The least invasive proven fix of each finding that edits nothing an earlier one
     edits."""
     edits: list[Edit] = []
     taken: set[tuple[str, str, bool]] = set()
     for finding in findings:
-        fix = next((f for f in _ranked(finding, start) if not _conflict(f, taken)), None)
+        fix = next((f for f in _ranked(finding, start)
+                    if not any((e.server, e.name, e.env) in taken for e in f.edits)), None)
         if fix is not None:
             edits += fix.edits
             taken |= {(e.server, e.name, e.env) for e in fix.edits}
@@ -311,16 +306,12 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
         runner.runs += 1  # a check with its fixes derived anew, on the lines so far
         again = run_check(best[0].prefill, best[0].decode, best[0].prefill_env,
                           best[0].decode_env, refusals=refusals)
-        round_runner = _Runner(best[0], refusals, deadline)
-        round_runner.runs, round_runner.cache = runner.runs, runner.cache
-        more = [_prove(f, round_runner, errors) for f in again.report.findings]
-        better = _combine(more, round_runner, errors, best[0])
-        runner.runs, runner.exhausted = round_runner.runs, round_runner.exhausted
+        runner.base = best[0]  # the round's fixes are proven on the lines so far
+        more = [_prove(f, runner, errors) for f in again.report.findings]
+        better = _combine(more, runner, errors, best[0])
         if better is not None and len(better[1].report.findings) < len(
                 best[1].report.findings):
             best = better
-    if best is None:
-        return Fixed(result, None, None, runner.runs, runner.exhausted, lines,
-                     runner.spent() if runner.exhausted else "")
-    return Fixed(result, best[0], best[1], runner.runs, runner.exhausted, lines,
+    corrected, checked = best if best is not None else (None, None)
+    return Fixed(result, corrected, checked, runner.runs, runner.exhausted, lines,
                  runner.spent() if runner.exhausted else "")

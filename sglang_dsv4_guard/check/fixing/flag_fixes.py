@@ -12,6 +12,7 @@ A refused server's fixes come from re-running the resolution (:mod:`.refusal`).
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import replace
 
 from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
@@ -31,13 +32,12 @@ from sglang_dsv4_guard.fixes import Edit, Fix, FixKind, flag_fix
 from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.host.targets import FLASHMLA_ENV
 from sglang_dsv4_guard.mori.checks import CODE as MORI_TP_CODE
-from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes as pd_attention_tp_fixes
+from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes
 from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
 from sglang_dsv4_guard.pd.nixl_payload import PREFILL_DRAFT_CODE
 from sglang_dsv4_guard.state.checks import PAGED_CODE
 
-__all__ = ["accepted_fix", "accepted_fixes", "attention_tp_fixes", "copy_pairs",
-           "derived_fixes"]
+__all__ = ["accepted_fix", "accepted_fixes", "copy_pairs", "derived_fixes"]
 
 
 def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
@@ -82,8 +82,7 @@ def accepted_fix(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
 
 def accepted_fixes(finding: Finding, prefill: Side, decode: Side, derive: bool = True
                    ) -> Finding:
-    """``finding`` with only the fixes :func:`accepted_fix` keeps (none when ``derive`` is
-    off: ``check --fix``'s re-runs read only which findings remain)."""
+    """``finding`` with only the fixes :func:`accepted_fix` keeps (none when ``derive`` is off)."""
     sides = {"prefill": prefill, "decode": decode}
     return replace(finding, fixes=tuple(f for f in (accepted_fix(x, sides)
                                                     for x in finding.fixes) if f is not None)
@@ -142,10 +141,12 @@ def _g022(p: Side, d: Side) -> list[Fix | None]:
                 typed_page(dst) in (None, dst.page_size) or not dst.args.resolved)]
 
 
-def _same(field: str, what: str, p: Side, d: Side, inputs: tuple[str, ...]
-          ) -> list[Fix | None]:
-    return [flag_fix(f"launch the {dst.role} server with the {src.role}'s {what}", field,
-                 [flag_edit(dst.role, field, src.args.get(field))], *inputs)
+def _g023(p: Side, d: Side) -> list[Fix | None]:
+    field = "disaggregation_transfer_backend"
+    inputs = tuple(f"{s.role}: --disaggregation-transfer-backend {s.transfer_backend}"
+                   for s in (p, d))
+    return [flag_fix(f"launch the {dst.role} server with the {src.role}'s transfer backend",
+                     field, [flag_edit(dst.role, field, src.args.get(field))], *inputs)
             for src, dst in copy_pairs(p, d)]
 
 
@@ -183,12 +184,6 @@ def _g025(p: Side, d: Side) -> list[Fix | None]:
     return fixes
 
 
-def attention_tp_fixes(p: Side, d: Side) -> list[Fix | None]:
-    """The attention-TP family's fixes (one home: :mod:`sglang_dsv4_guard.pd.attention_tp`)
-    on the two launch lines' layouts."""
-    return list(pd_attention_tp_fixes(attention_layout(p), attention_layout(d)))
-
-
 def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
     """The paged geometry (:data:`PAGED_CODE`) on a server whose
     --speculative-draft-model-path has another window than its target: serve the target's
@@ -206,12 +201,12 @@ def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
     return (replace(fix, need="sliding_window"),) if fix is not None else ()
 
 
-_DERIVERS = {MORI_TP_CODE: attention_tp_fixes, ONE_SIDED_DRAFT: _g020, SPECULATIVE_SETTINGS: _g021,
-             PAGE_CODE: _g022, TRANSFER_BACKENDS: lambda p, d: _same(
-                 "disaggregation_transfer_backend", "transfer backend", p, d,
-                 tuple(f"{s.role}: --disaggregation-transfer-backend {s.transfer_backend}"
-                       for s in (p, d))),
-             SERVED_MODEL: _g024, DSV4_KV_LAYOUT: _g025,
+_DERIVERS: dict[str, Callable[[Side, Side], list[Fix | None]]] = {
+             ONE_SIDED_DRAFT: _g020, SPECULATIVE_SETTINGS: _g021, PAGE_CODE: _g022,
+             TRANSFER_BACKENDS: _g023, SERVED_MODEL: _g024, DSV4_KV_LAYOUT: _g025,
+             # the attention-TP family's fixes have one home: pd/attention_tp.py
+             MORI_TP_CODE: lambda p, d: list(attention_tp_fixes(attention_layout(p),
+                                                                attention_layout(d))),
              # NIXL's registration refusing a prefill-only draft: a one-sided draft's fixes
              PREFILL_DRAFT_CODE: _g020}
 

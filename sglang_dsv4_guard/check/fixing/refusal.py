@@ -71,25 +71,19 @@ def named_flags(message: str) -> list[Flag]:
     words of its option (its last word and at least half of them), in the release's
     parser; each once, in the order found."""
     words = [_singular(w.lower()) for w in _WORD.findall(message)]
-    found: list[Flag] = []
-    for option in _OPTION.findall(message):
-        if flag(option) is not None:
-            found.append(flag(option))  # type: ignore[arg-type]
-    for word in _WORD.findall(message):
-        if "_" in word and flag_for_field(word) is not None:
-            found.append(flag_for_field(word))  # type: ignore[arg-type]
-    seen_fields = {f.field for f in found}
+    found: dict[str, Flag] = {}  # by field, the first found
+    named = [flag(option) for option in _OPTION.findall(message)]
+    named += [flag_for_field(word) for word in _WORD.findall(message) if "_" in word]
+    for item in named:
+        if item is not None:
+            found.setdefault(item.field, item)
     for candidate in {f.field: f for f in flag_table().values()}.values():
         parts = candidate.option[2:].split("-")
-        if candidate.field in seen_fields or len(parts[-1]) < 4 or parts[-1] not in words:
+        if candidate.field in found or len(parts[-1]) < 4 or parts[-1] not in words:
             continue
         if 2 * sum(part in words for part in parts) > len(parts):
-            found.append(candidate)
-            seen_fields.add(candidate.field)
-    unique: dict[str, Flag] = {}
-    for item in found:
-        unique.setdefault(item.field, item)
-    return list(unique.values())
+            found[candidate.field] = candidate
+    return list(found.values())
 
 
 # The counts the release's speculative auto-choice sets, in the order it returns them.

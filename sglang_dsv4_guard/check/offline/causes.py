@@ -1,9 +1,6 @@
-"""What made SGLang's resolution refuse a server's flags: this machine, or the flags.
-
-:func:`machine_cause` tells a refusal this machine caused (a package missing here, a
-network fetch, a GPU probe, a write) from the flags' own; :func:`failing_source` gives
-the source of the SGLang statement that raised (a bare ``assert`` has no message; its
-condition names the fields it tests).
+"""What made SGLang's resolution refuse a server's flags: this machine
+(:func:`machine_cause`), or the flags (:func:`failing_source`: a bare ``assert`` has no
+message; its condition names the fields it tests).
 """
 
 from __future__ import annotations

@@ -8,13 +8,10 @@ and XPU support AWQ currently."), its ``ServerArgs`` resolution logs what it cho
 - ``warnings.showwarning`` records the warning instead of writing it. The warnings
   filters are not touched: a warning the filters ignore stays ignored, one they turn
   into an error still raises, one shown once per place is shown (recorded) once;
-- the loggers of :data:`LOGGERS` hand their records to a recording handler (their own
-  handlers are set aside, and they do not propagate, for the block); ``sglang`` records
-  from INFO up, as a launched server shows them; the others at their own level; a
-  record's exception traceback (``logger.exception``) is kept with it, its last
-  :data:`TRACE_LINES` lines.
-  Records no handler takes (Python's last resort) are recorded too, except the guard's
-  own (``sglang_dsv4_guard`` keeps its behaviour);
+- the loggers of :data:`LOGGERS` hand their records to a recording handler
+  (:class:`_Handler`; their own handlers are set aside, and they do not propagate, for
+  the block); ``sglang`` records from INFO up, as a launched server shows them; the
+  others at their own level; so does Python's last resort (:class:`_LastResort`);
 - ``sys.stdout`` and ``sys.stderr`` are recording writers (Python-level writes; what C
   code writes to the descriptors is not seen).
 
@@ -248,10 +245,8 @@ class _Writer:
 
 
 class _Handler(logging.Handler):
-    """Records a log record as ``LEVEL logger: message``, then its exception's traceback
-    (``logger.exception``, ``exc_info=``) and stack (``stack_info=``) as the standard
-    ``logging.Formatter`` renders them, at most :data:`TRACE_LINES` of those lines (the last
-    ones: the exception's own line is the last)."""
+    """Records a log record as ``LEVEL logger: message``, then its traceback and stack
+    lines (:func:`_trace`)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         if any(record.name == name or record.name.startswith(name + ".") for name in _left_out):
@@ -270,7 +265,9 @@ _FORMATTER = logging.Formatter()
 
 
 def _trace(record: logging.LogRecord) -> list[str]:
-    """The record's traceback and stack lines, bounded to the last :data:`TRACE_LINES`."""
+    """The record's exception traceback (``logger.exception``, ``exc_info=``) and stack
+    (``stack_info=``) as the standard ``logging.Formatter`` renders them, bounded to the
+    last :data:`TRACE_LINES` lines (the exception's own line is the last)."""
     parts = []
     try:
         if record.exc_info and record.exc_info[0] is not None:

@@ -4,16 +4,13 @@
 resolution runs (``__post_init__`` up to 0.5.21, ``resolve_once`` from 0.5.22) as the
 server's device: the line's ``--device``, else ``cuda`` (a PD deployment runs on GPUs;
 resolving as ``cuda`` needs none), with the server's environment applied and the
-process environment restored afterwards.
+process environment restored afterwards, on what :func:`_resolving` leaves of the line.
 
-A refusal is the server's (``resolution_error``, :mod:`.refusal`'s finding) unless this machine caused it
-(:func:`machine_cause`: a package missing here, a network fetch, a GPU probe, a write):
-then it is ``machine_refusal``, an ``unknowns`` line. Either way the flags are then used
-as parsed, with only the release's rewrite of the deprecated ``--dp-size N
---enable-dp-attention`` applied, where the release has it (``arg_groups.parallel_hook.
-handle_deprecated_dp_attention``). A path that ``SGLANG_USE_MODELSCOPE`` would fetch
-from ModelScope is not fetched: resolution runs without that variable, and ``notes``
-says so.
+A refusal is the server's (``resolution_error``, :mod:`.refusal`'s finding) unless this
+machine caused it (``machine_refusal``, :func:`machine_cause`, an ``unknowns`` line).
+Either way the flags are then used as parsed, with only the release's rewrite of the
+deprecated ``--dp-size N --enable-dp-attention`` applied, where the release has it
+(``arg_groups.parallel_hook.handle_deprecated_dp_attention``).
 """
 
 from __future__ import annotations
@@ -33,9 +30,9 @@ from sglang_dsv4_guard.check.offline.causes import failing_source, machine_cause
 from sglang_dsv4_guard.check.offline.probes import Device, as_devices, probed
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
-__all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "Resolution", "SideArgs",
+__all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "SideArgs",
            "machine_cause", "offline_env", "one_line", "parse_env", "parse_side",
-           "resolve_as", "strip_launcher"]
+           "release_parser", "resolve_as", "strip_launcher"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -115,7 +112,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 @functools.lru_cache(maxsize=4)
-def _release_parser(server_args: type) -> _Parser:
+def release_parser(server_args: type) -> _Parser:
     """The parser ``server_args.add_cli_args`` builds, once per process and release: it is
     a third of a check's time, and ``check --fix`` parses many lines. Parsing reads the
     parser and never changes it (SGLang's actions keep no state of their own)."""
@@ -218,18 +215,6 @@ def _view(server_args: Any) -> Any:
     return resolving_view(server_args)
 
 
-@dataclass(frozen=True)
-class Resolution:
-    """The release's resolution of one server's flags: the fields, or its refusal (the
-    flags', or this machine's)."""
-
-    values: dict[str, Any] | None
-    refusal: str | None
-    device: str
-    server_args: Any = None
-    machine_refusal: str | None = None
-
-
 def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str,
                 as_device: Device | None = None) -> tuple[Any, str | None, str | None]:
     from sglang.srt.server_args import ServerArgs
@@ -253,21 +238,6 @@ def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: s
                 namespace, env, device, candidate))
         return None, refusal, cause
     return server_args, None, None
-
-
-def _resolve(namespace: argparse.Namespace, env: Mapping[str, str]) -> Resolution:
-    """The release's full resolution as the server's device (its ``--device``, else
-    ``cuda``); a refusal this machine caused is kept apart (``machine_refusal``), never
-    taken for the server's own."""
-    device = str(getattr(namespace, "device", None) or "cuda")
-    server_args, refusal, cause = _resolve_on(namespace, env, device)
-    if server_args is None and cause is not None:
-        return Resolution(None, None, device, None, f"{refusal}: {cause}")
-    if server_args is None:
-        return Resolution(None, refusal, device)
-    view = _view(server_args)
-    return Resolution({name: getattr(view, name, None) for name in FIELDS}, None, device,
-                      server_args)
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -303,12 +273,11 @@ def _resolve_deprecated_dp(namespace: argparse.Namespace) -> tuple[dict[str, Any
         from sglang.srt.arg_groups.parallel_hook import handle_deprecated_dp_attention
     except ImportError:
         return values, "the release's parser (no deprecated-DP rewrite in this release)"
-    from sglang.srt.arg_groups.model_override_base import resolving_view
     from sglang.srt.server_args import ServerArgs
 
     server_args = ServerArgs.from_cli_args(namespace)
     handle_deprecated_dp_attention(server_args)
-    view = resolving_view(server_args)
+    view = _view(server_args)
     for name in ("tp_size", "dp_size", "attn_dp_size", "attn_cp_size",
                  "enable_dp_attention"):
         values[name] = getattr(view, name, values[name])
@@ -362,7 +331,7 @@ def resolve_as(args: SideArgs, device: Device) -> Any | None:
     release refuses the flags on that device. Only for flags SGLang resolved here."""
     from sglang.srt.server_args import ServerArgs
 
-    namespace = _release_parser(ServerArgs).parse_args(list(args.argv))
+    namespace = release_parser(ServerArgs).parse_args(list(args.argv))
     resolving, env, _ = _resolving(namespace, args.env)
     server_args, _, _ = _resolve_on(resolving, env, args.resolved_device, device)
     return None if server_args is None else _view(server_args)
@@ -374,7 +343,7 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
 
     option = f"--{role}"
     argv = _split(option, text)
-    parser = _release_parser(ServerArgs)
+    parser = release_parser(ServerArgs)
     try:
         namespace = parser.parse_args(argv)
     except _Refused as exc:
@@ -382,11 +351,13 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
     resolving, resolve_env, notes = _resolving(namespace, env)
-    resolution = _resolve(resolving, resolve_env)
-    if resolution.values is not None:
-        values = resolution.values
-        resolved_by = ("the release's parser and its full resolution (as --device "
-                       f"{resolution.device})")
+    device = str(getattr(resolving, "device", None) or "cuda")
+    server_args, refusal, cause = _resolve_on(resolving, resolve_env, device)
+    machine_refusal = None if cause is None else f"{refusal}: {cause}"
+    if server_args is not None:
+        view = _view(server_args)
+        values = {name: getattr(view, name, None) for name in FIELDS}
+        resolved_by = f"the release's parser and its full resolution (as --device {device})"
     else:
         values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)
@@ -395,5 +366,5 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
         raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
                                       f"needs {role!r}")
     return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
-                    resolved_by, resolution.refusal, resolution.server_args,
-                    resolution.device, resolution.machine_refusal, notes)
+                    resolved_by, None if cause is not None else refusal, server_args,
+                    device, machine_refusal, notes)

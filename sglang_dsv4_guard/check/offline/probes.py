@@ -3,16 +3,11 @@
 ``check`` resolves a server's flags on a machine that need not have the server's GPU, so
 what SGLang reads from the device (``is_sm100_supported()``, ``get_platform().is_sm90``,
 ``torch.cuda.get_device_capability()``, ``torch.backends.mps.is_available()``, ...) is
-this machine's answer, not the server's. :func:`probed` replaces every such probe, for
-one block, in ``sglang.srt.utils`` (``get_platform()`` reads its probes there) and in
-every loaded SGLang module that bound one by name (``from ... import is_sm100_supported``,
-as ``server_args.py`` did up to 0.5.21), and in ``torch``; a stand-in records that it was
-read and answers as this machine does, or as one :class:`Device`. Every module is given
-back its own function afterwards, also a module imported during the block.
-
-A refusal after a probe was read is retried as each device of the server's ``--device``
-(:func:`devices_for`); SGLang accepting the flags as one of them means the refusal is
-this machine's (the GPU model is not known here), never the flags'.
+this machine's answer, not the server's. :func:`probed` replaces every such probe for one
+block (in ``sglang.srt.utils``, where ``get_platform()`` reads them, in every loaded SGLang
+module that bound one by name, and in ``torch``) by a stand-in that records that it was
+read and answers as this machine does, or as one :class:`Device`; :func:`as_devices`
+retries a refusal made after a probe was read as each device the server may have.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ __all__ = ["missing_code"]
 
 
 def missing_code(path: str) -> tuple[str, ...]:
-    """The code files ``auto_map`` in ``path``/config.json names next to it
-    (``"configuration_deepseek.DeepseekV3Config"``) that are not there."""
+    """The code files ``auto_map`` in ``path``/config.json names next to it that are not there."""
     try:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             auto_map = json.load(f).get("auto_map")

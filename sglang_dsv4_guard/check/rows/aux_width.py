@@ -7,12 +7,10 @@ no width: it both switches the buffers on and sizes them).
 
 The buffer counts agree (:mod:`sglang_dsv4_guard.pd.aux_count` judges the counts), but two buffers
 (``output_token_sampling_mask_idx``, ``output_token_sampling_logprobs``) are as wide as the
-flag. Each server's buffers are SGLang's own ``MetadataBuffers`` built with its flag and
-environment (:func:`..pd.buffers.aux_row_widths`); the prefill's backend's ``send_aux`` is
-run from the release's source on miniature buffers of those widths, one request slot at a
-time (:func:`..pd.aux_send.aux_rows`), and where the bytes land is what the finding says.
-SGLang itself compares nothing here (its ``--sampling-mask-max-tokens`` help asks for the
-same value on both servers).
+flag. Each server's buffers are SGLang's own (:func:`_widths`); the prefill's backend's
+``send_aux`` is run on miniature buffers of those widths (:func:`..pd.aux_send.aux_rows`),
+and where the bytes land is what the finding says (:func:`_where`). SGLang itself compares
+nothing here (its ``--sampling-mask-max-tokens`` help asks for the same value on both).
 """
 
 from __future__ import annotations

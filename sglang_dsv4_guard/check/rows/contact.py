@@ -1,24 +1,19 @@
 """``check``'s decode-first-contact and DCP-relayout rows (:mod:`..pd.first_contact`,
 :mod:`..pd.relayout`): the values they read, derived from a launch line, and the fixes.
 
-Values (each with its source): ``kv_cache_dtype_str`` from the release's own
-``configure_kv_cache_dtype`` on the resolved ``--kv-cache-dtype`` (as a target runner
-calls it, with a stand-in model whose ``quant_config`` is the release's own, built from
-config.json: a checkpoint quantizing its KV cache to FP8 publishes ``fp8_e4m3`` under
-``auto``; unknown when the release cannot build that config here);
-``dcp_size``, ``enable_kv_cache_sharding``, ``enable_dsa_cache_layer_split`` from the
-resolved ``ServerArgs``; ``kv_layout`` (0.5.23, DeepSeek-V4) from the release's
+Values (each with its source): ``kv_cache_dtype_str`` as the release's own
+``configure_kv_cache_dtype`` gives it (:func:`_kv_dtype`); ``dcp_size``,
+``enable_kv_cache_sharding``, ``enable_dsa_cache_layer_split`` from the resolved
+``ServerArgs``; ``kv_layout`` (0.5.23, DeepSeek-V4) from the release's
 ``select_dsv4_kv_layout`` and its pool's ``pd_kv_layout`` on a bare pool;
 ``dsv41_spec_layout`` from the release's ``get_dsv41_spec_layout`` (0.5.21+). For a
 server SGLang's resolution did not resolve, the values only resolution decides are
-unknown (:data:`~..pd.endpoint.UNKNOWN`, one ``unknowns`` line), never parser defaults.
+unknown (:func:`_unresolved`), never parser defaults.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import inspect
 import json
 import logging
 import os
@@ -28,11 +23,11 @@ from typing import Any
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fixes
 from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env, release_parser
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import CODE as LAYOUT_ENV_CODE
 from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE
-from sglang_dsv4_guard.check.server.derive import Side, release_model_config
+from sglang_dsv4_guard.check.server.derive import Side, kwargs_for, release_model_config
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source
 from sglang_dsv4_guard.check.server.gpus import page_size_by_gpu
@@ -76,9 +71,7 @@ def resolved_value(side: Side, name: str, default: Any) -> Any:
         return typed[1] if typed[1] is not None else True
     from sglang.srt.server_args import ServerArgs
 
-    parser = argparse.ArgumentParser(add_help=False)
-    ServerArgs.add_cli_args(parser)
-    found = parser.get_default(name)
+    found = release_parser(ServerArgs).get_default(name)
     return default if found is None else found
 
 
@@ -170,8 +163,7 @@ def _kv_dtype(side: Side) -> tuple[Value | None, str | None]:
                       "model_dtype": torch.bfloat16, "is_draft_worker": False,
                       "is_dflash": False, "speculative_draft_attention_backend": None,
                       "speculative_draft_kv_cache_dtype": None}
-        params = inspect.signature(function).parameters
-        resolved = function(**{k: v for k, v in candidates.items() if k in params})[0]
+        resolved = function(**kwargs_for(function, candidates))[0]
     except Exception as exc:  # a dtype this CPU cannot build (fp8_e5m2 on 0.5.23)
         return Value(server, f"{source} (the release's configure_kv_cache_dtype did not run "
                              f"here: {type(exc).__name__}: {exc}; the string is the flag's)"), None

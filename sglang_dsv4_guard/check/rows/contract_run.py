@@ -21,6 +21,6 @@ class ContractRun:
     prefill_side: Side
     decode_side: Side
     release: str
-    # False in ``check --fix``'s re-runs, which read only which findings remain: rows then
-    # leave their fixes underived (deriving one resolves edited lines again).
+    # False in ``check --fix``'s re-runs (run_check's ``derive``): deriving a fix resolves
+    # edited lines again.
     derive: bool = True

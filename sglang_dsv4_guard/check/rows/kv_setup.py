@@ -1,19 +1,13 @@
 """``check``'s start-up row DSV4G049: SGLang's own refusal of a server's KV pool when the
-server sets up its KV transfer.
+server sets up its KV transfer (:class:`~.state_types.Refused`, from SGLang's own calls
+as :func:`~.state_types.registered_state` makes them on the pool it builds).
 
-A PD server's prefill/decode queue builds its KV manager at start-up
-(``_init_kv_manager``): the release's ``get_kv_transfer_buf_infos`` (0.5.21+, else the
-pool's ``get_contiguous_buf_infos``) on the pool, then ``setup_state_kv_args``. Some
-pools are refused there on every machine: ``MHATokenToKVPool.get_contiguous_buf_infos``
+Some pools are refused there on every machine: ``MHATokenToKVPool.get_contiguous_buf_infos``
 asserts the NHD layout ("HND KV cache (SGLANG_USE_HND_KVCACHE) is not supported with
 disagg yet.", every release 0.5.16+), and ``setup_state_kv_args`` refuses a MiniMax
-sparse pool with index-value layers ("only K-only sparse layers are"). The pool is the one
-:mod:`.state_types` builds for the server (SGLang's own constructor, on CPU), in the
-server's environment, and those calls are SGLang's own
-(:func:`~.state_types.registered_state`); only an ``assert`` or ``NotImplementedError``
-from them is SGLang's refusal. A pool that cannot be built on this CPU is not one: it
-stays unknown (its rows say so). The fixes are derived: each variable the server's line
-sets whose removal makes the same calls pass, proven by the release's resolution.
+sparse pool with index-value layers ("only K-only sparse layers are"). The fixes are
+derived: each variable the server's line sets whose removal makes the same calls pass,
+proven by the release's resolution.
 """
 
 from __future__ import annotations

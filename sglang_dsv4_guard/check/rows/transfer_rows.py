@@ -29,16 +29,9 @@ from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env
 from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.nixl_payload import HISPARSE_CODE, hisparse_backend_refusal, payload_finding
 
-__all__ = ["SAMPLING_MASK", "hisparse_backend_row"]
+__all__ = ["hisparse_backend_row"]
 
 del _state_types, _swa_layout
-SAMPLING_MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
-
-
-def _aux(side: Side) -> int:
-    with offline_env(side.args.env):
-        return aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum")),
-                                side_field(side, "sampling_mask_max_tokens"))
 
 
 def _refused_width(side: Side) -> str | None:
@@ -66,7 +59,9 @@ def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     name = mask_env()
     mask = side.args.env.get(name)
     try:
-        count = _aux(side)
+        with offline_env(side.args.env):
+            count = aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum")),
+                                     side_field(side, "sampling_mask_max_tokens"))
     except ValueError as exc:  # a width the class would read that is too wide to build
         raise NotDerived(f"{AUX_CODE}: not judged: {exc}") from None
     return {"aux_buffer_count": Value(count, (

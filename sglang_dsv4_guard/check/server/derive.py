@@ -2,18 +2,13 @@
 
 - the model: ``ModelConfig.from_server_args`` on the resolved flags (the bare
   ``ModelConfig`` when resolution refused them) and the local ``config.json`` (attention
-  architecture,
-  hybrid SWA layers, the DeepSeek-V4 fields); the draft model with ``is_draft_model=True``
-  as the draft worker loads it (a DeepSeek-V4 draft becomes its NextN architecture);
+  architecture, hybrid SWA layers, the DeepSeek-V4 fields), offline; the draft model with
+  ``is_draft_model=True`` as the draft worker loads it (a DeepSeek-V4 draft becomes its
+  NextN architecture); a config whose remote code is not here is read without it
+  (:mod:`~sglang_dsv4_guard.check.offline.remote_code`), and a note says so;
 - attention TP: the release's ``compute_dp_attention_world_info`` (called for rank 0 with
   the keyword arguments its signature takes: ``enable_dp_attention``/``dp_size`` up to
   0.5.21, ``attn_dp_size`` from 0.5.22, ``attn_cp_size`` everywhere).
-
-Hugging Face hub look-ups are switched off (``HF_HUB_OFFLINE=1``) while configs load.
-With ``--trust-remote-code``, a config whose code is not on this machine (its ``auto_map``
-names a Hub repository, or a file next to config.json that is not there) is read without
-remote code, with the release's class for its ``model_type``, and a note says so:
-``check`` fetches nothing.
 """
 
 from __future__ import annotations
@@ -32,8 +27,8 @@ from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 
-__all__ = ["ModelFacts", "Side", "attention_layout", "derive_side", "load_model", "page_size_source",
-           "release_model_config", "typed_page"]
+__all__ = ["ModelFacts", "Side", "attention_layout", "derive_side", "kwargs_for", "load_model",
+           "page_size_source", "release_model_config", "typed_page"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -114,7 +109,8 @@ class Side:
         }
 
 
-def _kwargs_for(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
+def kwargs_for(fn: Any, candidates: dict[str, Any]) -> dict[str, Any]:
+    """The ``candidates`` that ``fn``'s signature takes (each release takes its own)."""
     params = inspect.signature(fn).parameters
     return {k: v for k, v in candidates.items() if k in params}
 
@@ -130,7 +126,7 @@ def _build_config(path: str, draft: bool, algorithm: str | None, server_args: An
                 server_args.trust_remote_code = remote_code
             return ModelConfig.from_server_args(server_args, model_path=path,
                                                 is_draft_model=draft)
-        kwargs = _kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
+        kwargs = kwargs_for(ModelConfig.__init__, {"is_draft_model": draft,
                                                     "speculative_algorithm": algorithm,
                                                     "trust_remote_code": remote_code})
         return ModelConfig(path, **kwargs)
@@ -208,7 +204,7 @@ def attention_tp(args: SideArgs) -> tuple[int, int]:
                   "attn_dp_size": args.get("attn_dp_size") or 1,
                   "attn_cp_size": args.get("attn_cp_size") or 1}
     result = compute_dp_attention_world_info(
-        **_kwargs_for(compute_dp_attention_world_info, candidates))
+        **kwargs_for(compute_dp_attention_world_info, candidates))
     return int(result[1]), int(result[3])
 
 
@@ -240,7 +236,6 @@ def derive_side(args: SideArgs) -> Side:
     source = ("SGLang's resolution of the flags" if args.resolved
               else "server flag --page-size")
     if page is None and model.is_dsv4 and not args.resolved:
-        # Resolution did not complete, so its DeepSeek-V4 default was not applied.
         page, source = DSV4_PAGE_SIZE, "SGLang's DeepSeek-V4 default (no --page-size)"
     elif page is None:
         source = "SGLang's platform default (no --page-size)"

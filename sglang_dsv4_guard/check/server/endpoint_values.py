@@ -66,7 +66,7 @@ def _base(side: Side) -> dict[str, Value]:
     a = side.args
     tp_source = field_source(side, "tp_size", "--tp-size")
     layout = attention_layout(side)
-    values: dict[str, Any] = {
+    return {
         "transfer_backend": Value(side.transfer_backend, field_source(
             side, "disaggregation_transfer_backend", "--disaggregation-transfer-backend")),
         "attn_tp_size": Value(side.attn_tp_size, "the release's compute_dp_attention_world_info "
@@ -105,7 +105,6 @@ def _base(side: Side) -> dict[str, Value]:
             "server flag --speculative-draft-model-path (the target's path when not given)"),
         "unified_kv": Value(side.unified_kv, "the server's environment"),
     }
-    return values
 
 
 def endpoint_of(side: Side) -> Endpoint:

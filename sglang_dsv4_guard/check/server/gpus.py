@@ -1,16 +1,13 @@
 """The first-contact page-size verdict on each GPU model a server may have.
 
-``check`` resolves both launch lines on this machine, which need not have the servers'
-GPU. A page size that is not typed is the attention backend's, and SGLang chooses the
-backend, and rewrites page sizes to ones it supports, by the GPU model: on SM100 an MHA
-model's default ``trtllm_mha`` sets an untyped page size to 64, on SM90 ``fa3`` keeps
-1 (``arg_groups/model_override_base.py``, ``arg_groups/overrides.py``, 0.5.23). So when
-the first-contact row finds the page sizes different on this machine's resolution, both
-lines are resolved again by SGLang as each GPU model its probes tell apart
-(:func:`~sglang_dsv4_guard.check.offline.probes.devices_for`). A pair whose page sizes agree on
-some GPU model is not refused everywhere: the finding becomes a warning naming, per GPU
-model, both page sizes and what SGLang does. Refused on every GPU model, the error
-stands, with the per-GPU page sizes in its details where they vary.
+A page size that is not typed is the attention backend's, and SGLang chooses the backend,
+and rewrites page sizes to ones it supports, by the GPU model: on SM100 an MHA model's
+default ``trtllm_mha`` sets an untyped page size to 64, on SM90 ``fa3`` keeps 1
+(``arg_groups/model_override_base.py``, ``arg_groups/overrides.py``, 0.5.23). So when
+the first-contact row finds the page sizes different on this machine's resolution (which
+need not have the servers' GPU), both lines are resolved again by SGLang as each GPU model
+its probes tell apart (:func:`~sglang_dsv4_guard.check.offline.probes.devices_for`): the
+pair is judged per GPU model (:func:`page_size_by_gpu`).
 """
 
 from __future__ import annotations
@@ -37,7 +34,9 @@ def page_sizes(side: Side) -> dict[str, int | None]:
 
 
 def page_size_by_gpu(finding: Finding, prefill: Side, decode: Side) -> Finding:
-    """``finding`` (the first-contact row's page size) judged on each GPU model."""
+    """``finding`` (the first-contact row's page size) judged on each GPU model: agreeing
+    on some, a warning naming per GPU model both page sizes and what SGLang does; refused
+    on every one, the error, with the per-GPU page sizes in its details where they vary."""
     if finding.code != PAGE_CODE or not (prefill.args.resolved and decode.args.resolved):
         return finding
     p, d = page_sizes(prefill), page_sizes(decode)

@@ -18,7 +18,6 @@ does; whether the real draft gets the target's object cannot be known from flags
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from collections.abc import Iterator, Sequence
@@ -28,7 +27,7 @@ from typing import Any
 
 from sglang_dsv4_guard.assembly import standalone_runtime
 from sglang_dsv4_guard.check.offline.parse import offline_env
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import Side, kwargs_for
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
@@ -135,8 +134,7 @@ def _pool(ratios: Sequence[int], window: int, page: int, draft: bool, mtp: int) 
         enable_memory_saver=False, compression_ratios=list(ratios), sliding_window=window,
         is_draft_worker=draft, online_mtp_max_draft_tokens=mtp,
     )
-    params = inspect.signature(DeepSeekV4TokenToKVPool.__init__).parameters
-    return DeepSeekV4TokenToKVPool(**{k: v for k, v in wanted.items() if k in params})
+    return DeepSeekV4TokenToKVPool(**kwargs_for(DeepSeekV4TokenToKVPool.__init__, wanted))
 
 
 def _for_side(role: str, finding: Finding) -> Finding:

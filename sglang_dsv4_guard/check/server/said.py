@@ -3,9 +3,8 @@
 When the release's ``ServerArgs`` resolution replaced or chose a value ``check`` shows
 (DeepSeek-V4's page size 256 although the line typed ``--page-size 128``, the KV cache
 dtype, the attention backend), the line SGLang logged about it while resolving that
-server explains the value. A line explains a field's value when it names the field (its
-name or its words, any case) and says the value as a whole word (:func:`.chatter.
-explaining`): matched by field and value, never by a release's wording.
+server explains the value: matched by field and value (:func:`.chatter.explaining`), never
+by a release's wording.
 """
 
 from __future__ import annotations
@@ -52,19 +51,12 @@ class Said:
 
 
 def _resolved(side: Side, name: str) -> Any:
-    """The field as the release resolved it (its resolving view from 0.5.22)."""
+    """The field as the release resolved it."""
     if name == "page_size":
         return side.page_size
     if name == "speculative_num_draft_tokens":
         return side.num_draft_tokens
-    server_args = side.args.server_args
-    if server_args is None:
-        return None
-    try:
-        from sglang.srt.arg_groups.model_override_base import resolving_view
-    except ImportError:  # before 0.5.22 the fields are resolved in place
-        return getattr(server_args, name, None)
-    return getattr(resolving_view(server_args), name, None)
+    return side.args.resolved_field(name)
 
 
 def said_about(side: Side, lines: Sequence[str]) -> tuple[Said, ...]:

@@ -13,17 +13,14 @@ miniature draft pool of the draft model's kind when the server has one; the stat
 - ``mha``: ``MHATokenToKVPool`` (plain MHA);
 - ``mla``: ``MLATokenToKVPool`` (MLA, not DSA/NSA, not hybrid SWA: DeepSeek-V3 and the like);
 - ``swa``: ``SWAKVPool`` over ``MHATokenToKVPool`` (hybrid sliding-window MHA: gpt-oss);
+- ``unified_swa``: ``init_unified_swa_pools``' ``UnifiedSWAKVPool`` (the ``swa`` model
+  with ``--enable-unified-memory``, 0.5.22+);
 - ``minimax``: ``MiniMaxSparseKVPool`` (MiniMax-M3 sparse, ``is_minimax_sparse``, MHA, not
   hybrid SWA), its dense, sparse and value-less sparse layers read from config.json's
   ``sparse_attention_config`` by SGLang's own ``get_minimax_sparse_*`` helpers, the whole
   model on one rank (PP 1; HiSparse and the NVFP4 pool class, chosen by the GPU, not built);
 - DeepSeek-V4 is not built again: the state types are read from the run of
   :mod:`.pools` on the server's own miniature ``DeepSeekV4TokenToKVPool``\\ s.
-
-Where SGLang's own ``setup_state_kv_args`` refuses a pool built here (the unified SWA pool
-before 0.5.22; a MiniMax pool with index-value sparse layers) the server stops when its
-KV transfer is set up: :class:`Refused` carries SGLang's message (reported by
-:mod:`.kv_setup`), distinct from a pool that cannot be built on this CPU.
 
 Anything else stays unknown, and the rows that need it say so in ``unknowns``: DSA/NSA,
 MLA with hybrid SWA, Mamba and linear-attention hybrids, other MiniMax sparse servers, a
@@ -35,7 +32,6 @@ block-scaled KV dtype (MXFP8, FP4: its own pool classes), the pool classes chose
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,7 +40,7 @@ from typing import Any
 
 from sglang_dsv4_guard.check.offline.chatter import leaving_out
 from sglang_dsv4_guard.check.offline.parse import offline_env
-from sglang_dsv4_guard.check.server.derive import ModelFacts, Side
+from sglang_dsv4_guard.check.server.derive import ModelFacts, Side, kwargs_for
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, NotDerived
 from sglang_dsv4_guard.check.server.pools import last_run, state_type_names
@@ -81,13 +77,17 @@ def kv_dtype(side: Side) -> str:
     return str(said[-1]) if said else "auto"
 
 
+def _block_scaled(side: Side) -> bool:
+    """A KV cache dtype with block scales (MXFP8, FP4), as typed or as resolved."""
+    return any("mxfp" in str(d) or "fp4" in str(d) for d in _said(side, "kv_cache_dtype"))
+
+
 def _other_class(side: Side) -> bool:
-    """A KV cache dtype with block scales (MXFP8, FP4) or a flag that makes the release's
+    """A block-scaled KV cache dtype, Ascend, or a flag that makes the release's
     configurator build another pool class, as typed or as resolved."""
-    if any("mxfp" in str(d) or "fp4" in str(d) for d in _said(side, "kv_cache_dtype")):
-        return True
-    return any(v in ("ascend", "npu") for n in ("attention_backend", "device")
-               for v in _said(side, n)) or any(any(_said(side, f)) for f in _CLASS_FLAGS)
+    return _block_scaled(side) or any(
+        v in ("ascend", "npu") for n in ("attention_backend", "device")
+        for v in _said(side, n)) or any(any(_said(side, f)) for f in _CLASS_FLAGS)
 
 
 def model_pool_kind(model: ModelFacts) -> str | None:
@@ -133,23 +133,19 @@ def _unified(side: Side) -> bool:
 
 
 def pool_kind(side: Side) -> str | None:
-    """``"dsv4"``, ``"mha"``, ``"mla"``, ``"swa"`` or ``"unified_swa"`` (a hybrid-SWA MHA
-    model with unified memory: SGLang's configurator builds ``init_unified_swa_pools``'
-    pool for it, 0.5.22+): the server's pool when it is one this module knows (see the
-    module's docstring); ``None`` for any other (unknown)."""
+    """The server's pool when it is one this module knows (``"dsv4"`` or one of the
+    module docstring's kinds); ``None`` for any other (unknown)."""
     if _unified(side):
-        dtype_other = any("mxfp" in str(d) or "fp4" in str(d)
-                          for d in _said(side, "kv_cache_dtype"))
-        if dtype_other or side.model.is_dsv4 or model_pool_kind(side.model) != "swa" \
-                or (kv_dtype(side) == "auto" and _quantized_kv(side.model)):
+        if _block_scaled(side) or side.model.is_dsv4 or model_pool_kind(side.model) != "swa" \
+                or _quantized_kv(side):
             return None
         return "unified_swa"
     if _other_class(side):
         return None
     if side.model.is_dsv4:
         return "dsv4"
-    if kv_dtype(side) == "auto" and _quantized_kv(side.model):
-        return None  # the model's quantization config may give a block-scaled KV pool
+    if _quantized_kv(side):
+        return None
     kind = model_pool_kind(side.model)
     if kind == "minimax" and (int(side.args.get("pp_size") or 1) > 1
                               or any(_said(side, "enable_hisparse"))
@@ -158,9 +154,11 @@ def pool_kind(side: Side) -> str | None:
     return kind
 
 
-def _quantized_kv(model: ModelFacts) -> bool:
-    quant = getattr(getattr(model.config, "hf_config", None), "quantization_config", None)
-    return isinstance(quant, dict) and bool(quant.get("kv_cache_quant_algo"))
+def _quantized_kv(side: Side) -> bool:
+    """``--kv-cache-dtype auto`` on a model whose quantization config may give a
+    block-scaled KV pool."""
+    quant = getattr(getattr(side.model.config, "hf_config", None), "quantization_config", None)
+    return kv_dtype(side) == "auto" and isinstance(quant, dict) and bool(quant.get("kv_cache_quant_algo"))
 
 
 def unified_pool() -> Any:
@@ -174,9 +172,7 @@ def unified_pool() -> Any:
         end_layer=2, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
         full_max_total_num_tokens=_ROWS, swa_max_total_num_tokens=_ROWS, total_bytes=None,
         enable_memory_saver=False, need_sort=True)
-    params = inspect.signature(init_unified_swa_pools).parameters
-    return init_unified_swa_pools(**{k: v for k, v in wanted.items() if k in params}
-                                  ).token_to_kv_pool
+    return init_unified_swa_pools(**kwargs_for(init_unified_swa_pools, wanted)).token_to_kv_pool
 
 
 def miniature_pool(kind: str, layers: tuple[tuple[int, ...], ...] = ()) -> Any:
@@ -212,8 +208,7 @@ def miniature_pool(kind: str, layers: tuple[tuple[int, ...], ...] = ()) -> Any:
                       swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
                       layer_num=2, enable_kvcache_transpose=False,
                       token_to_kv_pool_class=MHATokenToKVPool)
-    params = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in wanted.items() if k in params})
+    return cls(**kwargs_for(cls.__init__, wanted))
 
 
 @dataclass(frozen=True)

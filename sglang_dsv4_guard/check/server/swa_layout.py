@@ -40,7 +40,6 @@ __all__ = ["registered_layout"]
 
 log = logging.getLogger(LOGGER_NAME)
 AITER = "SGLANG_AITER_KV_CACHE_LAYOUT"
-_ROWS = 64
 
 
 @functools.lru_cache(maxsize=8)
