@@ -124,6 +124,21 @@ class TestChatterKept(GuardTestCase):
                    for role, lines in doc["sglang_output"].items()} for doc in (first, second)]
         self.assertEqual(logged[0], logged[1])
 
+    def test_an_inner_recorder_hands_back_to_the_outer_one(self) -> None:
+        """A recording nested in another (both still empty when the inner one ends) gives
+        later lines back to the outer recorder, not to the finished inner one."""
+        from sglang_dsv4_guard.check.offline.chatter import capturing, recording, section
+
+        logger = logging.getLogger("sglang.srt.test_check_output")
+        with capturing(), recording() as outer, section("prefill"):
+            with recording() as inner:
+                pass
+            logger.warning("after the inner recording")
+        self.assertEqual(outer.output().to_dict()["prefill"],
+                         ["WARNING sglang.srt.test_check_output: after the inner recording"])
+        self.assertEqual([line for lines in inner.output().to_dict().values() for line in lines],
+                         [])
+
     def test_logged_exception_keeps_its_traceback(self) -> None:
         """A record logged with its exception (``logger.exception``) is kept with the
         exception's traceback lines, the last one naming the exception."""

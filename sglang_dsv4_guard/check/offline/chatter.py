@@ -87,7 +87,7 @@ class Output:
         return doc
 
 
-@dataclass
+@dataclass(eq=False)  # each recorder is its own: an equal, outer one is not it
 class OutputRecorder:
     """Lines as they come, per section, bounded."""
 
