@@ -44,12 +44,8 @@ def activate() -> None:
     from sglang_dsv4_guard.dedup.identity import open_launch
     from sglang_dsv4_guard.lifecycle import install_from_sglang_loader
 
-    # Before SGLang starts schedulers from this process: they inherit the launch
-    # identity (spawn copies os.environ) and deduplicate their reports within it.
     open_launch()
     try:
-        # Run by SGLang's load_plugins(): take part in its HookRegistry, which applies
-        # every plug-in's hooks together once all plug-ins ran.
         install_from_sglang_loader(settings)
     except DSV4GuardInstallError as error:
         raise DSV4GuardStartupRefused(error) from error
