@@ -14,6 +14,7 @@ later patch is judged on top of the earlier ones. Nothing is written into site-p
 
 from __future__ import annotations
 
+import collections
 import importlib.metadata
 import importlib.util
 import re
@@ -322,9 +323,7 @@ def summary_line() -> str:
     if series is None:
         return f"patches: no series shipped for SGLang {version}"
     statuses = check_series(series, site)
-    counts: dict[str, int] = {}
-    for status in statuses:
-        counts[status.state] = counts.get(status.state, 0) + 1
+    counts = collections.Counter(status.state for status in statuses)
     shown = ", ".join(f"{n} {STATE_WORDS[state]}" for state, n in counts.items())
     return (f"patches: series {series.name}, {len(statuses)} patches: {shown} "
             "(sglang-dsv4-guard patches)" + (f"; {note}" if note else ""))
