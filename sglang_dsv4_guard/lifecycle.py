@@ -2,15 +2,11 @@
 both ways, and ``summary()`` (a runtime that is not installed, for ``check`` and tests, is
 :func:`sglang_dsv4_guard.assembly.standalone_runtime`).
 
-``install`` judges the imported SGLang by its code (:mod:`sglang_dsv4_guard.host.judgement`)
-before patching, builds the runtime (settings, plug-in manager, release profile), hands it
-to the wrappers, wraps ``setup_state_kv_args`` (and every stale binding of it), and
-arranges for the connector modules (MORI's, the common one's first contact, NIXL's and
-Mooncake's peers) to be wrapped when SGLang imports them. ``uninstall``
-restores every original object where our wrapper still stands and removes the pending
-import hook. Every module below this one receives what it needs as arguments; none
-imports this one. :func:`reset` forgets what the process remembers between
-installations (for tests).
+``install`` builds the runtime (settings, plug-in manager, release profile), hands it to
+the wrappers, wraps ``setup_state_kv_args`` (and every stale binding of it), and arranges
+for the connector modules (MORI's, the common one's first contact, NIXL's and Mooncake's
+peers) to be wrapped when SGLang imports them. Every module below this one receives what
+it needs as arguments; none imports this one.
 """
 
 from __future__ import annotations

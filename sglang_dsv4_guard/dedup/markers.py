@@ -10,10 +10,7 @@ without either, every process prints in full (deduplication fails open).
 How processes agree (Linux; anywhere else every process prints in full):
 
 - **The launch** (:mod:`sglang_dsv4_guard.dedup.identity`): a process deduplicates
-  only within the launch it joined, an identity minted by an ancestor that ran the
-  guard before starting it; without one it deduplicates with nobody. Servers started
-  at the same time from one launcher process share it; the marker rule below keeps
-  apart those started one after the other.
+  only within the launch it joined; without one, with nobody.
 - **Markers** live in ``/dev/shm/sglang-dsv4-guard-launches-<uid>/<launch>/`` (or the
   temporary directory without ``/dev/shm``; a name that earlier versions of the guard,
   which swept by another rule, never touch), one claim per fingerprint, made
