@@ -53,11 +53,8 @@ Patcher = Callable[[ModuleType, PeerGuard], list[AppliedPatch]]
 
 @dataclass
 class Installation:
-    """What one ``install()`` did; kept until ``uninstall()``.
-
-    ``undo`` is the callable that ``install()`` returned for it: it uninstalls this
-    installation only, and does nothing once a newer one has replaced it.
-    """
+    """What one ``install()`` did; kept until ``uninstall()`` (``undo``: what ``install()``
+    returned for it)."""
 
     runtime: Runtime
     mori: MoriGuard

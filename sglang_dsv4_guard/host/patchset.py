@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import importlib.metadata
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_dsv4_guard.host.judgement import judge_imported
+from sglang_dsv4_guard.host.judgement import imported_package_dir, judge_imported
 
 __all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "apply_series", "check_series",
            "patches_root",
@@ -98,10 +97,8 @@ def series_for(version: str, root: Path | None = None) -> Series | None:
 
 def sglang_site() -> Path | None:
     """The directory holding the importable ``sglang`` package (without importing it)."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).resolve().parent.parent
+    package = imported_package_dir()
+    return None if package is None else package.resolve().parent
 
 
 def subject(patch: Path) -> str:

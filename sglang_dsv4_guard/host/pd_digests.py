@@ -18,7 +18,7 @@ import __future__
 import ast
 import functools
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType
@@ -344,11 +344,9 @@ def known_releases(path: Path = PD_DIGESTS_FILE) -> dict[str, dict[str, str]]:
     return {str(k): dict(v) for k, v in data.get("releases", {}).items()}
 
 
-def row_releases(found: Mapping[str, str], keys: Sequence[str],
-                 known: Callable[[], dict[str, dict[str, str]]] = known_releases
-                 ) -> list[str]:
+def row_releases(found: Mapping[str, str], keys: Sequence[str]) -> list[str]:
     """The known releases whose digests of ``keys`` are all those ``found``."""
-    return [release for release, stored in known().items()
+    return [release for release, stored in known_releases().items()
             if all(stored.get(k) == found.get(k) for k in keys)]
 
 
