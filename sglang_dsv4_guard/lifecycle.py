@@ -216,7 +216,6 @@ def _install(chosen: Settings, load_entry_points: bool,
         return _refuse(chosen, host.message)
     if host.message:
         logger.log(host.level, "sglang-dsv4-guard: %s", host.message)
-    version = host.name
     try:
         utils = importlib.import_module(STATE.module)  # unscanned: SGLang's (host/targets)
     except Exception as exc:
@@ -263,7 +262,7 @@ def _install(chosen: Settings, load_entry_points: bool,
     lazy = (MORI_MODULE, CONTACT_MODULE, *(name for name, _ in CONNECTORS))
     logger.info("sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; wrapped "
                 "now: %s; when SGLang imports them: %s", chosen.mode.value.value,
-                chosen.autoshare.value, version, how, ", ".join(
+                chosen.autoshare.value, host.name, how, ", ".join(
                     m for m in lazy if m in wrapped) or "-",
                 ", ".join(m for m in lazy if m not in wrapped) or "-")
     return current.undo
