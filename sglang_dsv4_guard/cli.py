@@ -72,7 +72,8 @@ def _release_line() -> tuple[str, bool]:
 
 def _doctor(_: argparse.Namespace) -> int:
     # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.settings import settings_from_env
+    from sglang_dsv4_guard.host.patchset import summary_line
+    from sglang_dsv4_guard.settings import Mode, settings_from_env
 
     line, ok = _release_line()
     print(line)
@@ -84,9 +85,6 @@ def _doctor(_: argparse.Namespace) -> int:
     for problem in problems:
         ok = False
         print(f"problem: {problem}")
-    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.settings import Mode
-
     ok &= _sglang_loader(settings.mode.value is not Mode.OFF)
     state = _importable(STATE.module)
     print(f"target {STATE.qualname}: {'found' if state else 'MISSING'}")
@@ -100,9 +98,6 @@ def _doctor(_: argparse.Namespace) -> int:
     for failure in plugins.load_problems:
         ok = False
         print(f"problem: {failure.summary}: {'; '.join(failure.details)}")
-    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.host.patchset import summary_line
-
     print(summary_line())
     last = output.strip().splitlines()[-1][:300] if output.strip() else ""
     if last:  # what plug-ins printed while loading: theirs, shown as theirs

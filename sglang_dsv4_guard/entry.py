@@ -18,13 +18,9 @@ logger = logging.getLogger(LOGGER_NAME)
 def activate() -> None:
     """Install the guard as the environment says; warn about every bad setting.
 
-    Called by SGLang's ``load_plugins()``, it registers the guard's hook on
-    ``setup_state_kv_args`` with SGLang's ``HookRegistry`` (applied right after all
-    plug-ins ran); called directly, it patches like :func:`~sglang_dsv4_guard.install`.
-    When the guard is on it first joins the launch this process inherited, if any, and
-    mints this process' own for the processes it starts
-    (:func:`~sglang_dsv4_guard.dedup.identity.open_launch`): reports are deduplicated only
-    within one launch.
+    When the guard is on it first opens this process' launch identity
+    (:func:`~sglang_dsv4_guard.dedup.identity.open_launch`), then installs as
+    :func:`~sglang_dsv4_guard.lifecycle.install_from_sglang_loader` says.
 
     In strict mode, a guard that cannot install raises
     :class:`~sglang_dsv4_guard.errors.DSV4GuardStartupRefused` (a ``SystemExit``),
@@ -44,12 +40,8 @@ def activate() -> None:
     from sglang_dsv4_guard.dedup.identity import open_launch
     from sglang_dsv4_guard.lifecycle import install_from_sglang_loader
 
-    # Before SGLang starts schedulers from this process: they inherit the launch
-    # identity (spawn copies os.environ) and deduplicate their reports within it.
     open_launch()
     try:
-        # Run by SGLang's load_plugins(): take part in its HookRegistry, which applies
-        # every plug-in's hooks together once all plug-ins ran.
         install_from_sglang_loader(settings)
     except DSV4GuardInstallError as error:
         raise DSV4GuardStartupRefused(error) from error

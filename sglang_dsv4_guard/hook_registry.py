@@ -88,7 +88,6 @@ STATE_PATH = str(STATE)
 #: The methods the guard patches lazily when SGLang imports their connector module:
 #: MORI's, and decode's first contact (``CommonKVManager.try_ensure_parallel_info``).
 LAZY_TARGETS = (*MORI_TARGETS, PD_FIRST_CONTACT)
-LAZY_METHODS = tuple(target.attr for target in LAZY_TARGETS)
 #: The names the guard wraps; a hook on any target ending in one of them is on the
 #: guard's target or on another name for it (``prefill.setup_state_kv_args``).
 GUARD_TARGETS = (STATE.qualname, *(target.qualname for target in LAZY_TARGETS))
@@ -272,7 +271,7 @@ def _verify(hook: StateHook | None, active: Callable[[], bool]) -> None:
 
 def effect(record: HookRecord) -> tuple[str, bool]:
     """What another plug-in's hook does to the guard, and whether that is a problem."""
-    if record.target.endswith(tuple("." + m for m in LAZY_METHODS)):
+    if record.target.endswith(tuple("." + target.attr for target in LAZY_TARGETS)):
         if record.kind == "replace":
             return ("applied after the guard wrapped the connector: takes the guard out of "
                     "that call chain", True)

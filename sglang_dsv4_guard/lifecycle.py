@@ -2,15 +2,11 @@
 both ways, and ``summary()`` (a runtime that is not installed, for ``check`` and tests, is
 :func:`sglang_dsv4_guard.assembly.standalone_runtime`).
 
-``install`` judges the imported SGLang by its code (:mod:`sglang_dsv4_guard.host.judgement`)
-before patching, builds the runtime (settings, plug-in manager, release profile), hands it
-to the wrappers, wraps ``setup_state_kv_args`` (and every stale binding of it), and
-arranges for the connector modules (MORI's, the common one's first contact, NIXL's and
-Mooncake's peers) to be wrapped when SGLang imports them. ``uninstall``
-restores every original object where our wrapper still stands and removes the pending
-import hook. Every module below this one receives what it needs as arguments; none
-imports this one. :func:`reset` forgets what the process remembers between
-installations (for tests).
+``install`` builds the runtime (settings, plug-in manager, release profile), hands it to
+the wrappers, wraps ``setup_state_kv_args`` (and every stale binding of it), and arranges
+for the connector modules (MORI's, the common one's first contact, NIXL's and Mooncake's
+peers) to be wrapped when SGLang imports them. Every module below this one receives what
+it needs as arguments; none imports this one.
 """
 
 from __future__ import annotations
@@ -57,11 +53,8 @@ Patcher = Callable[[ModuleType, PeerGuard], list[AppliedPatch]]
 
 @dataclass
 class Installation:
-    """What one ``install()`` did; kept until ``uninstall()``.
-
-    ``undo`` is the callable that ``install()`` returned for it: it uninstalls this
-    installation only, and does nothing once a newer one has replaced it.
-    """
+    """What one ``install()`` did; kept until ``uninstall()`` (``undo``: what ``install()``
+    returned for it)."""
 
     runtime: Runtime
     mori: MoriGuard
@@ -223,7 +216,6 @@ def _install(chosen: Settings, load_entry_points: bool,
         return _refuse(chosen, host.message)
     if host.message:
         logger.log(host.level, "sglang-dsv4-guard: %s", host.message)
-    version = host.name
     try:
         utils = importlib.import_module(STATE.module)  # unscanned: SGLang's (host/targets)
     except Exception as exc:
@@ -270,7 +262,7 @@ def _install(chosen: Settings, load_entry_points: bool,
     lazy = (MORI_MODULE, CONTACT_MODULE, *(name for name, _ in CONNECTORS))
     logger.info("sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; wrapped "
                 "now: %s; when SGLang imports them: %s", chosen.mode.value.value,
-                chosen.autoshare.value, version, how, ", ".join(
+                chosen.autoshare.value, host.name, how, ", ".join(
                     m for m in lazy if m in wrapped) or "-",
                 ", ".join(m for m in lazy if m not in wrapped) or "-")
     return current.undo

@@ -2,19 +2,10 @@
 
 pluggy calls all implementations of a hook in one go, so one failing
 implementation would take the others (and our report) down with it. The guard
-instead calls each implementation on its own, in pluggy's order (``tryfirst``
-ones first, ``trylast`` ones last, otherwise the last registered first; the
-built-ins are registered first, so they run after third-party plug-ins), and
-turns a failure into a plug-in failure finding naming the plug-in.
-
-The plug-in boundary. Everything a plug-in hands back is checked before the guard
-uses it: a hook's result must be a list (or tuple) of
-:class:`~sglang_dsv4_guard.findings.Finding` whose every field has its declared
-type (``severity`` a :class:`Severity`, ``observations`` :class:`Observation`
-instances with string role, name and source, values whose ``repr`` works, ...). A
-bad finding becomes a plug-in failure naming the plug-in; the plug-in's good findings
-and every other plug-in's findings are kept. Hook wrappers (``wrapper=True`` or
-``hookwrapper=True``) are refused at registration.
+instead calls each implementation on its own, in pluggy's order (as
+:mod:`sglang_dsv4_guard.hookspecs` tells plug-in authors), checks what it hands back
+at the plug-in boundary (:mod:`sglang_dsv4_guard.boundary`), and turns a failure into a
+plug-in failure finding naming the plug-in.
 
 One rule for failures, in every mode: a plug-in's failure is reported
 (:func:`~sglang_dsv4_guard.boundary.plugin_failure`) and never blocks, in strict mode

@@ -102,10 +102,6 @@ def headline(report: Report) -> str:
     return f"{rendered.splitlines()[0]} [{', '.join(dict.fromkeys(report.codes))}]"
 
 
-def _proof_wait() -> str:
-    return f"{PROOF_SECONDS:g} s (it may have been killed before it printed)"
-
-
 def pointer(report: Report, fp: str, seen: Seen | None) -> str:
     """One line for a report printed in full elsewhere."""
     where = ("by another process of this launch" if seen is Seen.ELSEWHERE
@@ -149,7 +145,8 @@ class LogReporter:
             text = f"{full}\n    (fingerprint {fp}{also})"
             if d.seen is Seen.UNPROVEN:
                 text += ("\n    printed here too: another process of this launch claimed this "
-                         f"report but showed no proof of printing it within {_proof_wait()}")
+                         "report but showed no proof of printing it within "
+                         f"{PROOF_SECONDS:g} s (it may have been killed before it printed)")
         else:
             text = pointer(report, fp, d.seen)
         return f"{text}\n    {d.note}" if d.note else text

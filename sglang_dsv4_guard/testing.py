@@ -1,10 +1,7 @@
 """What a plug-in author needs to test a guard plug-in, on SGLang's real classes.
 
-- Pools: :func:`build_pair` makes a target and a draft pool of SGLang's own
-  ``DeepSeekV4TokenToKVPool`` class, built with ``object.__new__`` plus the attributes
-  ``setup_state_kv_args`` reads, as SGLang's CPU tests build theirs (no GPU, no model);
-  :class:`PoolSpec` says how each differs from a healthy paged pool
-  (from :mod:`sglang_dsv4_guard.samples`).
+- Pools: :func:`build_pair` and :class:`PoolSpec` build a pair of SGLang's own pool class
+  without a GPU or a model (:mod:`sglang_dsv4_guard.samples`).
 - Hooks: :func:`check_pools` and :func:`check_transfer` run the built-ins and your
   plug-ins through the guard's real plug-in manager (the same isolation, ordering and
   plug-in failure handling as in a server) and return the :class:`Report`;

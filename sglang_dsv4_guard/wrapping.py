@@ -1,21 +1,11 @@
 """The rules every wrapper of an SGLang function follows, each in one place.
 
-A wrapped place (``setup_state_kv_args``, the MORI connector; Mooncake, NIXL and the
-decode side next) reuses these instead of restating them:
-
-- :func:`upgrades`: only SGLang's own, exact ``RuntimeError`` becomes a
-  :class:`~sglang_dsv4_guard.errors.DSV4GuardError`; a subclass (``NotImplementedError``)
-  or any other type is somebody else's and is re-raised as it is;
-- :func:`our_failure` and :func:`note_on`: a failure of ours is logged and SGLang runs as
-  if we were absent; in strict mode it becomes an error, which rises only once SGLang's
-  verdict is in, and as a note under SGLang's own error when SGLang raised;
-- :func:`publish` then :func:`carried_text`: a report goes to every reporter first (the
-  log reporter writes it out before anything rises); the exception carries it in full
-  where it was first printed, else a one-line pointer, and a pointer to the log when
-  SGLang's scheduler handler logs the traceback;
-- :func:`calling_frame` and :func:`handler_prints_traceback`: who called the wrapped
-  function, by SGLang's own frames, and whether SGLang's scheduler will log the
-  traceback of what the wrapper raises.
+Every wrapped place (``setup_state_kv_args``, the MORI connector, the decode peers'
+registration, decode's first contact) reuses these instead of restating them: which of
+SGLang's errors the guard may upgrade (:func:`upgrades`), what a failure of ours does
+(:func:`our_failure`), how a report is published before anything rises and what the raised
+exception carries (:func:`publish`, :func:`carried_text`), and who called the wrapped
+function (:func:`calling_frame`).
 """
 
 from __future__ import annotations

@@ -144,26 +144,19 @@ def _ancestors() -> Iterator[tuple[int, int]]:
 _warned_malformed = False
 
 
-def _warn_malformed(value: str) -> None:
-    """Say once per process that ``SGLANG_DSV4_GUARD_LAUNCH`` holds no identity."""
-    global _warned_malformed
-    if _warned_malformed:
-        return
-    _warned_malformed = True
-    shown = value if len(value) <= _SHOWN_MAX else f"{value[:_SHOWN_MAX]}... ({len(value)} chars)"
-    logger.warning("sglang-dsv4-guard: %s=%r is not a launch identity (expected %s); this "
-                   "process deduplicates with nobody and prints every report in full (a fresh "
-                   "identity is set for the processes it starts)", ENV_LAUNCH, shown,
-                   _LAUNCH_FORM)
-
-
 def _inherited(environ: MutableMapping[str, str], warn: bool = False) -> Launch | None:
     """The launch in ``environ`` if this process may join it (see the module docstring);
-    ``warn``: say once if the variable is set to something that is no identity."""
+    ``warn``: say once per process if the variable is set to something that is no identity."""
+    global _warned_malformed
     value = environ.get(ENV_LAUNCH, "")
     launch = Launch.parse(value)
-    if launch is None and value and warn:
-        _warn_malformed(value)
+    if launch is None and value and warn and not _warned_malformed:
+        _warned_malformed = True
+        shown = value if len(value) <= _SHOWN_MAX else f"{value[:_SHOWN_MAX]}... ({len(value)} chars)"
+        logger.warning("sglang-dsv4-guard: %s=%r is not a launch identity (expected %s); this "
+                       "process deduplicates with nobody and prints every report in full (a "
+                       "fresh identity is set for the processes it starts)", ENV_LAUNCH, shown,
+                       _LAUNCH_FORM)
     if launch is None or multiprocessing.parent_process() is None \
             or launch.namespace != _pid_namespace():
         return None

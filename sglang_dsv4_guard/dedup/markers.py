@@ -10,10 +10,7 @@ without either, every process prints in full (deduplication fails open).
 How processes agree (Linux; anywhere else every process prints in full):
 
 - **The launch** (:mod:`sglang_dsv4_guard.dedup.identity`): a process deduplicates
-  only within the launch it joined, an identity minted by an ancestor that ran the
-  guard before starting it; without one it deduplicates with nobody. Servers started
-  at the same time from one launcher process share it; the marker rule below keeps
-  apart those started one after the other.
+  only within the launch it joined; without one, with nobody.
 - **Markers** live in ``/dev/shm/sglang-dsv4-guard-launches-<uid>/<launch>/`` (or the
   temporary directory without ``/dev/shm``; a name that earlier versions of the guard,
   which swept by another rule, never touch), one claim per fingerprint, made
@@ -145,10 +142,6 @@ def _private_dir(path: str) -> str:
     return path
 
 
-def _boot_seconds() -> float:
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
 _SWEEP_MAX = 64  # directories looked at per process
 _SWEEP_SCAN = 4 * _SWEEP_MAX  # names read from the base directory per sweep
 _SWEEP_SECONDS = 0.05
@@ -193,7 +186,8 @@ def sweep(base: str, keep: str) -> int:
     provably gone (:meth:`Launch.minter_gone`); never ``keep``, never one of another PID
     namespace or of a name that is no launch. Returns how many."""
     deadline, removed = time.monotonic() + _SWEEP_SECONDS, 0
-    names = [n for n in _first_names(base) if n != keep]
+    with os.scandir(base) as entries:
+        names = [e.name for e in itertools.islice(entries, _SWEEP_SCAN) if e.name != keep]
     for name in secrets.SystemRandom().sample(names, min(_SWEEP_MAX, len(names))):
         if time.monotonic() > deadline:
             break
@@ -204,12 +198,6 @@ def sweep(base: str, keep: str) -> int:
         except OSError as exc:
             logger.debug("sglang-dsv4-guard: %s not swept (%s)", path, exc)
     return removed
-
-
-def _first_names(base: str) -> list[str]:
-    """At most the first ``_SWEEP_SCAN`` names in the base directory."""
-    with os.scandir(base) as entries:
-        return [entry.name for entry in itertools.islice(entries, _SWEEP_SCAN)]
 
 
 def cleanup_at_exit() -> None:
@@ -297,8 +285,8 @@ class ServerDedup:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as marker:
-                json.dump({"pid": me.pid, "start": me.start, "written": _boot_seconds()},
-                          marker)
+                json.dump({"pid": me.pid, "start": me.start,
+                           "written": time.clock_gettime(time.CLOCK_BOOTTIME)}, marker)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -336,12 +324,6 @@ class ServerDedup:
             time.sleep(_PROOF_POLL)
         return Seen.ELSEWHERE
 
-    def _claim(self, fp: str) -> Seen:
-        directory = self._session()
-        if directory is None or self._me is None:
-            return Seen.FIRST
-        return Seen.FIRST if self._place(directory, fp) else self._proven(directory, fp)
-
     def seen(self, fp: str) -> Seen:
         """Where the report ``fp`` was printed before; the first call claims it."""
         with self._lock:
@@ -349,7 +331,11 @@ class ServerDedup:
             if decided is not None:
                 return Seen.HERE if decided in (Seen.FIRST, Seen.UNPROVEN) else decided
             try:
-                decided = self._claim(fp)
+                directory = self._session()
+                if directory is None or self._me is None or self._place(directory, fp):
+                    decided = Seen.FIRST
+                else:
+                    decided = self._proven(directory, fp)
             except OSError as exc:
                 logger.debug("sglang-dsv4-guard: cross-process deduplication unavailable "
                              "(%s); printing the report in full", exc)

@@ -202,20 +202,12 @@ def _checks(root: ast.AST, context: tuple[ast.AST, ...] = (), condition: str = "
             yield from _checks(child, inner, condition)
 
 
-def _check_digest(check: _Check) -> str:
-    return ast_digest(*check.context, check.node)
-
-
 def _message(raise_node: ast.Raise | ast.Assert) -> str:
     """The first words of what ``raise_node`` raises (or asserts), for people."""
     for node in in_source_order(raise_node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip():
             return node.value.split(":")[0].strip()
-    return _short(ast.unparse(raise_node))
-
-
-def _short(text: str) -> str:
-    return text[:LINE_CAP]
+    return ast.unparse(raise_node)[:LINE_CAP]
 
 
 def _state_parts(module: ast.Module | None) -> list[Part]:
@@ -231,9 +223,9 @@ def _state_parts(module: ast.Module | None) -> list[Part]:
         return [*parts, Part(f"{name}.dsv4_gate", MISSING, f"{name} DeepSeek-V4 draft block")]
     parts.append(Part(f"{name}.dsv4_gate", ast_digest(block.test),
                       f"{name} DeepSeek-V4 draft block condition "
-                      f"({_short(ast.unparse(block.test))})"))
+                      f"({ast.unparse(block.test)[:LINE_CAP]})"))
     for number, check in enumerate(_checks(block), 1):
-        parts.append(Part(f"{name}.dsv4_check.{number}", _check_digest(check),
+        parts.append(Part(f"{name}.dsv4_check.{number}", ast_digest(*check.context, check.node),
                           f"{name} DSV4 check {number} ('{_message(check.node)}')"))
     geometry = [s for s in in_source_order(block) if isinstance(s, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id in _GEOMETRY_NAMES for t in s.targets)]
@@ -254,7 +246,7 @@ def _mori_parts(module: ast.Module | None) -> list[Part]:
         parts.append(Part(f"{prefix}{method}.signature", digest,
                           f"{prefix}{method} parameters ({MORI})"))
     for number, check in enumerate(_checks(send) if send is not None else [], 1):
-        parts.append(Part(f"{MORI_SEND.qualname}.check.{number}", _check_digest(check),
+        parts.append(Part(f"{MORI_SEND.qualname}.check.{number}", ast_digest(*check.context, check.node),
                           f"{MORI_SEND.qualname} check {number} "
                           f"({check.condition or 'unconditional'})"))
     return parts

@@ -120,18 +120,6 @@ def imported_package_dir() -> Path | None:
     return Path(locations[0]) if locations else None
 
 
-def _metadata_version() -> Version | None:
-    try:
-        return _version(importlib.metadata.version("sglang"))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _span(known: dict[Version, dict[str, Part]]) -> str:
-    versions = list(known)
-    return f"{versions[0]} to {versions[-1]}" if versions else "none"
-
-
 def judge(package: Path, metadata: Version | None,
           known: dict[Version, dict[str, Part]] | None = None,
           patched: dict[Version, dict[str, Part]] | None = None) -> HostJudgement:
@@ -177,6 +165,7 @@ def judge(package: Path, metadata: Version | None,
         mislabelled = label is not None and label != base and label in known
         level = logging.WARNING if disagree or mislabelled else logging.INFO
         return HostJudgement(metadata, code, base, level, text)
+    span = f"{next(iter(known))} to {list(known)[-1]}" if known else "none"
     # The closest of the releases and of the releases with our series (a patched tree
     # changed further is named against its patched release, not our own rewrite).
     candidates = [(v, "", parts) for v, parts in known.items()]
@@ -188,7 +177,7 @@ def judge(package: Path, metadata: Version | None,
         len(differences(found, c[2])), c[0] != label, -order.get(c[0], -1), c[1] != ""))
     changed = tuple(differences(found, parts))
     text = (f"SGLang {label or 'of unknown version'} ({package}) differs from every release "
-            f"the guard knows ({_span(known)}) in what the guard depends on; against the "
+            f"the guard knows ({span}) in what the guard depends on; against the "
             f"closest, {closest}{suffix}: " + "; ".join(changed) + " (the guard does not know these "
             "checks: upgrade sglang-dsv4-guard, or run a release it knows)")
     if disagree:
@@ -220,7 +209,10 @@ def forget_judgements() -> None:
 def judge_imported() -> HostJudgement:
     """Judge the SGLang that ``import sglang`` would load in this process (memoised by
     package path, metadata and the mtimes of the files judged)."""
-    metadata = _metadata_version()
+    try:
+        metadata = _version(importlib.metadata.version("sglang"))
+    except importlib.metadata.PackageNotFoundError:
+        metadata = None
     package = imported_package_dir()
     if package is None:
         return HostJudgement(metadata, None, None, logging.WARNING, "SGLang is not installed")

@@ -57,15 +57,11 @@ def _own_entry_point() -> importlib.metadata.EntryPoint | None:
     return next((ep for ep in dist.entry_points if ep.group == PLUGIN_GROUP), None)
 
 
-def _listed(plugins: str) -> list[str]:
-    """The names in ``SGLANG_PLUGINS``, split as SGLang's loader splits them (for the
-    message and the fix; the verdict is SGLang's own function's)."""
-    return [name.strip() for name in plugins.split(",") if name.strip()]
-
-
 def _why_not(name: str, plugins: str, excluded: set[str],
              ep: importlib.metadata.EntryPoint) -> tuple[str, str]:
-    listed = _listed(plugins)
+    # SGLANG_PLUGINS split as SGLang's loader splits it (for the message and the fix; the
+    # verdict is SGLang's own function's)
+    listed = [item.strip() for item in plugins.split(",") if item.strip()]
     if plugins and name not in listed:
         same = [item for item in listed if item.lower() == name.lower()]
         if same:

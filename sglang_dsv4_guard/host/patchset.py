@@ -14,8 +14,8 @@ later patch is judged on top of the earlier ones. Nothing is written into site-p
 
 from __future__ import annotations
 
+import collections
 import importlib.metadata
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_dsv4_guard.host.judgement import judge_imported
+from sglang_dsv4_guard.host.judgement import imported_package_dir, judge_imported
 
 __all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "apply_series", "check_series",
            "patches_root",
@@ -97,10 +97,8 @@ def series_for(version: str, root: Path | None = None) -> Series | None:
 
 def sglang_site() -> Path | None:
     """The directory holding the importable ``sglang`` package (without importing it)."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).resolve().parent.parent
+    package = imported_package_dir()
+    return None if package is None else package.resolve().parent
 
 
 def subject(patch: Path) -> str:
@@ -322,9 +320,7 @@ def summary_line() -> str:
     if series is None:
         return f"patches: no series shipped for SGLang {version}"
     statuses = check_series(series, site)
-    counts: dict[str, int] = {}
-    for status in statuses:
-        counts[status.state] = counts.get(status.state, 0) + 1
+    counts = collections.Counter(status.state for status in statuses)
     shown = ", ".join(f"{n} {STATE_WORDS[state]}" for state, n in counts.items())
     return (f"patches: series {series.name}, {len(statuses)} patches: {shown} "
             "(sglang-dsv4-guard patches)" + (f"; {note}" if note else ""))

@@ -18,7 +18,7 @@ import __future__
 import ast
 import functools
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType
@@ -207,13 +207,8 @@ class Located:
                             f"the guard does not derive ({type(exc).__name__}: {exc})") from exc
 
 
-def _with_children(node: ast.AST) -> Iterator[ast.AST]:
-    yield node
-    yield from in_source_order(node)
-
-
 def _names_read(nodes: Sequence[ast.AST]) -> set[str]:
-    return {n.id for node in nodes for n in _with_children(node) if isinstance(n, ast.Name)}
+    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _holds(stmt: ast.stmt, phrase: str) -> bool:
@@ -235,9 +230,8 @@ _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, 
 
 
 def _walk(body: list[ast.stmt], spec: SiteSpec, chain: tuple[tuple[ast.expr, bool], ...],
-          seen: tuple[ast.Assign, ...]) -> Iterator[tuple[ast.stmt, tuple[tuple[ast.expr, bool],
-                                                                          ...],
-                                                          tuple[ast.Assign, ...]]]:
+          seen: tuple[ast.Assign, ...]
+          ) -> Iterator[tuple[ast.stmt, tuple[tuple[ast.expr, bool], ...], tuple[ast.Assign, ...]]]:
     """Every simple statement of ``body`` matching ``spec``, with its tests and the simple
     assignments (one name) that come before it in the blocks enclosing it."""
     for stmt in body:
@@ -275,7 +269,7 @@ def _needed(chain: Sequence[tuple[ast.expr, bool]], node: ast.stmt,
 
 
 def _self_methods(cls: ast.ClassDef, nodes: Sequence[ast.AST]) -> tuple[ast.FunctionDef, ...]:
-    called = {n.func.attr for node in nodes for n in _with_children(node)
+    called = {n.func.attr for node in nodes for n in ast.walk(node)
               if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
               and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"}
     return tuple(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name in called)
@@ -316,21 +310,20 @@ def _locate(package_dir: Path, spec: SiteSpec) -> Located | None:
     fn = find_definition(cls.body, method) if isinstance(cls, ast.ClassDef) else None
     if not isinstance(cls, ast.ClassDef) or not isinstance(fn, ast.FunctionDef):
         return None
+    filename = str(package_dir / spec.target.path)
     if spec.first:
         node = first_statement(fn)
-        return None if node is None else Located(spec, node, (), (), (),
-                                                 str(package_dir / spec.target.path))
+        return None if node is None else Located(spec, node, (), (), (), filename)
     if spec.helpers:  # the whole function, with the helpers it calls that the class has
         helpers = tuple(m for m in cls.body if isinstance(m, ast.FunctionDef)
                         and m.name in spec.helpers)
-        return Located(spec, fn, (), (), helpers, str(package_dir / spec.target.path))
+        return Located(spec, fn, (), (), helpers, filename)
     for node, chain, seen in _walk(fn.body, spec, (), ()):
         assigns = _needed(chain, node, seen,
                           isinstance(node, ast.Raise) or bool(spec.assigned))
         tests: list[ast.AST] = [t for t, _ in chain]
         methods = _self_methods(cls, [*tests, *(a.value for a in assigns)])
-        return Located(spec, node, chain, assigns, methods,
-                       str(package_dir / spec.target.path))
+        return Located(spec, node, chain, assigns, methods, filename)
     return None
 
 
@@ -351,11 +344,9 @@ def known_releases(path: Path = PD_DIGESTS_FILE) -> dict[str, dict[str, str]]:
     return {str(k): dict(v) for k, v in data.get("releases", {}).items()}
 
 
-def row_releases(found: Mapping[str, str], keys: Sequence[str],
-                 known: Callable[[], dict[str, dict[str, str]]] = known_releases
-                 ) -> list[str]:
+def row_releases(found: Mapping[str, str], keys: Sequence[str]) -> list[str]:
     """The known releases whose digests of ``keys`` are all those ``found``."""
-    return [release for release, stored in known().items()
+    return [release for release, stored in known_releases().items()
             if all(stored.get(k) == found.get(k) for k in keys)]
 
 
@@ -365,10 +356,8 @@ def unjudged_sites(package: Path | None, keys: Sequence[str], code: str) -> str 
     ``None``."""
     if package is None:
         return f"{code}: not judged: the imported SGLang's source was not found"
-    found = {}
-    for key in keys:
-        site = locate(package, SITES[key])
-        found[key] = site.digest if site is not None else MISSING
+    found = {key: site.digest if (site := locate(package, SITES[key])) else MISSING
+             for key in keys}
     if row_releases(found, keys):
         return None
     targets = sorted({str(SITES[k].target) for k in keys})

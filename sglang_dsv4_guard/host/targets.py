@@ -52,7 +52,6 @@ __all__ = [
     "PD_MAMBA_SENDERS",
     "PD_MAMBA_SLICE",
     "PD_METADATA_BUFFERS",
-    "PD_MOONCAKE_CUSTOM_POOL",
     "PD_MOONCAKE_MODULE",
     "PD_MOONCAKE_SEND_AUX",
     "PD_MOONCAKE_SEND_EXTRA",
@@ -263,14 +262,12 @@ PD_POP_PREALLOCATED = PatchTarget(PD_DECODE_MODULE, "DecodePreallocQueue.pop_pre
 PD_AUX_COUNT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.check_peer_aux_buffer_count")
 PD_METADATA_BUFFERS = PatchTarget("sglang.srt.disaggregation.utils", "MetadataBuffers")
 #: The transfer of the metadata buffers (``pd/aux_send.py``, ``pd/aux_count.py``): each backend's
-#: ``send_aux`` (digested, run from its parsed source), the codec its TCP path and the
-#: decode's receiving side use, and Mooncake's custom memory pool switch.
+#: ``send_aux`` (digested, run from its parsed source), and the codec its TCP path and the
+#: decode's receiving side use.
 PD_MOONCAKE_SEND_AUX = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.send_aux")
 PD_NIXL_SEND_AUX = PatchTarget(PD_NIXL_MODULE, "NixlKVManager.send_aux")
 PD_MORI_SEND_AUX = PatchTarget("sglang.srt.disaggregation.mori.conn", "MoriKVManager.send_aux")
 PD_AUX_CODEC = PatchTarget("sglang.srt.disaggregation.common.utils", "AuxDataCodec")
-PD_MOONCAKE_CUSTOM_POOL = PatchTarget("sglang.srt.disaggregation.mooncake.utils",
-                                      "check_mooncake_custom_mem_pool_enabled")
 ENVIRON_MODULE = "sglang.srt.environ"
 #: SGLang's plug-in loader (``load_plugins_by_group``), and the entry-point group it loads
 #: general plug-ins from (the one ``pyproject.toml`` declares the guard in).
