@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, PlacedContext, When, cut_text
+from sglang_dsv4_guard.findings import Finding, Observation, PlacedContext, Severity, When, cut_text
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
@@ -134,11 +134,14 @@ class PairContext(PlacedContext):
 
 def pair_finding(code: str, subject: str, ends: tuple[Endpoint, Endpoint],
                  names: Sequence[str], details: Sequence[str], fixes: Sequence[Fix],
-                 host_message: str | None, when: When) -> Finding:
-    """A pair condition's finding: the catalogue's title and docs for ``code``, and each of
-    ``names`` observed on each server where it is known (the prefill's first)."""
+                 host_message: str | None, when: When, severity: Severity | None = None
+                 ) -> Finding:
+    """A pair condition's finding: the catalogue's title, docs and (unless given) severity
+    for ``code``, and each of ``names`` observed on each server where it is known (the
+    prefill's first)."""
     return Finding(
-        code=code, severity=CODES[code].severity, summary=CODES[code].title, subject=subject,
+        code=code, severity=CODES[code].severity if severity is None else severity,
+        summary=CODES[code].title, subject=subject,
         observations=tuple(e.observation(n) for n in names for e in ends if e.has(n)),
         details=tuple(details), fixes=tuple(fixes), docs=docs_url(code),
         host_message=host_message, when=when)
