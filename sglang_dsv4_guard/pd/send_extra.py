@@ -10,10 +10,6 @@ attention TP on every release (DSV4G041). These checks sit in a transfer thread 
 cannot be driven here, so the release's own conditions are evaluated
 (:mod:`sglang_dsv4_guard.host.pd_digests`) on a half-built manager carrying the prefill's
 values and the decode's registration: SGLang's tests, and SGLang's message.
-
-The one home of DSV4G040/041: :func:`send_extra_findings` is a pair condition
-(:mod:`.conditions`), run by ``check`` on two launch lines and at each decode peer's
-registration on the live manager's values, with the same finding and fixes.
 """
 
 from __future__ import annotations
