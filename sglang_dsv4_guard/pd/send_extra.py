@@ -32,7 +32,7 @@ from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["BACKENDS", "MINIMAX_CODE", "StateRefusal", "send_extra_findings",
-           "send_extra_refusals", "site_keys"]
+           "send_extra_refusals"]
 
 MINIMAX_CODE = "DSV4G041"  # also the first contact's and MORI's transfer's refusal of it
 
@@ -48,16 +48,6 @@ class StateRefusal:
     code: str  # DSV4G040 or DSV4G041
     message: str  # SGLang's message, built by its own expression
     function: str  # where it raises
-
-
-def site_keys(backend: str) -> tuple[str, ...]:
-    """The digested sites the row reads on ``backend``."""
-    return (f"{backend}.hetero_tp", f"{backend}.swa_slice", f"{backend}.minimax",
-            f"{backend}.minimax_pp", "head_slice.pp", "head_slice.layout")
-
-
-def _state_type_enum() -> Any:
-    return importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
 
 
 def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str, Any]:
@@ -84,12 +74,6 @@ def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str,
                                                              dst_tp_rank=0)}
 
 
-def _slices(package: Path, backend: str, names: dict[str, Any]) -> bool:
-    """Whether the release's transfer slices this state by heads for this decode."""
-    sliced = locate(package, SITES[f"{backend}.swa_slice"])
-    return sliced is not None and sliced.holds(names)
-
-
 def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | None:
     """The refusal of one state type, if any. Raises :class:`NotJudged` where SGLang's
     transfer refuses the state before the TP comparison for another reason (MiniMax with
@@ -104,7 +88,8 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | N
         site = locate(package, SITES[key])
         if site is not None and site.holds(names):
             return StateRefusal(st, code, site.message(names), str(site.spec.target))
-    if not _slices(package, backend, names):
+    sliced = locate(package, SITES[f"{backend}.swa_slice"])
+    if sliced is None or not sliced.holds(names):  # not sliced by heads for this decode
         return None
     # common/conn.py CommonKVManager._get_mha_head_slice_blocks (0.5.22+) refuses, in
     # order, a prefill with PP > 1 and a prefill SWA KV cache not in the NHD layout
@@ -125,10 +110,12 @@ def send_extra_refusals(prefill: Endpoint, decode: Endpoint, backend: str, packa
     """Each state type the prefill sends that SGLang's ``maybe_send_extra`` on ``backend``
     refuses for this decode, and what could not be judged (a release whose sites differ
     from every known one, a condition reading a value not derived)."""
-    changed = unjudged_sites(package, site_keys(backend), f"DSV4G040/DSV4G041 ({backend})")
+    keys = (f"{backend}.hetero_tp", f"{backend}.swa_slice", f"{backend}.minimax",
+            f"{backend}.minimax_pp", "head_slice.pp", "head_slice.layout")
+    changed = unjudged_sites(package, keys, f"DSV4G040/DSV4G041 ({backend})")
     if changed:
         return [], [changed]
-    enum = _state_type_enum()
+    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
     refusals: list[StateRefusal] = []
     unknowns: list[str] = []
     for value in state_types:
