@@ -185,11 +185,12 @@ def _unknown_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, 
 
 
 def pairing_fixes(prefill: Endpoint, decode: Endpoint, state_type: str,
-                  pairs_by: tuple[str, object]) -> tuple[Fix, ...]:
+                  pairs_by: tuple[str, object] | None) -> tuple[Fix, ...]:
     """The decode given the TP this release's transfer pairs ``state_type`` by (the
-    prefill's attention or state TP, as the release's own check accepted it); for the
-    attention TP, the flag edits that make both attention TP sizes equal first."""
-    label, tp = pairs_by
+    prefill's attention or state TP, as the release's own check accepted it; ``None``:
+    the attention TP); for the attention TP, the flag edits that make both attention TP
+    sizes equal first."""
+    label, tp = pairs_by or ("attention", prefill.get("attn_tp_size"))
     backend = str(prefill.get("transfer_backend")).upper()
     fixes: tuple[Fix, ...] = (Fix(
         FixKind.ADVICE, f"give the decode TP {tp}: this release's {backend} pairs the "

@@ -12,8 +12,8 @@ from sglang_dsv4_guard.findings import Finding, Observation, PlacedContext, Seve
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
-__all__ = ["MAX_UNKNOWNS", "PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Value",
-           "pair_finding"]
+__all__ = ["MAX_UNKNOWNS", "PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Refusal",
+           "Value", "pair_finding"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
@@ -130,6 +130,19 @@ class PairContext(PlacedContext):
         more = [f"... +{dropped} more lines not kept"] if dropped else []
         return (*self._lines, *more)
 
+@dataclass(frozen=True)
+class Refusal:
+    """One of SGLang's refusals of the pair, made by the release's own code: the code,
+    SGLang's message, the function that raises it, the state type it refuses (``None``:
+    not one state type's), and the prefill's TP the decode's must equal for that state as
+    the release's own check accepts it (``("attention" | "state", size)``; ``None``: the
+    attention TP, or no TP pairing)."""
+
+    code: str
+    message: str
+    function: str
+    state_type: str | None = None
+    pairs_by: tuple[str, int] | None = None
 
 
 def pair_finding(code: str, subject: str, ends: tuple[Endpoint, Endpoint],

@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,26 +42,16 @@ from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE_MODULE,
 )
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
-from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Refusal, pair_finding
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["MAMBA_CODE", "MambaRefusal", "mamba_findings", "mamba_refusal"]
+__all__ = ["MAMBA_CODE", "mamba_findings", "mamba_refusal"]
 
 MAMBA_CODE = "DSV4G058"
 _PHRASE = "Replicated Mamba PD state transfer"
 _MAMBA = "mamba"
 #: Per backend: the method that refuses (its module, class and name).
 _SENDS = {"nixl": PD_NIXL_SEND_EXTRA, "mori": PD_MORI_SEND_STATE}
-
-
-@dataclass(frozen=True)
-class MambaRefusal:
-    """SGLang's refusal of every request's Mamba state to this decode."""
-
-    message: str
-    function: str
-    # the prefill's TP the release compares the decode's with: ("attention" | "state", size)
-    pairs_by: tuple[str, int]
 
 
 def _stop(*args: Any, **kwargs: Any) -> list[Any]:
@@ -150,7 +139,7 @@ def _values(backend: str, prefill: Endpoint, decode: Endpoint
 
 
 def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint, package: Path
-                  ) -> MambaRefusal | None:
+                  ) -> Refusal | None:
     """What the release's transfer does with Mamba state for this decode: its refusal,
     or ``None`` (it sends, the release has no such check, or a value is not known).
     Raises :class:`NotJudged` for a release whose check no known release has."""
@@ -183,7 +172,8 @@ def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint, package: Pa
     if message is None:
         return None
     label = _compares(backend, method, manager, types, dst)
-    return MambaRefusal(message, str(target), (label, tp if label == "attention" else state_tp))
+    return Refusal(MAMBA_CODE, message, str(target), _MAMBA,
+                   (label, tp if label == "attention" else state_tp))
 
 
 def mamba_findings(prefill: Endpoint, decode: Endpoint, package: Path | None

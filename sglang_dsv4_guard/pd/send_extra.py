@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,26 +28,15 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
 from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Refusal
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["BACKENDS", "MINIMAX_CODE", "StateRefusal", "send_extra_findings",
-           "send_extra_refusals"]
+__all__ = ["BACKENDS", "MINIMAX_CODE", "send_extra_findings", "send_extra_refusals"]
 
 MINIMAX_CODE = "DSV4G041"  # also the first contact's and MORI's transfer's refusal of it
 
 #: The backends whose ``maybe_send_extra`` these rows read (MORI's: :mod:`.mori_send`).
 BACKENDS = ("mooncake", "nixl")
-
-
-@dataclass(frozen=True)
-class StateRefusal:
-    """What the prefill's transfer of one state type does for this decode."""
-
-    state_type: str
-    code: str  # DSV4G040 or DSV4G041
-    message: str  # SGLang's message, built by its own expression
-    function: str  # where it raises
 
 
 def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str, Any]:
@@ -74,7 +63,7 @@ def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str,
                                                              dst_tp_rank=0)}
 
 
-def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | None:
+def _one(package: Path, backend: str, names: dict[str, Any]) -> Refusal | None:
     """The refusal of one state type, if any. Raises :class:`NotJudged` where SGLang's
     transfer refuses the state before the TP comparison for another reason (MiniMax with
     PP > 1: a check of its own, not these rows')."""
@@ -87,7 +76,7 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | N
     for key, code in ((f"{backend}.hetero_tp", "DSV4G040"), (f"{backend}.minimax", MINIMAX_CODE)):
         site = locate(package, SITES[key])
         if site is not None and site.holds(names):
-            return StateRefusal(st, code, site.message(names), str(site.spec.target))
+            return Refusal(code, site.message(names), str(site.spec.target), st)
     sliced = locate(package, SITES[f"{backend}.swa_slice"])
     if sliced is None or not sliced.holds(names):  # not sliced by heads for this decode
         return None
@@ -100,13 +89,13 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | N
         if site is not None and key == "head_slice.layout" and names["_layout_unknown"]:
             raise NotJudged(f"the prefill's SWA KV cache layout is {names['_layout_unknown']}")
         if site is not None and site.holds({"self": names["self"]}):
-            return StateRefusal(st, "DSV4G040", site.message({"self": names["self"]}),
-                                str(site.spec.target))
+            return Refusal("DSV4G040", site.message({"self": names["self"]}),
+                           str(site.spec.target), st)
     return None
 
 
 def send_extra_refusals(prefill: Endpoint, decode: Endpoint, backend: str, package: Path,
-                        state_types: Sequence[str]) -> tuple[list[StateRefusal], list[str]]:
+                        state_types: Sequence[str]) -> tuple[list[Refusal], list[str]]:
     """Each state type the prefill sends that SGLang's ``maybe_send_extra`` on ``backend``
     refuses for this decode, and what could not be judged (a release whose sites differ
     from every known one, a condition reading a value not derived)."""
@@ -116,7 +105,7 @@ def send_extra_refusals(prefill: Endpoint, decode: Endpoint, backend: str, packa
     if changed:
         return [], [changed]
     enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
-    refusals: list[StateRefusal] = []
+    refusals: list[Refusal] = []
     unknowns: list[str] = []
     for value in state_types:
         try:
@@ -153,7 +142,7 @@ def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
                                              prefill.get("state_types"))
     # 0.5.23 refuses MiniMax at decode's first contact: that condition reports it.
     minimax_first = locate(package, SITES["first_contact.minimax"]) is not None
-    merged: dict[tuple[str, str], StateRefusal] = {}
+    merged: dict[tuple[str, str], Refusal] = {}
     for v in refusals:
         if v.code == MINIMAX_CODE and minimax_first:
             continue
@@ -163,7 +152,7 @@ def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
     return [_finding(prefill, decode, backend, v) for v in merged.values()], unknowns
 
 
-def _finding(prefill: Endpoint, decode: Endpoint, backend: str, refusal: StateRefusal
+def _finding(prefill: Endpoint, decode: Endpoint, backend: str, refusal: Refusal
              ) -> Finding:
     pp = "pipeline parallelism" in refusal.message
     layout = "KV cache layout" in refusal.message
