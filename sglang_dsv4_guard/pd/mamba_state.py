@@ -15,11 +15,7 @@ senders (``PD_MAMBA_SENDERS``) are replaced *on that instance* by a stop that se
 nothing, so past SGLang's check nothing runs and SGLang logs nothing, and every Mamba
 component is checked. The refusal is digested (``nixl.mamba_replicated``,
 ``mori.mamba_replicated``): a release whose check no known release has is not judged.
-MORI's registered state components are the pair's own, so a count mismatch (:mod:`.mori_send`)
-stops it first, as SGLang's does. Only SGLang's
-own message counts as a refusal; anything else the method raises on the half-built
-manager leaves the pair not judged (no report). Nothing here imports a connector: the
-module SGLang imported is read from ``sys.modules``.
+Nothing here imports a connector: the module SGLang imported is read from ``sys.modules``.
 """
 
 from __future__ import annotations
@@ -55,8 +51,6 @@ _SENDS = {"nixl": PD_NIXL_SEND_EXTRA, "mori": PD_MORI_SEND_STATE}
 
 
 def _stop(*args: Any, **kwargs: Any) -> list[Any]:
-    """The stopped Mamba senders: SGLang's check let this component through; its loop goes
-    on to the next component, and nothing is sent."""
     return []
 
 
@@ -130,7 +124,8 @@ def _values(backend: str, prefill: Endpoint, decode: Endpoint
     except (TypeError, ValueError):
         return None
     types = prefill.get("state_types") or ()
-    # MORI's send_state compares the registered state components first (mori_send.py)
+    # MORI's send_state compares the registered state components first (mori_send.py),
+    # as the pair's own: a count mismatch stops it there, as SGLang's does
     components = int(prefill.get("state_components") or 0) if (
         backend == "mori" and prefill.has("state_components")) else len(types)
     dst = int(decode.get("state_components") or 0) if (

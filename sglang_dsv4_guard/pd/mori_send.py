@@ -113,8 +113,8 @@ def mori_state_refusals(prefill: Endpoint, decode: Endpoint) -> list[Refusal]:
 
 def _pairs_by(send: Any, manager: Any, peer: Any, kwargs: dict[str, Any]
               ) -> tuple[str, int] | None:
-    """Which of the prefill's TP sizes the release's check accepts as the decode's (QSA:
-    attention TP in 0.5.20 - 0.5.22, state TP from 0.5.23), tried with its own method."""
+    """Which of the prefill's TP sizes the release's check accepts as the decode's, tried
+    with its own method."""
     tried = peer.decode_tp_size
     try:
         for label, size in (("attention", manager.attn_tp_size),

@@ -12,11 +12,7 @@ transfer handles, which the half-built manager cannot: that is "accepted".
 ``pop_preallocated``'s check sits in the decode's scheduler loop: its digested condition
 (:mod:`sglang_dsv4_guard.host.pd_digests`) is evaluated on a half-built queue.
 
-The one home of DSV4G042/043/046: :func:`nixl_payload_findings` is a pair condition
-(:mod:`.conditions`), run by ``check`` on two launch lines and at each decode peer's NIXL
-registration on the live manager and the registration message, with the same finding and
-fixes (``check`` replaces DSV4G046's with the speculative-decoding flag edits it derives
-from both launch lines). :func:`payload_finding` also builds ``check``'s DSV4G044.
+:func:`payload_finding` also builds ``check``'s DSV4G044.
 """
 
 from __future__ import annotations
