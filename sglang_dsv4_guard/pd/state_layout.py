@@ -28,7 +28,6 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Phase, When
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE,
@@ -45,9 +44,8 @@ LOGGED = "Rejecting state transfers to decode session"  # SGLang's log line's he
 _STATE = ("state_types", "state_data_ptrs", "state_item_lens")
 
 
-def _judged() -> str | None:
+def _judged(package: Path | None) -> str | None:
     """Why the release's method cannot be judged, or ``None``."""
-    package = imported_package_dir()
     if package is None:
         return "the imported SGLang's source was not found"
     if not _known(locate(package, SITES[SITE])):
@@ -68,8 +66,8 @@ def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
     return [list(v) for v in endpoint.get(name) or ()]
 
 
-def state_layout_refusal(prefill: Endpoint, decode: Endpoint, session: str = "decode"
-                         ) -> tuple[str | None, str | None]:
+def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | None,
+                         session: str = "decode") -> tuple[str | None, str | None]:
     """(SGLang's reason, ``None``) when the release's own ``_validate_peer_state_layout``
     rejects the decode's state layout; (``None``, ``None``) when it accepts or the release
     has no such check; (``None``, why) when it cannot be run on what the endpoints hold."""
@@ -79,7 +77,7 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, session: str = "de
     function = getattr(cls, attr, None)
     if function is None:
         return None, None  # before 0.5.22: no registration-time state check
-    unknown = _judged()
+    unknown = _judged(package)
     if unknown is not None:
         return None, unknown
     if not all(prefill.has(n) for n in _STATE) or not decode.has("state_item_lens"):
@@ -132,10 +130,9 @@ def state_layout_findings(prefill: Endpoint, decode: Endpoint, package: Path | N
                           ) -> tuple[list[Finding], list[str]]:
     """The pair condition: Mooncake's own verdict on the decode's state layout (0.5.22+),
     judged where the decode's registration carries its state layout (run time)."""
-    del package  # the method's own digest decides (``_judged``)
     if prefill.get("transfer_backend") != "mooncake" or not decode.has("state_item_lens"):
         return [], []
-    reason, unknown = state_layout_refusal(prefill, decode,
+    reason, unknown = state_layout_refusal(prefill, decode, package,
                                            str(decode.get(PEER, "decode")))
     if reason is None:
         return [], [f"{CODE} (mooncake): not judged: {unknown}"] if unknown else []
