@@ -374,23 +374,14 @@ def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) ->
         when=when_of(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
 
 
-def _without_first_contact(backend: str) -> str | None:
-    """The release's manager class of ``backend`` when it lacks the first-contact method
-    (the ``fake`` backend's), else ``None``."""
-    if backend != "fake":
-        return None
-    target = PD_FAKE_MANAGER
-    cls = getattr(importlib.import_module(target.module), target.qualname, None)  # unscanned: SGLang
-    has = cls is None or hasattr(cls, PD_FIRST_CONTACT.attr)
-    return None if has else str(target)
-
-
 def contact_findings(prefill: Endpoint, decode: Endpoint, release: str
                      ) -> tuple[list[Finding], list[str]]:
     """The first contact's findings (one per condition SGLang raises) and unknowns."""
-    lacking = _without_first_contact(str(decode.get("transfer_backend", "?")))
-    if lacking:
-        return [], [f"decode: its transfer backend's manager ({lacking}) has no "
+    fake = PD_FAKE_MANAGER  # the fake backend's manager lacks the first-contact method
+    cls = (getattr(importlib.import_module(fake.module), fake.qualname, None)  # unscanned: SGLang
+           if str(decode.get("transfer_backend", "?")) == "fake" else None)
+    if cls is not None and not hasattr(cls, PD_FIRST_CONTACT.attr):
+        return [], [f"decode: its transfer backend's manager ({fake}) has no "
                     f"{PD_FIRST_CONTACT.attr}: it makes no first contact with the prefill, "
                     f"so the first-contact conditions "
                     f"({', '.join(dict.fromkeys(rule[1] for rule in _RULES))}) are not judged"]

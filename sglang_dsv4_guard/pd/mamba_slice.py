@@ -57,7 +57,9 @@ def mamba_slice_findings(prefill: Endpoint, decode: Endpoint, package: Path | No
     backend = str(prefill.get("transfer_backend"))
     module = sys.modules.get(_MODULES.get(backend, ""))  # never imported here
     compute = getattr(module, PD_MAMBA_SLICE.attr, None)
-    if not callable(compute) or not _known(prefill, decode):
+    if not callable(compute) or not prefill.has("state_types") or not all(
+            e.has(n) for e in (prefill, decode)
+            for n in ("attn_tp_size", "state_dim_per_tensor", "state_item_lens")):
         return [], []
     refusal = _refusal(backend, module, compute, prefill, decode)
     if refusal is None or (backend == "nixl" and nixl_state_findings(prefill, decode,
@@ -65,11 +67,6 @@ def mamba_slice_findings(prefill: Endpoint, decode: Endpoint, package: Path | No
         return [], []  # NIXL 0.5.23 refuses a rejected state layout first (nixl_state.py)
     component, message = refusal
     return [_finding(prefill, decode, backend, component, message)], []
-
-
-def _known(prefill: Endpoint, decode: Endpoint) -> bool:
-    return prefill.has("state_types") and all(e.has(n) for e in (prefill, decode) for n in (
-        "attn_tp_size", "state_dim_per_tensor", "state_item_lens"))
 
 
 def _at(values: Sequence[Any], index: int) -> Sequence[Any]:
