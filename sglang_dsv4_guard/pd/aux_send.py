@@ -15,9 +15,8 @@ its own list. The engines (Mooncake's ``_transfer_data``, NIXL's agent, MORI's e
 sockets) are recorders: what is sent is counted, nothing leaves the process.
 
 :func:`aux_rows` (``check``'s row widths) runs the same functions when the counts agree
-but some rows differ in width (``--sampling-mask-max-tokens``).
-
-The caller applies the prefill's environment (``send_aux`` reads ``envs`` when it runs).
+but some rows differ in width (``--sampling-mask-max-tokens``). The caller applies the
+prefill's environment (``send_aux`` reads ``envs`` when it runs).
 """
 
 from __future__ import annotations

@@ -90,13 +90,6 @@ class Endpoint:
 MAX_UNKNOWNS = 256
 
 
-def _text(value: object) -> str:
-    try:
-        return str(value)
-    except Exception as exc:  # a line that cannot be shown is still counted
-        return f"(a line that cannot be shown: str raised {type(exc).__name__})"
-
-
 #: Where a pair is judged: ``check`` (two launch lines, before launch) or
 #: ``registration`` (a decode peer registering with a live prefill rank).
 PLACES = ("check", "registration")
@@ -118,10 +111,14 @@ class PairContext(PlacedContext):
     def not_judged(self, line: str) -> None:
         """Record that a condition could not be judged here, and why (the line as text,
         cut to the findings' string cap; past :data:`MAX_UNKNOWNS` lines, only counted)."""
-        if len(self._lines) < MAX_UNKNOWNS:
-            self._lines.append(cut_text(line if isinstance(line, str) else _text(line)))
-        else:
+        if len(self._lines) >= MAX_UNKNOWNS:
             self._dropped[0] += 1
+            return
+        try:
+            text = line if isinstance(line, str) else str(line)
+        except Exception as exc:  # a line that cannot be shown is still counted
+            text = f"(a line that cannot be shown: str raised {type(exc).__name__})"
+        self._lines.append(cut_text(text))
 
     @property
     def unknowns(self) -> tuple[str, ...]:

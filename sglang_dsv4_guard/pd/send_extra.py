@@ -80,10 +80,7 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> Refusal | None:
     sliced = locate(package, SITES[f"{backend}.swa_slice"])
     if sliced is None or not sliced.holds(names):  # not sliced by heads for this decode
         return None
-    # common/conn.py CommonKVManager._get_mha_head_slice_blocks (0.5.22+) refuses, in
-    # order, a prefill with PP > 1 and a prefill SWA KV cache not in the NHD layout
-    # (``kv_args.swa_kv_cache_layout`` as setup_state_kv_args copies it from the pool:
-    # ``page_major`` for the unified memory pool).
+    # the head slicing's refusals, in order (the SWA layout as setup_state_kv_args copies it)
     for key in ("head_slice.pp", "head_slice.layout"):
         site = locate(package, SITES[key])
         if site is not None and key == "head_slice.layout" and names["_layout_unknown"]:
@@ -184,10 +181,7 @@ def _fixes(prefill: Endpoint, decode: Endpoint, pp: bool, layout: bool) -> tuple
                          "decode with PP 1 (a decode's PP must equal the prefill's or be 1; "
                          "its PP is not known here)", field="pp_size"))
     elif pp and pp_flag is not None and roles:
-        # The head-sliced transfer needs the prefill's PP 1 (common/conn.py
-        # CommonKVManager._get_mha_head_slice_blocks, 0.5.22+), and the decode's first
-        # contact asserts its PP equal to the prefill's or 1 (common/conn.py
-        # CommonKVManager._resolve_rank_mapping, 0.5.23): PP 1 on every server that has more.
+        # the decode's PP: the first contact asserts it equal to the prefill's or 1 (0.5.23)
         found.append(Fix(FixKind.FLAGS, "run " + " and ".join(f"the {r}" for r in roles)
                          + " without pipeline parallelism (head-sliced SWA transfer needs "
                          "the prefill's PP 1, and a decode's PP must equal it or be 1)",

@@ -11,9 +11,8 @@ The release's own method (digested with the stride comparison it calls, site
 on a bare manager (``object.__new__``) holding the prefill's values and a registration
 holding the decode's, as :mod:`.relayout` runs ``requires_dcp_relayout``. It reads the
 published speculative and memory configs (``get_spec``, ``get_memory``) as SGLang's call
-does: in a server process, that server's. A line the method logs while the guard runs it
-is dropped (SGLang's own call logged it). ``check`` does not call it: the item lengths are
-the built pools', which its miniature pools do not have.
+does: in a server process, that server's. ``check`` does not call it: the item lengths
+are the built pools', which its miniature pools do not have.
 """
 
 from __future__ import annotations
