@@ -39,6 +39,7 @@ from sglang_dsv4_guard.host.targets import (
 )
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Refusal, pair_finding
+from sglang_dsv4_guard.pd.mori_send import mori_peer
 from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["MAMBA_CODE", "mamba_findings", "mamba_refusal"]
@@ -80,11 +81,8 @@ def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[s
     slots = [np.array([0], dtype=np.int32) if st == _MAMBA else None for st in types]
     try:
         if backend == "mori":
-            peer = SimpleNamespace(decode_tp_size=decode_tp,
-                                   dst_state_mem_descs=[[] for _ in range(dst_components)],
-                                   dst_state_item_lens=[], dst_state_dim_per_tensor=[],
-                                   dst_state_layer_ids=[])
-            method(manager, peer, slots, [s.copy() if s is not None else None for s in slots])
+            method(manager, mori_peer(decode_tp, dst_components), slots,
+                   [s.copy() if s is not None else None for s in slots])
         else:
             values = {"peer_name": "decode", "prefill_state_indices": slots,
                       "dst_state_data_ptrs": [[] for _ in types],

@@ -35,7 +35,7 @@ from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Refusal, pair_finding
 from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["mori_state_findings", "mori_state_refusals"]
+__all__ = ["mori_peer", "mori_state_findings", "mori_state_refusals"]
 
 _TP = "heterogeneous TP not supported"
 _COUNT = "state component count mismatch"
@@ -59,6 +59,15 @@ def _manager(cls: Any, prefill: Endpoint) -> Any:
     return manager
 
 
+def mori_peer(decode_tp: int, components: int) -> SimpleNamespace:
+    """A decode peer as MORI's manager holds its registration: its TP and ``components``
+    state components, without memory (past SGLang's checks nothing is submitted)."""
+    return SimpleNamespace(decode_tp_size=decode_tp,
+                           dst_state_mem_descs=[[] for _ in range(components)],
+                           dst_state_item_lens=[], dst_state_dim_per_tensor=[],
+                           dst_state_layer_ids=[])
+
+
 def _raised(fn: Any, *args: Any, **kwargs: Any) -> str | None:
     try:
         fn(*args, **kwargs)
@@ -80,11 +89,7 @@ def mori_state_refusals(prefill: Endpoint, decode: Endpoint) -> list[Refusal]:
         return []
     cls = module.MoriKVManager
     manager = _manager(cls, prefill)
-    peer = SimpleNamespace(decode_tp_size=int(decode.get("attn_tp_size")),
-                           dst_state_mem_descs=[[] for _ in range(
-                               int(decode.get("state_components") or 0))],
-                           dst_state_item_lens=[], dst_state_dim_per_tensor=[],
-                           dst_state_layer_ids=[])
+    peer = mori_peer(int(decode.get("attn_tp_size")), int(decode.get("state_components") or 0))
     found: list[Refusal] = []
     if prefill.has("state_components") and decode.has("state_components"):
         send_state = inspect.unwrap(vars(cls)["send_state"])
