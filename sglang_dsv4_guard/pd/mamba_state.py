@@ -100,16 +100,6 @@ def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[s
     return None
 
 
-def _compares(backend: str, method: Any, manager: Any, types: tuple[str, ...],
-              dst_components: int) -> str:
-    """Which of the prefill's TP sizes the release compares the decode's with, probed by
-    its own method on a copy whose state TP differs from its attention TP."""
-    probe = object.__new__(type(manager))
-    probe.__dict__.update(manager.__dict__, state_tp_size=manager.attn_tp_size + 1)
-    refused = _run(backend, method, probe, manager.attn_tp_size, types, dst_components)
-    return "attention" if refused is None else "state"
-
-
 def _values(backend: str, prefill: Endpoint, decode: Endpoint
             ) -> tuple[int, int, int, list[list[int | None]], int, int] | None:
     """The values the method reads, or ``None`` when one is not known or not a size."""
@@ -164,7 +154,11 @@ def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint, package: Pa
     message = _run(backend, method, manager, decode_tp, types, dst)
     if message is None:
         return None
-    label = _compares(backend, method, manager, types, dst)
+    # which prefill TP the release compares the decode's with: its own method, on a copy
+    # whose state TP differs from its attention TP
+    probe = object.__new__(type(manager))
+    probe.__dict__.update(manager.__dict__, state_tp_size=tp + 1)
+    label = "attention" if _run(backend, method, probe, tp, types, dst) is None else "state"
     return Refusal(MAMBA_CODE, message, str(target), _MAMBA,
                    (label, tp if label == "attention" else state_tp))
 

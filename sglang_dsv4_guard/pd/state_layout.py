@@ -43,16 +43,6 @@ LOGGED = "Rejecting state transfers to decode session"  # SGLang's log line's he
 _STATE = ("state_types", "state_data_ptrs", "state_item_lens")
 
 
-def _judged(package: Path | None) -> str | None:
-    """Why the release's method cannot be judged, or ``None``."""
-    if package is None:
-        return "the imported SGLang's source was not found"
-    if not _known(locate(package, SITES[SITE])):
-        return (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} differs from every release "
-                "this guard knows: unknown for this release")
-    return None
-
-
 @functools.lru_cache(maxsize=8)
 def _known(site: Located | None) -> bool:
     """Whether a known release has ``site``'s digest (once per file version: ``locate``
@@ -76,9 +66,11 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | No
     function = getattr(cls, attr, None)
     if function is None:
         return None, None  # before 0.5.22: no registration-time state check
-    unknown = _judged(package)
-    if unknown is not None:
-        return None, unknown
+    if package is None:
+        return None, "the imported SGLang's source was not found"
+    if not _known(locate(package, SITES[SITE])):
+        return None, (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} differs from every "
+                      "release this guard knows: unknown for this release")
     if not all(prefill.has(n) for n in _STATE) or not decode.has("state_item_lens"):
         return None, "the registration carries no state layout"
     state_type = getattr(importlib.import_module(PD_STATE_TYPE_MODULE),  # unscanned: SGLang
