@@ -97,7 +97,6 @@ def payload_refusal(prefill: Endpoint, decode: Endpoint) -> Refusal | None:
         for phrase, code in _PHRASES.items():
             if phrase in str(exc):
                 return Refusal(code, str(exc), str(PD_NIXL_PAYLOAD))
-        return None
     except Exception:  # past the checks: the transfer handles this manager cannot build
         return None
     return None

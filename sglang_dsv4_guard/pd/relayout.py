@@ -57,14 +57,6 @@ def requires_relayout(prefill: Endpoint, decode: Endpoint) -> bool | None:
     return result
 
 
-def _ranks(prefill: Endpoint, decode: Endpoint) -> str:
-    """Which DCP ranks were compared: the registering ones at run time, else rank 0."""
-    if prefill.has("dcp_rank") and decode.has("dcp_rank"):
-        return (f"the registering ranks: prefill DCP rank {prefill.get('dcp_rank')}, "
-                f"decode DCP rank {decode.get('dcp_rank')}")
-    return "rank 0 of each server"
-
-
 def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
                       env: Mapping[str, str] | None = None) -> tuple[list[Finding], list[str]]:
     """DSV4G036 when the release's relayout refuses the pair's DCP sizes, and unknowns
@@ -83,11 +75,15 @@ def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
                         "with is decided at run time; only rank 0 of each was compared")
     if message is None:
         return [], unknowns
+    # which DCP ranks were compared: the registering ones at run time, else rank 0
+    ranks = (f"the registering ranks: prefill DCP rank {prefill.get('dcp_rank')}, decode DCP "
+             f"rank {decode.get('dcp_rank')}" if prefill.has("dcp_rank") and decode.has("dcp_rank")
+             else "rank 0 of each server")
     return [pair_finding(
         CODE, "decode rank registration with the prefill", (prefill, decode),
         ("dcp_size", "is_mla_backend"),
         (f"SGLang's own {PD_RELAYOUT.qualname} raised on the prefill's DCP size and pool kind "
-         f"and the decode's DCP size ({_ranks(prefill, decode)})",),
+         f"and the decode's DCP size ({ranks})",),
         _fixes(prefill, decode), message, when_of(Phase.REGISTRATION, backend, env))], unknowns
 
 
