@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -54,21 +52,10 @@ class _StopTable(dict[Any, Any]):
         raise _PastTheComparison
 
 
-@contextmanager
-def _decode_policy(module: Any, policy: str) -> Iterator[None]:
-    """The conn module's ``get_disagg`` answers the decode's policy for the block."""
-    saved = module.get_disagg
-    module.get_disagg = lambda: SimpleNamespace(disaggregation_decode_allocation_policy=policy)
-    try:
-        yield
-    finally:
-        module.get_disagg = saved
-
-
 def receiver_failure(prefill: Endpoint, decode: Endpoint) -> str | None:
     """SGLang's recorded failure for a request of the pair, ``None`` when the receiver's
     comparison passes. Raises :class:`NotJudged` when the method cannot be run here."""
-    module = importlib.import_module(PD_COMMON_MODULE)  # unscanned: SGLang
+    module: Any = importlib.import_module(PD_COMMON_MODULE)  # unscanned: SGLang
     owner, method = PD_RECEIVER_INIT.qualname.split(".")
     info_cls = getattr(module, PD_SERVER_INFO)
     missing: list[str] = []
@@ -82,14 +69,18 @@ def receiver_failure(prefill: Endpoint, decode: Endpoint) -> str | None:
     # add failure_exception), and init reads only these before the comparison.
     receiver = SimpleNamespace(conclude_state=None, bootstrap_addr=_ADDRESS, bootstrap_room=0,
                                kv_mgr=manager)
-    with _decode_policy(module, str(decode.get(POLICY, "early"))):
-        try:
-            getattr(getattr(module, owner), method)(receiver, 0)
-        except _PastTheComparison:
-            return None
-        except Exception as exc:  # it read what this check does not set
-            raise NotJudged(f"SGLang's {PD_RECEIVER_INIT.qualname} did not run on check's "
-                            f"values ({type(exc).__name__}: {exc})") from None
+    # the conn module's get_disagg answers the decode's policy for the call
+    saved, policy = module.get_disagg, str(decode.get(POLICY, "early"))
+    module.get_disagg = lambda: SimpleNamespace(disaggregation_decode_allocation_policy=policy)
+    try:
+        getattr(getattr(module, owner), method)(receiver, 0)
+    except _PastTheComparison:
+        return None
+    except Exception as exc:  # it read what this check does not set
+        raise NotJudged(f"SGLang's {PD_RECEIVER_INIT.qualname} did not run on check's "
+                        f"values ({type(exc).__name__}: {exc})") from None
+    finally:
+        module.get_disagg = saved
     failure = manager.failure_records.get(0)
     if failure is None:
         raise NotJudged(f"SGLang's {PD_RECEIVER_INIT.qualname} returned without a verdict")

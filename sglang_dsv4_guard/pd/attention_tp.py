@@ -2,12 +2,9 @@
 
 Attention TP is ``--tp-size / (attention DP x attention CP)`` (SGLang's
 ``compute_dp_attention_world_info``). Every condition that refuses different attention
-TP sizes (MORI's ``swa`` state, :mod:`sglang_dsv4_guard.mori`; the Mooncake/NIXL state
-transfer, :mod:`.send_extra`; HiSparse over NIXL; decode's first contact) takes its fixes from
-:func:`attention_tp_fixes`, in ``check`` and at run time alike. ``check`` builds each
-:class:`AttentionLayout` from a launch line and proves the fixes; the run-time wrappers
-build the prefill's from its live server arguments, and know of a decode peer only the
-attention TP it registered, so its fix is said without an edit, not as another sentence.
+TP sizes takes its fixes from :func:`attention_tp_fixes`, in ``check`` and at run time
+alike; a server whose launch layout is not known (a decode peer at run time) gets its
+fix without an edit, not as another sentence.
 """
 
 from __future__ import annotations
@@ -185,11 +182,12 @@ def _unknown_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, 
 
 
 def pairing_fixes(prefill: Endpoint, decode: Endpoint, state_type: str,
-                  pairs_by: tuple[str, object]) -> tuple[Fix, ...]:
+                  pairs_by: tuple[str, object] | None) -> tuple[Fix, ...]:
     """The decode given the TP this release's transfer pairs ``state_type`` by (the
-    prefill's attention or state TP, as the release's own check accepted it); for the
-    attention TP, the flag edits that make both attention TP sizes equal first."""
-    label, tp = pairs_by
+    prefill's attention or state TP, as the release's own check accepted it; ``None``:
+    the attention TP); for the attention TP, the flag edits that make both attention TP
+    sizes equal first."""
+    label, tp = pairs_by or ("attention", prefill.get("attn_tp_size"))
     backend = str(prefill.get("transfer_backend")).upper()
     fixes: tuple[Fix, ...] = (Fix(
         FixKind.ADVICE, f"give the decode TP {tp}: this release's {backend} pairs the "

@@ -1,11 +1,5 @@
 """DSV4G045: the two servers register different numbers of metadata (aux) buffers.
 
-The one home of the condition: ``check`` (launch lines) and the registration wrappers
-(a decode peer registering with a live Mooncake, NIXL or MORI prefill) both call
-:func:`aux_count_findings` on their two endpoints, and get the same finding: the same
-severity, observations, ``when``, and fixes as data. ``check`` then keeps the fixes the
-release's parser accepts and ``--fix`` proves them; at run time they are shown unproven.
-
 The counts come from SGLang's own ``MetadataBuffers`` (:mod:`.buffers`), what the
 transfer then does from each backend's own ``send_aux`` run on miniature buffers
 (:mod:`.aux_send`). The caller runs this in the prefill's environment (``check`` applies
@@ -16,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.envs import env_copy
@@ -24,7 +17,7 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import NotJudged
 from sglang_dsv4_guard.pd.aux_send import AUX_BACKENDS, aux_details, aux_send
 from sglang_dsv4_guard.pd.buffers import aux_buffer_count, mask_env, peer_count_log
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
 from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["CODE", "aux_count_findings"]
@@ -68,15 +61,11 @@ def aux_count_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
     when = (when_of(Phase.PER_REQUEST, backend, env, receiver=not sent.prefill_raised)
             if fails else when_of(Phase.SILENT, backend, env, logged=logged is not None,
                                   aligned=only))
-    return [Finding(
-        code=CODE, severity=Severity.WARNING if only and not fails else Severity.ERROR,
-        summary=CODES[CODE].title,
-        subject=f"prefill -> decode {backend} transfer of the metadata buffers",
-        observations=tuple(e.observation(n) for n in _OBSERVED for e in (prefill, decode)
-                           if e.has(n)),
-        details=tuple(aux_details(local, remote, only, sent)),
-        fixes=tuple(_fixes(prefill, decode, only)), docs=docs_url(CODE),
-        host_message=logged or sent.prefill_raised or sent.decode_raised, when=when)], []
+    return [pair_finding(
+        CODE, f"prefill -> decode {backend} transfer of the metadata buffers", (prefill, decode),
+        _OBSERVED, aux_details(local, remote, only, sent), _fixes(prefill, decode, only),
+        logged or sent.prefill_raised or sent.decode_raised, when,
+        Severity.WARNING if only and not fails else Severity.ERROR)], []
 
 
 def checksum_only(prefill: Endpoint, decode: Endpoint) -> bool:

@@ -15,13 +15,8 @@ its own list. The engines (Mooncake's ``_transfer_data``, NIXL's agent, MORI's e
 sockets) are recorders: what is sent is counted, nothing leaves the process.
 
 :func:`aux_rows` (``check``'s row widths) runs the same functions when the counts agree
-but some rows differ in width (``--sampling-mask-max-tokens``): once per request slot,
-into a fresh decode each time, it records where each request's bytes land (the RDMA
-paths' copies are made only inside the decode's registered buffers; the TCP path's are
-written by the decode's real codec into buffers followed by spare bytes, so an overrun
-is seen, never harmful).
-
-The caller applies the prefill's environment (``send_aux`` reads ``envs`` when it runs).
+but some rows differ in width (``--sampling-mask-max-tokens``). The caller applies the
+prefill's environment (``send_aux`` reads ``envs`` when it runs).
 """
 
 from __future__ import annotations
@@ -54,12 +49,10 @@ class AuxSend:
     """One ``send_aux`` of the prefill to the decode: what raised, on which side, and how
     many of the decode's buffers were written."""
 
-    backend: str
     function: str  # the SGLang function that ran
     prefill_raised: str | None  # ``IndexError: ...`` raised by the prefill's send_aux
     decode_raised: str | None  # raised by the decode writing a buffer sent by index
     written: int  # the decode's buffers the transfer wrote
-    by_index: bool  # the TCP path: buffers sent one by one with their index
 
 
 class _Memory:
@@ -71,7 +64,7 @@ class _Memory:
     def __init__(self, count: int, item_lens: list[int] | None = None, rows: int = 1,
                  guard: int = 0) -> None:
         self.item_lens = list(item_lens) if item_lens is not None else [_ITEM] * count
-        self.rows, self.guard = rows, guard
+        self.rows = rows
         self.arrays = [(ctypes.c_ubyte * (n * rows + guard))() for n in self.item_lens]
         self.ptrs = [ctypes.addressof(a) for a in self.arrays]
         self.data_lens = [n * rows for n in self.item_lens]
@@ -170,8 +163,9 @@ def _manager(local: _Memory, sent: list[tuple[int, int, bytes]], written: list[i
         engine=SimpleNamespace(batch_write=batch_write, allocate_transfer_uid=lambda: 0))
 
 
-def _function(backend: str, package: Path) -> tuple[Any, str, Any]:
-    """The release's digested ``send_aux`` site of ``backend``, its name and the codec."""
+def _function(backend: str, package: Path) -> tuple[Any, str, Any, Any]:
+    """The release's digested ``send_aux`` site of ``backend``, its name, the codec and
+    SGLang's ``envs``."""
     key = f"{backend}.send_aux"
     site = locate(package, SITES[key])
     target = str(SITES[key].target)
@@ -184,12 +178,19 @@ def _function(backend: str, package: Path) -> tuple[Any, str, Any]:
                         "takes its TCP path (an NVLINK pool) is not derived here")
     codec = getattr(importlib.import_module(PD_AUX_CODEC.module),  # unscanned: targets
                     PD_AUX_CODEC.qualname)
-    return site, target, codec
+    envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
+    return site, target, codec, envs
 
 
-def _call(function: Any, manager: Any, target: str, dst: _Memory, row: int) -> str | None:
-    """Run SGLang's ``send_aux`` for the prefill's row ``row`` into the decode's row
-    ``row``; what it raised (SGLang's own failure), ``None`` when it returned."""
+def _call(found: tuple[Any, str, Any, Any], src: _Memory, dst: _Memory, row: int,
+          sent: list[tuple[int, int, bytes]], written: list[int],
+          moves: list[tuple[int, int, int]] | None = None) -> str | None:
+    """Run SGLang's ``send_aux`` (``found``: :func:`_function`'s) on a fresh manager of
+    ``src`` (:func:`_manager`) for the prefill's row ``row`` into the decode's row ``row``;
+    what it raised (SGLang's own failure), ``None`` when it returned."""
+    site, target, codec, envs = found
+    manager = _manager(src, sent, written, envs, moves)
+    function = _compiled(site, {"envs": envs, "AuxDataCodec": codec}, manager)
     peer = SimpleNamespace(endpoint="decode", dst_port=0, room=0, dst_aux_index=row,
                            mooncake_session_id="decode",
                            dst_aux_mem_descs=[SimpleNamespace(addr=p) for p in dst.ptrs])
@@ -208,28 +209,31 @@ def _call(function: Any, manager: Any, target: str, dst: _Memory, row: int) -> s
     return None
 
 
-def aux_send(backend: str, package: Path, local: int, remote: int) -> AuxSend:
-    """Run the release's ``send_aux`` of ``backend`` from a prefill with ``local``
-    metadata buffers to a decode with ``remote``. Raises :class:`NotJudged` for a release
-    whose function differs from every known one, or a value the guard does not derive."""
-    site, target, codec = _function(backend, package)
-    envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
-    src, dst = _Memory(local), _Memory(remote)
-    sent: list[tuple[int, int, bytes]] = []
-    written: list[int] = []
-    manager = _manager(src, sent, written, envs)
-    function = _compiled(site, {"envs": envs, "AuxDataCodec": codec}, manager)
-    prefill_raised = _call(function, manager, target, dst, 0)
-    decode_raised = None
+def _receive(codec: Any, dst: _Memory, sent: list[tuple[int, int, bytes]],
+             written: list[int]) -> str | None:
+    """The decode's real codec writing each buffer the TCP path sent by index into
+    ``dst``: what it raised for the first buffer it refuses, ``None`` when it took all."""
     decode_args = SimpleNamespace(aux_data_ptrs=dst.ptrs, aux_item_lens=dst.item_lens)
     for index, row, data in sent:
         try:
             codec.deserialize_data_to_buffer(decode_args, index, row, data)
         except Exception as exc:  # the decode's real codec refuses this buffer index
-            decode_raised = f"{type(exc).__name__}: {exc} (buffer {index})"
-            break
+            return f"{type(exc).__name__}: {exc} (buffer {index})"
         written.append(1)
-    return AuxSend(backend, target, prefill_raised, decode_raised, sum(written), bool(sent))
+    return None
+
+
+def aux_send(backend: str, package: Path, local: int, remote: int) -> AuxSend:
+    """Run the release's ``send_aux`` of ``backend`` from a prefill with ``local``
+    metadata buffers to a decode with ``remote``. Raises :class:`NotJudged` for a release
+    whose function differs from every known one, or a value the guard does not derive."""
+    found = _function(backend, package)
+    src, dst = _Memory(local), _Memory(remote)
+    sent: list[tuple[int, int, bytes]] = []
+    written: list[int] = []
+    prefill_raised = _call(found, src, dst, 0, sent, written)
+    decode_raised = _receive(found[2], dst, sent, written)
+    return AuxSend(found[1], prefill_raised, decode_raised, sum(written))
 
 
 @dataclass(frozen=True)
@@ -258,47 +262,38 @@ def aux_rows(backend: str, package: Path, local: list[int], remote: list[int],
     reaching past a buffer's end is recorded, never made: the engine would be handed it),
     the TCP path's buffers are written by the decode's real ``AuxDataCodec`` into buffers
     followed by spare bytes. Raises :class:`NotJudged` as :func:`aux_send`."""
-    site, target, codec = _function(backend, package)
-    envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
+    found = _function(backend, package)
     src = _Memory(len(local), local, rows)
     src.fill()
     dst = _Memory(len(remote), remote, rows, guard=max([*local, *remote, 1]) * rows)
     differ = tuple(b for b, (p, d) in enumerate(zip(local, remote, strict=True)) if p != d)
-    found: dict[str, set[int]] = {"misplaced": set(), "spilled": set(), "past_end": set()}
+    landed: dict[str, set[int]] = {"misplaced": set(), "spilled": set(), "past_end": set()}
     raised, by_index = None, False
     for row in range(rows):
         dst.clear()
         sent: list[tuple[int, int, bytes]] = []
         moves: list[tuple[int, int, int]] = []
-        manager = _manager(src, sent, [], envs, moves)
-        function = _compiled(site, {"envs": envs, "AuxDataCodec": codec}, manager)
-        raised = _call(function, manager, target, dst, row)
+        raised = _call(found, src, dst, row, sent, [], moves)
         by_index = by_index or bool(sent)
-        for source, target_addr, length in moves:
-            if dst.inside(target_addr, length):
-                ctypes.memmove(target_addr, source, length)
+        for source, target, length in moves:
+            if dst.inside(target, length):
+                ctypes.memmove(target, source, length)
             else:  # outside every registered buffer of the decode
-                found["past_end"].add(row)
-        decode_args = SimpleNamespace(aux_data_ptrs=dst.ptrs, aux_item_lens=dst.item_lens)
-        for index, aux_index, data in sent:
-            try:
-                codec.deserialize_data_to_buffer(decode_args, index, aux_index, data)
-            except Exception as exc:  # the decode's real codec refuses this buffer
-                raised = f"{type(exc).__name__}: {exc} (buffer {index})"
-                break
+                landed["past_end"].add(row)
+        raised = _receive(found[2], dst, sent, []) or raised
         if raised:
             break
         for b in differ:
             keep = min(local[b], remote[b])
             if dst.row(b, row, keep) != src.row(b, row, keep):
-                found["misplaced"].add(row)
+                landed["misplaced"].add(row)
             other_row, past = dst.outside(b, row)
             if other_row:
-                found["spilled"].add(row)
+                landed["spilled"].add(row)
             if past:
-                found["past_end"].add(row)
-    return RowLanding(backend, target, by_index, raised, differ, rows,
-                      *(tuple(sorted(found[k])) for k in ("misplaced", "spilled", "past_end")))
+                landed["past_end"].add(row)
+    return RowLanding(backend, found[1], by_index, raised, differ, rows,
+                      *(tuple(sorted(landed[k])) for k in ("misplaced", "spilled", "past_end")))
 
 
 def aux_details(local: int, remote: int, checksum_only: bool, sent: AuxSend) -> list[str]:

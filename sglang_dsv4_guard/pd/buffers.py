@@ -40,48 +40,41 @@ _ROWS = 1
 MAX_WIDTH = 1 << 20
 
 
-def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None,
-                     dsa_topk_dim: int = 0) -> int:
+def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None) -> int:
     """How many metadata buffers the release's ``MetadataBuffers`` registers for these
     settings (the environment as it is now).
 
     Built with the smallest sizes that give the same count, never the flags' widths (a
-    server's ``--sampling-mask-max-tokens`` may be far more than this machine holds). Read
-    in each release's ``sglang/srt/disaggregation/utils.py`` ``MetadataBuffers.__init__`` /
-    ``get_buf_infos``: in 0.5.16 - 0.5.19 the sampling-mask buffers exist iff
-    ``max_sampling_mask_tokens > 0``, which the scheduler leaves to the class to read from
-    :data:`MASK_WIDTH_ENV` (``None``, a server without the flag: the class is built with no
-    width in the environment as it is now; wider than :data:`MAX_WIDTH`: ``ValueError``,
-    not built); from 0.5.20
-    iff ``envs.SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` (the width only sizes them); the
-    DSA top-k buffer iff ``output_dsa_topk_indices_dim > 0``; the KV checksum's (0.5.21+)
-    iff ``kv_checksum_enabled``; every other buffer always."""
-    import torch
-
+    server's ``--sampling-mask-max-tokens`` may be far more than this machine holds); a
+    class that reads :data:`MASK_WIDTH_ENV` (0.5.16 - 0.5.19) is built with no width.
+    Read in each release's ``MetadataBuffers.__init__`` / ``get_buf_infos``: the KV
+    checksum's buffer (0.5.21+) exists iff ``kv_checksum_enabled``, the DSA top-k one iff
+    ``output_dsa_topk_indices_dim > 0`` (built with 0), every other buffer always."""
     cls = _buffers_class()
     params = inspect.signature(cls.__init__).parameters
     if sampling_mask_tokens is None and _reads_env(params):
         _env_width()  # the class reads the variable itself; too wide to build: ValueError
-        wanted_env: dict[str, Any] = dict(
-            size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
-            max_top_logprobs_num=1, output_dsa_topk_indices_dim=min(max(dsa_topk_dim, 0), 1),
-            kv_checksum_enabled=kv_checksum)
-        ptrs = cls(**{k: v for k, v in wanted_env.items() if k in params}).get_buf_infos()[0]
-        return len(ptrs)
-    width = 1 if sampling_mask_tokens is None else min(max(int(sampling_mask_tokens), 0), 1)
-    wanted: dict[str, Any] = dict(
-        size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
-        max_sampling_mask_tokens=width, max_top_logprobs_num=1,
-        output_dsa_topk_indices_dim=min(max(dsa_topk_dim, 0), 1),
-        kv_checksum_enabled=kv_checksum)
-    buffers = cls(**{k: v for k, v in wanted.items() if k in params})
-    ptrs, _, _ = buffers.get_buf_infos()
-    return len(ptrs)
+        width = None
+    else:
+        width = 1 if sampling_mask_tokens is None else min(max(int(sampling_mask_tokens), 0), 1)
+    return len(_built(cls, params, width, kv_checksum).get_buf_infos()[0])
 
 
 def _buffers_class() -> Any:
     return getattr(importlib.import_module(PD_METADATA_BUFFERS.module),  # unscanned: targets
                    PD_METADATA_BUFFERS.qualname)
+
+
+def _built(cls: Any, params: Any, width: int | None, kv_checksum: bool) -> Any:
+    """The release's class with one row and the smallest sizes, given what it takes of
+    these (``width``: ``max_sampling_mask_tokens``, ``None`` its default)."""
+    import torch
+
+    wanted: dict[str, Any] = dict(
+        size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
+        max_sampling_mask_tokens=width, max_top_logprobs_num=1,
+        output_dsa_topk_indices_dim=0, kv_checksum_enabled=kv_checksum)
+    return cls(**{k: v for k, v in wanted.items() if k in params})
 
 
 def _reads_env(params: Any) -> bool:
@@ -114,13 +107,10 @@ def aux_row_widths(kv_checksum: bool,
                    sampling_mask_tokens: int | None) -> list[tuple[str, int]]:
     """The name and row width in bytes (``item_lens``) of each metadata buffer the release's
     ``MetadataBuffers`` registers, built as the scheduler builds it (from 0.5.20:
-    ``max_sampling_mask_tokens=server_args.sampling_mask_max_tokens``) with one row, in the
-    environment as it is now (``SGLANG_ENABLE_DISAGG_SAMPLING_MASK`` decides whether the
-    sampling-mask buffers exist; the flag sizes two of them). Raises ``ValueError`` for a
-    width over :data:`MAX_WIDTH` (not built here). ``None`` (a server without the flag) is
-    for a release whose class reads :data:`MASK_WIDTH_ENV` when given no width (0.5.16 -
-    0.5.19, as their scheduler builds it); ``TypeError`` when the width and the release
-    disagree (a width for a class that reads the variable, or none for one that needs it)."""
+    ``max_sampling_mask_tokens=server_args.sampling_mask_max_tokens``; ``None``, a server
+    without the flag, for a class that reads :data:`MASK_WIDTH_ENV`) with one row, in the
+    environment as it is now. Raises ``ValueError`` for a width over :data:`MAX_WIDTH` (not
+    built here), ``TypeError`` when the width and the release disagree."""
     import torch
 
     cls = _buffers_class()
@@ -130,26 +120,18 @@ def aux_row_widths(kv_checksum: bool,
         raise TypeError("this release's MetadataBuffers takes no --sampling-mask-max-tokens"
                         if sampling_mask_tokens is not None else
                         "this release's MetadataBuffers needs a --sampling-mask-max-tokens")
-
-    def build(width: int | None) -> Any:
-        wanted: dict[str, Any] = dict(
-            size=_ROWS, hidden_size=1, hidden_states_dtype=torch.float32,
-            max_sampling_mask_tokens=width, max_top_logprobs_num=1,
-            output_dsa_topk_indices_dim=0, kv_checksum_enabled=kv_checksum)
-        return cls(**{k: v for k, v in wanted.items() if k in params})
-
     if sampling_mask_tokens is None:
         _env_width()  # the class reads the variable itself; too wide to build: ValueError
-        buffers = build(None)
+        buffers = _built(cls, params, None, kv_checksum)
     elif int(sampling_mask_tokens) > MAX_WIDTH:
         # built at widths 1 and 2: when no row changes, the width sizes nothing here (the
         # sampling mask is off) and the narrow build is the answer
-        buffers = build(1)
-        if buffers.get_buf_infos()[2] != build(2).get_buf_infos()[2]:
+        buffers = _built(cls, params, 1, kv_checksum)
+        if buffers.get_buf_infos()[2] != _built(cls, params, 2, kv_checksum).get_buf_infos()[2]:
             raise ValueError(f"--sampling-mask-max-tokens {sampling_mask_tokens} is wider than "
                              f"{MAX_WIDTH}, the widest row this check builds")
     else:
-        buffers = build(int(sampling_mask_tokens))
+        buffers = _built(cls, params, int(sampling_mask_tokens), kv_checksum)
     ptrs, _, item_lens = buffers.get_buf_infos()
     names = {t.data_ptr(): name for name, t in vars(buffers).items()
              if isinstance(t, torch.Tensor)}

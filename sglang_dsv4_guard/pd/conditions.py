@@ -4,7 +4,8 @@ Each condition is a function ``(prefill, decode, package) -> (findings, unknowns
 its own module; :data:`CONDITIONS` lists them in the order SGLang meets them. They run
 through ``sglang_dsv4_guard_check_pair`` like a third-party plug-in's condition: in
 ``check`` on the endpoints two launch lines imply, and at run time at each decode peer's
-registration, so each finding is built in one place.
+registration, so each finding is built in one place. ``check`` keeps the fixes the
+release's parser accepts and ``--fix`` proves them; at run time they are shown unproven.
 """
 
 from __future__ import annotations

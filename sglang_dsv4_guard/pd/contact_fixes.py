@@ -4,13 +4,9 @@ home for the family, in ``check`` and at run time alike.
 Each fix gives one server what SGLang's condition needs, derived from the two endpoints'
 values (never a finding's text): the other server's value (KV cache dtype, page size,
 PP, the DeepSeek-V4 KV layout variables), the neutral one (attention CP, DCP and KV
-cache sharding off), or equal attention TP (:mod:`.attention_tp`); the relayout adds the
-other server's DCP size where the release's relayout then accepts the pair
-(:mod:`.relayout`). A value is copied only
-from a server where it is known, and a variable only from a server whose environment is
-known; an edit needs a flag the installed release's parser has. ``check`` keeps the
-fixes the release's resolution accepts and ``--fix`` proves them; at run time, where
-the other server's launch line is not known, they are said as derived, unproven.
+cache sharding off), or equal attention TP (:mod:`.attention_tp`). A value is copied
+only from a server where it is known, and a variable only from a server whose
+environment is known; an edit needs a flag the installed release's parser has.
 """
 
 from __future__ import annotations

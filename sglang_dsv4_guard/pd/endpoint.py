@@ -8,12 +8,12 @@ from types import MappingProxyType
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, PlacedContext, When, cut_text
+from sglang_dsv4_guard.findings import Finding, Observation, PlacedContext, Severity, When, cut_text
 from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
-__all__ = ["MAX_UNKNOWNS", "PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Value",
-           "pair_finding"]
+__all__ = ["MAX_UNKNOWNS", "PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Refusal",
+           "Value", "pair_finding"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
@@ -90,13 +90,6 @@ class Endpoint:
 MAX_UNKNOWNS = 256
 
 
-def _text(value: object) -> str:
-    try:
-        return str(value)
-    except Exception as exc:  # a line that cannot be shown is still counted
-        return f"(a line that cannot be shown: str raised {type(exc).__name__})"
-
-
 #: Where a pair is judged: ``check`` (two launch lines, before launch) or
 #: ``registration`` (a decode peer registering with a live prefill rank).
 PLACES = ("check", "registration")
@@ -118,10 +111,14 @@ class PairContext(PlacedContext):
     def not_judged(self, line: str) -> None:
         """Record that a condition could not be judged here, and why (the line as text,
         cut to the findings' string cap; past :data:`MAX_UNKNOWNS` lines, only counted)."""
-        if len(self._lines) < MAX_UNKNOWNS:
-            self._lines.append(cut_text(line if isinstance(line, str) else _text(line)))
-        else:
+        if len(self._lines) >= MAX_UNKNOWNS:
             self._dropped[0] += 1
+            return
+        try:
+            text = line if isinstance(line, str) else str(line)
+        except Exception as exc:  # a line that cannot be shown is still counted
+            text = f"(a line that cannot be shown: str raised {type(exc).__name__})"
+        self._lines.append(cut_text(text))
 
     @property
     def unknowns(self) -> tuple[str, ...]:
@@ -130,15 +127,31 @@ class PairContext(PlacedContext):
         more = [f"... +{dropped} more lines not kept"] if dropped else []
         return (*self._lines, *more)
 
+@dataclass(frozen=True)
+class Refusal:
+    """One of SGLang's refusals of the pair, made by the release's own code: the code,
+    SGLang's message, the function that raises it, the state type it refuses (``None``:
+    not one state type's), and the prefill's TP the decode's must equal for that state as
+    the release's own check accepts it (``("attention" | "state", size)``; ``None``: the
+    attention TP, or no TP pairing)."""
+
+    code: str
+    message: str
+    function: str
+    state_type: str | None = None
+    pairs_by: tuple[str, int] | None = None
 
 
 def pair_finding(code: str, subject: str, ends: tuple[Endpoint, Endpoint],
                  names: Sequence[str], details: Sequence[str], fixes: Sequence[Fix],
-                 host_message: str | None, when: When) -> Finding:
-    """A pair condition's finding: the catalogue's title and docs for ``code``, and each of
-    ``names`` observed on each server where it is known (the prefill's first)."""
+                 host_message: str | None, when: When, severity: Severity | None = None
+                 ) -> Finding:
+    """A pair condition's finding: the catalogue's title, docs and (unless given) severity
+    for ``code``, and each of ``names`` observed on each server where it is known (the
+    prefill's first)."""
     return Finding(
-        code=code, severity=CODES[code].severity, summary=CODES[code].title, subject=subject,
+        code=code, severity=CODES[code].severity if severity is None else severity,
+        summary=CODES[code].title, subject=subject,
         observations=tuple(e.observation(n) for n in names for e in ends if e.has(n)),
         details=tuple(details), fixes=tuple(fixes), docs=docs_url(code),
         host_message=host_message, when=when)

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
-from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity
+from sglang_dsv4_guard.findings import Finding, Phase, Severity
 from sglang_dsv4_guard.host.targets import (
     PD_BASE_MODULE,
     PD_COMMON_MANAGER,
@@ -91,9 +91,15 @@ class Contact:
 Neutraliser = Callable[[Any, dict[str, Any]], None]
 
 
-def _set_manager(name: str, key: str) -> Neutraliser:
+def _decode_answered(name: str) -> Neutraliser:
     def apply(manager: Any, data: dict[str, Any]) -> None:
-        setattr(manager, name, data.get(key))
+        setattr(manager, name, data.get(name))
+    return apply
+
+
+def _decode_value(name: str, value: Any) -> Neutraliser:
+    def apply(manager: Any, data: dict[str, Any]) -> None:
+        setattr(manager, name, value)
     return apply
 
 
@@ -118,22 +124,10 @@ def _no_dspark(manager: Any, data: dict[str, Any]) -> None:
     data.pop("dsv41_spec_layout", None)
 
 
-def _hybrid_mla(manager: Any, data: dict[str, Any]) -> None:
-    manager.is_hybrid_mla_backend = True
-
-
 def _answer(key: str, value: Any) -> Neutraliser:
     def apply(manager: Any, data: dict[str, Any]) -> None:
         data[key] = value
     return apply
-
-
-def _no_dcp(manager: Any, data: dict[str, Any]) -> None:
-    manager.dcp_size = 1  # the decode without DCP: the prefill's sharding still counts
-
-
-def _decode_cp(manager: Any, data: dict[str, Any]) -> None:
-    manager.attn_cp_size = 1
 
 
 # (words of SGLang's message, code, the endpoint values that decide it, neutraliser).
@@ -142,24 +136,25 @@ _RULES: tuple[tuple[str, str, tuple[str, ...], Neutraliser], ...] = (
     ("KV cache dtype mismatch", DTYPE_CODE, ("kv_cache_dtype_str",), _dtype),
     ("MiniMax sparse PD requires matching attention TP", MINIMAX_CODE,
      ("attn_tp_size", "state_types"), _drop_states((_MINIMAX_INDEX,))),
-    ("KV layout mismatch", LAYOUT_CODE, ("kv_layout",), _set_manager("kv_layout", "kv_layout")),
+    ("KV layout mismatch", LAYOUT_CODE, ("kv_layout",), _decode_answered("kv_layout")),
     ("DSpark PD layout mismatch", DSPARK_CODE, ("dsv41_spec_layout",),
-     _set_manager("dsv41_spec_layout", "dsv41_spec_layout")),
+     _decode_answered("dsv41_spec_layout")),
     ("DSpark PD requires the same TP size", DSPARK_CODE, ("attn_tp_size", "attn_cp_size"),
      _no_dspark),
     ("different attention TP sizes with MXFP8", MXFP8_CODE, ("attn_tp_size", "state_types"),
      _drop_states(_BLOCK_SCALES)),
     ("PD decode DCP requires an MLA or hybrid-MLA KV pool", DCP_CODE,
-     ("dcp_size", "is_mla_backend"), _hybrid_mla),
+     ("dcp_size", "is_mla_backend"), _decode_value("is_hybrid_mla_backend", True)),
     ("PD decode DCP currently requires prefill attention CP", DCP_CODE,
      ("dcp_size", "attn_cp_size"), _answer("attn_cp_size", 1)),
+    # the decode without DCP: the prefill's sharding still counts
     ("PD decode DCP does not support a prefill with --enable-kv-cache-sharding", DCP_CODE,
-     ("dcp_size", "enable_kv_cache_sharding"), _no_dcp),
+     ("dcp_size", "enable_kv_cache_sharding"), _decode_value("dcp_size", 1)),
     ("MLA KV cache sharding requires equal", CP_CODE,
      ("attn_tp_size", "enable_kv_cache_sharding"), _answer("enable_kv_cache_sharding", False)),
-    ("Decode cp size", CP_CODE, ("attn_cp_size",), _decode_cp),
-    ("When prefill cp size is 1", CP_CODE, ("attn_cp_size",), _decode_cp),
-    ("Decode pp size", CP_CODE, ("pp_size",), _set_manager("pp_size", "pp_size")),
+    ("Decode cp size", CP_CODE, ("attn_cp_size",), _decode_value("attn_cp_size", 1)),
+    ("When prefill cp size is 1", CP_CODE, ("attn_cp_size",), _decode_value("attn_cp_size", 1)),
+    ("Decode pp size", CP_CODE, ("pp_size",), _decode_answered("pp_size")),
 )
 
 
@@ -193,10 +188,8 @@ class _LocalBootstrap:
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
-        self.urls: list[str] = []
 
     def get(self, url: str, *args: Any, **kwargs: Any) -> _Response:
-        self.urls.append(url)
         return _Response(json.dumps(self.data))
 
     def __getattr__(self, name: str) -> Any:
@@ -299,8 +292,7 @@ def route_answer(prefill: Endpoint, decode: Endpoint, info_cls: Any,
     return answer
 
 
-def first_contact(prefill: Endpoint, decode: Endpoint, release: str,
-                  limit: int = MAX_CALLS) -> Contact:
+def first_contact(prefill: Endpoint, decode: Endpoint, release: str) -> Contact:
     """The release's real first contact of ``decode`` with ``prefill``, repeated with each
     raised condition neutralised so that every mismatch is found."""
     module = importlib.import_module(PD_COMMON_MODULE)  # unscanned: SGLang
@@ -325,7 +317,7 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str,
     raised: list[Raised] = []
     calls = 0
     with _answered(module, data):
-        while calls < limit:
+        while calls < MAX_CALLS:
             calls += 1
             manager.prefill_info_table = {}
             try:
@@ -364,9 +356,6 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str,
 
 def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) -> Finding:
     info = CODES.get(raised.code)
-    fields = raised.fields
-    observations: tuple[Observation, ...] = tuple(
-        e.observation(name) for name in fields for e in (prefill, decode))
     order = ("SGLang raises this first: its message is the one the decode server logs"
              if index == 0 else
              "SGLang would raise this once the conditions before it are fixed (it stops "
@@ -375,32 +364,24 @@ def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) ->
         code=raised.code, severity=Severity.ERROR,
         summary=info.title if info else raised.message,
         subject="decode's first contact with the prefill",
-        observations=observations,
+        observations=tuple(e.observation(name) for name in raised.fields
+                           for e in (prefill, decode)),
         details=(order, f"SGLang's own {PD_FIRST_CONTACT.qualname} raised {raised.kind} on "
                         "the values both launch lines imply (the prefill's as its bootstrap "
                         "server answers them)"),
-        fixes=contact_fixes(_READS.get(raised.code, {}), tuple(fields), prefill, decode),
+        fixes=contact_fixes(_READS.get(raised.code, {}), raised.fields, prefill, decode),
         docs=docs_url(raised.code), host_message=raised.message,
         when=when_of(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
-
-
-def _without_first_contact(backend: str) -> str | None:
-    """The release's manager class of ``backend`` when it lacks the first-contact method
-    (the ``fake`` backend's), else ``None``."""
-    if backend != "fake":
-        return None
-    target = PD_FAKE_MANAGER
-    cls = getattr(importlib.import_module(target.module), target.qualname, None)  # unscanned: SGLang
-    has = cls is None or hasattr(cls, PD_FIRST_CONTACT.attr)
-    return None if has else str(target)
 
 
 def contact_findings(prefill: Endpoint, decode: Endpoint, release: str
                      ) -> tuple[list[Finding], list[str]]:
     """The first contact's findings (one per condition SGLang raises) and unknowns."""
-    lacking = _without_first_contact(str(decode.get("transfer_backend", "?")))
-    if lacking:
-        return [], [f"decode: its transfer backend's manager ({lacking}) has no "
+    fake = PD_FAKE_MANAGER  # the fake backend's manager lacks the first-contact method
+    cls = (getattr(importlib.import_module(fake.module), fake.qualname, None)  # unscanned: SGLang
+           if str(decode.get("transfer_backend", "?")) == "fake" else None)
+    if cls is not None and not hasattr(cls, PD_FIRST_CONTACT.attr):
+        return [], [f"decode: its transfer backend's manager ({fake}) has no "
                     f"{PD_FIRST_CONTACT.attr}: it makes no first contact with the prefill, "
                     f"so the first-contact conditions "
                     f"({', '.join(dict.fromkeys(rule[1] for rule in _RULES))}) are not judged"]

@@ -9,17 +9,13 @@ sharded ("Mamba state replication metadata differs between prefill and decode"),
 replicated tensor whose item lengths differ ("Replicated Mamba state item lengths
 differ"). Every request that carries Mamba state then fails.
 
-The one home of the condition, a pair condition (:mod:`.conditions`). It runs SGLang's own
-function, as the connector module SGLang imported binds it (a backend whose module does
-not bind it has no such transfer), on the registration's values: for each Mamba
-component the transfer slices (the prefill's state TP, or its attention TP where the
-release has no state TP, differs from the decode's attention TP, and both servers
-registered the per-tensor dimensions), in SGLang's entry pairing
-(``build_transfer_entry_pairs``). NIXL and MORI refuse a replicated prefill tensor for a
-decode of another TP first (:mod:`.mamba_state`): a component that meets that refusal ends the
-request there. Only the function's own two messages count; anything else leaves the pair
-not judged. ``check`` does not see the condition: which tensors are replicated, and
-their item lengths, are known once the pools are built.
+It runs SGLang's own function, as the connector module SGLang imported binds it (a
+backend whose module does not bind it has no such transfer), on the registration's
+values: for each Mamba component the transfer slices (the prefill's state TP, or its
+attention TP where the release has no state TP, differs from the decode's attention TP,
+and both servers registered the per-tensor dimensions), in SGLang's entry pairing
+(``build_transfer_entry_pairs``). ``check`` does not see the condition: which tensors
+are replicated, and their item lengths, are known once the pools are built.
 """
 
 from __future__ import annotations
@@ -56,12 +52,14 @@ _MESSAGES = ("Mamba state replication metadata differs",
 def mamba_slice_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
                          ) -> tuple[list[Finding], list[str]]:
     """DSV4G059 for the pair, and what could not be judged (nothing: a value not known,
-    or a refusal other than the function's own, leaves the pair silently unjudged, as
-    every server before its pools are built is)."""
+    or a refusal other than the function's own two messages, leaves the pair silently
+    unjudged, as every server before its pools are built is)."""
     backend = str(prefill.get("transfer_backend"))
     module = sys.modules.get(_MODULES.get(backend, ""))  # never imported here
     compute = getattr(module, PD_MAMBA_SLICE.attr, None)
-    if not callable(compute) or not _known(prefill, decode):
+    if not callable(compute) or not prefill.has("state_types") or not all(
+            e.has(n) for e in (prefill, decode)
+            for n in ("attn_tp_size", "state_dim_per_tensor", "state_item_lens")):
         return [], []
     refusal = _refusal(backend, module, compute, prefill, decode)
     if refusal is None or (backend == "nixl" and nixl_state_findings(prefill, decode,
@@ -69,11 +67,6 @@ def mamba_slice_findings(prefill: Endpoint, decode: Endpoint, package: Path | No
         return [], []  # NIXL 0.5.23 refuses a rejected state layout first (nixl_state.py)
     component, message = refusal
     return [_finding(prefill, decode, backend, component, message)], []
-
-
-def _known(prefill: Endpoint, decode: Endpoint) -> bool:
-    return prefill.has("state_types") and all(e.has(n) for e in (prefill, decode) for n in (
-        "attn_tp_size", "state_dim_per_tensor", "state_item_lens"))
 
 
 def _at(values: Sequence[Any], index: int) -> Sequence[Any]:

@@ -15,11 +15,7 @@ senders (``PD_MAMBA_SENDERS``) are replaced *on that instance* by a stop that se
 nothing, so past SGLang's check nothing runs and SGLang logs nothing, and every Mamba
 component is checked. The refusal is digested (``nixl.mamba_replicated``,
 ``mori.mamba_replicated``): a release whose check no known release has is not judged.
-MORI's registered state components are the pair's own, so a count mismatch (:mod:`.mori_send`)
-stops it first, as SGLang's does. Only SGLang's
-own message counts as a refusal; anything else the method raises on the half-built
-manager leaves the pair not judged (no report). Nothing here imports a connector: the
-module SGLang imported is read from ``sys.modules``.
+Nothing here imports a connector: the module SGLang imported is read from ``sys.modules``.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,10 +38,11 @@ from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE_MODULE,
 )
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
-from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Refusal, pair_finding
+from sglang_dsv4_guard.pd.mori_send import mori_peer
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["MAMBA_CODE", "MambaRefusal", "mamba_findings", "mamba_refusal"]
+__all__ = ["MAMBA_CODE", "mamba_findings", "mamba_refusal"]
 
 MAMBA_CODE = "DSV4G058"
 _PHRASE = "Replicated Mamba PD state transfer"
@@ -55,19 +51,7 @@ _MAMBA = "mamba"
 _SENDS = {"nixl": PD_NIXL_SEND_EXTRA, "mori": PD_MORI_SEND_STATE}
 
 
-@dataclass(frozen=True)
-class MambaRefusal:
-    """SGLang's refusal of every request's Mamba state to this decode."""
-
-    message: str
-    function: str
-    # the prefill's TP the release compares the decode's with: ("attention" | "state", size)
-    pairs_by: tuple[str, int]
-
-
 def _stop(*args: Any, **kwargs: Any) -> list[Any]:
-    """The stopped Mamba senders: SGLang's check let this component through; its loop goes
-    on to the next component, and nothing is sent."""
     return []
 
 
@@ -97,11 +81,8 @@ def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[s
     slots = [np.array([0], dtype=np.int32) if st == _MAMBA else None for st in types]
     try:
         if backend == "mori":
-            peer = SimpleNamespace(decode_tp_size=decode_tp,
-                                   dst_state_mem_descs=[[] for _ in range(dst_components)],
-                                   dst_state_item_lens=[], dst_state_dim_per_tensor=[],
-                                   dst_state_layer_ids=[])
-            method(manager, peer, slots, [s.copy() if s is not None else None for s in slots])
+            method(manager, mori_peer(decode_tp, dst_components), slots,
+                   [s.copy() if s is not None else None for s in slots])
         else:
             values = {"peer_name": "decode", "prefill_state_indices": slots,
                       "dst_state_data_ptrs": [[] for _ in types],
@@ -119,16 +100,6 @@ def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[s
     return None
 
 
-def _compares(backend: str, method: Any, manager: Any, types: tuple[str, ...],
-              dst_components: int) -> str:
-    """Which of the prefill's TP sizes the release compares the decode's with, probed by
-    its own method on a copy whose state TP differs from its attention TP."""
-    probe = object.__new__(type(manager))
-    probe.__dict__.update(manager.__dict__, state_tp_size=manager.attn_tp_size + 1)
-    refused = _run(backend, method, probe, manager.attn_tp_size, types, dst_components)
-    return "attention" if refused is None else "state"
-
-
 def _values(backend: str, prefill: Endpoint, decode: Endpoint
             ) -> tuple[int, int, int, list[list[int | None]], int, int] | None:
     """The values the method reads, or ``None`` when one is not known or not a size."""
@@ -141,7 +112,8 @@ def _values(backend: str, prefill: Endpoint, decode: Endpoint
     except (TypeError, ValueError):
         return None
     types = prefill.get("state_types") or ()
-    # MORI's send_state compares the registered state components first (mori_send.py)
+    # MORI's send_state compares the registered state components first (mori_send.py),
+    # as the pair's own: a count mismatch stops it there, as SGLang's does
     components = int(prefill.get("state_components") or 0) if (
         backend == "mori" and prefill.has("state_components")) else len(types)
     dst = int(decode.get("state_components") or 0) if (
@@ -150,7 +122,7 @@ def _values(backend: str, prefill: Endpoint, decode: Endpoint
 
 
 def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint, package: Path
-                  ) -> MambaRefusal | None:
+                  ) -> Refusal | None:
     """What the release's transfer does with Mamba state for this decode: its refusal,
     or ``None`` (it sends, the release has no such check, or a value is not known).
     Raises :class:`NotJudged` for a release whose check no known release has."""
@@ -182,8 +154,13 @@ def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint, package: Pa
     message = _run(backend, method, manager, decode_tp, types, dst)
     if message is None:
         return None
-    label = _compares(backend, method, manager, types, dst)
-    return MambaRefusal(message, str(target), (label, tp if label == "attention" else state_tp))
+    # which prefill TP the release compares the decode's with: its own method, on a copy
+    # whose state TP differs from its attention TP
+    probe = object.__new__(type(manager))
+    probe.__dict__.update(manager.__dict__, state_tp_size=tp + 1)
+    label = "attention" if _run(backend, method, probe, tp, types, dst) is None else "state"
+    return Refusal(MAMBA_CODE, message, str(target), _MAMBA,
+                   (label, tp if label == "attention" else state_tp))
 
 
 def mamba_findings(prefill: Endpoint, decode: Endpoint, package: Path | None

@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,30 +31,16 @@ from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_SEND, PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
-from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Refusal, pair_finding
 from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["MoriRefusal", "mori_state_findings", "mori_state_refusals"]
+__all__ = ["mori_peer", "mori_state_findings", "mori_state_refusals"]
 
 _TP = "heterogeneous TP not supported"
 _COUNT = "state component count mismatch"
 _SWA = "TP-mismatched non-MLA SWA"  # MORI's own hook (mori/checks.py)
 _QSA = ("qsa_pending", "qsa_compressed")
-
-
-@dataclass(frozen=True)
-class MoriRefusal:
-    """One refusal: its code, the state type (``None``: every state), SGLang's message
-    and the function that raises it."""
-
-    code: str
-    state_type: str | None
-    message: str
-    function: str
-    # The prefill's TP the decode's must equal for this state, as the release's own check
-    # accepts it: ("attention" or "state", the size); ``None`` for a count mismatch.
-    pairs_by: tuple[str, int] | None = None
 
 
 def _manager(cls: Any, prefill: Endpoint) -> Any:
@@ -74,6 +59,15 @@ def _manager(cls: Any, prefill: Endpoint) -> Any:
     return manager
 
 
+def mori_peer(decode_tp: int, components: int) -> SimpleNamespace:
+    """A decode peer as MORI's manager holds its registration: its TP and ``components``
+    state components, without memory (past SGLang's checks nothing is submitted)."""
+    return SimpleNamespace(decode_tp_size=decode_tp,
+                           dst_state_mem_descs=[[] for _ in range(components)],
+                           dst_state_item_lens=[], dst_state_dim_per_tensor=[],
+                           dst_state_layer_ids=[])
+
+
 def _raised(fn: Any, *args: Any, **kwargs: Any) -> str | None:
     try:
         fn(*args, **kwargs)
@@ -84,7 +78,7 @@ def _raised(fn: Any, *args: Any, **kwargs: Any) -> str | None:
     return None
 
 
-def mori_state_refusals(prefill: Endpoint, decode: Endpoint) -> list[MoriRefusal]:
+def mori_state_refusals(prefill: Endpoint, decode: Endpoint) -> list[Refusal]:
     """What MORI's transfer will refuse for every request to this decode, in the order it
     meets them; ``[]`` when a value it reads is not known."""
     if not (prefill.has("attn_tp_size") and decode.has("attn_tp_size")
@@ -95,18 +89,13 @@ def mori_state_refusals(prefill: Endpoint, decode: Endpoint) -> list[MoriRefusal
         return []
     cls = module.MoriKVManager
     manager = _manager(cls, prefill)
-    peer = SimpleNamespace(decode_tp_size=int(decode.get("attn_tp_size")),
-                           dst_state_mem_descs=[[] for _ in range(
-                               int(decode.get("state_components") or 0))],
-                           dst_state_item_lens=[], dst_state_dim_per_tensor=[],
-                           dst_state_layer_ids=[])
-    found: list[MoriRefusal] = []
+    peer = mori_peer(int(decode.get("attn_tp_size")), int(decode.get("state_components") or 0))
+    found: list[Refusal] = []
     if prefill.has("state_components") and decode.has("state_components"):
         send_state = inspect.unwrap(vars(cls)["send_state"])
         message = _raised(send_state, manager, peer, [], [])
         if message is not None and _COUNT in message:
-            return [MoriRefusal("DSV4G057", None, message, f"{MORI_MODULE}.MoriKVManager."
-                                "send_state")]
+            return [Refusal("DSV4G057", message, f"{MORI_MODULE}.MoriKVManager.send_state")]
     send = inspect.unwrap(vars(cls)[MORI_SEND.qualname.split(".")[1]])
     names = list(inspect.signature(send).parameters)[1:]
     one = np.array([0], dtype=np.int32)
@@ -122,15 +111,15 @@ def mori_state_refusals(prefill: Endpoint, decode: Endpoint) -> list[MoriRefusal
         if message is None or _SWA in message or _TP not in message:
             continue
         code = "DSV4G056" if st in _QSA else MINIMAX_CODE
-        found.append(MoriRefusal(code, st, message, str(MORI_SEND),
-                                 _pairs_by(send, manager, peer, kwargs)))
+        found.append(Refusal(code, message, str(MORI_SEND), st,
+                             _pairs_by(send, manager, peer, kwargs)))
     return found
 
 
 def _pairs_by(send: Any, manager: Any, peer: Any, kwargs: dict[str, Any]
               ) -> tuple[str, int] | None:
-    """Which of the prefill's TP sizes the release's check accepts as the decode's (QSA:
-    attention TP in 0.5.20 - 0.5.22, state TP from 0.5.23), tried with its own method."""
+    """Which of the prefill's TP sizes the release's check accepts as the decode's, tried
+    with its own method."""
     tried = peer.decode_tp_size
     try:
         for label, size in (("attention", manager.attn_tp_size),
@@ -160,8 +149,7 @@ def mori_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
                 f"{decode.get('state_components')} state components, the prefill has "
                 f"{prefill.get('state_components')}", field="state_components"),)
         else:
-            fixes = pairing_fixes(prefill, decode, str(r.state_type),
-                                  r.pairs_by or ("attention", prefill.get("attn_tp_size")))
+            fixes = pairing_fixes(prefill, decode, str(r.state_type), r.pairs_by)
         what = f"{r.state_type} state" if r.state_type else "state"
         found.append(pair_finding(
             r.code, f"prefill -> decode MORI transfer of the {what}", (prefill, decode),

@@ -12,18 +12,13 @@ transfer handles, which the half-built manager cannot: that is "accepted".
 ``pop_preallocated``'s check sits in the decode's scheduler loop: its digested condition
 (:mod:`sglang_dsv4_guard.host.pd_digests`) is evaluated on a half-built queue.
 
-The one home of DSV4G042/043/046: :func:`nixl_payload_findings` is a pair condition
-(:mod:`.conditions`), run by ``check`` on two launch lines and at each decode peer's NIXL
-registration on the live manager and the registration message, with the same finding and
-fixes (``check`` replaces DSV4G046's with the speculative-decoding flag edits it derives
-from both launch lines). :func:`payload_finding` also builds ``check``'s DSV4G044.
+:func:`payload_finding` also builds ``check``'s DSV4G044.
 """
 
 from __future__ import annotations
 
 import importlib
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,13 +29,13 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
-from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Refusal, pair_finding
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["HISPARSE_CODE", "PAYLOAD_SITES", "PREFILL_DRAFT_CODE", "REGIONS", "NixlRefusal",
-           "decode_kv_kinds", "hisparse_backend_refusal", "nixl_payload_findings",
-           "payload_finding", "payload_refusal"]
+__all__ = ["HISPARSE_CODE", "PAYLOAD_SITES", "PREFILL_DRAFT_CODE", "REGIONS", "decode_kv_kinds",
+           "hisparse_backend_refusal", "nixl_payload_findings", "payload_finding",
+           "payload_refusal"]
 
 #: The digested sites of NIXL's registration payload checks.
 PAYLOAD_SITES = ("nixl.hisparse_spec", "nixl.direct_to_host", "nixl.fewer_regions")
@@ -51,15 +46,6 @@ _PHRASES = {"decode-only speculative": "DSV4G042", "direct-to-host": "DSV4G043",
             "registered fewer KV regions": PREFILL_DRAFT_CODE}
 
 
-@dataclass(frozen=True)
-class NixlRefusal:
-    """A refusal: the code, SGLang's message and the function that raised it."""
-
-    code: str
-    message: str
-    function: str
-
-
 def decode_kv_kinds(decode: Endpoint, decode_only_draft: bool) -> list[str]:
     """The memory kinds of the decode's KV regions: host memory for the HiSparse target
     pool, the GPU's for the rest (and for a draft pool)."""
@@ -67,7 +53,7 @@ def decode_kv_kinds(decode: Endpoint, decode_only_draft: bool) -> list[str]:
     return [target] * REGIONS + (["VRAM"] * REGIONS if decode_only_draft else [])
 
 
-def payload_refusal(prefill: Endpoint, decode: Endpoint) -> NixlRefusal | None:
+def payload_refusal(prefill: Endpoint, decode: Endpoint) -> Refusal | None:
     """SGLang's ``_prepare_payload_xfer`` on the pair's registration: its refusal, if any.
 
     The peer carries the release's own ``requires_dcp_relayout`` result, as NIXL's
@@ -110,8 +96,7 @@ def payload_refusal(prefill: Endpoint, decode: Endpoint) -> NixlRefusal | None:
     except (NotImplementedError, ValueError) as exc:
         for phrase, code in _PHRASES.items():
             if phrase in str(exc):
-                return NixlRefusal(code, str(exc), str(PD_NIXL_PAYLOAD))
-        return None
+                return Refusal(code, str(exc), str(PD_NIXL_PAYLOAD))
     except Exception:  # past the checks: the transfer handles this manager cannot build
         return None
     return None
@@ -152,7 +137,7 @@ def _names(decode: Endpoint) -> dict[str, Any]:
             "_is_fake_transfer": _is_fake_transfer(utils, name)}
 
 
-def hisparse_backend_refusal(decode: Endpoint, package: Path) -> NixlRefusal | None:
+def hisparse_backend_refusal(decode: Endpoint, package: Path) -> Refusal | None:
     """``pop_preallocated``'s HiSparse backend check for the decode; ``None`` when the
     release has none or it holds not. Raises :class:`NotJudged`."""
     site = locate(package, SITES["decode.hisparse_mooncake"])
@@ -161,7 +146,7 @@ def hisparse_backend_refusal(decode: Endpoint, package: Path) -> NixlRefusal | N
     names = _names(decode)
     if not site.holds(names):
         return None
-    return NixlRefusal(HISPARSE_CODE, site.message(names), str(site.spec.target))
+    return Refusal(HISPARSE_CODE, site.message(names), str(site.spec.target))
 
 
 def nixl_payload_findings(prefill: Endpoint, decode: Endpoint, package: Path | None
@@ -183,7 +168,7 @@ def nixl_payload_findings(prefill: Endpoint, decode: Endpoint, package: Path | N
             if refusal else []), []
 
 
-def payload_finding(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal,
+def payload_finding(prefill: Endpoint, decode: Endpoint, refusal: Refusal,
                     phase: Phase) -> Finding:
     """The finding of a NIXL payload refusal (and of HiSparse off Mooncake, DSV4G044)."""
     names = (("transfer_backend", "speculative_algorithm", "kv_regions")
@@ -198,7 +183,7 @@ def payload_finding(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal,
                                    prefill.env or {}))
 
 
-def _details(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal) -> str:
+def _details(prefill: Endpoint, decode: Endpoint, refusal: Refusal) -> str:
     d = decode
     if refusal.code == PREFILL_DRAFT_CODE:
         return (f"SGLang's {refusal.function} raises it: the prefill runs "
@@ -219,7 +204,7 @@ def _details(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal) -> str:
             "HiSparse allocates them)")
 
 
-def _fixes(prefill: Endpoint, decode: Endpoint, refusal: NixlRefusal) -> tuple[Fix, ...]:
+def _fixes(prefill: Endpoint, decode: Endpoint, refusal: Refusal) -> tuple[Fix, ...]:
     """DSV4G046: the speculative decoding of both servers alike (said here; ``check``
     derives the flag edits from both lines). DSV4G042-044: the decode without HiSparse;
     where attention TP differs (DSV4G043), equal attention TP first; else Mooncake on

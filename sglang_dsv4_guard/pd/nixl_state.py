@@ -58,8 +58,6 @@ class StateLayoutRefusal:
 
 
 class _SilentLogger:
-    """The silenced logger of the copied method: the real registration logged already."""
-
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 
-from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_edit
 from sglang_dsv4_guard.host.targets import PD_COMMON_MANAGER, PD_COMMON_MODULE, PD_RELAYOUT
 from sglang_dsv4_guard.pd.contact_fixes import contact_fixes
-from sglang_dsv4_guard.pd.endpoint import Endpoint, Value
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Value, pair_finding
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["CODE", "relayout_findings", "relayout_raise", "requires_relayout"]
+__all__ = ["CODE", "relayout_findings", "requires_relayout"]
 
 CODE = "DSV4G036"
 _OWN_RELAYOUT = ("ascend",)  # backends whose manager overrides the method
@@ -50,27 +49,12 @@ def _run(prefill: Endpoint, decode: Endpoint) -> tuple[bool | None, str | None, 
         return None, str(exc), None
 
 
-def relayout_raise(prefill: Endpoint, decode: Endpoint) -> tuple[str | None, str | None]:
-    """(SGLang's message, ``None``) when the release's relayout raises for rank 0 of each
-    server, (``None``, ``None``) when it accepts, (``None``, why) when it cannot be run."""
-    _, message, unknown = _run(prefill, decode)
-    return message, unknown
-
-
 def requires_relayout(prefill: Endpoint, decode: Endpoint) -> bool | None:
     """Whether the release's own ``requires_dcp_relayout`` asks for the relayout when rank 0
     of the decode registers with rank 0 of the prefill (``False`` on a release without
     it); ``None`` when it raises (DSV4G036: registration stops there) or cannot be run."""
     result, _, _ = _run(prefill, decode)
     return result
-
-
-def _ranks(prefill: Endpoint, decode: Endpoint) -> str:
-    """Which DCP ranks were compared: the registering ones at run time, else rank 0."""
-    if prefill.has("dcp_rank") and decode.has("dcp_rank"):
-        return (f"the registering ranks: prefill DCP rank {prefill.get('dcp_rank')}, "
-                f"decode DCP rank {decode.get('dcp_rank')}")
-    return "rank 0 of each server"
 
 
 def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
@@ -81,7 +65,7 @@ def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
     if backend in _OWN_RELAYOUT:
         return [], [f"DSV4G036 ({release}): the {backend} backend decides the DCP relayout "
                     "itself; not judged here"]
-    message, unknown = relayout_raise(prefill, decode)
+    _, message, unknown = _run(prefill, decode)
     unknowns = [f"DSV4G036 ({release}): not judged: {unknown}"] if unknown else []
     dcp = int(decode.get("dcp_size", 1) or 1)
     if dcp > 1 and dcp == int(prefill.get("dcp_size", 1) or 1) and \
@@ -91,16 +75,16 @@ def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,
                         "with is decided at run time; only rank 0 of each was compared")
     if message is None:
         return [], unknowns
-    finding = Finding(
-        code=CODE, severity=CODES[CODE].severity, summary=CODES[CODE].title,
-        subject="decode rank registration with the prefill",
-        observations=tuple(e.observation(name) for name in ("dcp_size", "is_mla_backend")
-                           for e in (prefill, decode) if e.has(name)),
-        details=(f"SGLang's own {PD_RELAYOUT.qualname} raised on the prefill's DCP size and "
-                 f"pool kind and the decode's DCP size ({_ranks(prefill, decode)})",),
-        fixes=_fixes(prefill, decode), docs=docs_url(CODE), host_message=message,
-        when=when_of(Phase.REGISTRATION, backend, env))
-    return [finding], unknowns
+    # which DCP ranks were compared: the registering ones at run time, else rank 0
+    ranks = (f"the registering ranks: prefill DCP rank {prefill.get('dcp_rank')}, decode DCP "
+             f"rank {decode.get('dcp_rank')}" if prefill.has("dcp_rank") and decode.has("dcp_rank")
+             else "rank 0 of each server")
+    return [pair_finding(
+        CODE, "decode rank registration with the prefill", (prefill, decode),
+        ("dcp_size", "is_mla_backend"),
+        (f"SGLang's own {PD_RELAYOUT.qualname} raised on the prefill's DCP size and pool kind "
+         f"and the decode's DCP size ({ranks})",),
+        _fixes(prefill, decode), message, when_of(Phase.REGISTRATION, backend, env))], unknowns
 
 
 def _fixes(prefill: Endpoint, decode: Endpoint) -> tuple[Fix, ...]:
@@ -117,7 +101,7 @@ def _fixes(prefill: Endpoint, decode: Endpoint) -> tuple[Fix, ...]:
         ends = {"prefill": prefill, "decode": decode}
         ends[dst.role] = dst.with_values(dcp_size=Value(size, src.role))
         edit = flag_edit(dst.role, "dcp_size", size)
-        if edit is not None and relayout_raise(ends["prefill"], ends["decode"]) == (None, None):
+        if edit is not None and _run(ends["prefill"], ends["decode"])[1:] == (None, None):
             found.append(Fix(FixKind.FLAGS, f"launch the {dst.role} server with the "
                              f"{src.role}'s DCP size", field="dcp_size", edits=(edit,),
                              inputs=tuple(f"{e.role}: dcp_size {e.get('dcp_size')!r} from "

@@ -10,17 +10,13 @@ attention TP on every release (DSV4G041). These checks sit in a transfer thread 
 cannot be driven here, so the release's own conditions are evaluated
 (:mod:`sglang_dsv4_guard.host.pd_digests`) on a half-built manager carrying the prefill's
 values and the decode's registration: SGLang's tests, and SGLang's message.
-
-The one home of DSV4G040/041: :func:`send_extra_findings` is a pair condition
-(:mod:`.conditions`), run by ``check`` on two launch lines and at each decode peer's
-registration on the live manager's values, with the same finding and fixes.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,36 +28,15 @@ from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
 from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import Endpoint, Refusal
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["BACKENDS", "MINIMAX_CODE", "StateRefusal", "send_extra_findings",
-           "send_extra_refusals", "site_keys"]
+__all__ = ["BACKENDS", "MINIMAX_CODE", "send_extra_findings", "send_extra_refusals"]
 
 MINIMAX_CODE = "DSV4G041"  # also the first contact's and MORI's transfer's refusal of it
 
 #: The backends whose ``maybe_send_extra`` these rows read (MORI's: :mod:`.mori_send`).
 BACKENDS = ("mooncake", "nixl")
-
-
-@dataclass(frozen=True)
-class StateRefusal:
-    """What the prefill's transfer of one state type does for this decode."""
-
-    state_type: str
-    code: str  # DSV4G040 or DSV4G041
-    message: str  # SGLang's message, built by its own expression
-    function: str  # where it raises
-
-
-def site_keys(backend: str) -> tuple[str, ...]:
-    """The digested sites the row reads on ``backend``."""
-    return (f"{backend}.hetero_tp", f"{backend}.swa_slice", f"{backend}.minimax",
-            f"{backend}.minimax_pp", "head_slice.pp", "head_slice.layout")
-
-
-def _state_type_enum() -> Any:
-    return importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
 
 
 def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str, Any]:
@@ -88,13 +63,7 @@ def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str,
                                                              dst_tp_rank=0)}
 
 
-def _slices(package: Path, backend: str, names: dict[str, Any]) -> bool:
-    """Whether the release's transfer slices this state by heads for this decode."""
-    sliced = locate(package, SITES[f"{backend}.swa_slice"])
-    return sliced is not None and sliced.holds(names)
-
-
-def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | None:
+def _one(package: Path, backend: str, names: dict[str, Any]) -> Refusal | None:
     """The refusal of one state type, if any. Raises :class:`NotJudged` where SGLang's
     transfer refuses the state before the TP comparison for another reason (MiniMax with
     PP > 1: a check of its own, not these rows')."""
@@ -107,33 +76,33 @@ def _one(package: Path, backend: str, names: dict[str, Any]) -> StateRefusal | N
     for key, code in ((f"{backend}.hetero_tp", "DSV4G040"), (f"{backend}.minimax", MINIMAX_CODE)):
         site = locate(package, SITES[key])
         if site is not None and site.holds(names):
-            return StateRefusal(st, code, site.message(names), str(site.spec.target))
-    if not _slices(package, backend, names):
+            return Refusal(code, site.message(names), str(site.spec.target), st)
+    sliced = locate(package, SITES[f"{backend}.swa_slice"])
+    if sliced is None or not sliced.holds(names):  # not sliced by heads for this decode
         return None
-    # common/conn.py CommonKVManager._get_mha_head_slice_blocks (0.5.22+) refuses, in
-    # order, a prefill with PP > 1 and a prefill SWA KV cache not in the NHD layout
-    # (``kv_args.swa_kv_cache_layout`` as setup_state_kv_args copies it from the pool:
-    # ``page_major`` for the unified memory pool).
+    # the head slicing's refusals, in order (the SWA layout as setup_state_kv_args copies it)
     for key in ("head_slice.pp", "head_slice.layout"):
         site = locate(package, SITES[key])
         if site is not None and key == "head_slice.layout" and names["_layout_unknown"]:
             raise NotJudged(f"the prefill's SWA KV cache layout is {names['_layout_unknown']}")
         if site is not None and site.holds({"self": names["self"]}):
-            return StateRefusal(st, "DSV4G040", site.message({"self": names["self"]}),
-                                str(site.spec.target))
+            return Refusal("DSV4G040", site.message({"self": names["self"]}),
+                           str(site.spec.target), st)
     return None
 
 
 def send_extra_refusals(prefill: Endpoint, decode: Endpoint, backend: str, package: Path,
-                        state_types: Sequence[str]) -> tuple[list[StateRefusal], list[str]]:
+                        state_types: Sequence[str]) -> tuple[list[Refusal], list[str]]:
     """Each state type the prefill sends that SGLang's ``maybe_send_extra`` on ``backend``
     refuses for this decode, and what could not be judged (a release whose sites differ
     from every known one, a condition reading a value not derived)."""
-    changed = unjudged_sites(package, site_keys(backend), f"DSV4G040/DSV4G041 ({backend})")
+    keys = (f"{backend}.hetero_tp", f"{backend}.swa_slice", f"{backend}.minimax",
+            f"{backend}.minimax_pp", "head_slice.pp", "head_slice.layout")
+    changed = unjudged_sites(package, keys, f"DSV4G040/DSV4G041 ({backend})")
     if changed:
         return [], [changed]
-    enum = _state_type_enum()
-    refusals: list[StateRefusal] = []
+    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+    refusals: list[Refusal] = []
     unknowns: list[str] = []
     for value in state_types:
         try:
@@ -170,7 +139,7 @@ def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
                                              prefill.get("state_types"))
     # 0.5.23 refuses MiniMax at decode's first contact: that condition reports it.
     minimax_first = locate(package, SITES["first_contact.minimax"]) is not None
-    merged: dict[tuple[str, str], StateRefusal] = {}
+    merged: dict[tuple[str, str], Refusal] = {}
     for v in refusals:
         if v.code == MINIMAX_CODE and minimax_first:
             continue
@@ -180,7 +149,7 @@ def send_extra_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
     return [_finding(prefill, decode, backend, v) for v in merged.values()], unknowns
 
 
-def _finding(prefill: Endpoint, decode: Endpoint, backend: str, refusal: StateRefusal
+def _finding(prefill: Endpoint, decode: Endpoint, backend: str, refusal: Refusal
              ) -> Finding:
     pp = "pipeline parallelism" in refusal.message
     layout = "KV cache layout" in refusal.message
@@ -212,10 +181,7 @@ def _fixes(prefill: Endpoint, decode: Endpoint, pp: bool, layout: bool) -> tuple
                          "decode with PP 1 (a decode's PP must equal the prefill's or be 1; "
                          "its PP is not known here)", field="pp_size"))
     elif pp and pp_flag is not None and roles:
-        # The head-sliced transfer needs the prefill's PP 1 (common/conn.py
-        # CommonKVManager._get_mha_head_slice_blocks, 0.5.22+), and the decode's first
-        # contact asserts its PP equal to the prefill's or 1 (common/conn.py
-        # CommonKVManager._resolve_rank_mapping, 0.5.23): PP 1 on every server that has more.
+        # the decode's PP: the first contact asserts it equal to the prefill's or 1 (0.5.23)
         found.append(Fix(FixKind.FLAGS, "run " + " and ".join(f"the {r}" for r in roles)
                          + " without pipeline parallelism (head-sliced SWA transfer needs "
                          "the prefill's PP 1, and a decode's PP must equal it or be 1)",

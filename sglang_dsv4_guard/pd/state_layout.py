@@ -11,9 +11,8 @@ The release's own method (digested with the stride comparison it calls, site
 on a bare manager (``object.__new__``) holding the prefill's values and a registration
 holding the decode's, as :mod:`.relayout` runs ``requires_dcp_relayout``. It reads the
 published speculative and memory configs (``get_spec``, ``get_memory``) as SGLang's call
-does: in a server process, that server's. A line the method logs while the guard runs it
-is dropped (SGLang's own call logged it). ``check`` does not call it: the item lengths are
-the built pools', which its miniature pools do not have.
+does: in a server process, that server's. ``check`` does not call it: the item lengths
+are the built pools', which its miniature pools do not have.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Phase, When
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
 from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE,
@@ -45,17 +43,6 @@ LOGGED = "Rejecting state transfers to decode session"  # SGLang's log line's he
 _STATE = ("state_types", "state_data_ptrs", "state_item_lens")
 
 
-def _judged() -> str | None:
-    """Why the release's method cannot be judged, or ``None``."""
-    package = imported_package_dir()
-    if package is None:
-        return "the imported SGLang's source was not found"
-    if not _known(locate(package, SITES[SITE])):
-        return (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} differs from every release "
-                "this guard knows: unknown for this release")
-    return None
-
-
 @functools.lru_cache(maxsize=8)
 def _known(site: Located | None) -> bool:
     """Whether a known release has ``site``'s digest (once per file version: ``locate``
@@ -68,8 +55,8 @@ def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
     return [list(v) for v in endpoint.get(name) or ()]
 
 
-def state_layout_refusal(prefill: Endpoint, decode: Endpoint, session: str = "decode"
-                         ) -> tuple[str | None, str | None]:
+def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | None,
+                         session: str = "decode") -> tuple[str | None, str | None]:
     """(SGLang's reason, ``None``) when the release's own ``_validate_peer_state_layout``
     rejects the decode's state layout; (``None``, ``None``) when it accepts or the release
     has no such check; (``None``, why) when it cannot be run on what the endpoints hold."""
@@ -79,9 +66,11 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, session: str = "de
     function = getattr(cls, attr, None)
     if function is None:
         return None, None  # before 0.5.22: no registration-time state check
-    unknown = _judged()
-    if unknown is not None:
-        return None, unknown
+    if package is None:
+        return None, "the imported SGLang's source was not found"
+    if not _known(locate(package, SITES[SITE])):
+        return None, (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} differs from every "
+                      "release this guard knows: unknown for this release")
     if not all(prefill.has(n) for n in _STATE) or not decode.has("state_item_lens"):
         return None, "the registration carries no state layout"
     state_type = getattr(importlib.import_module(PD_STATE_TYPE_MODULE),  # unscanned: SGLang
@@ -132,10 +121,9 @@ def state_layout_findings(prefill: Endpoint, decode: Endpoint, package: Path | N
                           ) -> tuple[list[Finding], list[str]]:
     """The pair condition: Mooncake's own verdict on the decode's state layout (0.5.22+),
     judged where the decode's registration carries its state layout (run time)."""
-    del package  # the method's own digest decides (``_judged``)
     if prefill.get("transfer_backend") != "mooncake" or not decode.has("state_item_lens"):
         return [], []
-    reason, unknown = state_layout_refusal(prefill, decode,
+    reason, unknown = state_layout_refusal(prefill, decode, package,
                                            str(decode.get(PEER, "decode")))
     if reason is None:
         return [], [f"{CODE} (mooncake): not judged: {unknown}"] if unknown else []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
 
 from sglang_dsv4_guard.findings import STOPS_AT_START, Phase, When
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE
@@ -19,21 +18,16 @@ __all__ = ["bootstrap_timeout", "when_of"]
 _TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 
 
-def _field() -> Any:
-    """SGLang's own ``EnvField`` for the timeout (its parse and default), if readable."""
-    try:
-        envs = importlib.import_module(ENVIRON_MODULE).envs  # unscanned: SGLang's environ
-        return getattr(envs, _TIMEOUT_ENV)
-    except Exception:  # an unknown release layout: say so, do not guess a number
-        return None
-
-
 def bootstrap_timeout(env: Mapping[str, str] | None = None) -> tuple[int | None, str]:
     """Seconds a request waits for a rank that never answers, and where that comes from.
 
     The server's value is read with SGLang's own parser (``EnvInt.parse``): a value it
     rejects is what SGLang does with it, its default with a warning."""
-    field = _field()
+    try:  # SGLang's own EnvField for the timeout (its parse and default)
+        field = getattr(importlib.import_module(ENVIRON_MODULE).envs,  # unscanned: SGLang
+                        _TIMEOUT_ENV)
+    except Exception:  # an unknown release layout: say so, do not guess a number
+        field = None
     default = getattr(field, "default", None)
     raw = (env or {}).get(_TIMEOUT_ENV)
     if raw is not None:
