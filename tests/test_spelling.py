@@ -167,7 +167,7 @@ def _identifiers_of(path: Path, top: Path) -> set[str]:
 class TestOneMeaningOfVerdictAndLaunch(GuardTestCase):
     """A *verdict* is SGLang's own outcome on a configuration (it accepts, or raises); the
     guard's view of the installed release is its *judgement* (``host/judgement.py``); one
-    of SGLang's refusals of a pair is a *refusal* (``NixlRefusal`` ...). *Launch* is a
+    of SGLang's refusals of a pair is a *refusal* (``Refusal`` ...). *Launch* is a
     server's launch (its launch line; dedup's launch identity), never the ``check``
     command's package. Prose may say "SGLang's verdict"; no name the package binds says
     "verdict" or is a module or folder called "launch"."""
