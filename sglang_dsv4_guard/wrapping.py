@@ -4,8 +4,8 @@ Every wrapped place (``setup_state_kv_args``, the MORI connector, the decode pee
 registration, decode's first contact) reuses these instead of restating them: which of
 SGLang's errors the guard may upgrade (:func:`upgrades`), what a failure of ours does
 (:func:`our_failure`), how a report is published before anything rises and what the raised
-exception carries (:func:`publish`, :func:`carried_text`), and who called the wrapped
-function (:func:`calling_frame`).
+exception carries (:func:`publish`, :func:`carried_text`, :func:`deliver`), and who called
+the wrapped function (:func:`calling_frame`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from sglang_dsv4_guard.reporter import Delivery, delivering, headline, pointer
 from sglang_dsv4_guard.runtime import Runtime, add_note
 
 __all__ = [
+    "HANDLER",
     "HOOK_LAYERS",
     "calling_frame",
     "carried_text",
+    "deliver",
     "handler_prints_traceback",
     "note_carrier",
     "note_on",
@@ -46,6 +48,8 @@ HOOK_LAYERS = ("sglang_dsv4_guard.", REGISTRY_MODULE)
 #: SGLang's scheduler entry point, whose ``except Exception`` logs the traceback
 #: ("Scheduler hit an exception: ...") before it signals the parent.
 _SCHEDULER_HANDLER = (SCHEDULER_MODULE, "run_scheduler_process")
+#: That handler as a report names it, when it prints the traceback of what rises.
+HANDLER = f"SGLang's scheduler ({SCHEDULER_MODULE}.run_scheduler_process)"
 
 
 def upgrades(error: BaseException) -> bool:
@@ -133,6 +137,26 @@ def carried_text(report: Report, delivery: Delivery) -> str | None:
     if prints_in_full(delivery.seen) or fp is None:
         return render_report(report)
     return pointer(report, fp, delivery.seen)
+
+
+def deliver(rt: Runtime, report: Report, host_error: Exception, mirrored: bool,
+            in_scheduler: bool) -> DSV4GuardError | None:
+    """Deliver ``report`` on SGLang's ``host_error``: when ``mirrored`` (SGLang's own
+    verdict, :func:`upgrades`), the :class:`DSV4GuardError` to raise in its place (first
+    line SGLang's, chained to it); else ``None``, the report attached to ``host_error`` as
+    a PEP 678 note and as ``dsv4_guard_report``. ``in_scheduler``: SGLang's scheduler
+    handler is on the stack and logs the traceback of what rises."""
+    # A note is printed with the traceback from Python 3.11; the message on any Python.
+    shown = in_scheduler and (mirrored or sys.version_info >= (3, 11))
+    carrier = "the DSV4GuardError raised to SGLang" if mirrored else note_carrier(host_error)
+    delivery = publish(rt, report, Delivery(raised=True, carrier=carrier,
+                                            printed_by=HANDLER if shown else None))
+    text = carried_text(report, delivery)
+    if mirrored:
+        return DSV4GuardError(str(host_error), report, text, host_error)
+    add_note(host_error, text or "")
+    host_error.dsv4_guard_report = report  # type: ignore[attr-defined]
+    return None
 
 
 def _module(frame: FrameType) -> str:

@@ -40,15 +40,12 @@ from sglang_dsv4_guard.contact.snapshot import ContactContext, snapshot_contact
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Report, Severity
 from sglang_dsv4_guard.host import server
-from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT, SCHEDULER_MODULE
+from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
-from sglang_dsv4_guard.reporter import Delivery
-from sglang_dsv4_guard.runtime import Runtime, add_note
+from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.wrapping import (
-    carried_text,
+    deliver,
     handler_prints_traceback,
-    note_carrier,
-    publish,
     replacing,
     self_check,
     upgrades,
@@ -58,8 +55,6 @@ __all__ = ["CONTACT_MODULE", "ContactGuard", "contact_patcher", "make_contact_wr
 
 #: The module defining decode's first contact (imported by SGLang, never by the guard).
 CONTACT_MODULE = PD_FIRST_CONTACT.module
-
-_HANDLER = f"SGLang's scheduler ({SCHEDULER_MODULE}.run_scheduler_process)"
 
 
 def _backend(manager: object) -> str:
@@ -108,18 +103,8 @@ class ContactGuard:
             self.busy.active = False
         if not report.findings:
             return None
-        in_traceback = handler_prints_traceback(sys._getframe(2))
-        shown = in_traceback and (mirrored or sys.version_info >= (3, 11))
-        carrier = ("the DSV4GuardError raised to SGLang" if mirrored
-                   else note_carrier(error))
-        delivery = publish(self.rt, report, Delivery(
-            raised=True, carrier=carrier, printed_by=_HANDLER if shown else None))
-        text = carried_text(report, delivery)
-        if mirrored:
-            return DSV4GuardError(str(error), report, text, error)
-        add_note(error, text or "")
-        error.dsv4_guard_report = report  # type: ignore[attr-defined]
-        return None
+        return deliver(self.rt, report, error, mirrored,
+                       handler_prints_traceback(sys._getframe(2)))
 
 
 def _raise_for(guard: ContactGuard, manager: object, addr: object, error: Exception) -> None:

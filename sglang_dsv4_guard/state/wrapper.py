@@ -30,9 +30,9 @@ from sglang_dsv4_guard.boundary import CODE as PLUGIN_FAILED
 from sglang_dsv4_guard.boundary import is_builtin, plugin_failure
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
-from sglang_dsv4_guard.host.targets import CALLERS, FLASHMLA_ENV, SCHEDULER_MODULE
+from sglang_dsv4_guard.host.targets import CALLERS, FLASHMLA_ENV
 from sglang_dsv4_guard.reporter import Delivery
-from sglang_dsv4_guard.runtime import Runtime, add_note
+from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.state.snapshot import (
     StateContext,
     StatePair,
@@ -40,11 +40,12 @@ from sglang_dsv4_guard.state.snapshot import (
     snapshot_pair,
 )
 from sglang_dsv4_guard.wrapping import (
+    HANDLER,
     HOOK_LAYERS,
     calling_frame,
     carried_text,
+    deliver,
     handler_prints_traceback,
-    note_carrier,
     note_on,
     our_failure,
     publish,
@@ -53,9 +54,6 @@ from sglang_dsv4_guard.wrapping import (
 )
 
 __all__ = ["CallSite", "Prepared", "check_pair", "make_state_wrapper", "prepare_pair"]
-
-_HANDLER = f"SGLang's scheduler ({SCHEDULER_MODULE}.run_scheduler_process)"
-
 
 @dataclass(frozen=True)
 class CallSite:
@@ -165,31 +163,13 @@ def _findings(rt: Runtime, prep: Prepared, host_line: str | None,
     return Report.of(findings, prep.context.describe(), host_error=host_line), mirrored
 
 
-def _publish(rt: Runtime, report: Report, raised: bool, in_traceback: bool = False,
-             carrier: str = "the DSV4GuardError raised to SGLang") -> str | None:
-    """Publish ``report``; when it is ``raised``, return the text the exception carries
-    (:func:`~sglang_dsv4_guard.wrapping.carried_text`; ``in_traceback``: SGLang's
-    scheduler handler is on the stack and logs the traceback)."""
-    delivery = publish(rt, report, Delivery(raised=raised, carrier=carrier, printed_by=(
-        _HANDLER if raised and in_traceback else None)))
-    return carried_text(report, delivery)
-
-
 def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Exception | None:
     text = str(host_error)
     host_line = text.splitlines()[0] if text else type(host_error).__name__
     report, mirrored = _findings(rt, prep, host_line, upgrades(host_error))
     if not report.findings:
         return None
-    # A note is printed with the traceback from Python 3.11; the message on any Python.
-    shown = prep.in_scheduler and (mirrored or sys.version_info >= (3, 11))
-    rendered = _publish(rt, report, raised=True, in_traceback=shown, carrier=(
-        "the DSV4GuardError raised to SGLang" if mirrored else note_carrier(host_error)))
-    if mirrored:
-        return DSV4GuardError(text, report, rendered, host_error)
-    add_note(host_error, rendered or "")
-    host_error.dsv4_guard_report = report  # type: ignore[attr-defined]
-    return None
+    return deliver(rt, report, host_error, mirrored, prep.in_scheduler)
 
 
 def _on_host_success(rt: Runtime, prep: Prepared) -> None:
@@ -199,12 +179,13 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
     escalate = [f for f in report.findings
                 if f.severity is not Severity.INFO and f.code != PLUGIN_FAILED
                 and not any(f is done for done in prep.remediation)]
-    rendered = _publish(rt, report, raised=rt.strict and bool(escalate),
-                        in_traceback=prep.in_scheduler)
-    if rt.strict and escalate:
+    raised = rt.strict and bool(escalate)
+    delivery = publish(rt, report, Delivery(raised=raised, printed_by=(
+        HANDLER if raised and prep.in_scheduler else None)))
+    if raised:
         first = escalate[0]
         raise DSV4GuardError(f"sglang-dsv4-guard (strict mode): [{first.code}] {first.summary}",
-                             report, rendered)
+                             report, carried_text(report, delivery))
 
 
 def _caller(frame: FrameType | None) -> CallSite:
