@@ -25,6 +25,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_COMMON_MODULE,
     PD_FIRST_CONTACT,
 )
+from sglang_dsv4_guard.peers.snapshot import state_names
 
 __all__ = ["ContactContext", "ContactSnapshot", "Seen", "prefill_info", "snapshot_contact"]
 
@@ -105,7 +106,7 @@ def _decode(manager: object) -> dict[str, tuple[Any, str]]:
                              f"{dotted}: it compares no such value")
             continue
         if name == "state_types":
-            value = tuple(str(getattr(s, "value", s)) for s in value or ())
+            value = state_names(value)
         out[name] = (value, _decode_source(name, dotted))
     return out
 

@@ -13,6 +13,7 @@ from typing import Any
 from sglang_dsv4_guard.findings import PlacedContext
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
+from sglang_dsv4_guard.peers.snapshot import int_or_none, state_names
 
 __all__ = ["SendContext", "SendSnapshot", "engine_key", "peer_identity", "snapshot_send"]
 
@@ -57,13 +58,6 @@ class SendContext(PlacedContext):
     place: str = "send"
 
 
-def _int(value: object) -> int | None:
-    try:
-        return int(value)  # type: ignore[call-overload, no-any-return]
-    except (TypeError, ValueError):
-        return None
-
-
 def engine_key(peer: object) -> str | None:
     """The peer's engine key (a property over its engine descriptor), or ``None``."""
     try:
@@ -92,15 +86,15 @@ def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapsho
         is_mla_backend=bool(mgr["is_mla_backend"]),
         attn_tp_size=mgr["attn_tp_size"],
         decode_tp_size=info["decode_tp_size"],
-        state_types=tuple(str(getattr(s, "value", s)) for s in kv_args["state_types"] or ()),
-        tp_size=_int(server_args["tp_size"]),
-        dp_size=_int(server_args["dp_size"]),
+        state_types=state_names(kv_args["state_types"]),
+        tp_size=int_or_none(server_args["tp_size"]),
+        dp_size=int_or_none(server_args["dp_size"]),
         enable_dp_attention=server_args["enable_dp_attention"],
-        attn_cp_size=_int(server_args["attn_cp_size"]),
-        pp_size=_int(mgr["pp_size"]),
+        attn_cp_size=int_or_none(server_args["attn_cp_size"]),
+        pp_size=int_or_none(mgr["pp_size"]),
         engine_key=info["engine_key"],
         endpoint=info["endpoint"],
-        dst_port=_int(info["dst_port"]),
+        dst_port=int_or_none(info["dst_port"]),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,8 @@ from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Value
 
-__all__ = ["TIMEOUT_ENV", "Registration", "RegistrationContext", "peer_name",
-           "snapshot_registration"]
+__all__ = ["TIMEOUT_ENV", "Registration", "RegistrationContext", "int_or_none", "peer_name",
+           "snapshot_registration", "state_names"]
 
 TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 _MASK_ENV = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
@@ -57,11 +57,17 @@ def _read(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: getattr(obj, name, None) for name in names}
 
 
-def _int(value: object) -> int | None:
+def int_or_none(value: object) -> int | None:
+    """A value SGLang holds as an integer (a size, a port, a rank), else ``None``: not known."""
     try:
         return int(value)  # type: ignore[call-overload, no-any-return]
     except (TypeError, ValueError):
         return None
+
+
+def state_names(types: Iterable[object] | None) -> tuple[str, ...]:
+    """SGLang's state types (``StateType`` members, or already strings) as plain names."""
+    return tuple(str(getattr(s, "value", s)) for s in types or ())
 
 
 def _sequence(value: object) -> list[Any] | tuple[Any, ...]:
@@ -98,10 +104,10 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
     for name in ("is_mla_backend", "is_hybrid_mla_backend"):
         _put(values, name, mgr[name], f"{owner}.{name} on the prefill")
     for name in ("attn_tp_size", "pp_size", "dcp_size", "dcp_rank"):  # a size, else not known
-        _put(values, name, _int(mgr[name]), f"{owner}.{name} on the prefill")
+        _put(values, name, int_or_none(mgr[name]), f"{owner}.{name} on the prefill")
     if kv["state_types"] is not None:
         values["state_types"] = Value(
-            tuple(str(getattr(s, "value", s)) for s in kv["state_types"]),
+            state_names(kv["state_types"]),
             "kv_args.state_types on the prefill (its pool's state components)")
     _put(values, "swa_kv_cache_layout", kv["swa_kv_cache_layout"],
          "kv_args.swa_kv_cache_layout on the prefill")
@@ -120,7 +126,7 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
     _put(values, "kv_checksum", args["disaggregation_enable_kv_checksum"],
          "server flag --disaggregation-enable-kv-checksum on the prefill")
     _state_geometry(values, kv, "kv_args.{} on the prefill", "")
-    _put(values, "state_tp_size", _int(mgr["state_tp_size"]),
+    _put(values, "state_tp_size", int_or_none(mgr["state_tp_size"]),
          f"{owner}.state_tp_size on the prefill")
     _dims(values, kv["state_dim_per_tensor"], "kv_args.state_dim_per_tensor on the prefill")
     _put(values, "mla_compression_ratios", kv["mla_compression_ratios"],
@@ -165,10 +171,10 @@ def _decode(backend: str, info: object) -> Endpoint:
     values: dict[str, Value] = {"transfer_backend": Value(backend, owner),
                                 PEER: Value(peer_name(info), owner)}
     tp_name = "decode_tp_size" if peer["decode_tp_size"] is not None else "dst_attn_tp_size"
-    _put(values, "attn_tp_size", _int(peer[tp_name]),
+    _put(values, "attn_tp_size", int_or_none(peer[tp_name]),
          f"{tp_name} in {owner}: the decode's attention TP size")
-    _put(values, "dcp_size", _int(peer["dst_dcp_size"]), f"dst_dcp_size in {owner}")
-    _put(values, "dcp_rank", _int(peer["dst_dcp_rank"]), f"dst_dcp_rank in {owner}")
+    _put(values, "dcp_size", int_or_none(peer["dst_dcp_size"]), f"dst_dcp_size in {owner}")
+    _put(values, "dcp_rank", int_or_none(peer["dst_dcp_rank"]), f"dst_dcp_rank in {owner}")
     kinds = peer["dst_kv_mem_kinds"]
     if kinds is not None:
         values["kv_mem_kinds"] = Value(list(kinds), f"dst_kv_mem_kinds in {owner}")
@@ -196,4 +202,4 @@ def snapshot_registration(backend: str, manager: object, info: object) -> Regist
     endpoint, port = getattr(info, "endpoint", None), getattr(info, "dst_port", None)
     env = {k: os.environ[k] for k in (TIMEOUT_ENV, _MASK_ENV) if k in os.environ}
     return Registration(backend, peer_name(info), f"{endpoint}:{port}", prefill, decode,
-                        _int(raw["engine_rank"]), _int(raw["bootstrap_port"]), env)
+                        int_or_none(raw["engine_rank"]), int_or_none(raw["bootstrap_port"]), env)
