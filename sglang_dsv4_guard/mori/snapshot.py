@@ -15,7 +15,7 @@ from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.peers.snapshot import int_or_none, state_names
 
-__all__ = ["SendContext", "SendSnapshot", "engine_key", "peer_identity", "snapshot_send"]
+__all__ = ["SendContext", "SendSnapshot", "engine_key", "peer_key_or_address", "snapshot_send"]
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,11 @@ def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapsho
     )
 
 
-def peer_identity(peer: object) -> str:
-    """Who a decode peer is: its engine key, else its endpoint and port, else the object.
+def peer_key_or_address(peer: object) -> str:
+    """Who a decode peer is in MORI's transfers: its engine key, else its endpoint and port,
+    else the object. Unlike :func:`~sglang_dsv4_guard.peers.snapshot.peer_name` (the key
+    the prefill's peer table holds, else the object), a key-less peer is told apart by
+    its address: each gets its own report and counts.
 
     The object fallback (``object id 0x...``) is only unique while the object lives: the
     caller keeps a reference to it.

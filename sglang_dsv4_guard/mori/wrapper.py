@@ -3,7 +3,7 @@
 The send path runs per request in MORI's transfer threads, so a passing call costs
 one truth test and a ``try`` (free in CPython 3.11 until something raises).
 
-Peers are told apart by :func:`~sglang_dsv4_guard.mori.snapshot.peer_identity`; reports
+Peers are told apart by :func:`~sglang_dsv4_guard.mori.snapshot.peer_key_or_address`; reports
 are built and cached per peer and shown once per *mismatch* (:func:`mismatch_key`;
 :mod:`sglang_dsv4_guard.dedup.mismatch`), so a TP-8 prefill rank meeting 8 decode peers
 with the same TP shows one report, not eight:
@@ -44,7 +44,7 @@ from sglang_dsv4_guard.mori.checks import CODE, violates
 from sglang_dsv4_guard.mori.snapshot import (
     SendContext,
     SendSnapshot,
-    peer_identity,
+    peer_key_or_address,
     snapshot_send,
 )
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
@@ -101,7 +101,7 @@ class MoriGuard:
 
     def identity(self, peer: object) -> str:
         """The peer's identity; an object without one is kept alive so its id stays its own."""
-        ident = peer_identity(peer)
+        ident = peer_key_or_address(peer)
         if ident.startswith("object id "):
             self._objects.setdefault(ident, peer)
         return ident
@@ -206,7 +206,7 @@ class MoriGuard:
         state_type = bound.arguments.get("state_type")
         if str(getattr(state_type, "value", state_type)) != "swa":
             return None
-        entry = self.blocked.get(peer_identity(bound.arguments.get("peer_info")))
+        entry = self.blocked.get(peer_key_or_address(bound.arguments.get("peer_info")))
         if entry is None:
             return None
         report, rendered = entry

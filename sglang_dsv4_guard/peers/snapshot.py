@@ -84,7 +84,8 @@ def _put(values: dict[str, Value], name: str, value: object, source: str) -> Non
 
 def peer_name(info: object) -> str:
     """The name the prefill keys the peer by (NIXL's agent name, Mooncake's session id,
-    MORI's engine key), else its id."""
+    MORI's engine key), else its id; never its address, unlike MORI's transfers'
+    :func:`~sglang_dsv4_guard.mori.snapshot.peer_key_or_address`."""
     for attr in ("agent_name", "mooncake_session_id", "engine_key"):
         try:  # MORI's engine_key is a property over its engine descriptor
             name = getattr(info, attr, None)
