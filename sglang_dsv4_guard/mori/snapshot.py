@@ -8,14 +8,13 @@ The only module of :mod:`sglang_dsv4_guard.mori` that reads SGLang's MORI object
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sglang_dsv4_guard.findings import PlacedContext
 from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
-from sglang_dsv4_guard.peers.snapshot import int_or_none, state_names
+from sglang_dsv4_guard.peers.snapshot import engine_key, int_or_none, read_attrs, state_names
 
-__all__ = ["SendContext", "SendSnapshot", "engine_key", "peer_key_or_address", "snapshot_send"]
+__all__ = ["SendContext", "SendSnapshot", "peer_key_or_address", "snapshot_send"]
 
 
 @dataclass(frozen=True)
@@ -58,29 +57,13 @@ class SendContext(PlacedContext):
     place: str = "send"
 
 
-def engine_key(peer: object) -> str | None:
-    """The peer's engine key (a property over its engine descriptor), or ``None``."""
-    try:
-        key = peer.engine_key  # type: ignore[attr-defined]
-    except Exception:
-        return None
-    return None if key is None else str(key)
-
-
-def _read(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
-    """``names`` of ``obj`` (``None`` for one it does not carry; any other failure to
-    read one is the guard's own, reported as such; ``engine_key``: :func:`engine_key`)."""
-    return {name: engine_key(obj) if name == "engine_key" else getattr(obj, name, None)
-            for name in names}
-
-
 def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapshot:
     """The values SGLang's TP check reads, and the layout around them: the attributes
     ``host/targets`` declares (``MORI_*_ATTRS``), and nothing else."""
-    mgr = _read(manager, targets.MORI_MANAGER_ATTRS)
-    server_args = _read(mgr["server_args"], targets.MORI_SERVER_ARGS_ATTRS)
-    kv_args = _read(mgr["kv_args"], targets.MORI_KV_ARGS_ATTRS)
-    info = _read(peer, targets.MORI_PEER_ATTRS)
+    mgr = read_attrs(manager, targets.MORI_MANAGER_ATTRS)
+    server_args = read_attrs(mgr["server_args"], targets.MORI_SERVER_ARGS_ATTRS)
+    kv_args = read_attrs(mgr["kv_args"], targets.MORI_KV_ARGS_ATTRS)
+    info = read_attrs(peer, targets.MORI_PEER_ATTRS)
     return SendSnapshot(
         state_type=str(getattr(state_type, "value", state_type)),
         is_mla_backend=bool(mgr["is_mla_backend"]),

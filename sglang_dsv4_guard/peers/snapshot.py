@@ -20,8 +20,8 @@ from sglang_dsv4_guard.host import targets
 from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Value
 
-__all__ = ["TIMEOUT_ENV", "Registration", "RegistrationContext", "int_or_none", "peer_name",
-           "snapshot_registration", "state_names"]
+__all__ = ["TIMEOUT_ENV", "Registration", "RegistrationContext", "engine_key", "int_or_none",
+           "peer_name", "read_attrs", "snapshot_registration", "state_names"]
 
 TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 _MASK_ENV = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
@@ -53,8 +53,20 @@ class RegistrationContext:
     mode: str = "on"
 
 
-def _read(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
-    return {name: getattr(obj, name, None) for name in names}
+def engine_key(peer: object) -> str | None:
+    """The peer's engine key (a property over its engine descriptor), or ``None``."""
+    try:
+        key = peer.engine_key  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return None if key is None else str(key)
+
+
+def read_attrs(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
+    """``names`` of ``obj`` (``None`` for one it does not carry; any other failure to
+    read one is the guard's own, reported as such; ``engine_key``: :func:`engine_key`)."""
+    return {name: engine_key(obj) if name == "engine_key" else getattr(obj, name, None)
+            for name in names}
 
 
 def int_or_none(value: object) -> int | None:
@@ -97,9 +109,9 @@ def peer_name(info: object) -> str:
 
 
 def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
-    mgr = _read(manager, targets.PEERS_MANAGER_ATTRS)
-    kv = _read(mgr["kv_args"], targets.PEERS_KV_ARGS_ATTRS)
-    args = _read(mgr["server_args"], targets.PEERS_SERVER_ARGS_ATTRS)
+    mgr = read_attrs(manager, targets.PEERS_MANAGER_ATTRS)
+    kv = read_attrs(mgr["kv_args"], targets.PEERS_KV_ARGS_ATTRS)
+    args = read_attrs(mgr["server_args"], targets.PEERS_SERVER_ARGS_ATTRS)
     owner = type(manager).__name__
     values: dict[str, Value] = {"transfer_backend": Value(backend, f"the prefill's {owner}")}
     for name in ("is_mla_backend", "is_hybrid_mla_backend"):
@@ -167,7 +179,7 @@ def _dims(values: dict[str, Value], dims: object, source: str) -> None:
 
 
 def _decode(backend: str, info: object) -> Endpoint:
-    peer = _read(info, targets.PEERS_INFO_ATTRS)
+    peer = read_attrs(info, targets.PEERS_INFO_ATTRS)
     owner = f"{type(info).__name__} (the decode's registration)"
     values: dict[str, Value] = {"transfer_backend": Value(backend, owner),
                                 PEER: Value(peer_name(info), owner)}
