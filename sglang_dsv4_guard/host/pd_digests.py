@@ -47,7 +47,8 @@ from sglang_dsv4_guard.host.targets import (
 )
 
 __all__ = ["PD_DIGESTS_FILE", "SITES", "Located", "NotJudged", "SiteSpec", "digest_pd_tree",
-           "first_statement", "known_releases", "locate", "row_releases", "unjudged_sites"]
+           "first_statement", "known_releases", "known_sites", "locate", "row_releases",
+           "unjudged_sites"]
 
 PD_DIGESTS_FILE = Path(__file__).with_name("pd_digests.json")
 
@@ -350,16 +351,25 @@ def row_releases(found: Mapping[str, str], keys: Sequence[str]) -> list[str]:
             if all(stored.get(k) == found.get(k) for k in keys)]
 
 
-def unjudged_sites(package: Path | None, keys: Sequence[str], code: str) -> str | None:
-    """The ``unknowns`` line of a condition reading sites ``keys`` when the release at
-    ``package`` matches no known release on them (or its source was not found), else
-    ``None``."""
+def known_sites(package: Path | None, keys: Sequence[str]) -> dict[str, Located | None]:
+    """The sites ``keys`` of the release at ``package`` (``None`` for one it has not), when
+    their digests (an absent site's is ``missing``) are all a known release's. Raises
+    :class:`NotJudged` otherwise, naming the functions, or when the source was not found."""
     if package is None:
-        return f"{code}: not judged: the imported SGLang's source was not found"
-    found = {key: site.digest if (site := locate(package, SITES[key])) else MISSING
-             for key in keys}
-    if row_releases(found, keys):
-        return None
-    targets = sorted({str(SITES[k].target) for k in keys})
-    return (f"{code}: not judged: SGLang's {' / '.join(targets)} differs from every release "
-            "this guard knows")
+        raise NotJudged("the imported SGLang's source was not found")
+    sites = {key: locate(package, SITES[key]) for key in keys}
+    if not row_releases({k: s.digest if s else MISSING for k, s in sites.items()}, keys):
+        targets = " / ".join(sorted({str(SITES[k].target) for k in keys}))
+        raise NotJudged(f"SGLang's {targets} differs from every release this guard knows: "
+                        "unknown for this release")
+    return sites
+
+
+def unjudged_sites(package: Path | None, keys: Sequence[str], code: str) -> str | None:
+    """The ``unknowns`` line of a condition reading sites ``keys`` when :func:`known_sites`
+    does not judge them, else ``None``."""
+    try:
+        known_sites(package, keys)
+    except NotJudged as exc:
+        return f"{code}: not judged: {exc}"
+    return None

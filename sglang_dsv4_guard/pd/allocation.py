@@ -24,7 +24,7 @@ from typing import Any
 
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase
-from sglang_dsv4_guard.host.pd_digests import NotJudged, digest_pd_tree, row_releases
+from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import (
     PD_COMMON_MANAGER,
     PD_COMMON_MODULE,
@@ -94,13 +94,12 @@ def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
         return [], []  # FakeKVReceiver is not a CommonKVReceiver: it compares nothing
     if package is None:
         return [], [f"{CODE}: not judged: the imported SGLang's source was not found"]
-    found = digest_pd_tree(package)
-    if all(found.get(key) == "missing" for key in SITE_KEYS):
+    try:
+        sites = known_sites(package, SITE_KEYS)
+    except NotJudged as exc:
+        return [], [f"{CODE} ({release}): not judged: {exc}"]
+    if all(site is None for site in sites.values()):
         return [], []  # the release has no decode allocation policy (before 0.5.22)
-    if not row_releases(found, SITE_KEYS):
-        return [], [f"{CODE} ({release}): not judged: the release's "
-                    f"{PD_RECEIVER_INIT.qualname} compares the allocation policies in code "
-                    "no known release has"]
     if not (prefill.has(POLICY) and decode.has(POLICY)):
         return [], [f"{CODE} ({release}): not judged: a server's decode allocation policy "
                     "is not known"]

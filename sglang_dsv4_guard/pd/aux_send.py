@@ -32,7 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE, PD_AUX_CODEC
 from sglang_dsv4_guard.pd.buffers import mask_env
 
@@ -167,12 +167,10 @@ def _function(backend: str, package: Path) -> tuple[Any, str, Any, Any]:
     """The release's digested ``send_aux`` site of ``backend``, its name, the codec and
     SGLang's ``envs``."""
     key = f"{backend}.send_aux"
-    site = locate(package, SITES[key])
+    site = known_sites(package, (key,))[key]
     target = str(SITES[key].target)
     if site is None:
         raise NotJudged(f"the release has no {target}")
-    if not row_releases({key: site.digest}, (key,)):
-        raise NotJudged(f"SGLang's {target} differs from every release this guard knows")
     if backend == "mooncake" and os.environ.get(_CUSTOM_POOL):
         raise NotJudged(f"{_CUSTOM_POOL} is set on the prefill: whether Mooncake's send_aux "
                         "takes its TCP path (an NVLINK pool) is not derived here")

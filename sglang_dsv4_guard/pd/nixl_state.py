@@ -20,7 +20,6 @@ allocated), so before launch every value here is unknown and nothing is reported
 
 from __future__ import annotations
 
-import functools
 import importlib
 import types
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.pd_digests import SITES, Located, NotJudged, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
 from sglang_dsv4_guard.pd.nixl_payload import payload_refusal
@@ -66,16 +65,6 @@ def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
     return [list(x) for x in (endpoint.get(name) or ())]
 
 
-@functools.lru_cache(maxsize=8)
-def _sites(package: Path) -> tuple[Located | None, Located | None, bool]:
-    """Both sites and whether their digests are a known release's, once per package (a
-    digest is an AST dump: milliseconds, per registering peer otherwise)."""
-    sites = {k: locate(package, SITES[k]) for k in KEYS}
-    known = bool(row_releases({k: s.digest if s else "missing" for k, s in sites.items()},
-                              KEYS))
-    return sites["nixl.state_layout"], sites["nixl.state_rejected"], known
-
-
 def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
                          peer: str = "decode") -> StateLayoutRefusal | None:
     """SGLang's ``_prepare_state_xfer`` on the pair's state registration: its rejection,
@@ -84,10 +73,8 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
     if not all(prefill.has(n) for n in PREFILL_NEEDS) or not all(
             decode.has(n) for n in DECODE_NEEDS):
         return None
-    state, rejected, known = _sites(package)
-    if not known:
-        raise NotJudged(f"SGLang's {PD_NIXL_STATE} differs from every release this guard "
-                        "knows: unknown for this release")
+    sites = known_sites(package, KEYS)
+    state, rejected = sites["nixl.state_layout"], sites["nixl.state_rejected"]
     if state is None or rejected is None:
         return None
     module = importlib.import_module(PD_NIXL_STATE.module)  # unscanned: targets

@@ -17,7 +17,6 @@ are the built pools', which its miniature pools do not have.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import threading
@@ -27,7 +26,7 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Phase, When
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE,
     PD_STATE_TYPE_MODULE,
@@ -41,14 +40,6 @@ CODE = "DSV4G050"
 SITE = "mooncake.state_layout"
 LOGGED = "Rejecting state transfers to decode session"  # SGLang's log line's head
 _STATE = ("state_types", "state_data_ptrs", "state_item_lens")
-
-
-@functools.lru_cache(maxsize=8)
-def _known(site: Located | None) -> bool:
-    """Whether a known release has ``site``'s digest (once per file version: ``locate``
-    returns the same site until the file changes, and a digest costs about 6 ms)."""
-    found = {SITE: site.digest if site is not None else "missing"}
-    return bool(row_releases(found, (SITE,)))
 
 
 def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
@@ -66,11 +57,10 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | No
     function = getattr(cls, attr, None)
     if function is None:
         return None, None  # before 0.5.22: no registration-time state check
-    if package is None:
-        return None, "the imported SGLang's source was not found"
-    if not _known(locate(package, SITES[SITE])):
-        return None, (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} differs from every "
-                      "release this guard knows: unknown for this release")
+    try:
+        known_sites(package, (SITE,))
+    except NotJudged as exc:
+        return None, str(exc)
     if not all(prefill.has(n) for n in _STATE) or not decode.has("state_item_lens"):
         return None, "the registration carries no state layout"
     state_type = getattr(importlib.import_module(PD_STATE_TYPE_MODULE),  # unscanned: SGLang
