@@ -13,7 +13,7 @@ from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
 __all__ = ["MAX_UNKNOWNS", "PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Refusal",
-           "Value", "pair_finding"]
+           "Value", "nested_lists", "pair_finding"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
@@ -83,6 +83,12 @@ class Endpoint:
     def with_values(self, **values: Value) -> Endpoint:
         """A copy with ``values`` added or replaced."""
         return Endpoint(self.role, {**self.values, **values}, self.notes, self.env)
+
+
+def nested_lists(endpoint: Endpoint, name: str) -> list[list[int]]:
+    """``endpoint``'s per-component value ``name`` (``state_item_lens`` ...) as the fresh
+    lists of lists SGLang's ``kv_args`` hold (empty when it is not known)."""
+    return [list(v) for v in endpoint.get(name) or ()]
 
 
 #: The most ``unknowns`` lines one pair keeps (the rest are counted): a condition that

@@ -31,7 +31,7 @@ from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
-from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, nested_lists, pair_finding
 from sglang_dsv4_guard.pd.nixl_payload import payload_refusal
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import when_of
@@ -59,10 +59,6 @@ class StateLayoutRefusal:
 class _SilentLogger:
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
-
-
-def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
-    return [list(x) for x in (endpoint.get(name) or ())]
 
 
 def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
@@ -93,19 +89,19 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
         is_mla_backend=bool(prefill.get("is_mla_backend")),
         pp_size=int(prefill.get("pp_size") or 1),
         kv_args=SimpleNamespace(
-            state_types=types_, state_data_ptrs=_lists(prefill, "state_data_ptrs"),
-            state_item_lens=_lists(prefill, "state_item_lens"),
-            state_data_lens=_lists(prefill, "state_data_lens"),
-            state_layer_ids=_lists(prefill, "state_layer_ids"),
+            state_types=types_, state_data_ptrs=nested_lists(prefill, "state_data_ptrs"),
+            state_item_lens=nested_lists(prefill, "state_item_lens"),
+            state_data_lens=nested_lists(prefill, "state_data_lens"),
+            state_layer_ids=nested_lists(prefill, "state_layer_ids"),
             mla_compression_ratios=prefill.get("mla_compression_ratios"), gpu_id=0))
     relayout = requires_relayout(prefill, decode)
     info = SimpleNamespace(
         agent_name=peer, dst_dcp_size=int(decode.get("dcp_size") or 1),
         requires_dcp_relayout=bool(relayout), decode_tp_size=int(decode.get("attn_tp_size")),
-        dst_state_data_ptrs=_lists(decode, "state_data_ptrs"),
-        dst_state_item_lens=_lists(decode, "state_item_lens"),
-        dst_state_data_lens=_lists(decode, "state_data_lens"),
-        dst_state_layer_ids=_lists(decode, "state_layer_ids"), gpu_id=0)
+        dst_state_data_ptrs=nested_lists(decode, "state_data_ptrs"),
+        dst_state_item_lens=nested_lists(decode, "state_item_lens"),
+        dst_state_data_lens=nested_lists(decode, "state_data_lens"),
+        dst_state_layer_ids=nested_lists(decode, "state_layer_ids"), gpu_id=0)
     try:
         method(manager, info)
     except Exception as exc:
@@ -114,7 +110,7 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
     rejection = manager._state_layout_rejections.get(peer)
     if rejection is None:
         return None
-    src, dst = _lists(prefill, "state_item_lens"), _lists(decode, "state_item_lens")
+    src, dst = nested_lists(prefill, "state_item_lens"), nested_lists(decode, "state_item_lens")
     differ = tuple((i, str(getattr(types_[i], "value", types_[i])),
                     tuple(src[i]), tuple(dst[i]) if i < len(dst) else ())
                    for i in sorted(manager._prepared_state_components)

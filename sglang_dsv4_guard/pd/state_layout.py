@@ -32,7 +32,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_STATE_TYPE_MODULE,
     PEERS_MOONCAKE_VALIDATE,
 )
-from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, nested_lists, pair_finding
 
 __all__ = ["CODE", "LOGGED", "SITE", "state_layout_findings", "state_layout_refusal"]
 
@@ -40,10 +40,6 @@ CODE = "DSV4G050"
 SITE = "mooncake.state_layout"
 LOGGED = "Rejecting state transfers to decode session"  # SGLang's log line's head
 _STATE = ("state_types", "state_data_ptrs", "state_item_lens")
-
-
-def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
-    return [list(v) for v in endpoint.get(name) or ()]
 
 
 def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | None,
@@ -68,9 +64,9 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | No
     manager: Any = object.__new__(cls)
     manager.kv_args = SimpleNamespace(
         state_types=[state_type(v) for v in prefill.get("state_types")],
-        state_data_ptrs=_lists(prefill, "state_data_ptrs"),
-        state_item_lens=_lists(prefill, "state_item_lens"),
-        state_layer_ids=_lists(prefill, "state_layer_ids"))
+        state_data_ptrs=nested_lists(prefill, "state_data_ptrs"),
+        state_item_lens=nested_lists(prefill, "state_item_lens"),
+        state_layer_ids=nested_lists(prefill, "state_layer_ids"))
     attn_tp = prefill.get("attn_tp_size")
     manager.__dict__.update(
         is_mla_backend=bool(prefill.get("is_mla_backend", False)),
@@ -79,9 +75,9 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | No
         state_tp_size=prefill.get("state_tp_size", attn_tp))
     info = SimpleNamespace(
         mooncake_session_id=session, dst_attn_tp_size=decode.get("attn_tp_size"),
-        dst_state_data_ptrs=_lists(decode, "state_data_ptrs"),
-        dst_state_item_lens=_lists(decode, "state_item_lens"),
-        dst_state_layer_ids=_lists(decode, "state_layer_ids"))
+        dst_state_data_ptrs=nested_lists(decode, "state_data_ptrs"),
+        dst_state_item_lens=nested_lists(decode, "state_item_lens"),
+        dst_state_layer_ids=nested_lists(decode, "state_layer_ids"))
     log = logging.getLogger(PEERS_MOONCAKE_VALIDATE.module)  # SGLang's module logger
     quiet = _ThisThread()
     log.addFilter(quiet)  # SGLang logged its own run's lines already
