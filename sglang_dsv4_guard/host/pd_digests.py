@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType
+from types import CodeType, FunctionType
 from typing import Any
 
 from sglang_dsv4_guard.host.digests import MISSING, ast_digest, find_definition, in_source_order, read_module
@@ -48,7 +48,7 @@ from sglang_dsv4_guard.host.targets import (
 
 __all__ = ["PD_DIGESTS_FILE", "SITES", "Located", "NotJudged", "SiteSpec", "digest_pd_tree",
            "first_statement", "known_releases", "known_sites", "locate", "row_releases",
-           "unjudged_sites"]
+           "unjudged_sites", "with_globals"]
 
 PD_DIGESTS_FILE = Path(__file__).with_name("pd_digests.json")
 
@@ -206,6 +206,13 @@ class Located:
         except Exception as exc:  # a value the guard does not give it: not judged
             raise NotJudged(f"{self.spec.target}: {ast.unparse(node)[:120]} reads what "
                             f"the guard does not derive ({type(exc).__name__}: {exc})") from exc
+
+
+def with_globals(function: FunctionType, **names: Any) -> FunctionType:
+    """A copy of SGLang's ``function`` (its very code) that reads ``names`` instead of its
+    module's globals of those names; the module and the function stay untouched."""
+    return FunctionType(function.__code__, {**function.__globals__, **names},
+                        function.__name__, function.__defaults__, function.__closure__)
 
 
 def _names_read(nodes: Sequence[ast.AST]) -> set[str]:

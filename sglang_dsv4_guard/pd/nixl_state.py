@@ -21,7 +21,6 @@ allocated), so before launch every value here is unknown and nothing is reported
 from __future__ import annotations
 
 import importlib
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +28,7 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
+from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites, with_globals
 from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, nested_lists, pair_finding
 from sglang_dsv4_guard.pd.nixl_payload import payload_refusal
@@ -76,8 +75,7 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
     module = importlib.import_module(PD_NIXL_STATE.module)  # unscanned: targets
     cls = getattr(module, PD_NIXL_STATE.qualname.split(".")[0])
     real = vars(cls)["_prepare_state_xfer"]
-    method = types.FunctionType(real.__code__, {**real.__globals__, "logger": _SilentLogger()},
-                                real.__name__, real.__defaults__, real.__closure__)
+    method = with_globals(real, logger=_SilentLogger())
     enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
     types_ = [enum(s) for s in prefill.get("state_types")]
     tp = int(prefill.get("attn_tp_size"))
