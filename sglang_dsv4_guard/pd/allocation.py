@@ -32,7 +32,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_SERVER_INFO,
 )
 from sglang_dsv4_guard.pd.endpoint import Endpoint
-from sglang_dsv4_guard.pd.first_contact import route_answer
+from sglang_dsv4_guard.pd.first_contact import BOOTSTRAP_ADDRESS, route_answer
 from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["CODE", "SITE_KEYS", "allocation_findings", "receiver_failure"]
@@ -40,7 +40,6 @@ __all__ = ["CODE", "SITE_KEYS", "allocation_findings", "receiver_failure"]
 CODE = "DSV4G037"
 SITE_KEYS = ("receiver.allocation_policy", "receiver.prefill_complete_peer")
 POLICY = "decode_allocation_policy"
-_ADDRESS = "prefill-bootstrap.check.invalid:8998"  # never resolved: the table is local
 
 
 class _PastTheComparison(Exception):
@@ -61,14 +60,14 @@ def receiver_failure(prefill: Endpoint, decode: Endpoint) -> str | None:
     missing: list[str] = []
     info = info_cls(**route_answer(prefill, decode, info_cls, missing))
     manager = object.__new__(getattr(module, PD_COMMON_MANAGER))
-    manager.prefill_info_table = {_ADDRESS: info}
+    manager.prefill_info_table = {BOOTSTRAP_ADDRESS: info}
     manager.failure_lock, manager.failure_records = threading.Lock(), {}
     manager.request_status, manager.deferred_bootstrap = {}, None
     manager.required_prefill_response_num_table = _StopTable()
     # The method on a plain receiver state: the class is abstract in 0.5.22 (its backends
     # add failure_exception), and init reads only these before the comparison.
-    receiver = SimpleNamespace(conclude_state=None, bootstrap_addr=_ADDRESS, bootstrap_room=0,
-                               kv_mgr=manager)
+    receiver = SimpleNamespace(conclude_state=None, bootstrap_addr=BOOTSTRAP_ADDRESS,
+                               bootstrap_room=0, kv_mgr=manager)
     # the conn module's get_disagg answers the decode's policy for the call
     saved, policy = module.get_disagg, str(decode.get(POLICY, "early"))
     module.get_disagg = lambda: SimpleNamespace(disaggregation_decode_allocation_policy=policy)

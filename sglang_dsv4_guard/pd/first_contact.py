@@ -43,8 +43,9 @@ from sglang_dsv4_guard.pd.endpoint import Endpoint
 from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["DSPARK_CODE", "DTYPE_CODE", "LAYOUT_CODE", "MAX_CALLS", "PAGE_CODE", "Contact",
-           "Raised", "contact_findings", "first_contact", "rule_for"]
+__all__ = ["BOOTSTRAP_ADDRESS", "DSPARK_CODE", "DTYPE_CODE", "LAYOUT_CODE", "MAX_CALLS",
+           "PAGE_CODE", "Contact", "Raised", "contact_findings", "first_contact", "route_answer",
+           "rule_for"]
 
 MAX_CALLS = 12
 # The codes of its conditions (the modules that name one import it from here).
@@ -55,7 +56,8 @@ UNMAPPED_CODE = CP_CODE
 _READS = {DCP_CODE: {"dcp_size": "decode", "attn_cp_size": "prefill",
                      "enable_kv_cache_sharding": "prefill"},
           CP_CODE: {"attn_cp_size": "decode", "enable_kv_cache_sharding": "prefill"}}
-_ADDRESS = "prefill-bootstrap.check.invalid:8998"  # never resolved: answered locally
+#: The prefill's bootstrap address the decode's copies name; never resolved (answered locally).
+BOOTSTRAP_ADDRESS = "prefill-bootstrap.check.invalid:8998"
 _BLOCK_SCALES = ("block_scale", "block_scale_swa")
 _MINIMAX_INDEX = "minimax_index_k"
 # Values a running server always has as numbers: ``None`` here means not derived.
@@ -321,7 +323,7 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str) -> Contact:
             calls += 1
             manager.prefill_info_table = {}
             try:
-                accepted = function(manager, _ADDRESS)
+                accepted = function(manager, BOOTSTRAP_ADDRESS)
             except (AttributeError, TypeError) as exc:
                 unknowns.append(f"decode's first contact ({release}): not judged further: "
                                 f"SGLang's {PD_FIRST_CONTACT.qualname} read what this check "
