@@ -32,10 +32,10 @@ import numpy as np
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import (
+    PD_BASE_MODULE,
     PD_MAMBA_SENDERS,
     PD_MORI_SEND_STATE,
     PD_NIXL_SEND_EXTRA,
-    PD_STATE_TYPE_MODULE,
 )
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Refusal, pair_finding
@@ -57,7 +57,7 @@ def _stop(*args: Any, **kwargs: Any) -> list[Any]:
 
 def _manager(cls: Any, tp: int, state_tp: int, types: tuple[str, ...],
              dims: list[list[int | None]], components: int) -> Any:
-    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+    enum = importlib.import_module(PD_BASE_MODULE).StateType  # unscanned: targets
     manager = object.__new__(cls)
     empty: list[list[int]] = [[] for _ in types]
     manager.__dict__.update(

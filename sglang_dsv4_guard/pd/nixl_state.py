@@ -29,7 +29,7 @@ from typing import Any
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites, with_globals
-from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
+from sglang_dsv4_guard.host.targets import PD_BASE_MODULE, PD_NIXL_STATE
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, nested_lists, pair_finding
 from sglang_dsv4_guard.pd.nixl_payload import payload_refusal
 from sglang_dsv4_guard.pd.relayout import requires_relayout
@@ -76,7 +76,7 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
     cls = getattr(module, PD_NIXL_STATE.qualname.split(".")[0])
     real = vars(cls)["_prepare_state_xfer"]
     method = with_globals(real, logger=_SilentLogger())
-    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+    enum = importlib.import_module(PD_BASE_MODULE).StateType  # unscanned: targets
     types_ = [enum(s) for s in prefill.get("state_types")]
     tp = int(prefill.get("attn_tp_size"))
     manager = object.__new__(cls)

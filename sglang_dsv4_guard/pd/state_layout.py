@@ -28,8 +28,8 @@ from sglang_dsv4_guard.findings import Finding, Phase, When
 from sglang_dsv4_guard.fixes import Fix, FixKind
 from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import (
+    PD_BASE_MODULE,
     PD_STATE_TYPE,
-    PD_STATE_TYPE_MODULE,
     PEERS_MOONCAKE_VALIDATE,
 )
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, nested_lists, pair_finding
@@ -59,7 +59,7 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | No
         return None, str(exc)
     if not all(prefill.has(n) for n in _STATE) or not decode.has("state_item_lens"):
         return None, "the registration carries no state layout"
-    state_type = getattr(importlib.import_module(PD_STATE_TYPE_MODULE),  # unscanned: SGLang
+    state_type = getattr(importlib.import_module(PD_BASE_MODULE),  # unscanned: SGLang
                          PD_STATE_TYPE)
     manager: Any = object.__new__(cls)
     manager.kv_args = SimpleNamespace(
