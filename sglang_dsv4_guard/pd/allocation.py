@@ -22,7 +22,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import (
@@ -31,7 +30,7 @@ from sglang_dsv4_guard.host.targets import (
     PD_RECEIVER_INIT,
     PD_SERVER_INFO,
 )
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
 from sglang_dsv4_guard.pd.first_contact import BOOTSTRAP_ADDRESS, route_answer
 from sglang_dsv4_guard.pd.when import when_of
 
@@ -110,12 +109,9 @@ def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
         return [], []
     names = (POLICY, "attn_tp_size", "attn_cp_size", "pp_size") \
         if "peer attention" in failure else (POLICY,)
-    finding = Finding(
-        code=CODE, severity=CODES[CODE].severity, summary=CODES[CODE].title,
-        subject="the decode's receiver for each request",
-        observations=tuple(e.observation(n) for n in names for e in (prefill, decode)),
-        details=(f"SGLang's own {PD_RECEIVER_INIT.qualname} recorded this failure on the "
-                 "prefill's bootstrap answer and the decode's policy",),
-        docs=docs_url(CODE), host_message=failure,
-        when=when_of(Phase.RECEIVER, str(decode.get("transfer_backend", "?"))))
-    return [finding], []
+    return [pair_finding(
+        CODE, "the decode's receiver for each request", (prefill, decode), names,
+        (f"SGLang's own {PD_RECEIVER_INIT.qualname} recorded this failure on the prefill's "
+         "bootstrap answer and the decode's policy",), (), failure,
+        when_of(Phase.RECEIVER, str(decode.get("transfer_backend", "?"))),
+        unknown_too=True)], []

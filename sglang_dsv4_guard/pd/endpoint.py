@@ -150,14 +150,16 @@ class Refusal:
 
 def pair_finding(code: str, subject: str, ends: tuple[Endpoint, Endpoint],
                  names: Sequence[str], details: Sequence[str], fixes: Sequence[Fix],
-                 host_message: str | None, when: When, severity: Severity | None = None
-                 ) -> Finding:
+                 host_message: str | None, when: When, severity: Severity | None = None,
+                 *, unknown_too: bool = False) -> Finding:
     """A pair condition's finding: the catalogue's title, docs and (unless given) severity
     for ``code``, and each of ``names`` observed on each server where it is known (the
-    prefill's first)."""
+    prefill's first); with ``unknown_too``, on each server, a value it does not know
+    observed as "not known for this server"."""
     return Finding(
         code=code, severity=CODES[code].severity if severity is None else severity,
         summary=CODES[code].title, subject=subject,
-        observations=tuple(e.observation(n) for n in names for e in ends if e.has(n)),
+        observations=tuple(e.observation(n) for n in names for e in ends
+                           if unknown_too or e.has(n)),
         details=tuple(details), fixes=tuple(fixes), docs=docs_url(code),
         host_message=host_message, when=when)

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase, Severity
 from sglang_dsv4_guard.host.targets import (
     PD_BASE_MODULE,
@@ -39,7 +38,7 @@ from sglang_dsv4_guard.host.targets import (
 )
 from sglang_dsv4_guard.patching import WRAPPER_MARK
 from sglang_dsv4_guard.pd.contact_fixes import contact_fixes
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
 from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
 from sglang_dsv4_guard.pd.when import when_of
 
@@ -357,23 +356,18 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str) -> Contact:
 
 
 def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) -> Finding:
-    info = CODES.get(raised.code)
     order = ("SGLang raises this first: its message is the one the decode server logs"
              if index == 0 else
              "SGLang would raise this once the conditions before it are fixed (it stops "
              "at its first mismatch)")
-    return Finding(
-        code=raised.code, severity=Severity.ERROR,
-        summary=info.title if info else raised.message,
-        subject="decode's first contact with the prefill",
-        observations=tuple(e.observation(name) for name in raised.fields
-                           for e in (prefill, decode)),
-        details=(order, f"SGLang's own {PD_FIRST_CONTACT.qualname} raised {raised.kind} on "
-                        "the values both launch lines imply (the prefill's as its bootstrap "
-                        "server answers them)"),
-        fixes=contact_fixes(_READS.get(raised.code, {}), raised.fields, prefill, decode),
-        docs=docs_url(raised.code), host_message=raised.message,
-        when=when_of(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
+    return pair_finding(
+        raised.code, "decode's first contact with the prefill", (prefill, decode),
+        raised.fields,
+        (order, f"SGLang's own {PD_FIRST_CONTACT.qualname} raised {raised.kind} on the values "
+                "both launch lines imply (the prefill's as its bootstrap server answers them)"),
+        contact_fixes(_READS.get(raised.code, {}), raised.fields, prefill, decode),
+        raised.message, when_of(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))),
+        Severity.ERROR, unknown_too=True)
 
 
 def contact_findings(prefill: Endpoint, decode: Endpoint, release: str
