@@ -173,13 +173,20 @@ class Located:
                     scope[target.id] = self._eval(assign.value, scope)
                 except NotJudged:
                     scope.pop(target.id, None)
-        owner = scope.get("self")
-        for method in self.methods:
-            local: dict[str, Any] = {}
-            exec(self._compiled(method), scope, local)
-            if owner is not None:
-                setattr(owner, method.name, local[method.name].__get__(owner))
+        self.define(scope, scope.get("self"))
         return scope
+
+    def define(self, scope: dict[str, Any], owner: Any, function: bool = False) -> Any:
+        """The site's methods defined in ``scope`` (each compiled once) and bound to
+        ``owner`` (unless ``None``); with ``function`` (a ``helpers`` site, whose node is
+        the whole function), that function too, returned unbound."""
+        local: dict[str, Any] = {}
+        for node in (self.node, *self.methods) if function else self.methods:
+            exec(self._compiled(node), scope, local)
+        if owner is not None:
+            for method in self.methods:
+                setattr(owner, method.name, local[method.name].__get__(owner))
+        return local[self.node.name] if function else None  # type: ignore[attr-defined]
 
     @functools.cached_property
     def _code(self) -> dict[int, CodeType]:

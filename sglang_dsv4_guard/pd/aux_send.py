@@ -20,9 +20,7 @@ prefill's environment (``send_aux`` reads ``envs`` when it runs).
 """
 
 from __future__ import annotations
-import __future__
 
-import ast
 import ctypes
 import importlib
 import inspect
@@ -97,18 +95,6 @@ class _Memory:
         array, n, end = self.arrays[buffer], self.item_lens[buffer], self.data_lens[buffer]
         others = bytes(array[:row * n]) + bytes(array[(row + 1) * n:end])
         return any(others), any(bytes(array[end:]))
-
-
-def _compiled(site: Any, scope: dict[str, Any], owner: Any) -> Any:
-    """The site's function and helpers compiled from the parsed source into ``scope``,
-    the helpers bound to ``owner``; the function, unbound."""
-    local: dict[str, Any] = {}
-    module = ast.Module(body=[site.node, *site.methods], type_ignores=[])
-    exec(compile(module, site.filename, "exec", flags=__future__.annotations.compiler_flag,
-                 dont_inherit=True), scope, local)
-    for method in site.methods:
-        setattr(owner, method.name, local[method.name].__get__(owner))
-    return local[site.node.name]
 
 
 def _manager(local: _Memory, sent: list[tuple[int, int, bytes]], written: list[int],
@@ -188,7 +174,7 @@ def _call(found: tuple[Any, str, Any, Any], src: _Memory, dst: _Memory, row: int
     what it raised (SGLang's own failure), ``None`` when it returned."""
     site, target, codec, envs = found
     manager = _manager(src, sent, written, envs, moves)
-    function = _compiled(site, {"envs": envs, "AuxDataCodec": codec}, manager)
+    function = site.define({"envs": envs, "AuxDataCodec": codec}, manager, function=True)
     peer = SimpleNamespace(endpoint="decode", dst_port=0, room=0, dst_aux_index=row,
                            mooncake_session_id="decode",
                            dst_aux_mem_descs=[SimpleNamespace(addr=p) for p in dst.ptrs])
