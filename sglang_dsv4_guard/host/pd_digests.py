@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType
+from types import CodeType, FunctionType
 from typing import Any
 
 from sglang_dsv4_guard.host.digests import MISSING, ast_digest, find_definition, in_source_order, read_module
@@ -47,7 +47,8 @@ from sglang_dsv4_guard.host.targets import (
 )
 
 __all__ = ["PD_DIGESTS_FILE", "SITES", "Located", "NotJudged", "SiteSpec", "digest_pd_tree",
-           "first_statement", "known_releases", "locate", "row_releases", "unjudged_sites"]
+           "first_statement", "known_releases", "known_sites", "locate", "row_releases",
+           "unjudged_sites", "with_globals"]
 
 PD_DIGESTS_FILE = Path(__file__).with_name("pd_digests.json")
 
@@ -172,13 +173,20 @@ class Located:
                     scope[target.id] = self._eval(assign.value, scope)
                 except NotJudged:
                     scope.pop(target.id, None)
-        owner = scope.get("self")
-        for method in self.methods:
-            local: dict[str, Any] = {}
-            exec(self._compiled(method), scope, local)
-            if owner is not None:
-                setattr(owner, method.name, local[method.name].__get__(owner))
+        self.define(scope, scope.get("self"))
         return scope
+
+    def define(self, scope: dict[str, Any], owner: Any, function: bool = False) -> Any:
+        """The site's methods defined in ``scope`` (each compiled once) and bound to
+        ``owner`` (unless ``None``); with ``function`` (a ``helpers`` site, whose node is
+        the whole function), that function too, returned unbound."""
+        local: dict[str, Any] = {}
+        for node in (self.node, *self.methods) if function else self.methods:
+            exec(self._compiled(node), scope, local)
+        if owner is not None:
+            for method in self.methods:
+                setattr(owner, method.name, local[method.name].__get__(owner))
+        return local[self.node.name] if function else None  # type: ignore[attr-defined]
 
     @functools.cached_property
     def _code(self) -> dict[int, CodeType]:
@@ -205,6 +213,13 @@ class Located:
         except Exception as exc:  # a value the guard does not give it: not judged
             raise NotJudged(f"{self.spec.target}: {ast.unparse(node)[:120]} reads what "
                             f"the guard does not derive ({type(exc).__name__}: {exc})") from exc
+
+
+def with_globals(function: FunctionType, **names: Any) -> FunctionType:
+    """A copy of SGLang's ``function`` (its very code) that reads ``names`` instead of its
+    module's globals of those names; the module and the function stay untouched."""
+    return FunctionType(function.__code__, {**function.__globals__, **names},
+                        function.__name__, function.__defaults__, function.__closure__)
 
 
 def _names_read(nodes: Sequence[ast.AST]) -> set[str]:
@@ -350,16 +365,25 @@ def row_releases(found: Mapping[str, str], keys: Sequence[str]) -> list[str]:
             if all(stored.get(k) == found.get(k) for k in keys)]
 
 
-def unjudged_sites(package: Path | None, keys: Sequence[str], code: str) -> str | None:
-    """The ``unknowns`` line of a condition reading sites ``keys`` when the release at
-    ``package`` matches no known release on them (or its source was not found), else
-    ``None``."""
+def known_sites(package: Path | None, keys: Sequence[str]) -> dict[str, Located | None]:
+    """The sites ``keys`` of the release at ``package`` (``None`` for one it has not), when
+    their digests (an absent site's is ``missing``) are all a known release's. Raises
+    :class:`NotJudged` otherwise, naming the functions, or when the source was not found."""
     if package is None:
-        return f"{code}: not judged: the imported SGLang's source was not found"
-    found = {key: site.digest if (site := locate(package, SITES[key])) else MISSING
-             for key in keys}
-    if row_releases(found, keys):
-        return None
-    targets = sorted({str(SITES[k].target) for k in keys})
-    return (f"{code}: not judged: SGLang's {' / '.join(targets)} differs from every release "
-            "this guard knows")
+        raise NotJudged("the imported SGLang's source was not found")
+    sites = {key: locate(package, SITES[key]) for key in keys}
+    if not row_releases({k: s.digest if s else MISSING for k, s in sites.items()}, keys):
+        targets = " / ".join(sorted({str(SITES[k].target) for k in keys}))
+        raise NotJudged(f"SGLang's {targets} differs from every release this guard knows: "
+                        "unknown for this release")
+    return sites
+
+
+def unjudged_sites(package: Path | None, keys: Sequence[str], code: str) -> str | None:
+    """The ``unknowns`` line of a condition reading sites ``keys`` when :func:`known_sites`
+    does not judge them, else ``None``."""
+    try:
+        known_sites(package, keys)
+    except NotJudged as exc:
+        return f"{code}: not judged: {exc}"
+    return None

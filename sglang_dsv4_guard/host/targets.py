@@ -41,9 +41,7 @@ __all__ = [
     "PD_BASE_MODULE",
     "PD_COMMON_MANAGER",
     "PD_COMMON_MODULE",
-    "PD_DECODE_MODULE",
     "PD_DSV4_LAYOUT",
-    "PD_DSV4_POOL_MODULE",
     "PD_ENTRY_PAIRS",
     "PD_FAKE_MANAGER",
     "PD_FIRST_CONTACT",
@@ -68,7 +66,6 @@ __all__ = [
     "PD_RELAYOUT",
     "PD_SERVER_INFO",
     "PD_STATE_TYPE",
-    "PD_STATE_TYPE_MODULE",
     "PEERS_INFO_ATTRS",
     "PEERS_KV_ARGS_ATTRS",
     "PEERS_MANAGER_ATTRS",
@@ -93,10 +90,8 @@ __all__ = [
     "STATE",
     "STATE_HOLDERS",
     "STATE_IS_NPU",
-    "CallerRole",
     "PatchTarget",
     "pool_attributes_read",
-    "source_path",
 ]
 
 
@@ -117,27 +112,33 @@ class PatchTarget:
 
     @property
     def path(self) -> str:
-        """The module's source file, relative to the ``sglang`` package directory."""
-        return source_path(self.module)
+        """The module's source file, relative to the ``sglang`` package directory
+        (``sglang.srt.disaggregation.utils`` -> ``srt/disaggregation/utils.py``)."""
+        parts = self.module.split(".")
+        if parts[0] != "sglang":
+            raise ValueError(f"not a module of the sglang package: {self.module!r}")
+        return "/".join(parts[1:]) + ".py"
 
 
-def source_path(module: str) -> str:
-    """``sglang.srt.disaggregation.utils`` -> ``srt/disaggregation/utils.py``."""
-    parts = module.split(".")
-    if parts[0] != "sglang":
-        raise ValueError(f"not a module of the sglang package: {module!r}")
-    return "/".join(parts[1:]) + ".py"
+# -- SGLang's modules that hold several targets -----------------------------------------
 
+_UTILS_MODULE = "sglang.srt.disaggregation.utils"
+_PREFILL_MODULE = "sglang.srt.disaggregation.prefill"
+_DECODE_MODULE = "sglang.srt.disaggregation.decode"
+_DSV4_POOL_MODULE = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
+PD_BASE_MODULE = "sglang.srt.disaggregation.base.conn"
+PD_COMMON_MODULE = "sglang.srt.disaggregation.common.conn"
+PD_MOONCAKE_MODULE = "sglang.srt.disaggregation.mooncake.conn"
+PD_NIXL_MODULE = "sglang.srt.disaggregation.nixl.conn"
+MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
 
 # -- Wrapped functions ------------------------------------------------------------------
 
-STATE = PatchTarget("sglang.srt.disaggregation.utils", "setup_state_kv_args")
+STATE = PatchTarget(_UTILS_MODULE, "setup_state_kv_args")
 #: The modules that bind ``setup_state_kv_args`` to a name: the definer and the two
 #: bootstrap queues that import it (``from ..utils import setup_state_kv_args``).
-STATE_HOLDERS = (STATE.module, "sglang.srt.disaggregation.prefill",
-                 "sglang.srt.disaggregation.decode")
+STATE_HOLDERS = (STATE.module, _PREFILL_MODULE, _DECODE_MODULE)
 
-MORI_MODULE = "sglang.srt.disaggregation.mori.conn"
 MORI_SEND = PatchTarget(MORI_MODULE, "MoriKVManager._send_swa_dsa_state")
 MORI_REGISTER = PatchTarget(MORI_MODULE, "MoriKVManager._add_remote_peer")
 MORI_TARGETS = (MORI_SEND, MORI_REGISTER)
@@ -146,21 +147,17 @@ MORI_TARGETS = (MORI_SEND, MORI_REGISTER)
 #: registration method (run in its bootstrap thread), Mooncake's transfer worker (a
 #: thread target) and the method that starts Mooncake's prefill bootstrap thread, whose
 #: ``decode_kv_args_table`` the guard watches (the thread is a closure of it).
-PEERS_NIXL_REGISTER = PatchTarget("sglang.srt.disaggregation.nixl.conn",
-                                  "NixlKVManager._add_remote_peer")
-PEERS_MOONCAKE_WORKER = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
-                                    "MooncakeKVManager.transfer_worker")
-PEERS_MOONCAKE_START = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
-                                   "MooncakeKVManager.start_prefill_thread")
+PEERS_NIXL_REGISTER = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._add_remote_peer")
+PEERS_MOONCAKE_WORKER = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.transfer_worker")
+PEERS_MOONCAKE_START = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.start_prefill_thread")
 #: Mooncake's verdict on a registering decode peer's state layout (0.5.22+): a reason
 #: rejects every state transfer to that peer (``pd/state_layout.py``).
-PEERS_MOONCAKE_VALIDATE = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
+PEERS_MOONCAKE_VALIDATE = PatchTarget(PD_MOONCAKE_MODULE,
                                       "MooncakeKVManager._validate_peer_state_layout")
 #: Mooncake's parse of a decode peer's registration message, a classmethod the bootstrap
 #: closure calls once per registration (before 0.5.22 the guard checks the peer there, so
 #: the peer table stays SGLang's own ``dict``).
-PEERS_MOONCAKE_PARSE = PatchTarget("sglang.srt.disaggregation.mooncake.conn",
-                                   "KVArgsRegisterInfo.from_zmq")
+PEERS_MOONCAKE_PARSE = PatchTarget(PD_MOONCAKE_MODULE, "KVArgsRegisterInfo.from_zmq")
 #: Mooncake's bootstrap closure (of ``start_prefill_thread``, digested with it as
 #: ``peers.mooncake_start``) and its local holding the registering decode peer's
 #: ``KVArgsRegisterInfo`` when it calls ``requires_dcp_relayout``.
@@ -168,7 +165,7 @@ PEERS_MOONCAKE_BOOTSTRAP = ("bootstrap_thread", "decode_kv_args")
 
 
 @dataclass(frozen=True)
-class CallerRole:
+class _CallerRole:
     """A module of SGLang that calls ``setup_state_kv_args``: its role and, for people,
     the class that calls it."""
 
@@ -177,17 +174,14 @@ class CallerRole:
 
 
 #: SGLang's own callers of ``setup_state_kv_args``, by module.
-CALLERS: dict[str, CallerRole] = {
-    "sglang.srt.disaggregation.prefill": CallerRole("prefill",
-                                                    "prefill server (PrefillBootstrapQueue)"),
-    "sglang.srt.disaggregation.decode": CallerRole("decode",
-                                                   "decode server (DecodePreallocQueue)"),
+CALLERS: dict[str, _CallerRole] = {
+    _PREFILL_MODULE: _CallerRole("prefill", "prefill server (PrefillBootstrapQueue)"),
+    _DECODE_MODULE: _CallerRole("decode", "decode server (DecodePreallocQueue)"),
 }
 
 # -- Other SGLang objects the guard reads -----------------------------------------------
 
 # The prefill/decode contract (``pd/``): where SGLang compares the two servers.
-PD_COMMON_MODULE = "sglang.srt.disaggregation.common.conn"
 PD_FIRST_CONTACT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.try_ensure_parallel_info")
 #: What the run-time first-contact report reads of the live decode manager (``self`` of
 #: ``try_ensure_parallel_info``): the values its comparisons read, by the endpoint name
@@ -212,9 +206,6 @@ CONTACT_INFO_FIELDS = (
     ("decode_allocation_policy", "decode_allocation_policy"),
     ("enable_kv_cache_sharding", "enable_kv_cache_sharding"),
 )
-PD_MOONCAKE_MODULE = "sglang.srt.disaggregation.mooncake.conn"
-PD_NIXL_MODULE = "sglang.srt.disaggregation.nixl.conn"
-PD_DECODE_MODULE = "sglang.srt.disaggregation.decode"
 # Decode's first contact (``pd/first_contact.py``) and the DCP relayout at registration
 # (``pd/relayout.py``): the manager class whose methods run on a bare instance, the
 # ``/route`` answer's dataclass, the state types a pool publishes.
@@ -227,7 +218,6 @@ PD_FAKE_MANAGER = PatchTarget("sglang.srt.disaggregation.fake.conn", "FakeKVMana
 PD_RELAYOUT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.requires_dcp_relayout")
 #: The decode receiver's per-request set-up (0.5.22+: the decode allocation policies).
 PD_RECEIVER_INIT = PatchTarget(PD_COMMON_MODULE, "CommonKVReceiver.init")
-PD_BASE_MODULE = "sglang.srt.disaggregation.base.conn"
 PD_STATE_TYPE = "StateType"
 #: The KV cache dtype string a runner publishes (``configure_kv_cache_dtype``, 0.5.16+).
 PD_KV_DTYPE = PatchTarget("sglang.srt.mem_cache.kv_cache_dtype", "configure_kv_cache_dtype")
@@ -235,11 +225,9 @@ PD_KV_DTYPE = PatchTarget("sglang.srt.mem_cache.kv_cache_dtype", "configure_kv_c
 #: (``get_quant_config``, 0.5.16+): the ``model.quant_config`` the KV cache dtype reads.
 PD_QUANT_CONFIG = PatchTarget("sglang.srt.model_loader.weight_utils", "get_quant_config")
 #: The DeepSeek-V4 pool's PD KV layout (0.5.23): its selector and the pool method.
-PD_DSV4_POOL_MODULE = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
-PD_DSV4_LAYOUT = PatchTarget(PD_DSV4_POOL_MODULE, "select_dsv4_kv_layout")
+PD_DSV4_LAYOUT = PatchTarget(_DSV4_POOL_MODULE, "select_dsv4_kv_layout")
 #: The transfer-time rows (``pd/send_extra.py``, ``host/pd_digests.py``): the functions
 #: whose conditions are digested and evaluated, and the ones called on half-built objects.
-PD_STATE_TYPE_MODULE = "sglang.srt.disaggregation.base.conn"
 PD_MOONCAKE_SEND_EXTRA = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.maybe_send_extra")
 PD_NIXL_SEND_EXTRA = PatchTarget(PD_NIXL_MODULE, "NixlKVManager.maybe_send_extra")
 PD_HEAD_SLICE = PatchTarget(PD_COMMON_MODULE, "CommonKVManager._get_mha_head_slice_blocks")
@@ -251,22 +239,21 @@ PD_MORI_SEND_STATE = PatchTarget(MORI_MODULE, "MoriKVManager.send_state")
 PD_MAMBA_SENDERS = ("_send_mamba_state", "_send_mamba_state_slice")
 #: The Mamba slice transfer's byte blocks and entry pairing (``pd/mamba_slice.py``,
 #: 0.5.20+), as each connector module binds them (``from ..utils import ...``).
-PD_MAMBA_SLICE = PatchTarget("sglang.srt.disaggregation.utils",
-                             "compute_mamba_state_slice_byte_blocks")
-PD_ENTRY_PAIRS = PatchTarget("sglang.srt.disaggregation.utils", "build_transfer_entry_pairs")
+PD_MAMBA_SLICE = PatchTarget(_UTILS_MODULE, "compute_mamba_state_slice_byte_blocks")
+PD_ENTRY_PAIRS = PatchTarget(_UTILS_MODULE, "build_transfer_entry_pairs")
 PD_NIXL_PAYLOAD = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_payload_xfer")
 #: NIXL's prepared state transfer (0.5.23+), run when a decode peer registers
 #: (``pd/nixl_state.py``); its rejection is raised per request by ``maybe_send_extra``.
 PD_NIXL_STATE = PatchTarget(PD_NIXL_MODULE, "NixlKVManager._prepare_state_xfer")
-PD_POP_PREALLOCATED = PatchTarget(PD_DECODE_MODULE, "DecodePreallocQueue.pop_preallocated")
+PD_POP_PREALLOCATED = PatchTarget(_DECODE_MODULE, "DecodePreallocQueue.pop_preallocated")
 PD_AUX_COUNT = PatchTarget(PD_COMMON_MODULE, "CommonKVManager.check_peer_aux_buffer_count")
-PD_METADATA_BUFFERS = PatchTarget("sglang.srt.disaggregation.utils", "MetadataBuffers")
+PD_METADATA_BUFFERS = PatchTarget(_UTILS_MODULE, "MetadataBuffers")
 #: The transfer of the metadata buffers (``pd/aux_send.py``, ``pd/aux_count.py``): each backend's
 #: ``send_aux`` (digested, run from its parsed source), and the codec its TCP path and the
 #: decode's receiving side use.
 PD_MOONCAKE_SEND_AUX = PatchTarget(PD_MOONCAKE_MODULE, "MooncakeKVManager.send_aux")
 PD_NIXL_SEND_AUX = PatchTarget(PD_NIXL_MODULE, "NixlKVManager.send_aux")
-PD_MORI_SEND_AUX = PatchTarget("sglang.srt.disaggregation.mori.conn", "MoriKVManager.send_aux")
+PD_MORI_SEND_AUX = PatchTarget(MORI_MODULE, "MoriKVManager.send_aux")
 PD_AUX_CODEC = PatchTarget("sglang.srt.disaggregation.common.utils", "AuxDataCodec")
 ENVIRON_MODULE = "sglang.srt.environ"
 #: SGLang's plug-in loader (``load_plugins_by_group``), and the entry-point group it loads
@@ -292,9 +279,8 @@ RESOLVED_BAG_ACCESSORS = ("get_schedule", "get_spec", "get_exec", "get_memory", 
                           "get_device", "get_disagg", "get_serving", "get_observability",
                           "get_lora", "get_mm")
 CUDA_GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
-KV_ARGS = PatchTarget("sglang.srt.disaggregation.base.conn", "KVArgs")
-DSV4_POOL = PatchTarget("sglang.srt.mem_cache.deepseek_v4_memory_pool",
-                        "DeepSeekV4TokenToKVPool")
+KV_ARGS = PatchTarget(PD_BASE_MODULE, "KVArgs")
+DSV4_POOL = PatchTarget(_DSV4_POOL_MODULE, "DeepSeekV4TokenToKVPool")
 #: The pool method auto-share calls to rebind the draft's mapping (SGLang's own).
 POOL_REGISTER = "register_mapping"
 #: ``register_mapping`` as the guard observes it (``state/provenance.py``): which code

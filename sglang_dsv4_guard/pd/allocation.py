@@ -22,17 +22,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase
-from sglang_dsv4_guard.host.pd_digests import NotJudged, digest_pd_tree, row_releases
+from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import (
     PD_COMMON_MANAGER,
     PD_COMMON_MODULE,
     PD_RECEIVER_INIT,
     PD_SERVER_INFO,
 )
-from sglang_dsv4_guard.pd.endpoint import Endpoint
-from sglang_dsv4_guard.pd.first_contact import route_answer
+from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
+from sglang_dsv4_guard.pd.first_contact import BOOTSTRAP_ADDRESS, route_answer
 from sglang_dsv4_guard.pd.when import when_of
 
 __all__ = ["CODE", "SITE_KEYS", "allocation_findings", "receiver_failure"]
@@ -40,7 +39,6 @@ __all__ = ["CODE", "SITE_KEYS", "allocation_findings", "receiver_failure"]
 CODE = "DSV4G037"
 SITE_KEYS = ("receiver.allocation_policy", "receiver.prefill_complete_peer")
 POLICY = "decode_allocation_policy"
-_ADDRESS = "prefill-bootstrap.check.invalid:8998"  # never resolved: the table is local
 
 
 class _PastTheComparison(Exception):
@@ -61,14 +59,14 @@ def receiver_failure(prefill: Endpoint, decode: Endpoint) -> str | None:
     missing: list[str] = []
     info = info_cls(**route_answer(prefill, decode, info_cls, missing))
     manager = object.__new__(getattr(module, PD_COMMON_MANAGER))
-    manager.prefill_info_table = {_ADDRESS: info}
+    manager.prefill_info_table = {BOOTSTRAP_ADDRESS: info}
     manager.failure_lock, manager.failure_records = threading.Lock(), {}
     manager.request_status, manager.deferred_bootstrap = {}, None
     manager.required_prefill_response_num_table = _StopTable()
     # The method on a plain receiver state: the class is abstract in 0.5.22 (its backends
     # add failure_exception), and init reads only these before the comparison.
-    receiver = SimpleNamespace(conclude_state=None, bootstrap_addr=_ADDRESS, bootstrap_room=0,
-                               kv_mgr=manager)
+    receiver = SimpleNamespace(conclude_state=None, bootstrap_addr=BOOTSTRAP_ADDRESS,
+                               bootstrap_room=0, kv_mgr=manager)
     # the conn module's get_disagg answers the decode's policy for the call
     saved, policy = module.get_disagg, str(decode.get(POLICY, "early"))
     module.get_disagg = lambda: SimpleNamespace(disaggregation_decode_allocation_policy=policy)
@@ -94,13 +92,12 @@ def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
         return [], []  # FakeKVReceiver is not a CommonKVReceiver: it compares nothing
     if package is None:
         return [], [f"{CODE}: not judged: the imported SGLang's source was not found"]
-    found = digest_pd_tree(package)
-    if all(found.get(key) == "missing" for key in SITE_KEYS):
+    try:
+        sites = known_sites(package, SITE_KEYS)
+    except NotJudged as exc:
+        return [], [f"{CODE} ({release}): not judged: {exc}"]
+    if all(site is None for site in sites.values()):
         return [], []  # the release has no decode allocation policy (before 0.5.22)
-    if not row_releases(found, SITE_KEYS):
-        return [], [f"{CODE} ({release}): not judged: the release's "
-                    f"{PD_RECEIVER_INIT.qualname} compares the allocation policies in code "
-                    "no known release has"]
     if not (prefill.has(POLICY) and decode.has(POLICY)):
         return [], [f"{CODE} ({release}): not judged: a server's decode allocation policy "
                     "is not known"]
@@ -112,12 +109,9 @@ def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
         return [], []
     names = (POLICY, "attn_tp_size", "attn_cp_size", "pp_size") \
         if "peer attention" in failure else (POLICY,)
-    finding = Finding(
-        code=CODE, severity=CODES[CODE].severity, summary=CODES[CODE].title,
-        subject="the decode's receiver for each request",
-        observations=tuple(e.observation(n) for n in names for e in (prefill, decode)),
-        details=(f"SGLang's own {PD_RECEIVER_INIT.qualname} recorded this failure on the "
-                 "prefill's bootstrap answer and the decode's policy",),
-        docs=docs_url(CODE), host_message=failure,
-        when=when_of(Phase.RECEIVER, str(decode.get("transfer_backend", "?"))))
-    return [finding], []
+    return [pair_finding(
+        CODE, "the decode's receiver for each request", (prefill, decode), names,
+        (f"SGLang's own {PD_RECEIVER_INIT.qualname} recorded this failure on the prefill's "
+         "bootstrap answer and the decode's policy",), (), failure,
+        when_of(Phase.RECEIVER, str(decode.get("transfer_backend", "?"))),
+        unknown_too=True)], []

@@ -20,9 +20,7 @@ prefill's environment (``send_aux`` reads ``envs`` when it runs).
 """
 
 from __future__ import annotations
-import __future__
 
-import ast
 import ctypes
 import importlib
 import inspect
@@ -32,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import ENVIRON_MODULE, PD_AUX_CODEC
 from sglang_dsv4_guard.pd.buffers import mask_env
 
@@ -99,18 +97,6 @@ class _Memory:
         return any(others), any(bytes(array[end:]))
 
 
-def _compiled(site: Any, scope: dict[str, Any], owner: Any) -> Any:
-    """The site's function and helpers compiled from the parsed source into ``scope``,
-    the helpers bound to ``owner``; the function, unbound."""
-    local: dict[str, Any] = {}
-    module = ast.Module(body=[site.node, *site.methods], type_ignores=[])
-    exec(compile(module, site.filename, "exec", flags=__future__.annotations.compiler_flag,
-                 dont_inherit=True), scope, local)
-    for method in site.methods:
-        setattr(owner, method.name, local[method.name].__get__(owner))
-    return local[site.node.name]
-
-
 def _manager(local: _Memory, sent: list[tuple[int, int, bytes]], written: list[int],
              envs: Any, moves: list[tuple[int, int, int]] | None = None) -> SimpleNamespace:
     """A half-built manager of the prefill whose engines record what SGLang hands them:
@@ -167,12 +153,10 @@ def _function(backend: str, package: Path) -> tuple[Any, str, Any, Any]:
     """The release's digested ``send_aux`` site of ``backend``, its name, the codec and
     SGLang's ``envs``."""
     key = f"{backend}.send_aux"
-    site = locate(package, SITES[key])
+    site = known_sites(package, (key,))[key]
     target = str(SITES[key].target)
     if site is None:
         raise NotJudged(f"the release has no {target}")
-    if not row_releases({key: site.digest}, (key,)):
-        raise NotJudged(f"SGLang's {target} differs from every release this guard knows")
     if backend == "mooncake" and os.environ.get(_CUSTOM_POOL):
         raise NotJudged(f"{_CUSTOM_POOL} is set on the prefill: whether Mooncake's send_aux "
                         "takes its TCP path (an NVLINK pool) is not derived here")
@@ -190,7 +174,7 @@ def _call(found: tuple[Any, str, Any, Any], src: _Memory, dst: _Memory, row: int
     what it raised (SGLang's own failure), ``None`` when it returned."""
     site, target, codec, envs = found
     manager = _manager(src, sent, written, envs, moves)
-    function = _compiled(site, {"envs": envs, "AuxDataCodec": codec}, manager)
+    function = site.define({"envs": envs, "AuxDataCodec": codec}, manager, function=True)
     peer = SimpleNamespace(endpoint="decode", dst_port=0, room=0, dst_aux_index=row,
                            mooncake_session_id="decode",
                            dst_aux_mem_descs=[SimpleNamespace(addr=p) for p in dst.ptrs])

@@ -13,7 +13,7 @@ from sglang_dsv4_guard.fixes import Fix
 from sglang_dsv4_guard.host.releases import HostProfile
 
 __all__ = ["MAX_UNKNOWNS", "PEER", "PLACES", "REFUSED", "UNKNOWN", "Endpoint", "PairContext", "Refusal",
-           "Value", "pair_finding"]
+           "Value", "nested_lists", "pair_finding"]
 
 # The value naming the values left out of an endpoint on purpose (SGLang's resolution
 # did not run for that server, a checkpoint the release could not read ...): the rows
@@ -85,6 +85,12 @@ class Endpoint:
         return Endpoint(self.role, {**self.values, **values}, self.notes, self.env)
 
 
+def nested_lists(endpoint: Endpoint, name: str) -> list[list[int]]:
+    """``endpoint``'s per-component value ``name`` (``state_item_lens`` ...) as the fresh
+    lists of lists SGLang's ``kv_args`` hold (empty when it is not known)."""
+    return [list(v) for v in endpoint.get(name) or ()]
+
+
 #: The most ``unknowns`` lines one pair keeps (the rest are counted): a condition that
 #: calls :meth:`PairContext.not_judged` in a loop cannot flood ``check``'s output.
 MAX_UNKNOWNS = 256
@@ -144,14 +150,16 @@ class Refusal:
 
 def pair_finding(code: str, subject: str, ends: tuple[Endpoint, Endpoint],
                  names: Sequence[str], details: Sequence[str], fixes: Sequence[Fix],
-                 host_message: str | None, when: When, severity: Severity | None = None
-                 ) -> Finding:
+                 host_message: str | None, when: When, severity: Severity | None = None,
+                 *, unknown_too: bool = False) -> Finding:
     """A pair condition's finding: the catalogue's title, docs and (unless given) severity
     for ``code``, and each of ``names`` observed on each server where it is known (the
-    prefill's first)."""
+    prefill's first); with ``unknown_too``, on each server, a value it does not know
+    observed as "not known for this server"."""
     return Finding(
         code=code, severity=CODES[code].severity if severity is None else severity,
         summary=CODES[code].title, subject=subject,
-        observations=tuple(e.observation(n) for n in names for e in ends if e.has(n)),
+        observations=tuple(e.observation(n) for n in names for e in ends
+                           if unknown_too or e.has(n)),
         details=tuple(details), fixes=tuple(fixes), docs=docs_url(code),
         host_message=host_message, when=when)

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase, Severity
 from sglang_dsv4_guard.host.targets import (
     PD_BASE_MODULE,
@@ -39,12 +38,13 @@ from sglang_dsv4_guard.host.targets import (
 )
 from sglang_dsv4_guard.patching import WRAPPER_MARK
 from sglang_dsv4_guard.pd.contact_fixes import contact_fixes
-from sglang_dsv4_guard.pd.endpoint import Endpoint
+from sglang_dsv4_guard.pd.endpoint import Endpoint, pair_finding
 from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["DSPARK_CODE", "DTYPE_CODE", "LAYOUT_CODE", "MAX_CALLS", "PAGE_CODE", "Contact",
-           "Raised", "contact_findings", "first_contact", "rule_for"]
+__all__ = ["BOOTSTRAP_ADDRESS", "DSPARK_CODE", "DTYPE_CODE", "LAYOUT_CODE", "MAX_CALLS",
+           "PAGE_CODE", "Contact", "Raised", "contact_findings", "first_contact", "route_answer",
+           "rule_for"]
 
 MAX_CALLS = 12
 # The codes of its conditions (the modules that name one import it from here).
@@ -55,7 +55,8 @@ UNMAPPED_CODE = CP_CODE
 _READS = {DCP_CODE: {"dcp_size": "decode", "attn_cp_size": "prefill",
                      "enable_kv_cache_sharding": "prefill"},
           CP_CODE: {"attn_cp_size": "decode", "enable_kv_cache_sharding": "prefill"}}
-_ADDRESS = "prefill-bootstrap.check.invalid:8998"  # never resolved: answered locally
+#: The prefill's bootstrap address the decode's copies name; never resolved (answered locally).
+BOOTSTRAP_ADDRESS = "prefill-bootstrap.check.invalid:8998"
 _BLOCK_SCALES = ("block_scale", "block_scale_swa")
 _MINIMAX_INDEX = "minimax_index_k"
 # Values a running server always has as numbers: ``None`` here means not derived.
@@ -321,7 +322,7 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str) -> Contact:
             calls += 1
             manager.prefill_info_table = {}
             try:
-                accepted = function(manager, _ADDRESS)
+                accepted = function(manager, BOOTSTRAP_ADDRESS)
             except (AttributeError, TypeError) as exc:
                 unknowns.append(f"decode's first contact ({release}): not judged further: "
                                 f"SGLang's {PD_FIRST_CONTACT.qualname} read what this check "
@@ -355,23 +356,18 @@ def first_contact(prefill: Endpoint, decode: Endpoint, release: str) -> Contact:
 
 
 def _finding(raised: Raised, index: int, prefill: Endpoint, decode: Endpoint) -> Finding:
-    info = CODES.get(raised.code)
     order = ("SGLang raises this first: its message is the one the decode server logs"
              if index == 0 else
              "SGLang would raise this once the conditions before it are fixed (it stops "
              "at its first mismatch)")
-    return Finding(
-        code=raised.code, severity=Severity.ERROR,
-        summary=info.title if info else raised.message,
-        subject="decode's first contact with the prefill",
-        observations=tuple(e.observation(name) for name in raised.fields
-                           for e in (prefill, decode)),
-        details=(order, f"SGLang's own {PD_FIRST_CONTACT.qualname} raised {raised.kind} on "
-                        "the values both launch lines imply (the prefill's as its bootstrap "
-                        "server answers them)"),
-        fixes=contact_fixes(_READS.get(raised.code, {}), raised.fields, prefill, decode),
-        docs=docs_url(raised.code), host_message=raised.message,
-        when=when_of(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))))
+    return pair_finding(
+        raised.code, "decode's first contact with the prefill", (prefill, decode),
+        raised.fields,
+        (order, f"SGLang's own {PD_FIRST_CONTACT.qualname} raised {raised.kind} on the values "
+                "both launch lines imply (the prefill's as its bootstrap server answers them)"),
+        contact_fixes(_READS.get(raised.code, {}), raised.fields, prefill, decode),
+        raised.message, when_of(Phase.FIRST_CONTACT, str(decode.get("transfer_backend", "?"))),
+        Severity.ERROR, unknown_too=True)
 
 
 def contact_findings(prefill: Endpoint, decode: Endpoint, release: str

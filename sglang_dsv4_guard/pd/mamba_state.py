@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from sglang_dsv4_guard.findings import Finding, Phase
-from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import (
+    PD_BASE_MODULE,
     PD_MAMBA_SENDERS,
     PD_MORI_SEND_STATE,
     PD_NIXL_SEND_EXTRA,
-    PD_STATE_TYPE_MODULE,
 )
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Refusal, pair_finding
@@ -57,7 +57,7 @@ def _stop(*args: Any, **kwargs: Any) -> list[Any]:
 
 def _manager(cls: Any, tp: int, state_tp: int, types: tuple[str, ...],
              dims: list[list[int | None]], components: int) -> Any:
-    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+    enum = importlib.import_module(PD_BASE_MODULE).StateType  # unscanned: targets
     manager = object.__new__(cls)
     empty: list[list[int]] = [[] for _ in types]
     manager.__dict__.update(
@@ -134,12 +134,8 @@ def mamba_refusal(backend: str, prefill: Endpoint, decode: Endpoint, package: Pa
     if _MAMBA not in types:
         return None
     key = f"{backend}.mamba_replicated"
-    site = locate(package, SITES[key])
-    if site is None:  # a release without the refusal (before 0.5.20)
+    if known_sites(package, (key,))[key] is None:  # a release without it (before 0.5.20)
         return None
-    if not row_releases({key: site.digest}, (key,)):
-        raise NotJudged(f"SGLang's {SITES[key].target} differs from every release this "
-                        "guard knows: unknown for this release")
     target = _SENDS[backend]
     class_name, method_name = target.qualname.split(".")
     module = sys.modules.get(target.module)  # never imported here

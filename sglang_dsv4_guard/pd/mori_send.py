@@ -29,7 +29,7 @@ import numpy as np
 
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_SEND, PD_STATE_TYPE_MODULE
+from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_SEND, PD_BASE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import pairing_fixes
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Refusal, pair_finding
 from sglang_dsv4_guard.pd.send_extra import MINIMAX_CODE
@@ -45,7 +45,7 @@ _QSA = ("qsa_pending", "qsa_compressed")
 
 def _manager(cls: Any, prefill: Endpoint) -> Any:
     tp = int(prefill.get("attn_tp_size"))
-    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+    enum = importlib.import_module(PD_BASE_MODULE).StateType  # unscanned: targets
     manager = object.__new__(cls)
     manager.__dict__.update(
         attn_tp_size=tp, state_tp_size=int(prefill.get("state_tp_size") or tp),

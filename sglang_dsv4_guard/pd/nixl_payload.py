@@ -26,7 +26,7 @@ from typing import Any
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
-from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
+from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites, with_globals
 from sglang_dsv4_guard.host.targets import DSV4_POOL, PD_NIXL_PAYLOAD, STATE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, Refusal, pair_finding
@@ -110,8 +110,7 @@ def _is_fake_transfer(utils: Any, backend: str) -> Any:
     if not isinstance(real, types.FunctionType):
         raise NotJudged(f"{STATE.module} has no _is_fake_transfer function")
     disagg = SimpleNamespace(disaggregation_transfer_backend=backend)
-    return types.FunctionType(real.__code__, {**real.__globals__, "get_disagg": lambda: disagg},
-                              real.__name__, real.__defaults__, real.__closure__)
+    return with_globals(real, get_disagg=lambda: disagg)
 
 
 def _names(decode: Endpoint) -> dict[str, Any]:

@@ -20,9 +20,7 @@ allocated), so before launch every value here is unknown and nothing is reported
 
 from __future__ import annotations
 
-import functools
 import importlib
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,9 +28,9 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.pd_digests import SITES, Located, NotJudged, locate, row_releases
-from sglang_dsv4_guard.host.targets import PD_NIXL_STATE, PD_STATE_TYPE_MODULE
-from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites, with_globals
+from sglang_dsv4_guard.host.targets import PD_BASE_MODULE, PD_NIXL_STATE
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, nested_lists, pair_finding
 from sglang_dsv4_guard.pd.nixl_payload import payload_refusal
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import when_of
@@ -62,20 +60,6 @@ class _SilentLogger:
         return lambda *args, **kwargs: None
 
 
-def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
-    return [list(x) for x in (endpoint.get(name) or ())]
-
-
-@functools.lru_cache(maxsize=8)
-def _sites(package: Path) -> tuple[Located | None, Located | None, bool]:
-    """Both sites and whether their digests are a known release's, once per package (a
-    digest is an AST dump: milliseconds, per registering peer otherwise)."""
-    sites = {k: locate(package, SITES[k]) for k in KEYS}
-    known = bool(row_releases({k: s.digest if s else "missing" for k, s in sites.items()},
-                              KEYS))
-    return sites["nixl.state_layout"], sites["nixl.state_rejected"], known
-
-
 def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
                          peer: str = "decode") -> StateLayoutRefusal | None:
     """SGLang's ``_prepare_state_xfer`` on the pair's state registration: its rejection,
@@ -84,18 +68,15 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
     if not all(prefill.has(n) for n in PREFILL_NEEDS) or not all(
             decode.has(n) for n in DECODE_NEEDS):
         return None
-    state, rejected, known = _sites(package)
-    if not known:
-        raise NotJudged(f"SGLang's {PD_NIXL_STATE} differs from every release this guard "
-                        "knows: unknown for this release")
+    sites = known_sites(package, KEYS)
+    state, rejected = sites["nixl.state_layout"], sites["nixl.state_rejected"]
     if state is None or rejected is None:
         return None
     module = importlib.import_module(PD_NIXL_STATE.module)  # unscanned: targets
     cls = getattr(module, PD_NIXL_STATE.qualname.split(".")[0])
     real = vars(cls)["_prepare_state_xfer"]
-    method = types.FunctionType(real.__code__, {**real.__globals__, "logger": _SilentLogger()},
-                                real.__name__, real.__defaults__, real.__closure__)
-    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+    method = with_globals(real, logger=_SilentLogger())
+    enum = importlib.import_module(PD_BASE_MODULE).StateType  # unscanned: targets
     types_ = [enum(s) for s in prefill.get("state_types")]
     tp = int(prefill.get("attn_tp_size"))
     manager = object.__new__(cls)
@@ -106,19 +87,19 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
         is_mla_backend=bool(prefill.get("is_mla_backend")),
         pp_size=int(prefill.get("pp_size") or 1),
         kv_args=SimpleNamespace(
-            state_types=types_, state_data_ptrs=_lists(prefill, "state_data_ptrs"),
-            state_item_lens=_lists(prefill, "state_item_lens"),
-            state_data_lens=_lists(prefill, "state_data_lens"),
-            state_layer_ids=_lists(prefill, "state_layer_ids"),
+            state_types=types_, state_data_ptrs=nested_lists(prefill, "state_data_ptrs"),
+            state_item_lens=nested_lists(prefill, "state_item_lens"),
+            state_data_lens=nested_lists(prefill, "state_data_lens"),
+            state_layer_ids=nested_lists(prefill, "state_layer_ids"),
             mla_compression_ratios=prefill.get("mla_compression_ratios"), gpu_id=0))
     relayout = requires_relayout(prefill, decode)
     info = SimpleNamespace(
         agent_name=peer, dst_dcp_size=int(decode.get("dcp_size") or 1),
         requires_dcp_relayout=bool(relayout), decode_tp_size=int(decode.get("attn_tp_size")),
-        dst_state_data_ptrs=_lists(decode, "state_data_ptrs"),
-        dst_state_item_lens=_lists(decode, "state_item_lens"),
-        dst_state_data_lens=_lists(decode, "state_data_lens"),
-        dst_state_layer_ids=_lists(decode, "state_layer_ids"), gpu_id=0)
+        dst_state_data_ptrs=nested_lists(decode, "state_data_ptrs"),
+        dst_state_item_lens=nested_lists(decode, "state_item_lens"),
+        dst_state_data_lens=nested_lists(decode, "state_data_lens"),
+        dst_state_layer_ids=nested_lists(decode, "state_layer_ids"), gpu_id=0)
     try:
         method(manager, info)
     except Exception as exc:
@@ -127,7 +108,7 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
     rejection = manager._state_layout_rejections.get(peer)
     if rejection is None:
         return None
-    src, dst = _lists(prefill, "state_item_lens"), _lists(decode, "state_item_lens")
+    src, dst = nested_lists(prefill, "state_item_lens"), nested_lists(decode, "state_item_lens")
     differ = tuple((i, str(getattr(types_[i], "value", types_[i])),
                     tuple(src[i]), tuple(dst[i]) if i < len(dst) else ())
                    for i in sorted(manager._prepared_state_components)

@@ -26,7 +26,7 @@ from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import flag_for_field
 from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, unjudged_sites
-from sglang_dsv4_guard.host.targets import PD_STATE_TYPE_MODULE
+from sglang_dsv4_guard.host.targets import PD_BASE_MODULE
 from sglang_dsv4_guard.pd.attention_tp import attention_tp_fixes, layout_of
 from sglang_dsv4_guard.pd.endpoint import Endpoint, Refusal
 from sglang_dsv4_guard.pd.when import when_of
@@ -101,7 +101,7 @@ def send_extra_refusals(prefill: Endpoint, decode: Endpoint, backend: str, packa
     changed = unjudged_sites(package, keys, f"DSV4G040/DSV4G041 ({backend})")
     if changed:
         return [], [changed]
-    enum = importlib.import_module(PD_STATE_TYPE_MODULE).StateType  # unscanned: targets
+    enum = importlib.import_module(PD_BASE_MODULE).StateType  # unscanned: targets
     refusals: list[Refusal] = []
     unknowns: list[str] = []
     for value in state_types:

@@ -17,7 +17,6 @@ are the built pools', which its miniature pools do not have.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import threading
@@ -27,13 +26,13 @@ from typing import Any
 
 from sglang_dsv4_guard.findings import Finding, Phase, When
 from sglang_dsv4_guard.fixes import Fix, FixKind
-from sglang_dsv4_guard.host.pd_digests import SITES, Located, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import NotJudged, known_sites
 from sglang_dsv4_guard.host.targets import (
+    PD_BASE_MODULE,
     PD_STATE_TYPE,
-    PD_STATE_TYPE_MODULE,
     PEERS_MOONCAKE_VALIDATE,
 )
-from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, pair_finding
+from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, nested_lists, pair_finding
 
 __all__ = ["CODE", "LOGGED", "SITE", "state_layout_findings", "state_layout_refusal"]
 
@@ -41,18 +40,6 @@ CODE = "DSV4G050"
 SITE = "mooncake.state_layout"
 LOGGED = "Rejecting state transfers to decode session"  # SGLang's log line's head
 _STATE = ("state_types", "state_data_ptrs", "state_item_lens")
-
-
-@functools.lru_cache(maxsize=8)
-def _known(site: Located | None) -> bool:
-    """Whether a known release has ``site``'s digest (once per file version: ``locate``
-    returns the same site until the file changes, and a digest costs about 6 ms)."""
-    found = {SITE: site.digest if site is not None else "missing"}
-    return bool(row_releases(found, (SITE,)))
-
-
-def _lists(endpoint: Endpoint, name: str) -> list[list[int]]:
-    return [list(v) for v in endpoint.get(name) or ()]
 
 
 def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | None,
@@ -66,21 +53,20 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | No
     function = getattr(cls, attr, None)
     if function is None:
         return None, None  # before 0.5.22: no registration-time state check
-    if package is None:
-        return None, "the imported SGLang's source was not found"
-    if not _known(locate(package, SITES[SITE])):
-        return None, (f"SGLang's {PEERS_MOONCAKE_VALIDATE.qualname} differs from every "
-                      "release this guard knows: unknown for this release")
+    try:
+        known_sites(package, (SITE,))
+    except NotJudged as exc:
+        return None, str(exc)
     if not all(prefill.has(n) for n in _STATE) or not decode.has("state_item_lens"):
         return None, "the registration carries no state layout"
-    state_type = getattr(importlib.import_module(PD_STATE_TYPE_MODULE),  # unscanned: SGLang
+    state_type = getattr(importlib.import_module(PD_BASE_MODULE),  # unscanned: SGLang
                          PD_STATE_TYPE)
     manager: Any = object.__new__(cls)
     manager.kv_args = SimpleNamespace(
         state_types=[state_type(v) for v in prefill.get("state_types")],
-        state_data_ptrs=_lists(prefill, "state_data_ptrs"),
-        state_item_lens=_lists(prefill, "state_item_lens"),
-        state_layer_ids=_lists(prefill, "state_layer_ids"))
+        state_data_ptrs=nested_lists(prefill, "state_data_ptrs"),
+        state_item_lens=nested_lists(prefill, "state_item_lens"),
+        state_layer_ids=nested_lists(prefill, "state_layer_ids"))
     attn_tp = prefill.get("attn_tp_size")
     manager.__dict__.update(
         is_mla_backend=bool(prefill.get("is_mla_backend", False)),
@@ -89,9 +75,9 @@ def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | No
         state_tp_size=prefill.get("state_tp_size", attn_tp))
     info = SimpleNamespace(
         mooncake_session_id=session, dst_attn_tp_size=decode.get("attn_tp_size"),
-        dst_state_data_ptrs=_lists(decode, "state_data_ptrs"),
-        dst_state_item_lens=_lists(decode, "state_item_lens"),
-        dst_state_layer_ids=_lists(decode, "state_layer_ids"))
+        dst_state_data_ptrs=nested_lists(decode, "state_data_ptrs"),
+        dst_state_item_lens=nested_lists(decode, "state_item_lens"),
+        dst_state_layer_ids=nested_lists(decode, "state_layer_ids"))
     log = logging.getLogger(PEERS_MOONCAKE_VALIDATE.module)  # SGLang's module logger
     quiet = _ThisThread()
     log.addFilter(quiet)  # SGLang logged its own run's lines already
