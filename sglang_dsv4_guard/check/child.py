@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, one_line, parse_env
+from sglang_dsv4_guard.check.offline.causes import joined
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_env
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.prove import Fixed
@@ -95,10 +96,10 @@ def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
                            request.get("prefill_env") or {}, request.get("decode_env") or {},
                            refusals=refusals)
     except CheckInputError as exc:
-        return {"exit_status": 2, "error": one_line(str(exc))}
+        return {"exit_status": 2, "error": joined(str(exc))}
     except ImportError as exc:
         return {"exit_status": 2, "error": f"sglang: cannot import the installed release "
-                                           f"({one_line(str(exc))})"}
+                                           f"({joined(str(exc))})"}
     return {"exit_status": result.exit_status, "document": result.to_dict(),
             "text": render_check(result), "output": result.sglang_output}
 

@@ -26,12 +26,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from sglang_dsv4_guard.check.offline.causes import failing_source, machine_cause, one_line
+from sglang_dsv4_guard.check.offline.causes import failing_source, joined, machine_cause
 from sglang_dsv4_guard.check.offline.probes import Device, as_devices, probed
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "SideArgs",
-           "machine_cause", "offline_env", "one_line", "parse_env", "parse_side",
+           "machine_cause", "offline_env", "parse_env", "parse_side",
            "release_parser", "resolve_as", "strip_launcher"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
@@ -54,7 +54,7 @@ class CheckInputError(ValueError):
     """Input ``check`` cannot read: the argument at fault, its value and what is accepted."""
 
     def __init__(self, argument: str, message: str) -> None:
-        super().__init__(f"{argument}: {one_line(message)}")
+        super().__init__(f"{argument}: {joined(message)}")
         self.argument = argument
 
 
