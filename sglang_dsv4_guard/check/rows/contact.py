@@ -26,7 +26,7 @@ from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import CODE as LAYOUT_ENV_CODE
-from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE
+from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE, layout_env, selecting
 from sglang_dsv4_guard.check.server.derive import Side, kwargs_for, release_model_config
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.endpoint_values import (
@@ -165,13 +165,12 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
     select = getattr(module, PD_DSV4_LAYOUT.attr, None)
     if select is None or pool_cls is None or not hasattr(pool_cls, "pd_kv_layout"):
         return none, None
-    env = {k: v for k, v in side.args.env.items() if k in DSV4_LAYOUT_ENV}
     backend = resolved_value(side, "dsv4_attn_backend", None)
     typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in DSV4_LAYOUT_ENV)
     source = (f"the release's {PD_DSV4_LAYOUT.attr} and pd_kv_layout on "
               f"--dsv4-attn-backend {backend} and {typed_env}")
     try:
-        with offline_env(env), published_server_args(side.args.server_args):
+        with selecting(side, layout_env(side), unset_others=False) as select:
             layout, option = select()
             pool = object.__new__(pool_cls)
             pool.kv_layout, pool.compressed_kv_layout_option = layout, option
