@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dsv4_guard.check.offline.parse import release_parser
+from sglang_dsv4_guard.check.offline.parse import parser_default
 from sglang_dsv4_guard.check.server.derive import Side, attention_layout, page_size_source
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
@@ -58,9 +58,7 @@ def resolved_value(side: Side, name: str, default: Any) -> Any:
     typed = typed_value(side, name)
     if typed is not None:
         return typed
-    from sglang.srt.server_args import ServerArgs
-
-    found = release_parser(ServerArgs).get_default(name)
+    found = parser_default(name)
     return default if found is None else found
 
 
