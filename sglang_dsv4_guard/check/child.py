@@ -28,7 +28,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, one_line, parse_env
+from sglang_dsv4_guard.check.offline.causes import joined
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_env
+from sglang_dsv4_guard.host.judgement import imported_package_dir
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.prove import Fixed
@@ -95,10 +97,10 @@ def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
                            request.get("prefill_env") or {}, request.get("decode_env") or {},
                            refusals=refusals)
     except CheckInputError as exc:
-        return {"exit_status": 2, "error": one_line(str(exc))}
+        return {"exit_status": 2, "error": joined(str(exc))}
     except ImportError as exc:
         return {"exit_status": 2, "error": f"sglang: cannot import the installed release "
-                                           f"({one_line(str(exc))})"}
+                                           f"({joined(str(exc))})"}
     return {"exit_status": result.exit_status, "document": result.to_dict(),
             "text": render_check(result), "output": result.sglang_output}
 
@@ -187,17 +189,6 @@ _BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
          "from sglang_dsv4_guard.check.child import main; sys.exit(main())")
 
 
-def _sglang_file() -> str | None:
-    """The file of the ``sglang`` this process would import (found, not imported)."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError):
-        return None
-    return spec.origin if spec is not None else None
-
-
 def _imports_the_same_sglang(expected: str | None) -> str | None:
     """``None`` when the child's ``sglang`` is the file the command would import; else the
     one-line error."""
@@ -275,7 +266,9 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
         timeout = _timeout()
     except CheckInputError as exc:
         return {"exit_status": 2, "error": str(exc)}
-    payload = json.dumps({**request, "sglang_file": _sglang_file(),
+    package = imported_package_dir()  # found, not imported: the child must import the same
+    expected = None if package is None else str(package / "__init__.py")
+    payload = json.dumps({**request, "sglang_file": expected,
                           "started": time.monotonic()})
     main = threading.current_thread() is threading.main_thread()  # signals reach it only
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)

@@ -11,10 +11,10 @@ import os
 import re
 from collections.abc import Iterator
 
-__all__ = ["failing_source", "machine_cause", "one_line"]
+__all__ = ["failing_source", "joined", "machine_cause"]
 
 
-def one_line(text: str) -> str:
+def joined(text: str) -> str:
     """``text`` on one line: its lines joined by single spaces (SGLang's and transformers'
     messages can span several)."""
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
@@ -50,7 +50,7 @@ def machine_cause(exc: BaseException, device: str) -> str | None:
     chain = [type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None]
     if isinstance(exc, ImportError):
         if exc.name is None:  # a message of SGLang's, not a module name
-            return f"a package is missing on this machine: {one_line(str(exc))}"
+            return f"a package is missing on this machine: {joined(str(exc))}"
         return f"the package {exc.name!r} is not installed on this machine"
     if any(name in _NETWORK_TYPES for name in chain) or _NETWORK.search(str(exc)):
         return "it needs the network, and check makes no network call"
@@ -116,8 +116,8 @@ def failing_source(exc: BaseException) -> str:
         return ""
     inner = around[-1]
     shown = inner.test if isinstance(inner, (ast.Assert, ast.If)) else inner
-    found = one_line(_segment(lines, shown))
+    found = joined(_segment(lines, shown))
     outer = [node for node in around[:-1] if isinstance(node, ast.If)]
     if outer and not isinstance(inner, ast.If):  # the condition it is checked under
-        found += f" (when {one_line(_segment(lines, outer[-1].test))})"
+        found += f" (when {joined(_segment(lines, outer[-1].test))})"
     return found

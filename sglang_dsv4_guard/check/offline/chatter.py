@@ -32,9 +32,9 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from sglang_dsv4_guard.log import LOGGER_NAME
 
@@ -108,6 +108,7 @@ class OutputRecorder:
                       tuple(self.dropped.items()))
 
 
+_T = TypeVar("_T")
 _lock = threading.RLock()
 _recorders: list[OutputRecorder] = []
 _sections: list[str] = []
@@ -140,17 +141,29 @@ def _record(line: str) -> None:
 
 
 @contextmanager
-def mirrored(stream: TextIO) -> Iterator[None]:
-    """Each kept line is also written, as it is recorded, to ``stream`` (one
-    :data:`MIRRORED` line, flushed), so it outlives a process that dies before it answers
-    (``check``'s child mirrors to its stderr; :func:`split_mirrored` reads it back)."""
+def _pushed(stack: list[_T], entry: _T, *, flush: bool = False,
+            pop_last: bool = False) -> Iterator[None]:
+    """``entry`` on ``stack`` for the block, then taken off: ``entry`` itself, or with
+    ``pop_last`` the last entry; with ``flush``, a pending partial line is recorded first."""
     with _lock:
-        _mirror.append(stream)
+        stack.append(entry)
     try:
         yield
     finally:
         with _lock:
-            _mirror.remove(stream)
+            if flush:
+                _flush()
+            if pop_last:
+                stack.pop()
+            else:
+                stack.remove(entry)
+
+
+def mirrored(stream: TextIO) -> AbstractContextManager[None]:
+    """Each kept line is also written, as it is recorded, to ``stream`` (one
+    :data:`MIRRORED` line, flushed), so it outlives a process that dies before it answers
+    (``check``'s child mirrors to its stderr; :func:`split_mirrored` reads it back)."""
+    return _pushed(_mirror, stream)
 
 
 def split_mirrored(text: str) -> tuple[list[tuple[str, str]], list[str]]:
@@ -171,41 +184,20 @@ def split_mirrored(text: str) -> tuple[list[tuple[str, str]], list[str]]:
 def recording() -> Iterator[OutputRecorder]:
     """A fresh recorder for the block: lines inside go to it, not to an outer one."""
     recorder = OutputRecorder()
-    with _lock:
-        _recorders.append(recorder)
-    try:
+    with _pushed(_recorders, recorder, flush=True):
         yield recorder
-    finally:
-        with _lock:
-            _flush()
-            _recorders.remove(recorder)
 
 
-@contextmanager
-def leaving_out(logger: str) -> Iterator[None]:
+def leaving_out(logger: str) -> AbstractContextManager[None]:
     """The records of ``logger`` and its children are not kept in the block (what the
     guard's own probes make SGLang log about themselves); warnings, prints and other
     loggers' records are kept as usual."""
-    with _lock:
-        _left_out.append(logger)
-    try:
-        yield
-    finally:
-        with _lock:
-            _left_out.remove(logger)
+    return _pushed(_left_out, logger)
 
 
-@contextmanager
-def section(name: str) -> Iterator[None]:
+def section(name: str) -> AbstractContextManager[None]:
     """Lines inside the block are ``name``'s (a server's role)."""
-    with _lock:
-        _sections.append(name)
-    try:
-        yield
-    finally:
-        with _lock:
-            _flush()
-            _sections.pop()
+    return _pushed(_sections, name, flush=True, pop_last=True)
 
 
 def _flush() -> None:

@@ -26,12 +26,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from sglang_dsv4_guard.check.offline.causes import failing_source, machine_cause, one_line
+from sglang_dsv4_guard.check.offline.causes import failing_source, joined, machine_cause
 from sglang_dsv4_guard.check.offline.probes import Device, as_devices, probed
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "SideArgs",
-           "machine_cause", "offline_env", "one_line", "parse_env", "parse_side",
+           "machine_cause", "offline_env", "parse_env", "parse_side", "parser_default",
            "release_parser", "resolve_as", "strip_launcher"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
@@ -54,7 +54,7 @@ class CheckInputError(ValueError):
     """Input ``check`` cannot read: the argument at fault, its value and what is accepted."""
 
     def __init__(self, argument: str, message: str) -> None:
-        super().__init__(f"{argument}: {one_line(message)}")
+        super().__init__(f"{argument}: {joined(message)}")
         self.argument = argument
 
 
@@ -323,6 +323,13 @@ def _resolving(namespace: argparse.Namespace, env: Mapping[str, str]
         namespace = copy.copy(namespace)
         namespace.trust_remote_code = False
     return namespace, resolve_env, notes
+
+
+def parser_default(name: str) -> Any:
+    """The release parser's default for the ``ServerArgs`` field ``name``."""
+    from sglang.srt.server_args import ServerArgs
+
+    return release_parser(ServerArgs).get_default(name)
 
 
 def resolve_as(args: SideArgs, device: Device) -> Any | None:

@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs
-from sglang_dsv4_guard.check.rows.contact import resolved_value, typed_source
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server.derive import Side
 from sglang_dsv4_guard.check.server.edit import typed_flags
-from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, resolved_value, typed_source
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.fixes import Fix, FixKind, flag_fix
 from sglang_dsv4_guard.host.flags import flag_edit, flag_for_field

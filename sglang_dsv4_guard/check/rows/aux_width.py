@@ -22,7 +22,7 @@ from sglang_dsv4_guard.check.server.derive import Side
 from sglang_dsv4_guard.check.server.endpoint_values import (
     CONTRIBUTORS,
     field_source,
-    side_field,
+    raw_field,
 )
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
@@ -54,10 +54,10 @@ def _widths(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     counts' row says that server would not start). On a release without the flag the class
     is built with no width in the server's environment, as its scheduler builds it."""
     del values
-    width = side_field(side, _FIELD)
+    width = raw_field(side, _FIELD)
     if width is not None and int(width) <= 0:
         return {}
-    checksum = bool(side_field(side, "disaggregation_enable_kv_checksum"))
+    checksum = bool(raw_field(side, "disaggregation_enable_kv_checksum"))
     if width is None:
         typed = side.args.env.get(MASK_WIDTH_ENV)
         width = env_reading(MASK_WIDTH_ENV, typed)[0]
@@ -140,7 +140,7 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
                              f"{MASK_WIDTH_ENV}", field="sampling_mask_env",
                              edits=(env_copy(dst.role, MASK_WIDTH_ENV, typed),)))
             continue
-        width = side_field(src, _FIELD)
+        width = raw_field(src, _FIELD)
         found.append(flag_fix(f"give the {dst.role} server the {src.role}'s {_option()} {width}",
                           _FIELD, [flag_edit(dst.role, _FIELD, width)]))
     return tuple(f for f in (accepted_fix(f, sides) for f in found) if f is not None)

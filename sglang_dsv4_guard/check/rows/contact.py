@@ -23,13 +23,18 @@ from typing import Any
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fixes
 from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env, release_parser
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import CODE as LAYOUT_ENV_CODE
-from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE
+from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE, layout_env, selecting
 from sglang_dsv4_guard.check.server.derive import Side, kwargs_for, release_model_config
 from sglang_dsv4_guard.check.server.edit import typed_flags
-from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source
+from sglang_dsv4_guard.check.server.endpoint_values import (
+    CONTRIBUTORS,
+    field_source,
+    resolved_value,
+    typed_source,
+)
 from sglang_dsv4_guard.check.server.gpus import page_size_by_gpu
 from sglang_dsv4_guard.check.server.pools import published_server_args
 from sglang_dsv4_guard.findings import Finding
@@ -55,32 +60,10 @@ from sglang_dsv4_guard.pd.relayout import relayout_findings
 
 log = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["NOTES", "contact_row", "contact_values", "resolved_value", "typed_source"]
+__all__ = ["NOTES", "contact_row", "contact_values"]
 
 NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not derived
 
-
-
-def resolved_value(side: Side, name: str, default: Any) -> Any:
-    """The resolved ``ServerArgs`` field, else the one the line typed, else the release's
-    default for it."""
-    if side.args.server_args is not None:
-        return side.args.resolved_field(name, default)
-    typed = typed_flags(list(side.args.argv)).get(name)
-    if typed is not None:
-        return typed[1] if typed[1] is not None else True
-    from sglang.srt.server_args import ServerArgs
-
-    found = release_parser(ServerArgs).get_default(name)
-    return default if found is None else found
-
-
-def typed_source(side: Side, field: str, option: str) -> str:
-    """:func:`~.endpoint.field_source`, with the value as the line typed it."""
-    typed = typed_flags(list(side.args.argv)).get(field)
-    if typed is not None and typed[1] is not None:
-        return f"server flag {typed[0].option} {typed[1]}"
-    return field_source(side, field, option)
 
 
 def _quantized(side: Side) -> bool:
@@ -182,13 +165,12 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
     select = getattr(module, PD_DSV4_LAYOUT.attr, None)
     if select is None or pool_cls is None or not hasattr(pool_cls, "pd_kv_layout"):
         return none, None
-    env = {k: v for k, v in side.args.env.items() if k in DSV4_LAYOUT_ENV}
     backend = resolved_value(side, "dsv4_attn_backend", None)
     typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in DSV4_LAYOUT_ENV)
     source = (f"the release's {PD_DSV4_LAYOUT.attr} and pd_kv_layout on "
               f"--dsv4-attn-backend {backend} and {typed_env}")
     try:
-        with offline_env(env), published_server_args(side.args.server_args):
+        with selecting(side, layout_env(side), unset_others=False) as select:
             layout, option = select()
             pool = object.__new__(pool_cls)
             pool.kv_layout, pool.compressed_kv_layout_option = layout, option

@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix
@@ -30,7 +32,7 @@ from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import DSV4_LAYOUT_ENV, PD_DSV4_LAYOUT
 from sglang_dsv4_guard.pd.endpoint import Value
 
-__all__ = ["EVERY_MACHINE", "kv_layout_env_row"]
+__all__ = ["EVERY_MACHINE", "kv_layout_env_row", "layout_env", "selecting"]
 
 CODE = "DSV4G047"
 # select_dsv4_kv_layout's assertions that hold before it looks at the GPU (0.5.21+): a
@@ -45,15 +47,25 @@ def _select() -> Any:
     return getattr(module, PD_DSV4_LAYOUT.attr, None)
 
 
+@contextmanager
+def selecting(side: Side, env: dict[str, str], *, unset_others: bool) -> Iterator[Any]:
+    """SGLang's ``select_dsv4_kv_layout``, to call in the block with ``side``'s resolved
+    ``ServerArgs`` published and ``env`` set (``unset_others``: and the layout variables
+    ``env`` does not set unset)."""
+    select = _select()
+    with offline_env(env), published_server_args(side.args.server_args):
+        if unset_others:
+            for name in DSV4_LAYOUT_ENV:
+                if name not in env:
+                    os.environ.pop(name, None)
+        yield select
+
+
 def selection(side: Side, env: dict[str, str]) -> tuple[str, str | None]:
     """SGLang's ``select_dsv4_kv_layout`` for ``side`` with its layout variables ``env``
     (the others unset): ``("accepted", None)``, ``("refused", message)`` on every machine,
     or ``("gpu", message)`` when what it says depends on the GPU."""
-    select = _select()
-    with offline_env(env), published_server_args(side.args.server_args):
-        for name in DSV4_LAYOUT_ENV:
-            if name not in env:
-                os.environ.pop(name, None)
+    with selecting(side, env, unset_others=True) as select:
         try:
             select()
         except AssertionError as exc:
@@ -65,7 +77,8 @@ def selection(side: Side, env: dict[str, str]) -> tuple[str, str | None]:
     return "accepted", None
 
 
-def _layout_env(side: Side) -> dict[str, str]:
+def layout_env(side: Side) -> dict[str, str]:
+    """The DeepSeek-V4 layout variables of ``side``'s environment."""
     return {k: v for k, v in side.args.env.items() if k in DSV4_LAYOUT_ENV}
 
 
@@ -78,7 +91,7 @@ def _accepted(side: Side) -> list[str]:
                     if isinstance(c, str) and _NAME.match(c)})
     found = []
     for name in names:
-        outcome, _ = selection(side, {**_layout_env(side), DSV4_LAYOUT_ENV[0]: name})
+        outcome, _ = selection(side, {**layout_env(side), DSV4_LAYOUT_ENV[0]: name})
         if outcome != "refused":
             found.append(name + (" (needs an SM100/SM103 GPU)" if outcome == "gpu" else ""))
     return found
@@ -88,7 +101,7 @@ def _refusal(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     """The refusal of this server's layout variables, when SGLang's selection refuses
     them on every machine (a resolved DeepSeek-V4 server on a release with the selector)."""
     del values
-    env = _layout_env(side)
+    env = layout_env(side)
     if not env or not side.model.is_dsv4 or side.args.server_args is None or _select() is None:
         return {}
     outcome, message = selection(side, env)
@@ -107,7 +120,7 @@ CONTRIBUTORS.append(_refusal)
 def _fixes(run: ContractRun, side: Side, other: Side) -> tuple[Fix, ...]:
     """The layout variables unset (the release's default), or the other server's values,
     each only where SGLang's selection accepts the result for this server here."""
-    env, theirs = _layout_env(side), _layout_env(other)
+    env, theirs = layout_env(side), layout_env(other)
     candidates: list[tuple[str, dict[str, str]]] = []
     if theirs != env and (theirs or other.args.server_args is not None):
         said = ", ".join(f"{k}={v}" for k, v in theirs.items()) or "unset"

@@ -17,7 +17,7 @@ from sglang_dsv4_guard.check.server.endpoint_values import (
     CONTRIBUTORS,
     NotDerived,
     field_source,
-    side_field,
+    raw_field,
 )
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.host.envs import env_reading
@@ -39,7 +39,7 @@ def _refused_width(side: Side) -> str | None:
     width of 0 or less is refused at resolution by 0.5.20+'s
     ``arg_groups/validation_hook.py`` ``validate_sampling_mask_max_tokens`` ("must be
     positive"); a resolved ``ServerArgs`` holds only a width it accepted."""
-    width = side_field(side, "sampling_mask_max_tokens")
+    width = raw_field(side, "sampling_mask_max_tokens")
     if side.args.server_args is not None or width is None or int(width) > 0:
         return None
     flag = flag_for_field("sampling_mask_max_tokens")
@@ -60,8 +60,8 @@ def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     mask = side.args.env.get(name)
     try:
         with offline_env(side.args.env):
-            count = aux_buffer_count(bool(side_field(side, "disaggregation_enable_kv_checksum")),
-                                     side_field(side, "sampling_mask_max_tokens"))
+            count = aux_buffer_count(bool(raw_field(side, "disaggregation_enable_kv_checksum")),
+                                     raw_field(side, "sampling_mask_max_tokens"))
     except ValueError as exc:  # a width the class would read that is too wide to build
         raise NotDerived(f"{AUX_CODE}: not judged: {exc}") from None
     return {"aux_buffer_count": Value(count, (
@@ -86,10 +86,10 @@ def _mask_value(side: Side) -> Value:
 def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
     del values
     return {
-        "kv_checksum": Value(bool(side_field(side, "disaggregation_enable_kv_checksum")), field_source(
+        "kv_checksum": Value(bool(raw_field(side, "disaggregation_enable_kv_checksum")), field_source(
             side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
         "sampling_mask_env": _mask_value(side),
-        "enable_hisparse": Value(bool(side_field(side, "enable_hisparse")),
+        "enable_hisparse": Value(bool(raw_field(side, "enable_hisparse")),
                                  field_source(side, "enable_hisparse", "--enable-hisparse")),
     }
 

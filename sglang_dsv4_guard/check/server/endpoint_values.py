@@ -12,13 +12,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from sglang_dsv4_guard.check.offline.parse import parser_default
 from sglang_dsv4_guard.check.server.derive import Side, attention_layout, page_size_source
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import TYPED
 from sglang_dsv4_guard.pd.endpoint import REFUSED, UNKNOWN, Endpoint, Value
 
-__all__ = ["CONTRIBUTORS", "NotDerived", "endpoint_of", "field_source", "side_field"]
+__all__ = ["CONTRIBUTORS", "NotDerived", "endpoint_of", "field_source", "raw_field", "resolved_value",
+           "typed_source", "typed_value"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -31,13 +33,33 @@ class NotDerived(Exception):
 CONTRIBUTORS: list[Callable[[Side, dict[str, Value]], dict[str, Value]]] = []
 
 
-def side_field(side: Side, name: str) -> Any:
-    """A field the contract's parse does not keep: from the resolved ``ServerArgs``, else
-    (resolution did not complete) whether the line typed it (a switch) or its typed value."""
-    if side.args.server_args is not None:
-        return getattr(side.args.server_args, name, None)
+def typed_value(side: Side, name: str) -> Any:
+    """The field ``name`` as the line typed it (``True`` for a switch), ``None`` when the
+    line does not type it."""
     typed = typed_flags(list(side.args.argv)).get(name)
     return None if typed is None else (typed[1] if typed[1] is not None else True)
+
+
+def raw_field(side: Side, name: str) -> Any:
+    """A field the contract's parse does not keep: the resolved ``ServerArgs``' own
+    attribute (not its resolving view), else (resolution did not complete) its
+    :func:`typed_value`."""
+    if side.args.server_args is not None:
+        return getattr(side.args.server_args, name, None)
+    return typed_value(side, name)
+
+
+def resolved_value(side: Side, name: str, default: Any) -> Any:
+    """The field ``name`` through the resolved ``ServerArgs``' resolving view (a model
+    override's value), else its :func:`typed_value`, else the release parser's default
+    for it (``default`` when that is ``None``)."""
+    if side.args.server_args is not None:
+        return side.args.resolved_field(name, default)
+    typed = typed_value(side, name)
+    if typed is not None:
+        return typed
+    found = parser_default(name)
+    return default if found is None else found
 
 
 def field_source(side: Side, field: str, option: str) -> str:
@@ -48,6 +70,14 @@ def field_source(side: Side, field: str, option: str) -> str:
     if side.args.resolved:
         return f"SGLang's resolution (no {option} typed: the release's default)"
     return f"the parser's default (no {option} typed; resolution did not complete)"
+
+
+def typed_source(side: Side, field: str, option: str) -> str:
+    """:func:`field_source`, with the value as the line typed it."""
+    typed = typed_flags(list(side.args.argv)).get(field)
+    if typed is not None and typed[1] is not None:
+        return f"server flag {typed[0].option} {typed[1]}"
+    return field_source(side, field, option)
 
 
 def _tokens_source(side: Side) -> str:
@@ -81,7 +111,7 @@ def _base(side: Side) -> dict[str, Value]:
             side, "enable_dp_attention", "--enable-dp-attention")),
         TYPED: Value(frozenset(typed_flags(list(a.argv))), "the launch line"),
         REFUSED: Value(a.resolution_error is not None, "SGLang's resolution of the line"),
-        "enable_unified_memory": Value(bool(side_field(side, "enable_unified_memory")),
+        "enable_unified_memory": Value(bool(raw_field(side, "enable_unified_memory")),
                                        field_source(side, "enable_unified_memory",
                                                     "--enable-unified-memory")),
         "page_size": Value(side.page_size, page_size_source(side)),

@@ -41,8 +41,7 @@ from typing import Any
 from sglang_dsv4_guard.check.offline.chatter import leaving_out
 from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.check.server.derive import ModelFacts, Side, kwargs_for
-from sglang_dsv4_guard.check.server.edit import typed_flags
-from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, NotDerived
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, NotDerived, typed_value
 from sglang_dsv4_guard.check.server.pools import last_run, state_type_names
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
 from sglang_dsv4_guard.pd.endpoint import Value
@@ -61,25 +60,23 @@ _POOLS = {"mha": "MHATokenToKVPool", "mla": "MLATokenToKVPool",
           "unified_swa": "init_unified_swa_pools' UnifiedSWAKVPool"}
 
 
-def _said(side: Side, name: str) -> tuple[Any, ...]:
-    """``name`` as the line typed it (``True`` for a switch) and as SGLang's resolution
-    left it, each only when there is one."""
-    typed = typed_flags(list(side.args.argv)).get(name)
-    values = [] if typed is None else [True if typed[1] is None else typed[1]]
-    resolved = side.args.resolved_field(name, None)
-    return tuple(v for v in (*values, resolved) if v is not None)
+def _typed_and_resolved(side: Side, name: str) -> tuple[Any, ...]:
+    """``name``'s :func:`~.endpoint_values.typed_value` and its value as SGLang's
+    resolution left it, each only when there is one."""
+    values = (typed_value(side, name), side.args.resolved_field(name, None))
+    return tuple(v for v in values if v is not None)
 
 
 def kv_dtype(side: Side) -> str:
     """The server's KV cache dtype string as SGLang resolved it, as the line typed it when
     resolution did not complete (``auto`` when neither)."""
-    said = _said(side, "kv_cache_dtype")
+    said = _typed_and_resolved(side, "kv_cache_dtype")
     return str(said[-1]) if said else "auto"
 
 
 def _block_scaled(side: Side) -> bool:
     """A KV cache dtype with block scales (MXFP8, FP4), as typed or as resolved."""
-    return any("mxfp" in str(d) or "fp4" in str(d) for d in _said(side, "kv_cache_dtype"))
+    return any("mxfp" in str(d) or "fp4" in str(d) for d in _typed_and_resolved(side, "kv_cache_dtype"))
 
 
 def _other_class(side: Side) -> bool:
@@ -87,7 +84,7 @@ def _other_class(side: Side) -> bool:
     configurator build another pool class, as typed or as resolved."""
     return _block_scaled(side) or any(
         v in ("ascend", "npu") for n in ("attention_backend", "device")
-        for v in _said(side, n)) or any(any(_said(side, f)) for f in _CLASS_FLAGS)
+        for v in _typed_and_resolved(side, n)) or any(any(_typed_and_resolved(side, f)) for f in _CLASS_FLAGS)
 
 
 def model_pool_kind(model: ModelFacts) -> str | None:
@@ -148,8 +145,8 @@ def pool_kind(side: Side) -> str | None:
         return None
     kind = model_pool_kind(side.model)
     if kind == "minimax" and (int(side.args.get("pp_size") or 1) > 1
-                              or any(_said(side, "enable_hisparse"))
-                              or any("nvfp4" in str(q) for q in _said(side, "quantization"))):
+                              or any(_typed_and_resolved(side, "enable_hisparse"))
+                              or any("nvfp4" in str(q) for q in _typed_and_resolved(side, "quantization"))):
         return None  # per-rank layers, HiSparse's pools, the GPU's NVFP4 pool: not built
     return kind
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping
 
 from sglang_dsv4_guard.check.server.derive import Side
-from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source, side_field
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source, raw_field
 from sglang_dsv4_guard.check.server.state_types import (
     Refused,
     miniature_pool,
@@ -80,7 +80,7 @@ def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
         return {"swa_kv_cache_layout": Value(None, (
             f"not known here: {AITER}={aiter} in the server's environment gives that layout "
             "on ROCm with AITER and NHD elsewhere (the GPU decides)"))}
-    unified = bool(side_field(side, "enable_unified_memory"))
+    unified = bool(raw_field(side, "enable_unified_memory"))
     got = registered_layout(unified, tuple(sorted(env.items())))
     pool = ("SGLang's unified SWA pool (init_unified_swa_pools; "
             + field_source(side, "enable_unified_memory", "--enable-unified-memory") + ")"
