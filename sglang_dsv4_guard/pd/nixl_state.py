@@ -35,7 +35,7 @@ from sglang_dsv4_guard.pd.nixl_payload import payload_refusal
 from sglang_dsv4_guard.pd.relayout import requires_relayout
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["KEYS", "StateLayoutRefusal", "nixl_state_findings", "state_layout_refusal"]
+__all__ = ["KEYS", "StateLayoutRefusal", "nixl_state_findings", "nixl_state_refusal"]
 
 KEYS = ("nixl.state_layout", "nixl.state_rejected")
 #: What each side must carry to be judged (else: not known, nothing judged).
@@ -60,8 +60,8 @@ class _SilentLogger:
         return lambda *args, **kwargs: None
 
 
-def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
-                         peer: str = "decode") -> StateLayoutRefusal | None:
+def nixl_state_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
+                       peer: str = "decode") -> StateLayoutRefusal | None:
     """SGLang's ``_prepare_state_xfer`` on the pair's state registration: its rejection,
     or ``None`` (accepted, a release without it, or a value not known). Raises
     :class:`NotJudged` for a release whose code no known release has."""
@@ -128,8 +128,8 @@ def nixl_state_findings(prefill: Endpoint, decode: Endpoint, package: Path | Non
             or (decode.has("kv_mem_kinds") and payload_refusal(prefill, decode)):
         return [], []
     try:
-        refusal = state_layout_refusal(prefill, decode, package,
-                                       str(decode.get(PEER, "decode")))
+        refusal = nixl_state_refusal(prefill, decode, package,
+                                     str(decode.get(PEER, "decode")))
     except NotJudged as exc:
         return [], [f"DSV4G055 (nixl): not judged: {exc}"]
     if refusal is None:

@@ -34,7 +34,7 @@ from sglang_dsv4_guard.host.targets import (
 )
 from sglang_dsv4_guard.pd.endpoint import PEER, Endpoint, nested_lists, pair_finding
 
-__all__ = ["CODE", "LOGGED", "SITE", "state_layout_findings", "state_layout_refusal"]
+__all__ = ["CODE", "LOGGED", "SITE", "mooncake_state_refusal", "state_layout_findings"]
 
 CODE = "DSV4G050"
 SITE = "mooncake.state_layout"
@@ -42,8 +42,8 @@ LOGGED = "Rejecting state transfers to decode session"  # SGLang's log line's he
 _STATE = ("state_types", "state_data_ptrs", "state_item_lens")
 
 
-def state_layout_refusal(prefill: Endpoint, decode: Endpoint, package: Path | None,
-                         session: str = "decode") -> tuple[str | None, str | None]:
+def mooncake_state_refusal(prefill: Endpoint, decode: Endpoint, package: Path | None,
+                           session: str = "decode") -> tuple[str | None, str | None]:
     """(SGLang's reason, ``None``) when the release's own ``_validate_peer_state_layout``
     rejects the decode's state layout; (``None``, ``None``) when it accepts or the release
     has no such check; (``None``, why) when it cannot be run on what the endpoints hold."""
@@ -109,8 +109,8 @@ def state_layout_findings(prefill: Endpoint, decode: Endpoint, package: Path | N
     judged where the decode's registration carries its state layout (run time)."""
     if prefill.get("transfer_backend") != "mooncake" or not decode.has("state_item_lens"):
         return [], []
-    reason, unknown = state_layout_refusal(prefill, decode, package,
-                                           str(decode.get(PEER, "decode")))
+    reason, unknown = mooncake_state_refusal(prefill, decode, package,
+                                             str(decode.get(PEER, "decode")))
     if reason is None:
         return [], [f"{CODE} (mooncake): not judged: {unknown}"] if unknown else []
     fix = Fix(FixKind.ADVICE, "run both servers with the same model, attention TP and "
