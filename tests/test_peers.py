@@ -81,15 +81,15 @@ class TestNixlRegistration(GuardTestCase):
 
     def test_changed_release_is_not_wrapped_and_says_so(self) -> None:
         """A release whose registration code no known release has (its digest differs) is
-        left unwrapped, with one line saying it is unknown for this release."""
+        left unwrapped, with one line saying it differs from every release the guard knows."""
         sglang_dsv4_guard.uninstall()
-        with mock.patch("sglang_dsv4_guard.peers.guard.row_releases", lambda *a: []), \
+        with mock.patch("sglang_dsv4_guard.host.pd_digests.row_releases", lambda *a: []), \
                 self.assertLogs("sglang_dsv4_guard", level=logging.WARNING) as logs:
             self.install_guard("on", load_entry_points=False)
         self.assertIs(vars(nixl.NixlKVManager)["_add_remote_peer"], _RAW["nixl"])
         self.assertIs(vars(mooncake.MooncakeKVManager)["transfer_worker"], _RAW["worker"])
         text = "\n".join(r.getMessage() for r in logs.records)
-        self.assertEqual(text.count("unknown for this release"), 2, text)
+        self.assertEqual(text.count("differs from every release this guard knows"), 2, text)
 
     def test_thread_death_reported_at_registration_and_named_once(self) -> None:
         """A HiSparse decode (host-memory KV) with another attention TP: SGLang's real
@@ -1037,7 +1037,7 @@ class TestNixlMambaState(GuardTestCase):
             changed = Path(tmp) / PD_NIXL_SEND_EXTRA.path
             changed.parent.mkdir(parents=True)
             changed.write_text(source.replace("if 0 in src_dims", "if 0 not in src_dims"))
-            with self.assertRaisesRegex(NotJudged, "unknown for this release"):
+            with self.assertRaisesRegex(NotJudged, "differs from every release this guard knows"):
                 mamba_refusal("nixl", prefill, decode, Path(tmp))
 
     def test_the_fix_names_the_tp_the_release_pairs_by(self) -> None:

@@ -218,8 +218,10 @@ class Located:
 def with_globals(function: FunctionType, **names: Any) -> FunctionType:
     """A copy of SGLang's ``function`` (its very code) that reads ``names`` instead of its
     module's globals of those names; the module and the function stay untouched."""
-    return FunctionType(function.__code__, {**function.__globals__, **names},
+    copy = FunctionType(function.__code__, {**function.__globals__, **names},
                         function.__name__, function.__defaults__, function.__closure__)
+    copy.__kwdefaults__ = function.__kwdefaults__  # keyword-only defaults, as SGLang wrote them
+    return copy
 
 
 def _names_read(nodes: Sequence[ast.AST]) -> set[str]:
@@ -374,8 +376,7 @@ def known_sites(package: Path | None, keys: Sequence[str]) -> dict[str, Located 
     sites = {key: locate(package, SITES[key]) for key in keys}
     if not row_releases({k: s.digest if s else MISSING for k, s in sites.items()}, keys):
         targets = " / ".join(sorted({str(SITES[k].target) for k in keys}))
-        raise NotJudged(f"SGLang's {targets} differs from every release this guard knows: "
-                        "unknown for this release")
+        raise NotJudged(f"SGLang's {targets} differs from every release this guard knows")
     return sites
 
 

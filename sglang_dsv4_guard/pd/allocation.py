@@ -90,12 +90,10 @@ def allocation_findings(prefill: Endpoint, decode: Endpoint, release: str,
     """DSV4G037 when the release's receiver fails every request of the pair."""
     if decode.get("transfer_backend") == "fake":
         return [], []  # FakeKVReceiver is not a CommonKVReceiver: it compares nothing
-    if package is None:
-        return [], [f"{CODE}: not judged: the imported SGLang's source was not found"]
     try:
         sites = known_sites(package, SITE_KEYS)
     except NotJudged as exc:
-        return [], [f"{CODE} ({release}): not judged: {exc}"]
+        return [], [f"{CODE}: not judged: {exc}"]
     if all(site is None for site in sites.values()):
         return [], []  # the release has no decode allocation policy (before 0.5.22)
     if not (prefill.has(POLICY) and decode.has(POLICY)):

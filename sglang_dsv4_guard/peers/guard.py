@@ -23,7 +23,7 @@ from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Phase, Report
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
 from sglang_dsv4_guard.host.judgement import imported_package_dir
-from sglang_dsv4_guard.host.pd_digests import SITES, NotJudged, locate, row_releases
+from sglang_dsv4_guard.host.pd_digests import known_sites
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.endpoint import PairContext
 from sglang_dsv4_guard.pd.relayout import CODE as RELAYOUT_CODE
@@ -207,16 +207,6 @@ def timeout_text() -> str:
 
 def judged(*keys: str) -> None:
     """Raise :class:`NotJudged` unless the imported release's code at ``keys`` is one a
-    known release has (``host/pd_digests.json``): a changed release is "unknown for this
-    release", never guessed at."""
-    package = imported_package_dir()
-    if package is None:
-        raise NotJudged("the imported SGLang's source was not found")
-    found = {}
-    for key in keys:
-        site = locate(package, SITES[key])
-        found[key] = site.digest if site is not None else "missing"
-    if not row_releases(found, keys):
-        names = " / ".join(str(SITES[k].target) for k in keys)
-        raise NotJudged(f"SGLang's {names} differs from every release this guard knows: "
-                        "unknown for this release")
+    known release has (``host/pd_digests.json``; :func:`known_sites`): a changed release is
+    never guessed at."""
+    known_sites(imported_package_dir(), keys)
