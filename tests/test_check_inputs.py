@@ -4,7 +4,9 @@ a transfer backend in capitals."""
 
 from __future__ import annotations
 
+import os
 import unittest
+from unittest import mock
 
 from check_helpers import DATA, GPT_OSS, LLAMA, run_cli, server
 from helpers import GuardTestCase, fresh_python
@@ -27,16 +29,36 @@ class TestBadInput(GuardTestCase):
     def test_dp_size_zero_with_dp_attention(self) -> None:
         """``--dp-size 0 --enable-dp-attention`` names --dp-size (no ZeroDivisionError)."""
         err = self.bad(server("prefill", LLAMA, "--tp-size 8 --dp-size 0 --enable-dp-attention"))
-        self.assertIn("--prefill: --dp-size must be a positive integer (got 0)", err)
+        self.assertIn("--prefill: --dp-size must be a positive integer of at most 65,536 "
+                      "(got 0)", err)
 
-    def test_tp_size_zero_and_negative(self) -> None:
-        """``--tp-size 0`` and ``--tp-size -8`` are refused, naming --tp-size."""
-        for value in ("0", "-8"):
+    def test_tp_size_zero_negative_and_huge(self) -> None:
+        """``--tp-size 0``, ``-8`` and one past any GPU count (SGLang's layout arithmetic
+        would overflow on it) are refused, naming --tp-size and the accepted range."""
+        for value in ("0", "-8", "99999999999999999999999"):
             with self.subTest(value=value):
                 err = self.bad(server("prefill", LLAMA), server("decode", LLAMA,
                                                                 f"--tp-size={value}"))
-                self.assertIn(f"--decode: --tp-size must be a positive integer (got {value})",
-                              err)
+                self.assertIn("--decode: --tp-size must be a positive integer of at most "
+                              f"65,536 (got {value})", err)
+
+    def test_check_timeout_out_of_range(self) -> None:
+        """``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` past a day (the child's poll would overflow),
+        0, ``inf`` or a word is refused naming the variable, the value and the range; a day
+        is accepted."""
+        from sglang_dsv4_guard.check.child import _timeout
+        from sglang_dsv4_guard.check.offline.parse import CheckInputError
+
+        for value in ("1e10", "0", "inf", "soon"):
+            with self.subTest(value=value), mock.patch.dict(
+                    os.environ, {"SGLANG_DSV4_GUARD_CHECK_TIMEOUT": value}):
+                with self.assertRaises(CheckInputError) as caught:
+                    _timeout()
+                self.assertEqual(str(caught.exception),
+                                 "SGLANG_DSV4_GUARD_CHECK_TIMEOUT: expected a number of "
+                                 f"seconds above 0 and at most 86400 (got {value!r})")
+        with mock.patch.dict(os.environ, {"SGLANG_DSV4_GUARD_CHECK_TIMEOUT": "86400"}):
+            self.assertEqual(_timeout(), 86400.0)
 
     def test_transfer_backend_in_capitals(self) -> None:
         """``MORI`` in capitals is refused by SGLang's own parser, naming the flag and the
@@ -109,7 +131,8 @@ class TestBadInput(GuardTestCase):
                             server("decode", LLAMA))
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertNotIn("Traceback", proc.stderr)
-        self.assertIn("--prefill: --tp-size must be a positive integer (got 0)", proc.stderr)
+        self.assertIn("--prefill: --tp-size must be a positive integer of at most 65,536 "
+                      "(got 0)", proc.stderr)
 
 
 if __name__ == "__main__":

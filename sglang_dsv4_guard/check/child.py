@@ -207,11 +207,12 @@ def _imports_the_same_sglang(expected: str | None) -> str | None:
 
 TIMEOUT_VARIABLE = "SGLANG_DSV4_GUARD_CHECK_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0  # seconds; resolution takes a few
+MAX_TIMEOUT = 86_400.0  # a day: more overflows the poll (and no resolution takes it)
 
 
 def _timeout() -> float:
-    """The child's time limit: ``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` seconds (a positive
-    number), else :data:`DEFAULT_TIMEOUT`; a bad value raises naming the variable."""
+    """The child's time limit: ``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` seconds (above 0, at
+    most :data:`MAX_TIMEOUT`), else :data:`DEFAULT_TIMEOUT`; a bad value raises naming the variable."""
     text = os.environ.get(TIMEOUT_VARIABLE, "")
     if not text.strip():
         return DEFAULT_TIMEOUT
@@ -219,9 +220,9 @@ def _timeout() -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise CheckInputError(TIMEOUT_VARIABLE, f"expected a positive number of seconds "
-                                                f"(got {text!r})")
+    if not 0 < value <= MAX_TIMEOUT:
+        raise CheckInputError(TIMEOUT_VARIABLE, f"expected a number of seconds above 0 and "
+                                                f"at most {MAX_TIMEOUT:g} (got {text!r})")
     return value
 
 

@@ -48,6 +48,9 @@ _POSITIVE = (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
              ("pp_size", "--pp-size"), ("page_size", "--page-size"),
              ("speculative_num_draft_tokens", "--speculative-num-draft-tokens"),
              ("speculative_num_steps", "--speculative-num-steps"))
+# Past any real value of these (a server's GPU count, a page, draft tokens): a larger one is
+# a typo, and SGLang's own arithmetic on it overflows (a C ssize_t) in the layout compare.
+MAX_PARALLEL = 65_536
 
 
 class CheckInputError(ValueError):
@@ -289,8 +292,9 @@ def _validate(option: str, values: Mapping[str, Any]) -> None:
     for name, flag in _POSITIVE:
         value = values.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise CheckInputError(option, f"{flag} must be a positive integer (got {value!r})")
+                                  or not 1 <= value <= MAX_PARALLEL):
+            raise CheckInputError(option, f"{flag} must be a positive integer of at most "
+                                          f"{MAX_PARALLEL:,} (got {value!r})")
     tp = values.get("tp_size") or 1
     attn_dp = values.get("attn_dp_size") or 1
     if values.get("enable_dp_attention") and attn_dp == 1:
