@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sglang_dsv4_guard.codes import CODES
+from sglang_dsv4_guard.findings import short_repr
 from sglang_dsv4_guard.host.targets import MORI_SEND, REGISTRY_MODULE, STATE
 from sglang_dsv4_guard.log import silenced
 
@@ -186,7 +187,8 @@ def _explain(args: argparse.Namespace) -> int:
     code = args.code.upper()
     info = CODES.get(code)
     if info is None:
-        print(f"unknown code {args.code!r}; known codes: {', '.join(CODES)}", file=sys.stderr)
+        print(f"unknown code {short_repr(args.code)}; known codes: {', '.join(CODES)}",
+              file=sys.stderr)
         return 2
     print(f"{info.code}: {info.title}")
     if info.sglang_message:

@@ -382,6 +382,16 @@ class TestOutput(GuardTestCase):
                 self.assertEqual(status, 0)
                 self.assertIn("how the fix is derived: ", out)
 
+    def test_unknown_code_is_named_cut(self) -> None:
+        """An unknown code exits 2 naming it, cut to a line however long it was typed."""
+        for typed in ("DSV4G999", "x" * 100_000):
+            with self.subTest(length=len(typed)):
+                status, out, err = run_cli("explain", typed)
+                self.assertEqual((status, out), (2, ""))
+                self.assertTrue(err.startswith(f"unknown code {typed[:8]!r}"[:-1]), err[:80])
+                self.assertLess(len(err), 1000)
+                self.assertIn("known codes: DSV4G001, ", err)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -42,6 +42,32 @@ class TestBadInput(GuardTestCase):
                 self.assertIn("--decode: --tp-size must be a positive integer of at most "
                               f"65,536 (got {value})", err)
 
+    def test_environment_items(self) -> None:
+        """``--prefill-env`` items that are not a variable's (a name starting with a digit),
+        carry control characters, run past the value cap or are too many: exit 2 naming
+        --prefill-env, the variable and what is accepted; the value shown is cut."""
+        from sglang_dsv4_guard.check.offline.parse import MAX_ENV_ITEMS, MAX_ENV_VALUE_CHARS
+
+        big = "v" * (MAX_ENV_VALUE_CHARS + 1)
+        cases = (
+            (["1BAD=2"], "--prefill-env: expected K=V with a variable name K (letters, digits "
+                         "and _, not first a digit) (got '1BAD=2')"),
+            (["SGLANG_DSV4_KV_LAYOUT=v4\x1b[2J"], "--prefill-env: SGLANG_DSV4_KV_LAYOUT: a value "
+                                                "with control characters"),
+            ([f"SGLANG_DSV4_KV_LAYOUT={big}"], f"--prefill-env: SGLANG_DSV4_KV_LAYOUT: "
+                                               f"{MAX_ENV_VALUE_CHARS + 1} characters; at most "
+                                               f"{MAX_ENV_VALUE_CHARS} are read"),
+            ([f"V{i}=1" for i in range(MAX_ENV_ITEMS + 1)],
+             f"--prefill-env: {MAX_ENV_ITEMS + 1} variables; at most {MAX_ENV_ITEMS} are read"),
+        )
+        for items, message in cases:
+            with self.subTest(first=items[0][:40], n=len(items)):
+                flags = [arg for item in items for arg in ("--prefill-env", item)]
+                err = self.bad(server("prefill", LLAMA), None, *flags)
+                self.assertIn(message, err)
+                self.assertLess(len(err), 2000)
+                self.assertNotIn("\x1b", err)
+
     def test_check_timeout_out_of_range(self) -> None:
         """``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` past a day (the child's poll would overflow),
         0, ``inf`` or a word is refused naming the variable, the value and the range; a day

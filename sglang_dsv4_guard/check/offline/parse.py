@@ -21,6 +21,7 @@ import functools
 import os
 import re
 import shlex
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -124,13 +125,31 @@ def release_parser(server_args: type) -> _Parser:
     return parser
 
 
+# Bounds on one server's environment items: far past any real one, and each is printed.
+MAX_ENV_ITEMS = 256
+MAX_ENV_VALUE_CHARS = 16 * 1024
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def parse_env(option: str, items: Sequence[str]) -> dict[str, str]:
-    """``K=V`` strings into a mapping; a malformed item names ``option`` and the item."""
+    """``K=V`` strings into a mapping; a malformed item names ``option`` and the item: a
+    name that is not a shell variable's, a value with control characters or past
+    :data:`MAX_ENV_VALUE_CHARS`, more than :data:`MAX_ENV_ITEMS` items."""
+    if len(items) > MAX_ENV_ITEMS:
+        raise CheckInputError(option, f"{len(items)} variables; at most {MAX_ENV_ITEMS} are read")
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key or any(c.isspace() for c in key):
-            raise CheckInputError(option, f"expected K=V with a variable name K (got {item!r})")
+        shown = item if len(item) <= 200 else item[:200] + "..."
+        if not sep or not _ENV_NAME.fullmatch(key):
+            raise CheckInputError(option, "expected K=V with a variable name K (letters, digits "
+                                          f"and _, not first a digit) (got {shown!r})")
+        if len(value) > MAX_ENV_VALUE_CHARS:
+            raise CheckInputError(option, f"{key}: {len(value)} characters; at most "
+                                          f"{MAX_ENV_VALUE_CHARS} are read")
+        if any(unicodedata.category(c) == "Cc" for c in value):
+            raise CheckInputError(option, f"{key}: a value with control characters (got "
+                                          f"{shown!r}); give the value as the server has it")
         env[key] = value
     return env
 
