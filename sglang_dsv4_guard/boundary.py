@@ -60,6 +60,8 @@ _CONSEQUENCE = {
     "validate": "the guard runs without this plug-in; " + _UNAFFECTED,
     "finding": "this finding is left out, the plug-in's other findings are kept; "
                + _UNAFFECTED,
+    "excess": "the findings past the cap are left out, the first ones are kept; "
+              + _UNAFFECTED,
     "sglang_dsv4_guard_remediate_state":
         "the guard went on without its result; a remediation may have changed the pools "
         "before it failed (the guard re-reads them when they changed); " + _NEVER_BLOCKS,

@@ -127,6 +127,11 @@ class GuardPlugins:
                     "sglang_dsv4_guard.Finding (or None)")]
                 continue
             findings: list[Finding] = []
+            if len(items) > MAX_FINDINGS:  # each is checked, kept and printed: bounded
+                findings.append(plugin_failure(
+                    name, hook, f"returned {len(items)} findings; the first {MAX_FINDINGS} "
+                    "are kept", "excess"))
+                del items[MAX_FINDINGS:]
             for index, finding in enumerate(items):
                 try:
                     findings.append(clean_finding(finding, name))
@@ -200,6 +205,8 @@ def add_plugin(plugins: GuardPlugins, obj: object, name: str) -> Finding | None:
     return failure
 
 
+#: Findings kept from one implementation's call: past any real pair's problems.
+MAX_FINDINGS = 256
 _HOOK_NAMES = tuple(name for name in vars(hookspecs) if name.startswith("sglang_dsv4_guard_"))
 
 

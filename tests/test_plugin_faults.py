@@ -173,6 +173,26 @@ class TestBadFindings(GuardTestCase):
         self.assert_isolated(report.findings, "BadFields")
         self.assertIn("[ACME001]", render_report(report) or "")
 
+    def test_a_flood_of_findings_is_capped_and_said(self) -> None:
+        """A plug-in returning 20,000 findings (each would be checked, kept and printed, in
+        SGLang's bootstrap thread at registration): the first MAX_FINDINGS are kept, and one
+        DSV4G090 says how many came."""
+        from sglang_dsv4_guard.plugins import MAX_FINDINGS
+
+        class Flood:
+            @hookimpl
+            def sglang_dsv4_guard_check_state(self) -> list[Finding]:
+                return [Finding(f"ACME{i:05}", Severity.WARNING, "many", "x")
+                        for i in range(20_000)]
+
+        report = check_pools(*build_pair(), Flood())
+        ours = [f for f in report.findings if f.code.startswith("ACME")]
+        self.assertEqual([f.code for f in ours], [f"ACME{i:05}" for i in range(MAX_FINDINGS)])
+        excess = [f for f in report.findings if f.code == "DSV4G090"]
+        self.assertEqual(len(excess), 1)
+        self.assertIn(f"returned 20000 findings; the first {MAX_FINDINGS} are kept",
+                      excess[0].details[0])
+
     def test_g090_bad_finding_fields_in_check_command(self) -> None:
         """``check`` with a bad plug-in installed through a real entry point prints the
         report, no traceback."""
