@@ -4,7 +4,7 @@ The send path runs per request in MORI's transfer threads, so a passing call cos
 one truth test and a ``try`` (free in CPython 3.11 until something raises).
 
 Peers are told apart by :func:`~sglang_dsv4_guard.mori.snapshot.peer_key_or_address`; reports
-are built and cached per peer and shown once per *mismatch* (:func:`mismatch_key`;
+are built and cached per peer and shown once per *mismatch* (:func:`send_mismatch_key`;
 :mod:`sglang_dsv4_guard.dedup.mismatch`), so a TP-8 prefill rank meeting 8 decode peers
 with the same TP shows one report, not eight:
 
@@ -67,15 +67,15 @@ logger = logging.getLogger(LOGGER_NAME)
 _FUNCTION = MORI_SEND.qualname
 
 
-MismatchKey = tuple[int | None, int | None, tuple[str, ...], bool]
+SendMismatchKey = tuple[int | None, int | None, tuple[str, ...], bool]
 
 
-def mismatch_key(snap: SendSnapshot) -> MismatchKey:
+def send_mismatch_key(snap: SendSnapshot) -> SendMismatchKey:
     """What makes two peers' reports the same problem: both TP sizes and the layout."""
     return (snap.attn_tp_size, snap.decode_tp_size, snap.state_types, snap.is_mla_backend)
 
 
-def describe(key: MismatchKey) -> str:
+def describe(key: SendMismatchKey) -> str:
     """``prefill attention TP 8, decode TP 4, state layout swa``."""
     attn, decode, layout, _ = key
     return (f"prefill attention TP {attn}, decode TP {decode}, state layout "
@@ -97,7 +97,7 @@ class MoriGuard:
         self.failures: dict[tuple[str, str], int] = {}
         self.registered: dict[str, Report] = {}
         self.blocked: dict[str, tuple[Report, str]] = {}
-        self.mismatches: dict[MismatchKey, Mismatch] = {}
+        self.mismatches: dict[SendMismatchKey, Mismatch] = {}
 
     def identity(self, peer: object) -> str:
         """The peer's identity; an object without one is kept alive so its id stays its own."""
@@ -141,7 +141,7 @@ class MoriGuard:
         if not violates(snap):
             return None
         ident = self.identity(peer)
-        key, mkey = (ident, snap.state_type), mismatch_key(snap)
+        key, mkey = (ident, snap.state_type), send_mismatch_key(snap)
         with self._lock:
             cached = self._reports.get(key)
             if cached is None:
@@ -180,7 +180,7 @@ class MoriGuard:
         if "swa" not in snap.state_types or not violates(snap):
             return
         ident = self.identity(register_info)
-        mkey = mismatch_key(snap)
+        mkey = send_mismatch_key(snap)
         with self._lock:
             if ident in self.registered:
                 return

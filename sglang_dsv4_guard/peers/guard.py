@@ -1,6 +1,6 @@
 """What every registration wrapper shares: the per-process state (each peer checked once,
-one report per distinct mismatch, :func:`mismatch_key` and :mod:`sglang_dsv4_guard.dedup.
-mismatch`; the causes a dying thread is named by), the guard's own failures, and the digest
+one report per distinct mismatch, :func:`registration_mismatch_key` and
+:mod:`sglang_dsv4_guard.dedup.mismatch`; the causes a dying thread is named by), the guard's own failures, and the digest
 gate that makes a changed release "unknown", never guessed at.
 
 Strict mode refuses no peer here: every condition is one SGLang meets by itself, and
@@ -45,10 +45,10 @@ __all__ = ["PeerGuard", "checked", "is_new_peer", "is_prefill", "judged", "timeo
 logger = logging.getLogger(LOGGER_NAME)
 
 _HOOK = "sglang_dsv4_guard_check_registration"
-MismatchKey = tuple[str, tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...]]
+RegistrationMismatchKey = tuple[str, tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...]]
 
 
-def mismatch_key(backend: str, findings: list[Finding]) -> MismatchKey:
+def registration_mismatch_key(backend: str, findings: list[Finding]) -> RegistrationMismatchKey:
     """What makes two peers' reports the same problem: the codes and both sides' values."""
     return backend, tuple((f.code, tuple((o.role, o.name, repr(o.value))
                                          for o in f.observations)) for f in findings)
@@ -69,7 +69,7 @@ class PeerGuard:
         # per live manager: each peer checked, and its report (``None``: nothing found)
         self.checked: weakref.WeakKeyDictionary[Any, dict[str, Report | None]] = (
             weakref.WeakKeyDictionary())
-        self.mismatches: dict[MismatchKey, Mismatch] = {}
+        self.mismatches: dict[RegistrationMismatchKey, Mismatch] = {}
         # per live manager: (code, SGLang's message) -> the peers registered with it
         self.causes: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], list[str]]] = (
             weakref.WeakKeyDictionary())
@@ -97,7 +97,7 @@ class PeerGuard:
         report = Report.of(findings, {"function": f"{type(manager).__name__} registration",
                                       "peer": f"{reg.peer} at {reg.address}",
                                       "sglang": self.rt.profile.name, "mode": context.mode})
-        mkey = mismatch_key(backend, findings)
+        mkey = registration_mismatch_key(backend, findings)
         with self._lock:
             checked[ident] = report
             causes = self.causes.setdefault(manager, {})
