@@ -1,7 +1,8 @@
 """What every registration wrapper shares: the per-process state (each peer checked once,
 one report per distinct mismatch, :func:`registration_mismatch_key` and
-:mod:`sglang_dsv4_guard.dedup.mismatch`; the causes a dying thread is named by), the guard's own failures, and the digest
-gate that makes a changed release "unknown", never guessed at.
+:mod:`sglang_dsv4_guard.dedup.mismatch`; the causes a dying thread is named by), the
+guard's own failures, and the digest gate that makes a changed release "unknown", never
+guessed at.
 
 Strict mode refuses no peer here: every condition is one SGLang meets by itself, and
 raising from the registration would end the bootstrap thread, worse than SGLang's own
