@@ -332,11 +332,6 @@ PEERS_MANAGER_ATTRS = ("server_args", "kv_args", "is_mla_backend", "is_hybrid_ml
 PEERS_KV_ARGS_ATTRS = ("state_types", "kv_item_lens", "aux_data_ptrs", "swa_kv_cache_layout",
                        "engine_rank", "state_data_ptrs", "state_item_lens", "state_data_lens",
                        "state_layer_ids", "mla_compression_ratios", "state_dim_per_tensor")
-#: The variables SGLang's select_dsv4_kv_layout reads (0.5.21+).
-DSV4_LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
-#: The variable whose ``unified_kv_triton`` puts a DeepSeek-V4 server's SWA state in a
-#: unified-KV ring (ROCm; ``is_unified_kv_triton``), read by each pool as it is built.
-FLASHMLA_ENV = "SGLANG_HACK_FLASHMLA_BACKEND"
 PEERS_SERVER_ARGS_ATTRS = ("tp_size", "dp_size", "enable_dp_attention", "attn_cp_size",
                            "speculative_algorithm", "enable_unified_memory",
                            "disaggregation_enable_kv_checksum")
@@ -346,6 +341,12 @@ PEERS_INFO_ATTRS = ("decode_tp_size", "dst_attn_tp_size", "dst_dcp_size", "dst_d
                     "dst_state_data_ptrs", "dst_state_item_lens", "dst_state_data_lens",
                     "dst_state_layer_ids", "dst_aux_mem_descs", "dst_state_mem_descs",
                     "dst_state_dim_per_tensor")
+
+#: The variables SGLang's select_dsv4_kv_layout reads (0.5.21+).
+DSV4_LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT")
+#: The variable whose ``unified_kv_triton`` puts a DeepSeek-V4 server's SWA state in a
+#: unified-KV ring (ROCm; ``is_unified_kv_triton``), read by each pool as it is built.
+FLASHMLA_ENV = "SGLANG_HACK_FLASHMLA_BACKEND"
 
 
 def pool_attributes_read() -> tuple[str, ...]:
