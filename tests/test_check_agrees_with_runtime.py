@@ -31,7 +31,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from test_peers import bootstrap_threads, published_configs
 
 import sglang_dsv4_guard
-from sglang_dsv4_guard.check.offline.parse import offline_env, parse_side
+from sglang_dsv4_guard.check.offline.parse import offline_env, parse_launch
 from sglang_dsv4_guard.check.server.derive import attention_tp
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.host.flags import flag_for_field
@@ -164,7 +164,7 @@ class TestAttentionTpFixes(GuardTestCase):
     def _runtime(self, prefill: str, decode_attn_tp: int) -> list[Finding]:
         """The findings SGLang's MORI send path (the guard installed) reports for a prefill
         resolved from ``prefill`` and a decode peer of ``decode_attn_tp``."""
-        args = parse_side("prefill", prefill, {})
+        args = parse_launch("prefill", prefill, {})
         import sglang.srt.disaggregation.mori.conn as conn
 
         attn_tp, _ = attention_tp(args)  # SGLang's compute_dp_attention_world_info
@@ -311,7 +311,7 @@ class TestPairConditionsAgree(GuardTestCase):
         """The pair conditions' findings the guard reports at registration."""
         backend = pair["backend"]
         conn = mooncake if backend == "mooncake" else nixl
-        args = [parse_side(role, line, env) for role, line, env
+        args = [parse_launch(role, line, env) for role, line, env
                 in zip(("prefill", "decode"), lines, envs, strict=True)]
         (attn, _), (dattn, _) = attention_tp(args[0]), attention_tp(args[1])
         counts = []

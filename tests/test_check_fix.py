@@ -21,7 +21,7 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.check.fixing import refusal
-from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.offline.parse import parse_launch
 from sglang_dsv4_guard.check.predict import run_check
 from sglang_dsv4_guard.check.prove import Lines, _errors, _prove, _Runner, fix_check
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env
@@ -204,7 +204,7 @@ class TestRefusalFixes(GuardTestCase):
         self.assertTrue(fixes and all(f["kind"] == "flags" for f in fixes), fixes)
         for fix in fixes:
             line = apply_edits(prefill, [Edit(**e) for e in fix["edits"]], "prefill")
-            self.assertIsNone(parse_side("prefill", line, {}).resolution_error, line)
+            self.assertIsNone(parse_launch("prefill", line, {}).resolution_error, line)
 
     def test_eagle_with_top_k_one_is_found_for_deepseek_v4(self) -> None:
         """The search reaches EAGLE with top-k 1 (what 0.5.23 takes for DeepSeek-V4)

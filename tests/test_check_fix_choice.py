@@ -14,7 +14,7 @@ from check_helpers import DSV3, DSV4, GPT_OSS, LLAMA, check_json, codes, run_cli
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.offline.parse import parse_launch
 from sglang_dsv4_guard.check.server.edit import typed_flags
 
 register_cpu_ci(est_time=46, suite="stage-a-test-cpu")
@@ -147,7 +147,7 @@ class TestRefusalCounts(GuardTestCase):
         assert naming --speculative-num-steps): the first fix's step count is the one
         SGLang's resolution picks itself when no count is typed (read from a DeepSeek-V3
         EAGLE line the release resolves; DeepSeek-V4 refuses EAGLE before picking)."""
-        own = parse_side("prefill", server("prefill", DSV3, "--speculative-algorithm EAGLE"),
+        own = parse_launch("prefill", server("prefill", DSV3, "--speculative-algorithm EAGLE"),
                          {})
         self.assertIsNone(own.resolution_error)
         _, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4))

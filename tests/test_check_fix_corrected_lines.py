@@ -10,7 +10,7 @@ from check_helpers import DSV4, check_json, codes, run_cli, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.offline.parse import parse_launch
 from sglang_dsv4_guard.check.server.edit import apply_edits, typed_flags
 from sglang_dsv4_guard.fixes import Edit
 
@@ -50,7 +50,7 @@ class TestPlainCheckOffersOnlyAcceptedFlags(GuardTestCase):
         for extra in ("--speculative-algorithm NEXTN", "--speculative-algorithm BOGUS",
                       "--speculative-algorithm EAGLE --speculative-eagle-topk 4"):
             prefill = server("prefill", DSV4, extra)
-            if parse_side("prefill", prefill, {}).resolution_error is not None:
+            if parse_launch("prefill", prefill, {}).resolution_error is not None:
                 refused = prefill
                 break
         self.assertIsNotNone(refused, "no candidate is refused by this release")
@@ -59,7 +59,7 @@ class TestPlainCheckOffersOnlyAcceptedFlags(GuardTestCase):
         decode_edits = [tuple(Edit(**e) for e in fix["edits"] if e["server"] == "decode")
                         for f in doc["findings"] for fix in f["fixes"]]
         line = server("decode", DSV4)
-        refusals = [(edits, parse_side("decode", apply_edits(line, edits, "decode"), {})
+        refusals = [(edits, parse_launch("decode", apply_edits(line, edits, "decode"), {})
                      .resolution_error) for edits in decode_edits if edits]
         self.assertEqual([r for r in refusals if r[1] is not None], [])
 

@@ -15,7 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.check.child import fix_status
 from sglang_dsv4_guard.check.fixing import refusal
-from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.offline.parse import parse_launch
 from sglang_dsv4_guard.check.prove import Fixed, Lines, cost, fix_check
 from sglang_dsv4_guard.check.server import pools
 from sglang_dsv4_guard.findings import Finding, Severity
@@ -84,7 +84,7 @@ class TestCopiedValueReplaced(GuardTestCase):
         release): no fix sets the decode's --page-size when the decode line with it
         resolves another page size."""
         line = server("decode", DSV4, "--page-size 64")
-        resolved = parse_side("decode", line, {}).get("page_size")
+        resolved = parse_launch("decode", line, {}).get("page_size")
         _, doc = check_json(server("prefill", LLAMA, "--page-size 64"), server("decode", DSV4))
         edits = [e for f in doc["findings"] for fix in f["fixes"] for e in fix["edits"]
                  if e["server"] == "decode" and e["name"] == "--page-size"]
@@ -127,9 +127,9 @@ class TestRefusalBudget(GuardTestCase):
         """NEXTN on DeepSeek-V4: the search's resolution count equals the number of
         times it ran SGLang's resolution (the release's own choice of a count included)."""
         line = server("prefill", DSV4, NEXTN)
-        side = parse_side("prefill", line, {})
+        side = parse_launch("prefill", line, {})
         self.assertIsNotNone(side.resolution_error)
-        with mock.patch.object(refusal, "parse_side", wraps=parse_side) as spy:
+        with mock.patch.object(refusal, "parse_launch", wraps=parse_launch) as spy:
             found = refusal.search("prefill", line, {}, str(side.resolution_error), {})
         self.assertEqual(found.resolutions, spy.call_count)
 

@@ -23,7 +23,7 @@ from check_helpers import DSV4
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.offline.parse import parse_launch
 from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.codes import CODES
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
@@ -143,7 +143,7 @@ class TestReadme(GuardTestCase):
 
     def test_opening_names_the_speculative_algorithms_the_release_accepts(self) -> None:
         """The README's opening names the base release and, as `--speculative-algorithm X`,
-        exactly the algorithms that release's own resolution (``parse_side``: ServerArgs and
+        exactly the algorithms that release's own resolution (``parse_launch``: ServerArgs and
         its DeepSeek-V4 hook) accepts for DeepSeek-V4: each algorithm SGLang knows (its enum
         and reserved aliases), tried alone, with EAGLE's top-k 1 and with a draft model.
         On another release of the matrix only the release named is checked."""
@@ -163,7 +163,7 @@ class TestReadme(GuardTestCase):
         model = f"--model-path {DSV4} --disaggregation-mode decode"
         extras = ("", "--speculative-eagle-topk 1 --speculative-num-steps 3 "
                       "--speculative-num-draft-tokens 4", f"--speculative-draft-model-path {DSV4}")
-        accepted = {a for a in known if any(parse_side(
+        accepted = {a for a in known if any(parse_launch(
             "decode", f"{model} --speculative-algorithm {a} {extra}", {}).resolution_error
             is None for extra in extras)}
         self.assertEqual(named, accepted)

@@ -4,7 +4,7 @@ the verdict of SGLang's own function called once on the same derived values.
 The pairs vary what the first contact and the per-request state transfer read: the model
 (gpt-oss: hybrid SWA MHA; DeepSeek-V3: MLA), the transfer backend (Mooncake, NIXL) and per
 server ``--tp-size``, ``--pp-size``, ``--page-size`` and ``--kv-cache-dtype``. Each server
-is derived as ``check`` derives it (``parse_side`` / ``derive_side`` / ``endpoint_of``);
+is derived as ``check`` derives it (``parse_launch`` / ``derive_server`` / ``endpoint_of``);
 its findings are ``contract_findings``'. The oracles (:mod:`pd_real`) are SGLang's real
 ``try_ensure_parallel_info`` and its real Mooncake or NIXL ``maybe_send_extra``.
 
@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from pd_real import first_contact_raise, send_extra_refusal
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.offline.parse import parse_side
+from sglang_dsv4_guard.check.offline.parse import parse_launch
 from sglang_dsv4_guard.check.rows.contract import contract_findings
-from sglang_dsv4_guard.check.server.derive import Side, derive_side
+from sglang_dsv4_guard.check.server.derive import DerivedServer, derive_server
 from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
 from sglang_dsv4_guard.check.server.gpus import page_sizes
 from sglang_dsv4_guard.findings import Finding, Severity
@@ -67,9 +67,9 @@ def pairs(draw: Any) -> tuple[str, str]:
 
 
 @functools.cache
-def _side(role: str, line: str) -> Side:
+def _side(role: str, line: str) -> DerivedServer:
     """The server as ``check`` derives it (one ``ServerArgs`` resolution per line)."""
-    return derive_side(parse_side(role, line, {}))
+    return derive_server(parse_launch(role, line, {}))
 
 
 @functools.cache

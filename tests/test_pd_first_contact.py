@@ -14,8 +14,8 @@ from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.offline.parse import parse_side
-from sglang_dsv4_guard.check.server.derive import derive_side
+from sglang_dsv4_guard.check.offline.parse import parse_launch
+from sglang_dsv4_guard.check.server.derive import derive_server
 from sglang_dsv4_guard.check.server.gpus import page_sizes
 
 register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
@@ -100,8 +100,8 @@ class TestFirstContactRows(GuardTestCase):
         decode = server("decode", LLAMA, "", backend="mooncake")
         _, doc = check_json(prefill, decode)
         (finding,) = found(doc, "DSV4G022")
-        sizes = {gpu: (a, page_sizes(derive_side(parse_side("decode", decode, {})))[gpu])
-                 for gpu, a in page_sizes(derive_side(parse_side("prefill", prefill, {}))
+        sizes = {gpu: (a, page_sizes(derive_server(parse_launch("decode", decode, {})))[gpu])
+                 for gpu, a in page_sizes(derive_server(parse_launch("prefill", prefill, {}))
                                           ).items()}
         if sglang_release() >= TRTLLM_MHA_RELEASE:
             self.assertEqual(sizes["SM100 (B200)"], (64, 64), sizes)

@@ -18,8 +18,8 @@ from packaging.version import Version
 from pd_real import send_extra_refusal
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.offline.parse import parse_side
-from sglang_dsv4_guard.check.server.derive import derive_side
+from sglang_dsv4_guard.check.offline.parse import parse_launch
+from sglang_dsv4_guard.check.server.derive import derive_server
 from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.host.judgement import imported_package_dir
@@ -147,7 +147,7 @@ class TestMiniMaxRow(GuardTestCase):
         0.5.23; from 0.5.23 decode's first contact refuses it first, so this row is silent
         (the first-contact row reports it). The state type is given to the endpoint as
         SGLang's MiniMax pool registers it (that pool is not built by check)."""
-        sides = [derive_side(parse_side(role, server(role, GPT_OSS, f"--tp-size {tp}",
+        sides = [derive_server(parse_launch(role, server(role, GPT_OSS, f"--tp-size {tp}",
                                                      backend="mooncake"), {}))
                  for role, tp in (("prefill", 1), ("decode", 2))]
         prefill = endpoint_of(sides[0]).with_values(

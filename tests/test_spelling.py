@@ -164,6 +164,25 @@ def _identifiers_of(path: Path, top: Path) -> set[str]:
     return names
 
 
+class TestOneNameForOneServer(GuardTestCase):
+    """The contract's one server type is ``Endpoint`` (``pd/endpoint.py``); ``check``'s
+    derivation of a launch line is a ``DerivedServer`` built from ``LaunchArgs``. The
+    retired names (``Side``, ``SideView``, ``SideArgs``) name no class or function."""
+
+    RETIRED = {"Side", "SideView", "SideArgs", "parse_side", "derive_side"}
+
+    def test_no_retired_server_name(self) -> None:
+        found = sorted(f"{path.relative_to(ROOT)}: {name}" for path in PACKAGE.rglob("*.py")
+                       for name in _identifiers(path) if name in self.RETIRED)
+        self.assertEqual(found, [])
+
+    def test_one_class_per_server_concept(self) -> None:
+        classes = {name: str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                   for name in _identifiers(path) if name in {"Endpoint", "DerivedServer"}}
+        self.assertEqual(classes, {"Endpoint": "pd/endpoint.py",
+                                   "DerivedServer": "check/server/derive.py"})
+
+
 class TestOneMeaningOfVerdictAndLaunch(GuardTestCase):
     """A *verdict* is SGLang's own outcome on a configuration (it accepts, or raises); the
     guard's view of the installed release is its *judgement* (``host/judgement.py``); one

@@ -313,10 +313,10 @@ class TestStaysUnknown(GuardTestCase):
 
 
 def _decode_side(model: str, extra: str) -> Any:
-    from sglang_dsv4_guard.check.offline.parse import parse_side
-    from sglang_dsv4_guard.check.server.derive import derive_side
+    from sglang_dsv4_guard.check.offline.parse import parse_launch
+    from sglang_dsv4_guard.check.server.derive import derive_server
 
-    return derive_side(parse_side("decode", server("decode", model, extra, "nixl"), {}))
+    return derive_server(parse_launch("decode", server("decode", model, extra, "nixl"), {}))
 
 
 if __name__ == "__main__":

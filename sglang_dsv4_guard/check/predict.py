@@ -20,9 +20,9 @@ from sglang_dsv4_guard.boundary import is_builtin
 from sglang_dsv4_guard.check.fixing.flag_fixes import derived_fixes
 from sglang_dsv4_guard.check.fixing.refusal import refusal_finding
 from sglang_dsv4_guard.check.offline.chatter import Output, capturing, recording, section
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_side
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_launch
 from sglang_dsv4_guard.check.rows.contract import contract_findings
-from sglang_dsv4_guard.check.server.derive import Side, derive_side
+from sglang_dsv4_guard.check.server.derive import DerivedServer, derive_server
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.check.server.said import Said, said_about
@@ -44,8 +44,8 @@ class CheckResult:
     """Both sides as derived, every finding, and what the flags cannot tell."""
 
     release: str
-    prefill: Side
-    decode: Side
+    prefill: DerivedServer
+    decode: DerivedServer
     report: Report
     pool_runs: tuple[PoolRun, ...]
     unknowns: tuple[str, ...]
@@ -76,13 +76,13 @@ class CheckResult:
                             for s in (self.prefill, self.decode)},
         }
 
-    def said(self, side: Side) -> tuple[Said, ...]:
+    def said(self, side: DerivedServer) -> tuple[Said, ...]:
         """The values SGLang chose for ``side`` with its own line about each."""
         return said_about(side, self.sglang_output.lines(side.role))
 
 
 
-def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
+def _mori(prefill: DerivedServer, decode: DerivedServer, profile: HostProfile) -> list[Finding]:
     """The guard's send checks on the transfer the two servers imply (place ``check``)."""
     a = prefill.args
     snap = SendSnapshot(
@@ -100,7 +100,7 @@ def _mori(prefill: Side, decode: Side, profile: HostProfile) -> list[Finding]:
         "transfer": snap, "context": SendContext(profile, "on", "check")})
 
 
-def _unknowns(prefill: Side, decode: Side, runs: list[PoolRun]) -> list[str]:
+def _unknowns(prefill: DerivedServer, decode: DerivedServer, runs: list[PoolRun]) -> list[str]:
     notes = []
     if any(s.model.is_dsv4 and s.draft is not None for s in (prefill, decode)):
         notes.append(f"{MAPPING_CODE}: whether each server's draft pool is handed the target's "
@@ -180,9 +180,9 @@ def run_check(prefill_args: str, decode_args: str,
         profile = host.profile()
         version = host.name
         with section("prefill"):
-            prefill = derive_side(parse_side("prefill", prefill_args, prefill_env or {}))
+            prefill = derive_server(parse_launch("prefill", prefill_args, prefill_env or {}))
         with section("decode"):
-            decode = derive_side(parse_side("decode", decode_args, decode_env or {}))
+            decode = derive_server(parse_launch("decode", decode_args, decode_env or {}))
         findings: list[Finding] = [refusal_finding(s.args, o.args) for s, o in (
             (prefill, decode), (decode, prefill)) if s.args.resolution_error is not None]
         runs = []

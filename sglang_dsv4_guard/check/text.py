@@ -13,12 +13,12 @@ if TYPE_CHECKING:
     from sglang_dsv4_guard.check.offline.chatter import Output
     from sglang_dsv4_guard.check.predict import CheckResult
     from sglang_dsv4_guard.check.prove import Fixed
-    from sglang_dsv4_guard.check.server.derive import Side
+    from sglang_dsv4_guard.check.server.derive import DerivedServer
 
 __all__ = ["render_check", "render_fixed", "render_output"]
 
 
-def _said(result: CheckResult, side: Side) -> list[str]:
+def _said(result: CheckResult, side: DerivedServer) -> list[str]:
     """A line per SGLang line that explains values it chose for ``side`` (one line may
     explain two values: DeepSeek-V4's attention backend and page size)."""
     by_line: dict[str, list[str]] = {}
@@ -28,7 +28,7 @@ def _said(result: CheckResult, side: Side) -> list[str]:
     return [f"    {', '.join(values)}: SGLang said \"{line}\"" for line, values in by_line.items()]
 
 
-def _side(side: Side, said: list[str]) -> str:
+def _side(side: DerivedServer, said: list[str]) -> str:
     m = side.model
     kind = ", ".join(part for part in (
         "MLA pool" if m.uses_mla_pool else f"{m.attention_arch} pool",

@@ -17,8 +17,13 @@ from dataclasses import replace
 
 from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
 from sglang_dsv4_guard.check.fixing.refusal import refusal_fixes
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, parse_side
-from sglang_dsv4_guard.check.server.derive import Side, attention_layout, page_size_source, typed_page
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, LaunchArgs, parse_launch
+from sglang_dsv4_guard.check.server.derive import (
+    DerivedServer,
+    attention_layout,
+    page_size_source,
+    typed_page,
+)
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, lookup, typed_flags
 from sglang_dsv4_guard.codes import (
     DSV4_KV_LAYOUT,
@@ -40,7 +45,7 @@ from sglang_dsv4_guard.state.checks import PAGED_CODE
 __all__ = ["accepted_fix", "accepted_fixes", "copy_pairs", "derived_fixes"]
 
 
-def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
+def _speculative_flags(src: DerivedServer, dst: DerivedServer) -> tuple[Edit, ...]:
     """``dst``'s speculative flags made ``src``'s: each typed one copied, others removed."""
     have = typed_flags(list(src.args.argv))
     had = typed_flags(list(dst.args.argv))
@@ -51,7 +56,7 @@ def _speculative_flags(src: Side, dst: Side) -> tuple[Edit, ...]:
     return tuple(edits)
 
 
-def copy_pairs(p: Side, d: Side) -> tuple[tuple[Side, Side], ...]:
+def copy_pairs(p: DerivedServer, d: DerivedServer) -> tuple[tuple[DerivedServer, DerivedServer], ...]:
     """(source, destination), the decode taking the prefill's first; a server whose own
     flags the release's resolution refused (:mod:`.refusal`) is never a source: its values are
     not copied to the other server."""
@@ -59,7 +64,7 @@ def copy_pairs(p: Side, d: Side) -> tuple[tuple[Side, Side], ...]:
                  is None)
 
 
-def accepted_fix(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
+def accepted_fix(fix: Fix | None, sides: dict[str, DerivedServer]) -> Fix | None:
     """``fix`` when the release's resolution accepts every line it edits (each resolved
     once, as ``check`` resolves a line), else ``None``: a copied value the destination's
     resolution refuses is never offered."""
@@ -71,7 +76,7 @@ def accepted_fix(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
             continue  # a refused server's own line: the refusal's fixes are resolved there
         edits = [e for e in fix.edits if e.server == role]
         try:
-            edited = parse_side(role, apply_edits(shlex.join(side.args.argv), edits, role),
+            edited = parse_launch(role, apply_edits(shlex.join(side.args.argv), edits, role),
                                 apply_env(side.args.env, edits, role))
         except (CheckInputError, ValueError):
             return None
@@ -80,7 +85,7 @@ def accepted_fix(fix: Fix | None, sides: dict[str, Side]) -> Fix | None:
     return fix
 
 
-def accepted_fixes(finding: Finding, prefill: Side, decode: Side, derive: bool = True
+def accepted_fixes(finding: Finding, prefill: DerivedServer, decode: DerivedServer, derive: bool = True
                    ) -> Finding:
     """``finding`` with only the fixes :func:`accepted_fix` keeps (none when ``derive`` is off)."""
     sides = {"prefill": prefill, "decode": decode}
@@ -89,7 +94,7 @@ def accepted_fixes(finding: Finding, prefill: Side, decode: Side, derive: bool =
                    if derive else ())
 
 
-def _replaced(edited: SideArgs, edits: list[Edit]) -> bool:
+def _replaced(edited: LaunchArgs, edits: list[Edit]) -> bool:
     """Whether the release's resolution of ``edited`` gives a field a number other than
     the one an edit set (DeepSeek-V4's page size from 0.5.22, for instance): such an edit
     does not do what it says."""
@@ -106,7 +111,7 @@ def _replaced(edited: SideArgs, edits: list[Edit]) -> bool:
     return False
 
 
-def _g020(p: Side, d: Side) -> list[Fix | None]:
+def _g020(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
     spec, plain = (p, d) if p.speculative_algorithm else (d, p)
     inputs = (f"{spec.role}: --speculative-algorithm {spec.speculative_algorithm} typed",
               f"{plain.role}: no --speculative-algorithm")
@@ -119,7 +124,7 @@ def _g020(p: Side, d: Side) -> list[Fix | None]:
                 "speculative_algorithm", removed, inputs) if removed else None]
 
 
-def _g021(p: Side, d: Side) -> list[Fix | None]:
+def _g021(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
     fields = [name for name, a, b in (
         ("speculative_algorithm", p.speculative_algorithm, d.speculative_algorithm),
         ("speculative_num_draft_tokens", p.num_draft_tokens, d.num_draft_tokens)) if a != b]
@@ -131,7 +136,7 @@ def _g021(p: Side, d: Side) -> list[Fix | None]:
             for src, dst in copy_pairs(p, d) if _speculative_flags(src, dst)]
 
 
-def _g022(p: Side, d: Side) -> list[Fix | None]:
+def _g022(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
     inputs = tuple(f"{s.role}: page size {s.page_size} from {page_size_source(s)}"
                    for s in (p, d))
     # never to a server whose typed page size its resolution replaced (the release sets it)
@@ -141,7 +146,7 @@ def _g022(p: Side, d: Side) -> list[Fix | None]:
                 typed_page(dst) in (None, dst.page_size) or not dst.args.resolved)]
 
 
-def _g023(p: Side, d: Side) -> list[Fix | None]:
+def _g023(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
     field = "disaggregation_transfer_backend"
     inputs = tuple(f"{s.role}: --disaggregation-transfer-backend {s.transfer_backend}"
                    for s in (p, d))
@@ -150,7 +155,7 @@ def _g023(p: Side, d: Side) -> list[Fix | None]:
             for src, dst in copy_pairs(p, d)]
 
 
-def _g024(p: Side, d: Side) -> list[Fix | None]:
+def _g024(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
     # the draft's path only where the finding compares it: both servers decode speculatively
     names = ("model_path",) + (("speculative_draft_model_path",) if p.speculative_algorithm
                                and d.speculative_algorithm else ())
@@ -171,7 +176,7 @@ def _g024(p: Side, d: Side) -> list[Fix | None]:
             for src, dst in copy_pairs(p, d)]
 
 
-def _g025(p: Side, d: Side) -> list[Fix | None]:
+def _g025(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
     inputs = tuple(f"{s.role} env: {FLASHMLA_ENV}="
                    f"{s.args.env.get(FLASHMLA_ENV, '(unset)')}" for s in (p, d))
     fixes: list[Fix | None] = []
@@ -184,7 +189,7 @@ def _g025(p: Side, d: Side) -> list[Fix | None]:
     return fixes
 
 
-def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
+def _own_draft(finding: Finding, p: DerivedServer, d: DerivedServer) -> tuple[Fix, ...]:
     """The paged geometry (:data:`PAGED_CODE`) on a server whose
     --speculative-draft-model-path has another window than its target: serve the target's
     own MTP layers (drop that flag)."""
@@ -201,7 +206,7 @@ def _own_draft(finding: Finding, p: Side, d: Side) -> tuple[Fix, ...]:
     return (replace(fix, need="sliding_window"),) if fix is not None else ()
 
 
-_DERIVERS: dict[str, Callable[[Side, Side], list[Fix | None]]] = {
+_DERIVERS: dict[str, Callable[[DerivedServer, DerivedServer], list[Fix | None]]] = {
              ONE_SIDED_DRAFT: _g020, SPECULATIVE_SETTINGS: _g021, PAGE_CODE: _g022,
              TRANSFER_BACKENDS: _g023, SERVED_MODEL: _g024, DSV4_KV_LAYOUT: _g025,
              # the attention-TP family's fixes have one home: pd/attention_tp.py
@@ -211,7 +216,7 @@ _DERIVERS: dict[str, Callable[[Side, Side], list[Fix | None]]] = {
              PREFILL_DRAFT_CODE: _g020}
 
 
-def derived_fixes(finding: Finding, p: Side, d: Side) -> Finding:
+def derived_fixes(finding: Finding, p: DerivedServer, d: DerivedServer) -> Finding:
     """``finding`` with the fixes derived from ``p`` and ``d`` (unchanged for a code whose
     fixes are not derived here)."""
     if finding.code == REFUSAL_CODE:

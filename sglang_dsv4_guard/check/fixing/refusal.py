@@ -8,7 +8,7 @@ algorithms``). Each named flag gives candidates: the values the message gives it
 other server's value, ``1`` for a whole-number flag given no value, and removing it
 when the line sets it; a variable of the server's environment the message names is
 unset. Each candidate line is resolved by the release (the same
-``parse_side`` as ``check``); a candidate refused with a new message extends with that
+``parse_launch`` as ``check``); a candidate refused with a new message extends with that
 message's candidates (breadth first, at most :data:`MAX_DEPTH` edits), and at most
 :data:`MAX_RESOLUTIONS` resolutions are run per refusal (the release-choice resolutions
 of a count included). Only lines the release
@@ -27,7 +27,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, parse_side
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, LaunchArgs, parse_launch
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, typed_flags
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import STOPS_AT_START, Finding, Observation, Severity
@@ -106,20 +106,20 @@ class _Exhausted(Exception):
 
 
 class _Counted:
-    """``parse_side`` counted: at most :data:`MAX_RESOLUTIONS` calls, then :class:`_Exhausted`."""
+    """``parse_launch`` counted: at most :data:`MAX_RESOLUTIONS` calls, then :class:`_Exhausted`."""
 
     def __init__(self) -> None:
         self.runs = 0
 
-    def __call__(self, role: str, line: str, env: Mapping[str, str]) -> SideArgs:
+    def __call__(self, role: str, line: str, env: Mapping[str, str]) -> LaunchArgs:
         if self.runs >= MAX_RESOLUTIONS:
             raise _Exhausted
         self.runs += 1
-        return parse_side(role, line, env)
+        return parse_launch(role, line, env)
 
 
 def release_choice(role: str, line: str, env: Mapping[str, str], named: Flag,
-                   resolve: Callable[[str, str, Mapping[str, str]], SideArgs] | None = None
+                   resolve: Callable[[str, str, Mapping[str, str]], LaunchArgs] | None = None
                    ) -> str | None:
     """The value the release's resolution chooses for ``named`` when it is not typed: the
     resolved value of ``line`` without it, when the release accepts that line; else, for
@@ -128,7 +128,7 @@ def release_choice(role: str, line: str, env: Mapping[str, str], named: Flag,
     (DeepSeek-V4 refuses EAGLE before it runs, so its own resolution never reaches it)."""
     without = apply_edits(line, [Edit(role, named.option, remove=True)], role)
     try:
-        side = (resolve or parse_side)(role, without, env)
+        side = (resolve or parse_launch)(role, without, env)
     except CheckInputError:
         return None
     if side.resolution_error is None and side.get(named.field) is not None:
@@ -232,7 +232,7 @@ def search(role: str, line: str, env: Mapping[str, str], refusal: str,
     return Search(tuple(accepted), resolve.runs, False)
 
 
-def refusal_finding(args: SideArgs, other: SideArgs) -> Finding:
+def refusal_finding(args: LaunchArgs, other: LaunchArgs) -> Finding:
     """The release's resolution raised for this server's flags (fixes: :func:`refusal_fixes`);
     it says when the other server is refused the same way."""
     same = ((f"the {other.role} server's flags are refused with the same message (its own "

@@ -31,8 +31,8 @@ from sglang_dsv4_guard.check.offline.causes import failing_source, joined, machi
 from sglang_dsv4_guard.check.offline.probes import Device, as_devices, probed
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
-__all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "SideArgs",
-           "machine_cause", "offline_env", "parse_env", "parse_side", "parser_default",
+__all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "LaunchArgs",
+           "machine_cause", "offline_env", "parse_env", "parse_launch", "parser_default",
            "release_parser", "resolve_as", "strip_launcher"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
@@ -63,7 +63,7 @@ class CheckInputError(ValueError):
 
 
 @dataclass(frozen=True)
-class SideArgs:
+class LaunchArgs:
     """One server's flags: as typed (``typed``, the parser's namespace) and after the
     release's deprecated-spelling rewrite (``values``); its env and role."""
 
@@ -102,7 +102,7 @@ class SideArgs:
 
 
 class _Refused(Exception):
-    """SGLang's parser refused a line (``parse_side`` names the server)."""
+    """SGLang's parser refused a line (``parse_launch`` names the server)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -338,7 +338,7 @@ def _validate(option: str, values: Mapping[str, Any]) -> None:
 def _resolving(namespace: argparse.Namespace, env: Mapping[str, str]
                ) -> tuple[argparse.Namespace, dict[str, str], tuple[str, ...]]:
     """What SGLang's resolution runs on for these flags: the namespace (without
-    ``--trust-remote-code`` when the code is not here: derive_side says so), the
+    ``--trust-remote-code`` when the code is not here: derive_server says so), the
     environment (without a ModelScope fetch) and the notes saying what was left out."""
     resolve_env, notes = _without_modelscope(namespace, env)
     if getattr(namespace, "trust_remote_code", False) and missing_code(
@@ -355,7 +355,7 @@ def parser_default(name: str) -> Any:
     return release_parser(ServerArgs).get_default(name)
 
 
-def resolve_as(args: SideArgs, device: Device) -> Any | None:
+def resolve_as(args: LaunchArgs, device: Device) -> Any | None:
     """``args`` resolved by the release as if its server had ``device``: the resolved
     ``ServerArgs`` as the release's resolving view shows them, or ``None`` when the
     release refuses the flags on that device. Only for flags SGLang resolved here."""
@@ -367,7 +367,7 @@ def resolve_as(args: SideArgs, device: Device) -> Any | None:
     return None if server_args is None else _view(server_args)
 
 
-def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
+def parse_launch(role: str, text: str, env: Mapping[str, str]) -> LaunchArgs:
     """Parse one server's launch arguments with the installed release's ``ServerArgs``."""
     from sglang.srt.server_args import ServerArgs
 
@@ -395,6 +395,6 @@ def parse_side(role: str, text: str, env: Mapping[str, str]) -> SideArgs:
     if mode not in (None, "null", role):
         raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
                                       f"needs {role!r}")
-    return SideArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
+    return LaunchArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
                     resolved_by, None if cause is not None else refusal, server_args,
                     device, machine_refusal, notes)

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, resolved_value, typed_source
 from sglang_dsv4_guard.findings import Finding
@@ -29,7 +29,7 @@ __all__ = ["allocation_row"]
 FIELD = "disaggregation_decode_allocation_policy"
 
 
-def _policy(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+def _policy(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The server's decode allocation policy, where the release has the flag."""
     del values
     found = flag_for_field(FIELD)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs
 from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.endpoint_values import (
     CONTRIBUTORS,
     field_source,
@@ -48,7 +48,7 @@ def _option() -> str:
     return flag.option if flag is not None else MASK_WIDTH_ENV
 
 
-def _widths(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+def _widths(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The server's metadata buffers' names and row widths, by SGLang's own class (none on
     a release whose class needs a width the server lacks, or a width SGLang refuses: the
     counts' row says that server would not start). On a release without the flag the class

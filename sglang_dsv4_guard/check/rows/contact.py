@@ -27,7 +27,7 @@ from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import CODE as LAYOUT_ENV_CODE
 from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE, layout_env, selecting
-from sglang_dsv4_guard.check.server.derive import Side, kwargs_for, release_model_config
+from sglang_dsv4_guard.check.server.derive import DerivedServer, kwargs_for, release_model_config
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.endpoint_values import (
     CONTRIBUTORS,
@@ -66,7 +66,7 @@ NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not der
 
 
 
-def _quantized(side: Side) -> bool:
+def _quantized(side: DerivedServer) -> bool:
     """Whether the server loads a quantized checkpoint: ``--quantization``, or a
     quantization config in config.json or hf_quant_config.json (what ``ModelConfig``
     reads)."""
@@ -82,7 +82,7 @@ def _quantized(side: Side) -> bool:
     return os.path.isfile(os.path.join(side.model.path, "hf_quant_config.json"))
 
 
-def _stand_in_model(side: Side) -> tuple[Any, str | None, str | None]:
+def _stand_in_model(side: DerivedServer) -> tuple[Any, str | None, str | None]:
     """(the model object ``configure_kv_cache_dtype`` reads, its source, why not): a
     stand-in whose ``quant_config`` is the one the model loader builds from config.json.
 
@@ -119,7 +119,7 @@ def _stand_in_model(side: Side) -> tuple[Any, str | None, str | None]:
     return SimpleNamespace(quant_config=quant), source, None
 
 
-def _kv_dtype(side: Side) -> tuple[Value | None, str | None]:
+def _kv_dtype(side: DerivedServer) -> tuple[Value | None, str | None]:
     """The KV cache dtype string the server's target runner publishes, or (``None``,
     why) when it is not known here.
 
@@ -156,7 +156,7 @@ def _kv_dtype(side: Side) -> tuple[Value | None, str | None]:
                         "publishes it for the target runner"), None
 
 
-def _kv_layout(side: Side) -> tuple[Value, str | None]:
+def _kv_layout(side: DerivedServer) -> tuple[Value, str | None]:
     none = Value(None, "the release publishes no KV layout for this pool")
     if not side.model.is_dsv4:
         return none, None
@@ -197,7 +197,7 @@ def _kv_layout(side: Side) -> tuple[Value, str | None]:
     return Value(value, source), note
 
 
-def _dspark(side: Side) -> tuple[Value, str | None]:
+def _dspark(side: DerivedServer) -> tuple[Value, str | None]:
     from sglang.srt.disaggregation import utils
 
     function = getattr(utils, "get_dsv41_spec_layout", None)
@@ -215,7 +215,7 @@ def _dspark(side: Side) -> tuple[Value, str | None]:
                                      f"derived here ({type(exc).__name__}: {exc})")
 
 
-def contact_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+def contact_values(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The endpoint values the first contact and the relayout read (none, and a note,
     when deriving them fails: a guard bug never stops ``check``)."""
     try:
@@ -237,7 +237,7 @@ _RESOLVED_ONLY = {"page_size": ("the page size", PAGE_CODE),
                   "dsv41_spec_layout": ("the DSpark layout", DSPARK_CODE)}
 
 
-def _unresolved(side: Side) -> tuple[list[str], str | None]:
+def _unresolved(side: DerivedServer) -> tuple[list[str], str | None]:
     """The values not known for a server SGLang's resolution did not resolve, and the
     one ``unknowns`` line saying so (its parser defaults are not what it would run)."""
     if side.args.resolved:
@@ -264,7 +264,7 @@ def _unresolved(side: Side) -> tuple[list[str], str | None]:
                    "server's values")
 
 
-def _contact_values(side: Side) -> dict[str, Value]:
+def _contact_values(side: DerivedServer) -> dict[str, Value]:
     unknown, line = _unresolved(side)
     notes: list[str] = [line] if line else []
     layout, note = (Value(None, ""), None) if "kv_layout" in unknown else _kv_layout(side)

@@ -21,7 +21,7 @@ from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import kv_layout_env_row
 from sglang_dsv4_guard.check.rows.kv_setup import kv_setup_row
 from sglang_dsv4_guard.check.rows.transfer_rows import hisparse_backend_row
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.endpoint_values import endpoint_of
 from sglang_dsv4_guard.findings import Finding
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
@@ -44,7 +44,7 @@ ROWS: dict[str, Callable[[ContractRun], tuple[list[Finding], list[str]]]] = {
 }
 
 
-def contract_findings(prefill: Side, decode: Side, release: str, derive: bool = True,
+def contract_findings(prefill: DerivedServer, decode: DerivedServer, release: str, derive: bool = True,
                       profile: HostProfile | None = None) -> tuple[list[Finding], list[str]]:
     """Every row's findings and unknowns for the pair. What SGLang says while one server's
     values are derived (its own pools' log lines, its environment's parse warnings)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.pd.endpoint import Endpoint
 
 __all__ = ["ContractRun"]
@@ -18,8 +18,8 @@ class ContractRun:
 
     prefill: Endpoint
     decode: Endpoint
-    prefill_side: Side
-    decode_side: Side
+    prefill_side: DerivedServer
+    decode_side: DerivedServer
     release: str
     # False in ``check --fix``'s re-runs (run_check's ``derive``): deriving a fix resolves
     # edited lines again.

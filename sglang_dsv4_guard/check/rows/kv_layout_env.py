@@ -23,7 +23,7 @@ from typing import Any
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix
 from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS
 from sglang_dsv4_guard.check.server.pools import published_server_args
 from sglang_dsv4_guard.codes import CODES, docs_url
@@ -48,7 +48,7 @@ def _select() -> Any:
 
 
 @contextmanager
-def selecting(side: Side, env: dict[str, str], *, unset_others: bool) -> Iterator[Any]:
+def selecting(side: DerivedServer, env: dict[str, str], *, unset_others: bool) -> Iterator[Any]:
     """SGLang's ``select_dsv4_kv_layout``, to call in the block with ``side``'s resolved
     ``ServerArgs`` published and ``env`` set (``unset_others``: and the layout variables
     ``env`` does not set unset)."""
@@ -61,7 +61,7 @@ def selecting(side: Side, env: dict[str, str], *, unset_others: bool) -> Iterato
         yield select
 
 
-def selection(side: Side, env: dict[str, str]) -> tuple[str, str | None]:
+def selection(side: DerivedServer, env: dict[str, str]) -> tuple[str, str | None]:
     """SGLang's ``select_dsv4_kv_layout`` for ``side`` with its layout variables ``env``
     (the others unset): ``("accepted", None)``, ``("refused", message)`` on every machine,
     or ``("gpu", message)`` when what it says depends on the GPU."""
@@ -77,12 +77,12 @@ def selection(side: Side, env: dict[str, str]) -> tuple[str, str | None]:
     return "accepted", None
 
 
-def layout_env(side: Side) -> dict[str, str]:
+def layout_env(side: DerivedServer) -> dict[str, str]:
     """The DeepSeek-V4 layout variables of ``side``'s environment."""
     return {k: v for k, v in side.args.env.items() if k in DSV4_LAYOUT_ENV}
 
 
-def _accepted(side: Side) -> list[str]:
+def _accepted(side: DerivedServer) -> list[str]:
     """The ``SGLANG_DSV4_KV_LAYOUT`` values SGLang's selection does not refuse on every
     machine for this server: the names its own code compares the variable with, each
     tried (a value needing an SM100 GPU marked so)."""
@@ -97,7 +97,7 @@ def _accepted(side: Side) -> list[str]:
     return found
 
 
-def _refusal(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+def _refusal(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The refusal of this server's layout variables, when SGLang's selection refuses
     them on every machine (a resolved DeepSeek-V4 server on a release with the selector)."""
     del values
@@ -117,7 +117,7 @@ def _refusal(side: Side, values: dict[str, Value]) -> dict[str, Value]:
 CONTRIBUTORS.append(_refusal)
 
 
-def _fixes(run: ContractRun, side: Side, other: Side) -> tuple[Fix, ...]:
+def _fixes(run: ContractRun, side: DerivedServer, other: DerivedServer) -> tuple[Fix, ...]:
     """The layout variables unset (the release's default), or the other server's values,
     each only where SGLang's selection accepts the result for this server here."""
     env, theirs = layout_env(side), layout_env(other)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix
 from sglang_dsv4_guard.check.offline.chatter import section
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.state_types import (
     Refused,
     layers_of,
@@ -38,7 +38,7 @@ _POOL_NAMES = {"mha": "MHATokenToKVPool", "mla": "MLATokenToKVPool",
                "swa": "SWAKVPool", "minimax": "MiniMaxSparseKVPool"}
 
 
-def setup_refusal(side: Side, env: Mapping[str, str]) -> Refused | None:
+def setup_refusal(side: DerivedServer, env: Mapping[str, str]) -> Refused | None:
     """SGLang's refusal of ``side``'s pool in the environment ``env``, when the pool is
     one :mod:`.state_types` builds (not DeepSeek-V4's, nor the unified SWA pool's: those
     say theirs where they are built) and SGLang's own KV setup calls refuse it."""
@@ -53,14 +53,14 @@ def setup_refusal(side: Side, env: Mapping[str, str]) -> Refused | None:
     return got if isinstance(got, Refused) else None
 
 
-def _causes(side: Side) -> list[str]:
+def _causes(side: DerivedServer) -> list[str]:
     """The variables of the server's line whose removal alone lets SGLang's calls pass."""
     env = dict(side.args.env)
     return [name for name in env
             if setup_refusal(side, {k: v for k, v in env.items() if k != name}) is None]
 
 
-def _finding(run: ContractRun, side: Side, refused: Refused) -> Finding:
+def _finding(run: ContractRun, side: DerivedServer, refused: Refused) -> Finding:
     role, kind = side.role, pool_kind(side) or ""
     causes = _causes(side)
     env = side.args.env

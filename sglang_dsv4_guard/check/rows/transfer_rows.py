@@ -12,7 +12,7 @@ from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server import state_types as _state_types  # registers its contributor
 from sglang_dsv4_guard.check.server import swa_layout as _swa_layout  # registers its contributor
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.endpoint_values import (
     CONTRIBUTORS,
     NotDerived,
@@ -34,7 +34,7 @@ __all__ = ["hisparse_backend_row"]
 del _state_types, _swa_layout
 
 
-def _refused_width(side: Side) -> str | None:
+def _refused_width(side: DerivedServer) -> str | None:
     """Why SGLang would not start this server on its ``--sampling-mask-max-tokens``: a
     width of 0 or less is refused at resolution by 0.5.20+'s
     ``arg_groups/validation_hook.py`` ``validate_sampling_mask_max_tokens`` ("must be
@@ -49,7 +49,7 @@ def _refused_width(side: Side) -> str | None:
             "positive): the server would not start; its metadata buffers are not counted")
 
 
-def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+def _aux_values(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The metadata buffer count (its own contributor: when it cannot be known, the
     other transfer values still are)."""
     del values
@@ -71,7 +71,7 @@ def _aux_values(side: Side, values: dict[str, Value]) -> dict[str, Value]:
                                  "--disaggregation-enable-kv-checksum")))}
 
 
-def _mask_value(side: Side) -> Value:
+def _mask_value(side: DerivedServer) -> Value:
     """The variable that switches the release's sampling-mask buffers on (:func:`mask_env`)
     as SGLang reads it, and what was typed."""
     name = mask_env()
@@ -83,7 +83,7 @@ def _mask_value(side: Side) -> Value:
                  + (f": {refused}" if refused else ""))
 
 
-def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     del values
     return {
         "kv_checksum": Value(bool(raw_field(side, "disaggregation_enable_kv_checksum")), field_source(

@@ -21,14 +21,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, SideArgs, machine_cause, offline_env
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, LaunchArgs, machine_cause, offline_env
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 
-__all__ = ["ModelFacts", "Side", "attention_layout", "derive_side", "kwargs_for", "load_model",
-           "page_size_source", "release_model_config", "typed_page"]
+__all__ = [
+    "DerivedServer",
+    "ModelFacts",
+    "attention_layout",
+    "derive_server",
+    "kwargs_for",
+    "load_model",
+    "page_size_source",
+    "release_model_config",
+    "typed_page",
+]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -69,10 +78,12 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
-class Side:
-    """One server of the pair, derived."""
+class DerivedServer:
+    """One server as ``check`` derives it from its launch line (its flags, model facts and
+    the values SGLang resolves from them): the input :func:`~.endpoint_values.endpoint_of`
+    turns into the contract's one server type, :class:`~sglang_dsv4_guard.pd.endpoint.Endpoint`."""
 
-    args: SideArgs
+    args: LaunchArgs
     model: ModelFacts
     draft: ModelFacts | None
     attn_tp_size: int
@@ -194,7 +205,7 @@ def load_model(option: str, path: str, draft: bool = False, algorithm: str | Non
     ), note
 
 
-def attention_tp(args: SideArgs) -> tuple[int, int]:
+def attention_tp(args: LaunchArgs) -> tuple[int, int]:
     """(attention TP, attention DP) from the release's ``compute_dp_attention_world_info``."""
     from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
 
@@ -208,14 +219,14 @@ def attention_tp(args: SideArgs) -> tuple[int, int]:
     return int(result[1]), int(result[3])
 
 
-def _unified(args: SideArgs, backend: str, model: ModelFacts) -> bool:
+def _unified(args: LaunchArgs, backend: str, model: ModelFacts) -> bool:
     # is_unified_kv_triton(): is_hip() and SGLANG_HACK_FLASHMLA_BACKEND == unified_kv_triton.
     # The check runs on another machine, so ROCm is inferred: MORI is AMD's transfer engine.
     return (model.is_dsv4 and backend == "mori"
             and args.env.get("SGLANG_HACK_FLASHMLA_BACKEND", "") == "unified_kv_triton")
 
 
-def derive_side(args: SideArgs) -> Side:
+def derive_server(args: LaunchArgs) -> DerivedServer:
     """Everything the predictions need about one server."""
     option = f"--{args.role}"
     model_path = str(args.get("model_path"))
@@ -242,20 +253,20 @@ def derive_side(args: SideArgs) -> Side:
     backend = str(args.get("disaggregation_transfer_backend") or "?")
     swa_state = (model.is_hybrid_swa and not model.uses_mla_pool
                  and not args.get("disable_hybrid_swa_memory"))
-    return Side(args=args, model=model, draft=draft, attn_tp_size=attn_tp,
+    return DerivedServer(args=args, model=model, draft=draft, attn_tp_size=attn_tp,
                 attn_dp_size=attn_dp, page_size=page, page_size_source=source,
                 transfer_backend=backend,
                 speculative_algorithm=str(algorithm) if algorithm else None,
                 num_draft_tokens=args.get("speculative_num_draft_tokens"),
                 swa_state=swa_state, unified_kv=_unified(args, backend, model), notes=notes)
 
-def typed_page(side: Side) -> int | None:
+def typed_page(side: DerivedServer) -> int | None:
     """The ``--page-size`` the line typed, ``None`` when it typed none."""
     value = side.args.typed.get("page_size")
     return int(value) if isinstance(value, int) else None
 
 
-def page_size_source(side: Side) -> str:
+def page_size_source(side: DerivedServer) -> str:
     """Where ``side``'s page size came from: the flag typed, or the release's resolution."""
     typed = typed_page(side)
     if not side.args.resolved:
@@ -268,7 +279,7 @@ def page_size_source(side: Side) -> str:
     return f"server flag --page-size {typed}"
 
 
-def attention_layout(side: Side) -> AttentionLayout:
+def attention_layout(side: DerivedServer) -> AttentionLayout:
     """``side``'s attention layout as its launch line gives it (what was typed known)."""
     a = side.args
     typed = frozenset(typed_flags(list(a.argv))) & {"dp_size", "enable_dp_attention",

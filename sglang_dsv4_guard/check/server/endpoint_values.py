@@ -1,4 +1,4 @@
-"""A derived server (:class:`~.derive.Side`) as the PD contract's :class:`Endpoint`.
+"""A derived server (:class:`~.derive.DerivedServer`) as the PD contract's :class:`Endpoint`.
 
 The values shared by every row are set here; each row's own values (the KV cache dtype
 string a decode compares, the state types a transfer sends ...) are added by the
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_dsv4_guard.check.offline.parse import parser_default
-from sglang_dsv4_guard.check.server.derive import Side, attention_layout, page_size_source
+from sglang_dsv4_guard.check.server.derive import DerivedServer, attention_layout, page_size_source
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import TYPED
@@ -30,17 +30,17 @@ class NotDerived(Exception):
     naming the flag or variable and its value, becomes an ``unknowns`` line as it is)."""
 
 # Each takes a side and the values derived so far and returns values to add.
-CONTRIBUTORS: list[Callable[[Side, dict[str, Value]], dict[str, Value]]] = []
+CONTRIBUTORS: list[Callable[[DerivedServer, dict[str, Value]], dict[str, Value]]] = []
 
 
-def typed_value(side: Side, name: str) -> Any:
+def typed_value(side: DerivedServer, name: str) -> Any:
     """The field ``name`` as the line typed it (``True`` for a switch), ``None`` when the
     line does not type it."""
     typed = typed_flags(list(side.args.argv)).get(name)
     return None if typed is None else (typed[1] if typed[1] is not None else True)
 
 
-def raw_field(side: Side, name: str) -> Any:
+def raw_field(side: DerivedServer, name: str) -> Any:
     """A field the contract's parse does not keep: the resolved ``ServerArgs``' own
     attribute (not its resolving view), else (resolution did not complete) its
     :func:`typed_value`."""
@@ -49,7 +49,7 @@ def raw_field(side: Side, name: str) -> Any:
     return typed_value(side, name)
 
 
-def resolved_value(side: Side, name: str, default: Any) -> Any:
+def resolved_value(side: DerivedServer, name: str, default: Any) -> Any:
     """The field ``name`` through the resolved ``ServerArgs``' resolving view (a model
     override's value), else its :func:`typed_value`, else the release parser's default
     for it (``default`` when that is ``None``)."""
@@ -62,7 +62,7 @@ def resolved_value(side: Side, name: str, default: Any) -> Any:
     return default if found is None else found
 
 
-def field_source(side: Side, field: str, option: str) -> str:
+def field_source(side: DerivedServer, field: str, option: str) -> str:
     """``server flag OPTION V`` when the line typed it, else the release's resolution."""
     typed = side.args.typed.get(field)
     if field in typed_flags(list(side.args.argv)):
@@ -72,7 +72,7 @@ def field_source(side: Side, field: str, option: str) -> str:
     return f"the parser's default (no {option} typed; resolution did not complete)"
 
 
-def typed_source(side: Side, field: str, option: str) -> str:
+def typed_source(side: DerivedServer, field: str, option: str) -> str:
     """:func:`field_source`, with the value as the line typed it."""
     typed = typed_flags(list(side.args.argv)).get(field)
     if typed is not None and typed[1] is not None:
@@ -80,7 +80,7 @@ def typed_source(side: Side, field: str, option: str) -> str:
     return field_source(side, field, option)
 
 
-def _tokens_source(side: Side) -> str:
+def _tokens_source(side: DerivedServer) -> str:
     """Where ``side``'s number of draft tokens comes from: typed, or SGLang's resolution."""
     typed = side.args.typed.get("speculative_num_draft_tokens")
     if typed is not None and typed == side.num_draft_tokens:
@@ -92,7 +92,7 @@ def _tokens_source(side: Side) -> str:
         " (--speculative-num-draft-tokens not typed)"))
 
 
-def _base(side: Side) -> dict[str, Value]:
+def _base(side: DerivedServer) -> dict[str, Value]:
     a = side.args
     tp_source = field_source(side, "tp_size", "--tp-size")
     layout = attention_layout(side)
@@ -137,7 +137,7 @@ def _base(side: Side) -> dict[str, Value]:
     }
 
 
-def endpoint_of(side: Side) -> Endpoint:
+def endpoint_of(side: DerivedServer) -> Endpoint:
     """The PD contract's view of ``side``: shared values, then every contributor's.
 
     Each contributor runs on its own: one that raises adds none of its values (the rows

@@ -16,14 +16,14 @@ from dataclasses import replace
 
 from sglang_dsv4_guard.check.offline.parse import resolve_as
 from sglang_dsv4_guard.check.offline.probes import devices_for
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
 from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
 
 __all__ = ["page_size_by_gpu", "page_sizes"]
 
 
-def page_sizes(side: Side) -> dict[str, int | None]:
+def page_sizes(side: DerivedServer) -> dict[str, int | None]:
     """The page size SGLang's resolution gives ``side`` as each GPU model (``None`` where
     the release refuses the flags on that model: that server would not start there)."""
     sizes: dict[str, int | None] = {}
@@ -33,7 +33,7 @@ def page_sizes(side: Side) -> dict[str, int | None]:
     return sizes
 
 
-def page_size_by_gpu(finding: Finding, prefill: Side, decode: Side) -> Finding:
+def page_size_by_gpu(finding: Finding, prefill: DerivedServer, decode: DerivedServer) -> Finding:
     """``finding`` (the first-contact row's page size) judged on each GPU model: agreeing
     on some, a warning naming per GPU model both page sizes and what SGLang does; refused
     on every one, the error, with the per-GPU page sizes in its details where they vary."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from sglang_dsv4_guard.assembly import standalone_runtime
 from sglang_dsv4_guard.check.offline.parse import offline_env
-from sglang_dsv4_guard.check.server.derive import Side, kwargs_for
+from sglang_dsv4_guard.check.server.derive import DerivedServer, kwargs_for
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
@@ -57,11 +57,11 @@ class PoolRun:
     state_types: tuple[str, ...] | None = None
 
 
-# The run made for each live Side object, so the contract rows read its state types.
-_RUNS: dict[int, tuple[weakref.ref[Side], PoolRun]] = {}
+# The run made for each live DerivedServer object, so the contract rows read its state types.
+_RUNS: dict[int, tuple[weakref.ref[DerivedServer], PoolRun]] = {}
 
 
-def last_run(side: Side) -> PoolRun | None:
+def last_run(side: DerivedServer) -> PoolRun | None:
     """The run :func:`run_state_check` made for this very ``side`` object, if any."""
     entry = _RUNS.get(id(side))
     return entry[1] if entry is not None and entry[0]() is side else None
@@ -72,7 +72,7 @@ def state_type_names(kv_args: Any) -> tuple[str, ...]:
     return tuple(str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", ()))
 
 
-def _remember(side: Side, run: PoolRun) -> PoolRun:
+def _remember(side: DerivedServer, run: PoolRun) -> PoolRun:
     key = id(side)
     _RUNS[key] = (weakref.ref(side, lambda _ref: _RUNS.pop(key, None)), run)
     return run
@@ -148,7 +148,7 @@ def _for_side(role: str, finding: Finding) -> Finding:
                             f"predicted on miniature real pools of the {role} server"))
 
 
-def run_state_check(side: Side) -> PoolRun | None:
+def run_state_check(side: DerivedServer) -> PoolRun | None:
     """Build the server's target and draft pools and run SGLang's check under the guard.
 
     ``None`` when SGLang's DeepSeek-V4 block would not run: no DSV4 target, no draft,

@@ -18,7 +18,7 @@ from sglang_dsv4_guard.check.offline.chatter import explaining
 from sglang_dsv4_guard.check.server.edit import typed_flags
 
 if TYPE_CHECKING:
-    from sglang_dsv4_guard.check.server.derive import Side
+    from sglang_dsv4_guard.check.server.derive import DerivedServer
 
 __all__ = ["FIELDS", "Said", "said_about"]
 
@@ -50,7 +50,7 @@ class Said:
                 "flag": self.option, "sglang_said": self.line}
 
 
-def _resolved(side: Side, name: str) -> Any:
+def _resolved(side: DerivedServer, name: str) -> Any:
     """The field as the release resolved it."""
     if name == "page_size":
         return side.page_size
@@ -59,7 +59,7 @@ def _resolved(side: Side, name: str) -> Any:
     return side.args.resolved_field(name)
 
 
-def said_about(side: Side, lines: Sequence[str]) -> tuple[Said, ...]:
+def said_about(side: DerivedServer, lines: Sequence[str]) -> tuple[Said, ...]:
     """Each field of :data:`FIELDS` whose value SGLang's resolution chose (not typed as
     that value) and that one of ``lines`` (the server's captured lines) explains."""
     if not side.args.resolved:

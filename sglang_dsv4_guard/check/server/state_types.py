@@ -40,7 +40,7 @@ from typing import Any
 
 from sglang_dsv4_guard.check.offline.chatter import leaving_out
 from sglang_dsv4_guard.check.offline.parse import offline_env
-from sglang_dsv4_guard.check.server.derive import ModelFacts, Side, kwargs_for
+from sglang_dsv4_guard.check.server.derive import DerivedServer, ModelFacts, kwargs_for
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, NotDerived, typed_value
 from sglang_dsv4_guard.check.server.pools import last_run, state_type_names
 from sglang_dsv4_guard.log import LOGGER_NAME, silenced
@@ -60,26 +60,26 @@ _POOLS = {"mha": "MHATokenToKVPool", "mla": "MLATokenToKVPool",
           "unified_swa": "init_unified_swa_pools' UnifiedSWAKVPool"}
 
 
-def _typed_and_resolved(side: Side, name: str) -> tuple[Any, ...]:
+def _typed_and_resolved(side: DerivedServer, name: str) -> tuple[Any, ...]:
     """``name``'s :func:`~.endpoint_values.typed_value` and its value as SGLang's
     resolution left it, each only when there is one."""
     values = (typed_value(side, name), side.args.resolved_field(name, None))
     return tuple(v for v in values if v is not None)
 
 
-def kv_dtype(side: Side) -> str:
+def kv_dtype(side: DerivedServer) -> str:
     """The server's KV cache dtype string as SGLang resolved it, as the line typed it when
     resolution did not complete (``auto`` when neither)."""
     said = _typed_and_resolved(side, "kv_cache_dtype")
     return str(said[-1]) if said else "auto"
 
 
-def _block_scaled(side: Side) -> bool:
+def _block_scaled(side: DerivedServer) -> bool:
     """A KV cache dtype with block scales (MXFP8, FP4), as typed or as resolved."""
     return any("mxfp" in str(d) or "fp4" in str(d) for d in _typed_and_resolved(side, "kv_cache_dtype"))
 
 
-def _other_class(side: Side) -> bool:
+def _other_class(side: DerivedServer) -> bool:
     """A block-scaled KV cache dtype, Ascend, or a flag that makes the release's
     configurator build another pool class, as typed or as resolved."""
     return _block_scaled(side) or any(
@@ -121,7 +121,7 @@ def minimax_layers(model: ModelFacts) -> tuple[tuple[int, ...], ...]:
             tuple(mc.get_minimax_sparse_disable_value_layer_ids(config)))
 
 
-def _unified(side: Side) -> bool:
+def _unified(side: DerivedServer) -> bool:
     """``--enable-unified-memory`` as resolved (its resolution also sets the page-major
     layout flag, which alone means another pool class)."""
     # Only as resolved: a release whose resolution refuses unified memory with PD (before
@@ -129,7 +129,7 @@ def _unified(side: Side) -> bool:
     return side.args.resolved and bool(side.args.resolved_field("enable_unified_memory"))
 
 
-def pool_kind(side: Side) -> str | None:
+def pool_kind(side: DerivedServer) -> str | None:
     """The server's pool when it is one this module knows (``"dsv4"`` or one of the
     module docstring's kinds); ``None`` for any other (unknown)."""
     if _unified(side):
@@ -151,7 +151,7 @@ def pool_kind(side: Side) -> str | None:
     return kind
 
 
-def _quantized_kv(side: Side) -> bool:
+def _quantized_kv(side: DerivedServer) -> bool:
     """``--kv-cache-dtype auto`` on a model whose quantization config may give a
     block-scaled KV pool."""
     quant = getattr(getattr(side.model.config, "hf_config", None), "quantization_config", None)
@@ -288,7 +288,7 @@ def registered_state(kind: str, draft_kind: str | None = None,
     return state_type_names(kv_args), bool(getattr(kv_args, "is_hybrid_mla_backend", False))
 
 
-def _built(side: Side, kind: str) -> dict[str, Value]:
+def _built(side: DerivedServer, kind: str) -> dict[str, Value]:
     draft_kind = model_pool_kind(side.draft) if side.draft is not None else None
     if side.draft is not None and draft_kind is None:
         return {}  # a draft pool not built here: what the call registers is unknown
@@ -315,12 +315,12 @@ def _built(side: Side, kind: str) -> dict[str, Value]:
             "is_hybrid_mla_backend": Value(hybrid_mla, source)}
 
 
-def layers_of(side: Side, kind: str | None) -> tuple[tuple[int, ...], ...]:
+def layers_of(side: DerivedServer, kind: str | None) -> tuple[tuple[int, ...], ...]:
     """The layers a ``kind`` pool of ``side`` is built with (a MiniMax pool's only)."""
     return minimax_layers(side.model) if kind == "minimax" else ()
 
 
-def _from_pool_run(side: Side) -> dict[str, Value]:
+def _from_pool_run(side: DerivedServer) -> dict[str, Value]:
     run = last_run(side)
     if run is None or run.state_types is None:
         return {}
@@ -330,7 +330,7 @@ def _from_pool_run(side: Side) -> dict[str, Value]:
     return {"state_types": Value(run.state_types, source)}
 
 
-def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     del values
     kind = pool_kind(side)
     if kind is None:

@@ -22,7 +22,7 @@ import functools
 import logging
 from collections.abc import Mapping
 
-from sglang_dsv4_guard.check.server.derive import Side
+from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source, raw_field
 from sglang_dsv4_guard.check.server.state_types import (
     Refused,
@@ -70,7 +70,7 @@ def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
     return (None if layout is None else str(layout)), present
 
 
-def _contribute(side: Side, values: dict[str, Value]) -> dict[str, Value]:
+def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     del values
     if pool_kind(side) not in ("swa", "unified_swa"):
         return {}
