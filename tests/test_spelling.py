@@ -169,7 +169,7 @@ class TestOneNameForOneServer(GuardTestCase):
     derivation of a launch line is a ``DerivedServer`` built from ``LaunchArgs``. The
     retired names (``Side``, ``SideView``, ``SideArgs``) name no class or function."""
 
-    RETIRED = {"Side", "SideView", "SideArgs", "parse_side", "derive_side"}
+    RETIRED = frozenset({"Side", "SideView", "SideArgs", "parse_side", "derive_side"})
 
     def test_no_retired_server_name(self) -> None:
         found = sorted(f"{path.relative_to(ROOT)}: {name}" for path in PACKAGE.rglob("*.py")
