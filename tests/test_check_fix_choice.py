@@ -148,7 +148,7 @@ class TestRefusalCounts(GuardTestCase):
         SGLang's resolution picks itself when no count is typed (read from a DeepSeek-V3
         EAGLE line the release resolves; DeepSeek-V4 refuses EAGLE before picking)."""
         own = parse_launch("prefill", server("prefill", DSV3, "--speculative-algorithm EAGLE"),
-                         {})
+                           {})
         self.assertIsNone(own.resolution_error)
         _, doc = check_json(server("prefill", DSV4, NEXTN), server("decode", DSV4))
         first = next(f for f in doc["findings"] if f["code"] == "DSV4G026")["fixes"][0]

@@ -148,7 +148,7 @@ class TestMiniMaxRow(GuardTestCase):
         (the first-contact row reports it). The state type is given to the endpoint as
         SGLang's MiniMax pool registers it (that pool is not built by check)."""
         sides = [derive_server(parse_launch(role, server(role, GPT_OSS, f"--tp-size {tp}",
-                                                     backend="mooncake"), {}))
+                                                       backend="mooncake"), {}))
                  for role, tp in (("prefill", 1), ("decode", 2))]
         prefill = endpoint_of(sides[0]).with_values(
             state_types=Value(("minimax_index_k",), "SGLang's MiniMaxSparseKVPool"))

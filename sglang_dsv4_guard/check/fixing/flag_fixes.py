@@ -77,7 +77,7 @@ def accepted_fix(fix: Fix | None, sides: dict[str, DerivedServer]) -> Fix | None
         edits = [e for e in fix.edits if e.server == role]
         try:
             edited = parse_launch(role, apply_edits(shlex.join(side.args.argv), edits, role),
-                                apply_env(side.args.env, edits, role))
+                                  apply_env(side.args.env, edits, role))
         except (CheckInputError, ValueError):
             return None
         if edited.resolution_error is not None or _replaced(edited, edits):

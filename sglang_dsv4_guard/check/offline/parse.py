@@ -396,5 +396,5 @@ def parse_launch(role: str, text: str, env: Mapping[str, str]) -> LaunchArgs:
         raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
                                       f"needs {role!r}")
     return LaunchArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
-                    resolved_by, None if cause is not None else refusal, server_args,
-                    device, machine_refusal, notes)
+                      resolved_by, None if cause is not None else refusal, server_args,
+                      device, machine_refusal, notes)

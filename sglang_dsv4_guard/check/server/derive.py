@@ -254,11 +254,11 @@ def derive_server(args: LaunchArgs) -> DerivedServer:
     swa_state = (model.is_hybrid_swa and not model.uses_mla_pool
                  and not args.get("disable_hybrid_swa_memory"))
     return DerivedServer(args=args, model=model, draft=draft, attn_tp_size=attn_tp,
-                attn_dp_size=attn_dp, page_size=page, page_size_source=source,
-                transfer_backend=backend,
-                speculative_algorithm=str(algorithm) if algorithm else None,
-                num_draft_tokens=args.get("speculative_num_draft_tokens"),
-                swa_state=swa_state, unified_kv=_unified(args, backend, model), notes=notes)
+                         attn_dp_size=attn_dp, page_size=page, page_size_source=source,
+                         transfer_backend=backend,
+                         speculative_algorithm=str(algorithm) if algorithm else None,
+                         num_draft_tokens=args.get("speculative_num_draft_tokens"),
+                         swa_state=swa_state, unified_kv=_unified(args, backend, model), notes=notes)
 
 def typed_page(side: DerivedServer) -> int | None:
     """The ``--page-size`` the line typed, ``None`` when it typed none."""
