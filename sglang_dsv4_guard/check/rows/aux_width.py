@@ -15,7 +15,7 @@ nothing here (its ``--sampling-mask-max-tokens`` help asks for the same value on
 
 from __future__ import annotations
 
-from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs
+from sglang_dsv4_guard.check.fixing.flag_fixes import copy_pairs, kept_fixes
 from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server.derive import DerivedServer
@@ -131,7 +131,6 @@ def _when(landing: RowLanding, backend: str) -> When:
 def _fixes(run: ContractRun) -> tuple[Fix, ...]:
     """One server takes the other's width (only a server whose resolution accepted its
     flags is a source; the edited line must resolve)."""
-    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
     found: list[Fix | None] = []
     for src, dst in copy_pairs(run.prefill_side, run.decode_side):
         if flag_for_field(_FIELD) is None:  # the variable sets it: an environment edit
@@ -143,7 +142,7 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
         width = raw_field(src, _FIELD)
         found.append(flag_fix(f"give the {dst.role} server the {src.role}'s {_option()} {width}",
                           _FIELD, [flag_edit(dst.role, _FIELD, width)]))
-    return tuple(f for f in (accepted_fix(f, sides) for f in found) if f is not None)
+    return kept_fixes(found, run.prefill_side, run.decode_side)
 
 
 def aux_width_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
