@@ -19,11 +19,7 @@ from sglang_dsv4_guard.check.fixing.flag_fixes import copy_pairs, kept_fixes
 from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server.derive import DerivedServer
-from sglang_dsv4_guard.check.server.endpoint_values import (
-    CONTRIBUTORS,
-    field_source,
-    raw_field,
-)
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source, raw_field
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
 from sglang_dsv4_guard.fixes import Fix, FixKind, flag_fix

@@ -13,12 +13,7 @@ from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server import state_types as _state_types  # registers its contributor
 from sglang_dsv4_guard.check.server import swa_layout as _swa_layout  # registers its contributor
 from sglang_dsv4_guard.check.server.derive import DerivedServer
-from sglang_dsv4_guard.check.server.endpoint_values import (
-    CONTRIBUTORS,
-    NotDerived,
-    field_source,
-    raw_field,
-)
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, NotDerived, field_source, raw_field
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.flags import flag_for_field
