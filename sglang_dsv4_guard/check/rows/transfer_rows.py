@@ -62,8 +62,7 @@ def _aux_values(side: DerivedServer, values: dict[str, Value]) -> dict[str, Valu
     return {"aux_buffer_count": Value(count, (
         "SGLang's MetadataBuffers(...).get_buf_infos() built on CPU with this server's "
         f"{name}" + (f"={mask}" if mask is not None else " (unset)")
-        + " and " + field_source(side, "disaggregation_enable_kv_checksum",
-                                 "--disaggregation-enable-kv-checksum")))}
+        + " and " + field_source(side, "disaggregation_enable_kv_checksum")))}
 
 
 def _mask_value(side: DerivedServer) -> Value:
@@ -81,11 +80,11 @@ def _mask_value(side: DerivedServer) -> Value:
 def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     del values
     return {
-        "kv_checksum": Value(bool(raw_field(side, "disaggregation_enable_kv_checksum")), field_source(
-            side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
+        "kv_checksum": Value(bool(raw_field(side, "disaggregation_enable_kv_checksum")),
+                             field_source(side, "disaggregation_enable_kv_checksum")),
         "sampling_mask_env": _mask_value(side),
         "enable_hisparse": Value(bool(raw_field(side, "enable_hisparse")),
-                                 field_source(side, "enable_hisparse", "--enable-hisparse")),
+                                 field_source(side, "enable_hisparse")),
     }
 
 

@@ -83,7 +83,7 @@ def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Valu
     unified = bool(raw_field(side, "enable_unified_memory"))
     got = registered_layout(unified, tuple(sorted(env.items())))
     pool = ("SGLang's unified SWA pool (init_unified_swa_pools; "
-            + field_source(side, "enable_unified_memory", "--enable-unified-memory") + ")"
+            + field_source(side, "enable_unified_memory") + ")"
             if unified else "a miniature SWAKVPool")
     if isinstance(got, Refused):
         return {"swa_kv_cache_layout": Value(None, (
