@@ -81,7 +81,6 @@ class CheckResult:
         return said_about(side, self.sglang_output.lines(side.role))
 
 
-
 def _mori(prefill: DerivedServer, decode: DerivedServer, profile: HostProfile) -> list[Finding]:
     """The guard's send checks on the transfer the two servers imply (place ``check``)."""
     a = prefill.args

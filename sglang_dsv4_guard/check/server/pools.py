@@ -120,7 +120,6 @@ def max_draft_tokens(server_args: Any) -> int:
     return int(value or 0)
 
 
-
 def _pool(ratios: Sequence[int], window: int, page: int, draft: bool, mtp: int) -> Any:
     import torch
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
