@@ -31,7 +31,6 @@ FIELD = "disaggregation_decode_allocation_policy"
 
 def _policy(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The server's decode allocation policy, where the release has the flag."""
-    del values
     found = flag_for_field(FIELD)
     if found is None:
         return {}  # before 0.5.22: no policy, nothing published or compared

@@ -49,7 +49,6 @@ def _widths(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     a release whose class needs a width the server lacks, or a width SGLang refuses: the
     counts' row says that server would not start). On a release without the flag the class
     is built with no width in the server's environment, as its scheduler builds it."""
-    del values
     width = raw_field(side, _FIELD)
     if width is not None and int(width) <= 0:
         return {}

@@ -129,9 +129,7 @@ def _kv_dtype(side: DerivedServer) -> tuple[Value | None, str | None]:
     one value for every release."""
     server = str(resolved_value(side, "kv_cache_dtype", "auto"))
     source = typed_source(side, "kv_cache_dtype")
-    model, model_source, unknown = None, None, None
-    if server == "auto":
-        model, model_source, unknown = _stand_in_model(side)
+    model, model_source, unknown = _stand_in_model(side) if server == "auto" else (None, None, None)
     if unknown is not None:
         return None, (f"{side.role}: with --kv-cache-dtype auto the KV cache dtype string "
                       f"follows the checkpoint's quantization config, and {unknown}; "

@@ -47,7 +47,6 @@ def _refused_width(side: DerivedServer) -> str | None:
 def _aux_values(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The metadata buffer count (its own contributor: when it cannot be known, the
     other transfer values still are)."""
-    del values
     refused = _refused_width(side)
     if refused:
         raise NotDerived(refused)
@@ -78,7 +77,6 @@ def _mask_value(side: DerivedServer) -> Value:
 
 
 def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
-    del values
     return {
         "kv_checksum": Value(bool(raw_field(side, "disaggregation_enable_kv_checksum")),
                              field_source(side, "disaggregation_enable_kv_checksum")),

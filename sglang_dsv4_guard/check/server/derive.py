@@ -231,8 +231,7 @@ def derive_server(args: LaunchArgs) -> DerivedServer:
         notes += (note,) if note and note not in notes else ()
     attn_tp, attn_dp = attention_tp(args)
     page = args.get("page_size")
-    source = ("SGLang's resolution of the flags" if args.resolved
-              else "server flag --page-size")
+    source = "SGLang's resolution of the flags" if args.resolved else "server flag --page-size"
     if page is None and model.is_dsv4 and not args.resolved:
         page, source = DSV4_PAGE_SIZE, "SGLang's DeepSeek-V4 default (no --page-size)"
     elif page is None:

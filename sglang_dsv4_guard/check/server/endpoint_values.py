@@ -29,7 +29,8 @@ class NotDerived(Exception):
     """Raised by a contributor whose values cannot be known for this server (the message,
     naming the flag or variable and its value, becomes an ``unknowns`` line as it is)."""
 
-# Each takes a side and the values derived so far and returns values to add.
+# Each takes a side and the values derived so far (no built-in one reads them) and returns
+# values to add.
 CONTRIBUTORS: list[Callable[[DerivedServer, dict[str, Value]], dict[str, Value]]] = []
 
 

@@ -71,7 +71,6 @@ def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
 
 
 def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
-    del values
     if pool_kind(side) not in ("swa", "unified_swa"):
         return {}
     env: Mapping[str, str] = side.args.env
