@@ -168,12 +168,6 @@ def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]])
     return replace(finding, fixes=tuple(fixes))
 
 
-# Fields that switch a feature on when a server that did not type them is given them,
-# and the fields that set a server's GPU count.
-_FEATURES = ("speculative_algorithm",)
-_GPUS = ("tp_size", "pp_size")
-
-
 # A deprecated switch and the field the release now spells its feature with: removing the
 # switch while setting that field keeps the feature (0.5.22's --attn-dp-size).
 _RESPELLED = {"enable_dp_attention": "attn_dp_size"}
@@ -199,9 +193,9 @@ def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
         found = None if edit.env else lookup(edit.name)
         if found is None:
             continue
-        resized += found.field in _GPUS
+        resized += found.field in ("tp_size", "pp_size")
         there = found.field in typed.get(edit.server, {})
-        if (not found.takes_value or found.field in _FEATURES) and there == edit.remove \
+        if (not found.takes_value or found.field == "speculative_algorithm") and there == edit.remove \
                 and not (edit.remove and _respelled(found.field, edit.server, fix)):
             switched += 1
     return switched, resized, len({e.server for e in fix.edits}), len(fix.edits)
