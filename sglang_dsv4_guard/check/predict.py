@@ -190,8 +190,7 @@ def run_check(prefill_args: str, decode_args: str,
                 run = run_state_check(side)
             if run:
                 runs.append(run)
-        for run in runs:
-            findings.extend(run.findings)
+                findings.extend(run.findings)
         if prefill.transfer_backend == decode.transfer_backend == "mori":
             findings.extend(_mori(prefill, decode, profile))
         contract, contract_unknowns = contract_findings(prefill, decode, version, derive, profile)

@@ -183,14 +183,10 @@ def _g024(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
 def _g025(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
     inputs = tuple(f"{s.role} env: {FLASHMLA_ENV}="
                    f"{s.args.env.get(FLASHMLA_ENV, '(unset)')}" for s in (p, d))
-    fixes: list[Fix | None] = []
-    for src, dst in copy_pairs(p, d):
-        value = src.args.env.get(FLASHMLA_ENV)
-        edit = Edit(dst.role, FLASHMLA_ENV, value, remove=value is None, env=True)
-        fixes.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s "
-                                        f"{FLASHMLA_ENV}", FLASHMLA_ENV, (edit,),
-                         inputs))
-    return fixes
+    return [Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s {FLASHMLA_ENV}",
+                FLASHMLA_ENV, (Edit(dst.role, FLASHMLA_ENV, src.args.env.get(FLASHMLA_ENV),
+                                    remove=FLASHMLA_ENV not in src.args.env, env=True),), inputs)
+            for src, dst in copy_pairs(p, d)]
 
 
 def _own_draft(finding: Finding, p: DerivedServer, d: DerivedServer) -> tuple[Fix, ...]:

@@ -48,8 +48,7 @@ def setup_refusal(side: DerivedServer, env: Mapping[str, str]) -> Refused | None
     draft_kind = model_pool_kind(side.draft) if side.draft is not None else None
     if side.draft is not None and draft_kind not in ("mha", "mla", "swa"):
         return None  # a draft pool not built here: its set-up is unknown
-    got = registered_state(kind, draft_kind, layers_of(side, kind),
-                           tuple(sorted(env.items())))
+    got = registered_state(kind, draft_kind, layers_of(side, kind), tuple(sorted(env.items())))
     return got if isinstance(got, Refused) else None
 
 

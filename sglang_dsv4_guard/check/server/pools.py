@@ -85,8 +85,7 @@ def draft_ratio() -> tuple[int, str]:
     except Exception as exc:  # the model module pulls GPU kernels on some releases
         log.debug("sglang.srt.models.deepseek_v4_nextn did not import (%s); using 0", exc)
         return 0, "COMPRESS_RATIO_NEXTN_LAYER (0; its module did not import here)"
-    return int(COMPRESS_RATIO_NEXTN_LAYER), \
-        "sglang.srt.models.deepseek_v4_nextn.COMPRESS_RATIO_NEXTN_LAYER"
+    return int(COMPRESS_RATIO_NEXTN_LAYER), "sglang.srt.models.deepseek_v4_nextn.COMPRESS_RATIO_NEXTN_LAYER"
 
 
 @contextmanager
