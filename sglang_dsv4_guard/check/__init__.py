@@ -1,11 +1,7 @@
 """``sglang-dsv4-guard check``: predict a PD deployment's failures from its launch flags.
 
-By concern, each layer importing only those below it (``tools/imports.py``): the
-sub-packages ``offline``, ``server``, ``fixing`` and ``rows`` (each says what it holds),
-then ``child`` (the one process that imports SGLang, started with the environment
-``check`` controls), ``predict`` (the whole run), ``prove`` (``--fix``: each fix proven by
-a re-run) and ``text`` (rendering).
-
-The command imports none of SGLang itself; its entry is ``child.answer_in_child``,
-reached through ``sglang-dsv4-guard check``; the package itself exports nothing.
+Its modules, layer by layer: ``tools/imports.py``'s ``LAYERS`` and the map in
+docs/contributing.md. The command imports none of SGLang itself: its entry,
+``child.answer_in_child``, runs the check in a child process (the only one that imports
+SGLang); the package itself exports nothing.
 """

@@ -211,8 +211,7 @@ MAX_TIMEOUT = 86_400.0  # a day: more overflows the poll (and no resolution take
 
 
 def _timeout() -> float:
-    """The child's time limit: ``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` seconds (above 0, at
-    most :data:`MAX_TIMEOUT`), else :data:`DEFAULT_TIMEOUT`; a bad value raises naming the variable."""
+    """The child's time limit: :data:`TIMEOUT_VARIABLE` (a bad value raises), else the default."""
     text = os.environ.get(TIMEOUT_VARIABLE, "")
     if not text.strip():
         return DEFAULT_TIMEOUT

@@ -81,7 +81,6 @@ class CheckResult:
         return said_about(side, self.sglang_output.lines(side.role))
 
 
-
 def _mori(prefill: DerivedServer, decode: DerivedServer, profile: HostProfile) -> list[Finding]:
     """The guard's send checks on the transfer the two servers imply (place ``check``)."""
     a = prefill.args
@@ -191,12 +190,10 @@ def run_check(prefill_args: str, decode_args: str,
                 run = run_state_check(side)
             if run:
                 runs.append(run)
-        for run in runs:
-            findings.extend(run.findings)
+                findings.extend(run.findings)
         if prefill.transfer_backend == decode.transfer_backend == "mori":
             findings.extend(_mori(prefill, decode, profile))
-        contract, contract_unknowns = contract_findings(prefill, decode, str(version), derive,
-                                                        profile)
+        contract, contract_unknowns = contract_findings(prefill, decode, version, derive, profile)
         findings.extend(contract)
         # the built-in rules apply to built-in findings only: a plug-in's finding under a
         # built-in code keeps its own fixes and removes nothing
@@ -206,9 +203,8 @@ def run_check(prefill_args: str, decode_args: str,
         if derive:
             findings = [derived_fixes(f, prefill, decode) if is_builtin(f.origin) else f
                         for f in findings]
-        report = Report.of(findings, {"function": "sglang-dsv4-guard check",
-                                      "sglang": str(version)})
-        result = CheckResult(str(version), prefill, decode, report, tuple(runs),
+        report = Report.of(findings, {"function": "sglang-dsv4-guard check", "sglang": version})
+        result = CheckResult(version, prefill, decode, report, tuple(runs),
                              tuple(_unknowns(prefill, decode, runs) + contract_unknowns
                                    + _refused_lines(refusals())))
     return _quoting(replace(result, sglang_output=said.output()))

@@ -168,12 +168,6 @@ def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]])
     return replace(finding, fixes=tuple(fixes))
 
 
-# Fields that switch a feature on when a server that did not type them is given them,
-# and the fields that set a server's GPU count.
-_FEATURES = ("speculative_algorithm",)
-_GPUS = ("tp_size", "pp_size")
-
-
 # A deprecated switch and the field the release now spells its feature with: removing the
 # switch while setting that field keeps the feature (0.5.22's --attn-dp-size).
 _RESPELLED = {"enable_dp_attention": "attn_dp_size"}
@@ -199,9 +193,9 @@ def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
         found = None if edit.env else lookup(edit.name)
         if found is None:
             continue
-        resized += found.field in _GPUS
+        resized += found.field in ("tp_size", "pp_size")
         there = found.field in typed.get(edit.server, {})
-        if (not found.takes_value or found.field in _FEATURES) and there == edit.remove \
+        if (not found.takes_value or found.field == "speculative_algorithm") and there == edit.remove \
                 and not (edit.remove and _respelled(found.field, edit.server, fix)):
             switched += 1
     return switched, resized, len({e.server for e in fix.edits}), len(fix.edits)
@@ -212,8 +206,8 @@ def _ranked(finding: Finding, lines: Lines) -> list[Fix]:
     return sorted((f for f in finding.fixes if f.proven), key=lambda f: cost(f, lines))
 
 
-def _one_fix(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
-             start: Lines) -> tuple[Lines, CheckResult] | None:
+def _one_fix(findings: list[Finding], runner: _Runner, start: Lines
+             ) -> tuple[Lines, CheckResult] | None:
     """The least invasive single proven fix (its check already run) that leaves no error
     and the fewest findings: one edit that removes every finding beats a combination."""
     best: tuple[tuple[int, ...], Lines, CheckResult] | None = None
@@ -244,10 +238,10 @@ def _together(findings: list[Finding], start: Lines) -> tuple[Edit, ...]:
 
 
 def _greedy(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
-            start: Lines, current: CheckResult | None) -> tuple[Lines, CheckResult | None]:
+            start: Lines) -> tuple[Lines, CheckResult | None]:
     """Each finding's proven fixes added to ``start`` one at a time, each kept only if its
     finding goes, no new error comes and fewer findings remain."""
-    lines = start
+    lines, current = start, None
     for finding in findings:
         if current is not None and _key(finding) not in {
                 _key(f) for f in current.report.findings}:
@@ -267,7 +261,7 @@ def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
              start: Lines) -> tuple[Lines, CheckResult] | None:
     """The least invasive single fix that clears the pair, else the proven fixes applied
     together on ``start`` (greedily when together they fail)."""
-    single = _one_fix(findings, runner, base_errors, start)
+    single = _one_fix(findings, runner, start)
     if single is not None:
         return single
     edits = _together(findings, start)
@@ -277,7 +271,7 @@ def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
     result = runner.run(together)
     if isinstance(result, CheckResult) and not _errors(result.report) - base_errors:
         return together, result
-    lines, current = _greedy(findings, runner, base_errors, start, None)
+    lines, current = _greedy(findings, runner, base_errors, start)
     return (lines, current) if current is not None else None
 
 

@@ -12,7 +12,7 @@ A refused server's fixes come from re-running the resolution (:mod:`.refusal`).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
@@ -42,7 +42,7 @@ from sglang_dsv4_guard.pd.first_contact import PAGE_CODE
 from sglang_dsv4_guard.pd.nixl_payload import PREFILL_DRAFT_CODE
 from sglang_dsv4_guard.state.checks import PAGED_CODE
 
-__all__ = ["accepted_fix", "accepted_fixes", "copy_pairs", "derived_fixes"]
+__all__ = ["accepted_fix", "accepted_fixes", "copy_pairs", "derived_fixes", "kept_fixes"]
 
 
 def _speculative_flags(src: DerivedServer, dst: DerivedServer) -> tuple[Edit, ...]:
@@ -85,13 +85,17 @@ def accepted_fix(fix: Fix | None, sides: dict[str, DerivedServer]) -> Fix | None
     return fix
 
 
+def kept_fixes(fixes: Iterable[Fix | None], prefill: DerivedServer, decode: DerivedServer
+               ) -> tuple[Fix, ...]:
+    """The ``fixes`` :func:`accepted_fix` keeps for the pair."""
+    sides = {"prefill": prefill, "decode": decode}
+    return tuple(f for f in (accepted_fix(x, sides) for x in fixes) if f is not None)
+
+
 def accepted_fixes(finding: Finding, prefill: DerivedServer, decode: DerivedServer, derive: bool = True
                    ) -> Finding:
     """``finding`` with only the fixes :func:`accepted_fix` keeps (none when ``derive`` is off)."""
-    sides = {"prefill": prefill, "decode": decode}
-    return replace(finding, fixes=tuple(f for f in (accepted_fix(x, sides)
-                                                    for x in finding.fixes) if f is not None)
-                   if derive else ())
+    return replace(finding, fixes=kept_fixes(finding.fixes, prefill, decode) if derive else ())
 
 
 def _replaced(edited: LaunchArgs, edits: list[Edit]) -> bool:
@@ -179,14 +183,10 @@ def _g024(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
 def _g025(p: DerivedServer, d: DerivedServer) -> list[Fix | None]:
     inputs = tuple(f"{s.role} env: {FLASHMLA_ENV}="
                    f"{s.args.env.get(FLASHMLA_ENV, '(unset)')}" for s in (p, d))
-    fixes: list[Fix | None] = []
-    for src, dst in copy_pairs(p, d):
-        value = src.args.env.get(FLASHMLA_ENV)
-        edit = Edit(dst.role, FLASHMLA_ENV, value, remove=value is None, env=True)
-        fixes.append(Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s "
-                                        f"{FLASHMLA_ENV}", FLASHMLA_ENV, (edit,),
-                         inputs))
-    return fixes
+    return [Fix(FixKind.FLAGS, f"give the {dst.role} server the {src.role}'s {FLASHMLA_ENV}",
+                FLASHMLA_ENV, (Edit(dst.role, FLASHMLA_ENV, src.args.env.get(FLASHMLA_ENV),
+                                    remove=FLASHMLA_ENV not in src.args.env, env=True),), inputs)
+            for src, dst in copy_pairs(p, d)]
 
 
 def _own_draft(finding: Finding, p: DerivedServer, d: DerivedServer) -> tuple[Fix, ...]:
@@ -229,8 +229,7 @@ def derived_fixes(finding: Finding, p: DerivedServer, d: DerivedServer) -> Findi
     derive = _DERIVERS.get(finding.code)
     if derive is None:
         return finding
-    sides = {"prefill": p, "decode": d}
-    fixes = tuple(f for f in (accepted_fix(fix, sides) for fix in derive(p, d)) if f is not None)
+    fixes = kept_fixes(derive(p, d), p, d)
     refused = [s.role for s in (p, d) if s.args.resolution_error is not None]
     if not fixes and refused:
         fixes = (Fix(FixKind.ADVICE, f"fix the {' and '.join(refused)} server's flags first "

@@ -5,14 +5,13 @@ SGLang's refusal names what it wants: an option string (``--page-size``), a Serv
 field (``cfg.speculative_num_steps``, in the condition of a bare ``assert``), or the
 flag's words with a value (``topk == 1``, ``Only EAGLE and DSPARK speculative
 algorithms``). Each named flag gives candidates: the values the message gives it, the
-other server's value, ``1`` for a whole-number flag given no value, and removing it
-when the line sets it; a variable of the server's environment the message names is
-unset. Each candidate line is resolved by the release (the same
+other server's value, for a whole-number flag given none the release's own choice then
+``1``, and removing it when the line sets it; a variable of the server's environment the
+message names is unset. Each candidate line is resolved by the release (the same
 ``parse_launch`` as ``check``); a candidate refused with a new message extends with that
 message's candidates (breadth first, at most :data:`MAX_DEPTH` edits), and at most
 :data:`MAX_RESOLUTIONS` resolutions are run per refusal (the release-choice resolutions
-of a count included). Only lines the release
-accepts become fixes.
+of a count included). Only lines the release accepts become fixes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,3 @@
-"""SGLang run offline for ``check``: the release's own flag parser and resolution
-(``parse``), behind the child process's walls (``sandbox``), hearing what SGLang says
-(``chatter``), answering its device probes as a GPU model (``probes``), telling a refusal
-this machine caused from one the flags caused (``causes``), and finding a checkpoint's
-remote code (``remote_code``). The child process itself is ``check/child.py``.
-"""
+"""SGLang run offline for ``check``: the release's own parser and resolution behind the child
+process's walls (``check/child.py``), and what SGLang says and probes meanwhile (each
+module says what it holds; the map is in docs/contributing.md)."""

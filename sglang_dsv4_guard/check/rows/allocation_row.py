@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs
+from sglang_dsv4_guard.check.fixing.flag_fixes import copy_pairs, kept_fixes
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.edit import typed_flags
@@ -31,7 +31,6 @@ FIELD = "disaggregation_decode_allocation_policy"
 
 def _policy(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The server's decode allocation policy, where the release has the flag."""
-    del values
     found = flag_for_field(FIELD)
     if found is None:
         return {}  # before 0.5.22: no policy, nothing published or compared
@@ -58,8 +57,7 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
             continue
         candidates.append(flag_fix(f"launch the {dst.role} server with the {src.role}'s decode "
                                "allocation policy", FIELD, [edit], *inputs))
-    fixes = tuple(dict.fromkeys(f for f in (accepted_fix(c, {"prefill": p, "decode": d})
-                                            for c in candidates) if f is not None))
+    fixes = tuple(dict.fromkeys(kept_fixes(candidates, p, d)))
     return fixes or (Fix(FixKind.NO_FLAG_FIX, "no flag change of either line that the "
                                               "release accepts fixes this"),)
 

@@ -15,15 +15,11 @@ nothing here (its ``--sampling-mask-max-tokens`` help asks for the same value on
 
 from __future__ import annotations
 
-from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix, copy_pairs
+from sglang_dsv4_guard.check.fixing.flag_fixes import copy_pairs, kept_fixes
 from sglang_dsv4_guard.check.offline.parse import offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server.derive import DerivedServer
-from sglang_dsv4_guard.check.server.endpoint_values import (
-    CONTRIBUTORS,
-    field_source,
-    raw_field,
-)
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, field_source, raw_field
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Phase, Severity, When
 from sglang_dsv4_guard.fixes import Fix, FixKind, flag_fix
@@ -53,7 +49,6 @@ def _widths(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     a release whose class needs a width the server lacks, or a width SGLang refuses: the
     counts' row says that server would not start). On a release without the flag the class
     is built with no width in the server's environment, as its scheduler builds it."""
-    del values
     width = raw_field(side, _FIELD)
     if width is not None and int(width) <= 0:
         return {}
@@ -131,7 +126,6 @@ def _when(landing: RowLanding, backend: str) -> When:
 def _fixes(run: ContractRun) -> tuple[Fix, ...]:
     """One server takes the other's width (only a server whose resolution accepted its
     flags is a source; the edited line must resolve)."""
-    sides = {"prefill": run.prefill_side, "decode": run.decode_side}
     found: list[Fix | None] = []
     for src, dst in copy_pairs(run.prefill_side, run.decode_side):
         if flag_for_field(_FIELD) is None:  # the variable sets it: an environment edit
@@ -143,7 +137,7 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
         width = raw_field(src, _FIELD)
         found.append(flag_fix(f"give the {dst.role} server the {src.role}'s {_option()} {width}",
                           _FIELD, [flag_edit(dst.role, _FIELD, width)]))
-    return tuple(f for f in (accepted_fix(f, sides) for f in found) if f is not None)
+    return kept_fixes(found, run.prefill_side, run.decode_side)
 
 
 def aux_width_row(run: ContractRun) -> tuple[list[Finding], list[str]]:

@@ -65,7 +65,6 @@ __all__ = ["NOTES", "contact_row", "contact_values"]
 NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not derived
 
 
-
 def _quantized(side: DerivedServer) -> bool:
     """Whether the server loads a quantized checkpoint: ``--quantization``, or a
     quantization config in config.json or hf_quant_config.json (what ``ModelConfig``
@@ -129,10 +128,8 @@ def _kv_dtype(side: DerivedServer) -> tuple[Value | None, str | None]:
     to that same resolved string when the model loads (before the KV manager is built):
     one value for every release."""
     server = str(resolved_value(side, "kv_cache_dtype", "auto"))
-    source = typed_source(side, "kv_cache_dtype", "--kv-cache-dtype")
-    model, model_source, unknown = None, None, None
-    if server == "auto":
-        model, model_source, unknown = _stand_in_model(side)
+    source = typed_source(side, "kv_cache_dtype")
+    model, model_source, unknown = _stand_in_model(side) if server == "auto" else (None, None, None)
     if unknown is not None:
         return None, (f"{side.role}: with --kv-cache-dtype auto the KV cache dtype string "
                       f"follows the checkpoint's quantization config, and {unknown}; "
@@ -266,28 +263,19 @@ def _unresolved(side: DerivedServer) -> tuple[list[str], str | None]:
 
 def _contact_values(side: DerivedServer) -> dict[str, Value]:
     unknown, line = _unresolved(side)
-    notes: list[str] = [line] if line else []
-    layout, note = (Value(None, ""), None) if "kv_layout" in unknown else _kv_layout(side)
-    notes += [note] if note else []
-    dspark, note = ((Value(None, ""), None) if "dsv41_spec_layout" in unknown
-                    else _dspark(side))
-    notes += [note] if note else []
-    kv_dtype, note = ((None, None) if "kv_cache_dtype_str" in unknown
-                      else _kv_dtype(side))
-    notes += [note] if note else []
+    layout, layout_note = (Value(None, ""), None) if "kv_layout" in unknown else _kv_layout(side)
+    dspark, dspark_note = (Value(None, ""), None) if "dsv41_spec_layout" in unknown else _dspark(side)
+    kv_dtype, dtype_note = (None, None) if "kv_cache_dtype_str" in unknown else _kv_dtype(side)
+    notes = [n for n in (line, layout_note, dspark_note, dtype_note) if n]
     if kv_dtype is None and "kv_cache_dtype_str" not in unknown:
         unknown.append("kv_cache_dtype_str")
     dcp = resolved_value(side, "dcp_size", 1) or 1
     values = {
-        "dcp_size": Value(int(dcp), typed_source(side, "dcp_size", "--dcp-size")),
+        "dcp_size": Value(int(dcp), typed_source(side, "dcp_size")),
         "is_hybrid_mla_backend": Value(False, "SGLang's setup_state_kv_args sets it only for "
                                               "a hybrid linear-attention pool"),
-        "enable_kv_cache_sharding": Value(bool(resolved_value(
-            side, "enable_kv_cache_sharding", False)), field_source(
-            side, "enable_kv_cache_sharding", "--enable-kv-cache-sharding")),
-        "enable_dsa_cache_layer_split": Value(bool(resolved_value(
-            side, "enable_dsa_cache_layer_split", False)), field_source(
-            side, "enable_dsa_cache_layer_split", "--enable-dsa-cache-layer-split")),
+        **{name: Value(bool(resolved_value(side, name, False)), field_source(side, name))
+           for name in ("enable_kv_cache_sharding", "enable_dsa_cache_layer_split")},
         "kv_layout": layout,
         "dsv41_spec_layout": dspark,
         NOTES: Value(tuple(notes), "what check could not derive for these rows"),

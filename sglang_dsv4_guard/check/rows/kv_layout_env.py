@@ -100,7 +100,6 @@ def _accepted(side: DerivedServer) -> list[str]:
 def _refusal(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The refusal of this server's layout variables, when SGLang's selection refuses
     them on every machine (a resolved DeepSeek-V4 server on a release with the selector)."""
-    del values
     env = layout_env(side)
     if not env or not side.model.is_dsv4 or side.args.server_args is None or _select() is None:
         return {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix
+from sglang_dsv4_guard.check.fixing.flag_fixes import kept_fixes
 from sglang_dsv4_guard.check.offline.chatter import section
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server.derive import DerivedServer
@@ -48,8 +48,7 @@ def setup_refusal(side: DerivedServer, env: Mapping[str, str]) -> Refused | None
     draft_kind = model_pool_kind(side.draft) if side.draft is not None else None
     if side.draft is not None and draft_kind not in ("mha", "mla", "swa"):
         return None  # a draft pool not built here: its set-up is unknown
-    got = registered_state(kind, draft_kind, layers_of(side, kind),
-                           tuple(sorted(env.items())))
+    got = registered_state(kind, draft_kind, layers_of(side, kind), tuple(sorted(env.items())))
     return got if isinstance(got, Refused) else None
 
 
@@ -69,15 +68,10 @@ def _finding(run: ContractRun, side: DerivedServer, refused: Refused) -> Finding
     observations.append(Observation(role, "KV pool", _POOL_NAMES[kind], (
         f"the pool SGLang's KV-cache configurator builds for {side.model.path}/config.json, "
         "built here by SGLang's own constructor")))
-    fixes: list[Fix] = []
-    if run.derive:
-        sides = {"prefill": run.prefill_side, "decode": run.decode_side}
-        for name in causes:
-            fix = accepted_fix(Fix(FixKind.FLAGS, f"unset {name} on the {role} server (SGLang's "
-                                   f"{refused.function} then accepts its pool)", field=name,
-                                   edits=(env_copy(role, name, None),)), sides)
-            if fix is not None:
-                fixes.append(fix)
+    fixes = kept_fixes((Fix(FixKind.FLAGS, f"unset {name} on the {role} server (SGLang's "
+                            f"{refused.function} then accepts its pool)", field=name,
+                            edits=(env_copy(role, name, None),)) for name in causes),
+                       run.prefill_side, run.decode_side) if run.derive else ()
     message = refused.message.split(": ", 1)[-1]
     return Finding(
         code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
@@ -87,7 +81,7 @@ def _finding(run: ContractRun, side: DerivedServer, refused: Refused) -> Finding
                  "manager is set up (_init_kv_manager), on every machine: the server never "
                  f"serves ({refused.message}); run here on a miniature {_POOL_NAMES[kind]} "
                  "built by SGLang's own constructor in this server's environment",),
-        fixes=tuple(fixes), docs=docs_url(CODE), host_message=message, when=STOPS_AT_START)
+        fixes=fixes, docs=docs_url(CODE), host_message=message, when=STOPS_AT_START)
 
 
 def kv_setup_row(run: ContractRun) -> tuple[list[Finding], list[str]]:

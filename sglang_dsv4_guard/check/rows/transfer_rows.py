@@ -13,12 +13,7 @@ from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server import state_types as _state_types  # registers its contributor
 from sglang_dsv4_guard.check.server import swa_layout as _swa_layout  # registers its contributor
 from sglang_dsv4_guard.check.server.derive import DerivedServer
-from sglang_dsv4_guard.check.server.endpoint_values import (
-    CONTRIBUTORS,
-    NotDerived,
-    field_source,
-    raw_field,
-)
+from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS, NotDerived, field_source, raw_field
 from sglang_dsv4_guard.findings import Finding, Phase
 from sglang_dsv4_guard.host.envs import env_reading
 from sglang_dsv4_guard.host.flags import flag_for_field
@@ -52,7 +47,6 @@ def _refused_width(side: DerivedServer) -> str | None:
 def _aux_values(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The metadata buffer count (its own contributor: when it cannot be known, the
     other transfer values still are)."""
-    del values
     refused = _refused_width(side)
     if refused:
         raise NotDerived(refused)
@@ -67,8 +61,7 @@ def _aux_values(side: DerivedServer, values: dict[str, Value]) -> dict[str, Valu
     return {"aux_buffer_count": Value(count, (
         "SGLang's MetadataBuffers(...).get_buf_infos() built on CPU with this server's "
         f"{name}" + (f"={mask}" if mask is not None else " (unset)")
-        + " and " + field_source(side, "disaggregation_enable_kv_checksum",
-                                 "--disaggregation-enable-kv-checksum")))}
+        + " and " + field_source(side, "disaggregation_enable_kv_checksum")))}
 
 
 def _mask_value(side: DerivedServer) -> Value:
@@ -84,13 +77,12 @@ def _mask_value(side: DerivedServer) -> Value:
 
 
 def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
-    del values
     return {
-        "kv_checksum": Value(bool(raw_field(side, "disaggregation_enable_kv_checksum")), field_source(
-            side, "disaggregation_enable_kv_checksum", "--disaggregation-enable-kv-checksum")),
+        "kv_checksum": Value(bool(raw_field(side, "disaggregation_enable_kv_checksum")),
+                             field_source(side, "disaggregation_enable_kv_checksum")),
         "sampling_mask_env": _mask_value(side),
         "enable_hisparse": Value(bool(raw_field(side, "enable_hisparse")),
-                                 field_source(side, "enable_hisparse", "--enable-hisparse")),
+                                 field_source(side, "enable_hisparse")),
     }
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,22 +23,10 @@ from typing import Any
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, LaunchArgs, machine_cause, offline_env
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 from sglang_dsv4_guard.check.server.edit import typed_flags
-from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 
-__all__ = [
-    "DerivedServer",
-    "ModelFacts",
-    "attention_layout",
-    "derive_server",
-    "kwargs_for",
-    "load_model",
-    "page_size_source",
-    "release_model_config",
-    "typed_page",
-]
-
-log = logging.getLogger(LOGGER_NAME)
+__all__ = ["DerivedServer", "ModelFacts", "attention_layout", "derive_server", "kwargs_for",
+           "load_model", "page_size_source", "release_model_config", "typed_page"]
 
 # The page size SGLang's DeepSeek-V4 model override sets when --page-size is not given
 # (arg_groups/model_overrides/deepseek_v4.py); used only when resolution did not complete.
@@ -244,8 +231,7 @@ def derive_server(args: LaunchArgs) -> DerivedServer:
         notes += (note,) if note and note not in notes else ()
     attn_tp, attn_dp = attention_tp(args)
     page = args.get("page_size")
-    source = ("SGLang's resolution of the flags" if args.resolved
-              else "server flag --page-size")
+    source = "SGLang's resolution of the flags" if args.resolved else "server flag --page-size"
     if page is None and model.is_dsv4 and not args.resolved:
         page, source = DSV4_PAGE_SIZE, "SGLang's DeepSeek-V4 default (no --page-size)"
     elif page is None:

@@ -29,7 +29,8 @@ class NotDerived(Exception):
     """Raised by a contributor whose values cannot be known for this server (the message,
     naming the flag or variable and its value, becomes an ``unknowns`` line as it is)."""
 
-# Each takes a side and the values derived so far and returns values to add.
+# Each takes a side and the values derived so far (no built-in one reads them) and returns
+# values to add.
 CONTRIBUTORS: list[Callable[[DerivedServer, dict[str, Value]], dict[str, Value]]] = []
 
 
@@ -62,8 +63,10 @@ def resolved_value(side: DerivedServer, name: str, default: Any) -> Any:
     return default if found is None else found
 
 
-def field_source(side: DerivedServer, field: str, option: str) -> str:
-    """``server flag OPTION V`` when the line typed it, else the release's resolution."""
+def field_source(side: DerivedServer, field: str, option: str | None = None) -> str:
+    """``server flag OPTION V`` when the line typed it, else the release's resolution;
+    ``option`` is the field's own spelling (``--tp-size`` for ``tp_size``) unless given."""
+    option = option or "--" + field.replace("_", "-")
     typed = side.args.typed.get(field)
     if field in typed_flags(list(side.args.argv)):
         return f"server flag {option} {typed}" if typed is not None else f"server flag {option}"
@@ -72,7 +75,7 @@ def field_source(side: DerivedServer, field: str, option: str) -> str:
     return f"the parser's default (no {option} typed; resolution did not complete)"
 
 
-def typed_source(side: DerivedServer, field: str, option: str) -> str:
+def typed_source(side: DerivedServer, field: str, option: str | None = None) -> str:
     """:func:`field_source`, with the value as the line typed it."""
     typed = typed_flags(list(side.args.argv)).get(field)
     if typed is not None and typed[1] is not None:
@@ -94,26 +97,23 @@ def _tokens_source(side: DerivedServer) -> str:
 
 def _base(side: DerivedServer) -> dict[str, Value]:
     a = side.args
-    tp_source = field_source(side, "tp_size", "--tp-size")
+    tp_source = field_source(side, "tp_size")
     layout = attention_layout(side)
     return {
-        "transfer_backend": Value(side.transfer_backend, field_source(
-            side, "disaggregation_transfer_backend", "--disaggregation-transfer-backend")),
+        "transfer_backend": Value(side.transfer_backend,
+                                  field_source(side, "disaggregation_transfer_backend")),
         "attn_tp_size": Value(side.attn_tp_size, "the release's compute_dp_attention_world_info "
                               f"on --tp-size/--dp-size/--attn-*-size ({tp_source})"),
         "attn_dp_size": Value(side.attn_dp_size, "the release's compute_dp_attention_world_info"),
-        "attn_cp_size": Value(a.get("attn_cp_size") or 1,
-                              field_source(side, "attn_cp_size", "--attn-cp-size")),
-        "pp_size": Value(a.get("pp_size") or 1, field_source(side, "pp_size", "--pp-size")),
+        "attn_cp_size": Value(a.get("attn_cp_size") or 1, field_source(side, "attn_cp_size")),
+        "pp_size": Value(a.get("pp_size") or 1, field_source(side, "pp_size")),
         "tp_size": Value(a.get("tp_size") or 1, tp_source),
-        "dp_size": Value(layout.dp_size, field_source(side, "dp_size", "--dp-size")),
-        "enable_dp_attention": Value(layout.dp_attention, field_source(
-            side, "enable_dp_attention", "--enable-dp-attention")),
+        "dp_size": Value(layout.dp_size, field_source(side, "dp_size")),
+        "enable_dp_attention": Value(layout.dp_attention, field_source(side, "enable_dp_attention")),
         TYPED: Value(frozenset(typed_flags(list(a.argv))), "the launch line"),
         REFUSED: Value(a.resolution_error is not None, "SGLang's resolution of the line"),
         "enable_unified_memory": Value(bool(raw_field(side, "enable_unified_memory")),
-                                       field_source(side, "enable_unified_memory",
-                                                    "--enable-unified-memory")),
+                                       field_source(side, "enable_unified_memory")),
         "page_size": Value(side.page_size, page_size_source(side)),
         "is_mla_backend": Value(side.model.uses_mla_pool,
                                 f"{side.model.path}/config.json: attention "
@@ -124,11 +124,10 @@ def _base(side: DerivedServer) -> dict[str, Value]:
         "is_hybrid_swa": Value(side.model.is_hybrid_swa,
                                f"SGLang's ModelConfig on {side.model.path}/config.json"),
         "is_dsv4": Value(side.model.is_dsv4, f"{side.model.path}/config.json"),
-        "speculative_algorithm": Value(side.speculative_algorithm, field_source(
-            side, "speculative_algorithm", "--speculative-algorithm")),
+        "speculative_algorithm": Value(side.speculative_algorithm,
+                                       field_source(side, "speculative_algorithm")),
         "speculative_num_draft_tokens": Value(side.num_draft_tokens, _tokens_source(side)),
-        "model_path": Value(str(a.get("model_path")),
-                            field_source(side, "model_path", "--model-path")),
+        "model_path": Value(str(a.get("model_path")), field_source(side, "model_path")),
         "draft_model_path": Value(
             str(a.get("speculative_draft_model_path") or a.get("model_path"))
             if side.speculative_algorithm else None,

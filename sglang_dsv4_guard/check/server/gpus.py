@@ -26,11 +26,8 @@ __all__ = ["page_size_by_gpu", "page_sizes"]
 def page_sizes(side: DerivedServer) -> dict[str, int | None]:
     """The page size SGLang's resolution gives ``side`` as each GPU model (``None`` where
     the release refuses the flags on that model: that server would not start there)."""
-    sizes: dict[str, int | None] = {}
-    for device in devices_for(side.args.resolved_device):
-        view = resolve_as(side.args, device)
-        sizes[device.name] = None if view is None else getattr(view, "page_size", None)
-    return sizes
+    return {device.name: getattr(resolve_as(side.args, device), "page_size", None)  # None: refused
+            for device in devices_for(side.args.resolved_device)}
 
 
 def page_size_by_gpu(finding: Finding, prefill: DerivedServer, decode: DerivedServer) -> Finding:

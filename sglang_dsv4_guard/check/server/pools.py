@@ -85,8 +85,7 @@ def draft_ratio() -> tuple[int, str]:
     except Exception as exc:  # the model module pulls GPU kernels on some releases
         log.debug("sglang.srt.models.deepseek_v4_nextn did not import (%s); using 0", exc)
         return 0, "COMPRESS_RATIO_NEXTN_LAYER (0; its module did not import here)"
-    return int(COMPRESS_RATIO_NEXTN_LAYER), \
-        "sglang.srt.models.deepseek_v4_nextn.COMPRESS_RATIO_NEXTN_LAYER"
+    return int(COMPRESS_RATIO_NEXTN_LAYER), "sglang.srt.models.deepseek_v4_nextn.COMPRESS_RATIO_NEXTN_LAYER"
 
 
 @contextmanager
@@ -118,7 +117,6 @@ def max_draft_tokens(server_args: Any) -> int:
     else:
         value = max_speculative_num_draft_tokens()
     return int(value or 0)
-
 
 
 def _pool(ratios: Sequence[int], window: int, page: int, draft: bool, mtp: int) -> Any:

@@ -331,7 +331,6 @@ def _from_pool_run(side: DerivedServer) -> dict[str, Value]:
 
 
 def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
-    del values
     kind = pool_kind(side)
     if kind is None:
         return {}

@@ -71,7 +71,6 @@ def registered_layout(unified: bool, env: tuple[tuple[str, str], ...] = ()
 
 
 def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
-    del values
     if pool_kind(side) not in ("swa", "unified_swa"):
         return {}
     env: Mapping[str, str] = side.args.env
@@ -83,7 +82,7 @@ def _contribute(side: DerivedServer, values: dict[str, Value]) -> dict[str, Valu
     unified = bool(raw_field(side, "enable_unified_memory"))
     got = registered_layout(unified, tuple(sorted(env.items())))
     pool = ("SGLang's unified SWA pool (init_unified_swa_pools; "
-            + field_source(side, "enable_unified_memory", "--enable-unified-memory") + ")"
+            + field_source(side, "enable_unified_memory") + ")"
             if unified else "a miniature SWAKVPool")
     if isinstance(got, Refused):
         return {"swa_kv_cache_layout": Value(None, (
