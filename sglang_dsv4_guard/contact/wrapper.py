@@ -109,12 +109,11 @@ class ContactGuard:
 
 def _raise_for(guard: ContactGuard, manager: object, addr: object, error: Exception) -> None:
     """After SGLang raised ``error``: raise the replacement, or return to let it rise."""
-    replacement = None
     if guard.rt.active and not getattr(guard.busy, "active", False):
         replacement = replacing(guard.rt, error, "reporting decode's first contact",
                                 lambda: guard.on_error(manager, addr, error))
-    if replacement is not None:
-        raise replacement from error
+        if replacement is not None:
+            raise replacement from error
 
 
 def _answers_cached_first(self: Any, bootstrap_addr: Any) -> Any:
