@@ -169,19 +169,7 @@ def _rule(message: str) -> tuple[str, tuple[str, ...], Neutraliser | None]:
 def rule_for(message: str) -> tuple[str, tuple[str, ...]]:
     """The code and the endpoint values that decide the condition SGLang's first contact
     raised with ``message`` (:data:`UNMAPPED_CODE` and none for a message not mapped)."""
-    code, fields, _ = _rule(message)
-    return code, fields
-
-
-class _Response:
-    status_code = 200
-    text = ""
-
-    def __init__(self, body: str) -> None:
-        self._body = body
-
-    def json(self) -> Any:
-        return json.loads(self._body)
+    return _rule(message)[:2]
 
 
 class _LocalBootstrap:
@@ -190,20 +178,19 @@ class _LocalBootstrap:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
 
-    def get(self, url: str, *args: Any, **kwargs: Any) -> _Response:
-        return _Response(json.dumps(self.data))
+    def get(self, url: str, *args: Any, **kwargs: Any) -> SimpleNamespace:
+        body = json.dumps(self.data)
+        return SimpleNamespace(status_code=200, text="", json=lambda: json.loads(body))
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"requests.{name} (check answers only the bootstrap GET locally)")
 
 
 @contextmanager
-def _answered(module: Any, data: dict[str, Any]) -> Iterator[_LocalBootstrap]:
-    saved = module.requests
-    local = _LocalBootstrap(data)
-    module.requests = local
+def _answered(module: Any, data: dict[str, Any]) -> Iterator[None]:
+    saved, module.requests = module.requests, _LocalBootstrap(data)
     try:
-        yield local
+        yield
     finally:
         module.requests = saved
 
