@@ -6,9 +6,8 @@ itself (:func:`_answers_cached_first`); otherwise it is one ``try`` around SGLan
 
 When SGLang raised (its first mismatch: the decode server is about to exit), the report
 is built from SGLang's own values (:mod:`~sglang_dsv4_guard.contact.snapshot`) and every
-``check_first_contact`` hook, published once per server (:func:`~sglang_dsv4_guard.
-wrapping.publish`: the first rank of a launch prints it in full, the others one line),
-then:
+``check_first_contact`` hook, published once per server
+(:func:`~sglang_dsv4_guard.wrapping.publish`), then:
 
 - SGLang's exact ``RuntimeError``: a :class:`DSV4GuardError` (first line SGLang's,
   chained to it) carrying the report, or a pointer to where it was printed;

@@ -42,12 +42,9 @@ MAX_WIDTH = 1 << 20
 
 def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None) -> int:
     """How many metadata buffers the release's ``MetadataBuffers`` registers for these
-    settings (the environment as it is now).
-
-    Built with the smallest sizes that give the same count, never the flags' widths (a
-    server's ``--sampling-mask-max-tokens`` may be far more than this machine holds); a
-    class that reads :data:`MASK_WIDTH_ENV` (0.5.16 - 0.5.19) is built with no width.
-    Read in each release's ``MetadataBuffers.__init__`` / ``get_buf_infos``: the KV
+    settings (the environment as it is now), built as the module says: never at the flags'
+    widths (a server's ``--sampling-mask-max-tokens`` may be far more than this machine
+    holds). Read in each release's ``MetadataBuffers.__init__`` / ``get_buf_infos``: the KV
     checksum's buffer (0.5.21+) exists iff ``kv_checksum_enabled``, the DSA top-k one iff
     ``output_dsa_topk_indices_dim > 0`` (built with 0), every other buffer always."""
     cls = _buffers_class()
