@@ -39,7 +39,6 @@ __all__ = ["AUX_BACKENDS", "AuxSend", "RowLanding", "aux_details", "aux_rows", "
 AUX_BACKENDS = ("mooncake", "nixl", "mori")
 _ITEM = 8  # bytes of one buffer's row in the miniature
 _CUSTOM_POOL = "SGLANG_MOONCAKE_CUSTOM_MEM_POOL"
-_HARNESS = (NameError, AttributeError, TypeError)  # what the half-built manager lacks
 
 
 @dataclass(frozen=True)
@@ -181,7 +180,7 @@ def _call(found: tuple[Any, str, Any, Any], src: _Memory, dst: _Memory, row: int
         raise NotJudged(f"SGLang's {target} takes {wanted}, not all of which are derived")
     try:
         function(manager, **{p: offered[p] for p in wanted})
-    except _HARNESS as exc:
+    except (NameError, AttributeError, TypeError) as exc:  # what the half-built manager lacks
         raise NotJudged(f"{target} reads what the guard does not derive "
                         f"({type(exc).__name__}: {exc})") from exc
     except Exception as exc:  # SGLang's own failure on these buffers: the verdict

@@ -87,8 +87,7 @@ def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[s
             names = list(inspect.signature(method).parameters)[1:]
             result = method(manager, **{n: values[n] for n in names if n in values})
             if inspect.isgenerator(result):  # 0.5.23 yields each state handle
-                for _ in result:
-                    pass
+                list(result)
     except RuntimeError as exc:
         return str(exc) if _PHRASE in str(exc) else None
     except Exception:  # past the check, on what is half-built
