@@ -60,8 +60,7 @@ def _backend(manager: object) -> str:
     chosen = server.server_value("disaggregation_transfer_backend")
     if chosen is not None:
         return str(chosen)
-    name = type(manager).__name__.lower()
-    return name[:-len("kvmanager")] if name.endswith("kvmanager") else name
+    return type(manager).__name__.lower().removesuffix("kvmanager")
 
 
 class ContactGuard:

@@ -144,7 +144,6 @@ def peer_count_log(local: int, remote: int) -> str | None:
     module = importlib.import_module(PD_AUX_COUNT.module)  # unscanned: targets
     owner, method = PD_AUX_COUNT.qualname.split(".")
     cls = getattr(module, owner)
-    check = getattr(cls, method)
     manager = object.__new__(cls)
     manager.kv_args = SimpleNamespace(aux_data_ptrs=[0] * local)
     records: list[logging.LogRecord] = []
@@ -158,7 +157,7 @@ def peer_count_log(local: int, remote: int) -> str | None:
     logger.addHandler(handler)
     logger.propagate, logger.disabled = False, False
     try:
-        check(manager, "<decode address>", remote)
+        getattr(cls, method)(manager, "<decode address>", remote)
     finally:
         logger.removeHandler(handler)
         logger.propagate, logger.disabled = propagate, disabled
