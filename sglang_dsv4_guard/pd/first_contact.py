@@ -57,8 +57,6 @@ _READS = {DCP_CODE: {"dcp_size": "decode", "attn_cp_size": "prefill",
           CP_CODE: {"attn_cp_size": "decode", "enable_kv_cache_sharding": "prefill"}}
 #: The prefill's bootstrap address the decode's copies name; never resolved (answered locally).
 BOOTSTRAP_ADDRESS = "prefill-bootstrap.check.invalid:8998"
-_BLOCK_SCALES = ("block_scale", "block_scale_swa")
-_MINIMAX_INDEX = "minimax_index_k"
 # Values a running server always has as numbers: ``None`` here means not derived.
 _NUMBERS = ("page_size", "attn_tp_size", "attn_cp_size", "attn_dp_size", "pp_size", "dcp_size")
 
@@ -113,7 +111,7 @@ def _dtype(manager: Any, data: dict[str, Any]) -> None:
     manager.server_args.kv_cache_dtype = data.get("kv_cache_dtype")
 
 
-def _drop_states(values: tuple[str, ...]) -> Neutraliser:
+def _drop_states(*values: str) -> Neutraliser:
     def apply(manager: Any, data: dict[str, Any]) -> None:
         manager.kv_args.state_types = [s for s in manager.kv_args.state_types
                                        if getattr(s, "value", s) not in values]
@@ -136,14 +134,14 @@ _RULES: tuple[tuple[str, str, tuple[str, ...], Neutraliser], ...] = (
     ("Page size mismatch", PAGE_CODE, ("page_size",), _page),
     ("KV cache dtype mismatch", DTYPE_CODE, ("kv_cache_dtype_str",), _dtype),
     ("MiniMax sparse PD requires matching attention TP", MINIMAX_CODE,
-     ("attn_tp_size", "state_types"), _drop_states((_MINIMAX_INDEX,))),
+     ("attn_tp_size", "state_types"), _drop_states("minimax_index_k")),
     ("KV layout mismatch", LAYOUT_CODE, ("kv_layout",), _decode_answered("kv_layout")),
     ("DSpark PD layout mismatch", DSPARK_CODE, ("dsv41_spec_layout",),
      _decode_answered("dsv41_spec_layout")),
     ("DSpark PD requires the same TP size", DSPARK_CODE, ("attn_tp_size", "attn_cp_size"),
      _no_dspark),
     ("different attention TP sizes with MXFP8", MXFP8_CODE, ("attn_tp_size", "state_types"),
-     _drop_states(_BLOCK_SCALES)),
+     _drop_states("block_scale", "block_scale_swa")),
     ("PD decode DCP requires an MLA or hybrid-MLA KV pool", DCP_CODE,
      ("dcp_size", "is_mla_backend"), _decode_value("is_hybrid_mla_backend", True)),
     ("PD decode DCP currently requires prefill attention CP", DCP_CODE,
