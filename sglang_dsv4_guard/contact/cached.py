@@ -34,17 +34,14 @@ def cached_digest(original: Callable[..., Any]) -> str | None:
         return None
     code = original.__code__
     try:
-        source = textwrap.dedent(inspect.getsource(code))
-        tree = ast.parse(source)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
     except (OSError, TypeError, SyntaxError, ValueError):
         return None
     fn = tree.body[0] if tree.body else None
     if not isinstance(fn, ast.FunctionDef) or fn.name != code.co_name:
         return None
     node = first_statement(fn)
-    if node is None:
-        return None
-    return Located(CACHED_SITE, node, (), (), (), code.co_filename).digest
+    return None if node is None else Located(CACHED_SITE, node, (), (), (), code.co_filename).digest
 
 
 def answers_cached(original: Callable[..., Any]) -> bool:

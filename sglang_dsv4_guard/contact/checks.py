@@ -49,8 +49,7 @@ def contact_endpoints(contact: ContactSnapshot, context: ContactContext
 
 
 def _runtime_details(finding: Finding) -> tuple[str, ...]:
-    order = finding.details[:1]
-    return (*order, f"SGLang's own {PD_FIRST_CONTACT.qualname} raised this on both "
+    return (*finding.details[:1], f"SGLang's own {PD_FIRST_CONTACT.qualname} raised this on both "
                     "servers' values as this decode server met them (its own, and the "
                     "prefill's /route answer); run again on copies, each mismatch "
                     "neutralised, to find every one",
@@ -84,10 +83,6 @@ def sglang_dsv4_guard_check_first_contact(contact: ContactSnapshot,
         return [_unread(contact, context)]
     prefill, decode = ends
     found, unknowns = contact_findings(prefill, decode, context.profile.name)
-    out = []
-    for i, finding in enumerate(found):
-        details = _runtime_details(finding)
-        if i == 0 and unknowns:
-            details += tuple(f"unknown: {u}" for u in unknowns)
-        out.append(dataclasses.replace(finding, details=details))
-    return out
+    unknown = tuple(f"unknown: {u}" for u in unknowns)  # said once, on the first finding
+    return [dataclasses.replace(f, details=_runtime_details(f) + (unknown if i == 0 else ()))
+            for i, f in enumerate(found)]

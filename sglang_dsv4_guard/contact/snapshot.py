@@ -137,9 +137,7 @@ def snapshot_contact(manager: object, bootstrap_addr: str, error: BaseException
                      ) -> ContactSnapshot:
     """Both servers' values at the failed first contact (see the module docstring)."""
     info = prefill_info(error.__traceback__)
-    text = str(error)
     return ContactSnapshot(
         bootstrap_addr=str(bootstrap_addr), decode=_decode(manager),
         prefill=None if info is None else _prefill(info, str(bootstrap_addr)),
-        message=text or type(error).__name__,
-        kind=type(error).__name__)
+        message=str(error) or type(error).__name__, kind=type(error).__name__)

@@ -6,9 +6,8 @@ itself (:func:`_answers_cached_first`); otherwise it is one ``try`` around SGLan
 
 When SGLang raised (its first mismatch: the decode server is about to exit), the report
 is built from SGLang's own values (:mod:`~sglang_dsv4_guard.contact.snapshot`) and every
-``check_first_contact`` hook, published once per server (:func:`~sglang_dsv4_guard.
-wrapping.publish`: the first rank of a launch prints it in full, the others one line),
-then:
+``check_first_contact`` hook, published once per server
+(:func:`~sglang_dsv4_guard.wrapping.publish`), then:
 
 - SGLang's exact ``RuntimeError``: a :class:`DSV4GuardError` (first line SGLang's,
   chained to it) carrying the report, or a pointer to where it was printed;
@@ -61,8 +60,7 @@ def _backend(manager: object) -> str:
     chosen = server.server_value("disaggregation_transfer_backend")
     if chosen is not None:
         return str(chosen)
-    name = type(manager).__name__.lower()
-    return name[:-len("kvmanager")] if name.endswith("kvmanager") else name
+    return type(manager).__name__.lower().removesuffix("kvmanager")
 
 
 class ContactGuard:
@@ -109,12 +107,11 @@ class ContactGuard:
 
 def _raise_for(guard: ContactGuard, manager: object, addr: object, error: Exception) -> None:
     """After SGLang raised ``error``: raise the replacement, or return to let it rise."""
-    replacement = None
     if guard.rt.active and not getattr(guard.busy, "active", False):
         replacement = replacing(guard.rt, error, "reporting decode's first contact",
                                 lambda: guard.on_error(manager, addr, error))
-    if replacement is not None:
-        raise replacement from error
+        if replacement is not None:
+            raise replacement from error
 
 
 def _answers_cached_first(self: Any, bootstrap_addr: Any) -> Any:

@@ -43,12 +43,11 @@ def layouts(t: SendSnapshot) -> tuple[AttentionLayout, AttentionLayout]:
     else only the attention TP size it registered."""
     prefill = AttentionLayout("prefill", t.attn_tp_size, t.tp_size, t.attn_cp_size or 1,
                               t.dp_size or 1, bool(t.enable_dp_attention), typed=None)
-    decode = AttentionLayout("decode", t.decode_tp_size)
-    if t.decode_tp is not None:
-        decode = AttentionLayout("decode", t.decode_tp_size, t.decode_tp, 1,
-                                 t.decode_dp_size or 1, bool(t.decode_enable_dp_attention),
-                                 typed=None)
-    return prefill, decode
+    if t.decode_tp is None:
+        return prefill, AttentionLayout("decode", t.decode_tp_size)
+    return prefill, AttentionLayout("decode", t.decode_tp_size, t.decode_tp, 1,
+                                    t.decode_dp_size or 1, bool(t.decode_enable_dp_attention),
+                                    typed=None)
 
 
 def _peer(t: SendSnapshot, place: str) -> str:

@@ -82,14 +82,10 @@ def snapshot_send(manager: object, peer: object, state_type: str) -> SendSnapsho
 
 
 def peer_key_or_address(peer: object) -> str:
-    """Who a decode peer is in MORI's transfers: its engine key, else its endpoint and port,
-    else the object. Unlike :func:`~sglang_dsv4_guard.peers.snapshot.peer_name` (the key
-    the prefill's peer table holds, else the object), a key-less peer is told apart by
-    its address: each gets its own report and counts.
-
-    The object fallback (``object id 0x...``) is only unique while the object lives: the
-    caller keeps a reference to it.
-    """
+    """Who a decode peer is in MORI's transfers. Unlike
+    :func:`~sglang_dsv4_guard.peers.snapshot.peer_name`, a key-less peer is told apart by
+    its address: each gets its own report and counts. The object fallback is unique only
+    while the object lives: the caller keeps a reference to it."""
     key = engine_key(peer)
     if key is not None:
         return key

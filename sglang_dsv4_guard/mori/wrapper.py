@@ -64,9 +64,6 @@ __all__ = ["MORI_MODULE", "MoriGuard", "patch_module"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
-_FUNCTION = MORI_SEND.qualname
-
-
 SendMismatchKey = tuple[int | None, int | None, tuple[str, ...], bool]
 
 
@@ -111,7 +108,7 @@ class MoriGuard:
         findings = self.rt.plugins.collect("sglang_dsv4_guard_check_send",
                                            {"transfer": snap, "context": context})
         report = Report.of(findings, {
-            "function": _FUNCTION, "peer": peer,
+            "function": MORI_SEND.qualname, "peer": peer,
             "sglang": self.rt.profile.name, "mode": context.mode,
         })
         return report, render_report(report) or ""
@@ -249,13 +246,12 @@ def _send_wrapper(guard: MoriGuard, original: Callable[..., Any]) -> Callable[..
         try:
             return original(*args, **kwargs)
         except RuntimeError as error:
-            replacement = None
             if guard.rt.active and upgrades(error):
                 replacement = replacing(
                     guard.rt, error, "reporting a MORI state-transfer error",
                     lambda: guard.on_send_error(sig, args, kwargs, error))
-            if replacement is not None:
-                raise replacement from error
+                if replacement is not None:
+                    raise replacement from error
             raise
 
     return _send_swa_dsa_state

@@ -39,7 +39,6 @@ __all__ = ["AUX_BACKENDS", "AuxSend", "RowLanding", "aux_details", "aux_rows", "
 AUX_BACKENDS = ("mooncake", "nixl", "mori")
 _ITEM = 8  # bytes of one buffer's row in the miniature
 _CUSTOM_POOL = "SGLANG_MOONCAKE_CUSTOM_MEM_POOL"
-_HARNESS = (NameError, AttributeError, TypeError)  # what the half-built manager lacks
 
 
 @dataclass(frozen=True)
@@ -113,9 +112,6 @@ def _manager(local: _Memory, sent: list[tuple[int, int, bytes]], written: list[i
         written.append(len(transfer_blocks))
         return 0
 
-    def descs(addrs: list[Any], _kind: str) -> list[Any]:
-        return list(addrs)
-
     def xfer(_op: str, src: list[Any], dst: list[Any], *args: Any) -> object:
         moved.extend((int(s[0]), int(d[0]), int(s[1])) for s, d in zip(src, dst, strict=True))
         written.append(len(dst))
@@ -128,7 +124,6 @@ def _manager(local: _Memory, sent: list[tuple[int, int, bytes]], written: list[i
         written.append(len(src))
         return []
 
-    count = len(local.ptrs)
     rdma = getattr(envs, "SGLANG_MORI_SEND_AUX_RDMA", None)
     # Mooncake's __init__: check_mooncake_custom_mem_pool_enabled() is (False, None) when
     # the variable is unset; the caller refuses to judge a prefill that sets it.
@@ -140,11 +135,11 @@ def _manager(local: _Memory, sent: list[tuple[int, int, bytes]], written: list[i
         _send_aux_rdma=bool(rdma.get()) if rdma is not None else False,
         # MORI's registered memory descriptors, one per buffer (its batch_write offsets
         # are from their start)
-        aux_mem_descs=[SimpleNamespace(addr=p) for p in local.ptrs][:count],
+        aux_mem_descs=[SimpleNamespace(addr=p) for p in local.ptrs],
         _transfer_data=blocks, _record_submitted_statuses=lambda *a: None,
         send_aux_data_to_endpoint=by_index, _send_aux_data_to_endpoint=by_index,
-        agent=SimpleNamespace(get_xfer_descs=descs, initialize_xfer=xfer,
-                              transfer=lambda *a: "DONE"),
+        agent=SimpleNamespace(get_xfer_descs=lambda addrs, _kind: list(addrs),
+                              initialize_xfer=xfer, transfer=lambda *a: "DONE"),
         _post_xfer=lambda *a: None,
         engine=SimpleNamespace(batch_write=batch_write, allocate_transfer_uid=lambda: 0))
 
@@ -185,7 +180,7 @@ def _call(found: tuple[Any, str, Any, Any], src: _Memory, dst: _Memory, row: int
         raise NotJudged(f"SGLang's {target} takes {wanted}, not all of which are derived")
     try:
         function(manager, **{p: offered[p] for p in wanted})
-    except _HARNESS as exc:
+    except (NameError, AttributeError, TypeError) as exc:  # what the half-built manager lacks
         raise NotJudged(f"{target} reads what the guard does not derive "
                         f"({type(exc).__name__}: {exc})") from exc
     except Exception as exc:  # SGLang's own failure on these buffers: the verdict

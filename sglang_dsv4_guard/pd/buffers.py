@@ -42,12 +42,9 @@ MAX_WIDTH = 1 << 20
 
 def aux_buffer_count(kv_checksum: bool, sampling_mask_tokens: int | None) -> int:
     """How many metadata buffers the release's ``MetadataBuffers`` registers for these
-    settings (the environment as it is now).
-
-    Built with the smallest sizes that give the same count, never the flags' widths (a
-    server's ``--sampling-mask-max-tokens`` may be far more than this machine holds); a
-    class that reads :data:`MASK_WIDTH_ENV` (0.5.16 - 0.5.19) is built with no width.
-    Read in each release's ``MetadataBuffers.__init__`` / ``get_buf_infos``: the KV
+    settings (the environment as it is now), built as the module says: never at the flags'
+    widths (a server's ``--sampling-mask-max-tokens`` may be far more than this machine
+    holds). Read in each release's ``MetadataBuffers.__init__`` / ``get_buf_infos``: the KV
     checksum's buffer (0.5.21+) exists iff ``kv_checksum_enabled``, the DSA top-k one iff
     ``output_dsa_topk_indices_dim > 0`` (built with 0), every other buffer always."""
     cls = _buffers_class()
@@ -147,7 +144,6 @@ def peer_count_log(local: int, remote: int) -> str | None:
     module = importlib.import_module(PD_AUX_COUNT.module)  # unscanned: targets
     owner, method = PD_AUX_COUNT.qualname.split(".")
     cls = getattr(module, owner)
-    check = getattr(cls, method)
     manager = object.__new__(cls)
     manager.kv_args = SimpleNamespace(aux_data_ptrs=[0] * local)
     records: list[logging.LogRecord] = []
@@ -161,7 +157,7 @@ def peer_count_log(local: int, remote: int) -> str | None:
     logger.addHandler(handler)
     logger.propagate, logger.disabled = False, False
     try:
-        check(manager, "<decode address>", remote)
+        getattr(cls, method)(manager, "<decode address>", remote)
     finally:
         logger.removeHandler(handler)
         logger.propagate, logger.disabled = propagate, disabled

@@ -57,8 +57,6 @@ _READS = {DCP_CODE: {"dcp_size": "decode", "attn_cp_size": "prefill",
           CP_CODE: {"attn_cp_size": "decode", "enable_kv_cache_sharding": "prefill"}}
 #: The prefill's bootstrap address the decode's copies name; never resolved (answered locally).
 BOOTSTRAP_ADDRESS = "prefill-bootstrap.check.invalid:8998"
-_BLOCK_SCALES = ("block_scale", "block_scale_swa")
-_MINIMAX_INDEX = "minimax_index_k"
 # Values a running server always has as numbers: ``None`` here means not derived.
 _NUMBERS = ("page_size", "attn_tp_size", "attn_cp_size", "attn_dp_size", "pp_size", "dcp_size")
 
@@ -113,7 +111,7 @@ def _dtype(manager: Any, data: dict[str, Any]) -> None:
     manager.server_args.kv_cache_dtype = data.get("kv_cache_dtype")
 
 
-def _drop_states(values: tuple[str, ...]) -> Neutraliser:
+def _drop_states(*values: str) -> Neutraliser:
     def apply(manager: Any, data: dict[str, Any]) -> None:
         manager.kv_args.state_types = [s for s in manager.kv_args.state_types
                                        if getattr(s, "value", s) not in values]
@@ -136,14 +134,14 @@ _RULES: tuple[tuple[str, str, tuple[str, ...], Neutraliser], ...] = (
     ("Page size mismatch", PAGE_CODE, ("page_size",), _page),
     ("KV cache dtype mismatch", DTYPE_CODE, ("kv_cache_dtype_str",), _dtype),
     ("MiniMax sparse PD requires matching attention TP", MINIMAX_CODE,
-     ("attn_tp_size", "state_types"), _drop_states((_MINIMAX_INDEX,))),
+     ("attn_tp_size", "state_types"), _drop_states("minimax_index_k")),
     ("KV layout mismatch", LAYOUT_CODE, ("kv_layout",), _decode_answered("kv_layout")),
     ("DSpark PD layout mismatch", DSPARK_CODE, ("dsv41_spec_layout",),
      _decode_answered("dsv41_spec_layout")),
     ("DSpark PD requires the same TP size", DSPARK_CODE, ("attn_tp_size", "attn_cp_size"),
      _no_dspark),
     ("different attention TP sizes with MXFP8", MXFP8_CODE, ("attn_tp_size", "state_types"),
-     _drop_states(_BLOCK_SCALES)),
+     _drop_states("block_scale", "block_scale_swa")),
     ("PD decode DCP requires an MLA or hybrid-MLA KV pool", DCP_CODE,
      ("dcp_size", "is_mla_backend"), _decode_value("is_hybrid_mla_backend", True)),
     ("PD decode DCP currently requires prefill attention CP", DCP_CODE,
@@ -169,19 +167,7 @@ def _rule(message: str) -> tuple[str, tuple[str, ...], Neutraliser | None]:
 def rule_for(message: str) -> tuple[str, tuple[str, ...]]:
     """The code and the endpoint values that decide the condition SGLang's first contact
     raised with ``message`` (:data:`UNMAPPED_CODE` and none for a message not mapped)."""
-    code, fields, _ = _rule(message)
-    return code, fields
-
-
-class _Response:
-    status_code = 200
-    text = ""
-
-    def __init__(self, body: str) -> None:
-        self._body = body
-
-    def json(self) -> Any:
-        return json.loads(self._body)
+    return _rule(message)[:2]
 
 
 class _LocalBootstrap:
@@ -190,20 +176,19 @@ class _LocalBootstrap:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
 
-    def get(self, url: str, *args: Any, **kwargs: Any) -> _Response:
-        return _Response(json.dumps(self.data))
+    def get(self, url: str, *args: Any, **kwargs: Any) -> SimpleNamespace:
+        body = json.dumps(self.data)
+        return SimpleNamespace(status_code=200, text="", json=lambda: json.loads(body))
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"requests.{name} (check answers only the bootstrap GET locally)")
 
 
 @contextmanager
-def _answered(module: Any, data: dict[str, Any]) -> Iterator[_LocalBootstrap]:
-    saved = module.requests
-    local = _LocalBootstrap(data)
-    module.requests = local
+def _answered(module: Any, data: dict[str, Any]) -> Iterator[None]:
+    saved, module.requests = module.requests, _LocalBootstrap(data)
     try:
-        yield local
+        yield
     finally:
         module.requests = saved
 

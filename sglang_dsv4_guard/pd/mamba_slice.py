@@ -65,8 +65,7 @@ def mamba_slice_findings(prefill: Endpoint, decode: Endpoint, package: Path | No
     if refusal is None or (backend == "nixl" and nixl_state_findings(prefill, decode,
                                                                     package)[0]):
         return [], []  # NIXL 0.5.23 refuses a rejected state layout first (nixl_state.py)
-    component, message = refusal
-    return [_finding(prefill, decode, backend, component, message)], []
+    return [_finding(prefill, decode, backend, *refusal)], []
 
 
 def _at(values: Sequence[Any], index: int) -> Sequence[Any]:

@@ -51,10 +51,6 @@ _MAMBA = "mamba"
 _SENDS = {"nixl": PD_NIXL_SEND_EXTRA, "mori": PD_MORI_SEND_STATE}
 
 
-def _stop(*args: Any, **kwargs: Any) -> list[Any]:
-    return []
-
-
 def _manager(cls: Any, tp: int, state_tp: int, types: tuple[str, ...],
              dims: list[list[int | None]], components: int) -> Any:
     enum = importlib.import_module(PD_BASE_MODULE).StateType  # unscanned: targets
@@ -69,8 +65,8 @@ def _manager(cls: Any, tp: int, state_tp: int, types: tuple[str, ...],
             state_data_ptrs=empty, state_item_lens=empty, state_layer_ids=empty,
             state_dim_per_tensor=dims, state_conv_shard_groups=[],
             state_slice_outer_counts=[]))
-    for name in PD_MAMBA_SENDERS:  # the release's own senders, if it has them
-        setattr(manager, name, _stop)
+    for name in PD_MAMBA_SENDERS:  # the release's own senders, if it has them: send nothing
+        setattr(manager, name, lambda *args, **kwargs: [])
     return manager
 
 
@@ -91,8 +87,7 @@ def _run(backend: str, method: Any, manager: Any, decode_tp: int, types: tuple[s
             names = list(inspect.signature(method).parameters)[1:]
             result = method(manager, **{n: values[n] for n in names if n in values})
             if inspect.isgenerator(result):  # 0.5.23 yields each state handle
-                for _ in result:
-                    pass
+                list(result)
     except RuntimeError as exc:
         return str(exc) if _PHRASE in str(exc) else None
     except Exception:  # past the check, on what is half-built

@@ -74,8 +74,7 @@ def nixl_state_refusal(prefill: Endpoint, decode: Endpoint, package: Path,
         return None
     module = importlib.import_module(PD_NIXL_STATE.module)  # unscanned: targets
     cls = getattr(module, PD_NIXL_STATE.qualname.split(".")[0])
-    real = vars(cls)["_prepare_state_xfer"]
-    method = with_globals(real, logger=_SilentLogger())
+    method = with_globals(vars(cls)["_prepare_state_xfer"], logger=_SilentLogger())
     enum = importlib.import_module(PD_BASE_MODULE).StateType  # unscanned: targets
     types_ = [enum(s) for s in prefill.get("state_types")]
     tp = int(prefill.get("attn_tp_size"))

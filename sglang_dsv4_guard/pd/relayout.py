@@ -53,8 +53,7 @@ def requires_relayout(prefill: Endpoint, decode: Endpoint) -> bool | None:
     """Whether the release's own ``requires_dcp_relayout`` asks for the relayout when rank 0
     of the decode registers with rank 0 of the prefill (``False`` on a release without
     it); ``None`` when it raises (DSV4G036: registration stops there) or cannot be run."""
-    result, _, _ = _run(prefill, decode)
-    return result
+    return _run(prefill, decode)[0]
 
 
 def relayout_findings(prefill: Endpoint, decode: Endpoint, release: str,

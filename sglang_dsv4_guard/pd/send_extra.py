@@ -45,9 +45,8 @@ def _names(prefill: Endpoint, decode: Endpoint, st: Any, enum: Any) -> dict[str,
     tp = int(prefill.get("attn_tp_size"))
     # the state TP where the prefill's manager has one (0.5.23 pairs QSA state by it; a
     # launch line gives none: the attention TP, as SGLang's manager defaults it)
-    state_tp = int(prefill.get("state_tp_size") or tp)
     manager = SimpleNamespace(
-        attn_tp_size=tp, state_tp_size=state_tp,
+        attn_tp_size=tp, state_tp_size=int(prefill.get("state_tp_size") or tp),
         is_mla_backend=bool(prefill.get("is_mla_backend")),
         is_hybrid_mla_backend=bool(prefill.get("is_hybrid_mla_backend", False)),
         pp_size=int(prefill.get("pp_size") or 1))

@@ -79,8 +79,14 @@ def mooncake_state_refusal(prefill: Endpoint, decode: Endpoint, package: Path | 
         dst_state_item_lens=nested_lists(decode, "state_item_lens"),
         dst_state_layer_ids=nested_lists(decode, "state_layer_ids"))
     log = logging.getLogger(PEERS_MOONCAKE_VALIDATE.module)  # SGLang's module logger
-    quiet = _ThisThread()
-    log.addFilter(quiet)  # SGLang logged its own run's lines already
+    ident = threading.get_ident()
+
+    def quiet(record: logging.LogRecord) -> bool:
+        """Drops this thread's lines (the method's "Could not pre-check ..." warning, which
+        SGLang's own call of it logged already); other threads' lines pass."""
+        return record.thread != ident
+
+    log.addFilter(quiet)
     try:
         _, reason = function(manager, info)
     except Exception as exc:  # the bare manager lacks what this release reads
@@ -89,18 +95,6 @@ def mooncake_state_refusal(prefill: Endpoint, decode: Endpoint, package: Path | 
     finally:
         log.removeFilter(quiet)
     return (str(reason) if reason is not None else None), None
-
-
-class _ThisThread(logging.Filter):
-    """Drops what this thread logs (the method's "Could not pre-check ..." warning, which
-    SGLang's own call of it logged already); other threads' lines pass."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ident = threading.get_ident()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.thread != self.ident
 
 
 def state_layout_findings(prefill: Endpoint, decode: Endpoint, package: Path | None

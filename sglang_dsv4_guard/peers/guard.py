@@ -31,7 +31,6 @@ from sglang_dsv4_guard.pd.relayout import CODE as RELAYOUT_CODE
 from sglang_dsv4_guard.pd.when import when_of
 from sglang_dsv4_guard.peers.checks import with_peer
 from sglang_dsv4_guard.peers.snapshot import (
-    TIMEOUT_ENV,
     Registration,
     RegistrationContext,
     peer_name,
@@ -202,8 +201,7 @@ def checked(guard: PeerGuard, backend: str, manager: object, info: object
 def timeout_text() -> str:
     """What now hangs: SGLang's own words for a dead bootstrap thread, with the timeout of
     this server's environment."""
-    env = {TIMEOUT_ENV: os.environ[TIMEOUT_ENV]} if TIMEOUT_ENV in os.environ else {}
-    return when_of(Phase.REGISTRATION, "nixl", env).effect.split("dies, and ", 1)[-1]
+    return when_of(Phase.REGISTRATION, "nixl", os.environ).effect.split("dies, and ", 1)[-1]
 
 
 def judged(*keys: str) -> None:

@@ -116,34 +116,26 @@ def _prefill(backend: str, manager: object) -> tuple[Endpoint, dict[str, Any]]:
     values: dict[str, Value] = {"transfer_backend": Value(backend, f"the prefill's {owner}")}
     for name in ("is_mla_backend", "is_hybrid_mla_backend"):
         _put(values, name, mgr[name], f"{owner}.{name} on the prefill")
-    for name in ("attn_tp_size", "pp_size", "dcp_size", "dcp_rank"):  # a size, else not known
+    for name in ("attn_tp_size", "pp_size", "dcp_size", "dcp_rank", "state_tp_size"):  # else not known
         _put(values, name, int_or_none(mgr[name]), f"{owner}.{name} on the prefill")
     if kv["state_types"] is not None:
         values["state_types"] = Value(
             state_names(kv["state_types"]),
             "kv_args.state_types on the prefill (its pool's state components)")
-    _put(values, "swa_kv_cache_layout", kv["swa_kv_cache_layout"],
-         "kv_args.swa_kv_cache_layout on the prefill")
+    for name in ("swa_kv_cache_layout", "mla_compression_ratios"):
+        _put(values, name, kv[name], f"kv_args.{name} on the prefill")
     if kv["kv_item_lens"] is not None:
         values["kv_regions"] = Value(len(kv["kv_item_lens"]),
                                      "len(kv_args.kv_item_lens): the prefill's KV regions")
     if kv["aux_data_ptrs"] is not None:
         values["aux_buffer_count"] = Value(len(kv["aux_data_ptrs"]), (
             "len(kv_args.aux_data_ptrs): the prefill's metadata buffers"))
-    for name, flag in (("tp_size", "--tp-size"), ("dp_size", "--dp-size"),
-                       ("enable_dp_attention", "--enable-dp-attention"),
-                       ("attn_cp_size", "--attn-cp-size"),
-                       ("speculative_algorithm", "--speculative-algorithm"),
-                       ("enable_unified_memory", "--enable-unified-memory")):
-        _put(values, name, args[name], f"server flag {flag} on the prefill")
-    _put(values, "kv_checksum", args["disaggregation_enable_kv_checksum"],
-         "server flag --disaggregation-enable-kv-checksum on the prefill")
+    for name in ("tp_size", "dp_size", "enable_dp_attention", "attn_cp_size",
+                 "speculative_algorithm", "enable_unified_memory", "kv_checksum"):
+        field = "disaggregation_enable_kv_checksum" if name == "kv_checksum" else name
+        _put(values, name, args[field], f"server flag --{field.replace('_', '-')} on the prefill")
     _state_geometry(values, kv, "kv_args.{} on the prefill", "")
-    _put(values, "state_tp_size", int_or_none(mgr["state_tp_size"]),
-         f"{owner}.state_tp_size on the prefill")
     _dims(values, kv["state_dim_per_tensor"], "kv_args.state_dim_per_tensor on the prefill")
-    _put(values, "mla_compression_ratios", kv["mla_compression_ratios"],
-         "kv_args.mla_compression_ratios on the prefill")
     if mgr["state_mem_descs"] is not None:  # MORI
         values["state_components"] = Value(len(mgr["state_mem_descs"]), (
             f"len({owner}.state_mem_descs): the prefill's registered state components"))
