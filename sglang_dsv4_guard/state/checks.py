@@ -68,11 +68,8 @@ def _incomplete(snap: PoolSnapshot, name: str, context: StateContext) -> Finding
 
 
 def _ratio_observations(pair: StatePair) -> tuple[Observation, ...]:
-    return tuple(
-        Observation(snap.role, "compression_ratios", snap.get("compression_ratios"),
-                    _RATIO_SOURCE[snap.role])
-        for snap in (pair.draft, pair.target)
-    )
+    return tuple(Observation(snap.role, "compression_ratios", snap.get("compression_ratios"),
+                             _RATIO_SOURCE[snap.role]) for snap in (pair.draft, pair.target))
 
 
 def _swa_only_error(pair: StatePair, context: StateContext, details: tuple[str, ...],
@@ -163,10 +160,8 @@ def _ordered_scan(pair: StatePair, ratios: tuple[object, ...],
 
 def _check_unified(pair: StatePair, context: StateContext) -> tuple[list[Finding], bool]:
     """The unified-mode check; the bool says whether the geometry checks can go on."""
-    missing = [
-        _incomplete(snap, "_unified_kv", context) for snap in (pair.target, pair.draft)
-        if not snap.has("_unified_kv")
-    ]
+    missing = [_incomplete(snap, "_unified_kv", context) for snap in (pair.target, pair.draft)
+               if not snap.has("_unified_kv")]
     if missing:
         return missing, False
     t, d = pair.target.get("_unified_kv"), pair.draft.get("_unified_kv")
@@ -235,11 +230,9 @@ def _never_registered(roles: list[str], profile: HostProfile) -> str:
 
 def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
     t, d = pair.target.mapping, pair.draft.mapping
-    observations = tuple(
-        Observation(snap.role, "full_to_swa_index_mapping", snap.mapping.describe(),
-                    derive.mapping_source(snap, context))
-        for snap in (pair.target, pair.draft)
-    )
+    observations = tuple(Observation(snap.role, "full_to_swa_index_mapping", snap.mapping.describe(),
+                                     derive.mapping_source(snap, context))
+                         for snap in (pair.target, pair.draft))
     cmp = pair.mapping
     never = [snap.role for snap in (pair.target, pair.draft) if snap.mapping.kind == "missing"]
     if not never and cmp is not None and cmp.identical:
