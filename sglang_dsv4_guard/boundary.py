@@ -55,9 +55,8 @@ _BUILTIN_NAMES = frozenset(BUILTIN_NAMES) | {LOG_REPORTER, "builtin"}
 _NEVER_BLOCKS = "a plug-in's failure never blocks, in strict mode either"
 _UNAFFECTED = "SGLang's verdict is not affected; " + _NEVER_BLOCKS
 _CONSEQUENCE = {
-    "load": "the guard runs without this plug-in; " + _UNAFFECTED,
-    "register": "the guard runs without this plug-in; " + _UNAFFECTED,
-    "validate": "the guard runs without this plug-in; " + _UNAFFECTED,
+    **dict.fromkeys(("load", "register", "validate"),
+                    "the guard runs without this plug-in; " + _UNAFFECTED),
     "finding": "this finding is left out, the plug-in's other findings are kept; "
                + _UNAFFECTED,
     "excess": "the findings past the cap are left out, the first ones are kept; "

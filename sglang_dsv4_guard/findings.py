@@ -250,12 +250,8 @@ class Report:
     host_error: str | None = None
 
     @classmethod
-    def of(
-        cls,
-        findings: Iterable[Finding],
-        context: Mapping[str, str],
-        host_error: str | None = None,
-    ) -> Report:
+    def of(cls, findings: Iterable[Finding], context: Mapping[str, str],
+           host_error: str | None = None) -> Report:
         """Build a report, errors first, keeping the order checks produced within a severity."""
         rank = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
         ordered = sorted(findings, key=lambda f: rank[f.severity])

@@ -9,10 +9,9 @@ longer removes the guard: the guard wraps it. SGLang logs "Applied N hook(s) ...
 
 What can still take the guard out of the chain (a ``REPLACE`` on another name for the
 same function that is applied after ours, a direct assignment) is found right after
-``apply_hooks()``: the guard
-observes the end of that one call (a one-shot wrapper that puts the registry's own
-method back on its first call), walks the chain SGLang will call, and logs a WARNING
-naming the plug-ins whose hooks are in the way.
+``apply_hooks()``: the guard observes the end of that one call (a one-shot wrapper that
+puts the registry's own method back on its first call), walks the chain SGLang will
+call, and logs a WARNING naming the plug-ins whose hooks are in the way.
 
 The registry has no undo, so this path is only for SGLang's loader. Programmatic
 ``install()`` patches directly and restores on ``uninstall()``.
@@ -115,9 +114,8 @@ def _registry() -> Any | None:
 def loader_is_running() -> bool:
     """Whether SGLang's ``load_plugins()`` is running a plug-in right now and has not
     applied the hooks for our target yet (then a registered hook will be applied)."""
-    module = sys.modules.get(REGISTRY_MODULE)
-    source = getattr(module, "_current_plugin_source", None)
-    registry = getattr(module, "HookRegistry", None)
+    source = getattr(sys.modules.get(REGISTRY_MODULE), "_current_plugin_source", None)
+    registry = _registry()
     if source is None or registry is None or source.get() is None:
         return False
     return STATE_PATH not in registry._patched

@@ -331,18 +331,17 @@ def _at_exit(current: Installation) -> None:
     """At interpreter exit (schedulers never call ``uninstall()``): the exact counts, if
     there was anything to count, and this process' marker clean-up."""
     try:
-        if _has_counts(current):
-            logger.info("%s", _summary_of(current))
+        _log_counts(current)
     except Exception as exc:
         logger.debug("sglang-dsv4-guard: no summary at exit (%s: %s)", type(exc).__name__, exc)
     cleanup_at_exit()
 
 
-def _has_counts(current: Installation) -> bool:
-    """Whether the installation counted anything: MORI or peer mismatches, reports."""
+def _log_counts(current: Installation) -> None:
+    """Log the summary if the installation counted anything: MORI or peer mismatches, reports."""
     reporter = current.runtime.plugins.log_reporter
-    return bool(current.mori.mismatches or current.peers.mismatches
-                or (reporter is not None and reporter.counts))
+    if current.mori.mismatches or current.peers.mismatches or (reporter is not None and reporter.counts):
+        logger.info("%s", _summary_of(current))
 
 
 def summary() -> str:
@@ -372,8 +371,7 @@ def uninstall() -> bool:
             return False
         if current.at_exit is not None:
             atexit.unregister(current.at_exit)
-        if _has_counts(current):
-            logger.info("%s", _summary_of(current))
+        _log_counts(current)
         _dismantle(current, "uninstall")
         if current.host_hook is not None:
             logger.info("sglang-dsv4-guard: its AROUND hook stays in SGLang's HookRegistry, "

@@ -41,10 +41,7 @@ from sglang_dsv4_guard.boundary import (
     raised_text,
     safe_text,
 )
-from sglang_dsv4_guard.findings import (
-    Finding,
-    Report,
-)
+from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.reporter import LogReporter
 

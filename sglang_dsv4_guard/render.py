@@ -60,8 +60,7 @@ def render_finding(finding: Finding) -> str:
     width = min(max((len(f"{o.role} {o.name}") for o in observations), default=0), 80)
     for obs in observations:
         label = cut_text(f"{obs.role} {obs.name}").ljust(width)
-        shown = capped_repr(obs.value)
-        lines.append(f"    {label} = {shown}")
+        lines.append(f"    {label} = {capped_repr(obs.value)}")
         lines.append(f"    {' ' * width}   from: {cut_text(obs.source)}")
     if len(finding.observations) > LIST_CAP:
         lines.append(f"    ... +{len(finding.observations) - LIST_CAP} more observations "
@@ -84,16 +83,11 @@ def render_report(report: Report) -> str | None:
     ctx = report.context
     errors = len(report.by_severity(Severity.ERROR))
     warnings = len(report.by_severity(Severity.WARNING))
-    counts = ", ".join(
-        part for part in (
-            _plural(errors, "error") if errors else "",
-            _plural(warnings, "warning") if warnings else "",
-        ) if part
-    ) or _plural(len(report.findings), "note")
+    counts = ", ".join(_plural(n, word) for n, word in ((errors, "error"), (warnings, "warning"))
+                       if n) or _plural(len(report.findings), "note")
     where = _HEADINGS.get(ctx.get("function", ""), ctx.get("function", "the guarded call"))
-    about = ", ".join(
-        f"{key} {ctx[key]}" for key in ("caller", "peer", "sglang", "mode") if ctx.get(key)
-    )
+    about = ", ".join(f"{key} {ctx[key]}" for key in ("caller", "peer", "sglang", "mode")
+                      if ctx.get(key))
     header = f"sglang-dsv4-guard: {counts} in {where}" + (f" ({about})" if about else "")
     body = "\n\n".join(render_finding(f) for f in report.findings)
     return f"{header}\n\n{body}"

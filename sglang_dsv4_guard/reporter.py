@@ -189,7 +189,6 @@ class LogReporter:
                     f"{c.headline}" for fp, c in self.counts.items()]
 
 
-
 class Recorder:
     """A reporter plug-in that keeps every report it is handed.
 

@@ -46,8 +46,7 @@ from sglang_dsv4_guard.host.digests import (
 from sglang_dsv4_guard.host.releases import HostProfile, is_supported, profile_for
 
 __all__ = ["DIGESTS_FILE", "HostJudgement", "forget_judgements", "imported_package_dir", "judge",
-           "judge_imported",
-           "load_known"]
+           "judge_imported", "load_known"]
 
 DIGESTS_FILE = Path(__file__).with_name("digests.json")
 
@@ -132,11 +131,12 @@ def judge(package: Path, metadata: Version | None,
     except UnreadableSource:  # only the label: the code's digests still decide
         code = None
     label = code or metadata
+    sglang = f"SGLang {label or 'of unknown version'} ({package})"
     try:
         found = digest_tree(package)
     except UnreadableSource as exc:
-        text = (f"SGLang {label or 'of unknown version'} ({package}): {exc} (the guard reads "
-                f"it as Python imports it, to know SGLang's checks; they are not known)")
+        text = (f"{sglang}: {exc} (the guard reads it as Python imports it, to know SGLang's "
+                "checks; they are not known)")
         return HostJudgement(metadata, code, None, logging.WARNING, text, unreadable=str(exc))
     matches = [v for v, parts in known.items() if not differences(found, parts)]
     both = (f"installed metadata says SGLang {metadata}, the imported code "
@@ -145,12 +145,11 @@ def judge(package: Path, metadata: Version | None,
     if label in matches:
         message = f"{both}; using the code's release {code}" if disagree else ""
         return HostJudgement(metadata, code, label, logging.WARNING, message)
+    sglang = f"{both}; {sglang}" if disagree else sglang  # every message below starts so
     if matches:
         twin = matches[-1]
-        text = (f"SGLang {label or 'of unknown version'} ({package}) has the same checks as "
-                f"known release {twin} (code digests match); guarding it as {twin}")
-        if disagree:
-            text = f"{both}; {text}"
+        text = (f"{sglang} has the same checks as known release {twin} (code digests match); "
+                f"guarding it as {twin}")
         unknown_label = label is None or label not in known
         level = logging.INFO if unknown_label and not disagree else logging.WARNING
         return HostJudgement(metadata, code, twin, level, text)
@@ -158,10 +157,8 @@ def judge(package: Path, metadata: Version | None,
     if carried:
         # Several releases can share a patched text; the label picks among them.
         base = label if label in carried else carried[-1]
-        text = (f"SGLang {label or 'of unknown version'} ({package}) carries "
-                f"sglang-dsv4-guard's patch series for {base} (patches/); guarding it as {base}")
-        if disagree:
-            text = f"{both}; {text}"
+        text = (f"{sglang} carries sglang-dsv4-guard's patch series for {base} (patches/); "
+                f"guarding it as {base}")
         mislabelled = label is not None and label != base and label in known
         level = logging.WARNING if disagree or mislabelled else logging.INFO
         return HostJudgement(metadata, code, base, level, text)
@@ -176,12 +173,10 @@ def judge(package: Path, metadata: Version | None,
     closest, suffix, parts = min(candidates, key=lambda c: (
         len(differences(found, c[2])), c[0] != label, -order.get(c[0], -1), c[1] != ""))
     changed = tuple(differences(found, parts))
-    text = (f"SGLang {label or 'of unknown version'} ({package}) differs from every release "
-            f"the guard knows ({span}) in what the guard depends on; against the "
-            f"closest, {closest}{suffix}: " + "; ".join(changed) + " (the guard does not know these "
-            "checks: upgrade sglang-dsv4-guard, or run a release it knows)")
-    if disagree:
-        text = f"{both}; {text}"
+    text = (f"{sglang} differs from every release the guard knows ({span}) in what the guard "
+            f"depends on; against the closest, {closest}{suffix}: " + "; ".join(changed)
+            + " (the guard does not know these checks: upgrade sglang-dsv4-guard, or run a "
+            "release it knows)")
     return HostJudgement(metadata, code, None, logging.WARNING, text, changed)
 
 

@@ -26,8 +26,7 @@ from pathlib import Path
 from sglang_dsv4_guard.host.judgement import imported_package_dir, judge_imported
 
 __all__ = ["PatchStatus", "Series", "all_series", "apply_lines", "apply_series", "check_series",
-           "patches_root",
-           "series_for", "sglang_site", "status_report", "summary_line"]
+           "patches_root", "series_for", "sglang_site", "status_report", "summary_line"]
 
 # How each state reads in a sentence.
 STATE_WORDS = {"carried": "already carried", "applies": "would apply",
@@ -53,9 +52,8 @@ class PatchStatus:
     """What the installed SGLang makes of one patch.
 
     ``state`` is ``"carried"`` (already applied), ``"applies"`` (would apply; ``reason``
-    names any hunk that needed fuzz),
-    ``"conflicts"`` (would not apply; ``reason`` quotes ``patch``) or ``"unknown"``
-    (could not be checked; ``reason`` says why).
+    names any hunk that needed fuzz), ``"conflicts"`` (would not apply; ``reason`` quotes
+    ``patch``) or ``"unknown"`` (could not be checked; ``reason`` says why).
     """
 
     patch: str
@@ -135,8 +133,7 @@ def _needs_gnu_patch() -> str:
 def _patch(cwd: Path, patch: Path, *flags: str) -> tuple[bool, str]:
     done = subprocess.run(["patch", f"-p{STRIP}", "--batch", "--forward", "--no-backup-if-mismatch",
                            "-r", "-", "-i", str(patch.resolve()), *flags], cwd=cwd,
-                          capture_output=True,
-                          text=True, check=False)
+                          capture_output=True, text=True, check=False)
     return done.returncode == 0, (done.stdout + done.stderr).strip()
 
 

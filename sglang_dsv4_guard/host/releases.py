@@ -63,19 +63,12 @@ class HostProfile:
 
 
 _PAGE = GeometryField("page_size", "page_size", "page_size", "server flag --page-size")
-_WINDOW = GeometryField(
-    "sliding_window",
-    "sliding_window",
-    "sliding_window",
-    "model config sliding_window (ModelConfig.window_size)",
-)
-_REQUEST_ROWS = GeometryField(
-    "request rows",
-    "request_window.capacity",
-    "swa_req_ring_size",
-    "sliding_window + --speculative-num-draft-tokens under "
-    "--enable-encoder-swa-bounded-replay (target request window / draft SWA ring)",
-)
+_WINDOW = GeometryField("sliding_window", "sliding_window", "sliding_window",
+                        "model config sliding_window (ModelConfig.window_size)")
+_REQUEST_ROWS = GeometryField("request rows", "request_window.capacity", "swa_req_ring_size",
+                              "sliding_window + --speculative-num-draft-tokens under "
+                              "--enable-encoder-swa-bounded-replay (target request window / "
+                              "draft SWA ring)")
 
 
 def profile_for(version: Version) -> HostProfile:

@@ -5,11 +5,11 @@ snapshot`, :mod:`sglang_dsv4_guard.mori.snapshot`), SGLang's hook registry
 (:mod:`sglang_dsv4_guard.hook_registry`), the code digests (:mod:`sglang_dsv4_guard.host.
 digests`), rendering and the CLI read these names; none spells one out itself (but
 ``check/``, which builds SGLang's own parser, config and pools for ``check``:
-``tests/test_spelling.py`` holds the rest of the package to it). The pool attributes are covered by the code
-digests; the MORI attributes (``MORI_*_ATTRS``) are not, only the MORI check's source
-is. A target
-is a module and a qualified name inside it (``"func"`` or ``"Class.method"``), resolved
-on the object that defines it (a class's MRO is walked). Nothing here imports SGLang.
+``tests/test_spelling.py`` holds the rest of the package to it). The pool attributes are
+covered by the code digests; the MORI attributes (``MORI_*_ATTRS``) are not, only the
+MORI check's source is. A target is a module and a qualified name inside it (``"func"``
+or ``"Class.method"``), resolved on the object that defines it (a class's MRO is walked).
+Nothing here imports SGLang.
 """
 
 from __future__ import annotations

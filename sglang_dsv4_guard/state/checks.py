@@ -68,11 +68,17 @@ def _incomplete(snap: PoolSnapshot, name: str, context: StateContext) -> Finding
 
 
 def _ratio_observations(pair: StatePair) -> tuple[Observation, ...]:
-    return tuple(
-        Observation(snap.role, "compression_ratios", snap.get("compression_ratios"),
-                    _RATIO_SOURCE[snap.role])
-        for snap in (pair.draft, pair.target)
-    )
+    return tuple(Observation(snap.role, "compression_ratios", snap.get("compression_ratios"),
+                             _RATIO_SOURCE[snap.role]) for snap in (pair.draft, pair.target))
+
+
+def _swa_only_error(pair: StatePair, context: StateContext, details: tuple[str, ...],
+                    summary: str = CODES[RATIOS_CODE].title) -> list[Finding]:
+    """SGLang's SWA-only error on the draft pool's ratios."""
+    return [_finding(RATIOS_CODE, summary, "draft pool compression_ratios",
+                     observations=_ratio_observations(pair), details=details,
+                     fixes=derive.ratio_fixes(pair, context),
+                     host_message=CODES[RATIOS_CODE].sglang_message)]
 
 
 def _ratios_not_a_list(pair: StatePair, value: NotASequence,
@@ -92,14 +98,9 @@ def _ratios_not_a_list(pair: StatePair, value: NotASequence,
                       "makes no prediction)"),
         )]
     if value.truthy is False:  # SGLang: `not compression_ratios` -> its SWA-only error
-        return [_finding(
-            RATIOS_CODE, f"the draft pool's {what}", "draft pool compression_ratios",
-            observations=observations,
-            details=(f"SGLang tests `not compression_ratios`, which is true for {value.text}, "
-                     "and raises its SWA-only error",),
-            fixes=derive.ratio_fixes(pair, context),
-            host_message=CODES[RATIOS_CODE].sglang_message,
-        )]
+        return _swa_only_error(pair, context, (
+            f"SGLang tests `not compression_ratios`, which is true for {value.text}, and raises "
+            "its SWA-only error",), f"the draft pool's {what}")
     why = (f"SGLang's `not compression_ratios` raises ({value.error})" if value.truthy is None
            else "SGLang raises TypeError iterating it")
     return [_finding(
@@ -137,10 +138,7 @@ def _check_ratios(pair: StatePair, context: StateContext) -> list[Finding]:
         details = (f"draft layers that are not SWA-only: {shown}{more}",)
     else:
         details = ("the draft pool lists no layers at all (compression_ratios is empty)",)
-    return [_finding(RATIOS_CODE, CODES[RATIOS_CODE].title, "draft pool compression_ratios",
-                     observations=_ratio_observations(pair), details=details,
-                     fixes=derive.ratio_fixes(pair, context),
-                     host_message=CODES[RATIOS_CODE].sglang_message)]
+    return _swa_only_error(pair, context, details)
 
 
 def _ordered_scan(pair: StatePair, ratios: tuple[object, ...],
@@ -154,22 +152,16 @@ def _ordered_scan(pair: StatePair, ratios: tuple[object, ...],
         except Exception:  # SGLang's all() raises at this very element
             return [_incomplete(pair.draft, "compression_ratios", context)]
         if not zero:
-            return [_finding(
-                RATIOS_CODE, CODES[RATIOS_CODE].title, "draft pool compression_ratios",
-                observations=_ratio_observations(pair),
-                details=(f"draft layer {i} is not SWA-only: ratio {r} (SGLang's all() stops "
-                         "here; later layers were not compared)",),
-                fixes=derive.ratio_fixes(pair, context),
-                host_message=CODES[RATIOS_CODE].sglang_message)]
+            return _swa_only_error(pair, context, (
+                f"draft layer {i} is not SWA-only: ratio {r} (SGLang's all() stops here; later "
+                "layers were not compared)",))
     return []
 
 
 def _check_unified(pair: StatePair, context: StateContext) -> tuple[list[Finding], bool]:
     """The unified-mode check; the bool says whether the geometry checks can go on."""
-    missing = [
-        _incomplete(snap, "_unified_kv", context) for snap in (pair.target, pair.draft)
-        if not snap.has("_unified_kv")
-    ]
+    missing = [_incomplete(snap, "_unified_kv", context) for snap in (pair.target, pair.draft)
+               if not snap.has("_unified_kv")]
     if missing:
         return missing, False
     t, d = pair.target.get("_unified_kv"), pair.draft.get("_unified_kv")
@@ -238,11 +230,9 @@ def _never_registered(roles: list[str], profile: HostProfile) -> str:
 
 def _check_mapping(pair: StatePair, context: StateContext) -> list[Finding]:
     t, d = pair.target.mapping, pair.draft.mapping
-    observations = tuple(
-        Observation(snap.role, "full_to_swa_index_mapping", snap.mapping.describe(),
-                    derive.mapping_source(snap, context))
-        for snap in (pair.target, pair.draft)
-    )
+    observations = tuple(Observation(snap.role, "full_to_swa_index_mapping", snap.mapping.describe(),
+                                     derive.mapping_source(snap, context))
+                         for snap in (pair.target, pair.draft))
     cmp = pair.mapping
     never = [snap.role for snap in (pair.target, pair.draft) if snap.mapping.kind == "missing"]
     if not never and cmp is not None and cmp.identical:

@@ -54,12 +54,12 @@ def _runs(context: StateContext, field: str) -> str:
     value = server_value(field)
     if found is None or value is None or value is False:  # unset or off: nothing it runs
         return ""
-    if value is True or not found.takes_value:
-        if value is not True:
-            return ""
+    if value is True:
         shown = found.option
-    else:
+    elif found.takes_value:
         shown = f"{found.option} {getattr(value, 'name', value)}"
+    else:  # a value for a switch: nothing it runs
+        return ""
     role = server_of(context)
     return f" ({role if role == 'this server' else f'this {role} server'} runs {shown})"
 
@@ -86,12 +86,10 @@ def swapped(pair: StatePair) -> bool:
 
 def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
     """The draft ratios: they come from no flag; the code paths that produce them."""
-    release = context.profile.name
-    found: list[Fix] = []
-    if swapped(pair):
+    if swapped(pair):  # the swap is named and is the fix: no other code path, no workaround
         t = pair.target.get("compression_ratios")
         at = f" at {context.location}" if context.location else ""
-        found.append(Fix(
+        return (Fix(
             FixKind.CODE,
             f"the pools look passed in swapped order: setup_state_kv_args(kv_args, <draft "
             f"pool>, <target pool>){at}: the target argument has a draft worker's ratios "
@@ -100,19 +98,17 @@ def ratio_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
             "draft pool third",
             field="pool order",
             inputs=("the argument order: setup_state_kv_args(kv_args, token_to_kv_pool, "
-                    "draft_token_to_kv_pool)",)))
-    if found:  # the swap is named and is the fix: no other code path, no workaround
-        return tuple(found)
-    found.append(Fix(
+                    "draft_token_to_kv_pool)",)),)
+    found = [Fix(
         FixKind.CODE,
-        f"no flag sets the draft pool's compression ratios in SGLang {release}: "
+        f"no flag sets the draft pool's compression ratios in SGLang {context.profile.name}: "
         "KVCacheConfigurator gives every layer of a draft worker's pool "
         "COMPRESS_RATIO_NEXTN_LAYER (0) whatever the speculative algorithm, so these ratios "
         "come from the code that built this pool: a custom draft or model runner, a plug-in "
         "that builds the draft pool, or pools passed in swapped order",
         field="compression_ratios",
         inputs=("KVCacheConfigurator (is_draft_worker): [COMPRESS_RATIO_NEXTN_LAYER] * "
-                "num_effective_layers", "COMPRESS_RATIO_NEXTN_LAYER = 0 (srt/models/deepseek_v4_nextn.py)")))
+                "num_effective_layers", "COMPRESS_RATIO_NEXTN_LAYER = 0 (srt/models/deepseek_v4_nextn.py)"))]
     kept = edits(Edit("prefill", "--speculative-algorithm", remove=True),
                  Edit("decode", "--speculative-algorithm", remove=True))
     if kept:
@@ -143,8 +139,7 @@ def unified_fixes(pair: StatePair, context: StateContext) -> tuple[Fix, ...]:
         inputs=("SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton", "is_hip() (a ROCm build)")),)
 
 
-def _request_rows(pair: StatePair, context: StateContext, tv: object, dv: object,
-                  page: object, window: object) -> list[Fix]:
+def _request_rows(context: StateContext, tv: object, dv: object, page: object) -> list[Fix]:
     """0.5.23's request rows: the target's request window (``RequestWindow``) and the
     draft's SWA ring (``get_draft_swa_ring_size``) are both ``sliding_window + D`` rounded
     up to whole SWA pages, from one server's D, page size and window (KVCacheConfigurator),
@@ -181,15 +176,13 @@ def _request_rows(pair: StatePair, context: StateContext, tv: object, dv: object
         field="request rows", inputs=inputs)]
 
 
-def _geometry_fix(name: str, pair: StatePair, context: StateContext,
-                  values: dict[str, tuple[object, object]],
+def _geometry_fix(name: str, context: StateContext, values: dict[str, tuple[object, object]],
                   differing: dict[str, tuple[object, object]]) -> list[Fix]:
     tv, dv = values[name]
-    release = context.profile.name
     if name == "page_size":
         return [Fix(
             FixKind.NO_FLAG_FIX,
-            f"no flag: SGLang {release} resolves DeepSeek-V4's page size itself (the "
+            f"no flag: SGLang {context.profile.name} resolves DeepSeek-V4's page size itself (the "
             "DeepSeek-V4 model override; KVCacheConfigurator asserts 256 in paged SWA mode "
             "on GPU) and both pools of a server take that one value, so a pool with page "
             f"size {dv if tv == 256 else tv} was built elsewhere or under other arguments "
@@ -206,9 +199,7 @@ def _geometry_fix(name: str, pair: StatePair, context: StateContext,
             inputs=("model config sliding_window (config.json of --model-path and of "
                     "--speculative-draft-model-path)",))]
     if name == "request rows":
-        page = values.get("page_size", (None, None))[0]
-        window = values.get("sliding_window", (None, None))[0]
-        return _request_rows(pair, context, tv, dv, page, window)
+        return _request_rows(context, tv, dv, values.get("page_size", (None, None))[0])
     if name == "ring size" and "window" in differing:
         return []  # the ring is window + D - 1: the window's fix covers it
     follows = {"ring size": "get_swa_ring_size: sliding_window + (--speculative-num-draft-"
@@ -248,7 +239,7 @@ def geometry_fixes(pair: StatePair, context: StateContext,
     values = {label: (pair.target.get(t), pair.draft.get(d)) for label, t, d, _ in fields}
     differing = {k: v for k, v in values.items() if v[0] != v[1]}
     return tuple(replace(f, need=name) for name in differing  # each differing field: a step
-                 for f in _geometry_fix(name, pair, context, values, differing))
+                 for f in _geometry_fix(name, context, values, differing))
 
 
 # -- the shared mapping, an attribute missing --------------------------------------------
@@ -266,8 +257,8 @@ def mapping_fixes(pair: StatePair, context: StateContext, decision: ShareDecisio
     """The shared mapping: register the target's tensor on the draft; auto-share only when it would."""
     inputs = (f"the target allocator's full_to_swa_index_mapping, registered on the draft "
               f"by {_CONFIGURATOR}",)
+    where = pair.draft.registered_by
     if pair.target.mapping.kind != "tensor" and pair.draft.mapping.kind == "tensor":
-        where = pair.draft.registered_by
         text = ("the target pool holds no mapping tensor, the draft pool does"
                 + (f" (registered by {where})" if where else "") + ": register the target "
                 "allocator's full_to_swa_index_mapping on the target pool "
@@ -281,7 +272,6 @@ def mapping_fixes(pair: StatePair, context: StateContext, decision: ShareDecisio
         text = (f"register the target's mapping on the {', '.join(never)} "
                 f"({MAPPING_ATTR} exists only once register_mapping() ran)")
     else:
-        where = pair.draft.registered_by
         text = ("hand the draft worker the target's token_to_kv_pool_allocator so the same "
                 "tensor is registered on the draft pool" + (
                     f"; the draft's own tensor was registered by {where}" if where else ""))

@@ -36,25 +36,21 @@ def decide(pair: StatePair, profile: HostProfile) -> ShareDecision:
     if not pair.block_runs:
         return ShareDecision(False, "SGLang's DeepSeek-V4 draft check does not run for these pools")
     if t.get("_unified_kv") or d.get("_unified_kv"):
-        return ShareDecision(
-            False, "unified-KV mode addresses SWA by ring rows and reads no index mapping"
-        )
+        return ShareDecision(False, "unified-KV mode addresses SWA by ring rows and reads no "
+                             "index mapping")
     for snap in (t, d):
         if snap.mapping.kind != "tensor":
-            return ShareDecision(
-                False, f"the {snap.role} has no mapping tensor: {snap.mapping.describe()}"
-            )
+            return ShareDecision(False, f"the {snap.role} has no mapping tensor: "
+                                        f"{snap.mapping.describe()}")
     cmp = pair.mapping
     if cmp is None:
         return ShareDecision(False, "the mappings were not compared")
     if cmp.identical:
         return ShareDecision(False, "the draft pool already holds the target's mapping")
     if cmp.same_layout:
-        return ShareDecision(
-            True,
-            "both mappings are the same memory (equal data_ptr, shape, stride, dtype and "
-            "device): the draft already reads exactly the target's entries",
-        )
+        return ShareDecision(True, "both mappings are the same memory (equal data_ptr, shape, "
+                             "stride, dtype and device): the draft already reads exactly the "
+                             "target's entries")
     tm, dm = t.mapping, d.mapping
     for label, a, b in (("shape", tm.shape, dm.shape), ("dtype", tm.dtype, dm.dtype),
                         ("device", tm.device, dm.device)):
@@ -64,49 +60,32 @@ def decide(pair: StatePair, profile: HostProfile) -> ShareDecision:
         return ShareDecision(False, f"the mappings' contents cannot be compared: {cmp.note}")
     if not cmp.contents_equal:
         first = cmp.first_difference
-        where = (
-            f", first at index {first[0]} (target={first[1]}, draft={first[2]})" if first else ""
-        )
-        return ShareDecision(
-            False,
-            f"the mappings' contents differ at {cmp.differing} position(s){where}: the draft "
-            "would read and write other SWA rows than the ones it was built for",
-        )
+        where = f", first at index {first[0]} (target={first[1]}, draft={first[2]})" if first else ""
+        return ShareDecision(False, f"the mappings' contents differ at {cmp.differing} "
+                             f"position(s){where}: the draft would read and write other SWA "
+                             "rows than the ones it was built for")
     if t.get("swa_size") != d.get("swa_size"):
-        return ShareDecision(
-            False,
-            f"the SWA capacity differs (swa_size: target={t.get('swa_size')!r}, "
-            f"draft={d.get('swa_size')!r}): target indices may not fit the draft's SWA pool",
-        )
+        return ShareDecision(False, f"the SWA capacity differs (swa_size: target="
+                             f"{t.get('swa_size')!r}, draft={d.get('swa_size')!r}): target "
+                             "indices may not fit the draft's SWA pool")
     target_geometry = tuple(t.get(f.target_attr) for f in profile.paged_geometry)
     draft_geometry = tuple(d.get(f.draft_attr) for f in profile.paged_geometry)
     if target_geometry != draft_geometry:
-        return ShareDecision(
-            False,
-            f"the paged SWA geometry differs (target={target_geometry}, "
-            f"draft={draft_geometry}); sharing would not make the pools agree",
-        )
+        return ShareDecision(False, f"the paged SWA geometry differs (target={target_geometry}, "
+                             f"draft={draft_geometry}); sharing would not make the pools agree")
     equal = ("the draft's mapping is a separate tensor with equal shape, dtype, device and "
              "contents, and both pools have equal SWA capacity and geometry")
     if pair.cuda_graphs.disabled is not True:
-        return ShareDecision(
-            False,
-            f"{equal}, but a CUDA graph captured on the draft may hold its old tensor's "
-            f"pointer and would keep reading the stale copy ({pair.cuda_graphs.source}); "
-            "a copy is shared only with CUDA graphs disabled",
-        )
+        return ShareDecision(False, f"{equal}, but a CUDA graph captured on the draft may hold "
+                             "its old tensor's pointer and would keep reading the stale copy "
+                             f"({pair.cuda_graphs.source}); a copy is shared only with CUDA "
+                             "graphs disabled")
     others = d.mapping.other_references
     if others != 0:
         holders = "an unknown number of" if others is None else str(others)
-        return ShareDecision(
-            False,
-            f"{equal}, but {holders} other reference(s) to the draft's tensor exist besides "
-            "the draft pool (e.g. the draft's own allocator, which keeps updating it); "
-            "rebinding would split the draft's readers from its writer",
-        )
-    return ShareDecision(
-        True,
-        f"{equal}; CUDA graphs are disabled ({pair.cuda_graphs.source}) and nothing but the "
-        "draft pool references the draft's tensor",
-        warn=True,
-    )
+        return ShareDecision(False, f"{equal}, but {holders} other reference(s) to the draft's "
+                             "tensor exist besides the draft pool (e.g. the draft's own "
+                             "allocator, which keeps updating it); rebinding would split the "
+                             "draft's readers from its writer")
+    return ShareDecision(True, f"{equal}; CUDA graphs are disabled ({pair.cuda_graphs.source}) "
+                         "and nothing but the draft pool references the draft's tensor", warn=True)

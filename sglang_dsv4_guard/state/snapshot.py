@@ -185,9 +185,7 @@ def read_attr(obj: object, dotted: str) -> object:
             return MISSING
         except Exception as exc:  # a property that fails: record it, never raise
             return Unreadable(f"{type(exc).__name__}: {exc}")
-    if isinstance(value, list):
-        return tuple(value)
-    return value
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _read_sequence(pool: object, name: str) -> object:
