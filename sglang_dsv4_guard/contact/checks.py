@@ -49,10 +49,10 @@ def contact_endpoints(contact: ContactSnapshot, context: ContactContext
 
 
 def _runtime_details(finding: Finding) -> tuple[str, ...]:
-    return (*finding.details[:1], f"SGLang's own {PD_FIRST_CONTACT.qualname} raised this on both "
-                    "servers' values as this decode server met them (its own, and the "
-                    "prefill's /route answer); run again on copies, each mismatch "
-                    "neutralised, to find every one",
+    return (*finding.details[:1],
+            f"SGLang's own {PD_FIRST_CONTACT.qualname} raised this on both servers' values "
+            "as this decode server met them (its own, and the prefill's /route answer); run "
+            "again on copies, each mismatch neutralised, to find every one",
             f"the fixes are derived from those values, unproven: {_PROVE}")
 
 
