@@ -8,7 +8,7 @@ import os
 import unittest
 from unittest import mock
 
-from check_helpers import DATA, GPT_OSS, LLAMA, run_cli, server
+from check_helpers import DATA, GPT_OSS, LLAMA, check_json, codes, run_cli, server
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -159,6 +159,52 @@ class TestBadInput(GuardTestCase):
         self.assertNotIn("Traceback", proc.stderr)
         self.assertIn("--prefill: --tp-size must be a positive integer of at most 65,536 "
                       "(got 0)", proc.stderr)
+
+
+MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
+SHELL_LINE = ("this shell's {} applies to neither server: check reads each server's "
+              "environment from --prefill-env / --decode-env only")
+
+
+class TestShellEnvironment(GuardTestCase):
+    """Each server's SGLang environment is its ``--*-env`` only: the checking process's
+    ``SGLANG_*``/``SGL_*`` variables apply to neither server and are named in ``unknowns``."""
+
+    def mask_pair(self, shell: dict[str, str]) -> tuple[int, dict]:
+        kept = {k: v for k, v in os.environ.items()
+                if not k.startswith(("SGLANG_", "SGL_")) or k.startswith("SGLANG_DSV4_GUARD_")}
+        with mock.patch.dict(os.environ, {**kept, **shell}, clear=True):
+            found = check_json(server("prefill", LLAMA, backend="nixl"),
+                               server("decode", LLAMA, backend="nixl"),
+                               "--prefill-env", f"{MASK}=1")
+            self.assertEqual({k: os.environ.get(k) for k in shell}, shell)  # restored
+        return found
+
+    def test_shell_variable_applies_to_neither_server(self) -> None:
+        """The mask in the shell and in --prefill-env only: the decode lacks it (DSV4G045,
+        exit 1); one ``unknowns`` line names the shell's variables, never their values."""
+        status, doc = self.mask_pair({MASK: "1", "SGL_PROBE": "s3cr3t-value",
+                                      "SGLANG_DSV4_GUARD_MODE": "warn"})
+        self.assertEqual((status, codes(doc)), (1, ["DSV4G045"]))
+        lines = [u for u in doc["unknowns"] if u.startswith("this shell's")]
+        self.assertEqual(lines, [SHELL_LINE.format(f"{MASK}, SGL_PROBE")])
+        self.assertNotIn("s3cr3t-value", str(doc))
+
+    def test_no_shell_variable_no_line(self) -> None:
+        """Without such variables: the same finding and no such ``unknowns`` line."""
+        status, doc = self.mask_pair({})
+        self.assertEqual((status, codes(doc)), (1, ["DSV4G045"]))
+        self.assertEqual([u for u in doc["unknowns"] if "this shell" in u], [])
+
+    def test_long_list_is_cut(self) -> None:
+        """Past ten names the line says how many more."""
+        from sglang_dsv4_guard.check.predict import _shell_lines
+
+        names = {f"SGLANG_X{i:02}": "1" for i in range(13)}
+        with mock.patch.dict(os.environ, names):
+            lines = _shell_lines()
+        shown = ", ".join(sorted(names)[:10]) + " and 3 more"
+        self.assertEqual([line.replace(shown, "{}") for line in lines], [SHELL_LINE])
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "LaunchArgs",
            "machine_cause", "offline_env", "parse_env", "parse_launch", "parser_default",
-           "release_parser", "resolve_as", "strip_launcher"]
+           "release_parser", "resolve_as", "shell_settings", "strip_launcher"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -215,11 +215,22 @@ def _deprecated(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[s
     return tuple(used)
 
 
+def shell_settings() -> list[str]:
+    """This process's ``SGLANG_*`` and ``SGL_*`` variables, which configure neither server:
+    not the guard's own (``SGLANG_DSV4_GUARD_*``) nor ``SGLANG_CACHE_DIR`` (a location; the
+    check process points it into its scratch directory)."""
+    return sorted(n for n in os.environ if n.startswith(("SGLANG_", "SGL_")) and not
+                  n.startswith("SGLANG_DSV4_GUARD_") and n != "SGLANG_CACHE_DIR")
+
+
 @contextmanager
 def offline_env(env: Mapping[str, str] | None = None) -> Iterator[None]:
-    """``HF_HUB_OFFLINE=1`` and ``env`` for the block; the process environment restored after
-    (SGLang's resolution writes environment variables)."""
+    """``HF_HUB_OFFLINE=1`` and ``env`` for the block, without this process's SGLang variables
+    (:func:`shell_settings`: a server's are its ``env`` only); the process environment
+    restored after (SGLang's resolution writes environment variables)."""
     saved = dict(os.environ)
+    for name in shell_settings():
+        del os.environ[name]
     os.environ.update(env or {})
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     try:
@@ -270,7 +281,7 @@ def _without_modelscope(namespace: argparse.Namespace, env: Mapping[str, str]
     """``env`` for resolution, and notes: a path that is not on this machine, under
     ``SGLANG_USE_MODELSCOPE``, would be fetched from ModelScope (``snapshot_download``);
     check fetches nothing, so resolution runs without the variable and the note names it."""
-    value = env.get("SGLANG_USE_MODELSCOPE", os.environ.get("SGLANG_USE_MODELSCOPE", ""))
+    value = env.get("SGLANG_USE_MODELSCOPE", "")
     if value.strip().lower() not in _TRUE:
         return dict(env), ()
     remote = [(flag, path) for flag, path in (
