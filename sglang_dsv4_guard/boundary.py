@@ -81,17 +81,20 @@ def plugin_failure(name: str, stage: str, problem: str, effect: str | None = Non
 
     ``effect`` picks the consequence line (default: the one for ``stage``).
     """
+    excess = effect == "excess"  # past the findings cap: the first ones are kept, not "without"
+    went = "the findings past the cap are left out" if excess else "it went on without the plug-in"
     return Finding(
         code=CODE,
         severity=Severity.WARNING,
-        summary=f"guard plug-in {name!r} failed ({stage}); the guard went on without it",
+        summary=f"guard plug-in {name!r} " + (
+            problem if excess else f"failed ({stage}); the guard went on without it"),
         subject=f"plug-in {name}",
-        when=When(Phase.GUARD, "in the guard only: it went on without the plug-in; SGLang's "
-                  "verdict is unchanged"),
+        when=When(Phase.GUARD, f"in the guard only: {went}; SGLang's verdict is unchanged"),
         details=(problem, _CONSEQUENCE.get(effect or stage, "its findings are missing from "
                                                              "this report; " + _UNAFFECTED)),
         fixes=(Fix(FixKind.CODE, f"fix or uninstall the plug-in {name!r} (entry-point group "
-                   "sglang_dsv4_guard); the guard runs without it until then",
+                   "sglang_dsv4_guard); " + ("its findings past the cap are left out" if excess
+                                             else "the guard runs without it") + " until then",
                    field=f"plug-in {name}",
                    inputs=(f"the plug-in {name!r} (entry-point group sglang_dsv4_guard), at "
                            f"{stage}",)),),

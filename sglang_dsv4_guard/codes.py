@@ -752,7 +752,8 @@ CODES: dict[str, CodeInfo] = {
             None,
             "A check, remediation or reporter plug-in raised, returned something that "
             "is not a list of findings, or could not be loaded. The guard carried on "
-            "without it; SGLang's verdict is unchanged.",
+            "without it; SGLang's verdict is unchanged. Of a plug-in's findings, the first "
+            "256 per call are kept: the ones past that cap are left out and counted.",
             ("derived: names the plug-in, its entry-point group and the stage that failed",),
             severity=Severity.WARNING,
         ),

@@ -192,6 +192,22 @@ class TestBadFindings(GuardTestCase):
         self.assertEqual(len(excess), 1)
         self.assertIn(f"returned 20000 findings; the first {MAX_FINDINGS} are kept",
                       excess[0].details[0])
+        self.assertEqual(excess[0].summary, f"guard plug-in {excess[0].origin!r} returned "
+                                            f"20000 findings; the first {MAX_FINDINGS} are kept")
+        said = " ".join((excess[0].summary, excess[0].when.effect, *excess[0].details,
+                         excess[0].fixes[0].text))
+        self.assertNotIn("without it", said)
+        self.assertNotIn("without the plug-in", said)
+
+    def test_explain_g090_mentions_the_cap(self) -> None:
+        """``explain DSV4G090`` says a plug-in's findings past the cap are left out."""
+        from sglang_dsv4_guard.plugins import MAX_FINDINGS
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(cli_main(["explain", "DSV4G090"]), 0)
+        self.assertIn(f"the first {MAX_FINDINGS} per call are kept: the ones past that cap are "
+                      "left out and counted", " ".join(out.getvalue().split()))
 
     def test_g090_bad_finding_fields_in_check_command(self) -> None:
         """``check`` with a bad plug-in installed through a real entry point prints the
