@@ -72,7 +72,10 @@ def _release_line() -> tuple[str, bool]:
 
 
 def _doctor(_: argparse.Namespace) -> int:
-    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
+    # deferred: doctor only; each command loads only what it uses (start-up cost, see
+    # above); check's time limit is read by check's own rule (check exits 2 on a bad value)
+    from sglang_dsv4_guard.check.child import check_timeout
+    from sglang_dsv4_guard.check.offline.parse import CheckInputError
     from sglang_dsv4_guard.host.patchset import summary_line
     from sglang_dsv4_guard.settings import Mode, settings_from_env
 
@@ -86,6 +89,11 @@ def _doctor(_: argparse.Namespace) -> int:
     for problem in problems:
         ok = False
         print(f"problem: {problem}")
+    try:
+        check_timeout()
+    except CheckInputError as exc:
+        ok = False
+        print(f"problem: {exc}; check exits 2 with it")
     ok &= _sglang_loader(settings.mode.value is not Mode.OFF)
     state = _importable(STATE.module)
     print(f"target {STATE.qualname}: {'found' if state else 'MISSING'}")

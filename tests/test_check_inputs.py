@@ -72,19 +72,31 @@ class TestBadInput(GuardTestCase):
         """``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` past a day (the child's poll would overflow),
         0, ``inf`` or a word is refused naming the variable, the value and the range; a day
         is accepted."""
-        from sglang_dsv4_guard.check.child import _timeout
+        from sglang_dsv4_guard.check.child import check_timeout
         from sglang_dsv4_guard.check.offline.parse import CheckInputError
 
         for value in ("1e10", "0", "inf", "soon"):
             with self.subTest(value=value), mock.patch.dict(
                     os.environ, {"SGLANG_DSV4_GUARD_CHECK_TIMEOUT": value}):
                 with self.assertRaises(CheckInputError) as caught:
-                    _timeout()
+                    check_timeout()
                 self.assertEqual(str(caught.exception),
                                  "SGLANG_DSV4_GUARD_CHECK_TIMEOUT: expected a number of "
                                  f"seconds above 0 and at most 86400 (got {value!r})")
         with mock.patch.dict(os.environ, {"SGLANG_DSV4_GUARD_CHECK_TIMEOUT": "86400"}):
-            self.assertEqual(_timeout(), 86400.0)
+            self.assertEqual(check_timeout(), 86400.0)
+
+    def test_doctor_names_a_bad_check_timeout(self) -> None:
+        """``doctor`` names a bad ``SGLANG_DSV4_GUARD_CHECK_TIMEOUT`` with the accepted range
+        (check's own rule), exit 1; a good value: no line about it, exit 0."""
+        for value, status in (("-5", 1), ("30", 0)):
+            with self.subTest(value=value), mock.patch.dict(
+                    os.environ, {"SGLANG_DSV4_GUARD_CHECK_TIMEOUT": value}):
+                code, out, _ = run_cli("doctor")
+            named = [line for line in out.splitlines() if "CHECK_TIMEOUT" in line]
+            self.assertEqual((code, named), (status, [
+                "problem: SGLANG_DSV4_GUARD_CHECK_TIMEOUT: expected a number of seconds above "
+                "0 and at most 86400 (got '-5'); check exits 2 with it"] if status else []), out)
 
     def test_transfer_backend_in_capitals(self) -> None:
         """``MORI`` in capitals is refused by SGLang's own parser, naming the flag and the

@@ -288,8 +288,13 @@ class TestTablesMirrorTheCode(GuardTestCase):
     def test_environment_table_is_the_settings(self) -> None:
         """The README's environment variables are the settings' variables, each with
         exactly the values it accepts and its default."""
+        from sglang_dsv4_guard.check.child import DEFAULT_TIMEOUT, MAX_TIMEOUT, TIMEOUT_VARIABLE
+
         rows = {r[0].strip("`"): r for r in table(README, r"`SGLANG_DSV4_GUARD\w*`")}
-        self.assertEqual(set(rows), {ENV_MODE, ENV_AUTOSHARE, ENV_LOG_FORMAT})
+        self.assertEqual(set(rows), {ENV_MODE, ENV_AUTOSHARE, ENV_LOG_FORMAT, TIMEOUT_VARIABLE})
+        timeout = rows.pop(TIMEOUT_VARIABLE)  # check's, read by check.child.check_timeout
+        self.assertIn(f"at most {MAX_TIMEOUT:,.0f}", timeout[1])
+        self.assertEqual(timeout[2], f"`{DEFAULT_TIMEOUT:g}`")
         defaults, _ = settings_from_env({})
         default_of = {ENV_MODE: defaults.mode.value.value,
                       ENV_AUTOSHARE: "on" if defaults.autoshare.value else "off",

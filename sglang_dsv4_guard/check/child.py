@@ -35,8 +35,8 @@ from sglang_dsv4_guard.host.judgement import imported_package_dir
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.prove import Fixed
 
-__all__ = ["answer", "answer_in_child", "child_environment", "fix_status", "print_answer", "request_of",
-           "run_command"]
+__all__ = ["answer", "answer_in_child", "check_timeout", "child_environment", "fix_status",
+           "print_answer", "request_of", "run_command"]
 
 # Set in the child's environment before it starts (and so before SGLang is imported).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -112,7 +112,7 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
     from sglang_dsv4_guard.check.prove import Deadline, Lines, fix_check
     from sglang_dsv4_guard.check.text import render_check, render_fixed
 
-    limit = _timeout()
+    limit = check_timeout()
     deadline = Deadline(started + limit / 2,
                         f"half of the check's time limit ({limit / 2:g} of {limit:g} s, "
                         f"{TIMEOUT_VARIABLE}) had passed, so no further re-run was started")
@@ -210,7 +210,7 @@ DEFAULT_TIMEOUT = 600.0  # seconds; resolution takes a few
 MAX_TIMEOUT = 86_400.0  # a day: more overflows the poll (and no resolution takes it)
 
 
-def _timeout() -> float:
+def check_timeout() -> float:
     """The child's time limit: :data:`TIMEOUT_VARIABLE` (a bad value raises), else the default."""
     text = os.environ.get(TIMEOUT_VARIABLE, "")
     if not text.strip():
@@ -261,9 +261,9 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     """``answer`` in one child process started with :func:`child_environment`; the scratch
     directory is removed when it ends, also when SIGTERM or SIGINT stops this process
     (the child's process group is killed first). A child that dies without answering
-    (:func:`_no_answer`) or runs out of time (:func:`_timeout`) is an error line, exit 2."""
+    (:func:`_no_answer`) or runs out of time (:func:`check_timeout`) is an error line, exit 2."""
     try:
-        timeout = _timeout()
+        timeout = check_timeout()
     except CheckInputError as exc:
         return {"exit_status": 2, "error": str(exc)}
     package = imported_package_dir()  # found, not imported: the child must import the same
