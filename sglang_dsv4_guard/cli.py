@@ -192,7 +192,7 @@ def _other_plugins_hooks() -> bool:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    code = args.code.upper()
+    code = args.code.strip().upper()  # as typed or pasted: any case, spaces around
     info = CODES.get(code)
     if info is None:
         print(f"unknown code {short_repr(args.code)}; known codes: {', '.join(CODES)}",

@@ -382,6 +382,14 @@ class TestOutput(GuardTestCase):
                 self.assertEqual(status, 0)
                 self.assertIn("how the fix is derived: ", out)
 
+    def test_code_with_spaces_or_lower_case_is_known(self) -> None:
+        """A code typed in lower case or pasted with spaces around is the code's entry."""
+        for typed in ("DSV4G004 ", " dsv4g004", "\tDSV4G004\n"):
+            with self.subTest(typed=typed):
+                status, out, err = run_cli("explain", typed)
+                self.assertEqual((status, err), (0, ""))
+                self.assertTrue(out.startswith("DSV4G004: "), out[:80])
+
     def test_unknown_code_is_named_cut(self) -> None:
         """An unknown code exits 2 naming it, cut to a line however long it was typed."""
         for typed in ("DSV4G999", "x" * 100_000):
