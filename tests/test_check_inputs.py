@@ -212,11 +212,24 @@ class TestShellEnvironment(GuardTestCase):
         """Past ten names the line says how many more."""
         from sglang_dsv4_guard.check.predict import _shell_lines
 
-        names = {f"SGLANG_X{i:02}": "1" for i in range(13)}
-        with mock.patch.dict(os.environ, names):
-            lines = _shell_lines()
-        shown = ", ".join(sorted(names)[:10]) + " and 3 more"
-        self.assertEqual([line.replace(shown, "{}") for line in lines], [SHELL_LINE])
+        names = [f"SGLANG_X{i:02}" for i in range(13)]
+        shown = ", ".join(names[:10]) + " and 3 more"
+        self.assertEqual(_shell_lines(names), [SHELL_LINE.format(shown)])
+        self.assertEqual(_shell_lines([]), [])
+
+    def test_left_out_for_the_check_and_restored(self) -> None:
+        """The shell's variables are gone for the whole check, so a server's environment
+        set in an outer block survives an inner one (a nested ``offline_env``), and they
+        are back afterwards."""
+        from sglang_dsv4_guard.check.offline.parse import offline_env, without_shell_settings
+
+        with mock.patch.dict(os.environ, {"SGLANG_SHELL_ONLY": "1"}):
+            with without_shell_settings() as names:
+                self.assertIn("SGLANG_SHELL_ONLY", names)
+                self.assertNotIn("SGLANG_SHELL_ONLY", os.environ)
+                with offline_env({MASK: "1"}), offline_env():
+                    self.assertEqual(os.environ.get(MASK), "1")
+            self.assertEqual(os.environ.get("SGLANG_SHELL_ONLY"), "1")
 
 
 if __name__ == "__main__":

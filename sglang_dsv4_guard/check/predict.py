@@ -20,7 +20,11 @@ from sglang_dsv4_guard.boundary import is_builtin
 from sglang_dsv4_guard.check.fixing.flag_fixes import derived_fixes
 from sglang_dsv4_guard.check.fixing.refusal import refusal_finding
 from sglang_dsv4_guard.check.offline.chatter import Output, capturing, recording, section
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_launch, shell_settings
+from sglang_dsv4_guard.check.offline.parse import (
+    CheckInputError,
+    parse_launch,
+    without_shell_settings,
+)
 from sglang_dsv4_guard.check.rows.contract import contract_findings
 from sglang_dsv4_guard.check.server.derive import DerivedServer, derive_server
 from sglang_dsv4_guard.check.server.edit import typed_flags
@@ -158,8 +162,7 @@ def _refused_lines(refused: tuple[str, ...]) -> list[str]:
             "network call and writes nothing; the servers will do these themselves"]
 
 
-def _shell_lines() -> list[str]:
-    names = shell_settings()  # read here, before any server's block removes them
+def _shell_lines(names: list[str]) -> list[str]:
     shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
     return [f"this shell's {shown} applies to neither server: check reads each server's "
             "environment from --prefill-env / --decode-env only"] if names else []
@@ -176,8 +179,7 @@ def run_check(prefill_args: str, decode_args: str,
     ``derive=False`` leaves the findings' fixes underived (``check --fix``'s re-runs read
     only which findings remain). What SGLang says meanwhile (its warnings, log records
     and prints) is captured, not printed (:mod:`.chatter`): ``sglang_output``."""
-    shell = _shell_lines()
-    with capturing(), recording() as said:
+    with without_shell_settings() as shell, capturing(), recording() as said:
         host = judge_imported()  # by the imported code, as install() judges it, not the label
         if host.behaves_as is None:
             raise CheckInputError("sglang", f"the imported SGLang ({host.version or 'absent'}) "
@@ -214,7 +216,7 @@ def run_check(prefill_args: str, decode_args: str,
         report = Report.of(findings, {"function": "sglang-dsv4-guard check", "sglang": version})
         result = CheckResult(version, prefill, decode, report, tuple(runs),
                              tuple(_unknowns(prefill, decode, runs) + contract_unknowns
-                                   + _refused_lines(refusals()) + shell))
+                                   + _refused_lines(refusals()) + _shell_lines(shell)))
     return _quoting(replace(result, sglang_output=said.output()))
 
 

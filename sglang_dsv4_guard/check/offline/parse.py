@@ -33,7 +33,8 @@ from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "LaunchArgs",
            "machine_cause", "offline_env", "parse_env", "parse_launch", "parser_default",
-           "release_parser", "resolve_as", "shell_settings", "strip_launcher"]
+           "release_parser", "resolve_as", "shell_settings", "strip_launcher",
+           "without_shell_settings"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
 FIELDS = (
@@ -224,13 +225,22 @@ def shell_settings() -> list[str]:
 
 
 @contextmanager
+def without_shell_settings() -> Iterator[list[str]]:
+    """The block without :func:`shell_settings` (their names yielded), restored after: a
+    server's SGLang environment is its ``--prefill-env`` / ``--decode-env`` only."""
+    names = shell_settings()
+    saved = {name: os.environ.pop(name) for name in names}
+    try:
+        yield names
+    finally:
+        os.environ.update(saved)
+
+
+@contextmanager
 def offline_env(env: Mapping[str, str] | None = None) -> Iterator[None]:
-    """``HF_HUB_OFFLINE=1`` and ``env`` for the block, without this process's SGLang variables
-    (:func:`shell_settings`: a server's are its ``env`` only); the process environment
-    restored after (SGLang's resolution writes environment variables)."""
+    """``HF_HUB_OFFLINE=1`` and ``env`` for the block; the process environment restored after
+    (SGLang's resolution writes environment variables)."""
     saved = dict(os.environ)
-    for name in shell_settings():
-        del os.environ[name]
     os.environ.update(env or {})
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     try:
