@@ -12,6 +12,8 @@ from check_helpers import DATA, GPT_OSS, LLAMA, check_json, codes, run_cli, serv
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_dsv4_guard.pd.buffers import mask_env
+
 register_cpu_ci(est_time=38, suite="stage-a-test-cpu")
 
 
@@ -173,7 +175,7 @@ class TestBadInput(GuardTestCase):
                       "(got 0)", proc.stderr)
 
 
-MASK = "SGLANG_ENABLE_DISAGG_SAMPLING_MASK"
+MASK = mask_env()  # the release's name of the sampling-mask variable (pd/buffers.py)
 SHELL_LINE = ("this shell's {} applies to neither server: check reads each server's "
               "environment from --prefill-env / --decode-env only")
 
