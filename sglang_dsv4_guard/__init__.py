@@ -19,6 +19,7 @@ __all__ = [
     "MISSING",
     "ContactContext",
     "ContactSnapshot",
+    "Cost",
     "CudaGraphs",
     "DSV4GuardError",
     "DSV4GuardInstallError",
@@ -67,6 +68,7 @@ _LAZY = {
     "DSV4GuardInstallError": "sglang_dsv4_guard.errors",
     "DSV4GuardStartupRefused": "sglang_dsv4_guard.errors",
     "SettingError": "sglang_dsv4_guard.errors",
+    "Cost": "sglang_dsv4_guard.fixes",
     "Edit": "sglang_dsv4_guard.fixes",
     "Fix": "sglang_dsv4_guard.fixes",
     "FixKind": "sglang_dsv4_guard.fixes",
@@ -125,7 +127,7 @@ if TYPE_CHECKING:
         Severity,
         When,
     )
-    from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+    from sglang_dsv4_guard.fixes import Cost, Edit, Fix, FixKind
     from sglang_dsv4_guard.hookmarkers import hookimpl
     from sglang_dsv4_guard.host.releases import GeometryField, HostProfile
     from sglang_dsv4_guard.lifecycle import install, is_installed, summary, uninstall

@@ -31,7 +31,8 @@ def _fix_lines(fixes: tuple[Fix, ...]) -> list[str]:
     """``fix:`` for a need's first fix, ``or fix:`` for each alternative after it, ``step
     N of M`` when several needs each need a fix (``Fix.need``), the field named when the
     fixes address several, ``(proven by check)`` / ``(check: did not fix it)`` when check
-    tried it; then its edits one per line. The first :data:`LIST_CAP` fixes and a count
+    tried it; then its edits one per line, and what it costs where ``check`` priced it
+(:class:`~sglang_dsv4_guard.fixes.Cost`). The first :data:`LIST_CAP` fixes and a count
     of the rest."""
     lines: list[str] = []
     several = len({fix.field for fix in fixes}) > 1
@@ -48,6 +49,8 @@ def _fix_lines(fixes: tuple[Fix, ...]) -> list[str]:
                 else " (proven by check)" if fix.proven else " (check: did not fix it)")
         lines.append(f"    {label}{mark}: {cut_text(fix.text)}")
         lines += [f"         {cut_text(edit.describe())}" for edit in fix.edits[:LIST_CAP]]
+        if fix.cost is not None:
+            lines.append(f"         cost: {cut_text(fix.cost.describe())}")
     if len(fixes) > LIST_CAP:
         lines.append(f"    ... +{len(fixes) - LIST_CAP} more fixes ({len(fixes)} in all)")
     return lines

@@ -110,20 +110,25 @@ class TestDerivedFixes(GuardTestCase):
 
     def test_g024_model_path_both_ways(self) -> None:
         """Two checkpoints of one architecture: each server may take the other's
-        ``--model-path``."""
+        ``--model-path``, said as advice without an edit (DSV4G024 is a warning, and a
+        warning never gets a checkpoint change ``--fix`` applies)."""
         _, doc = check_json(server("prefill", DSV4), server("decode", DSV4_WINDOW64))
-        self.assertEqual([edits(f) for f in finding(doc, "DSV4G024")["fixes"]],
-                         [[("decode", "--model-path", DSV4, False, False)],
-                          [("prefill", "--model-path", DSV4_WINDOW64, False, False)]])
+        fixes = finding(doc, "DSV4G024")["fixes"]
+        self.assertEqual([(f["kind"], edits(f), f["cost"]) for f in fixes],
+                         [("advice", [], None), ("advice", [], None)])
+        self.assertIn(f"decode: --model-path {DSV4}", fixes[0]["text"])
+        self.assertIn(f"prefill: --model-path {DSV4_WINDOW64}", fixes[1]["text"])
 
     def test_g024_draft_path_only_where_the_finding_compares_it(self) -> None:
         """Two checkpoints of one architecture, EAGLE on the decode only: the finding
         compares the model paths (not the draft's: one server has no draft), and so do the
         fixes: no edit of --speculative-draft-model-path on either server."""
         _, doc = check_json(server("prefill", DSV4), server("decode", DSV4_WINDOW64, EAGLE1))
-        self.assertEqual([edits(f) for f in finding(doc, "DSV4G024")["fixes"]],
-                         [[("decode", "--model-path", DSV4, False, False)],
-                          [("prefill", "--model-path", DSV4_WINDOW64, False, False)]])
+        texts = [f["text"] for f in finding(doc, "DSV4G024")["fixes"]]
+        self.assertEqual(len(texts), 2)
+        self.assertIn(f"decode: --model-path {DSV4};", texts[0])
+        self.assertIn(f"prefill: --model-path {DSV4_WINDOW64};", texts[1])
+        self.assertNotIn("--speculative-draft-model-path", " ".join(texts))
 
     def test_g024_another_architecture_is_only_advice(self) -> None:
         """Checkpoints of different architectures: the fix is advice with no edit (which
@@ -280,8 +285,9 @@ class TestCheckFix(GuardTestCase):
         self.assertEqual(doc["fixed_check"], {"exit_status": 0, "findings": []})
 
     def test_no_flag_fix_is_said(self) -> None:
-        """A refusal whose search has no budget left has no flag fix: ``check --fix``
-        gives it a no-flag-fix fix and still fixes the pair by the other finding's fix."""
+        """A refusal whose search has no budget left has no flag fix of its own; the other
+        finding's fix clears it too, so it is credited with the corrected lines' changes
+        (proven) and says nowhere that no flag change fixes it."""
         saved = refusal.MAX_RESOLUTIONS
         refusal.MAX_RESOLUTIONS = 0
         try:
@@ -292,7 +298,9 @@ class TestCheckFix(GuardTestCase):
         refused = [f for f in fixed.result.report.findings if f.code == "DSV4G026"]
         if not refused:
             self.skipTest("this release accepts NEXTN for DeepSeek-V4")
-        self.assertEqual([f.kind for f in refused[0].fixes], [FixKind.NO_FLAG_FIX])
+        # the other finding's fix clears it too: credited, never "no flag change fixes this"
+        self.assertEqual([(f.kind, f.proven) for f in refused[0].fixes], [(FixKind.FLAGS, True)])
+        self.assertEqual(refused[0].fixes[0].edits, fixed.lines.applied if fixed.lines else ())
         self.assertIsNotNone(fixed.lines_result)
         assert fixed.lines_result is not None
         self.assertEqual(fixed.lines_result.exit_status, 0)

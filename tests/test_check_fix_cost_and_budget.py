@@ -107,17 +107,21 @@ class TestPartialCorrection(GuardTestCase):
 
 
 class TestRemovalCost(GuardTestCase):
-    """Removing a feature the operator typed ranks like switching one on."""
+    """Removing a feature the operator typed is priced like switching one on: a feature."""
 
     def test_removing_a_typed_switch_counts_as_a_feature_change(self) -> None:
-        """A fix removing the prefill's typed --enable-dp-attention costs one feature
-        change, as adding it to the decode would."""
+        """A fix removing the prefill's typed --enable-dp-attention turns a feature off (and
+        its --dp-size 2 then counts replicas: 8 GPUs become 16); adding it to the decode
+        turns one on."""
         lines = Lines(server("prefill", GPT_OSS, "--tp-size 8 --dp-size 2 --enable-dp-attention"),
                       server("decode", GPT_OSS, "--tp-size 8"))
-        removal = Fix(FixKind.FLAGS, "remove", edits=(
-            Edit("prefill", "--enable-dp-attention", remove=True),))
-        adding = Fix(FixKind.FLAGS, "add", edits=(Edit("decode", "--enable-dp-attention"),))
-        self.assertEqual(cost(removal, lines)[0], cost(adding, lines)[0])
+        removal = cost((Edit("prefill", "--enable-dp-attention", remove=True),), lines)
+        adding = cost((Edit("decode", "--enable-dp-attention"),), lines)
+        self.assertEqual((removal.off, removal.on, removal.gpus),
+                         (("prefill: --enable-dp-attention",), (), ("prefill: 8 -> 16",)))
+        self.assertEqual((adding.off, adding.on, adding.gpus, adding.tier),
+                         ((), ("decode: --enable-dp-attention",), (), 3))
+        self.assertEqual(removal.tier, 4)
 
 
 class TestRefusalBudget(GuardTestCase):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.assembly import build_plugins
 from sglang_dsv4_guard.boundary import is_builtin
+from sglang_dsv4_guard.check.fixing.cost import priced_finding
 from sglang_dsv4_guard.check.fixing.flag_fixes import derived_fixes
 from sglang_dsv4_guard.check.fixing.refusal import refusal_finding
 from sglang_dsv4_guard.check.offline.chatter import Output, capturing, recording, section
@@ -213,6 +214,9 @@ def run_check(prefill_args: str, decode_args: str,
         if derive:
             findings = [derived_fixes(f, prefill, decode) if is_builtin(f.origin) else f
                         for f in findings]
+            lines = {"prefill": prefill_args, "decode": decode_args}
+            envs = {"prefill": prefill_env or {}, "decode": decode_env or {}}
+            findings = [priced_finding(f, lines, envs) for f in findings]
         report = Report.of(findings, {"function": "sglang-dsv4-guard check", "sglang": version})
         result = CheckResult(version, prefill, decode, report, tuple(runs),
                              tuple(_unknowns(prefill, decode, runs) + contract_unknowns
