@@ -218,8 +218,9 @@ CODES: dict[str, CodeInfo] = {
              "speculative decoding every --speculative-* flag the other was given (as "
              "typed; offered only when the other server's own resolution accepted them and "
              "the edited line resolves), or remove them from the server that has them; "
-             "check --fix ranks both alike (each changes what a server was asked to run) "
-             "and applies the first: the copy, keeping the speculative decoding typed",),
+             "each turns speculative decoding on or off on one server, so check --fix "
+             "lists both, proven and with their cost, and applies neither: a warning's fix "
+             "is applied only when it changes values and no feature",),
             severity=Severity.WARNING,
         ),
         CodeInfo(

@@ -65,11 +65,11 @@ class TestLeastInvasiveFix(GuardTestCase):
 
     def test_another_architecture_is_never_applied(self) -> None:
         """GPT-OSS against Llama (DSV4G024): ``--fix`` does not serve one model in place of
-        the other; the lines keep their model paths and JSON says nothing was proven."""
+        the other; the lines keep their model paths and JSON says the warning was kept."""
         _, doc = check_json(server("prefill", GPT_OSS), server("decode", LLAMA), "--fix")
         self.assertIn("DSV4G024", codes(doc))
         self.assertIsNone(doc["fixed"])
-        self.assertEqual(doc["fix_status"], "not_proven")
+        self.assertEqual(doc["fix_status"], "warnings_kept")
 
 
 class TestFixOutcomeInJson(GuardTestCase):

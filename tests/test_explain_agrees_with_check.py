@@ -5,7 +5,6 @@ from whether the line typed it, and whether fixes are alternatives or steps from
 
 from __future__ import annotations
 
-import shlex
 import unittest
 from typing import Any
 
@@ -88,21 +87,22 @@ class TestSourcesSayDefaults(GuardTestCase):
 
 
 class TestFixAppliesWhatExplainSays(GuardTestCase):
-    """``explain DSV4G020``: check --fix ranks copying and dropping speculative decoding
-    alike and applies the copy, listed first."""
+    """``explain DSV4G020``: check --fix lists copying and dropping speculative decoding,
+    proven and priced, and applies neither to the warning."""
 
-    def test_decode_only_eagle_is_copied_to_the_prefill(self) -> None:
-        """Speculative decoding typed on the decode only: the corrected lines run EAGLE on
-        both servers (the decode's typed feature kept), and the copy is the first fix."""
+    def test_decode_only_eagle_is_listed_not_applied(self) -> None:
+        """Speculative decoding typed on the decode only: the copy to the prefill is the
+        first fix, proven, turning EAGLE on there; the drop turns it off on the decode;
+        the lines are kept (``warnings_kept``)."""
         _, doc = check_json(server("prefill", DSV4), server("decode", DSV4, EAGLE1), "--fix")
         [g020] = _findings(doc, "DSV4G020")
-        first = g020["fixes"][0]
-        self.assertEqual(({e["server"] for e in first["edits"]}, first["proven"]),
-                         ({"prefill"}, True))
-        self.assertEqual(doc["fix_status"], "corrected")
-        for role in ("prefill", "decode"):
-            argv = shlex.split(doc["fixed"][role])
-            self.assertEqual(argv[argv.index("--speculative-algorithm") + 1], "EAGLE")
+        copy, drop = g020["fixes"][:2]
+        self.assertEqual(({e["server"] for e in copy["edits"]}, copy["proven"],
+                          copy["cost"]["on"], copy["cost"]["tier"]),
+                         ({"prefill"}, True, ["prefill: --speculative-algorithm"], 3))
+        self.assertEqual((drop["cost"]["off"], drop["cost"]["tier"]),
+                         (["decode: --speculative-algorithm"], 3))
+        self.assertEqual((doc["fix_status"], doc["fixed"]), ("warnings_kept", None))
 
 
 class TestAlternativesAndSteps(GuardTestCase):

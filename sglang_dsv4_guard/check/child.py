@@ -126,6 +126,7 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
         "exit_status": fixed.lines_result.exit_status,
         "findings": list(fixed.lines_result.report.codes)})
     document["fix_status"] = fix_status(fixed)
+    document["fix_cost"] = None if fixed.cost is None else fixed.cost.to_dict()
     document["fix_runs"] = {"runs": fixed.runs, "budget_ran_out": fixed.exhausted,
                             "budget": fixed.spent or None}
     return {"exit_status": fixed.result.exit_status, "document": document,
@@ -135,12 +136,14 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
 
 def fix_status(fixed: Fixed) -> str:
     """``check --fix``'s outcome as JSON names it (docs/check.md): ``partial`` when the
-    corrected lines' own check still fails (the greedy combination keeps lines that remove
-    some findings while others stay)."""
+    corrected lines' own check still fails (the search keeps the lines that leave the
+    fewest errors); ``warnings_kept`` when the pair has only warnings and none of their
+    proven fixes is cheap enough to apply (each changes only values, or it is not applied:
+    the warnings are a bonus)."""
     if not fixed.result.report.findings:
         return "nothing_to_fix"
     if fixed.lines is None:
-        return "not_proven"
+        return "warnings_kept" if fixed.result.exit_status == 0 else "not_proven"
     done = fixed.lines_result
     return "partial" if done is None or done.exit_status != 0 else "corrected"
 

@@ -12,21 +12,22 @@ that a fix is left unproven (``None``) and the finding says the budget ran out.
 
 from __future__ import annotations
 
-import shlex
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sglang_dsv4_guard.check.fixing.cost import price, priced, with_dependents
 from sglang_dsv4_guard.check.offline.parse import CheckInputError
 from sglang_dsv4_guard.check.predict import CheckResult, run_check
-from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, lookup, typed_flags
+from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env
 from sglang_dsv4_guard.findings import Finding, Report, Severity
-from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
+from sglang_dsv4_guard.fixes import Cost, Edit, Fix, FixKind
 
 __all__ = ["MAX_RUNS", "Deadline", "Fixed", "Lines", "fix_check"]
 
-MAX_RUNS = 24
+MAX_RUNS = 32
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,26 @@ class Lines:
     decode: str
     prefill_env: Mapping[str, str] = field(default_factory=dict)
     decode_env: Mapping[str, str] = field(default_factory=dict)
+    # the edits that made these lines from the given ones (a later edit of a flag last)
+    applied: tuple[Edit, ...] = field(default=(), compare=False)
 
     def edited(self, edits: tuple[Edit, ...]) -> Lines:
         """These lines with ``edits`` applied (each to its server)."""
+        later = {(e.server, e.name, e.env) for e in edits}
         return Lines(apply_edits(self.prefill, edits, "prefill"),
                      apply_edits(self.decode, edits, "decode"),
                      apply_env(self.prefill_env, edits, "prefill"),
-                     apply_env(self.decode_env, edits, "decode"))
+                     apply_env(self.decode_env, edits, "decode"),
+                     tuple(e for e in self.applied if (e.server, e.name, e.env) not in later)
+                     + tuple(edits))
+
+    def by_role(self) -> dict[str, str]:
+        """``{"prefill": line, "decode": line}``."""
+        return {"prefill": self.prefill, "decode": self.decode}
+
+    def envs(self) -> dict[str, Mapping[str, str]]:
+        """``{"prefill": env, "decode": env}``."""
+        return {"prefill": self.prefill_env, "decode": self.decode_env}
 
     def to_dict(self) -> dict[str, Any]:
         """``{prefill, decode, prefill_env, decode_env}``."""
@@ -83,6 +97,11 @@ class Fixed:
     exhausted: bool
     given: Lines = field(default_factory=lambda: Lines("", ""))
     spent: str = ""  # which budget ran out, when ``exhausted``
+
+    @property
+    def cost(self) -> Cost | None:
+        """What the corrected lines change against the given ones (``None``: no lines)."""
+        return None if self.lines is None else cost(self.lines.applied, self.given)
 
 
 def _key(finding: Finding) -> tuple[str, str]:
@@ -168,116 +187,200 @@ def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]])
     return replace(finding, fixes=tuple(fixes))
 
 
-# A deprecated switch and the field the release now spells its feature with: removing the
-# switch while setting that field keeps the feature (0.5.22's --attn-dp-size).
-_RESPELLED = {"enable_dp_attention": "attn_dp_size"}
+def _price(fix: Fix, lines: Lines) -> Fix:
+    return priced(fix, lines.by_role(), lines.envs())
 
 
-def _respelled(field: str, server: str, fix: Fix) -> bool:
-    newer = _RESPELLED.get(field)
-    return newer is not None and any(
-        not e.remove and e.server == server and (f := lookup(e.name)) is not None
-        and f.field == newer for e in fix.edits if not e.env)
+def cost(edits: tuple[Edit, ...], lines: Lines) -> Cost:
+    """What ``edits`` change against ``lines`` (:func:`~.fixing.cost.price`)."""
+    return price(edits, lines.by_role(), lines.envs())
 
 
-def cost(fix: Fix, lines: Lines) -> tuple[int, int, int, int]:
-    """How invasive ``fix`` is on ``lines``, least first: features it changes against the
-    operator's line (a switch, or ``--speculative-algorithm``, switched on where it was
-    not typed, or removed where it was typed: either changes what the operator asked the
-    server to run; a deprecated switch removed for its newer spelling is no change), GPU
-    counts it changes (--tp-size, --pp-size), servers it changes, edits."""
-    typed = {role: typed_flags(shlex.split(getattr(lines, role)))
-             for role in ("prefill", "decode")}
-    switched = resized = 0
-    for edit in fix.edits:
-        found = None if edit.env else lookup(edit.name)
-        if found is None:
-            continue
-        resized += found.field in ("tp_size", "pp_size")
-        there = found.field in typed.get(edit.server, {})
-        if (not found.takes_value or found.field == "speculative_algorithm") and there == edit.remove \
-                and not (edit.remove and _respelled(found.field, edit.server, fix)):
-            switched += 1
-    return switched, resized, len({e.server for e in fix.edits}), len(fix.edits)
+@dataclass(frozen=True)
+class _Candidate:
+    """A fix the joint search may combine: its edits and the base errors its own re-run
+    removed (with or without bringing others)."""
+
+    edits: tuple[Edit, ...]
+    removes: frozenset[tuple[str, str]]
 
 
-def _ranked(finding: Finding, lines: Lines) -> list[Fix]:
-    """``finding``'s proven fixes, least invasive first (:func:`cost`)."""
-    return sorted((f for f in finding.fixes if f.proven), key=lambda f: cost(f, lines))
-
-
-def _one_fix(findings: list[Finding], runner: _Runner, start: Lines
-             ) -> tuple[Lines, CheckResult] | None:
-    """The least invasive single proven fix (its check already run) that leaves no error
-    and the fewest findings: one edit that removes every finding beats a combination."""
-    best: tuple[tuple[int, ...], Lines, CheckResult] | None = None
+def _candidates(findings: list[Finding], runner: _Runner, start: Lines,
+                errors: set[tuple[str, str]]) -> list[_Candidate]:
+    """Every flag fix of ``findings`` whose own re-run removed at least one of ``errors``."""
+    out: dict[tuple[Edit, ...], _Candidate] = {}
     for finding in findings:
-        for fix in _ranked(finding, start):
-            trial = start.edited(fix.edits)
-            done = runner.cache.get(_cache_key(trial))
-            if not isinstance(done, CheckResult) or _errors(done.report):
+        for fix in finding.fixes:
+            if fix.kind is not FixKind.FLAGS or not fix.edits or fix.edits in out:
                 continue
-            rank = (len(done.report.findings), *cost(fix, start))
-            if best is None or rank < best[0]:
-                best = (rank, trial, done)
-    return None if best is None or best[0][0] else (best[1], best[2])
+            done = runner.cache.get(_cache_key(start.edited(fix.edits)))
+            if isinstance(done, CheckResult):
+                removes = frozenset(errors - _errors(done.report))
+                if removes:
+                    out[fix.edits] = _Candidate(fix.edits, removes)
+    return list(out.values())
 
 
-def _together(findings: list[Finding], start: Lines) -> tuple[Edit, ...]:
-    """The least invasive proven fix of each finding that edits nothing an earlier one
-    edits."""
-    edits: list[Edit] = []
-    taken: set[tuple[str, str, bool]] = set()
-    for finding in findings:
-        fix = next((f for f in _ranked(finding, start)
-                    if not any((e.server, e.name, e.env) in taken for e in f.edits)), None)
-        if fix is not None:
-            edits += fix.edits
-            taken |= {(e.server, e.name, e.env) for e in fix.edits}
-    return tuple(edits)
+def _merged(parts: tuple[_Candidate, ...]) -> tuple[Edit, ...] | None:
+    """The edits of ``parts`` together; ``None`` when two edit one flag differently."""
+    edits: dict[tuple[str, str, bool], Edit] = {}
+    for edit in (e for part in parts for e in part.edits):
+        key = (edit.server, edit.name, edit.env)
+        if key in edits and edits[key] != edit:
+            return None
+        edits[key] = edit
+    return tuple(edits.values())
 
 
-def _greedy(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
-            start: Lines) -> tuple[Lines, CheckResult | None]:
-    """Each finding's proven fixes added to ``start`` one at a time, each kept only if its
-    finding goes, no new error comes and fewer findings remain."""
-    lines, current = start, None
-    for finding in findings:
-        if current is not None and _key(finding) not in {
-                _key(f) for f in current.report.findings}:
+# The most fixes the joint search combines (one per error, usually).
+MAX_COMBINED = 3
+
+
+def _combinations(candidates: list[_Candidate], target: set[tuple[str, str]], start: Lines
+                  ) -> list[tuple[tuple[int, ...], tuple[Edit, ...]]]:
+    """Every combination of at most :data:`MAX_COMBINED` candidates that covers
+    ``target`` (by what each removed alone) and edits no flag twice, cheapest first
+    (:meth:`~sglang_dsv4_guard.fixes.Cost.key`), each edit set once."""
+    found: dict[tuple[Edit, ...], tuple[int, ...]] = {}
+    for size in range(1, min(MAX_COMBINED, len(candidates)) + 1):
+        for parts in itertools.combinations(candidates, size):
+            if not target <= frozenset().union(*(p.removes for p in parts)):
+                continue
+            if any(not (p.removes - frozenset().union(*(q.removes for q in parts if q is not p)))
+                   for p in parts if size > 1):
+                continue  # a part whose errors the others remove anyway: not minimal
+            edits = _merged(parts)
+            if edits is not None:
+                key = tuple(sorted(edits, key=repr))
+                found.setdefault(key, cost(edits, start).key())
+    return sorted(((rank, edits) for edits, rank in found.items()), key=lambda x: x[0])
+
+
+def _clears(result: CheckResult | bool | None, target: set[tuple[str, str]],
+            base_errors: set[tuple[str, str]]) -> bool:
+    """Whether ``result`` leaves none of ``target`` and no error the pair did not have."""
+    return isinstance(result, CheckResult) and not (
+        _errors(result.report) & target or _errors(result.report) - base_errors)
+
+
+def _units(edits: tuple[Edit, ...], lines: Lines) -> list[tuple[Edit, ...]]:
+    """``edits`` as the changes an operator makes: each edit alone, except that a removal
+    and the flags it takes with it (:func:`~.fixing.cost.with_dependents`) are one."""
+    units: list[tuple[Edit, ...]] = []
+    taken: set[Edit] = set()
+    for edit in edits:
+        if edit in taken:
             continue
-        for fix in _ranked(finding, start):
+        group = tuple(e for e in with_dependents((edit,), lines.by_role()) if e in edits)
+        taken.update(group)
+        units.append(group)
+    return units
+
+
+def _minimal(edits: tuple[Edit, ...], runner: _Runner, start: Lines,
+             target: set[tuple[str, str]], base_errors: set[tuple[str, str]]
+             ) -> tuple[Edit, ...]:
+    """``edits`` without each change (most expensive first) whose removal still clears
+    ``target``: no proper subset of what is left, one change less, passes."""
+    units = sorted(_units(edits, start), key=lambda u: cost(u, start).key(), reverse=True)
+    kept = list(units)
+    for unit in units:
+        if len(kept) == 1:
+            break
+        trial = tuple(e for u in kept if u is not unit for e in u)
+        result = runner.run(start.edited(trial))
+        if result is False:
+            break
+        if _clears(result, target, base_errors):
+            kept = [u for u in kept if u is not unit]
+    return tuple(e for u in kept for e in u)
+
+
+def _bonus(findings: list[Finding], runner: _Runner, given: Lines, lines: Lines,
+           current: CheckResult) -> tuple[Lines, CheckResult]:
+    """Warnings left on ``lines`` cleared where a proven fix of theirs changes only values
+    (cost tier 2 or less) and brings no error: a bonus, never a condition."""
+    for finding in findings:
+        if _key(finding) not in {_key(f) for f in current.report.findings}:
+            continue
+        for fix in sorted((f for f in finding.fixes if f.proven and f.edits
+                           and cost(f.edits, given).tier <= 2),
+                          key=lambda f: cost(f.edits, given).key()):
             trial = lines.edited(fix.edits)
             done = runner.run(trial)
-            if isinstance(done, CheckResult) and _removes(done, finding, base_errors) and (
-                    current is None
-                    or len(done.report.findings) < len(current.report.findings)):
+            if isinstance(done, CheckResult) and not _errors(done.report) and len(
+                    done.report.findings) < len(current.report.findings):
                 lines, current = trial, done
                 break
     return lines, current
 
 
 def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
-             start: Lines) -> tuple[Lines, CheckResult] | None:
-    """The least invasive single fix that clears the pair, else the proven fixes applied
-    together on ``start`` (greedily when together they fail)."""
-    single = _one_fix(findings, runner, start)
-    if single is not None:
-        return single
-    edits = _together(findings, start)
-    if not edits:
+             start: Lines, given: Lines) -> tuple[Lines, CheckResult] | None:
+    """The cheapest combination of fixes (:func:`_combinations`) that clears every error
+    any fix removes, made minimal (:func:`_minimal`); among combinations of one cost, the
+    one leaving the fewest findings. Without one, the combination that leaves the fewest
+    errors (for another round)."""
+    errors = {_key(f) for f in findings if f.severity is Severity.ERROR}
+    if not errors:  # warnings only: the bonus alone, on the lines as they are
+        current = runner.cache.get(_cache_key(start))
+        if not isinstance(current, CheckResult):
+            return None
+        lines, kept = _bonus(findings, runner, given, start, current)
+        return None if kept is current else (lines, kept)
+    candidates = _candidates(findings, runner, start, errors)
+    target = errors & frozenset().union(*(c.removes for c in candidates)) if candidates \
+        else set()
+    if not target:
         return None
-    together = start.edited(edits)
-    result = runner.run(together)
-    if isinstance(result, CheckResult) and not _errors(result.report) - base_errors:
-        return together, result
-    lines, current = _greedy(findings, runner, base_errors, start)
-    return (lines, current) if current is not None else None
+    chosen: tuple[tuple[int, ...], tuple[Edit, ...], CheckResult] | None = None
+    partial: tuple[tuple[int, ...], Lines, CheckResult] | None = None
+    for rank, edits in _combinations(candidates, target, start):
+        if chosen is not None and rank > chosen[0]:
+            break
+        run = runner.run(start.edited(edits))
+        if run is False:
+            break
+        if not isinstance(run, CheckResult):
+            continue
+        result = run
+        if _clears(result, target, base_errors):
+            if chosen is None or len(result.report.findings) < len(chosen[2].report.findings):
+                chosen = (rank, edits, result)
+        elif not _errors(result.report) - base_errors:
+            left = (len(_errors(result.report)), *rank)
+            if partial is None or left < partial[0]:
+                partial = (left, start.edited(edits), result)
+    if chosen is None:
+        return None if partial is None else (partial[1], partial[2])
+    edits = _minimal(chosen[1], runner, start, target, base_errors)
+    lines, last = start.edited(edits), runner.run(start.edited(edits))
+    if not isinstance(last, CheckResult):
+        lines, last = start.edited(chosen[1]), chosen[2]
+    return _bonus(findings, runner, given, lines, last)
 
 
 # Rounds of fixes: what the first round's fixes leave is checked with fixes derived anew
 # (a speculative flag fixed on one server is then copied to the other, for instance).
 _ROUNDS = 2
+
+
+def _credited(finding: Finding, edits: tuple[Edit, ...], given: Lines) -> Finding:
+    """``finding``, which the corrected lines (``edits`` on ``given``) no longer have, with
+    the fixes those lines apply marked proven; where none of its own is among them, one
+    fix naming the combined changes replaces any "no flag change fixes this" (so nothing
+    in the output says no flag change fixes a finding that ``--fix`` clears)."""
+    applied = set(edits)
+    fixes = [fix.with_proof(True) if fix.kind is FixKind.FLAGS and fix.edits
+             and set(fix.edits) <= applied else fix for fix in finding.fixes]
+    kept = [fix for fix in fixes if fix.kind is not FixKind.NO_FLAG_FIX]
+    if any(fix.proven for fix in kept):
+        return replace(finding, fixes=tuple(kept))
+    together = _price(Fix(FixKind.FLAGS, "the corrected lines' changes, which clear it too "
+                          "(no fix of its own did, alone)", field=", ".join(
+                              dict.fromkeys(f.field for f in finding.fixes if f.field)),
+                          edits=edits, proven=True), given)
+    return replace(finding, fixes=(together, *kept))
 
 
 def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
@@ -289,23 +392,30 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
     if not base.report.findings:
         return Fixed(base, None, None, 0, False, lines)
     runner = _Runner(lines, refusals, deadline)
+    runner.cache[_cache_key(lines)] = base
     errors = _errors(base.report)
     findings = [_prove(f, runner, errors) for f in base.report.findings]
-    result = replace(base, report=replace(base.report, findings=tuple(findings)))
-    best = _combine(findings, runner, errors, lines)
+    best = _combine(findings, runner, errors, lines, lines)
     for _ in range(_ROUNDS - 1):
-        if best is None or not best[1].report.findings or runner.runs >= MAX_RUNS \
+        if best is None or not _errors(best[1].report) or runner.runs >= MAX_RUNS \
                 or runner.out_of_time():
             break
         runner.runs += 1  # a check with its fixes derived anew, on the lines so far
         again = run_check(best[0].prefill, best[0].decode, best[0].prefill_env,
                           best[0].decode_env, refusals=refusals)
         runner.base = best[0]  # the round's fixes are proven on the lines so far
-        more = [_prove(f, runner, errors) for f in again.report.findings]
-        better = _combine(more, runner, errors, best[0])
-        if better is not None and len(better[1].report.findings) < len(
-                best[1].report.findings):
+        known = errors | _errors(best[1].report)
+        more = [_prove(f, runner, known) for f in again.report.findings]
+        better = _combine(more, runner, known, best[0], lines)
+        if better is not None and (len(_errors(better[1].report)), len(
+                better[1].report.findings)) < (len(_errors(best[1].report)),
+                                               len(best[1].report.findings)):
             best = better
     corrected, checked = best if best is not None else (None, None)
+    if corrected is not None and checked is not None:
+        edits = corrected.applied
+        left = {_key(f) for f in checked.report.findings}
+        findings = [f if _key(f) in left else _credited(f, edits, lines) for f in findings]
+    result = replace(base, report=replace(base.report, findings=tuple(findings)))
     return Fixed(result, corrected, checked, runner.runs, runner.exhausted, lines,
                  runner.spent() if runner.exhausted else "")

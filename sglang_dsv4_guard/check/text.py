@@ -82,12 +82,19 @@ def render_fixed(fixed: Fixed) -> str:
         return "check --fix: nothing to fix"
     budget = f"; stopped: {fixed.spent}" if fixed.exhausted else ""
     if fixed.lines is None or fixed.lines_result is None:
+        if fixed.result.exit_status == 0:
+            return (f"check --fix: the lines are unchanged: the pair has only warnings, and "
+                    f"each of their proven fixes turns a feature on or off or changes a GPU "
+                    f"count or checkpoint ({fixed.runs} re-run(s) of the check{budget}); "
+                    "apply one from a finding's fix lines if you want it")
         return (f"check --fix: no proven flag change ({fixed.runs} re-run(s) of the check"
                 f"{budget}); the lines are unchanged")
     after = fixed.lines_result
     codes = ", ".join(after.report.codes) or "no findings"
     lines = [f"check --fix: corrected lines ({fixed.runs} re-run(s) of the check{budget}; "
              f"check on them: exit {after.exit_status}, {codes}):"]
+    if fixed.cost is not None:
+        lines.append(f"    what it changes: {fixed.cost.describe()}")
     for role in ("prefill", "decode"):
         env = dict(getattr(fixed.lines, f"{role}_env"))
         lines.append(f"    {role}: {getattr(fixed.lines, role)}")

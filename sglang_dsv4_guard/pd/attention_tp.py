@@ -9,6 +9,7 @@ fix without an edit, not as another sentence.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind, flag_fix
@@ -102,8 +103,35 @@ def attention_tp_fixes(prefill: AttentionLayout, decode: AttentionLayout) -> tup
              if src.attn_tp_size and dst.attn_tp_size != src.attn_tp_size]
     found = [_dp_fix(src, dst, inputs) if dst.known else _unknown_fix(src, dst, inputs)
              for src, dst in pairs]
+    found.append(_both_dp_fix(prefill, decode, inputs))
     found += [_tp_fix(src, dst, inputs) for src, dst in pairs if dst.known]
     return tuple(f for f in found if f is not None)
+
+
+def _both_dp_fix(prefill: AttentionLayout, decode: AttentionLayout, inputs: tuple[str, ...]
+                 ) -> Fix | None:
+    """Both servers given the largest attention TP both --tp-size allow, by their
+    attention-DP sizes (GPU counts kept), where neither server's own attention TP is it
+    (then a one-server fix above does it): TP 3 against TP 2 is attention TP 1 on both."""
+    if not (prefill.known and decode.known) or prefill.attn_tp_size == decode.attn_tp_size:
+        return None
+    widths = [int(s.tp_size or 1) // s.attn_cp_size for s in (prefill, decode)]
+    if any(int(s.tp_size or 1) % s.attn_cp_size for s in (prefill, decode)):
+        return None
+    want = math.gcd(*widths)
+    if want in (prefill.attn_tp_size, decode.attn_tp_size):
+        return None
+    edits: list[Edit | None] = []
+    replicas = 1
+    for server, width in zip((prefill, decode), widths, strict=True):
+        more, dropped = _dp_edits(server, width // want)
+        edits += more
+        replicas = max(replicas, dropped)
+    kept = ("(this changes a GPU count: it drops --dp-size replicas)" if replicas > 1
+            else "keeping each --tp-size (the GPU counts)")
+    return flag_fix(f"give both servers attention TP {want} by their attention DP sizes "
+                    f"({widths[0] // want} and {widths[1] // want}), {kept}", FIELD, edits,
+                    *inputs)
 
 
 def _tp_fix(src: AttentionLayout, dst: AttentionLayout, inputs: tuple[str, ...]) -> Fix | None:

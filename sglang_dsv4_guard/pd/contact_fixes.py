@@ -3,7 +3,8 @@ home for the family, in ``check`` and at run time alike.
 
 Each fix gives one server what SGLang's condition needs, derived from the two endpoints'
 values (never a finding's text): the other server's value (KV cache dtype, page size,
-PP, the DeepSeek-V4 KV layout variables), the neutral one (attention CP, DCP and KV
+PP, the DeepSeek-V4 KV layout variables; for PP also 1 on the decode, which SGLang's rank
+mapping takes with any prefill PP), the neutral one (attention CP, DCP and KV
 cache sharding off), or equal attention TP (:mod:`.attention_tp`). A value is copied
 only from a server where it is known, and a variable only from a server whose
 environment is known; an edit needs a flag the installed release's parser has.
@@ -66,6 +67,14 @@ def contact_fixes(reads: Mapping[str, str], names: tuple[str, ...], prefill: End
                 edited.append(Fix(FixKind.FLAGS, f"launch the {dst.role} server with {label}",
                                   field=name, edits=tuple(e for e in edits if e is not None),
                                   inputs=inputs))
+        if name == "pp_size" and decode.get(name) not in (None, 1) \
+                and not prefill.get(REFUSED) and _typed(decode, name, decode.get(name)):
+            # SGLang's rank mapping takes a decode PP equal to the prefill's, or 1
+            edit = _vetted(flag_edit("decode", "pp_size", None))
+            if edit is not None:
+                edited.append(Fix(FixKind.FLAGS, "launch the decode server without pipeline "
+                                  "parallelism (PP 1, which any prefill PP maps onto)",
+                                  field=name, edits=(edit,), inputs=inputs))
         if name in _ADVICE and not edited and prefill.get(name) != decode.get(name):
             found.append(Fix(FixKind.ADVICE, f"give both servers {_ADVICE[name]}: prefill "
                              f"{prefill.get(name)!r}, decode {decode.get(name)!r}",

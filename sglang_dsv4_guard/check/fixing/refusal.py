@@ -6,7 +6,10 @@ field (``cfg.speculative_num_steps``, in the condition of a bare ``assert``), or
 flag's words with a value (``topk == 1``, ``Only EAGLE and DSPARK speculative
 algorithms``). Each named flag gives candidates: the values the message gives it, the
 other server's value, for a whole-number flag given none the release's own choice then
-``1``, and removing it when the line sets it; a variable of the server's environment the
+``1``, and removing it when the line sets it (a switch is never turned on, but one the
+line types may be removed; a removal takes the flags that depend on the removed one with
+it, :func:`~.cost.with_dependents`); a flag is also named by the value the line gives it
+(``mxfp8 is not supported``); a variable of the server's environment the
 message names is unset. Each candidate line is resolved by the release (the same
 ``parse_launch`` as ``check``); a candidate refused with a new message extends with that
 message's candidates (breadth first, at most :data:`MAX_DEPTH` edits), and at most
@@ -26,6 +29,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from sglang_dsv4_guard.check.fixing.cost import price, with_dependents
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, LaunchArgs, parse_launch
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, typed_flags
 from sglang_dsv4_guard.codes import CODES, docs_url
@@ -42,6 +46,8 @@ MAX_DEPTH = 3
 _MAX_FIXES = 3
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _OPTION = re.compile(r"--[a-z][a-z0-9-]*")
+# What makes the line a prefill or decode server of this pair: never edited by a fix.
+_NEVER_EDITED = ("disaggregation_mode",)
 
 
 def _field_type(field: str) -> str:
@@ -65,10 +71,12 @@ def _singular(word: str) -> str:
     return word[:-1] if word.endswith("s") and len(word) > 4 else word
 
 
-def named_flags(message: str) -> list[Flag]:
-    """The flags ``message`` names: by option string, by ServerArgs field, or by the
-    words of its option (its last word and at least half of them), in the release's
-    parser; each once, in the order found."""
+def named_flags(message: str, typed: Mapping[str, tuple[Flag, str | None]] | None = None
+                ) -> list[Flag]:
+    """The flags ``message`` names: by option string, by ServerArgs field, by the words
+    of its option (its last word and at least half of them), in the release's parser, or
+    by the value the line gives it (``mxfp8 is not supported`` names ``--kv-cache-dtype``
+    on a line typed with ``--kv-cache-dtype mxfp8``); each once, in the order found."""
     words = [_singular(w.lower()) for w in _WORD.findall(message)]
     found: dict[str, Flag] = {}  # by field, the first found
     named = [flag(option) for option in _OPTION.findall(message)]
@@ -82,6 +90,10 @@ def named_flags(message: str) -> list[Flag]:
             continue
         if 2 * sum(part in words for part in parts) > len(parts):
             found[candidate.field] = candidate
+    exact = set(_WORD.findall(message))
+    for field, (typed_flag, value) in (typed or {}).items():
+        if value is not None and len(value) >= 3 and value in exact:
+            found.setdefault(field, typed_flag)
     return list(found.values())
 
 
@@ -170,16 +182,17 @@ def _candidates(role: str, message: str, line: str, env: Mapping[str, str],
                 ) -> list[tuple[Edit, ...]]:
     typed = typed_flags(shlex.split(line))
     out: list[tuple[Edit, ...]] = []
-    for named in named_flags(message):
-        if not named.takes_value:
-            continue  # a switch is never turned on to satisfy a check
-        kind = _field_type(named.field)
-        choice = (release_choice(role, line, env, named, resolve) if "int" in kind
-                  and named.field not in typed else None)
-        out += [(Edit(role, named.option, value),)
-                for value in _values(message, named, typed, other, choice)]
-        if named.field in typed:
-            out.append((Edit(role, named.option, remove=True),))
+    for named in named_flags(message, typed):
+        if named.field in _NEVER_EDITED:
+            continue
+        if named.takes_value:  # a switch is never turned on to satisfy a check
+            kind = _field_type(named.field)
+            choice = (release_choice(role, line, env, named, resolve) if "int" in kind
+                      and named.field not in typed else None)
+            out += [(Edit(role, named.option, value),)
+                    for value in _values(message, named, typed, other, choice)]
+        if named.field in typed:  # removed, with the flags that depend on it
+            out.append(with_dependents([Edit(role, named.option, remove=True)], {role: line}))
     # a variable of the server's environment the message names ("... is no longer
     # supported. Unset it."): unset
     out += [(Edit(role, name, remove=True, env=True),) for name in sorted(env)
@@ -256,7 +269,8 @@ def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refu
     (those that set a flag before those that only remove), or why there are none."""
     found = search(role, shlex.join(argv), env, refusal, typed_flags(list(other_argv)))
     inputs = (f"SGLang's resolution of the {role} server's flags: {refusal}",)
-    ranked = sorted(found.accepted, key=lambda e: (all(x.remove for x in e), len(e)))
+    lines = {role: shlex.join(argv)}
+    ranked = sorted(found.accepted, key=lambda e: price(e, lines, {role: env}).key())
     fixes = tuple(Fix(FixKind.FLAGS, f"the {role} server's flags"
                                      + (" and environment" if any(x.env for x in edits) else "")
                                      + " that SGLang's resolution "
