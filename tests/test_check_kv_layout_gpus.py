@@ -7,9 +7,10 @@ do; releases without the selector (before 0.5.21) do not read the variable."""
 from __future__ import annotations
 
 import unittest
+from pathlib import Path
 from typing import Any
 
-from check_helpers import DSV4, check_json, server
+from check_helpers import DSV4, check_json, run_cli, server
 from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -22,6 +23,9 @@ SELECTOR = Version("0.5.21")  # select_dsv4_kv_layout: the variable is read from
 COMPARED = Version("0.5.23")  # decode's first contact compares the KV layouts from here
 SM100 = ("SM100 (B200)", "SM103 (B300)")
 OFF_SM100 = ("SM80 (A100)", "SM90 (H100/H200)", "SM120 (RTX PRO 6000)")
+
+
+GOLDEN = Path(__file__).parent / "golden"
 
 
 def _check(*more: str) -> tuple[int, dict[str, Any]]:
@@ -122,6 +126,21 @@ class TestLayoutVariableOnOneSide(GuardTestCase):
         self.assertTrue(all(f["proven"] for f in finding["fixes"]))
         self.assertEqual((doc["fix_status"], doc["fixed_check"]["exit_status"]),
                          ("corrected", 0))
+
+    def test_golden_rendering(self) -> None:
+        """The text report's DSV4G031 block for v41 on the prefill equals its golden file
+        (0.5.23: the error; 0.5.21 - 0.5.22: the warning); before 0.5.21 there is none."""
+        line = {r: server(r, DSV4, "--tp-size 8", backend="mooncake") for r in ("prefill", "decode")}
+        _, out, _ = run_cli("check", "--prefill", line["prefill"], "--decode", line["decode"],
+                            "--prefill-env", f"{LAYOUT}=v41")
+        release = sglang_release()
+        if release < SELECTOR:
+            self.assertNotIn(f"[{CODE}]", out)
+            return
+        block = out[out.index(f"[{CODE}]"):].split("\n\n")[0] + "\n"
+        name = "g031_v41_one_side_0_5_23.txt" if release >= COMPARED else \
+            "g031_v41_one_side_0_5_21.txt"
+        self.assertEqual(block, (GOLDEN / name).read_text())
 
 
 if __name__ == "__main__":

@@ -205,7 +205,9 @@ def layout_by_gpu(run: ContractRun) -> LayoutVerdict | None:
         *(Observation("prefill/decode", f"on {r.gpu}", r.as_value(), _HOW) for r in rows))
     lines = tuple(f"  on {r.gpu}: prefill {r.prefill or 'stops'}, decode {r.decode or 'stops'}: "
                   + (f"the {' and '.join(r.fails)} server fails at {r.fails_at}" if r.fails_at
-                     else "SGLang accepts the pair") for r in rows)
+                     else "SGLang accepts the pair" + (
+                         " (the layouts differ, and this release's first contact compares "
+                         "none)" if r.prefill != r.decode else "")) for r in rows)
     finding = Finding(
         code=LAYOUT_CODE, severity=Severity.ERROR if every else Severity.WARNING,
         summary=CODES[LAYOUT_CODE].title,
