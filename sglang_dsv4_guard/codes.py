@@ -346,13 +346,24 @@ CODES: dict[str, CodeInfo] = {
             "0.5.23: decode's first contact compares the KV layout each server's "
             "DeepSeek-V4 pool publishes (`pd_kv_layout`: V4, V4.1 or trtllm's uniform "
             "FP8, from --dsv4-attn-backend, SGLANG_DSV4_KV_LAYOUT and "
-            "SGLANG_DSV4_COMPRESSED_KV_LAYOUT): the decode server exits. The V4.1 layouts "
-            "and trtllm need an SM100/SM103 GPU, and `auto` picks V4.1 only there: check "
-            "computes the layout a non-SM100 GPU gives and says so in its unknowns.",
+            "SGLANG_DSV4_COMPRESSED_KV_LAYOUT): the decode server exits. The layout a "
+            "server gets depends on the GPU (`v41` stops the server at start-up off "
+            "SM100/SM103, `auto` is V4.1 there and V4 elsewhere), so from 0.5.21, when the "
+            "two servers' layout variables differ, check runs SGLang's "
+            "select_dsv4_kv_layout for each server as each GPU model and, where both start, "
+            "the first contact on the layouts chosen: an error where the pair fails on every "
+            "GPU model (a server stops at start-up, or the decode exits at first contact; "
+            "0.5.21 - 0.5.22 compare no layout at first contact), the finding's "
+            "observations holding the per-GPU table.",
             ("check derives an environment fix per server: the other server's "
-             "SGLANG_DSV4_KV_LAYOUT / SGLANG_DSV4_COMPRESSED_KV_LAYOUT",
+             "SGLANG_DSV4_KV_LAYOUT / SGLANG_DSV4_COMPRESSED_KV_LAYOUT, or (layout "
+             "variables that differ) the variables unset on the server that sets them; each "
+             "kept where the edited pair fails on no GPU model or the two servers' variables "
+             "are then equal",
              _RUNTIME),
-            sglang_releases=("0.5.23", None),
+            sglang_releases=("0.5.21", None),
+            milder="a warning when the layout variables differ and the pair fails on some "
+                   "GPU models only (named in its when:)",
         ),
         CodeInfo(
             "DSV4G032",

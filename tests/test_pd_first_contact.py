@@ -199,21 +199,22 @@ class TestFirstContactRows(GuardTestCase):
                          ["Unsupported PD DCP topology: 2 -> 1"])
         self.assertEqual(relayout[0]["subject"], "decode rank registration with the prefill")
 
-    def test_dsv4_layout_needing_sm100_is_unknown(self) -> None:
-        """SGLANG_DSV4_KV_LAYOUT=v41 on the prefill needs an SM100 GPU to resolve: 0.5.23
-        says the layout is not decidable here and reports no DSV4G031; releases before
-        0.5.23 compare no layout and say nothing of it."""
+    def test_dsv4_layout_needing_sm100_is_judged_per_gpu(self) -> None:
+        """SGLANG_DSV4_KV_LAYOUT=v41 on the prefill needs an SM100 GPU to resolve: no
+        longer a 'not decidable' line, the pair is judged per GPU model (0.5.21+, its own
+        tests: test_check_kv_layout_gpus.py); on 0.5.23 the error is DSV4G031 with the
+        first contact's message for SM100; releases before 0.5.21 say nothing of it."""
         _, doc = check_json(server("prefill", DSV4, backend="mooncake"),
                             server("decode", DSV4, backend="mooncake"),
                             "--prefill-env", "SGLANG_DSV4_KV_LAYOUT=v41")
-        self.assertEqual(found(doc, "DSV4G031"), [])
-        notes = [u for u in doc["unknowns"] if "DSV4G031" in u]
+        self.assertEqual([u for u in doc["unknowns"] if "DSV4G031" in u], [])
+        layout = found(doc, "DSV4G031")
         if sglang_release() < Version("0.5.23"):
-            self.assertEqual(notes, [])
+            self.assertEqual([f["severity"] for f in layout],
+                             [] if sglang_release() < Version("0.5.21") else ["warning"])
         else:
-            self.assertTrue(any(u.startswith("prefill: the DeepSeek-V4 KV layout (DSV4G031) "
-                                             "depends on the GPU") for u in notes), notes)
-
+            self.assertEqual([f["severity"] for f in layout], ["error"])
+            self.assertTrue(layout[0]["host_message"].startswith("KV layout mismatch"))
 
 if __name__ == "__main__":
     unittest.main()

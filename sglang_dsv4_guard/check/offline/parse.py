@@ -388,6 +388,23 @@ def resolve_as(args: LaunchArgs, device: Device) -> Any | None:
     return None if server_args is None else _view(server_args)
 
 
+def _pd_role(option: str, role: str, parser: argparse.ArgumentParser, argv: list[str],
+             mode: Any) -> None:
+    """Refuse a line that is not the ``role`` server of a PD pair: its
+    ``--disaggregation-mode`` (as the release's parser reads it, a prefix too) is not
+    ``role``. Untyped is told from a typed ``null`` by parsing into a namespace that
+    already holds a marker (argparse sets no default over it)."""
+    if mode == role:
+        return
+    marker = object()
+    seen = parser.parse_args(argv, argparse.Namespace(disaggregation_mode=marker))
+    has = ("no --disaggregation-mode (the release's default 'null': not a prefill/decode "
+           "server)" if seen.disaggregation_mode is marker
+           else f"--disaggregation-mode is {mode!r}")
+    raise CheckInputError(option, f"{has}; {option} takes the {role} server of the pair: "
+                                  f"--disaggregation-mode {role}")
+
+
 def parse_launch(role: str, text: str, env: Mapping[str, str]) -> LaunchArgs:
     """Parse one server's launch arguments with the installed release's ``ServerArgs``."""
     from sglang.srt.server_args import ServerArgs
@@ -401,6 +418,7 @@ def parse_launch(role: str, text: str, env: Mapping[str, str]) -> LaunchArgs:
         raise CheckInputError(option, str(exc)) from None
     typed = {name: getattr(namespace, name, None) for name in FIELDS}
     _validate(option, typed)
+    _pd_role(option, role, parser, argv, typed["disaggregation_mode"])
     resolving, resolve_env, notes = _resolving(namespace, env)
     device = str(getattr(resolving, "device", None) or "cuda")
     server_args, refusal, cause = _resolve_on(resolving, resolve_env, device)
@@ -412,10 +430,6 @@ def parse_launch(role: str, text: str, env: Mapping[str, str]) -> LaunchArgs:
     else:
         values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)
-    mode = values.get("disaggregation_mode")
-    if mode not in (None, "null", role):
-        raise CheckInputError(option, f"--disaggregation-mode is {mode!r}; the {role} server "
-                                      f"needs {role!r}")
     return LaunchArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
                       resolved_by, None if cause is not None else refusal, server_args,
                       device, machine_refusal, notes)

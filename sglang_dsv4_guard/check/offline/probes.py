@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Device", "as_devices", "devices_for", "probed"]
+__all__ = ["Device", "as_devices", "cuda_present", "devices_for", "probed"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,25 @@ def probed(device: Device | None = None) -> Iterator[list[str]]:
                 for attr in attrs:
                     if id(namespace.get(attr)) in ours:
                         setattr(module, attr, ours[id(namespace[attr])])
+
+
+@contextmanager
+def cuda_present(device: Device) -> Iterator[list[str]]:
+    """:func:`probed` as ``device``, and for the block ``torch.cuda.is_available()`` true
+    and ``torch.version.cuda`` set (a CUDA build with that GPU present): for a function
+    that asks torch whether a GPU is there before it reads its capability (SGLang's
+    ``select_dsv4_kv_layout``); never for a resolution, which would then read the GPU's
+    memory."""
+    import torch
+
+    available, cuda = torch.cuda.is_available, torch.version.cuda
+    with probed(device) as read:
+        torch.cuda.is_available = lambda: True
+        torch.version.cuda = cuda or "12.8"
+        try:
+            yield read
+        finally:
+            torch.cuda.is_available, torch.version.cuda = available, cuda
 
 
 def as_devices(device: str, refusal: str,

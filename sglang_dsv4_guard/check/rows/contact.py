@@ -26,7 +26,8 @@ from sglang_dsv4_guard.check.fixing.refusal import CODE as REFUSAL_CODE
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, offline_env
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import CODE as LAYOUT_ENV_CODE
-from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE, layout_env, selecting
+from sglang_dsv4_guard.check.rows.kv_layout_env import EVERY_MACHINE, layout_env
+from sglang_dsv4_guard.check.rows.kv_layout_gpus import layout_by_gpu, published_layout
 from sglang_dsv4_guard.check.server.derive import DerivedServer, kwargs_for, release_model_config
 from sglang_dsv4_guard.check.server.edit import typed_flags
 from sglang_dsv4_guard.check.server.endpoint_values import (
@@ -60,9 +61,11 @@ from sglang_dsv4_guard.pd.relayout import relayout_findings
 
 log = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["NOTES", "contact_row", "contact_values"]
+__all__ = ["LAYOUT_NOTES", "NOTES", "contact_row", "contact_values"]
 
 NOTES = "first_contact_unknowns"  # the endpoint value carrying what was not derived
+# ... of them, what the layout per GPU model decides when it judges the pair
+LAYOUT_NOTES = "kv_layout_unknowns"
 
 
 def _quantized(side: DerivedServer) -> bool:
@@ -157,23 +160,16 @@ def _kv_layout(side: DerivedServer) -> tuple[Value, str | None]:
     none = Value(None, "the release publishes no KV layout for this pool")
     if not side.model.is_dsv4:
         return none, None
-    module = importlib.import_module(PD_DSV4_LAYOUT.module)  # unscanned: SGLang
-    pool_cls = getattr(module, DSV4_POOL.qualname, None)
-    select = getattr(module, PD_DSV4_LAYOUT.attr, None)
-    if select is None or pool_cls is None or not hasattr(pool_cls, "pd_kv_layout"):
-        return none, None
     backend = resolved_value(side, "dsv4_attn_backend", None)
     typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in DSV4_LAYOUT_ENV)
     source = (f"the release's {PD_DSV4_LAYOUT.attr} and pd_kv_layout on "
               f"--dsv4-attn-backend {backend} and {typed_env}")
+    module = importlib.import_module(PD_DSV4_LAYOUT.module)  # unscanned: SGLang
+    pool_cls = getattr(module, DSV4_POOL.qualname, None)
+    if getattr(module, PD_DSV4_LAYOUT.attr, None) is None or not hasattr(pool_cls, "pd_kv_layout"):
+        return none, None  # no selector, or (before 0.5.23) no layout published
     try:
-        with selecting(side, layout_env(side), unset_others=False) as select:
-            layout, option = select()
-            pool = object.__new__(pool_cls)
-            pool.kv_layout, pool.compressed_kv_layout_option = layout, option
-            pool.compression_ratios = list(side.model.compress_ratios)
-            pool.uniform_fp8 = backend == "trtllm" and not side.unified_kv
-            value = pool.pd_kv_layout()
+        _, value = published_layout(side, layout_env(side))
     except Exception as exc:
         if isinstance(exc, AssertionError) and str(exc).startswith(EVERY_MACHINE):
             return Value(None, source), (
@@ -266,7 +262,7 @@ def _contact_values(side: DerivedServer) -> dict[str, Value]:
     layout, layout_note = (Value(None, ""), None) if "kv_layout" in unknown else _kv_layout(side)
     dspark, dspark_note = (Value(None, ""), None) if "dsv41_spec_layout" in unknown else _dspark(side)
     kv_dtype, dtype_note = (None, None) if "kv_cache_dtype_str" in unknown else _kv_dtype(side)
-    notes = [n for n in (line, layout_note, dspark_note, dtype_note) if n]
+    notes = [n for n in (line, dspark_note, dtype_note) if n]
     if kv_dtype is None and "kv_cache_dtype_str" not in unknown:
         unknown.append("kv_cache_dtype_str")
     dcp = resolved_value(side, "dcp_size", 1) or 1
@@ -279,6 +275,8 @@ def _contact_values(side: DerivedServer) -> dict[str, Value]:
         "kv_layout": layout,
         "dsv41_spec_layout": dspark,
         NOTES: Value(tuple(notes), "what check could not derive for these rows"),
+        LAYOUT_NOTES: Value(tuple(n for n in (layout_note,) if n),
+                            "what check could not derive for the KV layout on this machine"),
     }
     if kv_dtype is not None:
         values["kv_cache_dtype_str"] = kv_dtype
@@ -293,8 +291,14 @@ def contact_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
     more, relayout_unknowns = relayout_findings(run.prefill, run.decode, run.release,
                                                 run.prefill_side.args.env)
     findings += more
+    by_gpu = layout_by_gpu(run)  # the layout variables differ: judged per GPU model
+    if by_gpu is not None:
+        findings = [f for f in findings if f.code != LAYOUT_CODE] + list(by_gpu.findings)
+        unknowns += list(by_gpu.unknowns)
     for endpoint in (run.prefill, run.decode):
         unknowns += list(endpoint.get(NOTES, ()))
+        if by_gpu is None or by_gpu.unknowns:
+            unknowns += list(endpoint.get(LAYOUT_NOTES, ()))
     # The page size's fixes are derived_fixes' (flag_fixes._g022: the page size per GPU)
     findings = [f if f.code == PAGE_CODE else _accepted(f, run) for f in findings]
     return findings, unknowns + relayout_unknowns
