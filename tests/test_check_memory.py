@@ -20,7 +20,11 @@ from check_helpers import DSV4, server
 from helpers import GuardTestCase, fresh_python
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.offline.config_limits import MAX_LAYERS
+from sglang_dsv4_guard.check.offline.config_limits import (
+    MAX_CONFIG_BYTES,
+    MAX_LAYERS,
+    config_limit_error,
+)
 
 register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
 
@@ -101,9 +105,42 @@ class TestCheckMemory(GuardTestCase):
         self.assertEqual(err.strip().splitlines(), [
             f"sglang-dsv4-guard check: error: --prefill: --model-path: "
             f"{model}/config.json: num_hidden_layers must be at most {MAX_LAYERS:,} "
-            f"(got 100,000) (at most {MAX_LAYERS:,} layers; the largest released "
-            "DeepSeek model has 61 and one MTP layer)"])
+            "(got 100,000): the largest released DeepSeek model has 61 layers and one "
+            "MTP layer"])
         self.assertLess(peak, PEAK_BOUND_KIB, f"peak RSS {peak} KiB")
+
+
+class TestConfigLimits(GuardTestCase):
+    """The other refused values, read by ``config_limit_error`` before SGLang runs."""
+
+    def write(self, text: str) -> str:
+        root = tempfile.mkdtemp(prefix="dsv4-guard-limits-")
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        with open(os.path.join(root, "config.json"), "w") as f:
+            f.write(text)
+        return root
+
+    def test_limits(self) -> None:
+        """A nested config's layer count, a per-layer list past twice the limit and a file
+        past the size limit are each named; the limit itself and a malformed file (left to
+        SGLang's reading) are not refused."""
+        cases = {
+            "nested": ({"text_config": {"num_hidden_layers": MAX_LAYERS + 1}},
+                       f"text_config.num_hidden_layers must be at most {MAX_LAYERS:,}"),
+            "ratios": ({"compress_ratios": [0] * (2 * MAX_LAYERS + 1)},
+                       f"compress_ratios has {2 * MAX_LAYERS + 1:,} entries"),
+            "limit": ({"num_hidden_layers": MAX_LAYERS, "num_nextn_predict_layers": 1}, None),
+        }
+        for name, (config, expected) in cases.items():
+            with self.subTest(name):
+                found = config_limit_error(self.write(json.dumps(config)))
+                if expected is None:
+                    self.assertIsNone(found)
+                else:
+                    self.assertIn(expected, found or "")
+        self.assertIsNone(config_limit_error(self.write("{not json")))
+        big = self.write(json.dumps({"pad": "x" * MAX_CONFIG_BYTES}))
+        self.assertIn(f"at most {MAX_CONFIG_BYTES:,} are read", config_limit_error(big) or "")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ MAX_CONFIG_BYTES = 4 * 2**20
 # per layer, MTP layers included, so twice the limit).
 _LAYER_KEYS = ("num_hidden_layers", "num_nextn_predict_layers")
 _PER_LAYER_LISTS = ("compress_ratios",)
-_WHY = f"(at most {MAX_LAYERS:,} layers; the largest released DeepSeek model has 61 and one MTP layer)"
+_WHY = "the largest released DeepSeek model has 61 layers and one MTP layer"
 
 
 def config_limit_error(path: str) -> str | None:
@@ -62,10 +62,10 @@ def _over(values: Mapping[str, Any]) -> str | None:
     for key in _LAYER_KEYS:
         value = values.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LAYERS:
-            return f"{key} must be at most {MAX_LAYERS:,} (got {value:,}) {_WHY}"
+            return f"{key} must be at most {MAX_LAYERS:,} (got {value:,}): {_WHY}"
     for key in _PER_LAYER_LISTS:
         value = values.get(key)
         if isinstance(value, list) and len(value) > 2 * MAX_LAYERS:
             return (f"{key} has {len(value):,} entries; at most {2 * MAX_LAYERS:,} (one per "
-                    f"layer, MTP layers included) {_WHY}")
+                    f"layer, MTP layers included): {_WHY}")
     return None
