@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from sglang_dsv4_guard.check.offline.causes import failing_source, joined, machine_cause
+from sglang_dsv4_guard.check.offline.config_limits import config_limit_error
 from sglang_dsv4_guard.check.offline.probes import Device, as_devices, probed
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
@@ -354,6 +355,9 @@ def _validate(option: str, values: Mapping[str, Any]) -> None:
         if path and not os.path.isfile(os.path.join(str(path), "config.json")):
             raise CheckInputError(option, f"{flag}: no config.json in {str(path)!r} (give a "
                                           "local directory; weights are not needed)")
+        refused = config_limit_error(str(path)) if path else None
+        if refused is not None:
+            raise CheckInputError(option, f"{flag}: {refused}")
 
 
 def _resolving(namespace: argparse.Namespace, env: Mapping[str, str]

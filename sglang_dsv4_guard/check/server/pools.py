@@ -4,8 +4,10 @@ The target and draft pools are built with the installed release's
 ``DeepSeekV4TokenToKVPool.__init__`` (keyword arguments filtered by its signature, the
 server's resolved ``ServerArgs`` published in the runtime context and its environment
 applied for the duration, ``online_mtp_max_draft_tokens`` as the release's KV-cache
-configurator passes it, FP8 KV dtype, tiny sizes) from the values the server's flags and
-configs imply; the draft's layers get the ratio the release's
+configurator passes it, FP8 KV dtype, tiny sizes, on torch's ``meta`` device: every
+tensor has its shape and dtype but no storage, so memory does not grow with the layer
+count, issue 32) from the values the server's flags and configs imply; the draft's
+layers get the ratio the release's
 ``KVCacheConfigurator`` gives a draft worker (``COMPRESS_RATIO_NEXTN_LAYER``). Then the
 release's ``setup_state_kv_args`` runs on them, wrapped by the guard's own state wrapper
 (not installed globally), and the guard's report is returned, with the state types
@@ -40,6 +42,9 @@ __all__ = ["PoolRun", "draft_ratio", "last_run", "max_draft_tokens",
 
 log = logging.getLogger(LOGGER_NAME)
 _POOL_ROWS = 1024  # SWA slots of a miniature pool; page sizes must divide it
+# Shapes without storage: a CPU pool of 2,000 layers took ~3.5 MB a layer (issue 32).
+# SGLang's check reads the buffers' sizes and addresses (0 on meta), never their bytes.
+_POOL_DEVICE = "meta"
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ def _pool(ratios: Sequence[int], window: int, page: int, draft: bool, mtp: int) 
         c4_state_pool_size=8, c128_state_pool_size=8, page_size=page, swa_page_size=page,
         dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32,
         c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64,
-        indexer_head_dim=128, layer_num=len(ratios), device="cpu",
+        indexer_head_dim=128, layer_num=len(ratios), device=_POOL_DEVICE,
         enable_memory_saver=False, compression_ratios=list(ratios), sliding_window=window,
         is_draft_worker=draft, online_mtp_max_draft_tokens=mtp,
     )
