@@ -427,7 +427,8 @@ CODES: dict[str, CodeInfo] = {
             "tuple's repr: the decode server exits. A first-contact message check cannot "
             "map to a value is reported under this code as SGLang wrote it.",
             ("check derives flag fixes from the assertion: the decode's --pp-size set to "
-             "the prefill's, the decode without --attn-cp-size, the prefill without "
+             "the prefill's or removed (PP 1), each saying the decode's GPU count before "
+             "and after, the decode without --attn-cp-size, the prefill without "
              "--enable-kv-cache-sharding, or the attention-TP fixes",
              _RUNTIME),
         ),

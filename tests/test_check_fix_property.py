@@ -1,13 +1,24 @@
-"""Property: on drawn failing launch pairs, ``check --fix``'s corrected lines pass ``check``
-(exit 0), or each error left says no flag change fixes it; and every flag any fix names
-is one the installed release's ``ServerArgs.add_cli_args`` parser accepts.
+"""Property: on drawn failing launch pairs, ``check --fix`` picks the cheapest proven change.
 
-Run in-process on the installed release (few examples: each costs several resolutions);
-the counts (fixed / no flag fix) are printed when the class ends.
+For every drawn pair with findings (in-process, on the installed release):
+
+- the corrected lines pass ``check`` (exit 0), or each error left says no flag change
+  fixes it;
+- the chosen combination is minimal: no proper subset of its changes (an edit, or a
+  removal with the flags that go with it) clears the errors (every subset up to
+  :data:`SUBSETS_UP_TO` changes, else every subset one change smaller); edits added for
+  warnings only (the bonus) each change values only (cost tier 2 or less);
+- no cheaper change clears them: every fix of the pair, and every two together, cheaper
+  than the chosen one in the cost order (:class:`~sglang_dsv4_guard.fixes.Cost`), leaves
+  an error (at most :data:`CHEAPER` of them re-checked per pair);
+- every flag any fix names is one the installed release's parser accepts.
+
+The counts are printed when the class ends (the closing notes quote them per release).
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import unittest
 from typing import Any, ClassVar
@@ -18,18 +29,29 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.prove import Lines, fix_check
-from sglang_dsv4_guard.fixes import FixKind
+from sglang_dsv4_guard.check.offline.parse import CheckInputError
+from sglang_dsv4_guard.check.predict import run_check
+from sglang_dsv4_guard.check.prove import Lines, changes, cost, fix_check
+from sglang_dsv4_guard.fixes import Edit, FixKind
 from sglang_dsv4_guard.host.flags import accepts
 
-register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
+# The cheaper changes re-checked per pair (each is one check); every proper subset of a
+# change of at most SUBSETS_UP_TO parts, else each subset one part smaller.
+CHEAPER = 6
+SUBSETS_UP_TO = 4
 SPECULATIVE = (None, "--speculative-algorithm NEXTN", "--speculative-algorithm EAGLE",
                "--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
                "--speculative-num-steps 3 --speculative-num-draft-tokens 4",
                "--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
                "--speculative-num-steps 1")
 UNIFIED = {"SGLANG_HACK_FLASHMLA_BACKEND": "unified_kv_triton"}
+# Flags SGLang refuses on some servers (switches it names, a value on both, a decode's PP)
+# and features the transfer checks read; each drawn only where the release has it.
+EXTRAS = {"prefill": ("--enable-kv-cache-sharding", "--kv-cache-dtype mxfp8", "--pp-size 2"),
+          "decode": ("--disaggregation-decode-enable-offload-kvcache", "--enable-hisparse",
+                     "--kv-cache-dtype mxfp8", "--pp-size 3")}
 
 
 @st.composite
@@ -50,6 +72,10 @@ def pairs(draw: Any) -> Lines:
     if spec:
         for role in (("prefill", "decode") if side == "both" else (side,)):
             extra[role].append(spec)
+    for role, extras in EXTRAS.items():
+        if model == DSV4:
+            extra[role] += [x for x in draw(st.lists(st.sampled_from(extras), max_size=2,
+                                                     unique=True)) if accepts(x.split()[0])]
     backend = draw(st.sampled_from(["mori", "mori", "nixl"]))
     unified = model == DSV4 and draw(st.booleans())
     lines = Lines(server("prefill", model, " ".join(extra["prefill"])),
@@ -58,54 +84,91 @@ def pairs(draw: Any) -> Lines:
     return lines
 
 
-class TestCheckFixProperty(GuardTestCase):
-    """``check --fix`` fixes what a flag can fix, on the installed release."""
+def _errors(lines: Lines) -> bool | None:
+    """Whether ``check`` on ``lines`` has an error (``None``: lines it cannot read)."""
+    try:
+        result = run_check(lines.prefill, lines.decode, lines.prefill_env, lines.decode_env,
+                           derive=False)
+    except CheckInputError:
+        return None
+    return result.exit_status != 0
 
-    counts: ClassVar[dict[str, int]] = {"drawn": 0, "failing": 0, "fixed": 0,
-                                        "no_flag_fix": 0}
+
+class TestCheckFixProperty(GuardTestCase):
+    """``check --fix`` picks the cheapest proven change, on the installed release."""
+
+    counts: ClassVar[dict[str, int]] = dict.fromkeys(
+        ("drawn", "failing", "corrected", "no_flag_fix", "warnings_kept", "subsets",
+         "cheaper"), 0)
 
     @classmethod
     def tearDownClass(cls) -> None:
         from helpers import sglang_release
 
-        print(f"check --fix property on SGLang {sglang_release()}: {cls.counts['drawn']} "
-              f"drawn, {cls.counts['failing']} with findings, {cls.counts['fixed']} fixed "
-              f"(check exit 0 on the corrected lines), {cls.counts['no_flag_fix']} with an "
-              "error no flag change fixes", file=sys.__stderr__)
+        c = cls.counts
+        print(f"check --fix property on SGLang {sglang_release()}: {c['drawn']} drawn, "
+              f"{c['failing']} with an error, {c['corrected']} corrected (exit 0 on the "
+              f"corrected lines), {c['no_flag_fix']} with an error no flag change fixes, "
+              f"{c['warnings_kept']} warnings only; minimality: {c['subsets']} proper "
+              f"subsets re-checked, none passed; {c['cheaper']} cheaper changes re-checked, "
+              "none passed", file=sys.__stderr__)
         super().tearDownClass()
-        if cls.counts["drawn"] and not cls.counts["failing"]:
-            raise AssertionError("no drawn pair had a finding: the property tested nothing")
+        if c["drawn"] and not c["corrected"]:
+            raise AssertionError("no drawn pair was corrected: the property tested nothing")
 
     @settings(max_examples=12, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
     @given(pairs())
-    def test_fixed_lines_pass_or_say_no_flag_fix(self, lines: Lines) -> None:
-        """The corrected lines pass ``check``, or every error left is one the report says
-        no flag change fixes; every flag of every fix is in the release's parser."""
+    def test_the_cheapest_minimal_change_is_chosen(self, lines: Lines) -> None:
+        """See the module docstring."""
         counts = type(self).counts
         counts["drawn"] += 1
         fixed = fix_check(lines)
         findings = fixed.result.report.findings
         named = [e.name for f in findings for fix in f.fixes for e in fix.edits if not e.env]
         self.assertEqual([n for n in named if not accepts(n)], [])
-        if not findings:
+        if fixed.result.exit_status == 0:
+            counts["warnings_kept"] += fixed.lines is None and bool(findings)
             return
         counts["failing"] += 1
-        if fixed.lines_result is not None and fixed.lines_result.exit_status == 0:
-            counts["fixed"] += 1
-            return
-        left = fixed.lines_result.report if fixed.lines_result is not None else \
-            fixed.result.report
-        unfixed = {(f.code, f.subject) for f in findings
-                   if any(x.kind is FixKind.NO_FLAG_FIX for x in f.fixes)}
-        if fixed.lines_result is None and fixed.result.exit_status == 0:
-            # warnings only and none fixed by a flag: each says no flag change fixes it
-            self.assertLessEqual({(f.code, f.subject) for f in findings}, unfixed, lines)
+        if fixed.lines is None or fixed.lines_result is None \
+                or fixed.lines_result.exit_status != 0:
+            left = (fixed.lines_result or fixed.result).report
+            unfixed = {(f.code, f.subject) for f in findings
+                       if any(x.kind is FixKind.NO_FLAG_FIX for x in f.fixes)}
+            errors = {(f.code, f.subject) for f in left.findings
+                      if f.severity.value == "error"}
+            self.assertTrue(errors and errors <= unfixed, (lines, errors, unfixed))
             counts["no_flag_fix"] += 1
             return
-        errors = [(f.code, f.subject) for f in left.findings if f.severity.value == "error"]
-        self.assertTrue(errors and set(errors) <= unfixed, (lines, errors, unfixed))
-        counts["no_flag_fix"] += 1
+        counts["corrected"] += 1
+        chosen = fixed.lines.clearing  # the warnings' bonus is a separate, cheap, extra
+        for edit in fixed.lines.bonus:
+            self.assertLessEqual(cost((edit,), lines).tier, 2, (lines, edit))
+        units = changes(chosen, lines)
+        sizes = range(1, len(units)) if len(units) <= SUBSETS_UP_TO else [len(units) - 1]
+        for size in sizes:
+            for subset in itertools.combinations(units, size):
+                counts["subsets"] += 1
+                edits = tuple(e for unit in subset for e in unit)
+                self.assertNotEqual(_errors(lines.edited(edits)), False,
+                                    (lines, "a proper subset passes", edits, chosen))
+        price = cost(chosen, lines).key()
+        fixes = list(dict.fromkeys(fix.edits for f in findings for fix in f.fixes
+                                   if fix.kind is FixKind.FLAGS and fix.edits))
+        cheaper = [edits for edits in (
+            [*fixes, *(a + b for a, b in itertools.combinations(fixes, 2))])
+            if _consistent(edits) and cost(edits, lines).key() < price]
+        for edits in cheaper[:CHEAPER]:
+            counts["cheaper"] += 1
+            self.assertNotEqual(_errors(lines.edited(edits)), False,
+                                (lines, "a cheaper change passes", edits, chosen))
+
+
+def _consistent(edits: tuple[Edit, ...]) -> bool:
+    """Whether ``edits`` edit no flag twice in different ways."""
+    seen: dict[tuple[str, str, bool], Edit] = {}
+    return all(seen.setdefault((e.server, e.name, e.env), e) == e for e in edits)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env
 from sglang_dsv4_guard.findings import Finding, Report, Severity
 from sglang_dsv4_guard.fixes import Cost, Edit, Fix, FixKind
 
-__all__ = ["MAX_RUNS", "Deadline", "Fixed", "Lines", "fix_check"]
+__all__ = ["MAX_RUNS", "Deadline", "Fixed", "Lines", "changes", "cost", "fix_check"]
 
 MAX_RUNS = 32
 
@@ -38,18 +38,28 @@ class Lines:
     decode: str
     prefill_env: Mapping[str, str] = field(default_factory=dict)
     decode_env: Mapping[str, str] = field(default_factory=dict)
-    # the edits that made these lines from the given ones (a later edit of a flag last)
+    # the edits that made these lines from the given ones (a later edit of a flag last),
+    # and those of them added for warnings only (the bonus, :func:`_bonus`)
     applied: tuple[Edit, ...] = field(default=(), compare=False)
+    bonus: tuple[Edit, ...] = field(default=(), compare=False)
 
-    def edited(self, edits: tuple[Edit, ...]) -> Lines:
-        """These lines with ``edits`` applied (each to its server)."""
+    def edited(self, edits: tuple[Edit, ...], bonus: bool = False) -> Lines:
+        """These lines with ``edits`` applied (each to its server); ``bonus``: edits made
+        for warnings only."""
         later = {(e.server, e.name, e.env) for e in edits}
+        kept = [e for e in self.applied if (e.server, e.name, e.env) not in later]
         return Lines(apply_edits(self.prefill, edits, "prefill"),
                      apply_edits(self.decode, edits, "decode"),
                      apply_env(self.prefill_env, edits, "prefill"),
                      apply_env(self.decode_env, edits, "decode"),
-                     tuple(e for e in self.applied if (e.server, e.name, e.env) not in later)
-                     + tuple(edits))
+                     (*kept, *edits),
+                     tuple(e for e in self.bonus if e in kept) + (edits if bonus else ()))
+
+    @property
+    def clearing(self) -> tuple[Edit, ...]:
+        """The applied edits that are not the warnings' bonus: the change that clears the
+        errors."""
+        return tuple(e for e in self.applied if e not in self.bonus)
 
     def by_role(self) -> dict[str, str]:
         """``{"prefill": line, "decode": line}``."""
@@ -263,7 +273,7 @@ def _clears(result: CheckResult | bool | None, target: set[tuple[str, str]],
         _errors(result.report) & target or _errors(result.report) - base_errors)
 
 
-def _units(edits: tuple[Edit, ...], lines: Lines) -> list[tuple[Edit, ...]]:
+def changes(edits: tuple[Edit, ...], lines: Lines) -> list[tuple[Edit, ...]]:
     """``edits`` as the changes an operator makes: each edit alone, except that a removal
     and the flags it takes with it (:func:`~.fixing.cost.with_dependents`) are one."""
     units: list[tuple[Edit, ...]] = []
@@ -282,7 +292,7 @@ def _minimal(edits: tuple[Edit, ...], runner: _Runner, start: Lines,
              ) -> tuple[Edit, ...]:
     """``edits`` without each change (most expensive first) whose removal still clears
     ``target``: no proper subset of what is left, one change less, passes."""
-    units = sorted(_units(edits, start), key=lambda u: cost(u, start).key(), reverse=True)
+    units = sorted(changes(edits, start), key=lambda u: cost(u, start).key(), reverse=True)
     kept = list(units)
     for unit in units:
         if len(kept) == 1:
@@ -306,7 +316,7 @@ def _bonus(findings: list[Finding], runner: _Runner, given: Lines, lines: Lines,
         for fix in sorted((f for f in finding.fixes if f.proven and f.edits
                            and cost(f.edits, given).tier <= 2),
                           key=lambda f: cost(f.edits, given).key()):
-            trial = lines.edited(fix.edits)
+            trial = lines.edited(fix.edits, bonus=True)
             done = runner.run(trial)
             if isinstance(done, CheckResult) and not _errors(done.report) and len(
                     done.report.findings) < len(current.report.findings):
@@ -320,7 +330,8 @@ def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
     """The cheapest combination of fixes (:func:`_combinations`) that clears every error
     any fix removes, made minimal (:func:`_minimal`); among combinations of one cost, the
     one leaving the fewest findings. Without one, the combination that leaves the fewest
-    errors (for another round)."""
+    errors (for another round: it may bring errors of its own, whose fixes the next round
+    derives; lines with an error the pair did not have are never the answer)."""
     errors = {_key(f) for f in findings if f.severity is Severity.ERROR}
     if not errors:  # warnings only: the bonus alone, on the lines as they are
         current = runner.cache.get(_cache_key(start))
@@ -347,8 +358,9 @@ def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
         if _clears(result, target, base_errors):
             if chosen is None or len(result.report.findings) < len(chosen[2].report.findings):
                 chosen = (rank, edits, result)
-        elif not _errors(result.report) - base_errors:
-            left = (len(_errors(result.report)), *rank)
+        else:  # for another round: fewest new errors, then fewest errors, then cost
+            left = (len(_errors(result.report) - base_errors), len(_errors(result.report)),
+                    *rank)
             if partial is None or left < partial[0]:
                 partial = (left, start.edited(edits), result)
     if chosen is None:
@@ -411,6 +423,8 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
                 better[1].report.findings)) < (len(_errors(best[1].report)),
                                                len(best[1].report.findings)):
             best = better
+    if best is not None and _errors(best[1].report) - errors:
+        best = None  # a change that brings an error of its own is no fix
     corrected, checked = best if best is not None else (None, None)
     if corrected is not None and checked is not None:
         edits = corrected.applied
