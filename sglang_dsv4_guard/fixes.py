@@ -103,7 +103,7 @@ class Cost:
     values: tuple[str, ...] = ()
     gpus: tuple[str, ...] = ()
     checkpoints: tuple[str, ...] = ()
-    edits: int = 0
+    edit_count: int = 0
 
     @property
     def tier(self) -> int:
@@ -115,7 +115,12 @@ class Cost:
         """The order fixes are chosen in, least given up first: the tier, then checkpoints,
         GPU counts, features turned off, turned on, typed values changed, servers, edits."""
         return (self.tier, len(self.checkpoints), len(self.gpus), len(self.off),
-                len(self.on), len(self.values), len(self.servers), self.edits)
+                len(self.on), len(self.values), len(self.servers), self.edit_count)
+
+    def given_up(self) -> tuple[int, ...]:
+        """:meth:`key` without servers and edits: what the operator gives up, so a change
+        with fewer edits that gives up more (a GPU count) is not the cheaper one."""
+        return self.key()[:-2]
 
     def describe(self) -> str:
         """``changes the decode; turns off decode: --enable-hisparse; GPU count decode: 12 -> 8``."""
@@ -133,7 +138,7 @@ class Cost:
         return {"tier": self.tier, "gives_up": COST_TIERS[self.tier],
                 "servers": list(self.servers), "off": list(self.off), "on": list(self.on),
                 "values": list(self.values), "gpus": list(self.gpus),
-                "checkpoints": list(self.checkpoints), "edits": self.edits}
+                "checkpoints": list(self.checkpoints), "edit_count": self.edit_count}
 
 
 @dataclass(frozen=True)

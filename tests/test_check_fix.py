@@ -23,7 +23,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.check.fixing import refusal
 from sglang_dsv4_guard.check.offline.parse import parse_launch
 from sglang_dsv4_guard.check.predict import run_check
-from sglang_dsv4_guard.check.prove import Lines, _errors, _prove, _Runner, fix_check
+from sglang_dsv4_guard.check.prove import _prove, fix_check
+from sglang_dsv4_guard.check.rerun import Lines, Runner, errors_of
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env
 from sglang_dsv4_guard.check.server.state_types import registered_state
 from sglang_dsv4_guard.check.server.swa_layout import registered_layout
@@ -266,8 +267,8 @@ class TestCheckFix(GuardTestCase):
         bad = Fix(FixKind.FLAGS, "mori and BOGUS", edits=(
             Edit("decode", "--disaggregation-transfer-backend", "mori"),
             Edit("decode", "--speculative-algorithm", "BOGUS")))
-        proved = _prove(replace(g023, fixes=(bad,)), _Runner(lines, tuple),
-                        _errors(base.report))
+        proved = _prove(replace(g023, fixes=(bad,)), Runner(lines, tuple),
+                        errors_of(base.report))
         self.assertIs(proved.fixes[0].proven, False)
 
     def test_g005_own_draft_is_proven(self) -> None:

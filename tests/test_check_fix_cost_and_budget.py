@@ -16,7 +16,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_dsv4_guard.check.child import fix_status
 from sglang_dsv4_guard.check.fixing import refusal
 from sglang_dsv4_guard.check.offline.parse import parse_launch
-from sglang_dsv4_guard.check.prove import Fixed, Lines, cost, fix_check
+from sglang_dsv4_guard.check.prove import Fixed, fix_check
+from sglang_dsv4_guard.check.rerun import Lines, cost
 from sglang_dsv4_guard.check.server import pools
 from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -110,18 +111,27 @@ class TestRemovalCost(GuardTestCase):
     """Removing a feature the operator typed is priced like switching one on: a feature."""
 
     def test_removing_a_typed_switch_counts_as_a_feature_change(self) -> None:
-        """A fix removing the prefill's typed --enable-dp-attention turns a feature off (and
-        its --dp-size 2 then counts replicas: 8 GPUs become 16); adding it to the decode
-        turns one on."""
+        """A fix removing the prefill's typed --enable-dp-attention turns attention DP off
+        (and its --dp-size 2 then counts replicas: 8 GPUs become 16); adding --dp-size 2
+        --enable-dp-attention to the decode turns it on."""
         lines = Lines(server("prefill", GPT_OSS, "--tp-size 8 --dp-size 2 --enable-dp-attention"),
                       server("decode", GPT_OSS, "--tp-size 8"))
         removal = cost((Edit("prefill", "--enable-dp-attention", remove=True),), lines)
-        adding = cost((Edit("decode", "--enable-dp-attention"),), lines)
+        adding = cost((Edit("decode", "--dp-size", "2"), Edit("decode", "--enable-dp-attention")),
+                      lines)
         self.assertEqual((removal.off, removal.on, removal.gpus),
-                         (("prefill: --enable-dp-attention",), (), ("prefill: 8 -> 16",)))
+                         (("prefill: attention DP",), (), ("prefill: 8 -> 16",)))
         self.assertEqual((adding.off, adding.on, adding.gpus, adding.tier),
-                         ((), ("decode: --enable-dp-attention",), (), 3))
+                         ((), ("decode: attention DP",), (), 3))
         self.assertEqual(removal.tier, 4)
+        if flag_for_field("attn_dp_size") is None:  # 0.5.16-0.5.21: no newer spelling
+            return
+        # the deprecated spelling respelled as --attn-dp-size: nothing the server runs changes
+        respelled = cost((Edit("prefill", "--enable-dp-attention", remove=True),
+                          Edit("prefill", "--dp-size", remove=True),
+                          Edit("prefill", "--attn-dp-size", "2")), lines)
+        self.assertEqual((respelled.off, respelled.on, respelled.gpus, respelled.tier),
+                         ((), (), (), 1))
 
 
 class TestRefusalBudget(GuardTestCase):
@@ -136,6 +146,18 @@ class TestRefusalBudget(GuardTestCase):
         with mock.patch.object(refusal, "parse_launch", wraps=parse_launch) as spy:
             found = refusal.search("prefill", line, {}, str(side.resolution_error), {})
         self.assertEqual(found.resolutions, spy.call_count)
+
+    def test_a_search_out_of_budget_is_not_called_hopeless(self) -> None:
+        """A refusal whose search ran out of resolutions says "not found" and the budget,
+        never "no flag change fixes this" (a change may exist past it)."""
+        line = server("prefill", DSV4, NEXTN)
+        side = parse_launch("prefill", line, {})
+        with mock.patch.object(refusal, "MAX_RESOLUTIONS", 1):
+            fixes = refusal.refusal_fixes("prefill", side.argv, {}, str(side.resolution_error),
+                                          ())
+        self.assertEqual([f.kind for f in fixes], [FixKind.NO_FLAG_FIX])
+        self.assertTrue(fixes[0].text.startswith("not found:"), fixes[0].text)
+        self.assertIn("budget of 1 resolutions ran out", fixes[0].text)
 
 
 class TestPoolRunEdits(GuardTestCase):

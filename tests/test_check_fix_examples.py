@@ -165,6 +165,9 @@ class TestGpuCounts(_Examples):
     """A fix that changes a GPU count says so, before and after."""
 
     def test_decode_pp_takes_the_prefills_or_one(self) -> None:
+        """Decode PP 3 against the prefill's 2 (12 GPUs): the prefill's PP (12 -> 8) or
+        none (12 -> 4), each saying so; no TP keeps 12 GPUs at PP 2 or 1 as a power of two
+        (6, 12), so none is offered."""
         doc = self.run_fix(server("prefill", DSV4, "--tp-size 4 --pp-size 2"),
                            server("decode", DSV4, "--tp-size 4 --pp-size 3"))
         [g035] = findings(doc, "DSV4G035")
@@ -172,6 +175,17 @@ class TestGpuCounts(_Examples):
         self.assertEqual(priced, {(("decode", "--pp-size", "2", False),): ["decode: 12 -> 8"],
                                   (("decode", "--pp-size", None, True),): ["decode: 12 -> 4"]})
         self.assertEqual(doc["fix_cost"]["tier"], 4)
+
+    def test_decode_pp_and_tp_traded_to_keep_the_gpu_count(self) -> None:
+        """Decode TP 4 x PP 4 against the prefill's PP 2 (16 GPUs): TP 8 x PP 2 keeps them
+        (values only) and is applied, not PP 2 alone (16 -> 8), though that is fewer edits."""
+        doc = self.run_fix(server("prefill", DSV4, "--tp-size 8 --pp-size 2", "mooncake"),
+                           server("decode", DSV4, "--tp-size 4 --pp-size 4", "mooncake"))
+        self.assertEqual(doc["fix_status"], "corrected")
+        self.assertEqual((doc["fix_cost"]["gpus"], doc["fix_cost"]["tier"]), ([], 2))
+        argv = shlex.split(doc["fixed"]["decode"])
+        self.assertEqual((argv[argv.index("--tp-size") + 1], argv[argv.index("--pp-size") + 1]),
+                         ("8", "2"))
 
     def test_mori_tp_3_and_2_keep_their_gpus_by_attention_dp(self) -> None:
         doc = self.run_fix(server("prefill", GPT_OSS, "--tp-size 3"),

@@ -121,15 +121,19 @@ class TestConfigLimits(GuardTestCase):
         return root
 
     def test_limits(self) -> None:
-        """A nested config's layer count, a per-layer list past twice the limit and a file
-        past the size limit are each named; the limit itself and a malformed file (left to
+        """A nested config's layer count (at any depth read), a per-layer list past twice the
+        limit, a file that is not a JSON object and a file past the size limit are each
+        named; the limit itself and a malformed file (left to
         SGLang's reading) are not refused."""
         cases = {
             "nested": ({"text_config": {"num_hidden_layers": MAX_LAYERS + 1}},
                        f"text_config.num_hidden_layers must be at most {MAX_LAYERS:,}"),
             "ratios": ({"compress_ratios": [0] * (2 * MAX_LAYERS + 1)},
                        f"compress_ratios has {2 * MAX_LAYERS + 1:,} entries"),
+            "deeper": ({"llm_config": {"text_config": {"num_hidden_layers": MAX_LAYERS + 1}}},
+                       f"llm_config.text_config.num_hidden_layers must be at most {MAX_LAYERS:,}"),
             "limit": ({"num_hidden_layers": MAX_LAYERS, "num_nextn_predict_layers": 1}, None),
+            "list": ([1, 2], "holds a JSON list; a model's config.json is a JSON object"),
         }
         for name, (config, expected) in cases.items():
             with self.subTest(name):

@@ -109,7 +109,8 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
                   started: float) -> dict[str, Any]:
     """``check --fix``: the check with each fix proven, and the corrected lines."""
     # deferred: the child's work (imports SGLang)
-    from sglang_dsv4_guard.check.prove import Deadline, Lines, fix_check
+    from sglang_dsv4_guard.check.prove import fix_check
+    from sglang_dsv4_guard.check.rerun import Deadline, Lines
     from sglang_dsv4_guard.check.text import render_check, render_fixed
 
     limit = check_timeout()

@@ -1,98 +1,51 @@
-"""``check --fix``: every flag fix proven by re-running the whole check on edited lines.
+"""``check --fix``: the cheapest proven change, found by re-running the whole check on
+edited lines.
 
 For a pair with findings, each finding's ``FLAGS`` fixes are applied to the two lines
 (:mod:`.edit`) and :func:`~.predict.run_check` runs again on them (SGLang's resolution
 and every check). A fix is proven (``proven=True``) when its finding is gone and no
 error appears that the pair did not have; otherwise ``False`` (a line the release's
 parser or ``check`` cannot read counts as not fixed). A finding none of whose fixes is
-proven gets a ``NO_FLAG_FIX`` fix saying why. Then the proven fixes are combined into
-the corrected lines (:func:`_combine`). At most :data:`MAX_RUNS` re-runs are made; past
-that a fix is left unproven (``None``) and the finding says the budget ran out.
+proven gets a ``NO_FLAG_FIX`` fix saying why.
+
+Then the fixes are combined jointly (:func:`_combine`): every combination of at most
+:data:`MAX_COMBINED` fixes that, by what each removed alone, covers the errors, in the
+cost order of :class:`~sglang_dsv4_guard.fixes.Cost`, until one clears them; it is made
+minimal (:func:`_minimal`), and warnings get only value-changing fixes on top
+(:func:`_bonus`). What that leaves is checked again with fixes derived anew, while each
+round leaves fewer errors (at most :data:`MAX_ROUNDS`). A finding the corrected lines
+clear is credited with their change (:func:`_credited`). At most
+:data:`~.rerun.MAX_RUNS` re-runs are made (:mod:`.rerun`); past that a fix is left
+unproven (``None``) and the finding says the budget ran out.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from sglang_dsv4_guard.check.fixing.cost import price, priced, with_dependents
-from sglang_dsv4_guard.check.offline.parse import CheckInputError
+from sglang_dsv4_guard.check.fixing.cost import priced, with_dependents
 from sglang_dsv4_guard.check.predict import CheckResult, run_check
-from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env
-from sglang_dsv4_guard.findings import Finding, Report, Severity
+from sglang_dsv4_guard.check.rerun import (
+    MAX_RUNS,
+    Deadline,
+    Lines,
+    Runner,
+    cache_key,
+    cost,
+    errors_of,
+    finding_key,
+)
+from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Cost, Edit, Fix, FixKind
 
-__all__ = ["MAX_RUNS", "Deadline", "Fixed", "Lines", "changes", "cost", "fix_check"]
+__all__ = ["MAX_COMBINED", "MAX_ROUNDS", "Fixed", "changes", "fix_check"]
 
-MAX_RUNS = 32
-
-
-@dataclass(frozen=True)
-class Lines:
-    """Both servers' launch lines and environments, as ``check`` is given them."""
-
-    prefill: str
-    decode: str
-    prefill_env: Mapping[str, str] = field(default_factory=dict)
-    decode_env: Mapping[str, str] = field(default_factory=dict)
-    # the edits that made these lines from the given ones (a later edit of a flag last),
-    # and those of them added for warnings only (the bonus, :func:`_bonus`)
-    applied: tuple[Edit, ...] = field(default=(), compare=False)
-    bonus: tuple[Edit, ...] = field(default=(), compare=False)
-
-    def edited(self, edits: tuple[Edit, ...], bonus: bool = False) -> Lines:
-        """These lines with ``edits`` applied (each to its server); ``bonus``: edits made
-        for warnings only."""
-        later = {(e.server, e.name, e.env) for e in edits}
-        kept = [e for e in self.applied if (e.server, e.name, e.env) not in later]
-        return Lines(apply_edits(self.prefill, edits, "prefill"),
-                     apply_edits(self.decode, edits, "decode"),
-                     apply_env(self.prefill_env, edits, "prefill"),
-                     apply_env(self.decode_env, edits, "decode"),
-                     (*kept, *edits),
-                     tuple(e for e in self.bonus if e in kept) + (edits if bonus else ()))
-
-    @property
-    def clearing(self) -> tuple[Edit, ...]:
-        """The applied edits that are not the warnings' bonus: the change that clears the
-        errors."""
-        return tuple(e for e in self.applied if e not in self.bonus)
-
-    def by_role(self) -> dict[str, str]:
-        """``{"prefill": line, "decode": line}``."""
-        return {"prefill": self.prefill, "decode": self.decode}
-
-    def envs(self) -> dict[str, Mapping[str, str]]:
-        """``{"prefill": env, "decode": env}``."""
-        return {"prefill": self.prefill_env, "decode": self.decode_env}
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{prefill, decode, prefill_env, decode_env}``."""
-        return {"prefill": self.prefill, "decode": self.decode,
-                "prefill_env": dict(self.prefill_env), "decode_env": dict(self.decode_env)}
-
-    def unset(self, given: Lines, role: str) -> tuple[str, ...]:
-        """The variables of ``given``'s ``role`` environment that these lines no longer set."""
-        now = getattr(self, f"{role}_env")
-        return tuple(name for name in getattr(given, f"{role}_env") if name not in now)
-
-    def to_fixed_dict(self, given: Lines) -> dict[str, Any]:
-        """:meth:`to_dict` plus ``prefill_unset``/``decode_unset``: the variables of the
-        given environments these lines unset (an environment lists only what is set)."""
-        return {**self.to_dict(), **{f"{role}_unset": list(self.unset(given, role))
-                                     for role in ("prefill", "decode")}}
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """When ``check --fix`` stops re-running the check (``time.monotonic()``), and how the
-    report says so."""
-
-    at: float
-    text: str
+# The most fixes the joint search combines (one per error, usually), and the most rounds
+# of fixes derived anew on what the previous round's change leaves.
+MAX_COMBINED = 3
+MAX_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -114,63 +67,12 @@ class Fixed:
         return None if self.lines is None else cost(self.lines.applied, self.given)
 
 
-def _key(finding: Finding) -> tuple[str, str]:
-    return finding.code, finding.subject
-
-
-def _errors(report: Report) -> set[tuple[str, str]]:
-    return {_key(f) for f in report.by_severity(Severity.ERROR)}
-
-
-class _Runner:
-    """``run_check`` on edited lines, each distinct pair once, at most :data:`MAX_RUNS`."""
-
-    def __init__(self, base: Lines, refusals: Callable[[], tuple[str, ...]],
-                 deadline: Deadline | None = None) -> None:
-        self.base, self.refusals, self.runs, self.exhausted = base, refusals, 0, False
-        self.deadline = deadline
-        self.cache: dict[str, CheckResult | None] = {}
-
-    def out_of_time(self) -> bool:
-        """Whether the deadline has passed."""
-        return self.deadline is not None and time.monotonic() >= self.deadline.at
-
-    def spent(self) -> str:
-        """Which budget ran out, as the report says it."""
-        if self.out_of_time() and self.deadline is not None:
-            return self.deadline.text
-        return f"{MAX_RUNS} re-runs of the check were the budget and it ran out"
-
-    def run(self, lines: Lines) -> CheckResult | bool | None:
-        """The check of ``lines``; ``None`` for lines it cannot read, ``False`` past the
-        budget."""
-        key = _cache_key(lines)
-        if key in self.cache:
-            return self.cache[key]
-        if self.runs >= MAX_RUNS or self.out_of_time():
-            self.exhausted = True
-            return False
-        self.runs += 1
-        try:
-            result: CheckResult | None = run_check(
-                lines.prefill, lines.decode, lines.prefill_env, lines.decode_env,
-                refusals=self.refusals, derive=False)
-        except CheckInputError:
-            result = None
-        self.cache[key] = result
-        return result
-
-
-def _cache_key(lines: Lines) -> str:
-    return repr(sorted(lines.to_dict().items()))
-
-
 def _removes(result: CheckResult, finding: Finding, base_errors: set[tuple[str, str]]) -> bool:
-    keys = {_key(f) for f in result.report.findings}
-    return _key(finding) not in keys and not _errors(result.report) - base_errors
+    keys = {finding_key(f) for f in result.report.findings}
+    return finding_key(finding) not in keys and not errors_of(result.report) - base_errors
 
 
-def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]]) -> Finding:
+def _prove(finding: Finding, runner: Runner, base_errors: set[tuple[str, str]]) -> Finding:
     fixes, tried, budget = [], 0, False
     for fix in finding.fixes:
         if fix.kind is not FixKind.FLAGS or not fix.edits:
@@ -197,15 +99,6 @@ def _prove(finding: Finding, runner: _Runner, base_errors: set[tuple[str, str]])
     return replace(finding, fixes=tuple(fixes))
 
 
-def _price(fix: Fix, lines: Lines) -> Fix:
-    return priced(fix, lines.by_role(), lines.envs())
-
-
-def cost(edits: tuple[Edit, ...], lines: Lines) -> Cost:
-    """What ``edits`` change against ``lines`` (:func:`~.fixing.cost.price`)."""
-    return price(edits, lines.by_role(), lines.envs())
-
-
 @dataclass(frozen=True)
 class _Candidate:
     """A fix the joint search may combine: its edits and the base errors its own re-run
@@ -215,7 +108,7 @@ class _Candidate:
     removes: frozenset[tuple[str, str]]
 
 
-def _candidates(findings: list[Finding], runner: _Runner, start: Lines,
+def _candidates(findings: list[Finding], runner: Runner, start: Lines,
                 errors: set[tuple[str, str]]) -> list[_Candidate]:
     """Every flag fix of ``findings`` whose own re-run removed at least one of ``errors``."""
     out: dict[tuple[Edit, ...], _Candidate] = {}
@@ -223,9 +116,9 @@ def _candidates(findings: list[Finding], runner: _Runner, start: Lines,
         for fix in finding.fixes:
             if fix.kind is not FixKind.FLAGS or not fix.edits or fix.edits in out:
                 continue
-            done = runner.cache.get(_cache_key(start.edited(fix.edits)))
+            done = runner.cache.get(cache_key(start.edited(fix.edits)))
             if isinstance(done, CheckResult):
-                removes = frozenset(errors - _errors(done.report))
+                removes = frozenset(errors - errors_of(done.report))
                 if removes:
                     out[fix.edits] = _Candidate(fix.edits, removes)
     return list(out.values())
@@ -240,10 +133,6 @@ def _merged(parts: tuple[_Candidate, ...]) -> tuple[Edit, ...] | None:
             return None
         edits[key] = edit
     return tuple(edits.values())
-
-
-# The most fixes the joint search combines (one per error, usually).
-MAX_COMBINED = 3
 
 
 def _combinations(candidates: list[_Candidate], target: set[tuple[str, str]], start: Lines
@@ -270,7 +159,7 @@ def _clears(result: CheckResult | bool | None, target: set[tuple[str, str]],
             base_errors: set[tuple[str, str]]) -> bool:
     """Whether ``result`` leaves none of ``target`` and no error the pair did not have."""
     return isinstance(result, CheckResult) and not (
-        _errors(result.report) & target or _errors(result.report) - base_errors)
+        errors_of(result.report) & target or errors_of(result.report) - base_errors)
 
 
 def changes(edits: tuple[Edit, ...], lines: Lines) -> list[tuple[Edit, ...]]:
@@ -287,17 +176,22 @@ def changes(edits: tuple[Edit, ...], lines: Lines) -> list[tuple[Edit, ...]]:
     return units
 
 
-def _minimal(edits: tuple[Edit, ...], runner: _Runner, start: Lines,
+def _minimal(edits: tuple[Edit, ...], runner: Runner, start: Lines,
              target: set[tuple[str, str]], base_errors: set[tuple[str, str]]
              ) -> tuple[Edit, ...]:
     """``edits`` without each change (most expensive first) whose removal still clears
-    ``target``: no proper subset of what is left, one change less, passes."""
+    ``target`` at no higher cost: no proper subset of what is left, one change less,
+    passes as cheaply (dropping ``--tp-size 8`` from ``--pp-size 2 --tp-size 8`` may still
+    pass, but halves the GPU count: the subset costs more, and the change stays)."""
     units = sorted(changes(edits, start), key=lambda u: cost(u, start).key(), reverse=True)
     kept = list(units)
     for unit in units:
         if len(kept) == 1:
             break
         trial = tuple(e for u in kept if u is not unit for e in u)
+        if cost(trial, start).given_up() > cost(tuple(e for u in kept for e in u),
+                                                 start).given_up():
+            continue  # cheaper in edits but dearer in what it gives up
         result = runner.run(start.edited(trial))
         if result is False:
             break
@@ -306,35 +200,35 @@ def _minimal(edits: tuple[Edit, ...], runner: _Runner, start: Lines,
     return tuple(e for u in kept for e in u)
 
 
-def _bonus(findings: list[Finding], runner: _Runner, given: Lines, lines: Lines,
+def _bonus(findings: list[Finding], runner: Runner, given: Lines, lines: Lines,
            current: CheckResult) -> tuple[Lines, CheckResult]:
     """Warnings left on ``lines`` cleared where a proven fix of theirs changes only values
     (cost tier 2 or less) and brings no error: a bonus, never a condition."""
     for finding in findings:
-        if _key(finding) not in {_key(f) for f in current.report.findings}:
+        if finding_key(finding) not in {finding_key(f) for f in current.report.findings}:
             continue
         for fix in sorted((f for f in finding.fixes if f.proven and f.edits
                            and cost(f.edits, given).tier <= 2),
                           key=lambda f: cost(f.edits, given).key()):
             trial = lines.edited(fix.edits, bonus=True)
             done = runner.run(trial)
-            if isinstance(done, CheckResult) and not _errors(done.report) and len(
+            if isinstance(done, CheckResult) and not errors_of(done.report) and len(
                     done.report.findings) < len(current.report.findings):
                 lines, current = trial, done
                 break
     return lines, current
 
 
-def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[str, str]],
+def _combine(findings: list[Finding], runner: Runner, base_errors: set[tuple[str, str]],
              start: Lines, given: Lines) -> tuple[Lines, CheckResult] | None:
     """The cheapest combination of fixes (:func:`_combinations`) that clears every error
     any fix removes, made minimal (:func:`_minimal`); among combinations of one cost, the
     one leaving the fewest findings. Without one, the combination that leaves the fewest
     errors (for another round: it may bring errors of its own, whose fixes the next round
     derives; lines with an error the pair did not have are never the answer)."""
-    errors = {_key(f) for f in findings if f.severity is Severity.ERROR}
+    errors = {finding_key(f) for f in findings if f.severity is Severity.ERROR}
     if not errors:  # warnings only: the bonus alone, on the lines as they are
-        current = runner.cache.get(_cache_key(start))
+        current = runner.cache.get(cache_key(start))
         if not isinstance(current, CheckResult):
             return None
         lines, kept = _bonus(findings, runner, given, start, current)
@@ -359,7 +253,7 @@ def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
             if chosen is None or len(result.report.findings) < len(chosen[2].report.findings):
                 chosen = (rank, edits, result)
         else:  # for another round: fewest new errors, then fewest errors, then cost
-            left = (len(_errors(result.report) - base_errors), len(_errors(result.report)),
+            left = (len(errors_of(result.report) - base_errors), len(errors_of(result.report)),
                     *rank)
             if partial is None or left < partial[0]:
                 partial = (left, start.edited(edits), result)
@@ -370,11 +264,6 @@ def _combine(findings: list[Finding], runner: _Runner, base_errors: set[tuple[st
     if not isinstance(last, CheckResult):
         lines, last = start.edited(chosen[1]), chosen[2]
     return _bonus(findings, runner, given, lines, last)
-
-
-# Rounds of fixes: what the first round's fixes leave is checked with fixes derived anew
-# (a speculative flag fixed on one server is then copied to the other, for instance).
-_ROUNDS = 2
 
 
 def _credited(finding: Finding, edits: tuple[Edit, ...], given: Lines) -> Finding:
@@ -388,10 +277,10 @@ def _credited(finding: Finding, edits: tuple[Edit, ...], given: Lines) -> Findin
     kept = [fix for fix in fixes if fix.kind is not FixKind.NO_FLAG_FIX]
     if any(fix.proven for fix in kept):
         return replace(finding, fixes=tuple(kept))
-    together = _price(Fix(FixKind.FLAGS, "the corrected lines' changes, which clear it too "
-                          "(no fix of its own did, alone)", field=", ".join(
+    together = priced(Fix(FixKind.FLAGS, "the corrected lines' changes, which clear it (found "
+                          "by the joint search over every finding's fixes)", field=", ".join(
                               dict.fromkeys(f.field for f in finding.fixes if f.field)),
-                          edits=edits, proven=True), given)
+                          edits=edits, proven=True), given.by_role(), given.envs())
     return replace(finding, fixes=(together, *kept))
 
 
@@ -403,33 +292,34 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
                      refusals=refusals)
     if not base.report.findings:
         return Fixed(base, None, None, 0, False, lines)
-    runner = _Runner(lines, refusals, deadline)
-    runner.cache[_cache_key(lines)] = base
-    errors = _errors(base.report)
+    runner = Runner(lines, refusals, deadline)
+    runner.cache[cache_key(lines)] = base
+    errors = errors_of(base.report)
     findings = [_prove(f, runner, errors) for f in base.report.findings]
     best = _combine(findings, runner, errors, lines, lines)
-    for _ in range(_ROUNDS - 1):
-        if best is None or not _errors(best[1].report) or runner.runs >= MAX_RUNS \
+    for _ in range(MAX_ROUNDS - 1):  # what a round leaves, with fixes derived anew
+        if best is None or not errors_of(best[1].report) or runner.runs >= MAX_RUNS \
                 or runner.out_of_time():
             break
         runner.runs += 1  # a check with its fixes derived anew, on the lines so far
         again = run_check(best[0].prefill, best[0].decode, best[0].prefill_env,
                           best[0].decode_env, refusals=refusals)
         runner.base = best[0]  # the round's fixes are proven on the lines so far
-        known = errors | _errors(best[1].report)
+        known = errors | errors_of(best[1].report)
         more = [_prove(f, runner, known) for f in again.report.findings]
         better = _combine(more, runner, known, best[0], lines)
-        if better is not None and (len(_errors(better[1].report)), len(
-                better[1].report.findings)) < (len(_errors(best[1].report)),
-                                               len(best[1].report.findings)):
-            best = better
-    if best is not None and _errors(best[1].report) - errors:
+        if better is None or (len(errors_of(better[1].report)), len(
+                better[1].report.findings)) >= (len(errors_of(best[1].report)),
+                                                len(best[1].report.findings)):
+            break  # no progress: another round would derive the same fixes
+        best = better
+    if best is not None and errors_of(best[1].report) - errors:
         best = None  # a change that brings an error of its own is no fix
     corrected, checked = best if best is not None else (None, None)
     if corrected is not None and checked is not None:
         edits = corrected.applied
-        left = {_key(f) for f in checked.report.findings}
-        findings = [f if _key(f) in left else _credited(f, edits, lines) for f in findings]
+        left = {finding_key(f) for f in checked.report.findings}
+        findings = [f if finding_key(f) in left else _credited(f, edits, lines) for f in findings]
     result = replace(base, report=replace(base.report, findings=tuple(findings)))
     return Fixed(result, corrected, checked, runner.runs, runner.exhausted, lines,
                  runner.spent() if runner.exhausted else "")

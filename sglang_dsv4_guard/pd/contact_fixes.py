@@ -3,8 +3,9 @@ home for the family, in ``check`` and at run time alike.
 
 Each fix gives one server what SGLang's condition needs, derived from the two endpoints'
 values (never a finding's text): the other server's value (KV cache dtype, page size,
-PP, the DeepSeek-V4 KV layout variables; for PP also 1 on the decode, which SGLang's rank
-mapping takes with any prefill PP), the neutral one (attention CP, DCP and KV
+PP, the DeepSeek-V4 KV layout variables; for the decode's PP also 1, which SGLang's rank
+mapping takes with any prefill PP, and either with --tp-size scaled to keep the decode's
+GPU count), the neutral one (attention CP, DCP and KV
 cache sharding off), or equal attention TP (:mod:`.attention_tp`). A value is copied
 only from a server where it is known, and a variable only from a server whose
 environment is known; an edit needs a flag the installed release's parser has.
@@ -69,18 +70,41 @@ def contact_fixes(reads: Mapping[str, str], names: tuple[str, ...], prefill: End
                                   inputs=inputs))
         if name == "pp_size" and decode.get(name) not in (None, 1) \
                 and not prefill.get(REFUSED) and _typed(decode, name, decode.get(name)):
-            # SGLang's rank mapping takes a decode PP equal to the prefill's, or 1
-            edit = _vetted(flag_edit("decode", "pp_size", None))
-            if edit is not None:
-                edited.append(Fix(FixKind.FLAGS, "launch the decode server without pipeline "
-                                  "parallelism (PP 1, which any prefill PP maps onto)",
-                                  field=name, edits=(edit,), inputs=inputs))
+            edited += _decode_pp(prefill, decode, inputs)
         if name in _ADVICE and not edited and prefill.get(name) != decode.get(name):
             found.append(Fix(FixKind.ADVICE, f"give both servers {_ADVICE[name]}: prefill "
                              f"{prefill.get(name)!r}, decode {decode.get(name)!r}",
                              field=name, inputs=inputs))
         found += edited
     return tuple(dict.fromkeys(found)) or (NO_FIX,)
+
+
+def _decode_pp(prefill: Endpoint, decode: Endpoint, inputs: tuple[str, ...]) -> list[Fix]:
+    """The decode's PP made one SGLang's rank mapping takes (the prefill's, or 1), its
+    --tp-size scaled to keep its GPU count (tp x pp) where that gives a power of two (a TP
+    the model's attention heads divide; ``check`` cannot see them), then PP 1 alone."""
+    pp, want = int(decode.get("pp_size")), int(prefill.get("pp_size") or 1)
+    tp = decode.get("tp_size")
+    found: list[Fix] = []
+    for target in dict.fromkeys((want, 1)):
+        if tp is None or (int(tp) * pp) % target:
+            continue
+        scaled = int(tp) * pp // target
+        if scaled & (scaled - 1):  # head counts are powers of two: so is a TP that loads
+            continue
+        edits = [_vetted(flag_edit("decode", "pp_size", None if target == 1 else target)),
+                 _vetted(flag_edit("decode", "tp_size", scaled))]
+        if all(e is not None for e in edits):
+            found.append(Fix(FixKind.FLAGS, f"launch the decode server with PP {target} and "
+                             f"--tp-size {scaled}, keeping its GPU count ({int(tp) * pp})",
+                             field="pp_size", edits=tuple(e for e in edits if e is not None),
+                             inputs=inputs))
+    edit = _vetted(flag_edit("decode", "pp_size", None))
+    if edit is not None:
+        found.append(Fix(FixKind.FLAGS, "launch the decode server without pipeline "
+                         "parallelism (PP 1, which any prefill PP maps onto)", field="pp_size",
+                         edits=(edit,), inputs=inputs))
+    return found
 
 
 def _vetted(edit: Edit | None) -> Edit | None:

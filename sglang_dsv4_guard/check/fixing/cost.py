@@ -1,17 +1,17 @@
 """What a flag fix costs the operator (:class:`~sglang_dsv4_guard.fixes.Cost`), read
 against the two launch lines as typed, and the flags a removal takes with it.
 
-A feature is a switch (a flag that takes no value), ``--speculative-algorithm`` and
-attention DP (``--attn-dp-size`` above 1, the release's spelling of the deprecated
-``--enable-dp-attention``): setting one where the line has none turns it on, removing a
-typed one turns it off (removing ``--enable-dp-attention`` while the same fix sets
-``--attn-dp-size`` keeps DP attention, and is no change). A server's GPU count is its
-``--tp-size`` x ``--pp-size``, times its ``--dp-size`` replicas where DP attention is off
-(SGLang's data-parallel controller launches that many copies). The checkpoint is
-``--model-path`` and ``--speculative-draft-model-path``. Any other typed value changed or
-removed is a value change, and so is any variable set, changed or unset (a variable is a
-mode the server reads, not a default); a flag set where the line has none changes nothing
-typed.
+A server's features (:func:`features`) are its switches, speculative decoding, attention
+DP (``--attn-dp-size`` above 1, or the deprecated ``--dp-size N --enable-dp-attention``)
+and the context-parallel sizes above 1 (``--dcp-size``, ``--attn-cp-size``); a fix turns
+on what the edited line has and the typed one had not, and off the reverse (a
+``--disable-*`` switch removed turns its feature on). A server's GPU count is its
+``--tp-size`` x ``--pp-size``, times its ``--dp-size`` replicas unless that is the
+deprecated attention-DP spelling (SGLang's data-parallel controller launches that many
+copies). The checkpoint is the model and draft paths and revisions (a draft dropped with
+speculative decoding is not counted twice). Any other typed value changed, or removed, is
+a value change, and so is any variable set, changed or unset (a variable is a mode the
+server reads, not a default); a flag set where the line has none changes nothing typed.
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ from sglang_dsv4_guard.findings import Finding, Severity
 from sglang_dsv4_guard.fixes import Cost, Edit, Fix, FixKind
 from sglang_dsv4_guard.host.flags import Flag
 
-__all__ = ["CHECKPOINT_FIELDS", "gpu_count", "price", "priced", "priced_finding",
-           "with_dependents"]
+__all__ = ["CHECKPOINT_FIELDS", "features", "gpu_count", "price", "priced",
+           "priced_finding", "with_dependents"]
 
-CHECKPOINT_FIELDS = ("model_path", "speculative_draft_model_path")
+CHECKPOINT_FIELDS = ("model_path", "speculative_draft_model_path",
+                     "speculative_draft_model_revision", "revision")
 # Flags that mean nothing without another: removing the key removes them too.
 _DEPENDS_ON = {"speculative_algorithm": "speculative_"}
-_RESPELLED = {"enable_dp_attention": "attn_dp_size"}
+# Sizes above 1 that are a parallel feature the operator turned on.
+_SIZED = {"dcp_size": "decode context parallel (--dcp-size)",
+          "attn_cp_size": "attention context parallel (--attn-cp-size)"}
 
 Typed = Mapping[str, tuple[Flag, "str | None"]]
 
@@ -43,24 +46,47 @@ def _int(typed: Typed, field: str) -> int:
         return 1
 
 
+def _deprecated_dp(typed: Typed) -> bool:
+    """``--dp-size N --enable-dp-attention`` without ``--attn-dp-size``: attention DP N
+    (0.5.22+ rewrite it so; before, the only spelling), no replicas."""
+    return "enable_dp_attention" in typed and "attn_dp_size" not in typed
+
+
 def gpu_count(typed: Typed) -> int:
     """The GPUs a server launched with ``typed`` flags takes (see the module docstring)."""
-    replicas = 1 if "enable_dp_attention" in typed else _int(typed, "dp_size")
+    replicas = 1 if _deprecated_dp(typed) else _int(typed, "dp_size")
     return _int(typed, "tp_size") * _int(typed, "pp_size") * replicas
 
 
-def _attention_dp(typed: Typed) -> bool:
-    return "enable_dp_attention" in typed or _int(typed, "attn_dp_size") > 1
+def features(typed: Typed) -> dict[str, str]:
+    """The features ``typed`` turns on, by name, each with how the line says it: every
+    switch (a ``--disable-*`` switch is its feature turned off, named as the switch),
+    speculative decoding, attention DP, and the context-parallel sizes above 1."""
+    found = {flag.option: flag.option for flag, _ in typed.values() if not flag.takes_value
+             and flag.field != "enable_dp_attention"}
+    if "speculative_algorithm" in typed:
+        found["speculative decoding"] = "--speculative-algorithm"
+    if (_deprecated_dp(typed) and _int(typed, "dp_size") > 1) or _int(typed, "attn_dp_size") > 1:
+        found["attention DP"] = ("--attn-dp-size" if "attn_dp_size" in typed
+                                 else "--dp-size with --enable-dp-attention")
+    found.update({label: flag.option for field, label in _SIZED.items()
+                  if (flag := typed.get(field, (None, None))[0]) is not None
+                  and _int(typed, field) > 1})
+    return found
 
 
-def _feature(found: Flag) -> bool:
-    return not found.takes_value or found.field == "speculative_algorithm"
+def _feature_fields(typed: Typed) -> set[str]:
+    """The fields :func:`features` reads (their changes are not also value changes)."""
+    fields = {f for f, (flag, _) in typed.items() if not flag.takes_value}
+    return fields | {"speculative_algorithm", "attn_dp_size", "dp_size", *_SIZED}
 
 
 def price(edits: Iterable[Edit], lines: Mapping[str, str],
           envs: Mapping[str, Mapping[str, str]] | None = None) -> Cost:
     """What ``edits`` change against ``lines`` (role -> launch line) and ``envs`` (role ->
-    environment), as :class:`Cost`."""
+    environment), as :class:`Cost`: the features each server has before and after (a
+    removed ``--disable-*`` switch turns its feature on), its GPU count before and after,
+    its checkpoint flags, and every other typed value or variable changed."""
     edits = tuple(edits)
     off: list[str] = []
     on: list[str] = []
@@ -71,37 +97,35 @@ def price(edits: Iterable[Edit], lines: Mapping[str, str],
         line = lines.get(role, "")
         before = typed_flags(shlex.split(line))
         after = typed_flags(shlex.split(apply_edits(line, edits, role)))
-        mine = [e for e in edits if e.server == role]
-        for edit in mine:
-            if edit.env:  # a variable is a mode the server reads: set, changed or unset
-                given = (envs or {}).get(role, {})
-                if apply_env(given, [edit], role).get(edit.name) != given.get(edit.name):
-                    values.append(f"{role} env: {edit.name}")
+        had, has = features(before), features(after)
+        for name in had.keys() - has.keys():
+            (on if name.startswith("--disable-") else off).append(
+                f"{role}: {name}" + (" removed" if name.startswith("--disable-") else ""))
+        for name in has.keys() - had.keys():
+            (off if name.startswith("--disable-") else on).append(f"{role}: {name}")
+        read = _feature_fields(before) | _feature_fields(after)
+        for field in dict.fromkeys([*before, *after]):
+            was, now = before.get(field, (None, None)), after.get(field, (None, None))
+            if was[1] == now[1] and (was[0] is None) == (now[0] is None):
                 continue
-            found = lookup(edit.name)
-            if found is None:
-                continue
-            typed = found.field in before
-            if found.field in CHECKPOINT_FIELDS:
-                # a draft dropped with speculative decoding is that feature turned off
-                if before.get(found.field, (None, None))[1] != after.get(
-                        found.field, (None, None))[1] and not (
-                        found.field == "speculative_draft_model_path"
-                        and "speculative_algorithm" not in after):
-                    checkpoints.append(f"{role}: {found.option}")
-            elif _feature(found) and typed == edit.remove:  # turned off, or on
-                if edit.remove and (newer := _RESPELLED.get(found.field)) and newer in after:
-                    continue  # the release's newer spelling keeps the feature
-                (off if edit.remove else on).append(f"{role}: {found.option}")
-            elif found.field == "attn_dp_size" and _attention_dp(before) != _attention_dp(after):
-                (on if _attention_dp(after) else off).append(f"{role}: attention DP")
-            elif typed and before[found.field][1] != after.get(found.field, (None, None))[1]:
-                values.append(f"{role}: {found.option}")
-        was, now = gpu_count(before), gpu_count(after)
-        if was != now:
-            gpus.append(f"{role}: {was} -> {now}")
-    return Cost(tuple(dict.fromkeys(e.server for e in edits)), tuple(off), tuple(on),
-                tuple(values), tuple(gpus), tuple(checkpoints), len(edits))
+            option = (was[0] or now[0]).option  # type: ignore[union-attr]
+            if any(field.startswith(prefix) and key in before and key not in after
+                   for key, prefix in _DEPENDS_ON.items()):
+                continue  # goes with a feature turned off, said once
+            if field in CHECKPOINT_FIELDS:
+                checkpoints.append(f"{role}: {option}")
+            elif was[0] is not None and ((now[0] is not None and was[0].takes_value)
+                                         or field not in read):
+                values.append(f"{role}: {option}")  # changed, or removed (not a feature)
+        given = (envs or {}).get(role, {})
+        changed = apply_env(given, edits, role)
+        values += [f"{role} env: {name}" for name in dict.fromkeys([*given, *changed])
+                   if given.get(name) != changed.get(name)]
+        was_gpus, now_gpus = gpu_count(before), gpu_count(after)
+        if was_gpus != now_gpus:
+            gpus.append(f"{role}: {was_gpus} -> {now_gpus}")
+    return Cost(tuple(dict.fromkeys(e.server for e in edits)), tuple(sorted(off)),
+                tuple(sorted(on)), tuple(values), tuple(gpus), tuple(checkpoints), len(edits))
 
 
 def priced(fix: Fix, lines: Mapping[str, str],

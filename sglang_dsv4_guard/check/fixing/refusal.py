@@ -282,9 +282,13 @@ def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refu
                   for edits in ranked[:_MAX_FIXES])
     if fixes:
         return fixes
-    budget = (f"; the budget of {MAX_RESOLUTIONS} resolutions ran out" if found.exhausted
-              else "")
+    if found.exhausted:  # a change left untried is not known not to work
+        return (Fix(FixKind.NO_FLAG_FIX, f"not found: none of the {found.resolutions} "
+                                         "changed lines tried from SGLang's message was "
+                                         "accepted by its resolution before the budget of "
+                                         f"{MAX_RESOLUTIONS} resolutions ran out",
+                    inputs=inputs),)
     return (Fix(FixKind.NO_FLAG_FIX, f"no flag change fixes this: none of the "
                                      f"{found.resolutions} changed lines tried from SGLang's "
-                                     f"message was accepted by its resolution{budget}",
+                                     "message was accepted by its resolution",
                 inputs=inputs),)

@@ -34,7 +34,7 @@ _WHY = "the largest released DeepSeek model has 61 layers and one MTP layer"
 def config_limit_error(path: str) -> str | None:
     """The one-line reason ``path``/config.json is refused, or ``None``: a file over
     :data:`MAX_CONFIG_BYTES`, or a layer count over :data:`MAX_LAYERS` (at the top level
-    or in a nested config such as ``text_config``)."""
+    or in a nested config such as ``text_config``), or a file that is not a JSON object."""
     file = os.path.join(path, "config.json")
     try:
         size = os.path.getsize(file)
@@ -49,13 +49,29 @@ def config_limit_error(path: str) -> str | None:
     except (OSError, ValueError):
         return None  # SGLang's own reading reports it
     if not isinstance(config, dict):
-        return None
-    nested = [(f"{key}.", value) for key, value in config.items() if isinstance(value, dict)]
-    for prefix, values in [("", config), *nested]:
+        return (f"{file}: holds a JSON {type(config).__name__}; a model's config.json is a "
+                "JSON object of its settings")
+    for prefix, values in _configs("", config, 0):
         found = _over(values)
         if found is not None:
             return f"{file}: {prefix}{found}"
     return None
+
+
+# How deep nested configs are read (``text_config``, a wrapper's ``llm_config.text_config``).
+_DEPTH = 4
+
+
+def _configs(prefix: str, config: Mapping[str, Any], depth: int
+             ) -> list[tuple[str, Mapping[str, Any]]]:
+    """``config`` and every config nested in it (at most :data:`_DEPTH` deep), each with
+    its dotted prefix."""
+    found = [(prefix, config)]
+    if depth < _DEPTH:
+        for key, value in config.items():
+            if isinstance(value, dict):
+                found += _configs(f"{prefix}{key}.", value, depth + 1)
+    return found
 
 
 def _over(values: Mapping[str, Any]) -> str | None:
