@@ -14,7 +14,7 @@ import shlex
 import unittest
 from typing import Any
 
-from check_helpers import DSV4, GPT_OSS, run_cli, server
+from check_helpers import DSV4, GPT_OSS, LLAMA, run_cli, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -159,6 +159,27 @@ class TestNothingNobodyAskedFor(_Examples):
         for line in (doc["fixed"] or {}).values():
             if isinstance(line, str) and "--speculative-algorithm" not in line:
                 self.assertNotIn("--speculative-", line)
+
+
+class TestSeveralErrors(_Examples):
+    """Errors that a first change leaves or brings get fixes derived anew, round by round."""
+
+    def test_five_errors_are_corrected(self) -> None:
+        """Llama over NIXL with differing page sizes, KV dtypes and PP, a refused offload
+        switch and (0.5.22+) KV cache sharding: corrected (the review's pair, which two
+        rounds left refused)."""
+        sharding = " --enable-kv-cache-sharding" if accepts("--enable-kv-cache-sharding") else ""
+        doc = self.run_fix(
+            server("prefill", LLAMA, "--page-size 16 --kv-cache-dtype fp8_e4m3 --tp-size 2 "
+                   f"--pp-size 2{sharding}", "nixl"),
+            server("decode", LLAMA, "--page-size 32 --kv-cache-dtype fp8_e5m2 --tp-size 2 "
+                   "--pp-size 3 --disaggregation-decode-enable-offload-kvcache "
+                   "--kv-cache-dtype mxfp8", "nixl"))
+        self.assertGreaterEqual(len([f for f in doc["findings"] if f["severity"] == "error"]), 3)
+        self.assertEqual((doc["fix_status"], doc["fixed_check"]["exit_status"]),
+                         ("corrected", 0))
+        self.assertNotIn("--disaggregation-decode-enable-offload-kvcache",
+                         flags(doc["fixed"]["decode"]))
 
 
 class TestGpuCounts(_Examples):
