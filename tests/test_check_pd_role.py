@@ -12,7 +12,9 @@ from check_helpers import LLAMA, run_cli, server
 from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+from sglang_dsv4_guard.host.flags import accepts
+
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 BARE = f"--model-path {LLAMA} --disaggregation-transfer-backend mooncake"
 
@@ -56,6 +58,12 @@ class TestPdRole(GuardTestCase):
         """A decode SGLang refuses with "DWDP requires --disaggregation-mode null or
         prefill": no fix edits its --disaggregation-mode, and --fix's corrected lines (if
         any) keep both roles."""
+        if not accepts("--dwdp-size"):  # 0.5.16-0.5.x: no DWDP, and no such refusal
+            status, _, err = run_cli("check", "--prefill", server("prefill", LLAMA), "--decode",
+                                     server("decode", LLAMA, "--dwdp-size 2"))
+            self.assertEqual(status, 2)
+            self.assertIn("--dwdp-size", err)
+            return
         status, out, err = run_cli(
             "check", "--prefill", server("prefill", LLAMA, "--tp-size 2", backend="mooncake"),
             "--decode", server("decode", LLAMA, "--tp-size 2 --dwdp-size 2", backend="mooncake"),

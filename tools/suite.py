@@ -19,7 +19,8 @@ __all__ = ["FIXED_EXAMPLES", "PROCESS_TESTS", "PROPERTY_TESTS", "ProcessTest", "
 PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sglang",
                   "test_mori::TestMoriParity::test_parity",
                   "test_autoshare::TestAutoshareHidesNothing::test_other_rejections_unchanged",
-                  "test_check_fix_property::TestCheckFixProperty::test_fixed_lines_pass_or_say_no_flag_fix",
+                  "test_check_fix_property::TestCheckFixProperty::"
+                  "test_the_cheapest_minimal_change_is_chosen",
                   "test_fixes_runtime::TestFlagsAccepted::test_every_flag_accepted",
                   "test_pd_conditions::TestParityWithSGLang::test_runner_agrees_with_one_real_call",
                   "test_pd_transfer::TestSendExtraParity::test_parity",
@@ -33,7 +34,8 @@ PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sgla
 # Property tests that draw a fixed, small number of examples whatever the profile (each
 # example costs several SGLang resolutions), with that number.
 FIXED_EXAMPLES = {
-    "test_check_fix_property::TestCheckFixProperty::test_fixed_lines_pass_or_say_no_flag_fix": 12,
+    "test_check_fix_property::TestCheckFixProperty::test_the_cheapest_minimal_change_is_chosen":
+        12,
     "test_pd_contract_property::TestContractAgreesWithSGLang::test_rows_agree_with_sglang": 20,
     "test_peers::TestNixlRegistrationParity::test_parity": 40,
     "test_peers::TestMooncakeRegistrationParity::test_parity": 30,

@@ -1,5 +1,5 @@
 """The DeepSeek-V4 KV layout of a pair whose layout variables differ, judged on each GPU
-model (DSV4G031, part of the first-contact row).
+model (the first-contact row's KV layout code, ``LAYOUT_CODE``).
 
 SGLang's ``select_dsv4_kv_layout`` (0.5.21+) chooses a server's layout from
 ``SGLANG_DSV4_KV_LAYOUT`` (and ``SGLANG_DSV4_COMPRESSED_KV_LAYOUT``) and the GPU: ``v41``
@@ -35,7 +35,7 @@ from sglang_dsv4_guard.pd.endpoint import Value
 from sglang_dsv4_guard.pd.first_contact import LAYOUT_CODE, first_contact
 from sglang_dsv4_guard.pd.when import when_of
 
-__all__ = ["GpuRow", "LayoutVerdict", "layout_by_gpu", "published_layout"]
+__all__ = ["GpuRow", "LayoutByGpu", "layout_by_gpu", "published_layout"]
 
 _HOW = (f"SGLang's {PD_DSV4_LAYOUT.attr} for each server as this GPU, then its "
         "try_ensure_parallel_info on the layouts their pools publish")
@@ -61,7 +61,7 @@ class GpuRow:
 
 
 @dataclass(frozen=True)
-class LayoutVerdict:
+class LayoutByGpu:
     """The per-GPU judgement of the pair: its finding (none when every GPU model accepts
     the pair) and what it could not judge."""
 
@@ -94,7 +94,8 @@ def published_layout(side: DerivedServer, env: Mapping[str, str],
 def _judged(run: ContractRun) -> bool:
     """Whether the pair is judged per GPU model: two resolved DeepSeek-V4 servers on one
     ``--device`` with GPU models, a release with the selector, different layout variables,
-    neither refused on every machine (DSV4G047 says that)."""
+    neither refused on every machine (the layout variables' start-up row,
+    :mod:`.kv_layout_env`, says that)."""
     p, d = run.prefill_side, run.decode_side
     module = importlib.import_module(PD_DSV4_LAYOUT.module)  # unscanned: SGLang
     return (getattr(module, PD_DSV4_LAYOUT.attr, None) is not None
@@ -183,7 +184,7 @@ def _fixes(run: ContractRun) -> tuple[Fix, ...]:
     return tuple(fixes)
 
 
-def layout_by_gpu(run: ContractRun) -> LayoutVerdict | None:
+def layout_by_gpu(run: ContractRun) -> LayoutByGpu | None:
     """The pair's layout judged per GPU model, ``None`` when it is not judged so."""
     if not _judged(run):
         return None
@@ -191,11 +192,11 @@ def layout_by_gpu(run: ContractRun) -> LayoutVerdict | None:
     try:
         rows = _rows(run, envs)
     except Exception as exc:  # the selector read what this check does not set
-        return LayoutVerdict((), (f"the DeepSeek-V4 KV layout ({LAYOUT_CODE}) per GPU model: "
+        return LayoutByGpu((), (f"the DeepSeek-V4 KV layout ({LAYOUT_CODE}) per GPU model: "
                                   f"not judged: {type(exc).__name__}: {exc}",))
     failing = [r for r in rows if r.fails_at]
     if not failing:
-        return LayoutVerdict(())
+        return LayoutByGpu(())
     every = len(failing) == len(rows)
     messages = [r.message for r in failing if r.fails_at == "first contact"] or \
         [r.message for r in failing]
@@ -218,4 +219,4 @@ def layout_by_gpu(run: ContractRun) -> LayoutVerdict | None:
         fixes=_fixes(run) if run.derive else (), docs=docs_url(LAYOUT_CODE),
         host_message=messages[0],
         when=_when(rows, str(run.decode.get("transfer_backend", "?"))))
-    return LayoutVerdict((finding,))
+    return LayoutByGpu((finding,))
