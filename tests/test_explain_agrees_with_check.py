@@ -99,9 +99,9 @@ class TestFixAppliesWhatExplainSays(GuardTestCase):
         copy, drop = g020["fixes"][:2]
         self.assertEqual(({e["server"] for e in copy["edits"]}, copy["proven"],
                           copy["cost"]["on"], copy["cost"]["tier"]),
-                         ({"prefill"}, True, ["prefill: --speculative-algorithm"], 3))
+                         ({"prefill"}, True, ["prefill: speculative decoding"], 3))
         self.assertEqual((drop["cost"]["off"], drop["cost"]["tier"]),
-                         (["decode: --speculative-algorithm"], 3))
+                         (["decode: speculative decoding"], 3))
         self.assertEqual((doc["fix_status"], doc["fixed"]), ("warnings_kept", None))
 
 
