@@ -41,7 +41,7 @@ register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
 # The cheaper changes re-checked per pair (each is one check); every proper subset of a
 # change of at most SUBSETS_UP_TO parts, else each subset one part smaller.
-CHEAPER = 6
+CHEAPER = 4
 SUBSETS_UP_TO = 4
 SPECULATIVE = (None, "--speculative-algorithm NEXTN", "--speculative-algorithm EAGLE",
                "--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
@@ -118,7 +118,7 @@ class TestCheckFixProperty(GuardTestCase):
         if c["drawn"] and not c["corrected"]:
             raise AssertionError("no drawn pair was corrected: the property tested nothing")
 
-    @settings(max_examples=12, deadline=None, derandomize=True,
+    @settings(max_examples=8, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
     @given(pairs())
     def test_the_cheapest_minimal_change_is_chosen(self, lines: Lines) -> None:
