@@ -58,20 +58,18 @@ def gpu_count(typed: Typed) -> int:
     return _int(typed, "tp_size") * _int(typed, "pp_size") * replicas
 
 
-def features(typed: Typed) -> dict[str, str]:
-    """The features ``typed`` turns on, by name, each with how the line says it: every
-    switch (a ``--disable-*`` switch is its feature turned off, named as the switch),
-    speculative decoding, attention DP, and the context-parallel sizes above 1."""
-    found = {flag.option: flag.option for flag, _ in typed.values() if not flag.takes_value
+def features(typed: Typed) -> set[str]:
+    """The features ``typed`` turns on, by name: every switch (a ``--disable-*`` switch is
+    its feature turned off, named as the switch), speculative decoding, attention DP, and
+    the context-parallel sizes above 1."""
+    found = {flag.option for flag, _ in typed.values() if not flag.takes_value
              and flag.field != "enable_dp_attention"}
     if "speculative_algorithm" in typed:
-        found["speculative decoding"] = "--speculative-algorithm"
+        found.add("speculative decoding")
     if (_deprecated_dp(typed) and _int(typed, "dp_size") > 1) or _int(typed, "attn_dp_size") > 1:
-        found["attention DP"] = ("--attn-dp-size" if "attn_dp_size" in typed
-                                 else "--dp-size with --enable-dp-attention")
-    found.update({label: flag.option for field, label in _SIZED.items()
-                  if (flag := typed.get(field, (None, None))[0]) is not None
-                  and _int(typed, field) > 1})
+        found.add("attention DP")
+    found.update(label for field, label in _SIZED.items()
+                 if field in typed and _int(typed, field) > 1)
     return found
 
 
@@ -98,10 +96,10 @@ def price(edits: Iterable[Edit], lines: Mapping[str, str],
         before = typed_flags(shlex.split(line))
         after = typed_flags(shlex.split(apply_edits(line, edits, role)))
         had, has = features(before), features(after)
-        for name in had.keys() - has.keys():
+        for name in had - has:
             (on if name.startswith("--disable-") else off).append(
                 f"{role}: {name}" + (" removed" if name.startswith("--disable-") else ""))
-        for name in has.keys() - had.keys():
+        for name in has - had:
             (off if name.startswith("--disable-") else on).append(f"{role}: {name}")
         read = _feature_fields(before) | _feature_fields(after)
         for field in dict.fromkeys([*before, *after]):
