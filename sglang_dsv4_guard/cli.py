@@ -221,7 +221,7 @@ def _demo(_: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     # SGLang is imported only in the child, started with the environment check controls.
     # deferred: check only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.check.child import run_command
+    from sglang_dsv4_guard.check.command import run_command
 
     return run_command(args)
 
@@ -248,21 +248,33 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="run SGLang's check on a built-in scenario").set_defaults(
         run=_demo)
     check = sub.add_parser(
-        "check", help="predict a PD deployment's failures from its two launch command lines",
+        "check", help="predict a PD deployment's failures from its launch lines or files",
         description="Parse both servers' launch arguments with the installed SGLang's own "
-                    "parser and configs, and predict what will fail. Exit 0: no errors; "
-                    "1: errors; 2: input that cannot be read.")
-    check.add_argument("--prefill", required=True, metavar="ARGS",
+                    "parser and configs, and predict what will fail. Exit 0: no finding "
+                    "--fail-on counts; 1: a pair has one; 2: input that cannot be read or a "
+                    "pair that could not be checked.")
+    check.add_argument("--prefill", metavar="ARGS",
                        help="the prefill server's arguments, as typed after "
                             "'python -m sglang.launch_server' (one quoted string, at most "
                             "64 KiB); a leading '[/path/]python[3[.x]] -m "
                             "sglang.launch_server' or 'sglang serve' is dropped")
-    check.add_argument("--decode", required=True, metavar="ARGS",
+    check.add_argument("--decode", metavar="ARGS",
                        help="the decode server's arguments (one quoted string)")
+    check.add_argument("-f", "--file", action="extend", nargs="+", metavar="PATH",
+                       help="read the pairs from deployment files instead: Kubernetes "
+                            "manifests, compose files, shell scripts, args files; a "
+                            "directory is read whole; '-' is stdin")
     for role in ("prefill", "decode"):
         check.add_argument(f"--{role}-env", action="append", default=[], metavar="K=V",
                            help=f"an environment variable of the {role} server (repeatable)")
-    check.add_argument("--format", choices=("text", "json"), default="text")
+    check.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text",
+                       help="text (default), json, sarif (SARIF 2.1.0) or github (GitHub "
+                            "Actions annotations); sarif and github point at the file and "
+                            "line of each finding's flag")
+    check.add_argument("--fail-on", choices=("error", "warning"), default="error",
+                       help="the findings that make the exit status 1 (default: error)")
+    check.add_argument("--quiet", action="store_true",
+                       help="one line per pair (text format)")
     check.add_argument("--fix", action="store_true",
                        help="prove each flag fix by re-running the check on the edited lines, "
                             "and print the corrected prefill and decode lines")

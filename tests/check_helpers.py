@@ -10,7 +10,8 @@ from typing import Any
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.child import answer, run_command
+from sglang_dsv4_guard.check.child import answer
+from sglang_dsv4_guard.check.command import run_command
 from sglang_dsv4_guard.cli import _parser, main
 
 # SGLang's run_suite.py collects every *.py next to the tests and requires a registry in

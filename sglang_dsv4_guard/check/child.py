@@ -14,7 +14,6 @@ goes to stderr). :func:`answer` is the child's work and can run in any process.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -29,14 +28,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.check.offline.causes import joined
-from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_env
+from sglang_dsv4_guard.check.offline.parse import CheckInputError
 from sglang_dsv4_guard.host.judgement import imported_package_dir
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.prove import Fixed
 
-__all__ = ["answer", "answer_in_child", "check_timeout", "child_environment", "fix_status",
-           "print_answer", "request_of", "run_command"]
+__all__ = ["answer", "answer_in_child", "check_timeout", "child_environment", "fix_status"]
 
 # Set in the child's environment before it starts (and so before SGLang is imported).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -49,22 +47,16 @@ _SCRATCH_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PA
                    "HF_MODULES_CACHE", "XDG_CACHE_HOME", "MPLCONFIGDIR")
 
 
-def request_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The child's request from ``check``'s parsed arguments; a malformed ``--*-env`` item
-    raises :class:`~.parse.CheckInputError` naming it."""
-    return {"prefill": args.prefill, "decode": args.decode,
-            "prefill_env": parse_env("--prefill-env", args.prefill_env),
-            "decode_env": parse_env("--decode-env", args.decode_env),
-            "fix": bool(getattr(args, "fix", False)),
-            "verbose": bool(getattr(args, "verbose", False))}
-
-
 def answer(request: Mapping[str, Any],
            refusals: Callable[[], tuple[str, ...]] = tuple) -> dict[str, Any]:
     """``run_check`` on ``request`` in this process: ``{"exit_status", "document", "text"}``,
     or ``{"exit_status": 2, "error": one line}`` for input it cannot read. What SGLang
     says meanwhile (its import's warnings too) is the document's ``sglang_output``, and
     follows the text with ``request["verbose"]``."""
+    if "pairs" in request:  # many pairs, one import of SGLang: each answered on its own
+        shared = {k: v for k, v in request.items() if k not in ("pairs", "started")}
+        return {"pairs": [answer({**shared, **pair, "started": time.monotonic()}, refusals)
+                          for pair in request["pairs"]]}
     # deferred: the child's work: the parent (the check command) never loads it
     from sglang_dsv4_guard.check.offline.chatter import capturing, recording
 
@@ -147,29 +139,6 @@ def fix_status(fixed: Fixed) -> str:
         return "warnings_kept" if fixed.result.exit_status == 0 else "not_proven"
     done = fixed.lines_result
     return "partial" if done is None or done.exit_status != 0 else "corrected"
-
-
-def run_command(args: argparse.Namespace,
-                answerer: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None) -> int:
-    """``check``: the request from ``args``, answered (by :func:`answer_in_child` unless
-    ``answerer`` is given), printed; the exit status."""
-    try:
-        request = request_of(args)
-    except CheckInputError as exc:
-        print(f"sglang-dsv4-guard check: error: {exc}", file=sys.stderr)
-        return 2
-    return print_answer((answerer or answer_in_child)(request), args.format)
-
-
-def print_answer(reply: Mapping[str, Any], output_format: str) -> int:
-    """Print the child's answer as ``check`` does; the exit status."""
-    if reply.get("error") is not None:
-        print(f"sglang-dsv4-guard check: error: {reply['error']}", file=sys.stderr)
-        for line in reply.get("output_tail", ()):  # --verbose, the child died: SGLang's lines
-            print(line, file=sys.stderr)
-        return int(reply.get("exit_status", 2))
-    print(json.dumps(reply["document"], indent=2) if output_format == "json" else reply["text"])
-    return int(reply["exit_status"])
 
 
 def child_environment(scratch: str) -> dict[str, str]:
@@ -267,7 +236,8 @@ def answer_in_child(request: Mapping[str, Any]) -> dict[str, Any]:
     (the child's process group is killed first). A child that dies without answering
     (:func:`_no_answer`) or runs out of time (:func:`check_timeout`) is an error line, exit 2."""
     try:
-        timeout = check_timeout()
+        # the limit is each pair's: many pairs in one process have it once per pair
+        timeout = min(MAX_TIMEOUT, check_timeout() * max(1, len(request.get("pairs") or ())))
     except CheckInputError as exc:
         return {"exit_status": 2, "error": str(exc)}
     package = imported_package_dir()  # found, not imported: the child must import the same

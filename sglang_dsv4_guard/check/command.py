@@ -1,0 +1,133 @@
+"""The ``check`` command: its inputs (two launch lines, or deployment files), one check
+process for every pair (:mod:`.child`), and its output in the format asked (:mod:`.formats`).
+
+The command never imports SGLang: the pairs are read here (:mod:`.inputs`, plain files),
+answered in one child process that imports SGLang once, and rendered here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sglang_dsv4_guard.check.formats import render
+from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_env
+from sglang_dsv4_guard.check.outcome import Checked, exit_status
+
+if TYPE_CHECKING:
+    from sglang_dsv4_guard.check.inputs import Inputs, Invocation, Pair
+
+__all__ = ["pair_request", "request_of", "run_command"]
+
+Answerer = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+def request_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The child's request for a pair typed as ``--prefill``/``--decode``; a malformed
+    ``--*-env`` item raises :class:`~.parse.CheckInputError` naming it."""
+    return {"prefill": args.prefill, "decode": args.decode,
+            "prefill_env": parse_env("--prefill-env", args.prefill_env),
+            "decode_env": parse_env("--decode-env", args.decode_env),
+            **_shared(args)}
+
+
+def _shared(args: argparse.Namespace) -> dict[str, Any]:
+    """What every pair's request has from the command line."""
+    return {"fix": bool(getattr(args, "fix", False)),
+            "verbose": bool(getattr(args, "verbose", False))}
+
+
+def pair_request(pair: Pair) -> dict[str, Any]:
+    """The child's request for one pair read from files: each server's arguments as one
+    shell-quoted line (the check splits it back into the same tokens) and its environment."""
+    return {"name": pair.name,
+            "prefill": shlex.join(pair.prefill.argv), "decode": shlex.join(pair.decode.argv),
+            "prefill_env": dict(pair.prefill.env), "decode_env": dict(pair.decode.env)}
+
+
+def _version() -> str:
+    # deferred: the package's version only where an output names it
+    from sglang_dsv4_guard import __version__
+
+    return __version__
+
+
+def _error(text: str) -> int:
+    print(f"sglang-dsv4-guard check: error: {text}", file=sys.stderr)
+    return 2
+
+
+def run_command(args: argparse.Namespace, answerer: Answerer | None = None) -> int:
+    """``check``: the pairs from ``args`` answered (by :func:`~.child.answer_in_child`
+    unless ``answerer`` is given) and printed; the exit status (docs/check.md)."""
+    if answerer is None:
+        # deferred: the parent starts the child only when it has pairs to check
+        from sglang_dsv4_guard.check.child import answer_in_child
+
+        answerer = answer_in_child
+    files = list(getattr(args, "file", None) or ())
+    typed = args.prefill is not None or args.decode is not None
+    if files and typed:
+        return _error("give either -f PATH... or --prefill and --decode, not both")
+    if not files:
+        if args.prefill is None or args.decode is None:
+            return _error("give --prefill ARGS and --decode ARGS (the two launch lines), "
+                          "or -f PATH... (deployment files to read the pairs from)")
+        return _typed_pair(args, answerer)
+    return _from_files(args, files, answerer)
+
+
+def _typed_pair(args: argparse.Namespace, answerer: Answerer) -> int:
+    try:
+        request = request_of(args)
+    except CheckInputError as exc:
+        return _error(str(exc))
+    reply = answerer(request)
+    checked = Checked("the pair", reply)
+    if reply.get("error") is not None and args.format == "text":
+        print(f"sglang-dsv4-guard check: error: {reply['error']}", file=sys.stderr)
+        for line in reply.get("output_tail", ()):  # --verbose, the child died: SGLang's lines
+            print(line, file=sys.stderr)
+        return int(reply.get("exit_status", 2))
+    if reply.get("error") is not None and args.format == "json":
+        return _error(str(reply["error"]))
+    print(render(args.format, [checked], args.fail_on, _version(), quiet=args.quiet))
+    if reply.get("error") is not None:
+        return int(reply.get("exit_status", 2))
+    return exit_status([checked], args.fail_on)
+
+
+def _unpaired(inputs: Inputs) -> list[str]:
+    return [f"{invocation.file}:{invocation.line} ({invocation.where}): {why}"
+            for invocation, why in inputs.unpaired]
+
+
+def _notes(invocations: Sequence[Invocation]) -> tuple[str, ...]:
+    return tuple(f"{inv.file}:{inv.line}: {note}" for inv in invocations for note in inv.unresolved)
+
+
+def _from_files(args: argparse.Namespace, files: list[str], answerer: Answerer) -> int:
+    # deferred: only -f reads files (the reader imports the YAML library)
+    from sglang_dsv4_guard.check.inputs import read_inputs
+
+    try:
+        inputs = read_inputs(files, sys.stdin)
+    except CheckInputError as exc:
+        return _error(str(exc))
+    if not inputs.pairs:
+        found = "; ".join(_unpaired(inputs)) or "no SGLang server invocation"
+        return _error(f"no prefill/decode pair in {', '.join(files)}: {found}"[:2000])
+    reply = answerer({"pairs": [pair_request(pair) for pair in inputs.pairs], **_shared(args)})
+    replies = reply.get("pairs")
+    if not isinstance(replies, list) or len(replies) != len(inputs.pairs):
+        # the check process ended without answering: every pair has its error line
+        replies = [reply] * len(inputs.pairs)
+    checked = [Checked(pair.name, answer, pair.prefill, pair.decode,
+                       _notes((pair.prefill, pair.decode)))
+               for pair, answer in zip(inputs.pairs, replies, strict=True)]
+    print(render(args.format, checked, args.fail_on, _version(), quiet=args.quiet,
+                 unpaired=_unpaired(inputs), notes=inputs.notes))
+    return exit_status(checked, args.fail_on)
