@@ -1,0 +1,37 @@
+"""``check -f``: deployments read into SGLang invocations and prefill/decode pairs.
+
+Kubernetes manifests (Deployment, StatefulSet, Pod, Job, LeaderWorkerSet, ``List``,
+llm-d's DisaggregatedSet, RBG's RoleBasedGroup, OME's (Cluster)ServingRuntime, Dynamo's
+DynamoGraphDeployment, rendered Helm or Kustomize output), docker-compose files, shell
+scripts and args files. Pure Python and PyYAML: nothing here imports SGLang or runs a
+command. The modules, by concern: :mod:`.model` (the values), :mod:`.source` (places in a
+file), :mod:`.shell` (splitting), :mod:`.expand` (variables), :mod:`.commands`
+(launchers, routers, scripts), :mod:`.nodes`, :mod:`.kube`, :mod:`.compose` and
+:mod:`.yaml_manifests` (YAML), :mod:`.files` (paths), :mod:`.pairing` (pairs).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from sglang_dsv4_guard.check.inputs.commands import Found
+from sglang_dsv4_guard.check.inputs.files import entries, read_entry
+from sglang_dsv4_guard.check.inputs.model import InputError, Inputs, Invocation, Pair, Token
+from sglang_dsv4_guard.check.inputs.pairing import pair
+
+__all__ = ["InputError", "Inputs", "Invocation", "Pair", "Token", "read_inputs"]
+
+
+def read_inputs(paths: Sequence[str], stdin: TextIO | None = None) -> Inputs:
+    """Read ``paths`` (files, directories, ``-`` for ``stdin``, else ``sys.stdin``) into
+    the invocations they start and the pairs those form; :class:`InputError` names a file
+    that cannot be read, its line where there is one, and what is accepted."""
+    if not paths:
+        raise InputError("-f", "no file named; give files, directories or - for stdin")
+    found = Found()
+    files = entries(list(paths))
+    for entry in files:
+        read_entry(entry, stdin if stdin is not None else sys.stdin, found)
+    return pair(found, {e.path: e.together for e in files})
