@@ -264,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="read the pairs from deployment files instead: Kubernetes "
                             "manifests, compose files, shell scripts, args files; a "
                             "directory is read whole; '-' is stdin")
+    check.add_argument("--model-path-map", action="append", default=[], metavar="PATH=DIR",
+                       help="with -f: a model path as the deployment writes it, and the "
+                            "local directory holding its config.json (repeatable)")
     for role in ("prefill", "decode"):
         check.add_argument(f"--{role}-env", action="append", default=[], metavar="K=V",
                            help=f"an environment variable of the {role} server (repeatable)")

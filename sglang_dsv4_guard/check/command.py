@@ -20,7 +20,7 @@ from sglang_dsv4_guard.check.outcome import Checked, exit_status
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.inputs import Inputs, Invocation, Pair
 
-__all__ = ["pair_request", "request_of", "run_command"]
+__all__ = ["model_path_map", "pair_request", "request_of", "run_command"]
 
 Answerer = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -40,11 +40,44 @@ def _shared(args: argparse.Namespace) -> dict[str, Any]:
             "verbose": bool(getattr(args, "verbose", False))}
 
 
-def pair_request(pair: Pair) -> dict[str, Any]:
+def model_path_map(items: Sequence[str]) -> dict[str, str]:
+    """``--model-path-map PATH=DIR`` items: a model path as the deployment writes it, and
+    the local directory holding its ``config.json``; a malformed item raises
+    :class:`~.parse.CheckInputError` naming it."""
+    mapping: dict[str, str] = {}
+    for item in items:
+        path, eq, local = item.partition("=")
+        if not eq or not path.strip() or not local.strip():
+            raise CheckInputError("--model-path-map", f"expected PATH=DIR, a model path as the "
+                                                      f"deployment writes it and a local "
+                                                      f"directory with its config.json (got "
+                                                      f"{item!r})")
+        mapping[path.strip()] = local.strip()
+    return mapping
+
+
+def _mapped(argv: Sequence[str], mapping: Mapping[str, str]) -> list[str]:
+    """``argv`` with each value that is a mapped model path (alone or as ``--flag=PATH``)
+    replaced by its local directory."""
+    out = []
+    for token in argv:
+        flag, eq, value = token.partition("=")
+        if token in mapping:
+            token = mapping[token]
+        elif eq and flag.startswith("--") and value in mapping:
+            token = f"{flag}={mapping[value]}"
+        out.append(token)
+    return out
+
+
+def pair_request(pair: Pair, models: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The child's request for one pair read from files: each server's arguments as one
-    shell-quoted line (the check splits it back into the same tokens) and its environment."""
+    shell-quoted line (the check splits it back into the same tokens), model paths mapped
+    to local directories by ``models``, and each server's environment."""
+    models = models or {}
     return {"name": pair.name,
-            "prefill": shlex.join(pair.prefill.argv), "decode": shlex.join(pair.decode.argv),
+            "prefill": shlex.join(_mapped(pair.prefill.argv, models)),
+            "decode": shlex.join(_mapped(pair.decode.argv, models)),
             "prefill_env": dict(pair.prefill.env), "decode_env": dict(pair.decode.env)}
 
 
@@ -114,13 +147,15 @@ def _from_files(args: argparse.Namespace, files: list[str], answerer: Answerer) 
     from sglang_dsv4_guard.check.inputs import read_inputs
 
     try:
+        models = model_path_map(getattr(args, "model_path_map", None) or ())
         inputs = read_inputs(files, sys.stdin)
     except CheckInputError as exc:
         return _error(str(exc))
     if not inputs.pairs:
         found = "; ".join(_unpaired(inputs)) or "no SGLang server invocation"
         return _error(f"no prefill/decode pair in {', '.join(files)}: {found}"[:2000])
-    reply = answerer({"pairs": [pair_request(pair) for pair in inputs.pairs], **_shared(args)})
+    reply = answerer({"pairs": [pair_request(pair, models) for pair in inputs.pairs],
+                      **_shared(args)})
     replies = reply.get("pairs")
     if not isinstance(replies, list) or len(replies) != len(inputs.pairs):
         # the check process ended without answering: every pair has its error line
