@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.check.offline.causes import joined
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_env
+from sglang_dsv4_guard.check.server.gpu_models import gpu_model
 from sglang_dsv4_guard.host.judgement import imported_package_dir
 
 if TYPE_CHECKING:
@@ -51,12 +52,32 @@ _SCRATCH_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PA
 
 def request_of(args: argparse.Namespace) -> dict[str, Any]:
     """The child's request from ``check``'s parsed arguments; a malformed ``--*-env`` item
-    raises :class:`~.parse.CheckInputError` naming it."""
+    or a GPU name :func:`~.server.gpu_models.gpu_model` cannot read raises
+    :class:`~.parse.CheckInputError` naming it."""
+    gpus, sources = _gpus_of(args)
     return {"prefill": args.prefill, "decode": args.decode,
             "prefill_env": parse_env("--prefill-env", args.prefill_env),
             "decode_env": parse_env("--decode-env", args.decode_env),
+            "gpus": gpus, "gpu_sources": sources,
             "fix": bool(getattr(args, "fix", False)),
             "verbose": bool(getattr(args, "verbose", False))}
+
+
+def _gpus_of(args: argparse.Namespace) -> tuple[dict[str, str | None], dict[str, str]]:
+    """Each server's GPU (``--prefill-gpu``/``--decode-gpu``, else ``--gpu``) and the
+    option that named it, each name read here (the command's own error, before the child)."""
+    gpus: dict[str, str | None] = {}
+    sources: dict[str, str] = {}
+    for role in ("prefill", "decode"):
+        for option in (f"--{role}-gpu", "--gpu"):
+            text = getattr(args, option[2:].replace("-", "_"), None)
+            if text is not None:
+                gpu_model(text, option)
+                gpus[role], sources[role] = text, option
+                break
+        else:
+            gpus[role] = None
+    return gpus, sources
 
 
 def answer(request: Mapping[str, Any],
@@ -95,7 +116,8 @@ def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
             return _answer_fixed(request, refusals, started)
         result = run_check(request["prefill"], request["decode"],
                            request.get("prefill_env") or {}, request.get("decode_env") or {},
-                           refusals=refusals)
+                           refusals=refusals, gpus=request.get("gpus"),
+                           gpu_sources=request.get("gpu_sources"))
     except CheckInputError as exc:
         return {"exit_status": 2, "error": joined(str(exc))}
     except ImportError as exc:
@@ -118,7 +140,9 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
                         f"half of the check's time limit ({limit / 2:g} of {limit:g} s, "
                         f"{TIMEOUT_VARIABLE}) had passed, so no further re-run was started")
     fixed = fix_check(Lines(request["prefill"], request["decode"],
-                            request.get("prefill_env") or {}, request.get("decode_env") or {}),
+                            request.get("prefill_env") or {}, request.get("decode_env") or {},
+                            gpus=request.get("gpus") or {},
+                            gpu_sources=request.get("gpu_sources") or {}),
                       refusals, deadline)
     document = fixed.result.to_dict()
     document["fixed"] = (fixed.lines.to_fixed_dict(fixed.given) if fixed.lines is not None
