@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import unittest
-from pathlib import Path
 
 from check_helpers import DSV4, LLAMA, run_cli, server
 from helpers import GuardTestCase, sglang_release
@@ -235,20 +234,6 @@ class TestAmdGpu(GuardTestCase):
         gpu = result.to_dict()["derived"]["prefill"]["gpu"]
         self.assertEqual((gpu["platform"], gpu["probes_answered_as_it"]), ("rocm", False))
         self.assertIsNone(result.prefill.args.gpu)
-
-
-class TestDocsTable(GuardTestCase):
-    def test_naming_the_gpu_table_is_the_code_table(self) -> None:
-        """docs/check.md "Naming the GPU" has one row per model of ``GPU_MODELS``, in
-        order: its name, platform, architecture and compute capability, other names."""
-        page = (Path(__file__).resolve().parent.parent / "docs" / "check.md").read_text()
-        body = page.split("\n## Naming the GPU\n", 1)[1].split("\n## ", 1)[0]
-        rows = [[c.strip() for c in line.strip().strip("|").split("|")]
-                for line in body.splitlines() if line.startswith("| `")]
-        expected = [[f"`{m.name}`", m.platform, m.arch,
-                     "—" if m.capability is None else f"{m.capability[0]}.{m.capability[1]}",
-                     ", ".join(f"`{a}`" for a in m.aliases + m.labels)] for m in GPU_MODELS]
-        self.assertEqual(rows, expected)
 
 
 if __name__ == "__main__":
