@@ -16,9 +16,11 @@ from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.child import request_of
+from sglang_dsv4_guard.check.child import fix_status, request_of
 from sglang_dsv4_guard.check.offline.parse import CheckInputError
 from sglang_dsv4_guard.check.predict import CheckResult, run_check
+from sglang_dsv4_guard.check.prove import fix_check
+from sglang_dsv4_guard.check.rerun import Lines
 from sglang_dsv4_guard.check.server.gpu_models import GPU_MODELS, gpu_model, named_gpus
 from sglang_dsv4_guard.check.text import render_check
 from sglang_dsv4_guard.cli import _parser
@@ -167,6 +169,20 @@ class TestPageSizeOnTheGpu(GuardTestCase):
             self.assertEqual((result.exit_status, _page(result)), (0, [Severity.WARNING]))
         (finding,) = [f for f in result.report.findings if f.code == PAGE]
         self.assertIn("prefill H100 with decode", finding.when.effect if finding.when else "")
+
+
+class TestFixOnTheGpu(GuardTestCase):
+    def test_fix_is_proven_on_the_named_gpu(self) -> None:
+        """``check --fix`` re-runs the check as the same GPUs: page size 64 on the prefill
+        only, as an H100, is corrected by typing one page size on both, and the corrected
+        lines' check (as the H100 too) has no finding."""
+        lines = Lines(*PAGE_64, gpus=_both("H100"), gpu_sources=_both("--gpu"))
+        fixed = fix_check(lines)
+        self.assertEqual(fix_status(fixed), "corrected")
+        assert fixed.lines_result is not None and fixed.lines is not None
+        self.assertEqual(fixed.lines_result.report.codes, ())
+        self.assertEqual(fixed.lines_result.decode.args.gpu, gpu_model("H100").device)
+        self.assertEqual(fixed.lines.gpus, _both("H100"))
 
 
 class TestMxfp8OnTheGpu(GuardTestCase):
