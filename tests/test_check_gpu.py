@@ -108,6 +108,17 @@ class TestGpuNames(GuardTestCase):
         self.assertEqual((none["gpus"], none["gpu_sources"]),
                          ({"prefill": None, "decode": None}, {}))
 
+    def test_a_gpu_needs_a_cuda_line(self) -> None:
+        """A GPU named for a ``--device cpu`` line is input ``check`` cannot judge: an
+        NVIDIA GPU is refused before resolution (naming the line), an AMD one after it
+        (naming the option that named it)."""
+        cpu = (server("prefill", LLAMA, "--device cpu", "mooncake"), PAGE_64[1])
+        for name, argument in (("H100", "--prefill"), ("MI300X", "--gpu")):
+            with self.subTest(name=name), self.assertRaises(CheckInputError) as raised:
+                run_check(*cpu, gpus={"prefill": name}, gpu_sources={"prefill": "--gpu"})
+            self.assertEqual(raised.exception.argument, argument)
+            self.assertIn("--device cpu", str(raised.exception))
+
     def test_run_check_refuses_a_key_that_is_no_role(self) -> None:
         """``run_check(gpus=)`` keys are the servers' roles."""
         with self.assertRaises(CheckInputError) as raised:

@@ -234,8 +234,13 @@ def run_check(prefill_args: str, decode_args: str,
                                 ("decode", decode_args, decode_env)):
             gpu = named[role]
             with section(role):
-                sides[role] = derive_server(parse_launch(
-                    role, line, env or {}, None if gpu is None else gpu.device), gpu)
+                args = parse_launch(role, line, env or {}, None if gpu is None else gpu.device)
+            if gpu is not None and args.resolved_device != "cuda":  # ROCm's is cuda too
+                raise CheckInputError(gpu.source, f"{gpu.model.name} is a GPU of --device "
+                                                  f"cuda servers, and the {role} line has "
+                                                  f"--device {args.resolved_device}")
+            with section(role):
+                sides[role] = derive_server(args, gpu)
         prefill, decode = sides["prefill"], sides["decode"]
         findings: list[Finding] = [refusal_finding(s.args, o.args) for s, o in (
             (prefill, decode), (decode, prefill)) if s.args.resolution_error is not None]
