@@ -270,6 +270,13 @@ def _parser() -> argparse.ArgumentParser:
     for role in ("prefill", "decode"):
         check.add_argument(f"--{role}-env", action="append", default=[], metavar="K=V",
                            help=f"an environment variable of the {role} server (repeatable)")
+    check.add_argument("--gpu", metavar="MODEL",
+                       help="the GPU model both servers run on (H100, B200, MI300X, ... or a "
+                            "nvidia.com/gpu.product label): GPU-dependent findings are "
+                            "judged on it alone")
+    for role in ("prefill", "decode"):
+        check.add_argument(f"--{role}-gpu", metavar="MODEL",
+                           help=f"the {role} server's GPU model (overrides --gpu)")
     check.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text",
                        help="text (default), json, sarif (SARIF 2.1.0) or github (GitHub "
                             "Actions annotations); sarif and github point at the file and "

@@ -24,6 +24,7 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.check.offline.parse import parse_launch
+from sglang_dsv4_guard.check.server.gpu_models import GPU_MODELS
 from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.codes import CODES
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
@@ -307,6 +308,17 @@ class TestTablesMirrorTheCode(GuardTestCase):
                 shown |= {"unset"} if "unset" in row[1] else set()
                 self.assertEqual(shown, accepted)
                 self.assertEqual(row[2], f"`{default_of[variable]}`")
+
+    def test_gpu_table_is_the_gpu_models(self) -> None:
+        """docs/check.md "Naming the GPU" has one row per model ``check --gpu`` reads, in
+        order: its name, platform, architecture, compute capability and other names."""
+        rows = table(ROOT / "docs" / "check.md", r"`[^`]+`")
+        gpus = [r for r in rows if r[1] in ("cuda", "rocm")]
+        self.assertIn("| `H100` |", section(ROOT / "docs" / "check.md", "Naming the GPU"))
+        expected = [[f"`{m.name}`", m.platform, m.arch,
+                     "—" if m.capability is None else f"{m.capability[0]}.{m.capability[1]}",
+                     ", ".join(f"`{a}`" for a in m.aliases + m.labels)] for m in GPU_MODELS]
+        self.assertEqual(gpus, expected)
 
     def test_supported_range_is_declared_and_tested(self) -> None:
         """The README and docs/releases.md state SUPPORTED_MIN to SUPPORTED_MAX, which

@@ -87,7 +87,8 @@ def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
             return _answer_fixed(request, refusals, started)
         result = run_check(request["prefill"], request["decode"],
                            request.get("prefill_env") or {}, request.get("decode_env") or {},
-                           refusals=refusals)
+                           refusals=refusals, gpus=request.get("gpus"),
+                           gpu_sources=request.get("gpu_sources"))
     except CheckInputError as exc:
         return {"exit_status": 2, "error": joined(str(exc))}
     except ImportError as exc:
@@ -110,7 +111,9 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
                         f"half of the check's time limit ({limit / 2:g} of {limit:g} s, "
                         f"{TIMEOUT_VARIABLE}) had passed, so no further re-run was started")
     fixed = fix_check(Lines(request["prefill"], request["decode"],
-                            request.get("prefill_env") or {}, request.get("decode_env") or {}),
+                            request.get("prefill_env") or {}, request.get("decode_env") or {},
+                            gpus=request.get("gpus") or {},
+                            gpu_sources=request.get("gpu_sources") or {}),
                       refusals, deadline)
     document = fixed.result.to_dict()
     document["fixed"] = (fixed.lines.to_fixed_dict(fixed.given) if fixed.lines is not None

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 from sglang_dsv4_guard.check.formats import render
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, parse_env
 from sglang_dsv4_guard.check.outcome import Checked, exit_status
+from sglang_dsv4_guard.check.server.gpu_models import gpu_model
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.inputs import Inputs, Invocation, Pair
 
-__all__ = ["model_path_map", "pair_request", "request_of", "run_command"]
+__all__ = ["gpus_of", "model_path_map", "pair_request", "request_of", "run_command"]
 
 Answerer = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -28,10 +29,40 @@ Answerer = Callable[[Mapping[str, Any]], dict[str, Any]]
 def request_of(args: argparse.Namespace) -> dict[str, Any]:
     """The child's request for a pair typed as ``--prefill``/``--decode``; a malformed
     ``--*-env`` item raises :class:`~.parse.CheckInputError` naming it."""
+    gpus, sources, _ = gpus_of(args)
     return {"prefill": args.prefill, "decode": args.decode,
             "prefill_env": parse_env("--prefill-env", args.prefill_env),
             "decode_env": parse_env("--decode-env", args.decode_env),
-            **_shared(args)}
+            "gpus": gpus, "gpu_sources": sources, **_shared(args)}
+
+
+def gpus_of(args: argparse.Namespace, pair: Pair | None = None
+            ) -> tuple[dict[str, str | None], dict[str, str], list[str]]:
+    """Each server's GPU and what named it: ``--prefill-gpu``/``--decode-gpu``, else
+    ``--gpu`` (a name :func:`~.server.gpu_models.gpu_model` cannot read raises, before the
+    child starts), else the GPU its manifest states (``pair``'s invocation; a label it
+    cannot read is a note, and that server is judged on every GPU model). Also the notes."""
+    gpus: dict[str, str | None] = {}
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+    for role in ("prefill", "decode"):
+        gpus[role] = None
+        for option in (f"--{role}-gpu", "--gpu"):
+            text = getattr(args, option[2:].replace("-", "_"), None)
+            if text is not None:
+                gpu_model(text, option)
+                gpus[role], sources[role] = text, option
+                break
+        invocation = None if pair is None else (pair.prefill if role == "prefill" else pair.decode)
+        if gpus[role] is None and invocation is not None and invocation.gpu:
+            where = f"{invocation.file}:{invocation.line} (the pod's GPU label)"
+            try:
+                gpu_model(invocation.gpu, where)
+            except CheckInputError as exc:
+                notes.append(f"{role}: {exc}; judged on every GPU model")
+                continue
+            gpus[role], sources[role] = invocation.gpu, where
+    return gpus, sources, notes
 
 
 def _shared(args: argparse.Namespace) -> dict[str, Any]:
@@ -70,12 +101,14 @@ def _mapped(argv: Sequence[str], mapping: Mapping[str, str]) -> list[str]:
     return out
 
 
-def pair_request(pair: Pair, models: Mapping[str, str] | None = None) -> dict[str, Any]:
+def pair_request(pair: Pair, args: argparse.Namespace,
+                 models: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The child's request for one pair read from files: each server's arguments as one
     shell-quoted line (the check splits it back into the same tokens), model paths mapped
-    to local directories by ``models``, and each server's environment."""
+    to local directories by ``models``, each server's environment and GPU (:func:`gpus_of`)."""
     models = models or {}
-    return {"name": pair.name,
+    gpus, sources, _ = gpus_of(args, pair)
+    return {"name": pair.name, "gpus": gpus, "gpu_sources": sources,
             "prefill": shlex.join(_mapped(pair.prefill.argv, models)),
             "decode": shlex.join(_mapped(pair.decode.argv, models)),
             "prefill_env": dict(pair.prefill.env), "decode_env": dict(pair.decode.env)}
@@ -148,20 +181,21 @@ def _from_files(args: argparse.Namespace, files: list[str], answerer: Answerer) 
 
     try:
         models = model_path_map(getattr(args, "model_path_map", None) or ())
+        gpus_of(args)  # a GPU name that cannot be read: exit 2 before reading anything
         inputs = read_inputs(files, sys.stdin)
     except CheckInputError as exc:
         return _error(str(exc))
     if not inputs.pairs:
         found = "; ".join(_unpaired(inputs)) or "no SGLang server invocation"
         return _error(f"no prefill/decode pair in {', '.join(files)}: {found}"[:2000])
-    reply = answerer({"pairs": [pair_request(pair, models) for pair in inputs.pairs],
+    reply = answerer({"pairs": [pair_request(pair, args, models) for pair in inputs.pairs],
                       **_shared(args)})
     replies = reply.get("pairs")
     if not isinstance(replies, list) or len(replies) != len(inputs.pairs):
         # the check process ended without answering: every pair has its error line
         replies = [reply] * len(inputs.pairs)
     checked = [Checked(pair.name, answer, pair.prefill, pair.decode,
-                       _notes((pair.prefill, pair.decode)))
+                       _notes((pair.prefill, pair.decode)) + tuple(gpus_of(args, pair)[2]))
                for pair, answer in zip(inputs.pairs, replies, strict=True)]
     print(render(args.format, checked, args.fail_on, _version(), quiet=args.quiet,
                  unpaired=_unpaired(inputs), notes=inputs.notes))

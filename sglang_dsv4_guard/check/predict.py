@@ -29,6 +29,7 @@ from sglang_dsv4_guard.check.offline.parse import (
 from sglang_dsv4_guard.check.rows.contract import contract_findings
 from sglang_dsv4_guard.check.server.derive import DerivedServer, derive_server
 from sglang_dsv4_guard.check.server.edit import typed_flags
+from sglang_dsv4_guard.check.server.gpu_models import named_gpus
 from sglang_dsv4_guard.check.server.pools import PoolRun, draft_ratio, run_state_check
 from sglang_dsv4_guard.check.server.said import Said, said_about
 from sglang_dsv4_guard.codes import ONE_SIDED_DRAFT
@@ -142,16 +143,48 @@ def _unknowns(prefill: DerivedServer, decode: DerivedServer, runs: list[PoolRun]
         notes.extend(f"{side.role}: {note}" for note in side.notes)
     notes.append("the model paths are compared as typed; whether they hold the same "
                  "checkpoint on their hosts is not known here")
-    devices = sorted({s.args.resolved_device for s in (prefill, decode)})
-    notes.append("both servers are assumed to run the SGLang release installed here; "
-                 f"SGLang's resolution ran as --device {' and '.join(devices)} (the line's "
-                 "--device, else cuda), without that device present: what SGLang reads "
-                 "from the GPU itself (its memory, its compute capability) is not known here")
+    notes += _gpu_lines(prefill, decode)
     if prefill.unified_kv or decode.unified_kv:
         notes.append(f"{MODES_CODE} (target and draft pools in different unified-KV modes) cannot "
                      "come from the environment: both pools of one server read "
                      "SGLANG_HACK_FLASHMLA_BACKEND once")
     return notes
+
+
+def _gpu_lines(prefill: DerivedServer, decode: DerivedServer) -> list[str]:
+    """What SGLang's resolution knew of each server's GPU: this machine's answers, or the
+    GPU the server was named to run on (an AMD one is not answered: ROCm is not modelled)."""
+    sides = (prefill, decode)
+    devices = " and ".join(sorted({s.args.resolved_device for s in sides}))
+    notes = []
+    for side in sides:
+        named = side.gpu
+        if named is not None and named.device is None:
+            notes.append(
+                f"{side.role}: {named.model.name} ({named.source}) is an AMD GPU "
+                f"({named.model.arch}, ROCm): SGLang takes its ROCm branches by "
+                "torch.version.hip, read when its modules are imported, which this check "
+                f"cannot answer; the {side.role} server was resolved as this machine "
+                "answers, so what SGLang decides on ROCm alone (its attention backends and "
+                "their page sizes, the DeepSeek-V4 KV layout, the unified-KV pool) is not "
+                "settled, and the findings judged per GPU model name NVIDIA GPUs; its flags, "
+                "model, attention TP and the transfer and first-contact rows on values not "
+                "chosen by the GPU are checked")
+    answered = [f"{s.args.gpu.name} for the {s.role}" for s in sides if s.args.gpu is not None]
+    if not answered:
+        return [
+            *notes, "both servers are assumed to run the SGLang release installed here; "
+            f"SGLang's resolution ran as --device {devices} (the line's --device, else "
+            "cuda), without that device present: what SGLang reads from the GPU itself (its "
+            "memory, its compute capability) is not known here"]
+    others = [s.role for s in sides if s.args.gpu is None]
+    rest = f", and as this machine answers for the {others[0]}" if others else ""
+    return [
+        *notes, "both servers are assumed to run the SGLang release installed here; SGLang's "
+        f"resolution ran as --device {devices} with its GPU probes (compute capability, "
+        f"SM100/SM90 and the like) answering as {' and '.join(answered)} (the GPUs named)"
+        f"{rest}, without a GPU present: what SGLang reads from the GPU itself beyond its "
+        "model (its memory, its driver) is not known here"]
 
 
 def _refused_lines(refused: tuple[str, ...]) -> list[str]:
@@ -173,13 +206,20 @@ def run_check(prefill_args: str, decode_args: str,
               prefill_env: Mapping[str, str] | None = None,
               decode_env: Mapping[str, str] | None = None,
               refusals: Callable[[], tuple[str, ...]] = tuple,
-              derive: bool = True) -> CheckResult:
+              derive: bool = True, gpus: Mapping[str, str | None] | None = None,
+              gpu_sources: Mapping[str, str] | None = None) -> CheckResult:
     """Predict what the two servers will do. Raises :class:`CheckInputError` on bad input.
 
+    ``gpus`` names the GPU model each server runs on (keys ``prefill`` and ``decode``,
+    :func:`~.server.gpu_models.gpu_model` names; ``None`` or absent: not known), and
+    ``gpu_sources`` where each name came from (``--gpu``): a named NVIDIA GPU's server is
+    resolved with SGLang's device probes answering as that GPU, and what is judged per
+    GPU model is judged on it alone.
     ``refusals`` gives what the child's walls refused (:mod:`.sandbox`), read at the end.
     ``derive=False`` leaves the findings' fixes underived (``check --fix``'s re-runs read
     only which findings remain). What SGLang says meanwhile (its warnings, log records
     and prints) is captured, not printed (:mod:`.chatter`): ``sglang_output``."""
+    named = named_gpus(gpus, gpu_sources)
     with without_shell_settings() as shell, capturing(), recording() as said:
         host = judge_imported()  # by the imported code, as install() judges it, not the label
         if host.behaves_as is None:
@@ -189,10 +229,19 @@ def run_check(prefill_args: str, decode_args: str,
                                             "and releases with the same checks")
         profile = host.profile()
         version = host.name
-        with section("prefill"):
-            prefill = derive_server(parse_launch("prefill", prefill_args, prefill_env or {}))
-        with section("decode"):
-            decode = derive_server(parse_launch("decode", decode_args, decode_env or {}))
+        sides = {}
+        for role, line, env in (("prefill", prefill_args, prefill_env),
+                                ("decode", decode_args, decode_env)):
+            gpu = named[role]
+            with section(role):
+                args = parse_launch(role, line, env or {}, None if gpu is None else gpu.device)
+            if gpu is not None and args.resolved_device != "cuda":  # ROCm's is cuda too
+                raise CheckInputError(gpu.source, f"{gpu.model.name} is a GPU of --device "
+                                                  f"cuda servers, and the {role} line has "
+                                                  f"--device {args.resolved_device}")
+            with section(role):
+                sides[role] = derive_server(args, gpu)
+        prefill, decode = sides["prefill"], sides["decode"]
         findings: list[Finding] = [refusal_finding(s.args, o.args) for s, o in (
             (prefill, decode), (decode, prefill)) if s.args.resolution_error is not None]
         runs = []

@@ -289,7 +289,7 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
     """``check --fix`` on ``lines`` (see the module docstring); no re-run starts after
     ``deadline``."""
     base = run_check(lines.prefill, lines.decode, lines.prefill_env, lines.decode_env,
-                     refusals=refusals)
+                     refusals=refusals, gpus=lines.gpus, gpu_sources=lines.gpu_sources)
     if not base.report.findings:
         return Fixed(base, None, None, 0, False, lines)
     runner = Runner(lines, refusals, deadline)
@@ -303,7 +303,8 @@ def fix_check(lines: Lines, refusals: Callable[[], tuple[str, ...]] = tuple,
             break
         runner.runs += 1  # a check with its fixes derived anew, on the lines so far
         again = run_check(best[0].prefill, best[0].decode, best[0].prefill_env,
-                          best[0].decode_env, refusals=refusals)
+                          best[0].decode_env, refusals=refusals, gpus=lines.gpus,
+                          gpu_sources=lines.gpu_sources)
         runner.base = best[0]  # the round's fixes are proven on the lines so far
         known = errors | errors_of(best[1].report)
         more = [_prove(f, runner, known) for f in again.report.findings]

@@ -35,6 +35,10 @@ class Lines:
     # and those of them added for warnings only (the bonus, :func:`_bonus`)
     applied: tuple[Edit, ...] = field(default=(), compare=False)
     bonus: tuple[Edit, ...] = field(default=(), compare=False)
+    # the GPU each server runs on, and where each name came from (run_check's gpus and
+    # gpu_sources): no edit changes them
+    gpus: Mapping[str, str | None] = field(default_factory=dict, compare=False)
+    gpu_sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def edited(self, edits: tuple[Edit, ...], bonus: bool = False) -> Lines:
         """These lines with ``edits`` applied (each to its server); ``bonus``: edits made
@@ -46,7 +50,8 @@ class Lines:
                      apply_env(self.prefill_env, edits, "prefill"),
                      apply_env(self.decode_env, edits, "decode"),
                      (*kept, *edits),
-                     tuple(e for e in self.bonus if e in kept) + (edits if bonus else ()))
+                     tuple(e for e in self.bonus if e in kept) + (edits if bonus else ()),
+                     self.gpus, self.gpu_sources)
 
     @property
     def clearing(self) -> tuple[Edit, ...]:
@@ -130,7 +135,8 @@ class Runner:
         try:
             result: CheckResult | None = run_check(
                 lines.prefill, lines.decode, lines.prefill_env, lines.decode_env,
-                refusals=self.refusals, derive=False)
+                refusals=self.refusals, derive=False, gpus=lines.gpus,
+                gpu_sources=lines.gpu_sources)
         except CheckInputError:
             result = None
         self.cache[key] = result

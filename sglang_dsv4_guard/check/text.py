@@ -53,9 +53,20 @@ def _side(side: DerivedServer, said: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _gpus(result: CheckResult) -> str:
+    """The GPUs the servers were checked as, said once (nothing when none was named)."""
+    named = {s.role: s.gpu for s in (result.prefill, result.decode)}
+    if not any(named.values()):
+        return ""
+    if named["prefill"] == named["decode"] and named["prefill"] is not None:
+        return f"\nGPU: {named['prefill'].describe()}, both servers"
+    return "\nGPU: " + "; ".join(f"{role} {gpu.describe() if gpu else 'not named'}"
+                                 for role, gpu in named.items())
+
+
 def render_check(result: CheckResult) -> str:
     """Derived values per server, every finding, what flags cannot tell, the outcome line."""
-    parts = [f"sglang-dsv4-guard check (SGLang {result.release})",
+    parts = [f"sglang-dsv4-guard check (SGLang {result.release})" + _gpus(result),
              *(_side(s, _said(result, s)) for s in (result.prefill, result.decode))]
     refused = {s.role for s in (result.prefill, result.decode)
                if s.args.resolution_error is not None}

@@ -77,7 +77,7 @@ def accepted_fix(fix: Fix | None, sides: dict[str, DerivedServer]) -> Fix | None
         edits = [e for e in fix.edits if e.server == role]
         try:
             edited = parse_launch(role, apply_edits(shlex.join(side.args.argv), edits, role),
-                                  apply_env(side.args.env, edits, role))
+                                  apply_env(side.args.env, edits, role), side.args.gpu)
         except (CheckInputError, ValueError):
             return None
         if edited.resolution_error is not None or _replaced(edited, edits):
@@ -223,7 +223,7 @@ def derived_fixes(finding: Finding, p: DerivedServer, d: DerivedServer) -> Findi
         side, other = (p, d) if finding.subject.startswith("prefill") else (d, p)
         return replace(finding, fixes=refusal_fixes(
             side.role, side.args.argv, side.args.env, str(side.args.resolution_error),
-            other.args.argv))
+            other.args.argv, side.args.gpu))
     if finding.code == PAGED_CODE:  # SGLang's own check on the pools; fixes of both lines
         return replace(finding, fixes=_own_draft(finding, p, d) + finding.fixes)
     derive = _DERIVERS.get(finding.code)

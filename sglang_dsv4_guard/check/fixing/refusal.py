@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from sglang_dsv4_guard.check.fixing.cost import price, with_dependents
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, LaunchArgs, parse_launch
+from sglang_dsv4_guard.check.offline.probes import Device
 from sglang_dsv4_guard.check.server.edit import apply_edits, apply_env, typed_flags
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import STOPS_AT_START, Finding, Observation, Severity
@@ -117,16 +118,17 @@ class _Exhausted(Exception):
 
 
 class _Counted:
-    """``parse_launch`` counted: at most :data:`MAX_RESOLUTIONS` calls, then :class:`_Exhausted`."""
+    """``parse_launch`` (as ``gpu``, the server's named GPU) counted: at most
+    :data:`MAX_RESOLUTIONS` calls, then :class:`_Exhausted`."""
 
-    def __init__(self) -> None:
-        self.runs = 0
+    def __init__(self, gpu: Device | None = None) -> None:
+        self.runs, self.gpu = 0, gpu
 
     def __call__(self, role: str, line: str, env: Mapping[str, str]) -> LaunchArgs:
         if self.runs >= MAX_RESOLUTIONS:
             raise _Exhausted
         self.runs += 1
-        return parse_launch(role, line, env)
+        return parse_launch(role, line, env, self.gpu)
 
 
 def release_choice(role: str, line: str, env: Mapping[str, str], named: Flag,
@@ -210,10 +212,11 @@ class Search:
 
 
 def search(role: str, line: str, env: Mapping[str, str], refusal: str,
-           other: Mapping[str, tuple[Flag, str | None]]) -> Search:
-    """Breadth-first over candidate edits (see the module docstring)."""
+           other: Mapping[str, tuple[Flag, str | None]], gpu: Device | None = None) -> Search:
+    """Breadth-first over candidate edits (see the module docstring), each line resolved
+    as ``gpu`` (the server's named GPU; this machine's answers when ``None``)."""
     frontier: list[tuple[tuple[Edit, ...], str]] = [((), refusal)]
-    seen, resolve = {(line, tuple(sorted(env.items())))}, _Counted()
+    seen, resolve = {(line, tuple(sorted(env.items())))}, _Counted(gpu)
     accepted: list[tuple[Edit, ...]] = []
     try:
         for _ in range(MAX_DEPTH):
@@ -254,7 +257,9 @@ def refusal_finding(args: LaunchArgs, other: LaunchArgs) -> Finding:
         code=CODE, severity=Severity.ERROR, summary=CODES[CODE].title,
         subject=f"{args.role} server flags", when=STOPS_AT_START,
         observations=(Observation(args.role, "resolution", args.resolution_error,
-                                  "ServerArgs resolution of the installed release"),),
+                                  "ServerArgs resolution of the installed release" + (
+                                      "" if args.gpu is None else
+                                      f", its GPU probes answering as {args.gpu.name}")),),
         details=(f"the {args.role} server's flags: {' '.join(args.argv)}",
                  f"what this check derives for the {args.role} server (its page size, "
                  "speculative settings, attention TP, the pools it builds) comes from its "
@@ -264,10 +269,11 @@ def refusal_finding(args: LaunchArgs, other: LaunchArgs) -> Finding:
 
 
 def refusal_fixes(role: str, argv: tuple[str, ...], env: Mapping[str, str], refusal: str,
-                  other_argv: tuple[str, ...]) -> tuple[Fix, ...]:
+                  other_argv: tuple[str, ...], gpu: Device | None = None) -> tuple[Fix, ...]:
     """The refusal's fixes for the ``role`` server: the edit lists the release accepts
-    (those that set a flag before those that only remove), or why there are none."""
-    found = search(role, shlex.join(argv), env, refusal, typed_flags(list(other_argv)))
+    (as ``gpu``, the server's named GPU) (those that set a flag before those that only
+    remove), or why there are none."""
+    found = search(role, shlex.join(argv), env, refusal, typed_flags(list(other_argv)), gpu)
     inputs = (f"SGLang's resolution of the {role} server's flags: {refusal}",)
     lines = {role: shlex.join(argv)}
     ranked = sorted(found.accepted, key=lambda e: price(e, lines, {role: env}).key())

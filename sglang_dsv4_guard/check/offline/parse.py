@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 from sglang_dsv4_guard.check.offline.causes import failing_source, joined, machine_cause
 from sglang_dsv4_guard.check.offline.config_limits import config_limit_error
-from sglang_dsv4_guard.check.offline.probes import Device, as_devices, probed
+from sglang_dsv4_guard.check.offline.probes import Device, as_devices, devices_for, probed
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "LaunchArgs",
@@ -84,6 +84,15 @@ class LaunchArgs:
     machine_refusal: str | None = None
     # What the check did not do for these flags (a ModelScope fetch), said in ``unknowns``.
     notes: tuple[str, ...] = ()
+    # The GPU SGLang's device probes answered as during resolution (None: this machine's
+    # answers), the GPU the server was named to run on (``check --gpu``).
+    gpu: Device | None = None
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The GPUs this server may have: the one it was named to run on, else each one
+        SGLang tells apart for its ``--device`` (:func:`~.probes.devices_for`)."""
+        return (self.gpu,) if self.gpu is not None else devices_for(self.resolved_device)
 
     @property
     def resolved(self) -> bool:
@@ -409,8 +418,11 @@ def _pd_role(option: str, role: str, parser: argparse.ArgumentParser, argv: list
                                   f"--disaggregation-mode {role}")
 
 
-def parse_launch(role: str, text: str, env: Mapping[str, str]) -> LaunchArgs:
-    """Parse one server's launch arguments with the installed release's ``ServerArgs``."""
+def parse_launch(role: str, text: str, env: Mapping[str, str],
+                 gpu: Device | None = None) -> LaunchArgs:
+    """Parse one server's launch arguments with the installed release's ``ServerArgs``;
+    resolved with SGLang's device probes answering as ``gpu`` (the GPU the server was
+    named to run on; this machine's answers when ``None``), which needs ``--device cuda``."""
     from sglang.srt.server_args import ServerArgs
 
     option = f"--{role}"
@@ -425,15 +437,20 @@ def parse_launch(role: str, text: str, env: Mapping[str, str]) -> LaunchArgs:
     _pd_role(option, role, parser, argv, typed["disaggregation_mode"])
     resolving, resolve_env, notes = _resolving(namespace, env)
     device = str(getattr(resolving, "device", None) or "cuda")
-    server_args, refusal, cause = _resolve_on(resolving, resolve_env, device)
+    if gpu is not None and device != "cuda":
+        raise CheckInputError(option, f"--device {device}, and the server is named to run on "
+                                      f"{gpu.name}, a GPU of --device cuda servers; give the "
+                                      "GPU of a --device cuda server, or no GPU")
+    server_args, refusal, cause = _resolve_on(resolving, resolve_env, device, gpu)
     machine_refusal = None if cause is None else f"{refusal}: {cause}"
     if server_args is not None:
         view = _view(server_args)
         values = {name: getattr(view, name, None) for name in FIELDS}
-        resolved_by = f"the release's parser and its full resolution (as --device {device})"
+        resolved_by = (f"the release's parser and its full resolution (as --device {device}"
+                       + (f", its GPU probes answering as {gpu.name})" if gpu else ")"))
     else:
         values, resolved_by = _resolve_deprecated_dp(namespace)
     _validate(option, values)
     return LaunchArgs(role, tuple(argv), values, typed, dict(env), _deprecated(parser, argv),
                       resolved_by, None if cause is not None else refusal, server_args,
-                      device, machine_refusal, notes)
+                      device, machine_refusal, notes, gpu)

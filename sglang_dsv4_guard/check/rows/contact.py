@@ -163,18 +163,22 @@ def _kv_layout(side: DerivedServer) -> tuple[Value, str | None]:
     backend = resolved_value(side, "dsv4_attn_backend", None)
     typed_env = ", ".join(f"{k}={side.args.env.get(k, '(unset)')}" for k in DSV4_LAYOUT_ENV)
     source = (f"the release's {PD_DSV4_LAYOUT.attr} and pd_kv_layout on "
-              f"--dsv4-attn-backend {backend} and {typed_env}")
+              f"--dsv4-attn-backend {backend} and {typed_env}"
+              + (f", as {side.args.gpu.name}" if side.args.gpu is not None else ""))
     module = importlib.import_module(PD_DSV4_LAYOUT.module)  # unscanned: SGLang
     pool_cls = getattr(module, DSV4_POOL.qualname, None)
     if getattr(module, PD_DSV4_LAYOUT.attr, None) is None or not hasattr(pool_cls, "pd_kv_layout"):
         return none, None  # no selector, or (before 0.5.23) no layout published
+    gpu = side.args.gpu  # the GPU the server is named to run on: the selector runs as it
     try:
-        _, value = published_layout(side, layout_env(side))
+        _, value = published_layout(side, layout_env(side), gpu)
     except Exception as exc:
-        if isinstance(exc, AssertionError) and str(exc).startswith(EVERY_MACHINE):
+        if isinstance(exc, AssertionError) and (str(exc).startswith(EVERY_MACHINE)
+                                                or gpu is not None):
+            where = "on every machine" if gpu is None else f"on {gpu.name}, the server's GPU"
             return Value(None, source), (
                 f"{side.role}: SGLang's {PD_DSV4_LAYOUT.attr} refuses {typed_env} with "
-                f"--dsv4-attn-backend {backend} on every machine ({exc}): the server would "
+                f"--dsv4-attn-backend {backend} {where} ({exc}): the server would "
                 f"not start ({LAYOUT_ENV_CODE}); the DeepSeek-V4 KV layout ({LAYOUT_CODE}) "
                 "is not judged")
         # the V4.1 layouts need an SM100/SM103 GPU (or gfx950): their GPU assertion, or else
@@ -186,7 +190,8 @@ def _kv_layout(side: DerivedServer) -> tuple[Value, str | None]:
     mode = str(read).lower()
     note = (f"{side.role}: SGLANG_DSV4_KV_LAYOUT={mode} gives the V4.1 layout on an "
             f"SM100/SM103 GPU and V4 elsewhere; this check computed the V4 case ({LAYOUT_CODE} "
-            "compares the layouts the two servers' GPUs give)") if mode == "auto" else None
+            "compares the layouts the two servers' GPUs give)") if mode == "auto" \
+        and gpu is None else None
     return Value(value, source), note
 
 

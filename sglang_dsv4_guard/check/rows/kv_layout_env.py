@@ -6,9 +6,11 @@ builds its KV pool. It is run here, as the server would run it (its resolved
 ``ServerArgs`` published, its layout variables set), never re-derived: an assertion it
 makes before it looks at the GPU (:data:`EVERY_MACHINE`) stops that server on every
 machine, an error; its SM100 assertion depends on the GPU and stays an ``unknowns`` line
-(the first-contact row's). What it accepts is found the same way: each name its own code
-compares the variable with (the string constants of the function) is tried, and the fixes
-are the values it accepts here (unset: the release's default; the other server's value).
+(the first-contact row's), but for a server named to run on a GPU (``check --gpu``): the
+selector runs as that GPU, and what it asserts there stops that server, an error. What
+it accepts is found the same way: each name its own code compares the variable with (the
+string constants of the function) is tried, and the fixes are the values it accepts here
+(unset: the release's default; the other server's value).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import importlib
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix
 from sglang_dsv4_guard.check.offline.parse import offline_env
+from sglang_dsv4_guard.check.offline.probes import cuda_present
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.endpoint_values import CONTRIBUTORS
@@ -63,13 +66,16 @@ def selecting(side: DerivedServer, env: dict[str, str], *, unset_others: bool) -
 
 def selection(side: DerivedServer, env: dict[str, str]) -> tuple[str, str | None]:
     """SGLang's ``select_dsv4_kv_layout`` for ``side`` with its layout variables ``env``
-    (the others unset): ``("accepted", None)``, ``("refused", message)`` on every machine,
-    or ``("gpu", message)`` when what it says depends on the GPU."""
-    with selecting(side, env, unset_others=True) as select:
+    (the others unset), as the GPU ``side`` is named to run on if it is: ``("accepted",
+    None)``, ``("refused", message)`` on every machine or on that GPU, or ``("gpu",
+    message)`` when what it says depends on the GPU."""
+    gpu = side.args.gpu
+    with selecting(side, env, unset_others=True) as select, \
+            (cuda_present(gpu) if gpu is not None else nullcontext()):
         try:
             select()
         except AssertionError as exc:
-            if str(exc).startswith(EVERY_MACHINE):
+            if str(exc).startswith(EVERY_MACHINE) or gpu is not None:
                 return "refused", str(exc)
             return "gpu", f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # the V4.1 layouts read the GPU (HIP: gfx950)
@@ -99,17 +105,19 @@ def _accepted(side: DerivedServer) -> list[str]:
 
 def _refusal(side: DerivedServer, values: dict[str, Value]) -> dict[str, Value]:
     """The refusal of this server's layout variables, when SGLang's selection refuses
-    them on every machine (a resolved DeepSeek-V4 server on a release with the selector)."""
+    them on every machine, or (set or not) on the GPU the server is named to run on (a
+    resolved DeepSeek-V4 server on a release with the selector)."""
     env = layout_env(side)
-    if not env or not side.model.is_dsv4 or side.args.server_args is None or _select() is None:
+    if (not env and side.args.gpu is None) or not side.model.is_dsv4 \
+            or side.args.server_args is None or _select() is None:
         return {}
     outcome, message = selection(side, env)
     if outcome != "refused":
         return {}
-    typed = ", ".join(f"{k}={v}" for k, v in env.items())
+    typed = ", ".join(f"{k}={v}" for k, v in env.items()) or "unset"
     return {"dsv4_kv_layout_refused": Value(message, (
         f"{typed} in the server's environment, run through the release's "
-        f"{PD_DSV4_LAYOUT.attr} with its resolved flags")),
+        f"{PD_DSV4_LAYOUT.attr} with its resolved flags{_as_gpu(side)}")),
         "dsv4_kv_layout_env": Value(typed, "the server's environment")}
 
 
@@ -141,8 +149,13 @@ def _fixes(run: ContractRun, side: DerivedServer, other: DerivedServer) -> tuple
     return tuple(f for f in fixes if f is not None)
 
 
+def _as_gpu(side: DerivedServer) -> str:
+    return "" if side.args.gpu is None else f" as {side.args.gpu.name}, the server's GPU"
+
+
 def kv_layout_env_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
-    """DSV4G047 for each server whose layout variables SGLang refuses on every machine."""
+    """DSV4G047 for each server whose layout variables SGLang refuses on every machine,
+    or on the GPU the server is named to run on."""
     findings = []
     for end, side, other in ((run.prefill, run.prefill_side, run.decode_side),
                              (run.decode, run.decode_side, run.prefill_side)):
@@ -154,7 +167,7 @@ def kv_layout_env_row(run: ContractRun) -> tuple[list[Finding], list[str]]:
             subject=f"{side.role} server's DeepSeek-V4 KV pool",
             observations=(end.observation("dsv4_kv_layout_env"),),
             details=(f"SGLang's {PD_DSV4_LAYOUT.attr} (called when the server builds its KV "
-                     f"pool) asserts: {message}; for this server it accepts "
+                     f"pool) asserts{_as_gpu(side)}: {message}; for this server it accepts "
                      f"{DSV4_LAYOUT_ENV[0]} = " + ", ".join(_accepted(side))
                      + " (unset: the release's default)",),
             fixes=_fixes(run, side, other) if run.derive else (), docs=docs_url(CODE),

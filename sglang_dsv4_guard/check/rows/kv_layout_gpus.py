@@ -4,9 +4,10 @@ model (the first-contact row's KV layout code, ``LAYOUT_CODE``).
 SGLang's ``select_dsv4_kv_layout`` (0.5.21+) chooses a server's layout from
 ``SGLANG_DSV4_KV_LAYOUT`` (and ``SGLANG_DSV4_COMPRESSED_KV_LAYOUT``) and the GPU: ``v41``
 asserts off SM100/SM103 (the server stops at start-up), ``auto`` is V4.1 there and V4
-elsewhere. So when the two servers' variables differ, each GPU model a ``--device cuda``
-server may have (:func:`~..offline.probes.devices_for`) is tried: each server's selector
-runs with the probes (and torch) answering as that GPU (:func:`~..offline.probes.cuda_present`);
+elsewhere. So when the two servers' variables differ, each pair of GPUs the servers may
+have (:func:`~..server.gpus.device_pairs`: the GPU a server is named to run on, else each
+model a ``--device cuda`` server may have) is tried: each server's selector runs with the
+probes (and torch) answering as its GPU (:func:`~..offline.probes.cuda_present`);
 where both start, the release's own ``try_ensure_parallel_info``
 (:func:`~sglang_dsv4_guard.pd.first_contact.first_contact`) runs on the layouts their
 pools publish there (0.5.21 - 0.5.22 publish none: nothing compares them). The pair fails
@@ -22,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_dsv4_guard.check.fixing.flag_fixes import accepted_fix
-from sglang_dsv4_guard.check.offline.probes import Device, cuda_present, devices_for
+from sglang_dsv4_guard.check.offline.probes import Device, cuda_present
 from sglang_dsv4_guard.check.rows.contract_run import ContractRun
 from sglang_dsv4_guard.check.rows.kv_layout_env import layout_env, selecting
 from sglang_dsv4_guard.check.server.derive import DerivedServer
 from sglang_dsv4_guard.check.server.endpoint_values import resolved_value
+from sglang_dsv4_guard.check.server.gpus import device_pairs
 from sglang_dsv4_guard.codes import CODES, docs_url
 from sglang_dsv4_guard.findings import Finding, Observation, Phase, Severity, When
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
@@ -92,16 +94,16 @@ def published_layout(side: DerivedServer, env: Mapping[str, str],
 
 
 def _judged(run: ContractRun) -> bool:
-    """Whether the pair is judged per GPU model: two resolved DeepSeek-V4 servers on one
-    ``--device`` with GPU models, a release with the selector, different layout variables,
-    neither refused on every machine (the layout variables' start-up row,
-    :mod:`.kv_layout_env`, says that)."""
+    """Whether the pair is judged per GPU model: two resolved DeepSeek-V4 servers with
+    pairs of GPUs to judge (:func:`~..server.gpus.device_pairs`), a release with the
+    selector, different layout variables, neither refused on every machine or on the GPU
+    it is named to run on (the layout variables' start-up row, :mod:`.kv_layout_env`,
+    says that)."""
     p, d = run.prefill_side, run.decode_side
     module = importlib.import_module(PD_DSV4_LAYOUT.module)  # unscanned: SGLang
     return (getattr(module, PD_DSV4_LAYOUT.attr, None) is not None
             and all(s.model.is_dsv4 and s.args.server_args is not None for s in (p, d))
-            and p.args.resolved_device == d.args.resolved_device
-            and bool(devices_for(p.args.resolved_device))
+            and bool(device_pairs(p.args, d.args))
             and layout_env(p) != layout_env(d)
             and not (run.prefill.has("dsv4_kv_layout_refused")
                      or run.decode.has("dsv4_kv_layout_refused")))
@@ -111,24 +113,25 @@ def _rows(run: ContractRun, envs: Mapping[str, Mapping[str, str]]) -> list[GpuRo
     """The pair on each GPU model, the servers' layout variables being ``envs``."""
     sides = (run.prefill_side, run.decode_side)
     rows = []
-    for device in devices_for(run.prefill_side.args.resolved_device):
+    for pair in device_pairs(run.prefill_side.args, run.decode_side.args):
         chosen: dict[str, tuple[str, Any]] = {}
         refused: dict[str, str] = {}
         for side in sides:
+            device = pair.prefill if side.role == "prefill" else pair.decode
             try:
                 chosen[side.role] = published_layout(side, envs[side.role], device)
             except AssertionError as exc:  # the selector's own refusal on this GPU
                 refused[side.role] = str(exc)
         if refused:
             layouts = {role: layout for role, (layout, _) in chosen.items()}
-            rows.append(GpuRow(device.name, layouts.get("prefill"), layouts.get("decode"),
+            rows.append(GpuRow(pair.label, layouts.get("prefill"), layouts.get("decode"),
                                "start-up", tuple(refused), next(iter(refused.values()))))
             continue
         ends = [end.with_values(kv_layout=Value(chosen[end.role][1], _HOW))
                 for end in (run.prefill, run.decode)]
         raised = next((r for r in first_contact(ends[0], ends[1], run.release).raised
                        if r.code == LAYOUT_CODE), None)
-        rows.append(GpuRow(device.name, chosen["prefill"][0], chosen["decode"][0],
+        rows.append(GpuRow(pair.label, chosen["prefill"][0], chosen["decode"][0],
                            None if raised is None else "first contact",
                            () if raised is None else ("decode",),
                            None if raised is None else raised.message))

@@ -23,6 +23,7 @@ from typing import Any
 from sglang_dsv4_guard.check.offline.parse import CheckInputError, LaunchArgs, machine_cause, offline_env
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
 from sglang_dsv4_guard.check.server.edit import typed_flags
+from sglang_dsv4_guard.check.server.gpu_models import NamedGpu
 from sglang_dsv4_guard.pd.attention_tp import AttentionLayout
 
 __all__ = ["DerivedServer", "ModelFacts", "attention_layout", "derive_server", "kwargs_for",
@@ -83,6 +84,8 @@ class DerivedServer:
     swa_state: bool
     unified_kv: bool
     notes: tuple[str, ...] = ()
+    # The GPU the server was named to run on (check --gpu), None when not named.
+    gpu: NamedGpu | None = None
 
     @property
     def role(self) -> str:
@@ -104,6 +107,7 @@ class DerivedServer:
             "speculative_num_draft_tokens": self.num_draft_tokens,
             "transfer_backend": self.transfer_backend, "unified_kv": self.unified_kv,
             "deprecated_flags": list(a.deprecated), "parsed_by": a.resolved_by,
+            "gpu": None if self.gpu is None else self.gpu.to_dict(),
         }
 
 
@@ -213,8 +217,9 @@ def _unified(args: LaunchArgs, backend: str, model: ModelFacts) -> bool:
             and args.env.get("SGLANG_HACK_FLASHMLA_BACKEND", "") == "unified_kv_triton")
 
 
-def derive_server(args: LaunchArgs) -> DerivedServer:
-    """Everything the predictions need about one server."""
+def derive_server(args: LaunchArgs, gpu: NamedGpu | None = None) -> DerivedServer:
+    """Everything the predictions need about one server (``gpu``: the GPU it was named to
+    run on, which ``args`` were resolved as when SGLang's probes can answer as it)."""
     option = f"--{args.role}"
     model_path = str(args.get("model_path"))
     remote_code = bool(args.typed.get("trust_remote_code"))
@@ -244,7 +249,8 @@ def derive_server(args: LaunchArgs) -> DerivedServer:
                          transfer_backend=backend,
                          speculative_algorithm=str(algorithm) if algorithm else None,
                          num_draft_tokens=args.get("speculative_num_draft_tokens"),
-                         swa_state=swa_state, unified_kv=_unified(args, backend, model), notes=notes)
+                         swa_state=swa_state, unified_kv=_unified(args, backend, model), notes=notes,
+                         gpu=gpu)
 
 def typed_page(side: DerivedServer) -> int | None:
     """The ``--page-size`` the line typed, ``None`` when it typed none."""
