@@ -16,7 +16,8 @@ from helpers import GuardTestCase, sglang_release
 from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.check.child import fix_status, request_of
+from sglang_dsv4_guard.check.child import fix_status
+from sglang_dsv4_guard.check.command import request_of
 from sglang_dsv4_guard.check.offline.parse import CheckInputError
 from sglang_dsv4_guard.check.predict import CheckResult, run_check
 from sglang_dsv4_guard.check.prove import fix_check
