@@ -264,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="read the pairs from deployment files instead: Kubernetes "
                             "manifests, compose files, shell scripts, args files; a "
                             "directory is read whole; '-' is stdin")
+    check.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                       help="with -f: the value of a variable the files leave without one "
+                            "(repeatable)")
     check.add_argument("--model-path-map", action="append", default=[], metavar="PATH=DIR",
                        help="with -f: a model path as the deployment writes it, and the "
                             "local directory holding its config.json (repeatable)")

@@ -8,6 +8,7 @@ answered in one child process that imports SGLang once, and rendered here.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -87,6 +88,43 @@ def model_path_map(items: Sequence[str]) -> dict[str, str]:
     return mapping
 
 
+# Variables a workload controller sets in each pod when it starts (LeaderWorkerSet, RBG)
+# or that the pod's own address fills: a pair is checked as its group's leader pod, with
+# these values (none of them enters a prefill/decode comparison), and says so.
+POD_VARIABLES = {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_WORKER_INDEX": "0",
+                 "RBG_LWP_LEADER_ADDRESS": "127.0.0.1", "RBG_LWP_WORKER_INDEX": "0",
+                 "POD_IP": "127.0.0.1"}
+_REFERENCE = re.compile(r"\$\((\w+)\)|\$\{(\w+)\}|\$(\w+)")
+
+
+def variables(items: Sequence[str]) -> dict[str, str]:
+    """``--var NAME=VALUE`` items: a value for a variable the deployment files leave
+    without one; a malformed item raises :class:`~.parse.CheckInputError` naming it."""
+    values: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_]\w*", name):
+            raise CheckInputError("--var", f"expected NAME=VALUE, a variable's name and the "
+                                           f"value to read it as (got {item!r})")
+        values[name] = value
+    return values
+
+
+def _substituted(argv: Sequence[str], given: Mapping[str, str], used: dict[str, str]
+                 ) -> list[str]:
+    """``argv`` with each reference the reader left (``$(X)``, ``${X}``, ``$X``) to a
+    variable of ``given`` or :data:`POD_VARIABLES` replaced by its value (``used``
+    records which)."""
+    def value(match: re.Match[str]) -> str:
+        name = next(group for group in match.groups() if group)
+        found = given.get(name, POD_VARIABLES.get(name))
+        if found is None:
+            return match.group(0)
+        used[name] = found
+        return found
+    return [_REFERENCE.sub(value, token) if "$" in token else token for token in argv]
+
+
 def _mapped(argv: Sequence[str], mapping: Mapping[str, str]) -> list[str]:
     """``argv`` with each value that is a mapped model path (alone or as ``--flag=PATH``)
     replaced by its local directory."""
@@ -107,11 +145,15 @@ def pair_request(pair: Pair, args: argparse.Namespace,
     shell-quoted line (the check splits it back into the same tokens), model paths mapped
     to local directories by ``models``, each server's environment and GPU (:func:`gpus_of`)."""
     models = models or {}
+    given = variables(getattr(args, "var", None) or ())
     gpus, sources, _ = gpus_of(args, pair)
+    used: dict[str, str] = {}
+    argv = {role: _mapped(_substituted(invocation.argv, given, used), models)
+            for role, invocation in (("prefill", pair.prefill), ("decode", pair.decode))}
     return {"name": pair.name, "gpus": gpus, "gpu_sources": sources,
-            "prefill": shlex.join(_mapped(pair.prefill.argv, models)),
-            "decode": shlex.join(_mapped(pair.decode.argv, models)),
-            "prefill_env": dict(pair.prefill.env), "decode_env": dict(pair.decode.env)}
+            "prefill": shlex.join(argv["prefill"]), "decode": shlex.join(argv["decode"]),
+            "prefill_env": dict(pair.prefill.env), "decode_env": dict(pair.decode.env),
+            "variables": used}
 
 
 def _version() -> str:
@@ -181,6 +223,7 @@ def _from_files(args: argparse.Namespace, files: list[str], answerer: Answerer) 
 
     try:
         models = model_path_map(getattr(args, "model_path_map", None) or ())
+        given = variables(getattr(args, "var", None) or ())
         gpus_of(args)  # a GPU name that cannot be read: exit 2 before reading anything
         inputs = read_inputs(files, sys.stdin)
     except CheckInputError as exc:
@@ -188,15 +231,45 @@ def _from_files(args: argparse.Namespace, files: list[str], answerer: Answerer) 
     if not inputs.pairs:
         found = "; ".join(_unpaired(inputs)) or "no SGLang server invocation"
         return _error(f"no prefill/decode pair in {', '.join(files)}: {found}"[:2000])
-    reply = answerer({"pairs": [pair_request(pair, args, models) for pair in inputs.pairs],
-                      **_shared(args)})
+    requests = [pair_request(pair, args, models) for pair in inputs.pairs]
+    reply = answerer({"pairs": requests, **_shared(args)})
     replies = reply.get("pairs")
     if not isinstance(replies, list) or len(replies) != len(inputs.pairs):
         # the check process ended without answering: every pair has its error line
         replies = [reply] * len(inputs.pairs)
-    checked = [Checked(pair.name, answer, pair.prefill, pair.decode,
-                       _notes((pair.prefill, pair.decode)) + tuple(gpus_of(args, pair)[2]))
-               for pair, answer in zip(inputs.pairs, replies, strict=True)]
+    checked = [Checked(pair.name, _located(answer, pair, given), pair.prefill, pair.decode,
+                       _notes((pair.prefill, pair.decode)) + tuple(gpus_of(args, pair)[2])
+                       + _read_as(request.get("variables") or {}, given))
+               for pair, answer, request in zip(inputs.pairs, replies, requests, strict=True)]
     print(render(args.format, checked, args.fail_on, _version(), quiet=args.quiet,
                  unpaired=_unpaired(inputs), notes=inputs.notes))
     return exit_status(checked, args.fail_on)
+
+
+def _read_as(used: Mapping[str, str], given: Mapping[str, str]) -> tuple[str, ...]:
+    """A note per variable the check read with a value the files do not give."""
+    return tuple(f"${{{name}}} read as {value!r} (" + (
+        "--var" if name in given else "the group's leader pod; --var "
+        f"{name}=VALUE to choose") + ")" for name, value in used.items())
+
+
+def _located(reply: Mapping[str, Any], pair: Pair, given: Mapping[str, str]
+             ) -> Mapping[str, Any]:
+    """``reply`` with an error line that names ``--prefill``/``--decode`` naming the file
+    and line of that server instead, and saying how to give what the files leave
+    unresolved (a model path, a variable)."""
+    error = reply.get("error")
+    if error is None:
+        return reply
+    text = str(error)
+    for role, invocation in (("prefill", pair.prefill), ("decode", pair.decode)):
+        if text.startswith(f"--{role}: "):
+            text = f"{invocation.file}:{invocation.line} ({role}): {text[len(role) + 4:]}"
+        if "no config.json in" in text and f"({role})" in text:
+            text += ("; a model path in a deployment is read on this machine: "
+                     "--model-path-map PATH=DIR names the local directory with its config.json")
+    left = sorted({next(g for g in m.groups() if g) for m in _REFERENCE.finditer(text)}
+                  - set(given))
+    if left:
+        text += f"; {', '.join(left)} has no value in the files: give it with --var NAME=VALUE"
+    return {**reply, "error": text}
