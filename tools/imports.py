@@ -48,6 +48,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test support for plug-in authors", ("testing",)),
     ("commands and the public surface", ("cli", "demo", "entry", ROOT_MODULE)),
     ("the check command: its child process, the run, --fix's proof, rendering", ("check",)),
+    ("check: deployment files read into launch lines and pairs (check -f)", ("check.inputs",)),
     ("check: the contract rows", ("check.rows",)),
     ("check: the findings' fixes", ("check.fixing",)),
     ("check: one server derived from its launch line", ("check.server",)),

@@ -18,9 +18,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from sglang_dsv4_guard.check.inputs.expand import NAME, Arg, Scope, Value, expand_word
+from sglang_dsv4_guard.check.inputs.expand import NAME, Arg, Scope, VarValue, expand_word
 from sglang_dsv4_guard.check.inputs.model import MAX_NESTING, InputError, Invocation, Token
-from sglang_dsv4_guard.check.inputs.shell import LexError, Op, Part, Word, lex
+from sglang_dsv4_guard.check.inputs.shell import LexError, Op, Word, WordPart, lex
 from sglang_dsv4_guard.check.inputs.source import Region, Source
 
 __all__ = ["MODULES", "Context", "Draft", "Found", "RouterDraft", "interpret", "launched_in",
@@ -49,7 +49,6 @@ class Context:
     declared: str | None = None  # the role the manifest names (Dynamo's subComponentType)
     names: tuple[str, ...] = ()  # names a router's URL may use for this server
     unresolved: tuple[str, ...] = ()  # env entries without value (valueFrom, envFrom)
-    env: dict[str, Value] = field(default_factory=dict)  # the server's env before the command
     image: str = ""
 
 
@@ -224,12 +223,12 @@ def _assignment(word: Word) -> tuple[str, Word] | None:
     match = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=", first.text)
     if not match:
         return None
-    rest = (Part(first.text[match.end():], "bare"), *word.parts[1:])
+    rest = (WordPart(first.text[match.end():], "bare"), *word.parts[1:])
     return match.group(1), Word(rest, word.start + match.end(), word.end)
 
 
 def _assign(word: Word, scope: Scope, region: Region, exact: bool
-            ) -> tuple[str, Value, tuple[str, ...]]:
+            ) -> tuple[str, VarValue, tuple[str, ...]]:
     """``NAME=value``: the name, the value (placed where it is written) and what stayed
     unresolved. ``exact``: ``region`` is the word's own span, else it is searched."""
     name, value = _assignment(word)  # type: ignore[misc]
@@ -243,7 +242,7 @@ def _assign(word: Word, scope: Scope, region: Region, exact: bool
     args = expand_word(value, scope, here.fresh())
     text = " ".join(a.text for a in args) if len(args) != 1 else args[0].text
     notes = tuple(n for a in args for n in a.unresolved)
-    return name, Value(text, here.fresh()), notes
+    return name, VarValue(text, here.fresh()), notes
 
 
 def run_script(text: str, base: int | None, region: Region, scope: Scope, ctx: Context,
@@ -291,7 +290,7 @@ def _command(words: list[Word], place: Callable[[Word], tuple[Region, bool]], sc
              found: Found, depth: int) -> int:
     while words and words[0].typed in _KEYWORDS and len(words[0].parts) == 1:
         words = words[1:]
-    prefix: dict[str, Value] = {}
+    prefix: dict[str, VarValue] = {}
     notes: list[str] = []
     while words and _assignment(words[0]) is not None:
         name, value, more = _assign(words[0], scope, *place(words[0]))

@@ -15,7 +15,7 @@ import re
 import yaml
 
 from sglang_dsv4_guard.check.inputs.commands import Context, Found, interpret
-from sglang_dsv4_guard.check.inputs.expand import Arg, Scope, Value, expand_word, unresolved_line
+from sglang_dsv4_guard.check.inputs.expand import Arg, Scope, VarValue, expand_word, unresolved_line
 from sglang_dsv4_guard.check.inputs.nodes import Budget, get, items, pairs, region, scalar
 from sglang_dsv4_guard.check.inputs.shell import LexError, Word, lex
 from sglang_dsv4_guard.check.inputs.source import Source
@@ -41,8 +41,8 @@ def _interpolated(text: str, line: int, notes: list[str]) -> str:
     return _INTERPOLATION.sub(one, text)
 
 
-def _environment(source: Source, node: yaml.Node | None, notes: list[str]) -> dict[str, Value]:
-    env: dict[str, Value] = {}
+def _environment(source: Source, node: yaml.Node | None, notes: list[str]) -> dict[str, VarValue]:
+    env: dict[str, VarValue] = {}
     if isinstance(node, yaml.MappingNode):
         entries = [(k, v, v) for k, v in pairs(node)]
     else:
@@ -58,7 +58,7 @@ def _environment(source: Source, node: yaml.Node | None, notes: list[str]) -> di
         if raw is None:
             notes.append(unresolved_line(name, line, _FROM_SHELL, "not in env"))
             continue
-        env[name] = Value(_interpolated(raw, line, notes), region(source, at))
+        env[name] = VarValue(_interpolated(raw, line, notes), region(source, at))
     return env
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sglang_dsv4_guard.check.inputs.shell import Word
 from sglang_dsv4_guard.check.inputs.source import Region
 
-__all__ = ["NAME", "Arg", "Scope", "Value", "expand_kube", "expand_word", "runtime_reason",
+__all__ = ["NAME", "Arg", "Scope", "VarValue", "expand_kube", "expand_word", "runtime_reason",
            "unresolved_line"]
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -46,7 +46,7 @@ def unresolved_line(ref: str, line: int, why: str, left: str = "left as typed") 
 
 
 @dataclass(frozen=True)
-class Value:
+class VarValue:
     """A variable's value and where it is written (for placing the arguments it holds)."""
 
     text: str
@@ -57,9 +57,9 @@ class Value:
 class Scope:
     """What is known while a script or container is read."""
 
-    vars: dict[str, Value] = field(default_factory=dict)
+    vars: dict[str, VarValue] = field(default_factory=dict)
     exported: set[str] = field(default_factory=set)
-    kube: dict[str, Value] | None = None  # a container's env, for Kubernetes' $(VAR)
+    kube: dict[str, VarValue] | None = None  # a container's env, for Kubernetes' $(VAR)
     why: dict[str, str] = field(default_factory=dict)  # a name without value: why
     unset_why: str = "not set in the script or its environment"
 
@@ -130,7 +130,7 @@ def _braced(body: str, scope: Scope) -> tuple[str | None, Region | None, str]:
         return (word, None, "") if empty else (value.text, value.region, "")  # type: ignore[union-attr]
     if op.endswith("="):
         if empty:
-            scope.vars[name] = Value(word)
+            scope.vars[name] = VarValue(word)
             return word, None, ""
         return value.text, value.region, ""  # type: ignore[union-attr]
     if op.endswith("+"):
@@ -204,7 +204,7 @@ def expand_word(word: Word, scope: Scope, region: Region, expand: bool = True) -
     return args
 
 
-def expand_kube(typed: str, env: dict[str, Value], scope: Scope, region: Region) -> Arg:
+def expand_kube(typed: str, env: dict[str, VarValue], scope: Scope, region: Region) -> Arg:
     """A Kubernetes command or args item: ``$(VAR)`` from the container's ``env``
     (``$$`` is a literal ``$``), anything else as typed."""
     notes: list[str] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import yaml
 
-from sglang_dsv4_guard.check.inputs.expand import Scope, Value, expand_kube, unresolved_line
+from sglang_dsv4_guard.check.inputs.expand import Scope, VarValue, expand_kube, unresolved_line
 from sglang_dsv4_guard.check.inputs.nodes import get, items, pairs, region, scalar
 from sglang_dsv4_guard.check.inputs.source import Source
 
@@ -38,10 +38,10 @@ def _value_from(node: yaml.Node) -> str:
 
 
 def container_env(source: Source, container: yaml.Node, ancestors: list[yaml.Node]
-                  ) -> tuple[dict[str, Value], dict[str, str], list[str]]:
+                  ) -> tuple[dict[str, VarValue], dict[str, str], list[str]]:
     """The container's env (name -> value and where it is written), why each name
     without value has none, and one ``unresolved`` line for each."""
-    env: dict[str, Value] = {}
+    env: dict[str, VarValue] = {}
     why: dict[str, str] = {}
     notes: list[str] = []
     lists = [get(a, "envs") for a in ancestors] + [get(container, "env")]
@@ -63,7 +63,7 @@ def container_env(source: Source, container: yaml.Node, ancestors: list[yaml.Nod
             place = region(source, value_node if value_node is not None else entry)
             arg = expand_kube(typed, env, scope, place)
             notes += arg.unresolved
-            env[name] = Value(arg.text, place.fresh())
+            env[name] = VarValue(arg.text, place.fresh())
     for entry in items(get(container, "envFrom")):
         for key, kind in (("secretRef", "Secret"), ("configMapRef", "ConfigMap")):
             ref = scalar(get(entry, key, "name"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LexError", "Op", "Part", "Word", "lex"]
+__all__ = ["LexError", "Op", "Word", "WordPart", "lex"]
 
 _OPERATORS = ("&&", "||", ";;", ">>", "<<-", "<<", ">&", "<&", "&>>", "&>", "|&", ";", "&",
               "|", "(", ")", "<", ">")
@@ -28,7 +28,7 @@ class LexError(ValueError):
 
 
 @dataclass(frozen=True)
-class Part:
+class WordPart:
     """A piece of a word: ``kind`` is "bare" (unquoted), "dq" (in double quotes) or
     "lit" (single-quoted or backslash-escaped: never expanded)."""
 
@@ -40,7 +40,7 @@ class Part:
 class Word:
     """A word as written: its parts (quotes removed) and its ``[start, end)`` in the script."""
 
-    parts: tuple[Part, ...]
+    parts: tuple[WordPart, ...]
     start: int
     end: int
 
@@ -67,7 +67,7 @@ class _Lexer:
         self.text = text
         self.i = 0
         self.out: list[Word | Op] = []
-        self.parts: list[Part] = []
+        self.parts: list[WordPart] = []
         self.buf: list[str] = []
         self.kind = "bare"
         self.start = -1
@@ -85,7 +85,7 @@ class _Lexer:
 
     def flush_part(self) -> None:
         if self.buf:
-            self.parts.append(Part("".join(self.buf), self.kind))
+            self.parts.append(WordPart("".join(self.buf), self.kind))
             self.buf = []
 
     def end_word(self) -> None:
