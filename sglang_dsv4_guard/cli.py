@@ -280,10 +280,12 @@ def _parser() -> argparse.ArgumentParser:
     for role in ("prefill", "decode"):
         check.add_argument(f"--{role}-gpu", metavar="MODEL",
                            help=f"the {role} server's GPU model (overrides --gpu)")
-    check.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text",
-                       help="text (default), json, sarif (SARIF 2.1.0) or github (GitHub "
-                            "Actions annotations); sarif and github point at the file and "
-                            "line of each finding's flag")
+    check.add_argument("--format", choices=("text", "json", "sarif", "github", "patch"),
+                       default="text",
+                       help="text (default), json, sarif (SARIF 2.1.0), github (GitHub "
+                            "Actions annotations): sarif and github point at the file and "
+                            "line of each finding's flag; patch (with -f: --fix's proven "
+                            "patch for the files alone, for git apply)")
     check.add_argument("--fail-on", choices=("error", "warning"), default="error",
                        help="the findings that make the exit status 1 (default: error)")
     check.add_argument("--quiet", action="store_true",
@@ -291,6 +293,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--fix", action="store_true",
                        help="prove each flag fix by re-running the check on the edited lines, "
                             "and print the corrected prefill and decode lines")
+    check.add_argument("--keep", choices=("prefill", "decode"),
+                       help="with --fix: the server whose settings are the intended ones; "
+                            "the corrected lines change only the other")
     check.add_argument("--verbose", action="store_true",
                        help="also print what SGLang itself printed, warned or logged while "
                             "the check ran, per server (always in --format json)")

@@ -18,7 +18,7 @@ from helpers import GuardTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from test_check_files import HAND_EXTRACTED, MODEL
 
-from sglang_dsv4_guard.check.command import POD_VARIABLES
+from sglang_dsv4_guard.check.requests import POD_VARIABLES
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 

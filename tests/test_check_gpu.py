@@ -17,10 +17,10 @@ from packaging.version import Version
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard.check.child import fix_status
-from sglang_dsv4_guard.check.command import request_of
 from sglang_dsv4_guard.check.offline.parse import CheckInputError
 from sglang_dsv4_guard.check.predict import CheckResult, run_check
 from sglang_dsv4_guard.check.prove import fix_check
+from sglang_dsv4_guard.check.requests import request_of
 from sglang_dsv4_guard.check.rerun import Lines
 from sglang_dsv4_guard.check.server.gpu_models import GPU_MODELS, gpu_model, named_gpus
 from sglang_dsv4_guard.check.text import render_check

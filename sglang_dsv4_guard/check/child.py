@@ -104,6 +104,7 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
     # deferred: the child's work (imports SGLang)
     from sglang_dsv4_guard.check.prove import fix_check
     from sglang_dsv4_guard.check.rerun import Deadline, Lines
+    from sglang_dsv4_guard.check.server.edit import apply_edits
     from sglang_dsv4_guard.check.text import render_check, render_fixed
 
     limit = check_timeout()
@@ -113,7 +114,8 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
     fixed = fix_check(Lines(request["prefill"], request["decode"],
                             request.get("prefill_env") or {}, request.get("decode_env") or {},
                             gpus=request.get("gpus") or {},
-                            gpu_sources=request.get("gpu_sources") or {}),
+                            gpu_sources=request.get("gpu_sources") or {},
+                            keep=request.get("keep")),
                       refusals, deadline)
     document = fixed.result.to_dict()
     document["fixed"] = (fixed.lines.to_fixed_dict(fixed.given) if fixed.lines is not None
@@ -122,6 +124,12 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
         "exit_status": fixed.lines_result.exit_status,
         "findings": list(fixed.lines_result.report.codes)})
     document["fix_status"] = fix_status(fixed)
+    document["fix_keep"] = request.get("keep")
+    # the other nodes of each multi-node server (check -f): the same edits, on their lines
+    nodes = request.get("nodes") or {}
+    document["fixed_nodes"] = None if fixed.lines is None else {
+        role: [apply_edits(line, fixed.lines.applied, role) for line in nodes.get(role, ())]
+        for role in ("prefill", "decode")}
     document["fix_cost"] = None if fixed.cost is None else fixed.cost.to_dict()
     document["fix_runs"] = {"runs": fixed.runs, "budget_ran_out": fixed.exhausted,
                             "budget": fixed.spent or None}

@@ -17,10 +17,10 @@ from typing import Any
 from sglang_dsv4_guard.check.outcome import FAIL_ON, Checked, exit_status, failing, where
 from sglang_dsv4_guard.codes import CODES
 
-__all__ = ["FORMATS", "render", "render_github", "render_json", "render_quiet",
-           "render_sarif", "render_text"]
+__all__ = ["FORMATS", "render", "render_github", "render_json", "render_patch",
+           "render_quiet", "render_sarif", "render_text"]
 
-FORMATS = ("text", "json", "sarif", "github")
+FORMATS = ("text", "json", "sarif", "github", "patch")
 _SARIF_LEVEL = {"error": "error", "warning": "warning"}  # anything else is a note
 _SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
@@ -185,18 +185,33 @@ def render_github(pairs: Sequence[Checked], fail_on: str) -> str:
     return "\n".join(lines)
 
 
+def render_patch(patch: tuple[str, Sequence[str]]) -> str:
+    """``check -f --fix``'s patch for the files, and what it leaves out."""
+    diff, left = patch
+    lines = ["check --fix: the files, patched with the corrected lines (git apply reads "
+             "this; --format patch prints it alone):" if diff else
+             "check --fix: no file to patch"]
+    if diff:
+        lines.append(diff.rstrip("\n"))
+    lines += [f"not in the patch: {note}" for note in left]
+    return "\n".join(lines)
+
+
 def render(output_format: str, pairs: Sequence[Checked], fail_on: str, version: str,
-           quiet: bool = False, unpaired: Sequence[str] = (), notes: Sequence[str] = ()) -> str:
+           quiet: bool = False, unpaired: Sequence[str] = (), notes: Sequence[str] = (),
+           patch: tuple[str, Sequence[str]] | None = None) -> str:
     """The command's output in ``output_format`` (:data:`FORMATS`); ``quiet`` makes text one
-    line per pair."""
+    line per pair; ``patch`` (``check -f --fix``): the files' diff and what it leaves out."""
     if fail_on not in FAIL_ON:
         raise ValueError(f"fail_on must be one of {', '.join(FAIL_ON)} (got {fail_on!r})")
     if output_format == "json":
-        return render_json(pairs, fail_on, unpaired, notes)
+        doc = json.loads(render_json(pairs, fail_on, unpaired, notes))
+        if patch is not None and isinstance(doc, dict):
+            doc["patch"] = {"diff": patch[0], "not_in_patch": list(patch[1])}
+        return json.dumps(doc, indent=2)
     if output_format == "sarif":
         return render_sarif(pairs, version)
     if output_format == "github":
         return render_github(pairs, fail_on)
-    if quiet:
-        return render_quiet(pairs, fail_on)
-    return render_text(pairs, fail_on, unpaired, notes)
+    text = render_quiet(pairs, fail_on) if quiet else render_text(pairs, fail_on, unpaired, notes)
+    return text if patch is None else f"{text}\n\n{render_patch(patch)}"

@@ -114,7 +114,8 @@ def _candidates(findings: list[Finding], runner: Runner, start: Lines,
     out: dict[tuple[Edit, ...], _Candidate] = {}
     for finding in findings:
         for fix in finding.fixes:
-            if fix.kind is not FixKind.FLAGS or not fix.edits or fix.edits in out:
+            if fix.kind is not FixKind.FLAGS or not fix.edits or fix.edits in out \
+                    or not start.allows(fix.edits):
                 continue
             done = runner.cache.get(cache_key(start.edited(fix.edits)))
             if isinstance(done, CheckResult):
@@ -208,7 +209,7 @@ def _bonus(findings: list[Finding], runner: Runner, given: Lines, lines: Lines,
         if finding_key(finding) not in {finding_key(f) for f in current.report.findings}:
             continue
         for fix in sorted((f for f in finding.fixes if f.proven and f.edits
-                           and cost(f.edits, given).tier <= 2),
+                           and lines.allows(f.edits) and cost(f.edits, given).tier <= 2),
                           key=lambda f: cost(f.edits, given).key()):
             trial = lines.edited(fix.edits, bonus=True)
             done = runner.run(trial)

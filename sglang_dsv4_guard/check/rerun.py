@@ -39,6 +39,13 @@ class Lines:
     # gpu_sources): no edit changes them
     gpus: Mapping[str, str | None] = field(default_factory=dict, compare=False)
     gpu_sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # the server whose settings are the intended ones (``check --keep``): the search
+    # applies no fix that edits it
+    keep: str | None = field(default=None, compare=False)
+
+    def allows(self, edits: tuple[Edit, ...]) -> bool:
+        """Whether ``edits`` leave the kept server (:attr:`keep`) as it is."""
+        return self.keep is None or all(e.server != self.keep for e in edits)
 
     def edited(self, edits: tuple[Edit, ...], bonus: bool = False) -> Lines:
         """These lines with ``edits`` applied (each to its server); ``bonus``: edits made
@@ -51,7 +58,7 @@ class Lines:
                      apply_env(self.decode_env, edits, "decode"),
                      (*kept, *edits),
                      tuple(e for e in self.bonus if e in kept) + (edits if bonus else ()),
-                     self.gpus, self.gpu_sources)
+                     self.gpus, self.gpu_sources, self.keep)
 
     @property
     def clearing(self) -> tuple[Edit, ...]:

@@ -13,7 +13,7 @@ file), :mod:`.shell` (splitting), :mod:`.expand` (variables), :mod:`.commands`
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from sglang_dsv4_guard.check.inputs.commands import Found
@@ -24,14 +24,16 @@ from sglang_dsv4_guard.check.inputs.pairing import pair
 __all__ = ["InputError", "Inputs", "Invocation", "Pair", "Token", "read_inputs"]
 
 
-def read_inputs(paths: Sequence[str], stdin: TextIO | None = None) -> Inputs:
+def read_inputs(paths: Sequence[str], stdin: TextIO | None = None,
+                replaced: Mapping[str, str] | None = None) -> Inputs:
     """Read ``paths`` (files, directories, ``-`` for ``stdin``, else ``sys.stdin``) into
     the invocations they start and the pairs those form; :class:`InputError` names a file
-    that cannot be read, its line where there is one, and what is accepted."""
+    that cannot be read, its line where there is one, and what is accepted. ``replaced``
+    gives the text of some files instead of the disk's (by the path read)."""
     if not paths:
         raise InputError("-f", "no file named; give files, directories or - for stdin")
     found = Found()
     files = entries(list(paths))
     for entry in files:
-        read_entry(entry, stdin if stdin is not None else sys.stdin, found)
+        read_entry(entry, stdin if stdin is not None else sys.stdin, found, replaced)
     return pair(found, {e.path: e.together for e in files})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -148,9 +149,11 @@ def _script(source: Source, found: Found) -> int:
     return run_script(source.text, 0, source.everywhere(), scope, ctx, found)
 
 
-def read_entry(entry: Entry, stdin: TextIO | None, found: Found) -> None:
-    """Read one input into ``found``; a note when it holds no SGLang server."""
-    text = _text(entry, stdin)
+def read_entry(entry: Entry, stdin: TextIO | None, found: Found,
+               replaced: Mapping[str, str] | None = None) -> None:
+    """Read one input into ``found`` (its text from ``replaced`` when that holds its path:
+    ``check -f --fix`` reads its patched files so); a note when it holds no SGLang server."""
+    text = replaced[entry.path] if replaced and entry.path in replaced else _text(entry, stdin)
     source = Source(entry.path, text)
     before = len(found.drafts) + len(found.routers)
     kind = _sniff(entry.path, text)
