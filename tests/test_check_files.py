@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import tempfile
 import textwrap
 import unittest
@@ -513,6 +514,59 @@ class TestKubernetes(GuardTestCase):
         self.assertEqual(len(inputs.pairs), 1)
 
 
+class TestMoreShapes(GuardTestCase):
+    """ConfigMap scripts, --config, router images, files a walk skips."""
+
+    def test_config_map_scripts(self) -> None:
+        """A ConfigMap's ``data`` scripts that start servers are read as scripts (a
+        container mounts and runs them); ``--config`` is named as not read."""
+        inputs = inline("""\
+            apiVersion: v1
+            kind: ConfigMap
+            metadata: {name: scripts}
+            data:
+              prefill.sh: |
+                #!/bin/bash
+                exec python3 -m sglang.launch_server --model-path /m \\
+                  --disaggregation-mode prefill --config /etc/sglang/extra.yaml
+              decode.sh: |
+                exec python3 -m sglang.launch_server --model-path /m --disaggregation-mode decode
+            """)
+        self.assertEqual([(i.where, i.line, i.line_of("--disaggregation-mode"))
+                          for i in inputs.invocations],
+                         [("ConfigMap/scripts data prefill.sh", 7, 8),
+                          ("ConfigMap/scripts data decode.sh", 10, 10)])
+        self.assertEqual(inputs.invocations[0].unresolved,
+                         ("--config /etc/sglang/extra.yaml (line 8): SGLang reads more "
+                          "arguments from this file when it starts; not read here",))
+        self.assertEqual([p.name.split(": ", 1)[1] for p in inputs.pairs], ["ConfigMap/scripts"])
+
+    def test_router_image_without_command_is_no_server(self) -> None:
+        """Only args on a router image: its entrypoint is the router, not a server."""
+        inputs = inline("""\
+            kind: Pod
+            spec:
+              containers:
+              - image: lmsysorg/sglang-router:v0.2.4
+                args: [--pd-disaggregation, --prefill, http://p:1, --decode, http://d:2]
+            """)
+        self.assertEqual(inputs.invocations, ())
+
+    def test_a_walk_skips_prose_and_unrendered_charts(self) -> None:
+        """In a directory walk a ``.txt`` of prose is no args file, and a chart template
+        that is not YAML until Helm renders it is a note; named alone it is an error."""
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "notes.txt").write_text("Don't run this before the decode is up.\n")
+            chart = Path(tmp, "deployment.yaml")
+            chart.write_text("kind: Deployment\nspec:\n  {{- if .Values.x }}\n  a: 1\n")
+            inputs = read_inputs([tmp])
+            self.assertEqual(sorted(os.path.basename(n.split(":")[0]) for n in inputs.notes),
+                             ["deployment.yaml", "notes.txt"])
+            self.assertIn("an unrendered Helm template (skipped", " ".join(inputs.notes))
+            with self.assertRaises(InputError):
+                read_inputs([str(chart)])
+
+
 class TestPairing(GuardTestCase):
     """Pairs follow the manifest's structure."""
 
@@ -691,6 +745,26 @@ class TestBadInput(GuardTestCase):
                 read_inputs([tmp])
         self.assertEqual(str(caught.exception), f"{tmp}: more than {MAX_FILES:,} files to "
                          "read; name fewer files or a narrower directory")
+
+    def test_servers_arguments_pairs_and_nesting_bounded(self) -> None:
+        """More than 1,000 servers, 4,096 arguments for one, 1,000 pairs or scripts
+        nested more than 8 deep are refused, naming the file and line."""
+        server = "python3 -m sglang.launch_server --disaggregation-mode"
+        self.assertEqual(self.bad(f"{server} prefill\n" * 1001, "run.sh"),
+                         "run.sh:1001: more than 1,000 SGLang servers to read; name fewer files")
+        self.assertEqual(self.bad("--tp-size 1 " * 2049, "x.args"),
+                         "x.args:1: more than 4,096 arguments for one server (check's limit)")
+        services = [f"  s{i}:\n    command: {server} {role} --page-size {i}"
+                    for role in ("prefill", "decode") for i in range(32)]
+        self.assertTrue(self.bad("services:\n" + "\n".join(services) + "\n").endswith(
+            "32 prefill and 32 decode shapes pair into more than 1,000 pairs; name fewer "
+            "files or give each pair its own object"))
+        script = f"{server} prefill"
+        for _ in range(10):
+            script = f"sh -c {shlex.quote(script)}"
+        self.assertEqual(self.bad(script + "\n", "run.sh"),
+                         "run.sh:1: scripts nested more than 8 deep (sh -c in sh -c ...); at "
+                         "most that many are read")
 
     def test_stdin_and_no_path(self) -> None:
         """``-`` reads the stdin given; no path at all is an error naming -f."""
