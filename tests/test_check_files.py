@@ -367,6 +367,26 @@ class TestShellScripts(GuardTestCase):
         self.assertEqual(decode.argv[-1], "2")
         self.assertIn("SGLANG_B (line 2): set in the script without export", decode.unresolved[0])
 
+    def test_parameter_expansions(self) -> None:
+        """``${A:-$B}``, ``${A:+x}``, ``${A:=x}`` and ``${A-x}`` as sh evaluates them (an
+        empty unquoted result is no argument); ``${A:?}`` unset and a default naming an
+        unset variable are left as typed; ``declare`` without ``-x`` does not export."""
+        inputs = stdin("""\
+            D=/d
+            E=
+            declare F=1
+            declare -x G=2
+            python3 -m sglang.launch_server --a ${X:-$D} --b ${X:-$NOPE} --c ${D:+alt} \\
+              --d ${E:-e} --e ${E-e} --f ${Y:=y} --g $Y --h ${Z:?need}
+            """)
+        (invocation,) = inputs.invocations
+        self.assertEqual(invocation.argv, ("--a", "/d", "--b", "${X:-$NOPE}", "--c", "alt",
+                                           "--d", "e", "--e", "--f", "y", "--g", "y", "--h",
+                                           "${Z:?need}"))
+        self.assertEqual([u.split(" (")[0] for u in invocation.unresolved],
+                         ["${X:-$NOPE}", "${Z:?need}"])
+        self.assertEqual(dict(invocation.env), {"G": "2"})
+
     def test_arguments_from_a_variable_point_at_its_assignment(self) -> None:
         """``$ARGS`` splits into arguments; each points where it is typed in ARGS=..."""
         inputs = stdin("""\
@@ -378,6 +398,15 @@ class TestShellScripts(GuardTestCase):
         self.assertEqual(invocation.argv[:4], ("--model-path", "/m", "--page-size", "64"))
         self.assertEqual((invocation.line_of("--model-path"), invocation.line_of("--page-size"),
                           invocation.line_of("--disaggregation-mode")), (1, 2, 3))
+
+    def test_a_commands_env_reaches_its_nested_script(self) -> None:
+        """``A=B bash -c '...'`` and ``env A=B sh -c '...'``: the server inside has A."""
+        inputs = stdin("""\
+            SGLANG_C=3 bash -c "python3 -m sglang.launch_server --disaggregation-mode decode"
+            env SGLANG_D=4 sh -c 'python3 -m sglang.launch_server --disaggregation-mode prefill'
+            """)
+        self.assertEqual([dict(i.env) for i in inputs.invocations],
+                         [{"SGLANG_C": "3"}, {"SGLANG_D": "4"}])
 
     def test_nested_scripts(self) -> None:
         """``bash -c '...'`` and ``ssh host "..."`` are read as scripts: their servers are

@@ -235,8 +235,13 @@ def interpret(args: list[Arg], env: dict[str, str], scope: Scope, ctx: Context, 
         script = shell_at is not None and shell_at < i - 1 and \
             re.fullmatch(r"-[a-z]*c[a-z]*", texts[i - 1]) is not None
         if script or len(text.split()) > 1:  # sh -c "...", ssh host "...", ...
-            count += run_script(text, None, _script_region(arg, ctx.source), scope.child(),
-                                ctx, found, depth + 1)
+            child = scope.child()  # with this command's env (A=B sh -c, env A=B sh -c)
+            for name, value in {**env, **_env_words(texts, i)}.items():
+                if name not in child.vars or child.vars[name].text != value:
+                    child.vars[name] = VarValue(value)
+                child.exported.add(name)
+            count += run_script(text, None, _script_region(arg, ctx.source), child, ctx,
+                                found, depth + 1)
     return count
 
 
@@ -311,8 +316,8 @@ def run_script(text: str, base: int | None, region: Region, scope: Scope, ctx: C
 
 
 def _command(words: list[Word], place: Callable[[Word], tuple[Region, bool]], scope: Scope,
-             ctx: Context,
-             found: Found, depth: int) -> int:
+             ctx: Context, found: Found, depth: int) -> int:
+    """One simple command: its assignments, exports, or what it runs."""
     while words and words[0].typed in _KEYWORDS and len(words[0].parts) == 1:
         words = words[1:]
     prefix: dict[str, VarValue] = {}
@@ -326,19 +331,23 @@ def _command(words: list[Word], place: Callable[[Word], tuple[Region, bool]], sc
         scope.vars.update(prefix)
         return 0
     head = words[0].typed
-    if head in ("export", "declare", "typeset", "readonly", "unset"):
+    if head in ("export", "declare", "typeset", "readonly", "local", "unset"):
+        exports = head == "export" or (head in ("declare", "typeset") and
+                                       "-x" in [w.typed for w in words])
         for word in words[1:]:
             if _assignment(word) is not None:
                 name, value, _ = _assign(word, scope, *place(word))
                 scope.vars[name] = value
-                if head != "readonly" or "-x" in [w.typed for w in words]:
-                    scope.exported.add(name)
             elif NAME.fullmatch(word.typed):
+                name = word.typed
                 if head == "unset":
-                    scope.vars.pop(word.typed, None)
-                    scope.exported.discard(word.typed)
-                elif head in ("export",) or "-x" in [w.typed for w in words]:
-                    scope.exported.add(word.typed)
+                    scope.vars.pop(name, None)
+                    scope.exported.discard(name)
+                    continue
+            else:
+                continue  # an option (-x, -r)
+            if exports:
+                scope.exported.add(name)
         return 0
     if not MARKERS.search(" ".join(w.typed for w in words)) and \
             not any(MARKERS.search(v.text) for v in scope.vars.values()):
