@@ -47,7 +47,7 @@ HAND_EXTRACTED: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
             f"--model-path={MODEL} --trust-remote-code --tp-size=8 --disaggregation-mode=decode "
             "--disaggregation-transfer-backend=mooncake --speculative-algorithm=EAGLE "
             "--speculative-num-steps=3 --speculative-eagle-topk=1 "
-            "--speculative-num-draft-tokens=4 --cuda-graph-max-bs=64 --host=0.0.0.0 --port=8000",
+            "--speculative-num-draft-tokens=4 --mem-fraction-static=0.82 --host=0.0.0.0 --port=8000",
             {}),
     },
     "examples/deployments/rbg-pd.yaml: RoleBasedGroup/dsv4-pd (router at line 19)": {
@@ -285,7 +285,7 @@ class TestSamples(GuardTestCase):
         self.assertEqual([rel(n) for n in self.inputs.notes if "differs from its leader" in n],
                          ["examples/deployments/ome-runtime.yaml:116: ClusterServingRuntime/"
                           "srt-dsv4-pd decoderConfig worker, container ome-container differs "
-                          "from its leader (line 91): --cuda-graph-max-bs on the worker only"])
+                          "from its leader (line 91): --mem-fraction-static on the worker only"])
 
     def test_where_names_the_role_slot(self) -> None:
         """``where`` says the object, its role slot and container."""
