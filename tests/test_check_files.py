@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import tempfile
 import textwrap
 import unittest
@@ -46,7 +47,7 @@ HAND_EXTRACTED: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
             f"--model-path={MODEL} --trust-remote-code --tp-size=8 --disaggregation-mode=decode "
             "--disaggregation-transfer-backend=mooncake --speculative-algorithm=EAGLE "
             "--speculative-num-steps=3 --speculative-eagle-topk=1 "
-            "--speculative-num-draft-tokens=4 --cuda-graph-max-bs=64 --host=0.0.0.0 --port=8000",
+            "--speculative-num-draft-tokens=4 --mem-fraction-static=0.82 --host=0.0.0.0 --port=8000",
             {}),
     },
     "examples/deployments/rbg-pd.yaml: RoleBasedGroup/dsv4-pd (router at line 19)": {
@@ -284,7 +285,7 @@ class TestSamples(GuardTestCase):
         self.assertEqual([rel(n) for n in self.inputs.notes if "differs from its leader" in n],
                          ["examples/deployments/ome-runtime.yaml:116: ClusterServingRuntime/"
                           "srt-dsv4-pd decoderConfig worker, container ome-container differs "
-                          "from its leader (line 91): --cuda-graph-max-bs on the worker only"])
+                          "from its leader (line 91): --mem-fraction-static on the worker only"])
 
     def test_where_names_the_role_slot(self) -> None:
         """``where`` says the object, its role slot and container."""
@@ -366,6 +367,26 @@ class TestShellScripts(GuardTestCase):
         self.assertEqual(decode.argv[-1], "2")
         self.assertIn("SGLANG_B (line 2): set in the script without export", decode.unresolved[0])
 
+    def test_parameter_expansions(self) -> None:
+        """``${A:-$B}``, ``${A:+x}``, ``${A:=x}`` and ``${A-x}`` as sh evaluates them (an
+        empty unquoted result is no argument); ``${A:?}`` unset and a default naming an
+        unset variable are left as typed; ``declare`` without ``-x`` does not export."""
+        inputs = stdin("""\
+            D=/d
+            E=
+            declare F=1
+            declare -x G=2
+            python3 -m sglang.launch_server --a ${X:-$D} --b ${X:-$NOPE} --c ${D:+alt} \\
+              --d ${E:-e} --e ${E-e} --f ${Y:=y} --g $Y --h ${Z:?need}
+            """)
+        (invocation,) = inputs.invocations
+        self.assertEqual(invocation.argv, ("--a", "/d", "--b", "${X:-$NOPE}", "--c", "alt",
+                                           "--d", "e", "--e", "--f", "y", "--g", "y", "--h",
+                                           "${Z:?need}"))
+        self.assertEqual([u.split(" (")[0] for u in invocation.unresolved],
+                         ["${X:-$NOPE}", "${Z:?need}"])
+        self.assertEqual(dict(invocation.env), {"G": "2"})
+
     def test_arguments_from_a_variable_point_at_its_assignment(self) -> None:
         """``$ARGS`` splits into arguments; each points where it is typed in ARGS=..."""
         inputs = stdin("""\
@@ -377,6 +398,15 @@ class TestShellScripts(GuardTestCase):
         self.assertEqual(invocation.argv[:4], ("--model-path", "/m", "--page-size", "64"))
         self.assertEqual((invocation.line_of("--model-path"), invocation.line_of("--page-size"),
                           invocation.line_of("--disaggregation-mode")), (1, 2, 3))
+
+    def test_a_commands_env_reaches_its_nested_script(self) -> None:
+        """``A=B bash -c '...'`` and ``env A=B sh -c '...'``: the server inside has A."""
+        inputs = stdin("""\
+            SGLANG_C=3 bash -c "python3 -m sglang.launch_server --disaggregation-mode decode"
+            env SGLANG_D=4 sh -c 'python3 -m sglang.launch_server --disaggregation-mode prefill'
+            """)
+        self.assertEqual([dict(i.env) for i in inputs.invocations],
+                         [{"SGLANG_C": "3"}, {"SGLANG_D": "4"}])
 
     def test_nested_scripts(self) -> None:
         """``bash -c '...'`` and ``ssh host "..."`` are read as scripts: their servers are
@@ -511,6 +541,59 @@ class TestKubernetes(GuardTestCase):
         self.assertEqual([dict(i.env) for i in inputs.invocations],
                          [{"SGLANG_A": "1"}, {"SGLANG_A": "2"}])
         self.assertEqual(len(inputs.pairs), 1)
+
+
+class TestMoreShapes(GuardTestCase):
+    """ConfigMap scripts, --config, router images, files a walk skips."""
+
+    def test_config_map_scripts(self) -> None:
+        """A ConfigMap's ``data`` scripts that start servers are read as scripts (a
+        container mounts and runs them); ``--config`` is named as not read."""
+        inputs = inline("""\
+            apiVersion: v1
+            kind: ConfigMap
+            metadata: {name: scripts}
+            data:
+              prefill.sh: |
+                #!/bin/bash
+                exec python3 -m sglang.launch_server --model-path /m \\
+                  --disaggregation-mode prefill --config /etc/sglang/extra.yaml
+              decode.sh: |
+                exec python3 -m sglang.launch_server --model-path /m --disaggregation-mode decode
+            """)
+        self.assertEqual([(i.where, i.line, i.line_of("--disaggregation-mode"))
+                          for i in inputs.invocations],
+                         [("ConfigMap/scripts data prefill.sh", 7, 8),
+                          ("ConfigMap/scripts data decode.sh", 10, 10)])
+        self.assertEqual(inputs.invocations[0].unresolved,
+                         ("--config /etc/sglang/extra.yaml (line 8): SGLang reads more "
+                          "arguments from this file when it starts; not read here",))
+        self.assertEqual([p.name.split(": ", 1)[1] for p in inputs.pairs], ["ConfigMap/scripts"])
+
+    def test_router_image_without_command_is_no_server(self) -> None:
+        """Only args on a router image: its entrypoint is the router, not a server."""
+        inputs = inline("""\
+            kind: Pod
+            spec:
+              containers:
+              - image: lmsysorg/sglang-router:v0.2.4
+                args: [--pd-disaggregation, --prefill, http://p:1, --decode, http://d:2]
+            """)
+        self.assertEqual(inputs.invocations, ())
+
+    def test_a_walk_skips_prose_and_unrendered_charts(self) -> None:
+        """In a directory walk a ``.txt`` of prose is no args file, and a chart template
+        that is not YAML until Helm renders it is a note; named alone it is an error."""
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "notes.txt").write_text("Don't run this before the decode is up.\n")
+            chart = Path(tmp, "deployment.yaml")
+            chart.write_text("kind: Deployment\nspec:\n  {{- if .Values.x }}\n  a: 1\n")
+            inputs = read_inputs([tmp])
+            self.assertEqual(sorted(os.path.basename(n.split(":")[0]) for n in inputs.notes),
+                             ["deployment.yaml", "notes.txt"])
+            self.assertIn("an unrendered Helm template (skipped", " ".join(inputs.notes))
+            with self.assertRaises(InputError):
+                read_inputs([str(chart)])
 
 
 class TestPairing(GuardTestCase):
@@ -691,6 +774,26 @@ class TestBadInput(GuardTestCase):
                 read_inputs([tmp])
         self.assertEqual(str(caught.exception), f"{tmp}: more than {MAX_FILES:,} files to "
                          "read; name fewer files or a narrower directory")
+
+    def test_servers_arguments_pairs_and_nesting_bounded(self) -> None:
+        """More than 1,000 servers, 4,096 arguments for one, 1,000 pairs or scripts
+        nested more than 8 deep are refused, naming the file and line."""
+        server = "python3 -m sglang.launch_server --disaggregation-mode"
+        self.assertEqual(self.bad(f"{server} prefill\n" * 1001, "run.sh"),
+                         "run.sh:1001: more than 1,000 SGLang servers to read; name fewer files")
+        self.assertEqual(self.bad("--tp-size 1 " * 2049, "x.args"),
+                         "x.args:1: more than 4,096 arguments for one server (check's limit)")
+        services = [f"  s{i}:\n    command: {server} {role} --page-size {i}"
+                    for role in ("prefill", "decode") for i in range(32)]
+        self.assertTrue(self.bad("services:\n" + "\n".join(services) + "\n").endswith(
+            "32 prefill and 32 decode shapes pair into more than 1,000 pairs; name fewer "
+            "files or give each pair its own object"))
+        script = f"{server} prefill"
+        for _ in range(10):
+            script = f"sh -c {shlex.quote(script)}"
+        self.assertEqual(self.bad(script + "\n", "run.sh"),
+                         "run.sh:1: scripts nested more than 8 deep (sh -c in sh -c ...); at "
+                         "most that many are read")
 
     def test_stdin_and_no_path(self) -> None:
         """``-`` reads the stdin given; no path at all is an error naming -f."""

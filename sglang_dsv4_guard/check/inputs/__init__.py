@@ -20,6 +20,7 @@ from sglang_dsv4_guard.check.inputs.commands import Found
 from sglang_dsv4_guard.check.inputs.files import entries, read_entry
 from sglang_dsv4_guard.check.inputs.model import InputError, Inputs, Invocation, Pair, Token
 from sglang_dsv4_guard.check.inputs.pairing import pair
+from sglang_dsv4_guard.check.inputs.source import no_collection
 
 __all__ = ["InputError", "Inputs", "Invocation", "Pair", "Token", "read_inputs"]
 
@@ -34,6 +35,7 @@ def read_inputs(paths: Sequence[str], stdin: TextIO | None = None,
         raise InputError("-f", "no file named; give files, directories or - for stdin")
     found = Found()
     files = entries(list(paths))
-    for entry in files:
-        read_entry(entry, stdin if stdin is not None else sys.stdin, found, replaced)
-    return pair(found, {e.path: e.together for e in files})
+    with no_collection():
+        for entry in files:
+            read_entry(entry, stdin if stdin is not None else sys.stdin, found, replaced)
+        return pair(found, {e.path: e.together for e in files})

@@ -19,16 +19,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from sglang_dsv4_guard.check.inputs.expand import NAME, Arg, Scope, VarValue, expand_word
-from sglang_dsv4_guard.check.inputs.model import MAX_NESTING, InputError, Invocation, Token
+from sglang_dsv4_guard.check.inputs.model import (
+    MAX_ARGS,
+    MAX_NESTING,
+    MAX_SERVERS,
+    InputError,
+    Invocation,
+    Token,
+)
 from sglang_dsv4_guard.check.inputs.shell import LexError, Op, Word, WordPart, lex
 from sglang_dsv4_guard.check.inputs.source import Region, Source
 
-__all__ = ["MODULES", "Context", "Draft", "Found", "RouterDraft", "interpret", "launched_in",
+__all__ = ["MARKERS", "MODULES", "Context", "Draft", "Found", "RouterDraft", "interpret", "launched_in",
            "make_draft", "role_of", "run_script"]
 
 MODULES = {"sglang.launch_server": "sglang.launch_server", "dynamo.sglang": "dynamo.sglang"}
 ROUTER = "sglang_router.launch_router"
-_MARKERS = re.compile(r"sglang\.launch_server|dynamo\.sglang|\bsglang\s+serve\b|"
+MARKERS = re.compile(r"sglang\.launch_server|dynamo\.sglang|\bsglang\s+serve\b|"
                       r"sglang_router\.launch_router")
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 _KEYWORDS = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "{", "time",
@@ -86,6 +93,25 @@ class Found:
     drafts: list[Draft] = field(default_factory=list)
     routers: list[RouterDraft] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    units: set[tuple[str, str | None]] = field(default_factory=set)  # (unit, node) seen
+
+    def add(self, draft: Draft) -> None:
+        """Keep ``draft``: a second server in the same container or service is a server
+        of its own (its unit gets its line)."""
+        invocation = draft.invocation
+        if len(self.drafts) >= MAX_SERVERS:
+            raise InputError(f"{invocation.file}:{invocation.line}",
+                             f"more than {MAX_SERVERS:,} SGLang servers to read; name fewer "
+                             "files")
+        if len(invocation.tokens) > MAX_ARGS:
+            raise InputError(f"{invocation.file}:{invocation.line}",
+                             f"{len(invocation.tokens):,} arguments for one server, more than "
+                             f"{MAX_ARGS:,} (check's limit)")
+        if (invocation.unit, invocation.node) in self.units:
+            draft = replace(draft, invocation=replace(
+                invocation, unit=f"{invocation.unit}@{invocation.line}"))
+        self.units.add((draft.invocation.unit, draft.invocation.node))
+        self.drafts.append(draft)
 
 
 def _value_of(tokens: tuple[Token, ...], flag: str) -> str | None:
@@ -146,6 +172,11 @@ def make_draft(ctx: Context, args: list[Arg], first: int, start: int, launcher: 
     tokens = tuple(Token(a.text, a.typed, a.line, a.span) for a in args[start:])
     mode, role = role_of(tokens)
     notes = [n for a in args for n in a.unresolved] + list(extra) + list(ctx.unresolved)
+    config = _value_of(tokens, "--config")
+    if config is not None:
+        at = next(t.line for t in reversed(tokens) if t.text.split("=")[0] == "--config")
+        notes.append(f"--config {config} (line {at}): SGLang reads more arguments from this "
+                     "file when it starts; not read here")
     line = args[first].line if first < len(args) else (tokens[0].line if tokens else 1)
     invocation = Invocation(
         file=ctx.source.path, line=line, where=ctx.where or f"command at line {line}",
@@ -193,25 +224,24 @@ def interpret(args: list[Arg], env: dict[str, str], scope: Scope, ctx: Context, 
             if "--pd-disaggregation" in texts[start:]:
                 found.routers.append(_router(ctx, args, start, args[first].line))
             return 0
-        draft = make_draft(ctx, args, first, start, MODULES.get(name, name), env, extra)
-        unit, node = draft.invocation.unit, draft.invocation.node
-        if any(d.invocation.unit == unit and d.invocation.node == node for d in found.drafts):
-            # a second server in the same container or service: a server of its own
-            draft = replace(draft, invocation=replace(
-                draft.invocation, unit=f"{unit}@{draft.invocation.line}"))
-        found.drafts.append(draft)
+        found.add(make_draft(ctx, args, first, start, MODULES.get(name, name), env, extra))
         return 1
     count = 0
     shell_at = next((i for i, t in enumerate(texts) if os.path.basename(t) in _SHELLS), None)
     for i, arg in enumerate(args):
         text = arg.typed if arg.script is None else arg.script
-        if not _MARKERS.search(text):
+        if not MARKERS.search(text):
             continue
         script = shell_at is not None and shell_at < i - 1 and \
             re.fullmatch(r"-[a-z]*c[a-z]*", texts[i - 1]) is not None
         if script or len(text.split()) > 1:  # sh -c "...", ssh host "...", ...
-            count += run_script(text, None, _script_region(arg, ctx.source), scope.child(),
-                                ctx, found, depth + 1)
+            child = scope.child()  # with this command's env (A=B sh -c, env A=B sh -c)
+            for name, value in {**env, **_env_words(texts, i)}.items():
+                if name not in child.vars or child.vars[name].text != value:
+                    child.vars[name] = VarValue(value)
+                child.exported.add(name)
+            count += run_script(text, None, _script_region(arg, ctx.source), child, ctx,
+                                found, depth + 1)
     return count
 
 
@@ -286,8 +316,8 @@ def run_script(text: str, base: int | None, region: Region, scope: Scope, ctx: C
 
 
 def _command(words: list[Word], place: Callable[[Word], tuple[Region, bool]], scope: Scope,
-             ctx: Context,
-             found: Found, depth: int) -> int:
+             ctx: Context, found: Found, depth: int) -> int:
+    """One simple command: its assignments, exports, or what it runs."""
     while words and words[0].typed in _KEYWORDS and len(words[0].parts) == 1:
         words = words[1:]
     prefix: dict[str, VarValue] = {}
@@ -301,20 +331,27 @@ def _command(words: list[Word], place: Callable[[Word], tuple[Region, bool]], sc
         scope.vars.update(prefix)
         return 0
     head = words[0].typed
-    if head in ("export", "declare", "typeset", "readonly", "unset"):
+    if head in ("export", "declare", "typeset", "readonly", "local", "unset"):
+        exports = head == "export" or (head in ("declare", "typeset") and
+                                       "-x" in [w.typed for w in words])
         for word in words[1:]:
             if _assignment(word) is not None:
                 name, value, _ = _assign(word, scope, *place(word))
                 scope.vars[name] = value
-                if head != "readonly" or "-x" in [w.typed for w in words]:
-                    scope.exported.add(name)
             elif NAME.fullmatch(word.typed):
+                name = word.typed
                 if head == "unset":
-                    scope.vars.pop(word.typed, None)
-                    scope.exported.discard(word.typed)
-                elif head in ("export",) or "-x" in [w.typed for w in words]:
-                    scope.exported.add(word.typed)
+                    scope.vars.pop(name, None)
+                    scope.exported.discard(name)
+                    continue
+            else:
+                continue  # an option (-x, -r)
+            if exports:
+                scope.exported.add(name)
         return 0
+    if not MARKERS.search(" ".join(w.typed for w in words)) and \
+            not any(MARKERS.search(v.text) for v in scope.vars.values()):
+        return 0  # no server, router or script that could start one: nothing to expand
     args = [a for word in words for a in expand_word(word, scope, place(word)[0])]
     env = {k: v.text for k, v in scope.vars.items() if k in scope.exported}
     env.update({k: v.text for k, v in prefix.items()})

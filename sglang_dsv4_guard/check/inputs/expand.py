@@ -117,25 +117,28 @@ class _Fields:
 
 
 def _braced(body: str, scope: Scope) -> tuple[str | None, Region | None, str]:
-    """``${body}``: the value (None: unresolved), its origin, and why not."""
+    """``${body}``: the value (None: unresolved), its origin, and why not. The default of
+    ``${A:-word}`` may itself hold ``$B``/``${B}``."""
     match = _BRACED.match(body)
     if not match:
         return None, None, "an expansion this reader does not evaluate"
     name, op, word = match.group("name"), match.group("op"), match.group("word")
     value = scope.vars.get(name)
-    empty = value is None or (op is not None and op.startswith(":") and not value.text)
     if op is None:
         return (value.text, value.region, "") if value else (None, None, scope.reason(name))
-    if op.endswith("-"):
-        return (word, None, "") if empty else (value.text, value.region, "")  # type: ignore[union-attr]
+    present = value is not None and not (op.startswith(":") and not value.text)
+    if value is not None and present and not op.endswith("+"):
+        return value.text, value.region, ""
+    if op.endswith("?") or (op.endswith("+") and not present):
+        return (None, None, scope.reason(name)) if op.endswith("?") else ("", None, "")
+    inner = [_one(m, scope) for m in _SHELL.finditer(word)]
+    missing = next((why for text, _, why in inner if text is None), None)
+    if missing is not None:
+        return None, None, f"its default or alternative holds a variable that is {missing}"
+    resolved = _SHELL.sub(lambda m: _one(m, scope)[0] or "", word)
     if op.endswith("="):
-        if empty:
-            scope.vars[name] = VarValue(word)
-            return word, None, ""
-        return value.text, value.region, ""  # type: ignore[union-attr]
-    if op.endswith("+"):
-        return ("" if empty else word), None, ""
-    return (None, None, scope.reason(name)) if empty else (value.text, value.region, "")  # type: ignore[union-attr]
+        scope.vars[name] = VarValue(resolved)
+    return resolved, None, ""
 
 
 def _one(match: re.Match[str], scope: Scope) -> tuple[str | None, Region | None, str]:

@@ -16,10 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from sglang_dsv4_guard.check.inputs.commands import Context, Found, launched_in, make_draft, run_script
+from sglang_dsv4_guard.check.inputs.commands import (
+    MARKERS,
+    Context,
+    Found,
+    launched_in,
+    make_draft,
+    run_script,
+)
 from sglang_dsv4_guard.check.inputs.expand import Scope, expand_word
-from sglang_dsv4_guard.check.inputs.model import MAX_FILE_BYTES, MAX_FILES, InputError
-from sglang_dsv4_guard.check.inputs.shell import LexError, Word, lex
+from sglang_dsv4_guard.check.inputs.model import MAX_ARGS, MAX_FILE_BYTES, MAX_FILES, InputError
+from sglang_dsv4_guard.check.inputs.shell import LexError, Word, WordLimit, lex
 from sglang_dsv4_guard.check.inputs.source import Source
 from sglang_dsv4_guard.check.inputs.yaml_manifests import read_yaml
 
@@ -124,26 +131,34 @@ def _sniff(path: str, text: str) -> str:
 
 
 def _args_file(source: Source, found: Found) -> int:
-    """An args file: the arguments of one server (a launcher in it makes it a script)."""
+    """An args file: the arguments of one server, its first word a ``--flag`` (a launcher
+    in it makes it a script). Other text (prose in a ``.txt``) holds no server."""
     try:
-        words = [w for w in lex(source.text) if isinstance(w, Word)]
+        words = [w for w in lex(source.text, MAX_ARGS) if isinstance(w, Word)]
+    except WordLimit as exc:
+        raise InputError(f"{source.path}:{source.line_of(exc.offset)}",
+                         f"more than {MAX_ARGS:,} arguments for one server (check's "
+                         "limit)") from None
     except LexError as exc:
+        if not MARKERS.search(source.text):
+            return 0  # prose, not arguments
         raise InputError(f"{source.path}:{source.line_of(exc.offset)}",
                          f"shell syntax: {exc}; give a server's arguments as a shell "
                          "would split them") from None
-    ctx = Context(source, "args file", (source.path, source.path), f"{source.path}:args")
     if launched_in([w.typed for w in words]) is not None:
         return _script(source, found)
-    scope = Scope(unset_why="not set in the args file (no environment is read)")
-    args = [a for w in words for a in expand_word(
-        w, scope, source.region(w.start, w.end))]
-    if not args:
+    if not words or not words[0].typed.startswith("--"):
         return 0
-    found.drafts.append(make_draft(ctx, args, 0, 0, "args", {}))
+    ctx = Context(source, "args file", (source.path, source.path), f"{source.path}:args")
+    scope = Scope(unset_why="not set in the args file (no environment is read)")
+    args = [a for w in words for a in expand_word(w, scope, source.region(w.start, w.end))]
+    found.add(make_draft(ctx, args, 0, 0, "args", {}))
     return 1
 
 
 def _script(source: Source, found: Found) -> int:
+    if not MARKERS.search(source.text):
+        return 0  # no server, router or script that starts one: not split at all
     ctx = Context(source, group=(source.path, source.path))
     scope = Scope(unset_why="not set in the script (the environment it runs in is not known)")
     return run_script(source.text, 0, source.everywhere(), scope, ctx, found)
@@ -159,9 +174,15 @@ def read_entry(entry: Entry, stdin: TextIO | None, found: Found,
     kind = _sniff(entry.path, text)
     if kind == "yaml":
         if entry.path.lower().endswith(".json"):
-            source = Source(entry.path, text)
             source.text = text.replace("\t", " ")  # JSON's tabs are blanks; YAML's are not
-        read_yaml(source, found)
+        try:
+            read_yaml(source, found)
+        except InputError as exc:
+            if not (entry.walked and "{{" in text and "YAML syntax" in str(exc)):
+                raise
+            found.notes.append(f"{entry.path}: an unrendered Helm template (skipped; render "
+                               "the chart with helm template first)")
+            return
     elif kind == "args":
         _args_file(source, found)
     else:

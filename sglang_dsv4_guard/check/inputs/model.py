@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sglang_dsv4_guard.check.offline.parse import CheckInputError
+from sglang_dsv4_guard.check.offline.parse import MAX_ARGS_TOKENS, CheckInputError
 
-__all__ = ["LAUNCHERS", "MAX_DEPTH", "MAX_DOCUMENTS", "MAX_FILES", "MAX_FILE_BYTES",
-           "MAX_NESTING", "MAX_NODES", "InputError", "Inputs", "Invocation", "Pair", "Token"]
+__all__ = ["LAUNCHERS", "MAX_ARGS", "MAX_DEPTH", "MAX_DOCUMENTS", "MAX_FILES", "MAX_FILE_BYTES",
+           "MAX_NESTING", "MAX_NODES", "MAX_PAIRS", "MAX_SERVERS", "InputError", "Inputs",
+           "Invocation", "Pair", "Token"]
 
 # What starts an SGLang server, by the name ``Invocation.launcher`` gives it. "args" is a
 # plain args file (no launcher typed); "entrypoint" a container with no command whose
@@ -23,14 +24,18 @@ LAUNCHERS = ("sglang.launch_server", "sglang serve", "dynamo.sglang", "args", "e
 
 # Bounds on what is read: a file of more bytes, more files, YAML documents in one file,
 # YAML nodes visited in one file (aliases count each time they are used: an alias bomb
-# stops here), collections nested deeper, or scripts nested deeper (sh -c in sh -c ...)
-# are refused with an InputError naming the file.
+# stops here), collections nested deeper, scripts nested deeper (sh -c in sh -c ...),
+# more arguments for one server (check's own limit), more servers, or more pairs (several
+# shapes pair each with each) are refused with an InputError naming the file.
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_FILES = 1_000
 MAX_DOCUMENTS = 1_000
 MAX_NODES = 200_000
 MAX_DEPTH = 64
 MAX_NESTING = 8
+MAX_ARGS = MAX_ARGS_TOKENS
+MAX_SERVERS = 1_000
+MAX_PAIRS = 1_000
 
 
 class InputError(CheckInputError):

@@ -2,9 +2,9 @@
 file.
 
 :func:`compose` builds PyYAML's own node classes from the event stream of the safe
-parser (libyaml's when installed), without recursion and without PyYAML's tag resolver,
-which made composing a 4 MiB file take seconds: a plain ``null``, ``~`` or empty scalar
-is a null, every other scalar a string. Every node keeps its start and end marks, so a
+parser (libyaml's when installed), without recursion and without PyYAML's tag resolver
+(a plain ``null``, ``~`` or empty scalar
+is a null, every other scalar a string). Every node keeps its start and end marks, so a
 value is placed in the file it came from. Reading is bounded: nesting deeper than
 ``MAX_DEPTH``, more than ``MAX_DOCUMENTS`` documents or ``MAX_NODES`` YAML events (about
 a megabyte of dense YAML) are refused, and (:class:`Budget`) so are more than
@@ -14,9 +14,7 @@ an alias bomb stops there.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import yaml
 
@@ -44,26 +42,8 @@ def _limit(source: Source, event: yaml.Event, message: str) -> InputError:
     return InputError(f"{source.path}:{event.start_mark.line + 1}", message)
 
 
-@contextmanager
-def _no_collection() -> Iterator[None]:
-    """The cyclic collector paused while nodes are built: it ran on every few hundred of
-    the (acyclic) nodes and took two thirds of the time; reference counting still frees."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def compose(source: Source) -> list[yaml.Node | None]:
     """The documents of ``source`` (None for an empty one)."""
-    with _no_collection():
-        return _compose(source)
-
-
-def _compose(source: Source) -> list[yaml.Node | None]:
     documents: list[yaml.Node | None] = []
     built = 0
     anchors: dict[str, yaml.Node] = {}

@@ -24,7 +24,7 @@ from dataclasses import replace
 from urllib.parse import urlsplit
 
 from sglang_dsv4_guard.check.inputs.commands import Draft, Found, RouterDraft
-from sglang_dsv4_guard.check.inputs.model import Inputs, Invocation, Pair
+from sglang_dsv4_guard.check.inputs.model import MAX_PAIRS, InputError, Inputs, Invocation, Pair
 
 __all__ = ["INSTANCE_FLAGS", "pair"]
 
@@ -178,6 +178,10 @@ def pair(found: Found, together: dict[str, Group]) -> Inputs:
                     unpaired += [(d, _left_reason(d, label, prefill, decode)) for d in members]
                 continue
             note = ""
+            if len(pairs) + len(prefill) * len(decode) > MAX_PAIRS:
+                raise InputError(label, f"{len(prefill)} prefill and {len(decode)} decode "
+                                 f"shapes pair into more than {MAX_PAIRS:,} pairs; name fewer "
+                                 "files or give each pair its own object")
             if len(prefill) * len(decode) > 1:
                 note = (f"{len(prefill)} prefill and {len(decode)} decode shapes in {label}: "
                         "each prefill is paired with each decode")

@@ -9,6 +9,7 @@ is run and nothing is expanded here (:mod:`.expand` does that).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 __all__ = ["LexError", "Op", "Word", "WordPart", "lex"]
@@ -17,6 +18,7 @@ _OPERATORS = ("&&", "||", ";;", ">>", "<<-", "<<", ">&", "<&", "&>>", "&>", "|&"
               "|", "(", ")", "<", ">")
 _REDIRECTS = frozenset({">>", "<<-", "<<", ">&", "<&", "&>>", "&>", "<", ">"})
 _BLANKS = " \t\r"
+_PLAIN = re.compile(r"[^\s\\'\"$`{;&|()<>]+")
 
 
 class LexError(ValueError):
@@ -25,6 +27,10 @@ class LexError(ValueError):
     def __init__(self, message: str, offset: int) -> None:
         super().__init__(message)
         self.offset = offset
+
+
+class WordLimit(LexError):
+    """More words than the caller reads (an args file of more arguments than check's)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,10 @@ class Op:
 
 
 class _Lexer:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, max_words: int | None) -> None:
         self.text = text
+        self.max_words = max_words
+        self.words = 0
         self.i = 0
         self.out: list[Word | Op] = []
         self.parts: list[WordPart] = []
@@ -96,6 +104,9 @@ class _Lexer:
                 self.heredocs.append((word.typed, self.want_delimiter))
                 self.want_delimiter = None
             self.out.append(word)
+            self.words += 1
+            if self.max_words is not None and self.words > self.max_words:
+                raise WordLimit(f"more than {self.max_words:,} words", word.start)
         self.parts, self.start, self.kind = [], -1, "bare"
 
     # -- scanning
@@ -124,9 +135,11 @@ class _Lexer:
                 pass
             elif ch in ";&|()<>":
                 self.operator()
-            else:
-                self.add(ch, "bare")
-                self.i += 1
+            else:  # a run of plain characters at once
+                match = _PLAIN.match(text, self.i)
+                end = match.end() if match else self.i + 1
+                self.add(text[self.i:end], "bare")
+                self.i = end
         self.end_word()
         return self.out
 
@@ -244,6 +257,7 @@ def _closing(text: str, i: int, opening: str, closing: str) -> int:
     return -1
 
 
-def lex(text: str) -> list[Word | Op]:
-    """The words and operators of ``text``; :class:`LexError` where it does not split."""
-    return _Lexer(text).run()
+def lex(text: str, max_words: int | None = None) -> list[Word | Op]:
+    """The words and operators of ``text``; :class:`LexError` where it does not split,
+    :class:`WordLimit` past ``max_words`` words."""
+    return _Lexer(text, max_words).run()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import yaml
 
-from sglang_dsv4_guard.check.inputs.commands import Context, Found, interpret, make_draft
+from sglang_dsv4_guard.check.inputs.commands import MARKERS, Context, Found, interpret, make_draft, run_script
 from sglang_dsv4_guard.check.inputs.compose import read_compose
 from sglang_dsv4_guard.check.inputs.expand import Scope, expand_kube, unresolved_line
 from sglang_dsv4_guard.check.inputs.kube import container_env, gpu_of
@@ -50,7 +50,10 @@ def read_yaml(source: Source, found: Found) -> bool:
         for number, obj in enumerate(objects):
             label = _label(obj, index, number if len(objects) > 1 else None)
             group = (f"{source.path}#{index}.{number}:{label}", f"{source.path}: {label}")
-            _walk(source, obj, [], [obj], _Object(label, group, obj), found, budget)
+            if scalar(get(obj, "kind")) == "ConfigMap":
+                _config_map(source, obj, label, group, found)
+            else:
+                _walk(source, obj, [], [obj], _Object(label, group, obj), found, budget)
             known = known or kind is not None
     return known
 
@@ -145,9 +148,23 @@ def _container(source: Source, cnode: yaml.Node, path: list[str | int],
     text_env = {k: v.text for k, v in env.items()}
     started = interpret(args, text_env, scope, ctx, found)
     if not started and not command and args and args[0].text.startswith("-") and \
-            "sglang" in ctx.image:
+            "sglang" in ctx.image and "router" not in ctx.image:
         why_line = unresolved_line(f"image {ctx.image}", cnode.start_mark.line + 1,
                                    "no command: the image's entrypoint is taken to be "
                                    "SGLang's server", "its arguments are read")
-        found.drafts.append(make_draft(ctx, args, len(args), 0, "entrypoint", text_env,
+        found.add(make_draft(ctx, args, len(args), 0, "entrypoint", text_env,
                                        (why_line,)))
+
+
+def _config_map(source: Source, obj: yaml.Node, label: str, group: tuple[str, str],
+                found: Found) -> None:
+    """A ConfigMap's scripts (``data.<key>``) that start a server or a router, each read
+    as the script a container mounts and runs."""
+    for key, value in pairs(get(obj, "data")):
+        text = scalar(value)
+        if text and MARKERS.search(text):
+            where = f"{label} data {key}"
+            ctx = Context(source, where, group, f"{group[0]}:data {key}", names=(key,))
+            run_script(text, None, region(source, value),
+                       Scope(unset_why="not set in the script (the container's env is not "
+                             "known here)"), ctx, found)
