@@ -98,12 +98,16 @@ def render_fixed(fixed: Fixed) -> str:
                     f"each of their proven fixes turns a feature on or off or changes a GPU "
                     f"count or checkpoint ({fixed.runs} re-run(s) of the check{budget}); "
                     "apply one from a finding's fix lines if you want it")
-        return (f"check --fix: no proven flag change ({fixed.runs} re-run(s) of the check"
-                f"{budget}); the lines are unchanged")
+        kept = (f" that leaves the {fixed.given.keep} as typed (--keep {fixed.given.keep})"
+                if fixed.given.keep else "")
+        return (f"check --fix: no proven flag change{kept} ({fixed.runs} re-run(s) of the "
+                f"check{budget}); the lines are unchanged")
     after = fixed.lines_result
     codes = ", ".join(after.report.codes) or "no findings"
     lines = [f"check --fix: corrected lines ({fixed.runs} re-run(s) of the check{budget}; "
              f"check on them: exit {after.exit_status}, {codes}):"]
+    if fixed.given.keep:
+        lines.append(f"    kept as typed: the {fixed.given.keep} (--keep {fixed.given.keep})")
     if fixed.cost is not None:
         lines.append(f"    what it changes: {fixed.cost.describe()}")
     for role in ("prefill", "decode"):
