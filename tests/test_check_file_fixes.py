@@ -61,7 +61,8 @@ services:
       - --port=1
   decode:
     image: lmsysorg/sglang:latest
-    command: ["python3", "-m", "sglang.launch_server", "--model-path=/m", "--disaggregation-mode=decode", "--page-size=32"]
+    command: ["python3", "-m", "sglang.launch_server", "--model-path=/m",
+              "--disaggregation-mode=decode", "--page-size=32"]
 """
 
 SCRIPT = """\
