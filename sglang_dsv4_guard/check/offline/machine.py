@@ -202,7 +202,8 @@ def fact_line(read: FactRead) -> str:
             f"here (SGLang's resolution {item.answered})")
 
 
-def said_cause(item: MachineFact) -> str:
-    """The machine cause of a refusal of the ``SAID`` fact ``item``."""
-    return (f"SGLang checks {item.reads} on the server's host ({item.probe}), which this "
-            "machine cannot answer")
+def said_cause(item: MachineFact, flags: tuple[str, ...]) -> str:
+    """The machine cause of a refusal of the ``SAID`` fact ``item`` for the line's ``flags``."""
+    named = ", ".join(flags) or " or ".join(item.flags)
+    return (f"{named}: SGLang checks {item.reads} on the server's host ({item.probe}), which "
+            "this machine cannot answer")

@@ -111,7 +111,7 @@ def _attempt(namespace: argparse.Namespace, env: Mapping[str, str], device: str,
             refusal += f"(SGLang's check failed: {failing_source(exc)})"
         said = said_fact(str(exc)) if cause is None else None
         if said is not None:
-            cause = said_cause(said)
+            cause = said_cause(said, _named(first, namespace, said.key))
         return _Attempt(None, refusal, cause, tuple(read), answers.platform,
                         tuple(answers.reads))
     return _Attempt(server_args, None, None, tuple(read), answers.platform,
@@ -121,9 +121,9 @@ def _attempt(namespace: argparse.Namespace, env: Mapping[str, str], device: str,
 _OPTION = re.compile(r"--[a-z][a-z0-9-]*")
 
 
-def _named(refusal: str, namespace: argparse.Namespace) -> tuple[str, ...]:
-    """The line's flags a refusal names (with their values), else the line's flags of the
-    platform's row of the table that its values match."""
+def _named(refusal: str, namespace: argparse.Namespace, key: str) -> tuple[str, ...]:
+    """The line's flags a refusal names (with their values); else the flags of the fact
+    ``key``'s row of the table that the line sets as the row says."""
     def shown(option: str) -> str | None:
         value = getattr(namespace, option[2:].replace("-", "_"), None)
         if value is None or value is False or value == [] or value == "":
@@ -133,10 +133,10 @@ def _named(refusal: str, namespace: argparse.Namespace) -> tuple[str, ...]:
     named = [found for option in dict.fromkeys(_OPTION.findall(refusal))
              if (found := shown(option)) is not None]
     if not named:
-        for flag in fact("cuda_platform").flags:
+        for flag in fact(key).flags:
             option, _, value = flag.partition(" ")
             found = shown(option)
-            if found is not None and (not value or found == f"{option} {value}"):
+            if found is not None and found == (f"{option} {value}" if value else option):
                 named.append(found)
     return tuple(dict.fromkeys(named))
 
@@ -152,7 +152,7 @@ def resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: st
             and device == "cuda" and outcome.platform:
         again = _attempt(namespace, env, device, as_device, True)
         if again.refusal != outcome.refusal:  # this machine's platform made the refusal
-            reads = (FactRead("cuda_platform", _named(outcome.refusal, namespace),
+            reads = (FactRead("cuda_platform", _named(outcome.refusal, namespace, "cuda_platform"),
                               "this machine has no NVIDIA CUDA GPU, and SGLang refused the "
                               f"flags for it ({outcome.refusal})"), *again.reads)
             outcome = again
