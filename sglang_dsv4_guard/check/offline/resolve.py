@@ -151,11 +151,12 @@ def resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: st
     if outcome.refusal is not None and outcome.cause is None and not cuda \
             and device == "cuda" and outcome.platform:
         again = _attempt(namespace, env, device, as_device, True)
+        reads = again.reads
         if again.refusal != outcome.refusal:  # this machine's platform made the refusal
             reads = (FactRead("cuda_platform", _named(outcome.refusal, namespace, "cuda_platform"),
                               "this machine has no NVIDIA CUDA GPU, and SGLang refused the "
-                              f"flags for it ({outcome.refusal})"), *again.reads)
-            outcome = again
+                              f"flags for it ({outcome.refusal})"), *reads)
+        outcome = again  # refused alike: as a CUDA host it may read the GPU model's probes
     if outcome.refusal is None:
         return Resolution(outcome.server_args, reads=reads)
     refusal, cause = outcome.refusal, outcome.cause

@@ -19,6 +19,7 @@ resolution when its file is not on this machine, and says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.abc
 import importlib.machinery
@@ -235,10 +236,13 @@ def host_answers(namespace: argparse.Namespace, env: Mapping[str, str], answers:
         return stand_in
 
     finder = _Finder({**_PACKAGES, **(packages or {})}, answers)
-    with _held, _patched(posixpath, "isdir", present("dir")), \
-            _patched(posixpath, "isfile", present("file")), \
-            _patched(posixpath, "exists", present("dir file")), \
-            _patched(os, "listdir", listing), _patched(pathlib.Path, "is_file", is_file):
+    with _held, contextlib.ExitStack() as stack:
+        if files or devices:  # nothing to answer: this machine's own functions
+            for owner, name, make in ((posixpath, "isdir", present("dir")),
+                                      (posixpath, "isfile", present("file")),
+                                      (posixpath, "exists", present("dir file")),
+                                      (os, "listdir", listing), (pathlib.Path, "is_file", is_file)):
+                stack.enter_context(_patched(owner, name, make))
         sys.meta_path.insert(0, finder)
         try:
             yield
