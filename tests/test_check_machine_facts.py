@@ -216,19 +216,20 @@ class TestNotAnswerable(MachineFactsCase):
         mooncake("decode", LLAMA, "--quantization mxfp4"))}
 
     def test_is_an_unknown_naming_the_flag(self) -> None:
-        """``--quantization mxfp4`` (registered on CUDA only): exit 0, no DSV4G026, and each
+        """``--quantization mxfp4`` (registered on CUDA hosts): exit 0, no DSV4G026, and each
         server's refusal is this machine's, naming the flag."""
         result = self.results["mxfp4"]
         self.assertEqual((result.exit_status, errors(result)), (0, []))
         for side in (result.prefill, result.decode):
             refusal = side.args.machine_refusal or ""
             self.assertIn("--quantization mxfp4: SGLang checks "
-                          f"{fact('quantization_registry').reads}", refusal)
+                          f"{fact('quantization_cuda').reads}", refusal)
 
     def test_every_said_refusal_is_recognised(self) -> None:
         """Each fact nothing here answers is recognised by SGLang's own refusal text (the
         Kimi-K3 and megakernel ones need a model or plug-in this suite has not)."""
-        texts = {"quantization_registry": "Unknown quantization method: mxfp4. Must be one of",
+        texts = {"quantization_cuda": "Unknown quantization method: mxfp4. Must be one of",
+                 "quantization_mps": "Unknown quantization method: mlx_q4. Must be one of",
                  "nvidia_megakernel": "--enable-nvidia-megakernel cannot run this setup:\n  - "
                                       "the 'sgl_nvidia_mega' plugin is not installed; install "
                                       "sgl-nvidia-mega",
@@ -237,8 +238,11 @@ class TestNotAnswerable(MachineFactsCase):
         said = {f.key for f in MACHINE_FACTS if f.answer is Answer.SAID}
         self.assertEqual(set(texts), said)
         for key, text in texts.items():
-            self.assertEqual(getattr(said_fact(text), "key", None), key)
-        self.assertIsNone(said_fact("Unknown quantization method: marlin. Must be one of"))
+            device = "mps" if key == "quantization_mps" else "cuda"
+            self.assertEqual(getattr(said_fact(text, device), "key", None), key)
+        # registered on no platform, or not on a CUDA host either: the flags' refusal
+        self.assertIsNone(said_fact("Unknown quantization method: marlin. Must be", "cuda"))
+        self.assertIsNone(said_fact(texts["quantization_mps"], "cuda"))
 
 
 class TestBrokenPairs(MachineFactsCase):
@@ -273,6 +277,47 @@ class TestBrokenPairs(MachineFactsCase):
         self.assertRegex(refusals["decode"], "(?i)NEXTN|speculative")
         for refusal in refusals.values():
             self.assertNotRegex(refusal, "InfiniBand|NVIDIA CUDA|SSL key file not found")
+
+
+class TestNothingStays(GuardTestCase):
+    """The stand-ins are the resolution's only: afterwards every function, finder and module
+    is what it was."""
+
+    def test_functions_and_modules_restored(self) -> None:
+        """After a line that meets the host's paths, packages and the CUDA platform:
+        ``os.path``'s, ``os.listdir``, ``Path.is_file``, ``sys.meta_path``, SGLang's
+        ``is_cuda`` (where it is defined and in ``server_args``) are the originals, and no
+        stand-in module is left in ``sys.modules``."""
+        import os
+        import pathlib
+        import posixpath
+        import sys
+
+        import sglang.srt.server_args as server_args_module
+        import sglang.srt.utils as utils
+
+        from sglang_dsv4_guard.check.offline.cuda_platform import PLATFORM_PROBES
+        from sglang_dsv4_guard.check.offline.parse import parse_launch
+
+        common = getattr(utils, "common", utils)  # a package from 0.5.x, else one module
+        watched = [(posixpath, "isdir"), (posixpath, "isfile"), (posixpath, "exists"),
+                   (os, "listdir"), (pathlib.Path, "is_file"),
+                   *((common, n) for n in PLATFORM_PROBES if hasattr(common, n)),
+                   *((server_args_module, n) for n in PLATFORM_PROBES
+                     if hasattr(server_args_module, n))]
+        before = [getattr(owner, name) for owner, name in watched]
+        finders = list(sys.meta_path)
+        args = parse_launch("prefill", mooncake("prefill", DSV4, f"{IB} {SSL} --enable-http2 "
+                                                "--mm-feature-transport cuda_ipc"), {})
+        self.assertTrue(args.resolved, args.resolution_error)
+        self.assertEqual({fact_key for fact_key in ("infiniband", "ssl_files", "granian",
+                                                    "cuda_platform")
+                          if any(fact(fact_key).reads in note for note in args.notes)},
+                         {"infiniband", "ssl_files", "granian", "cuda_platform"})
+        for (owner, name), original in zip(watched, before, strict=True):
+            self.assertIs(getattr(owner, name), original, name)
+        self.assertEqual(sys.meta_path, finders)
+        self.assertNotIn("granian", sys.modules)
 
 
 def _keys(result: CheckResult) -> set[str]:

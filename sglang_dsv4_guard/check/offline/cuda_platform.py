@@ -9,8 +9,8 @@ replaces these probes for one block (in ``sglang.srt.utils.common``, or ``sglang
 where it is one module, and in every loaded SGLang module that bound one by name) by a
 stand-in that records that it was read, and answers as this machine, or, with
 ``cuda=True``, as a CUDA host: true, true, true, :data:`~.machine.CUDA_MEMORY_GIB` GiB. Called
-from the body of an SGLang module being imported, a stand-in answers as this machine, so
-no module keeps a constant computed from it after the block.
+from the body of a module imported during the block, a stand-in answers as this machine
+(:func:`~.standins.module_bodies`), so no module keeps a constant computed from it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sglang_dsv4_guard.check.offline.machine import CUDA_MEMORY_GIB
-from sglang_dsv4_guard.check.offline.standins import Answers, importing_sglang
+from sglang_dsv4_guard.check.offline.standins import Answers, module_bodies
 
 __all__ = ["PLATFORM_PROBES", "platform_probed"]
 
@@ -43,9 +43,9 @@ def _utils() -> Any:
 
 
 def _stand_in(name: str, original: Callable[..., Any], answers: Answers,
-              cuda: bool) -> Callable[..., Any]:
+              cuda: bool, bodies: int) -> Callable[..., Any]:
     def probe(*args: Any, **kwargs: Any) -> Any:
-        if importing_sglang():
+        if module_bodies() > bodies:  # in an import started in the block
             return original(*args, **kwargs)
         answers.platform = True
         return PLATFORM_PROBES[name] if cuda else original(*args, **kwargs)
@@ -70,7 +70,9 @@ def platform_probed(answers: Answers, cuda: bool = False) -> Iterator[None]:
         common = _utils()
         originals = {name: getattr(common, name) for name in PLATFORM_PROBES
                      if callable(getattr(common, name, None))}
-        stand_ins = {name: _stand_in(name, fn, answers, cuda) for name, fn in originals.items()}
+        bodies = module_bodies()
+        stand_ins = {name: _stand_in(name, fn, answers, cuda, bodies)
+                     for name, fn in originals.items()}
         before = _namespaces()
         try:
             for namespace in before.values():

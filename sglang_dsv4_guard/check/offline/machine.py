@@ -56,8 +56,10 @@ class MachineFact:
     where: str  # the SGLang functions that read it, and when
     answer: Answer
     answered: str  # how check's resolution runs instead ("ran with ...")
-    # SAID facts: a pattern of the refusal's text (the exception's, all lines) naming it
+    # SAID facts: a pattern of the refusal's text (the exception's, all lines) naming it,
+    # and the servers' devices it is this machine's on (every device when empty)
     said: str = ""
+    devices: tuple[str, ...] = ()
 
 
 MACHINE_FACTS: tuple[MachineFact, ...] = (
@@ -136,14 +138,20 @@ MACHINE_FACTS: tuple[MachineFact, ...] = (
         "handle_mamba_backend (_handle_mamba_backend)", Answer.PRESENT,
         "ran with empty stand-in flashinfer modules, as a CUDA host"),
     MachineFact(
-        "quantization_registry", "the quantization methods of the platform (mxfp4 on "
-        "CUDA, mlx_q4 and mlx_q8 on MPS)", "registered when SGLang is imported, by "
-        "is_cuda() and is_mps()",
-        ("--quantization mxfp4", "--quantization mlx_q4", "--quantization mlx_q8"),
+        "quantization_cuda", "the quantization methods of a CUDA host (mxfp4)",
+        "registered when SGLang is imported, by is_cuda()", ("--quantization mxfp4",),
         "0.5.16-0.5.23", "ValueError: Unknown quantization method: mxfp4",
-        "the resolution's ModelConfig (a checkpoint's quantization_config too)",
-        Answer.SAID, "cannot run: the flags are used as parsed",
-        r"Unknown quantization method: (mxfp4|mlx_q4|mlx_q8)\b"),
+        "the resolution's ModelConfig (a checkpoint's quantization_config too), on a "
+        "--device cuda server", Answer.SAID, "cannot run: the flags are used as parsed",
+        r"Unknown quantization method: mxfp4\b", ("cuda",)),
+    MachineFact(
+        "quantization_mps", "the quantization methods of an Apple GPU (mlx_q4, mlx_q8)",
+        "registered when SGLang is imported, by is_mps()",
+        ("--quantization mlx_q4", "--quantization mlx_q8"), "0.5.16-0.5.23",
+        "ValueError: Unknown quantization method: mlx_q4",
+        "the resolution's ModelConfig, on a --device mps server", Answer.SAID,
+        "cannot run: the flags are used as parsed",
+        r"Unknown quantization method: mlx_q[48]\b", ("mps",)),
     MachineFact(
         "nvidia_megakernel", "the sgl-nvidia-mega plug-in and the GPU",
         "entry points, torch.cuda", ("--enable-nvidia-megakernel",), "0.5.23",
@@ -170,11 +178,13 @@ def fact(key: str) -> MachineFact:
     return _BY_KEY[key]
 
 
-def said_fact(text: str) -> MachineFact | None:
-    """The ``SAID`` fact whose refusal ``text`` (an exception's, all lines) is, if any."""
+def said_fact(text: str, device: str) -> MachineFact | None:
+    """The ``SAID`` fact whose refusal ``text`` (an exception's, all lines) is on a
+    ``--device device`` server, if any."""
     joined = " ".join(text.split())
     for item in MACHINE_FACTS:
-        if item.said and re.search(item.said, joined):
+        if item.said and (not item.devices or device in item.devices) \
+                and re.search(item.said, joined):
             return item
     return None
 

@@ -109,7 +109,7 @@ def _attempt(namespace: argparse.Namespace, env: Mapping[str, str], device: str,
         refusal = f"{type(exc).__name__}: {first}"
         if not first and failing_source(exc):  # a bare assert: its condition says what
             refusal += f"(SGLang's check failed: {failing_source(exc)})"
-        said = said_fact(str(exc)) if cause is None else None
+        said = said_fact(str(exc), device) if cause is None else None
         if said is not None:
             cause = said_cause(said, _named(first, namespace, said.key))
         return _Attempt(None, refusal, cause, tuple(read), answers.platform,

@@ -37,7 +37,8 @@ from typing import Any
 
 from sglang_dsv4_guard.check.offline.machine import FactRead
 
-__all__ = ["IB_ROOT", "Answers", "host_answers", "importing_sglang", "without_host_files"]
+__all__ = ["CUDA_PACKAGES", "IB_ROOT", "Answers", "host_answers", "module_bodies",
+           "without_host_files"]
 
 IB_ROOT = "/sys/class/infiniband"
 _IB_FLAGS = (("disaggregation_ib_device", "--disaggregation-ib-device"),
@@ -133,17 +134,16 @@ def _ib_devices(namespace: argparse.Namespace) -> tuple[set[str], tuple[str, ...
     return names, tuple(flags)
 
 
-def importing_sglang() -> bool:
-    """Whether the caller runs inside the import of an SGLang module (its module body is on
-    the stack): a stand-in answers there as this machine, so that no module keeps a value
-    computed from a stand-in (``_is_cuda = is_cuda()``) after the block."""
-    frame = sys._getframe(1)
+def module_bodies() -> int:
+    """How many module bodies run on the caller's stack: more inside a block than at its
+    start means an import started in the block is running. A stand-in answers there as
+    this machine, so that no module keeps a value computed from a stand-in (``_is_cuda =
+    is_cuda()``, ``import flashinfer`` at the top of a module) after the block."""
+    count, frame = 0, sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == "<module>" and str(
-                frame.f_globals.get("__name__", "")).startswith("sglang."):
-            return True
+        count += frame.f_code.co_name == "<module>"
         frame = frame.f_back  # type: ignore[assignment]
-    return False
+    return count
 
 
 class _EmptyModule(importlib.abc.Loader):
@@ -162,11 +162,12 @@ class _Finder(importlib.abc.MetaPathFinder):
                          if importlib.machinery.PathFinder.find_spec(name) is None}
         self.answers = answers
         self.made: list[str] = []
+        self.bodies = module_bodies()
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         read = self.packages.get(fullname.partition(".")[0])
-        if read is None or importing_sglang():
+        if read is None or module_bodies() > self.bodies:
             return None
         self.answers.add(FactRead(read[0], (read[1],), f"this machine has no {read[0]} package"))
         self.made.append(fullname)
