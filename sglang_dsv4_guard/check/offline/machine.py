@@ -119,15 +119,18 @@ MACHINE_FACTS: tuple[MachineFact, ...] = (
          "--kv-cache-dtype fp4_mx_block16", "--enable-mamba-cache-stochastic-rounding",
          "--dcp-size", "--dcp-comm-backend fi_a2a", "--moe-a2a-backend megamoe",
          "--mamba-radix-cache-strategy extra_buffer", "--mamba-backend flashinfer",
-         "--enable-kv-cache-sharding --chunked-prefill-size"),
+         "--enable-kv-cache-sharding --chunked-prefill-size", "--enable-mis"),
         "0.5.16-0.5.23",
         "ValueError: ... requires NVIDIA CUDA / RuntimeError: KV4 is not tested on non-CUDA "
         "platforms / ValueError: ... only supported on NVIDIA CUDA platforms / ... requires "
         "Blackwell and a DCP group within one MNNVL domain / ... needs a CUDA SM90 GPU / "
         "... without a known device-memory capacity",
-        "handle_multimodal_feature_transport, handle_kv4_compatibility, handle_mamba_backend, "
-        "handle_decode_context_parallelism (_handle_dcp_validation), check_mega_moe_compat, "
-        "validate_mamba_extra_buffer, handle_kv_cache_sharding", Answer.PRESENT,
+        "handle_multimodal_feature_transport (cuda_vmm from 0.5.18), "
+        "handle_kv4_compatibility, handle_mamba_backend, handle_decode_context_parallelism "
+        "(fi_a2a from 0.5.17; --dcp-size on 0.5.16's _handle_dcp_validation), "
+        "check_mega_moe_compat (0.5.21 on), validate_mamba_extra_buffer (to 0.5.21), "
+        "handle_kv_cache_sharding (0.5.22 on), and a refusal reached only where "
+        "FlashInfer is not installed", Answer.PRESENT,
         f"ran again as an NVIDIA CUDA host (is_cuda() true, FlashInfer present, "
         f"{CUDA_MEMORY_GIB} GiB of GPU memory), after such a refusal only"),
     MachineFact(
