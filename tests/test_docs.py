@@ -286,6 +286,21 @@ class TestTablesMirrorTheCode(GuardTestCase):
         self.assertEqual(differences, [])
         self.assertEqual([r[0].strip("`") for r in rows], list(CODES), "one row each, in order")
 
+    def test_machine_table_is_the_facts(self) -> None:
+        """docs/check.md's "What this machine cannot tell" has one row per fact of
+        ``MACHINE_FACTS``, in order, with what SGLang reads, the flags, the releases,
+        the refusal and ``check``'s answer as the table in the code says them."""
+        from sglang_dsv4_guard.check.offline.machine import MACHINE_FACTS
+
+        page = ROOT / "docs" / "check.md"
+        self.assertIn("| fact |", section(page, "What this machine cannot tell"))
+        rows = table(page, r"`[a-z_]+`")
+        shown = [r for r in rows if r[0].strip("`") in {f.key for f in MACHINE_FACTS}]
+        expected = [[f"`{f.key}`", f"{f.reads} ({f.probe}; {f.where})",
+                     ", ".join(f"`{flag}`" for flag in f.flags), f.releases, f.refusal,
+                     f"{f.answer.value}: {f.answered}"] for f in MACHINE_FACTS]
+        self.assertEqual(shown, expected)
+
     def test_environment_table_is_the_settings(self) -> None:
         """The README's environment variables are the settings' variables, each with
         exactly the values it accepts and its default."""

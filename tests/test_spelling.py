@@ -48,7 +48,9 @@ SPELLS_SGLANG = {
     "sglang_dsv4_guard/host/targets.py": "the one place SGLang's names are declared",
     # check builds SGLang's own parser, config and pools, each in the module that needs it:
     "sglang_dsv4_guard/check/offline/parse.py": "ServerArgs, its flag table and resolution",
+    "sglang_dsv4_guard/check/offline/resolve.py": "ServerArgs' resolution and its resolving view",
     "sglang_dsv4_guard/check/offline/probes.py": "the device probes answered as a GPU model",
+    "sglang_dsv4_guard/check/offline/cuda_platform.py": "the platform probes answered as CUDA",
     "sglang_dsv4_guard/check/server/derive.py": "ModelConfig and the attention-TP function",
     "sglang_dsv4_guard/check/server/pools.py": "the DeepSeek-V4 pools and their context",
     "sglang_dsv4_guard/check/server/state_types.py": "the pool classes a server would build",

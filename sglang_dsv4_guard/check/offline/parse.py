@@ -1,10 +1,11 @@
 """One server's launch arguments, read by the installed SGLang release's own parser.
 
 ``ServerArgs.add_cli_args(parser)`` is the release's flag table. Then the release's own
-resolution runs (``__post_init__`` up to 0.5.21, ``resolve_once`` from 0.5.22) as the
-server's device: the line's ``--device``, else ``cuda`` (a PD deployment runs on GPUs;
-resolving as ``cuda`` needs none), with the server's environment applied and the
-process environment restored afterwards, on what :func:`_resolving` leaves of the line.
+resolution runs (:func:`~.resolve.resolve_on`) as the server's device: the line's
+``--device``, else ``cuda`` (a PD deployment runs on GPUs; resolving as ``cuda`` needs
+none), with the server's environment, on what :func:`_resolving` leaves of the line, and
+with what it reads of this machine answered for the server's host (:mod:`.machine`; each
+answer is a note, said in ``unknowns``).
 
 A refusal is the server's (``resolution_error``, :mod:`.refusal`'s finding) unless this
 machine caused it (``machine_refusal``, :func:`machine_cause`, an ``unknowns`` line).
@@ -27,10 +28,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from sglang_dsv4_guard.check.offline.causes import failing_source, joined, machine_cause
+from sglang_dsv4_guard.check.offline.causes import joined, machine_cause
 from sglang_dsv4_guard.check.offline.config_limits import config_limit_error
-from sglang_dsv4_guard.check.offline.probes import Device, as_devices, devices_for, probed
+from sglang_dsv4_guard.check.offline.machine import fact_line
+from sglang_dsv4_guard.check.offline.probes import Device, devices_for
 from sglang_dsv4_guard.check.offline.remote_code import missing_code
+from sglang_dsv4_guard.check.offline.resolve import offline_env, resolve_on, resolving_view
+from sglang_dsv4_guard.check.offline.standins import without_host_files
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "LaunchArgs",
            "machine_cause", "offline_env", "parse_env", "parse_launch", "parser_default",
@@ -109,7 +113,7 @@ class LaunchArgs:
         when resolution did not complete or the release has no such field."""
         if self.server_args is None:
             return default
-        return getattr(_view(self.server_args), name, default)
+        return getattr(resolving_view(self.server_args), name, default)
 
 
 class _Refused(Exception):
@@ -246,53 +250,6 @@ def without_shell_settings() -> Iterator[list[str]]:
         os.environ.update(saved)
 
 
-@contextmanager
-def offline_env(env: Mapping[str, str] | None = None) -> Iterator[None]:
-    """``HF_HUB_OFFLINE=1`` and ``env`` for the block; the process environment restored after
-    (SGLang's resolution writes environment variables)."""
-    saved = dict(os.environ)
-    os.environ.update(env or {})
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def _view(server_args: Any) -> Any:
-    try:
-        from sglang.srt.arg_groups.model_override_base import resolving_view
-    except ImportError:
-        return server_args
-    return resolving_view(server_args)
-
-
-def _resolve_on(namespace: argparse.Namespace, env: Mapping[str, str], device: str,
-                as_device: Device | None = None) -> tuple[Any, str | None, str | None]:
-    from sglang.srt.server_args import ServerArgs
-
-    ns = copy.copy(namespace)
-    ns.device = device
-    try:
-        with offline_env(env), probed(as_device) as read:
-            server_args = ServerArgs.from_cli_args(ns)  # resolves here up to 0.5.21
-            resolve = getattr(server_args, "resolve_once", None)
-            if resolve is not None:
-                resolve()
-    except (Exception, SystemExit) as exc:  # SGLang's verdict on the flags: a refusal
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        cause = machine_cause(exc, device) if isinstance(exc, Exception) else None
-        refusal = f"{type(exc).__name__}: {first}"
-        if not first and failing_source(exc):  # a bare assert: its condition says what
-            refusal += f"(SGLang's check failed: {failing_source(exc)})"
-        if cause is None and read and as_device is None:
-            cause, refusal = as_devices(device, refusal, lambda candidate: _resolve_on(
-                namespace, env, device, candidate))
-        return None, refusal, cause
-    return server_args, None, None
-
-
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -330,7 +287,7 @@ def _resolve_deprecated_dp(namespace: argparse.Namespace) -> tuple[dict[str, Any
 
     server_args = ServerArgs.from_cli_args(namespace)
     handle_deprecated_dp_attention(server_args)
-    view = _view(server_args)
+    view = resolving_view(server_args)
     for name in ("tp_size", "dp_size", "attn_dp_size", "attn_cp_size",
                  "enable_dp_attention"):
         values[name] = getattr(view, name, values[name])
@@ -372,14 +329,16 @@ def _validate(option: str, values: Mapping[str, Any]) -> None:
 def _resolving(namespace: argparse.Namespace, env: Mapping[str, str]
                ) -> tuple[argparse.Namespace, dict[str, str], tuple[str, ...]]:
     """What SGLang's resolution runs on for these flags: the namespace (without
-    ``--trust-remote-code`` when the code is not here: derive_server says so), the
-    environment (without a ModelScope fetch) and the notes saying what was left out."""
+    ``--trust-remote-code`` when the code is not here: derive_server says so; without a
+    flag whose file of the server's host is not here, :func:`~.standins.without_host_files`),
+    the environment (without a ModelScope fetch) and the notes saying what was left out."""
     resolve_env, notes = _without_modelscope(namespace, env)
     if getattr(namespace, "trust_remote_code", False) and missing_code(
             str(getattr(namespace, "model_path", ""))):
         namespace = copy.copy(namespace)
         namespace.trust_remote_code = False
-    return namespace, resolve_env, notes
+    namespace, left_out = without_host_files(namespace)
+    return namespace, resolve_env, notes + tuple(map(fact_line, left_out))
 
 
 def parser_default(name: str) -> Any:
@@ -397,8 +356,8 @@ def resolve_as(args: LaunchArgs, device: Device) -> Any | None:
 
     namespace = release_parser(ServerArgs).parse_args(list(args.argv))
     resolving, env, _ = _resolving(namespace, args.env)
-    server_args, _, _ = _resolve_on(resolving, env, args.resolved_device, device)
-    return None if server_args is None else _view(server_args)
+    server_args = resolve_on(resolving, env, args.resolved_device, device).server_args
+    return None if server_args is None else resolving_view(server_args)
 
 
 def _pd_role(option: str, role: str, parser: argparse.ArgumentParser, argv: list[str],
@@ -441,10 +400,12 @@ def parse_launch(role: str, text: str, env: Mapping[str, str],
         raise CheckInputError(option, f"--device {device}, and the server is named to run on "
                                       f"{gpu.name}, a GPU of --device cuda servers; give the "
                                       "GPU of a --device cuda server, or no GPU")
-    server_args, refusal, cause = _resolve_on(resolving, resolve_env, device, gpu)
+    resolution = resolve_on(resolving, resolve_env, device, gpu)
+    server_args, refusal, cause = resolution.triple()
+    notes += tuple(map(fact_line, resolution.reads))
     machine_refusal = None if cause is None else f"{refusal}: {cause}"
     if server_args is not None:
-        view = _view(server_args)
+        view = resolving_view(server_args)
         values = {name: getattr(view, name, None) for name in FIELDS}
         resolved_by = (f"the release's parser and its full resolution (as --device {device}"
                        + (f", its GPU probes answering as {gpu.name})" if gpu else ")"))
