@@ -92,7 +92,7 @@ class TestEditsInPlace(GuardTestCase):
         changed = edit(YAML_ITEMS, "compose.yaml", "decode", {2: "--page-size=64"})
         self.assertIn('"--disaggregation-mode=decode", "--page-size=64"]', changed)
         removed = edit(YAML_ITEMS, "compose.yaml", "decode", {2: None})
-        self.assertIn('"--model-path=/m", "--disaggregation-mode=decode"]\n', removed)
+        self.assertIn('"--model-path=/m",\n              "--disaggregation-mode=decode"]\n', removed)
         added = edit(YAML_ITEMS, "compose.yaml", "decode", {}, ["--port=2"])
         self.assertIn('"--page-size=32", "--port=2"]', added)
 

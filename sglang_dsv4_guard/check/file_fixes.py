@@ -68,8 +68,9 @@ def _kind(text: str, span: tuple[int, int]) -> str:
     if _ITEM.match(head):
         return "item"
     quote = _quote_of(text, span)
-    before = text[line_start:span[0] - len(quote)].rstrip()
-    if before.endswith(("[", ",")) and "[" in text[line_start:span[0]]:
+    before = text[:span[0] - len(quote)].rstrip()
+    opened = text.rfind("[", 0, span[0]) > text.rfind("]", 0, span[0])  # inside [ ... ]
+    if opened and before.endswith(("[", ",")):
         return "flow"
     return "shell"
 
@@ -155,8 +156,7 @@ def _removal(file: str, text: str, span: tuple[int, int] | None) -> FileEdit:
         return FileEdit(file, line_start, min(line_end + 1, len(text)), "")
     if kind == "flow":
         before = text.rfind(",", 0, start)
-        line_start, _ = _line_bounds(text, start)
-        if before >= line_start:
+        if before >= 0 and not text[before + 1:start].strip():  # the item's own comma
             return FileEdit(file, before, end, "")
         after = re.match(r"\s*,\s*", text[end:])
         return FileEdit(file, start, end + (after.end() if after else 0), "")
