@@ -34,7 +34,7 @@ from sglang_dsv4_guard.check.offline.remote_code import missing_code
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "LaunchArgs",
            "machine_cause", "offline_env", "parse_env", "parse_launch", "parser_default",
-           "release_parser", "resolve_as", "shell_settings", "strip_launcher",
+           "release_parser", "resolve_as", "server_parser", "shell_settings", "strip_launcher",
            "without_shell_settings"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
@@ -380,6 +380,13 @@ def _resolving(namespace: argparse.Namespace, env: Mapping[str, str]
         namespace = copy.copy(namespace)
         namespace.trust_remote_code = False
     return namespace, resolve_env, notes
+
+
+def server_parser() -> argparse.ArgumentParser:
+    """The installed release's flag table (:func:`release_parser` of its ``ServerArgs``)."""
+    from sglang.srt.server_args import ServerArgs
+
+    return release_parser(ServerArgs)
 
 
 def parser_default(name: str) -> Any:
