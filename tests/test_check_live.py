@@ -10,6 +10,7 @@ from; only loopback hosts are contacted."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import http.server
 import json
@@ -129,10 +130,14 @@ def bootstrap(line: str, ranks: int | None = None) -> Iterator[str]:
                     server_args=_Published(args.server_args, end.get("kv_cache_dtype_str")))
                 manager.register_to_bootstrap()
         yield f"127.0.0.1:{port}"
-    finally:  # its periodic clean-up task cancelled first, so the loop closes with none pending
-        for task in list(boot._background_tasks):
-            boot._loop.call_soon_threadsafe(task.cancel)
+    finally:  # its tasks (a periodic clean-up) cancelled first: the loop closes with none pending
+        boot._loop.call_soon_threadsafe(_cancel_all, boot._loop)
         boot.close()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
 
 
 def _wait_listening(port: int) -> None:
@@ -266,12 +271,14 @@ class TestServerInfo(GuardTestCase):
         cases = (
             (("--prefill", prefill, "--prefill-server-info", "x.json", "--decode", decode),
              "--prefill-server-info"),
-            (("--prefill-server-info", self.saved({"a": 1}), "--decode", decode),
+            (("--prefill-server-info", self.saved({"a": 1}, "a.json"), "--decode", decode),
              "no model_path"),
             (("--prefill-server-info", os.path.join(self.dir, "absent.json"), "--decode",
               decode), "cannot read"),
             (("--prefill-server-info", "https://127.0.0.1:1/", "--decode", decode),
              "only an http:// URL"),
+            (("--prefill-server-info", self.saved(server_info("decode", decode), "d.json"),
+              "--decode", decode), "--disaggregation-mode is 'decode'"),
         )
         for argv, words in cases:
             with self.subTest(words):
@@ -295,6 +302,19 @@ class TestBootstrap(GuardTestCase):
                 self.assertEqual(status, 1 if any(s == "error" for _, s in expected) else 0)
                 self.assertEqual(live["prefill_bootstrap"]["address"], address)
                 self.assertTrue(any("not in the /route answer" in u for u in live["unknowns"]))
+
+    def test_decode_running_too(self) -> None:
+        """The decode given by its server-info answer, against the prefill's bootstrap
+        server: the same findings as its launch line gives."""
+        _, prefill, decode = PAIRS[0]
+        with tempfile.TemporaryDirectory() as scratch, bootstrap(prefill) as address:
+            path = os.path.join(scratch, "decode.json")
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump(server_info("decode", decode), fh)
+            _, typed = live_json("--decode", decode, "--prefill-bootstrap", address)
+            _, live = live_json("--decode-server-info", path, "--prefill-bootstrap", address)
+        self.assertEqual(found(live), found(typed))
+        self.assertEqual([c for c, _ in found(live)], ["DSV4G022", "DSV4G030"])
 
     def test_not_fully_registered(self) -> None:
         """A prefill whose ranks have not all registered answers 503: exit 2 naming the
