@@ -4,8 +4,8 @@ line) and ``--prefill-bootstrap`` (the decode's line against the prefill bootstr
 ``/route`` answer). The bootstrap server is the release's own ``CommonKVBootstrapServer``
 on 127.0.0.1, with the prefill's ranks registering through the release's own
 ``register_to_bootstrap``; the server-info answer is the release's own for the launch
-line (``build_server_info``, else ``dataclasses.asdict`` as the HTTP server of releases
-before it answers). A live pair gives the findings of the launch lines it was started
+line (``build_server_info``, else ``resolved_dict()`` or ``dataclasses.asdict`` as the
+HTTP server of releases before it answers). A live pair gives the findings of the launch lines it was started
 from; only loopback hosts are contacted."""
 
 from __future__ import annotations
@@ -76,8 +76,9 @@ def server_info(role: str, line: str) -> dict[str, Any]:
     server_args = parse_launch(role, line, {}).server_args
     try:
         from sglang.srt.utils.common import build_server_info
-    except ImportError:  # before 0.5.23 the HTTP server answers the dataclass's fields
-        info = dataclasses.asdict(server_args)
+    except ImportError:  # before 0.5.22 the HTTP server answers the fields itself:
+        resolved = getattr(server_args, "resolved_dict", None)  # resolved from 0.5.19,
+        info = resolved() if resolved else dataclasses.asdict(server_args)  # else asdict
     else:
         info = build_server_info(server_args, {"max_total_num_tokens": 4096})
     info.update(version="0.0.0-running", internal_states=[{}])

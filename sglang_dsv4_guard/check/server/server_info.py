@@ -1,7 +1,7 @@
 """A running server's ``/get_server_info`` answer turned into the launch line ``check`` reads.
 
 The answer holds the server's resolved arguments (``dataclasses.asdict(server_args)`` up
-to 0.5.22, ``ServerArgs.resolved_dict()`` from 0.5.23) next to what the server adds
+to 0.5.18, ``ServerArgs.resolved_dict()`` from 0.5.19) next to what the server adds
 (its scheduler's state, ``version``, ``launch_command`` ...). Each field the installed
 release's parser has a flag for becomes that flag with the value (:func:`info_line`),
 read by the release's own flag table: a switch typed when it is on (``--no-X`` for a
