@@ -268,8 +268,19 @@ def _parser() -> argparse.ArgumentParser:
                        help="with -f: the value of a variable the files leave without one "
                             "(repeatable)")
     check.add_argument("--model-path-map", action="append", default=[], metavar="PATH=DIR",
-                       help="with -f: a model path as the deployment writes it, and the "
-                            "local directory holding its config.json (repeatable)")
+                       help="with -f or --*-server-info: a model path as the deployment or "
+                            "the running server has it, and the local directory holding its "
+                            "config.json (repeatable)")
+    for role in ("prefill", "decode"):
+        check.add_argument(f"--{role}-server-info", metavar="FILE|URL",
+                           help=f"instead of --{role}: the running {role} server's "
+                                "/get_server_info answer, saved to a file or fetched from an "
+                                "http:// URL on a loopback address; its resolved arguments "
+                                "are read as its launch line")
+    check.add_argument("--prefill-bootstrap", metavar="HOST:PORT",
+                       help="instead of --prefill: the running prefill's bootstrap server "
+                            "(loopback only); the decode is checked against its /route "
+                            "answer as its first contact reads it")
     for role in ("prefill", "decode"):
         check.add_argument(f"--{role}-env", action="append", default=[], metavar="K=V",
                            help=f"an environment variable of the {role} server (repeatable)")

@@ -24,12 +24,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.check.offline.causes import joined
 from sglang_dsv4_guard.check.offline.parse import CheckInputError
-from sglang_dsv4_guard.host.judgement import imported_package_dir
+from sglang_dsv4_guard.host.judgement import imported_package_dir, judge_imported
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.prove import Fixed
@@ -83,14 +84,18 @@ def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
         from sglang_dsv4_guard.check.predict import run_check
         from sglang_dsv4_guard.check.text import render_check
 
+        if request.get("prefill_route") is not None:  # check --prefill-bootstrap
+            return _answer_bootstrap(request, refusals)
+        request, notes = _live_lines(request)  # a server given by its server-info answer
         if request.get("fix"):
-            return _answer_fixed(request, refusals, started)
+            return _answer_fixed(request, refusals, started, notes)
         result = run_check(request["prefill"], request["decode"],
                            request.get("prefill_env") or {}, request.get("decode_env") or {},
                            refusals=refusals, gpus=request.get("gpus"),
                            gpu_sources=request.get("gpu_sources"))
+        result = replace(result, unknowns=result.unknowns + tuple(notes))
     except CheckInputError as exc:
-        return {"exit_status": 2, "error": joined(str(exc))}
+        return {"exit_status": 2, "error": _relabeled(joined(str(exc)), request)}
     except ImportError as exc:
         return {"exit_status": 2, "error": f"sglang: cannot import the installed release "
                                            f"({joined(str(exc))})"}
@@ -98,8 +103,45 @@ def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
             "text": render_check(result), "output": result.sglang_output}
 
 
+def _live_lines(request: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``request`` with each server-info answer turned into its launch line, and the
+    ``unknowns`` lines saying so (:mod:`.server.server_info`)."""
+    if not any(f"{role}_server_info" in request for role in ("prefill", "decode")):
+        return dict(request), []
+    # deferred: the child's work (reads the release's parser)
+    from sglang_dsv4_guard.check.server.server_info import as_launch_lines
+
+    return as_launch_lines(request, judge_imported().name)
+
+
+def _relabeled(error: str, request: Mapping[str, Any]) -> str:
+    if not request.get("live_sources"):
+        return error
+    # deferred: the child's work, for a server given by a live option only
+    from sglang_dsv4_guard.check.server.server_info import relabeled
+
+    return relabeled(error, request)
+
+
+def _answer_bootstrap(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
+                      ) -> dict[str, Any]:
+    """``check --prefill-bootstrap``: the decode's line against the prefill's ``/route``
+    answer (:mod:`.bootstrap`)."""
+    # deferred: the child's work (imports SGLang)
+    from sglang_dsv4_guard.check.bootstrap import render_bootstrap, run_bootstrap_check
+
+    request, notes = _live_lines(request)  # the decode given by its server-info answer
+    result = run_bootstrap_check(str(request.get("prefill_bootstrap")),
+                                 request["prefill_route"], request["decode"],
+                                 request.get("decode_env") or {}, refusals,
+                                 request.get("gpus"), request.get("gpu_sources"))
+    result = replace(result, unknowns=result.unknowns + tuple(notes))
+    return {"exit_status": result.exit_status, "document": result.to_dict(),
+            "text": render_bootstrap(result), "output": result.sglang_output}
+
+
 def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]],
-                  started: float) -> dict[str, Any]:
+                  started: float, notes: Sequence[str] = ()) -> dict[str, Any]:
     """``check --fix``: the check with each fix proven, and the corrected lines."""
     # deferred: the child's work (imports SGLang)
     from sglang_dsv4_guard.check.prove import fix_check
@@ -117,6 +159,8 @@ def _answer_fixed(request: Mapping[str, Any], refusals: Callable[[], tuple[str, 
                             gpu_sources=request.get("gpu_sources") or {},
                             keep=request.get("keep")),
                       refusals, deadline)
+    fixed = replace(fixed, result=replace(fixed.result,
+                                          unknowns=fixed.result.unknowns + tuple(notes)))
     document = fixed.result.to_dict()
     document["fixed"] = (fixed.lines.to_fixed_dict(fixed.given) if fixed.lines is not None
                          else None)

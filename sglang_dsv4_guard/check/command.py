@@ -14,9 +14,10 @@ from typing import Any
 
 from sglang_dsv4_guard.check.formats import render
 from sglang_dsv4_guard.check.from_files import run_files
+from sglang_dsv4_guard.check.live import live_request, live_roles
 from sglang_dsv4_guard.check.offline.parse import CheckInputError
 from sglang_dsv4_guard.check.outcome import Checked, exit_status
-from sglang_dsv4_guard.check.requests import request_of
+from sglang_dsv4_guard.check.requests import model_path_map, request_of
 
 __all__ = ["run_command"]
 
@@ -47,13 +48,19 @@ def run_command(args: argparse.Namespace, answerer: Answerer | None = None) -> i
         return _error(f"--keep {args.keep} says which server --fix leaves as typed: give "
                       "it with --fix")
     files = list(getattr(args, "file", None) or ())
-    typed = args.prefill is not None or args.decode is not None
+    try:  # a server given running: --prefill-server-info, --decode-server-info, --prefill-bootstrap
+        live = live_roles(args)
+    except CheckInputError as exc:
+        return _error(str(exc))
+    typed = args.prefill is not None or args.decode is not None or bool(live)
     if files and typed:
         return _error("give either -f PATH... or --prefill and --decode, not both")
     if not files:
-        if args.prefill is None or args.decode is None:
-            return _error("give --prefill ARGS and --decode ARGS (the two launch lines), "
-                          "or -f PATH... (deployment files to read the pairs from)")
+        if any(getattr(args, role) is None and role not in live for role in ("prefill", "decode")):
+            return _error("give --prefill ARGS and --decode ARGS (the two launch lines; or "
+                          "a running server's --prefill-server-info, --decode-server-info, "
+                          "--prefill-bootstrap), or -f PATH... (deployment files to read "
+                          "the pairs from)")
         return _typed_pair(args, answerer)
     return run_files(args, files, answerer, _version())
 
@@ -62,7 +69,8 @@ def _typed_pair(args: argparse.Namespace, answerer: Answerer) -> int:
     if args.format == "patch":
         return _error("--format patch edits deployment files: give them with -f PATH...")
     try:
-        request = request_of(args)
+        request = live_request(args, request_of(args),
+                               model_path_map(getattr(args, "model_path_map", None) or ()))
     except CheckInputError as exc:
         return _error(str(exc))
     reply = answerer(request)

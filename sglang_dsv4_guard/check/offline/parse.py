@@ -38,7 +38,7 @@ from sglang_dsv4_guard.check.offline.standins import without_host_files
 
 __all__ = ["MAX_ARGS_CHARS", "MAX_ARGS_TOKENS", "CheckInputError", "LaunchArgs",
            "machine_cause", "offline_env", "parse_env", "parse_launch", "parser_default",
-           "release_parser", "resolve_as", "shell_settings", "strip_launcher",
+           "release_parser", "resolve_as", "server_parser", "shell_settings", "strip_launcher",
            "without_shell_settings"]
 
 # ServerArgs fields the check reads; a release without one reads as None.
@@ -339,6 +339,13 @@ def _resolving(namespace: argparse.Namespace, env: Mapping[str, str]
         namespace.trust_remote_code = False
     namespace, left_out = without_host_files(namespace)
     return namespace, resolve_env, notes + tuple(map(fact_line, left_out))
+
+
+def server_parser() -> argparse.ArgumentParser:
+    """The installed release's flag table (:func:`release_parser` of its ``ServerArgs``)."""
+    from sglang.srt.server_args import ServerArgs
+
+    return release_parser(ServerArgs)
 
 
 def parser_default(name: str) -> Any:
