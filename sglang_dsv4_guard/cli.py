@@ -223,7 +223,13 @@ def _check(args: argparse.Namespace) -> int:
     # deferred: check only; each command loads only what it uses (start-up cost, see above)
     from sglang_dsv4_guard.check.command import run_command
 
-    return run_command(args)
+    try:
+        return run_command(args)
+    except Exception as exc:  # a bug of ours: one line and exit 2 (never 1, which is findings)
+        print(f"sglang-dsv4-guard check: error: the check failed ({type(exc).__name__}: "
+              f"{short_repr(str(exc))}); nothing was judged: this is a bug of "
+              "sglang-dsv4-guard", file=sys.stderr)
+        return 2
 
 
 def _patches(_: argparse.Namespace) -> int:
@@ -264,6 +270,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="read the pairs from deployment files instead: Kubernetes "
                             "manifests, compose files, shell scripts, args files; a "
                             "directory is read whole; '-' is stdin")
+    check.add_argument("paths", nargs="*", metavar="PATH",
+                       help="deployment files or directories, as -f takes them (what "
+                            "pre-commit passes)")
     check.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
                        help="with -f: the value of a variable the files leave without one "
                             "(repeatable)")

@@ -194,8 +194,8 @@ class TestPreCommitAndCiExample(GuardTestCase):
                      if p.is_file() and re.search(hook["files"], p.name)]
             self.assertIn(f"{SAMPLES}/ome-runtime.yaml", names)
             self.assertIn(f"{SAMPLES}/launch-pd.sh", names)
-            ome = [f"{SAMPLES}/ome-runtime.yaml"]
-            status, out, err = run_cli(*entry[1:], *ome, *MAP)
+            ome = [f"{SAMPLES}/ome-runtime.yaml"]  # pre-commit: entry, the hook's args, files
+            status, out, err = run_cli(*entry[1:], *MAP, "--gpu", "H100", *ome)
             self.assertEqual(status, 1, err)
             self.assertEqual(len(out.strip().splitlines()), 1, out)
 
@@ -207,10 +207,12 @@ class TestPreCommitAndCiExample(GuardTestCase):
                  if "sglang-dsv4-guard check" in s.get("run", "")]
         self.assertEqual(len(steps), 2)
         for run in steps:
-            argv = shlex.split(run.split(">")[0].split("||")[0])
+            argv = shlex.split(run.split(" > ")[0].split("||")[0])
             self.assertEqual(argv[:2], ["sglang-dsv4-guard", "check"])
-            argv = [f"{SAMPLES}/ome-runtime.yaml" if a == "deploy/" else a for a in argv[1:]]
-            status, out, err = run_cli(*argv, *MAP)
+            self.assertIn("--model-path-map", argv)  # a real repository's paths are mapped
+            argv = [f"{SAMPLES}/ome-runtime.yaml" if a == "deploy/" else
+                    a.replace("=configs/deepseek-v4", f"={DSV4}") for a in argv[1:]]
+            status, out, err = run_cli(*argv)
             self.assertEqual(status, 1, err)
             if "sarif" in argv:
                 self.assertEqual(json.loads(out)["version"], "2.1.0")

@@ -56,8 +56,8 @@ def answer(request: Mapping[str, Any],
     follows the text with ``request["verbose"]``."""
     if "pairs" in request:  # many pairs, one import of SGLang: each answered on its own
         shared = {k: v for k, v in request.items() if k not in ("pairs", "started")}
-        return {"pairs": [answer({**shared, **pair, "started": time.monotonic()}, refusals)
-                          for pair in request["pairs"]]}
+        return {"pairs": [_one_of_many({**shared, **pair, "started": time.monotonic()},
+                                       refusals) for pair in request["pairs"]]}
     # deferred: the child's work: the parent (the check command) never loads it
     from sglang_dsv4_guard.check.offline.chatter import capturing, recording
 
@@ -73,6 +73,18 @@ def answer(request: Mapping[str, Any],
         if request.get("verbose"):
             reply["text"] += "\n\n" + render_output(output)
     return reply
+
+
+def _one_of_many(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]
+                 ) -> dict[str, Any]:
+    """One pair of many: a failure of ours on it is that pair's error line, and the other
+    pairs are still answered."""
+    try:
+        return answer(request, refusals)
+    except Exception as exc:  # a bug of ours on this pair: said on its line, never the run's
+        return {"exit_status": 2, "error": f"the check failed on this pair ({type(exc).__name__}"
+                                           f": {joined(str(exc))[:300]}): a bug of "
+                                           "sglang-dsv4-guard"}
 
 
 def _answer(request: Mapping[str, Any], refusals: Callable[[], tuple[str, ...]]

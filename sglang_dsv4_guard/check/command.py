@@ -47,7 +47,7 @@ def run_command(args: argparse.Namespace, answerer: Answerer | None = None) -> i
     if getattr(args, "keep", None) and not (args.fix or args.format == "patch"):
         return _error(f"--keep {args.keep} says which server --fix leaves as typed: give "
                       "it with --fix")
-    files = list(getattr(args, "file", None) or ())
+    files = [*(getattr(args, "file", None) or ()), *(getattr(args, "paths", None) or ())]
     try:  # a server given running: --prefill-server-info, --decode-server-info, --prefill-bootstrap
         live = live_roles(args)
     except CheckInputError as exc:

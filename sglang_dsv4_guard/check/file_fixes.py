@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
+import os
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,14 @@ class FileEdit:
 
 
 _ITEM = re.compile(r"^(\s*-\s+)(['\"]?)$")  # a YAML block-list item up to the token
+# A plain YAML scalar that is not read as the same string: indicators, or a number, a
+# boolean or null of YAML 1.1 / 1.2 (``16``, ``0x1f``, ``1e3``, ``yes``, ``~``).
+_YAML_PLAIN_NOT_STR = re.compile(
+    r"[:#{}\[\],&*?|>'\"%@`]|^[-?]\s|^\s|\s$|"
+    r"^[-+]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][-+]?\d+)?$|^0[xXoObB][\da-fA-F_]+$|"
+    r"^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$|"
+    r"^(y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF|"
+    r"null|Null|NULL|~)$")
 
 
 def _line_bounds(text: str, offset: int) -> tuple[int, int]:
@@ -83,9 +92,8 @@ def _render(token: str, kind: str, quote: str) -> str:
         return json.dumps(token)[1:-1]
     if quote == "'":
         return token.replace("'", "''") if kind != "shell" else token.replace("'", "'\\''")
-    if kind in ("item", "flow") and (not token or re.search(r"[:#{}\[\],&*?|>'\"%@`]|^[-?]\s",
-                                                             token)):
-        return json.dumps(token)
+    if kind in ("item", "flow") and (not token or _YAML_PLAIN_NOT_STR.search(token)):
+        return json.dumps(token)  # quoted, so YAML reads a string (Kubernetes needs strings)
     return token
 
 
@@ -108,10 +116,12 @@ def _joined(sent: Sequence[str], fixed: Sequence[str]) -> list[str]:
 
 def token_edits(file: str, text: str, spans: Sequence[tuple[int, int] | None],
                 sent: Sequence[str], fixed: Sequence[str],
-                typed: Sequence[str] | None = None) -> tuple[list[FileEdit], list[str]]:
+                typed: Sequence[str] | None = None,
+                own: Sequence[bool] | None = None) -> tuple[list[FileEdit], list[str]]:
     """The edits of ``text`` that turn one server's arguments ``sent`` (each written at
     ``spans``, ``None`` where not verbatim, as ``typed``) into ``fixed``; and what cannot
-    be edited in place (then no edits)."""
+    be edited in place (then no edits). A flag is added only after an argument written in
+    the server's own command (``own``; not one a shared variable holds)."""
     fixed = _joined(sent, fixed)
     edits: list[FileEdit] = []
     problems: list[str] = []
@@ -137,8 +147,8 @@ def token_edits(file: str, text: str, spans: Sequence[tuple[int, int] | None],
             continue
         edits += [_removal(file, text, spans[i]) for i in olds if spans[i] is not None]
         if j2 > j1:
-            anchor = next((spans[i] for i in range(i1 - 1, -1, -1) if spans[i] is not None),
-                          None)
+            anchor = next((spans[i] for i in range(i1 - 1, -1, -1)
+                           if spans[i] is not None and (own is None or own[i])), None)
             if anchor is None:
                 problems.append(f"{' '.join(fixed[j1:j2])}: no argument before it is "
                                 "written verbatim to add it after")
@@ -194,7 +204,14 @@ def _emptied(text: str, points: Sequence[int]) -> str:
             lines[start] = end
     for start in sorted(lines, reverse=True):
         end = lines[start]
+        continued = text[start:end].strip() == "\\"
         text = text[:start] + text[end + 1:] if end < len(text) else text[:max(start - 1, 0)]
+        if not continued and start > 0:  # the command ended on the emptied line: the line
+            prev_start, prev_end = _line_bounds(text, start - 1)  # before now ends it
+            previous = text[prev_start:prev_end]
+            if previous.rstrip().endswith("\\"):
+                kept = previous.rstrip()[:-1].rstrip()
+                text = text[:prev_start] + kept + text[prev_end:]
     return text
 
 
@@ -216,6 +233,20 @@ def patched(text: str, edits: Sequence[FileEdit]) -> str | None:
     return _emptied("".join(out), removed)
 
 
+def _lines(text: str) -> list[str]:
+    """``text``'s lines as git counts them: split at ``\\n`` only (never at the other line
+    breaks ``str.splitlines`` knows), each with its end."""
+    return re.findall(r"[^\n]*\n|[^\n]+", text)
+
+
+def _shown(file: str) -> str:
+    """``file`` as a diff names it: relative to the working directory when under it."""
+    absolute = os.path.abspath(file)
+    here = os.getcwd()
+    inside = os.path.commonpath([absolute, here]) == here
+    return os.path.relpath(absolute, here) if inside else absolute.lstrip("/")
+
+
 def unified_diff(texts: Mapping[str, tuple[str, str]]) -> str:
     """One unified diff (``git apply`` reads it) of every file whose text changed:
     ``{file: (before, after)}``."""
@@ -223,13 +254,12 @@ def unified_diff(texts: Mapping[str, tuple[str, str]]) -> str:
     for file, (before, after) in texts.items():
         if before == after:
             continue
-        name = file.lstrip("/")
+        name = _shown(file).replace(os.sep, "/")
         parts.append(f"diff --git a/{name} b/{name}\n")
-        parts.extend(difflib.unified_diff(before.splitlines(keepends=True),
-                                          after.splitlines(keepends=True),
-                                          f"a/{name}", f"b/{name}"))
-        if not after.endswith("\n"):
-            parts.append("\n\\ No newline at end of file\n")
+        for line in difflib.unified_diff(_lines(before), _lines(after), f"a/{name}",
+                                         f"b/{name}"):
+            parts.append(line if line.endswith("\n") else
+                         line + "\n\\ No newline at end of file\n")
     return "".join(parts)
 
 
@@ -302,7 +332,8 @@ def fix_files(paths: Sequence[str], inputs: Inputs, checked: Sequence[Checked],
                 new_argv = _unmapped(shlex.split(new), models)
                 spans = [t.span if t.typed == t.text else None for t in inv.tokens]
                 found, problems = token_edits(inv.file, texts[inv.file], spans, sent_argv,
-                                              new_argv, [t.typed for t in inv.tokens])
+                                              new_argv, [t.typed for t in inv.tokens],
+                                              [t.line >= inv.line for t in inv.tokens])
                 notes += [f"{inv.file}:{inv.line} ({role}): {p}" for p in problems]
                 if problems:
                     continue

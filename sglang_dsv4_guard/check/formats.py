@@ -181,7 +181,8 @@ def render_github(pairs: Sequence[Checked], fail_on: str) -> str:
                 props += [f"file={_escape_property(location.file)}", f"line={location.line}"]
             props.append(f"title={_escape_property(str(finding.get('code')))}")
             lines.append(f"::{command} {','.join(props)}::{_escape_data(_message(c, finding))}")
-    lines.append(render_quiet(pairs, fail_on))
+    # a plain log line each, escaped: a name holding a newline must not start a command
+    lines += [_escape_data(f"{_mark(c, fail_on)} {c.name}: {_counts(c)}") for c in pairs]
     return "\n".join(lines)
 
 

@@ -54,9 +54,13 @@ def run_files(args: argparse.Namespace, files: list[str], answerer: Answerer, ve
         inputs = read_inputs(files, sys.stdin)
     except CheckInputError as exc:
         return _error(str(exc))
-    if not inputs.pairs:
-        found = "; ".join(_unpaired(inputs)) or "no SGLang server invocation"
-        return _error(f"no prefill/decode pair in {', '.join(files)}: {found}"[:2000])
+    if not inputs.pairs:  # nothing to judge is no failure (a commit of other YAML files)
+        found = _unpaired(inputs)
+        print(f"check: no prefill/decode pair in {', '.join(files)}: "
+              + ("; ".join(found) if found else "no SGLang server found") + "; nothing checked")
+        for note in inputs.notes:
+            print(f"note: {note}")
+        return 0
     fix = bool(args.fix) or args.format == "patch"
     requests = [pair_request(pair, args, models, {
         "prefill": nodes_of(inputs, pair.prefill), "decode": nodes_of(inputs, pair.decode)}
@@ -66,6 +70,9 @@ def run_files(args: argparse.Namespace, files: list[str], answerer: Answerer, ve
     if not isinstance(replies, list) or len(replies) != len(inputs.pairs):
         # the check process ended without answering: every pair has its error line
         replies = [reply] * len(inputs.pairs)
+    used = {name for request in requests for name in request.get("variables") or {}}
+    unused = [f"--var {name}: not used (the files give it a value, or a default, wherever "
+              "the pairs read it; or they never read it)" for name in given if name not in used]
     checked = [Checked(pair.name, _located(answer, pair, given), pair.prefill, pair.decode,
                        _notes((pair.prefill, pair.decode)) + tuple(gpus_of(args, pair)[2])
                        + _read_as(request.get("variables") or {}, given))
@@ -77,11 +84,15 @@ def run_files(args: argparse.Namespace, files: list[str], answerer: Answerer, ve
     if args.format == "patch":
         assert patch is not None
         sys.stdout.write(patch[0])
+        for c in checked:
+            if c.error is not None:
+                print(f"sglang-dsv4-guard check: {c.name}: not checked: {c.error}",
+                      file=sys.stderr)
         for note in patch[1]:
             print(f"sglang-dsv4-guard check: not in the patch: {note}", file=sys.stderr)
     else:
         print(render(args.format, checked, args.fail_on, version, quiet=args.quiet,
-                     unpaired=_unpaired(inputs), notes=inputs.notes, patch=patch))
+                     unpaired=_unpaired(inputs), notes=(*inputs.notes, *unused), patch=patch))
     return exit_status(checked, args.fail_on)
 
 

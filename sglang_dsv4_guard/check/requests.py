@@ -57,6 +57,10 @@ def gpus_of(args: argparse.Namespace, pair: Pair | None = None
                 gpus[role], sources[role] = text, option
                 break
         invocation = None if pair is None else (pair.prefill if role == "prefill" else pair.decode)
+        if gpus[role] is None and invocation is not None and invocation.gpu == "amd.com/gpu":
+            notes.append(f"{role}: its pod asks for amd.com/gpu without naming the model: "
+                         "an AMD GPU, which check does not model (judged as on this machine)")
+            continue
         if gpus[role] is None and invocation is not None and invocation.gpu:
             where = f"{invocation.file}:{invocation.line} (the pod's GPU label)"
             try:

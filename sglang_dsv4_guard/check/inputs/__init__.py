@@ -37,5 +37,12 @@ def read_inputs(paths: Sequence[str], stdin: TextIO | None = None,
     files = entries(list(paths))
     with no_collection():
         for entry in files:
-            read_entry(entry, stdin if stdin is not None else sys.stdin, found, replaced)
+            kept = len(found.drafts), len(found.routers)
+            try:
+                read_entry(entry, stdin if stdin is not None else sys.stdin, found, replaced)
+            except InputError as exc:
+                if not entry.walked:  # named: the operator meant it
+                    raise
+                del found.drafts[kept[0]:], found.routers[kept[1]:]
+                found.notes.append(f"{exc} (skipped: found in a directory walk)")
         return pair(found, {e.path: e.together for e in files})

@@ -47,10 +47,29 @@ def unresolved_line(ref: str, line: int, why: str, left: str = "left as typed") 
 
 @dataclass(frozen=True)
 class VarValue:
-    """A variable's value and where it is written (for placing the arguments it holds)."""
+    """A variable's value and where it is written (for placing the arguments it holds).
+    A value longer than :data:`MAX_VALUE` (variables that expand into each other, which
+    grow without bound) raises :class:`ValueTooLarge`."""
 
     text: str
     region: Region | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.text) > MAX_VALUE:
+            raise ValueTooLarge(len(self.text))
+
+
+# The longest value a variable may expand to: a launch line's arguments are at most 64 KiB
+# (check's own limit); variables that expand into each other grow past it in a few lines.
+MAX_VALUE = 64 * 1024
+
+
+class ValueTooLarge(Exception):
+    """A variable's value expanded past :data:`MAX_VALUE` characters."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
 
 
 @dataclass

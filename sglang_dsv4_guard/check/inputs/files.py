@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
@@ -24,7 +25,7 @@ from sglang_dsv4_guard.check.inputs.commands import (
     make_draft,
     run_script,
 )
-from sglang_dsv4_guard.check.inputs.expand import Scope, expand_word
+from sglang_dsv4_guard.check.inputs.expand import MAX_VALUE, Scope, ValueTooLarge, expand_word
 from sglang_dsv4_guard.check.inputs.model import MAX_ARGS, MAX_FILE_BYTES, MAX_FILES, InputError
 from sglang_dsv4_guard.check.inputs.shell import LexError, Word, WordLimit, lex
 from sglang_dsv4_guard.check.inputs.source import Source
@@ -96,12 +97,19 @@ def _text(entry: Entry, stdin: TextIO | None) -> str:
     if entry.path == STDIN:
         if stdin is None:
             raise InputError("-", "no standard input to read")
-        text = stdin.read(MAX_FILE_BYTES + 1)
+        try:
+            text = stdin.read(MAX_FILE_BYTES + 1)
+        except UnicodeDecodeError as exc:
+            raise InputError("-", f"standard input is not UTF-8 text (byte {exc.start}); "
+                             f"{_ACCEPTED}") from None
         if len(text.encode("utf-8", "surrogateescape")) > MAX_FILE_BYTES:
             raise InputError("-", f"standard input is larger than {MAX_FILE_BYTES:,} bytes "
                              "(4 MiB); give at most that")
         return text
     try:
+        if not stat.S_ISREG(os.stat(entry.path).st_mode):
+            raise InputError(entry.path, f"not a regular file (a device, FIFO or socket); "
+                             f"{_ACCEPTED}")
         size = os.path.getsize(entry.path)
         if size > MAX_FILE_BYTES:
             raise InputError(entry.path, f"{size:,} bytes, larger than {MAX_FILE_BYTES:,} "
@@ -169,6 +177,15 @@ def read_entry(entry: Entry, stdin: TextIO | None, found: Found,
     """Read one input into ``found`` (its text from ``replaced`` when that holds its path:
     ``check -f --fix`` reads its patched files so); a note when it holds no SGLang server."""
     text = replaced[entry.path] if replaced and entry.path in replaced else _text(entry, stdin)
+    try:
+        _read_text(entry, text, found)
+    except ValueTooLarge as exc:
+        raise InputError(entry.path, f"a variable's value expands to more than {MAX_VALUE:,} "
+                         f"characters (at least {exc.size:,}: variables that expand into each "
+                         "other); a launch line's arguments are at most 64 KiB") from None
+
+
+def _read_text(entry: Entry, text: str, found: Found) -> None:
     source = Source(entry.path, text)
     before = len(found.drafts) + len(found.routers)
     kind = _sniff(entry.path, text)
