@@ -20,6 +20,8 @@ def fixed_pair(model: str, prefill: str, decode: str) -> tuple[dict[str, Any], i
     _, doc = check_json(server("prefill", model, prefill, backend="mooncake"),
                         server("decode", model, decode, backend="mooncake"), "--fix")
     fixed = doc["fixed"]
+    if fixed is None:  # nothing to fix: 0.5.16 refuses DCP off ROCm, which check cannot tell
+        return doc, -1, []  # (an unknowns line); the tests on 0.5.16 read only the findings
     status, again = check_json(fixed["prefill"], fixed["decode"])
     return doc, status, codes(again)
 
