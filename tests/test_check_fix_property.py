@@ -118,7 +118,7 @@ class TestCheckFixProperty(GuardTestCase):
         if c["drawn"] and not c["corrected"]:
             raise AssertionError("no drawn pair was corrected: the property tested nothing")
 
-    @settings(max_examples=8, deadline=None, derandomize=True,
+    @settings(max_examples=6, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
     @given(pairs())
     def test_the_cheapest_minimal_change_is_chosen(self, lines: Lines) -> None:

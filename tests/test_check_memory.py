@@ -65,8 +65,9 @@ def layered_config(root: str, layers: int) -> str:
     return path
 
 
-class TestCheckMemory(GuardTestCase):
-    """Memory and time of ``check`` do not grow with config.json's layer count."""
+class _CheckRuns(GuardTestCase):
+    """``check`` in a fresh interpreter on a config.json in a scratch directory: its exit
+    status, output and peak resident memory."""
 
     def setUp(self) -> None:
         super().setUp()
@@ -82,6 +83,10 @@ class TestCheckMemory(GuardTestCase):
         peak = int(lines[-1].split()[1])
         return done.returncode, "\n".join(lines[:-1]), done.stderr, peak, elapsed
 
+
+class TestCheckMemory(_CheckRuns):
+    """Memory and time of ``check`` do not grow with config.json's layer count."""
+
     def test_2000_layers_peak_and_time(self) -> None:
         """A DeepSeek-V4 config with 2,000 layers and speculative decoding on both servers
         is checked (both servers' miniature pools built, SGLang's state check run) under
@@ -93,6 +98,11 @@ class TestCheckMemory(GuardTestCase):
                           "accepted", out)
         self.assertLess(peak, PEAK_BOUND_KIB, f"peak RSS {peak} KiB")
         self.assertLess(elapsed, TIME_BOUND_S)
+
+
+
+class TestCheckMemoryRefused(_CheckRuns):
+    """A config.json beyond the limits is refused by the guard before SGLang reads it."""
 
     def test_100000_layers_one_exit_2_line(self) -> None:
         """A config with 100,000 layers is refused before SGLang reads it: exit 2, one line
