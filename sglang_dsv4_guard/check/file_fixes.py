@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sglang_dsv4_guard.check.inputs import Inputs, Invocation, read_inputs
+from sglang_dsv4_guard.check.outcome import ROLES
 
 if TYPE_CHECKING:
     from sglang_dsv4_guard.check.outcome import Checked
@@ -263,7 +264,6 @@ def unified_diff(texts: Mapping[str, tuple[str, str]]) -> str:
     return "".join(parts)
 
 
-ROLES = ("prefill", "decode")
 
 
 def _unmapped(argv: Sequence[str], models: Mapping[str, str]) -> list[str]:

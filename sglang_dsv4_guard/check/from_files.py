@@ -25,12 +25,13 @@ from sglang_dsv4_guard.check.requests import (
     variables,
 )
 
-__all__ = ["run_files"]
+__all__ = ["Answerer", "command_error", "run_files"]
 
 Answerer = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
-def _error(text: str) -> int:
+def command_error(text: str) -> int:
+    """``check``'s one error line on stderr; exit status 2."""
     print(f"sglang-dsv4-guard check: error: {text}", file=sys.stderr)
     return 2
 
@@ -53,7 +54,7 @@ def run_files(args: argparse.Namespace, files: list[str], answerer: Answerer, ve
         gpus_of(args)  # a GPU name that cannot be read: exit 2 before reading anything
         inputs = read_inputs(files, sys.stdin)
     except CheckInputError as exc:
-        return _error(str(exc))
+        return command_error(str(exc))
     if not inputs.pairs:  # nothing to judge is no failure (a commit of other YAML files)
         found = _unpaired(inputs)
         print(f"check: no prefill/decode pair in {', '.join(files)}: "
