@@ -21,6 +21,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import io
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -82,13 +83,14 @@ def _doctor(_: argparse.Namespace) -> int:
     line, ok = _release_line()
     print(line)
     settings, problems = settings_from_env()
-    for name in ("mode", "autoshare", "log_format"):
+    for name in ("mode", "autoshare", "log_format", "metrics"):
         setting = getattr(settings, name)
         value = getattr(setting.value, "value", setting.value)
         print(f"setting {name}: {value} (from {setting.source})")
     for problem in problems:
         ok = False
         print(f"problem: {problem}")
+    ok &= _metrics(settings.metrics.value, settings.mode.value is not Mode.OFF)
     try:
         check_timeout()
     except CheckInputError as exc:
@@ -113,6 +115,50 @@ def _doctor(_: argparse.Namespace) -> int:
         print(f"note: guard plug-ins printed while loading (last line): {last}")
     print("doctor: OK" if ok else "doctor: problems found")
     return 0 if ok else 1
+
+
+def _metrics(setting: str, guard_on: bool) -> bool:
+    """Print whether the guard's counts will be on SGLang's ``/metrics``, and where; False
+    when they are asked for (``SGLANG_DSV4_GUARD_METRICS=on``) and cannot be."""
+    # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
+    from sglang_dsv4_guard.metrics import DIRECTORY_VARIABLE, METRICS, decide
+    from sglang_dsv4_guard.settings import ENV_METRICS
+
+    names = ", ".join(name for name, _, _, _ in METRICS)
+    if not guard_on or setting == "off":
+        why = "the guard is off" if not guard_on else f"{ENV_METRICS}=off"
+        print(f"metrics: not exported ({why})")
+        return True
+    try:
+        client = importlib.metadata.version("prometheus_client")
+    except importlib.metadata.PackageNotFoundError:
+        client = None
+    if client is None or importlib.util.find_spec("prometheus_client") is None:
+        print(f"{'problem' if setting == 'on' else 'note'}: metrics: prometheus_client is not "
+              "installed, so nothing will be exported (SGLang's --enable-metrics needs it too: "
+              "pip install prometheus-client)")
+        return setting != "on"
+    directory = os.environ.get(DIRECTORY_VARIABLE)
+    if setting == "auto":
+        print(f"metrics: exported by the schedulers of a server launched with --enable-metrics, "
+              f"on that server's own /metrics (its --port), through the directory SGLang puts "
+              f"in {DIRECTORY_VARIABLE}: {names} (prometheus_client {client}); without "
+              f"--enable-metrics nothing is imported or written ({ENV_METRICS}=on exports "
+              "anyway, wherever the directory is set)")
+        return True
+    decision = decide(setting, os.environ)
+    if directory and not decision.export:
+        print(f"problem: metrics: {decision.reason}: nothing would be exported")
+        return False
+    if decision.export:
+        print(f"metrics: exported by every guarded scheduler, under {DIRECTORY_VARIABLE}="
+              f"{directory} (what /metrics reads when SGLang set it, or your own collector): "
+              f"{names} (prometheus_client {client})")
+    else:
+        print(f"metrics: exported by every guarded scheduler where {DIRECTORY_VARIABLE} is "
+              "set (SGLang sets it in its launcher with --enable-metrics; it is unset here, "
+              f"where nothing would be exported): {names} (prometheus_client {client})")
+    return True
 
 
 def _sglang_loader(guard_on: bool) -> bool:

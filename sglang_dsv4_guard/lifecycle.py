@@ -33,6 +33,7 @@ from sglang_dsv4_guard.hook_registry import (
 from sglang_dsv4_guard.host.judgement import forget_judgements, judge_imported
 from sglang_dsv4_guard.host.targets import DSV4_POOL, POOL_REGISTER_TARGET, STATE
 from sglang_dsv4_guard.log import LOGGER_NAME
+from sglang_dsv4_guard.metrics import Exporter, judgement_label
 from sglang_dsv4_guard.mori.wrapper import MORI_MODULE, MoriGuard, patch_module
 from sglang_dsv4_guard.patching import AppliedPatch, PostImportHooks, apply, restore
 from sglang_dsv4_guard.peers.wrapper import CONNECTORS, PeerGuard, mori_registration
@@ -224,7 +225,9 @@ def _install(chosen: Settings, load_entry_points: bool,
     current: Installation | None = None
     try:
         plugins = build_plugins(load_entry_points, chosen.log_format.value)
-        runtime = Runtime(chosen, plugins, host.profile())
+        runtime = Runtime(chosen, plugins, host.profile(), metrics=Exporter(
+            chosen.metrics.value, chosen.mode.value.value, str(host.behaves_as),
+            judgement_label(host), pending=tuple(plugins.load_problems)))
         peers = PeerGuard(runtime)
         current = Installation(runtime, MoriGuard(runtime, mori_registration(peers)),
                                PostImportHooks(), peers, plugins)
@@ -282,6 +285,7 @@ def _on_connector(current: Installation, name: str,
             return
         try:
             current.patches.extend(patch(module))
+            current.runtime.metrics.ready()  # SGLang's server args are published by now
         except Exception as exc:
             if not current.ready:
                 raise
@@ -312,6 +316,7 @@ def _on_peers(current: Installation, patcher: Patcher, module: ModuleType) -> No
         try:
             if _current is current:
                 current.patches.extend(patcher(module, current.peers))
+                current.runtime.metrics.ready()  # SGLang's server args are published by now
         except Exception as exc:
             logger.warning("sglang-dsv4-guard does not check the decode peers registering "
                            "through %s (%s: %s)", module.__name__, type(exc).__name__, exc)
@@ -319,6 +324,7 @@ def _on_peers(current: Installation, patcher: Patcher, module: ModuleType) -> No
 
 def _dismantle(current: Installation, what: str) -> None:
     current.runtime.active = False
+    current.runtime.metrics.retire()
     current.mori.blocked.clear()  # a wrapper held by someone else must refuse nothing
     current.hooks.unwatch_all()
     for patch in reversed(current.patches):

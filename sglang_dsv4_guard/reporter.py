@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_dsv4_guard.dedup.markers import PROOF_SECONDS, Seen, ServerDedup, fingerprint
-from sglang_dsv4_guard.findings import Report, Severity
+from sglang_dsv4_guard.findings import Phase, Report, Severity
 from sglang_dsv4_guard.hookmarkers import hookimpl
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.render import render_report
@@ -61,6 +61,8 @@ class Delivery:
     the exception then carries one line pointing at the logged report instead of a second
     full copy. ``fingerprint``, ``seen`` and ``logged_full`` (the full report went to an
     enabled logger) are set by :class:`LogReporter` (``None``/``False`` if it did not run).
+    ``phase`` and ``role``: where the report is made (start-up, first contact, registration,
+    per request) and by which server, as the metrics label it (:mod:`sglang_dsv4_guard.metrics`).
     """
 
     raised: bool = False
@@ -69,6 +71,8 @@ class Delivery:
     quiet: bool = False
     note: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    phase: Phase | None = None
+    role: str = "unknown"
     fingerprint: str | None = None
     seen: Seen | None = None
     logged_full: bool = False

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Report
 from sglang_dsv4_guard.host.releases import HostProfile
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.reporter import LogReporter
+from sglang_dsv4_guard.metrics import Exporter
+from sglang_dsv4_guard.reporter import Delivery, LogReporter
 from sglang_dsv4_guard.settings import Mode, Settings
 
 __all__ = ["Hooks", "Runtime", "add_note"]
@@ -47,12 +48,14 @@ class Hooks(Protocol):
 @dataclass
 class Runtime:
     """What the wrappers need. ``active`` turns False on uninstall, so a wrapper that
-    somebody still holds passes straight through to SGLang."""
+    somebody still holds passes straight through to SGLang. ``metrics`` counts what is
+    reported (off unless the installation turned it on: :mod:`sglang_dsv4_guard.metrics`)."""
 
     settings: Settings
     plugins: Hooks
     profile: HostProfile
     active: bool = True
+    metrics: Exporter = field(default_factory=Exporter)
 
     @property
     def strict(self) -> bool:
@@ -65,16 +68,20 @@ class Runtime:
             "sglang-dsv4-guard internal error while %s (%s: %s); SGLang's call is unaffected",
             stage, type(exc).__name__, exc, exc_info=exc,
         )
+        self.metrics.failure()
         if self.strict:
             report = Report.of((), {"stage": stage})
             raise DSV4GuardError(
                 f"sglang-dsv4-guard (strict mode) failed internally while {stage}: "
                 f"{type(exc).__name__}: {exc}", report, None) from exc
 
-    def publish(self, report: Report) -> None:
-        """Send ``report`` to every reporter; log reporters that fail."""
+    def publish(self, report: Report, delivery: Delivery | None = None) -> None:
+        """Send ``report`` to every reporter; log reporters that fail. Then count it as
+        ``delivery`` (published around this call, filled in by the log reporter) says."""
         for failure in self.plugins.report(report):
             logger.warning("%s: %s", failure.summary, "; ".join(failure.details))
+            self.metrics.failure(failure.code)
+        self.metrics.count(report, delivery)
 
 
 def add_note(exc: BaseException, note: str) -> None:

@@ -10,12 +10,14 @@ from typing import Generic, TypeVar
 
 from sglang_dsv4_guard.errors import SettingError
 
-__all__ = ["ENV_AUTOSHARE", "ENV_LOG_FORMAT", "ENV_MODE", "LOG_FORMATS", "MODE_ACCEPTED", "Mode",
-           "Setting", "Settings", "parse_mode", "settings_for", "settings_from_env"]
+__all__ = ["ENV_AUTOSHARE", "ENV_LOG_FORMAT", "ENV_METRICS", "ENV_MODE", "LOG_FORMATS",
+           "METRICS_CHOICES", "MODE_ACCEPTED", "Mode", "Setting", "Settings", "parse_mode",
+           "settings_for", "settings_from_env"]
 
 ENV_MODE = "SGLANG_DSV4_GUARD"
 ENV_AUTOSHARE = "SGLANG_DSV4_GUARD_AUTOSHARE"
 ENV_LOG_FORMAT = "SGLANG_DSV4_GUARD_LOG_FORMAT"
+ENV_METRICS = "SGLANG_DSV4_GUARD_METRICS"
 
 T = TypeVar("T")
 
@@ -36,6 +38,12 @@ _MODE_WORDS = {
 _BOOL_WORDS = {"": False, "0": False, "off": False, "false": False,
                "1": True, "on": True, "true": True}
 LOG_FORMATS = ("text", "json")
+#: ``SGLANG_DSV4_GUARD_METRICS``: ``auto`` (the default) exports the guard's counts where the
+#: server runs with SGLang's ``--enable-metrics``; ``on`` wherever SGLang's multiprocess
+#: directory is set; ``off`` never (:mod:`sglang_dsv4_guard.metrics`).
+METRICS_CHOICES = ("auto", "on", "off")
+_METRICS_WORDS = {"": "auto", "auto": "auto", "1": "on", "on": "on", "true": "on",
+                  "0": "off", "off": "off", "false": "off"}
 # What a "must be one of" message lists: the tables' words, the empty one shown as unset.
 MODE_ACCEPTED = tuple(word or "unset" for word in _MODE_WORDS)
 _BOOL_ACCEPTED = tuple(word or "unset" for word in _BOOL_WORDS)
@@ -56,6 +64,7 @@ class Settings:
     mode: Setting[Mode]
     autoshare: Setting[bool]
     log_format: Setting[str]
+    metrics: Setting[str] = Setting("auto", "default")
 
 
 def parse_mode(value: str, variable: str = ENV_MODE) -> Mode:
@@ -91,7 +100,10 @@ def settings_from_env(environ: Mapping[str, str] | None = None
                           "auto-share stays off", problems)
     log_format = _from_env(env, ENV_LOG_FORMAT, {f: f for f in LOG_FORMATS}, "text",
                            ("unset", *LOG_FORMATS), "reports are logged as text", problems)
-    return Settings(mode, autoshare, log_format), problems
+    metrics = _from_env(env, ENV_METRICS, _METRICS_WORDS, "auto",
+                        tuple(word or "unset" for word in _METRICS_WORDS),
+                        "the guard's metrics follow SGLang's --enable-metrics", problems)
+    return Settings(mode, autoshare, log_format, metrics), problems
 
 
 def settings_for(mode: str | Mode, autoshare: bool, log_format: str,

@@ -97,7 +97,7 @@ def publish(rt: Runtime, report: Report, delivery: Delivery) -> Delivery:
     """Send ``report`` to every reporter, saying how it travels; return ``delivery`` as the
     log reporter filled it in (its fingerprint, and where the report was printed before)."""
     with delivering(delivery):
-        rt.publish(report)
+        rt.publish(report, delivery)
     return delivery
 
 
@@ -111,7 +111,8 @@ def publish_registration(rt: Runtime, report: Report, m: Mismatch, peers: int, q
         f"this mismatch covers {peers} decode peer(s) so far; later peers with the same "
         "mismatch are counted, not reported again (count logged at 10, 100, ... peers; "
         "exact counts: sglang_dsv4_guard.summary() and at uninstall)")
-    d = publish(rt, report, Delivery(quiet=quiet, note=note, extra=extra))
+    d = publish(rt, report, Delivery(quiet=quiet, note=note, extra=extra,
+                                     phase=Phase.REGISTRATION, role="prefill"))
     if not quiet:
         m.place(d.seen)
         return False
@@ -140,17 +141,19 @@ def carried_text(report: Report, delivery: Delivery) -> str | None:
 
 
 def deliver(rt: Runtime, report: Report, host_error: Exception, mirrored: bool,
-            in_scheduler: bool) -> DSV4GuardError | None:
+            in_scheduler: bool, phase: Phase, role: str) -> DSV4GuardError | None:
     """Deliver ``report`` on SGLang's ``host_error``: when ``mirrored`` (SGLang's own
     verdict, :func:`upgrades`), the :class:`DSV4GuardError` to raise in its place (first
     line SGLang's, chained to it); else ``None``, the report attached to ``host_error`` as
     a PEP 678 note and as ``dsv4_guard_report``. ``in_scheduler``: SGLang's scheduler
-    handler is on the stack and logs the traceback of what rises."""
+    handler is on the stack and logs the traceback of what rises. ``phase`` and ``role``:
+    where the report is made and by which server (the metrics' labels)."""
     # A note is printed with the traceback from Python 3.11; the message on any Python.
     shown = in_scheduler and (mirrored or sys.version_info >= (3, 11))
     carrier = "the DSV4GuardError raised to SGLang" if mirrored else note_carrier(host_error)
     delivery = publish(rt, report, Delivery(raised=True, carrier=carrier,
-                                            printed_by=HANDLER if shown else None))
+                                            printed_by=HANDLER if shown else None,
+                                            phase=phase, role=role))
     text = carried_text(report, delivery)
     if mirrored:
         return DSV4GuardError(str(host_error), report, text, host_error)

@@ -28,7 +28,13 @@ from sglang_dsv4_guard.check.server.gpu_models import GPU_MODELS
 from sglang_dsv4_guard.cli import main
 from sglang_dsv4_guard.codes import CODES
 from sglang_dsv4_guard.host.releases import SUPPORTED_MAX, SUPPORTED_MIN
-from sglang_dsv4_guard.settings import ENV_AUTOSHARE, ENV_LOG_FORMAT, ENV_MODE, settings_from_env
+from sglang_dsv4_guard.settings import (
+    ENV_AUTOSHARE,
+    ENV_LOG_FORMAT,
+    ENV_METRICS,
+    ENV_MODE,
+    settings_from_env,
+)
 
 register_cpu_ci(est_time=32, suite="stage-a-test-cpu")
 
@@ -307,14 +313,16 @@ class TestTablesMirrorTheCode(GuardTestCase):
         from sglang_dsv4_guard.check.child import DEFAULT_TIMEOUT, MAX_TIMEOUT, TIMEOUT_VARIABLE
 
         rows = {r[0].strip("`"): r for r in table(README, r"`SGLANG_DSV4_GUARD\w*`")}
-        self.assertEqual(set(rows), {ENV_MODE, ENV_AUTOSHARE, ENV_LOG_FORMAT, TIMEOUT_VARIABLE})
+        self.assertEqual(set(rows), {ENV_MODE, ENV_AUTOSHARE, ENV_LOG_FORMAT, ENV_METRICS,
+                                     TIMEOUT_VARIABLE})
         timeout = rows.pop(TIMEOUT_VARIABLE)  # check's, read by check.child.check_timeout
         self.assertIn(f"at most {MAX_TIMEOUT:,.0f}", timeout[1])
         self.assertEqual(timeout[2], f"`{DEFAULT_TIMEOUT:g}`")
         defaults, _ = settings_from_env({})
         default_of = {ENV_MODE: defaults.mode.value.value,
                       ENV_AUTOSHARE: "on" if defaults.autoshare.value else "off",
-                      ENV_LOG_FORMAT: defaults.log_format.value}
+                      ENV_LOG_FORMAT: defaults.log_format.value,
+                      ENV_METRICS: defaults.metrics.value}
         for variable, row in rows.items():
             with self.subTest(variable=variable):
                 _, problems = settings_from_env({variable: "not-a-value"})

@@ -58,7 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("wrappers of SGLang's functions and the rules they share",
      ("state.wrapper", "mori.wrapper", "peers.wrapper", "peers.guard", "peers.nixl",
       "peers.mooncake", "contact.wrapper", "hook_registry", "wrapping")),
-    ("runtime and plug-in manager", ("runtime", "plugins")),
+    ("runtime, plug-in manager and metrics", ("runtime", "plugins", "metrics")),
     ("built-in hook implementations", ("reporter", "state.checks", "state.pool_fixes", "state.sharing",
                                        "mori.checks", "peers.checks", "contact.checks", "autoshare", "pd")),
     ("hook specs, rendering, deduplication, plug-in boundary",

@@ -73,6 +73,14 @@ PROCESS_TESTS: dict[str, ProcessTest] = {
        for name in ("TestLaunchIdentityRule", "TestPreStartedPool",
                     "TestTwoPidNamespaces", "TestManyStaleLaunches",
                     "TestTwoServersRunningFromOneLauncher")},
+    # SGLang's report paths the schedulers drive are asserted in-process on every release
+    # (their own tests); what decides the export there is TestServerArgsDecide's, in-process.
+    "tests/test_metrics.py::TestScrape": ProcessTest(
+        _SCHEDULERS + ", then serves and scrapes SGLang's /metrics", (
+            *_LOADER, "srt/utils/common.py::set_prometheus_multiproc_dir",
+            "srt/utils/common.py::add_prometheus_middleware")),
+    "tests/test_metrics.py::TestFaults": ProcessTest(
+        "imports prometheus_client afresh (its mode is fixed at import) for each fault"),
     "tests/test_sglang_loader.py::TestLoadPlugins": ProcessTest(
         "runs SGLang's plug-in loader (load_plugins) in a fresh interpreter", _LOADER),
     **{f"tests/test_scheduler_handler.py::{name}": ProcessTest(

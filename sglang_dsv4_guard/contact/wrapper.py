@@ -37,7 +37,7 @@ from sglang_dsv4_guard.boundary import is_builtin
 from sglang_dsv4_guard.contact.cached import answers_cached
 from sglang_dsv4_guard.contact.snapshot import ContactContext, snapshot_contact
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Report, Severity
+from sglang_dsv4_guard.findings import Phase, Report, Severity
 from sglang_dsv4_guard.host import server
 from sglang_dsv4_guard.host.targets import PD_FIRST_CONTACT
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
@@ -102,7 +102,7 @@ class ContactGuard:
         if not report.findings:
             return None
         return deliver(self.rt, report, error, mirrored,
-                       handler_prints_traceback(sys._getframe(2)))
+                       handler_prints_traceback(sys._getframe(2)), Phase.FIRST_CONTACT, "decode")
 
 
 def _raise_for(guard: ContactGuard, manager: object, addr: object, error: Exception) -> None:

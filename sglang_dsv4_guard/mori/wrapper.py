@@ -37,7 +37,7 @@ from typing import Any
 from sglang_dsv4_guard.dedup.markers import Seen, fingerprint
 from sglang_dsv4_guard.dedup.mismatch import PLACED_WAIT, Mismatch, sparse
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import LIST_CAP, Report
+from sglang_dsv4_guard.findings import LIST_CAP, Phase, Report
 from sglang_dsv4_guard.host.targets import MORI_MODULE, MORI_REGISTER, MORI_SEND
 from sglang_dsv4_guard.log import LOGGER_NAME
 from sglang_dsv4_guard.mori.checks import CODE, violates
@@ -155,8 +155,12 @@ class MoriGuard:
         seen: Seen | None = Seen.HERE
         if count == 1:  # a new (peer, state type): an occurrence for every reporter
             d = publish(self.rt, report, Delivery(raised=True, quiet=not show_full, extra={
-                "mismatch": m.label, "peer": ident, "failures": count}))
+                "mismatch": m.label, "peer": ident, "failures": count},
+                phase=Phase.PER_REQUEST, role="prefill"))
             seen = d.seen
+        else:  # the same transfer failing again: a pointer, still an occurrence
+            self.rt.metrics.count(report, Delivery(raised=True, quiet=True, seen=Seen.HERE,
+                                                   phase=Phase.PER_REQUEST, role="prefill"))
         if show_full:
             m.place(seen)
         if sparse(total) and not (show_full and total == 1):

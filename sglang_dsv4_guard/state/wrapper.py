@@ -29,7 +29,7 @@ from typing import Any
 from sglang_dsv4_guard.boundary import CODE as PLUGIN_FAILED
 from sglang_dsv4_guard.boundary import is_builtin, plugin_failure
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Finding, Report, Severity, first_host_message
+from sglang_dsv4_guard.findings import Finding, Phase, Report, Severity, first_host_message
 from sglang_dsv4_guard.host.targets import CALLERS, FLASHMLA_ENV
 from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.runtime import Runtime
@@ -169,7 +169,8 @@ def _on_host_error(rt: Runtime, prep: Prepared, host_error: Exception) -> Except
     report, mirrored = _findings(rt, prep, host_line, upgrades(host_error))
     if not report.findings:
         return None
-    return deliver(rt, report, host_error, mirrored, prep.in_scheduler)
+    return deliver(rt, report, host_error, mirrored, prep.in_scheduler, Phase.START_UP,
+                   prep.context.role)
 
 
 def _on_host_success(rt: Runtime, prep: Prepared) -> None:
@@ -181,7 +182,8 @@ def _on_host_success(rt: Runtime, prep: Prepared) -> None:
                 and not any(f is done for done in prep.remediation)]
     raised = rt.strict and bool(escalate)
     delivery = publish(rt, report, Delivery(raised=raised, printed_by=(
-        HANDLER if raised and prep.in_scheduler else None)))
+        HANDLER if raised and prep.in_scheduler else None), phase=Phase.START_UP,
+        role=prep.context.role))
     if raised:
         first = escalate[0]
         raise DSV4GuardError(f"sglang-dsv4-guard (strict mode): [{first.code}] {first.summary}",
@@ -212,6 +214,7 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
         def setup_state_kv_args(*args: Any, **kwargs: Any) -> Any:
             if not rt.active:
                 return original(*args, **kwargs)
+            rt.metrics.ready()  # start-up: the info series appears (never raises)
             caller = _caller(sys._getframe(1))
             prep = None
             ours: DSV4GuardError | None = None  # strict: our failure, raised after SGLang's verdict
