@@ -17,6 +17,10 @@ decode peers registered by the release's own message code, with SGLang's plain d
 against the manager as the guard leaves it at ``start_prefill_thread``, in on mode (SGLang's
 dict: the guard checks at the registration's parse, before 0.5.22, or its publishing
 method, 0.5.22+) and in strict mode (before 0.5.22: the guard's ``WatchedTable``).
+
+The guard runs with its metrics on (``install(metrics="on")``, a multiprocess directory of
+this run's own set before anything imports ``prometheus_client``), as on a server launched
+with ``--enable-metrics``: what it counts is said at the end.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import time
 import timeit
 import warnings
@@ -32,6 +37,9 @@ from types import SimpleNamespace
 from unittest import mock
 
 warnings.filterwarnings("ignore")
+# Before SGLang's Mooncake module imports prometheus_client: its mode is fixed at import.
+_METRICS_DIR = tempfile.TemporaryDirectory(prefix="bench-metrics-")
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = _METRICS_DIR.name
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import mori_stub  # noqa: E402
@@ -99,7 +107,7 @@ def main() -> None:
     mgr = mori_stub.manager(conn, attn_tp=8)
     args = mori_stub.send_args(conn, mori_stub.peer(conn, decode_tp=8), "swa")
     logging.getLogger("sglang_dsv4_guard").setLevel(logging.CRITICAL)
-    sglang_dsv4_guard.install("on", load_entry_points=False)
+    sglang_dsv4_guard.install("on", load_entry_points=False, metrics="on")
     try:
         guarded_setup = utils.setup_state_kv_args
         guarded_send = vars(conn.MoriKVManager)["_send_swa_dsa_state"]
@@ -121,12 +129,29 @@ def main() -> None:
             per_peer(label, raw_register, nixl.NixlKVManager._add_remote_peer, tp)
         mooncake_per_peer()
         for mode in ("on", "strict"):
-            sglang_dsv4_guard.install(mode, load_entry_points=False)
+            sglang_dsv4_guard.install(mode, load_entry_points=False, metrics="on")
             plain, watched = mooncake_prefetch()
             measure(f"Mooncake _prefetch_staging_reqs (8 decode peers), as the guard in "
                     f"{mode} mode leaves the manager", plain, watched, number=50000, rounds=9)
     finally:
         sglang_dsv4_guard.uninstall()
+    counted()
+
+
+def counted() -> None:
+    """What the guard counted during the run, as SGLang's /metrics collector reads it."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=_METRICS_DIR.name)
+    totals: dict[str, float] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name.startswith("sglang:dsv4_guard_") and "info" not in sample.name:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    print("metrics on: " + (", ".join(f"{k} {v:g}" for k, v in sorted(totals.items()))
+                            or "nothing counted"))
 
 
 def mooncake_prefetch(peers: int = 8) -> tuple[object, object]:

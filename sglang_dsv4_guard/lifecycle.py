@@ -144,11 +144,13 @@ def _failure_reason(stage: str, exc: Exception) -> tuple[str, str | None]:
 
 
 def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str = "text",
-            load_entry_points: bool = True, settings: Settings | None = None
-            ) -> Undo:
+            load_entry_points: bool = True, settings: Settings | None = None,
+            metrics: str = "auto") -> Undo:
     """Install the guard; return this installation's own undo.
 
-    ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). Calling it again
+    ``mode`` is ``"on"`` or ``"strict"`` (``"off"`` uninstalls). ``metrics`` is
+    ``"auto"``, ``"on"`` or ``"off"``, as ``SGLANG_DSV4_GUARD_METRICS`` says for the entry
+    point (:mod:`sglang_dsv4_guard.metrics`). Calling it again
     with the same settings is harmless and returns the same undo; with other
     settings it uninstalls and installs afresh, so nothing of the earlier settings
     (strict-mode blocks, log format, registered plug-ins) stays behind. The undo
@@ -169,7 +171,7 @@ def install(mode: str | Mode = "on", autoshare: bool = False, *, log_format: str
         raise DSV4GuardInstallError(
             "install() was called while the guard is installing (a plug-in calling it at "
             "import?); the operator's install() goes on, this call changed nothing")
-    chosen = settings_for(mode, autoshare, log_format, settings)
+    chosen = settings_for(mode, autoshare, log_format, settings, metrics)
     return _install_or_reuse(chosen, load_entry_points, via_sglang_registry=False)
 
 

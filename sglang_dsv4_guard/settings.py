@@ -107,11 +107,14 @@ def settings_from_env(environ: Mapping[str, str] | None = None
 
 
 def settings_for(mode: str | Mode, autoshare: bool, log_format: str,
-                 settings: Settings | None) -> Settings:
+                 settings: Settings | None, metrics: str = "auto") -> Settings:
     """``settings`` if given, else ``install()``'s keywords checked (a
     :class:`SettingError` names a bad one and says nothing was installed)."""
     if settings is not None:
         return settings
+    if metrics not in METRICS_CHOICES:
+        raise SettingError("install(metrics=...)", metrics, METRICS_CHOICES,
+                           "nothing was installed")
     chosen = parse_mode(mode.value if isinstance(mode, Mode) else str(mode), "install(mode=...)")
     if not isinstance(autoshare, bool):
         raise SettingError("install(autoshare=...)", autoshare, ("True", "False"),
@@ -121,4 +124,5 @@ def settings_for(mode: str | Mode, autoshare: bool, log_format: str,
                            "nothing was installed")
     return Settings(Setting(chosen, f"install(mode={mode!r})"),
                     Setting(autoshare, f"install(autoshare={autoshare!r})"),
-                    Setting(log_format, f"install(log_format={log_format!r})"))
+                    Setting(log_format, f"install(log_format={log_format!r})"),
+                    Setting(metrics, f"install(metrics={metrics!r})"))
