@@ -90,7 +90,7 @@ def _doctor(_: argparse.Namespace) -> int:
     for problem in problems:
         ok = False
         print(f"problem: {problem}")
-    ok &= _metrics(settings.metrics.value, settings.mode.value is not Mode.OFF)
+    ok &= _metrics(settings.metrics.value, settings.mode.value is not Mode.OFF, ok)
     try:
         check_timeout()
     except CheckInputError as exc:
@@ -117,16 +117,18 @@ def _doctor(_: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _metrics(setting: str, guard_on: bool) -> bool:
+def _metrics(setting: str, guard_on: bool, usable: bool) -> bool:
     """Print whether the guard's counts will be on SGLang's ``/metrics``, and where; False
-    when they are asked for (``SGLANG_DSV4_GUARD_METRICS=on``) and cannot be."""
+    when they cannot be where they are asked for (``usable``: the guard can run on this
+    SGLang)."""
     # deferred: doctor only; each command loads only what it uses (start-up cost, see above)
-    from sglang_dsv4_guard.metrics import DIRECTORY_VARIABLE, METRICS, decide
+    from sglang_dsv4_guard.metrics import DIRECTORY_VARIABLE, METRICS
     from sglang_dsv4_guard.settings import ENV_METRICS
 
     names = ", ".join(name for name, _, _, _ in METRICS)
-    if not guard_on or setting == "off":
-        why = "the guard is off" if not guard_on else f"{ENV_METRICS}=off"
+    if not guard_on or setting == "off" or not usable:
+        why = ("the guard is off" if not guard_on else f"{ENV_METRICS}=off" if setting == "off"
+               else "the guard stays inert on this SGLang")
         print(f"metrics: not exported ({why})")
         return True
     try:
@@ -139,18 +141,19 @@ def _metrics(setting: str, guard_on: bool) -> bool:
               "pip install prometheus-client)")
         return setting != "on"
     directory = os.environ.get(DIRECTORY_VARIABLE)
+    if directory and not os.path.isdir(directory):
+        print(f"problem: metrics: {DIRECTORY_VARIABLE}={directory!r} is not a directory: "
+              "SGLang's --enable-metrics makes its directory inside it, and nothing would be "
+              "exported")
+        return False
     if setting == "auto":
-        print(f"metrics: exported by the schedulers of a server launched with --enable-metrics, "
-              f"on that server's own /metrics (its --port), through the directory SGLang puts "
-              f"in {DIRECTORY_VARIABLE}: {names} (prometheus_client {client}); without "
+        print("metrics: exported by the schedulers of a prefill or decode server launched with "
+              "--enable-metrics, on that server's own /metrics (its --port), through the "
+              f"directory SGLang puts in {DIRECTORY_VARIABLE}: {names} (prometheus_client {client}); without "
               f"--enable-metrics nothing is imported or written ({ENV_METRICS}=on exports "
               "anyway, wherever the directory is set)")
         return True
-    decision = decide(setting, os.environ)
-    if directory and not decision.export:
-        print(f"problem: metrics: {decision.reason}: nothing would be exported")
-        return False
-    if decision.export:
+    if directory:
         print(f"metrics: exported by every guarded scheduler, under {DIRECTORY_VARIABLE}="
               f"{directory} (what /metrics reads when SGLang set it, or your own collector): "
               f"{names} (prometheus_client {client})")

@@ -201,8 +201,8 @@ def _install_or_reuse(chosen: Settings, load_entry_points: bool,
                 logger.debug("sglang-dsv4-guard is already installed; nothing to do")
                 return _current.undo
             logger.info("sglang-dsv4-guard reconfiguring: uninstalling, then installing with "
-                        "mode=%s autoshare=%s log_format=%s", chosen.mode.value.value,
-                        chosen.autoshare.value, chosen.log_format.value)
+                        "mode=%s autoshare=%s log_format=%s metrics=%s", chosen.mode.value.value,
+                        chosen.autoshare.value, chosen.log_format.value, chosen.metrics.value)
             uninstall()
         _installing.active = True
         try:
@@ -265,9 +265,9 @@ def _install(chosen: Settings, load_entry_points: bool,
     atexit.register(current.at_exit)
     wrapped = {p.target.module for p in current.patches}
     lazy = (MORI_MODULE, CONTACT_MODULE, *(name for name, _ in CONNECTORS))
-    logger.info("sglang-dsv4-guard installed: mode=%s autoshare=%s SGLang %s; %s; wrapped "
-                "now: %s; when SGLang imports them: %s", chosen.mode.value.value,
-                chosen.autoshare.value, host.name, how, ", ".join(
+    logger.info("sglang-dsv4-guard installed: mode=%s autoshare=%s metrics=%s SGLang %s; %s; "
+                "wrapped now: %s; when SGLang imports them: %s", chosen.mode.value.value,
+                chosen.autoshare.value, chosen.metrics.value, host.name, how, ", ".join(
                     m for m in lazy if m in wrapped) or "-",
                 ", ".join(m for m in lazy if m not in wrapped) or "-")
     return current.undo
@@ -287,7 +287,7 @@ def _on_connector(current: Installation, name: str,
             return
         try:
             current.patches.extend(patch(module))
-            current.runtime.metrics.ready()  # SGLang's server args are published by now
+            current.runtime.metrics.ready(at_report=False)
         except Exception as exc:
             if not current.ready:
                 raise
@@ -318,7 +318,7 @@ def _on_peers(current: Installation, patcher: Patcher, module: ModuleType) -> No
         try:
             if _current is current:
                 current.patches.extend(patcher(module, current.peers))
-                current.runtime.metrics.ready()  # SGLang's server args are published by now
+                current.runtime.metrics.ready(at_report=False)
         except Exception as exc:
             logger.warning("sglang-dsv4-guard does not check the decode peers registering "
                            "through %s (%s: %s)", module.__name__, type(exc).__name__, exc)

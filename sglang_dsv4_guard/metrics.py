@@ -37,10 +37,12 @@ one warning; the guard runs on without metrics. Counting never changes what prin
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -48,7 +50,7 @@ from typing import Any
 
 from sglang_dsv4_guard.codes import CODES
 from sglang_dsv4_guard.dedup.markers import Seen
-from sglang_dsv4_guard.findings import LIST_CAP, Finding, Phase, Report, failure_text
+from sglang_dsv4_guard.findings import LIST_CAP, Finding, Phase, Report, Severity, failure_text
 from sglang_dsv4_guard.host.judgement import HostJudgement
 from sglang_dsv4_guard.host.server import server_args, server_value
 from sglang_dsv4_guard.log import LOGGER_NAME
@@ -87,7 +89,28 @@ PHASE_LABELS = {Phase.START_UP: "start_up", Phase.FIRST_CONTACT: "first_contact"
 _ROLES = ("prefill", "decode")
 #: Codes outside the guard's catalogue (plug-ins') kept as labels per process; then ``other``.
 FOREIGN_CODES = LIST_CAP
+#: What a plug-in's code must look like to be a label (else ``other``): a word, as the
+#: catalogue's are; never a peer address, free text or characters a scrape cannot encode.
+_LABEL_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 INTERNAL = "internal"  # the failures counter's code for a bug of ours (no catalogue code)
+_FOREIGN: set[str] = set()  # the plug-in codes this process labels (every installation's)
+_FOREIGN_LOCK = threading.Lock()
+
+
+def code_label(code: str) -> str:
+    """The ``code`` label of ``code``: itself for the catalogue's, ``internal`` and the
+    first :data:`FOREIGN_CODES` plug-in codes of this process that are words; else ``other``."""
+    if code in CODES or code == INTERNAL:
+        return code
+    if not isinstance(code, str) or not _LABEL_CODE.fullmatch(code):
+        return "other"
+    with _FOREIGN_LOCK:
+        if code in _FOREIGN:
+            return code
+        if len(_FOREIGN) < FOREIGN_CODES:
+            _FOREIGN.add(code)
+            return code
+    return "other"
 
 
 def phase_label(phase: Phase | None) -> str:
@@ -238,15 +261,19 @@ class Exporter:
     decision: Decision | None = None
     _live: _Families | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _foreign: set[str] = field(default_factory=set)
 
-    def ready(self) -> bool:
-        """Whether this process exports; decides at the first call that can (cheap after)."""
+    def ready(self, at_report: bool = True) -> bool:
+        """Whether this process exports; decides at the first call that can (cheap after).
+
+        ``at_report`` false: an early point (SGLang importing a connector module, its
+        start-up call), where the process may not be set up yet (a launcher sets the
+        directory after it loaded the plug-ins): a missing directory is then neither
+        decided nor warned about; the next report decides."""
         decision = self.decision
         if decision is not None and decision.final:
             return self._live is not None
         try:
-            pending = self._decide()
+            pending = self._decide(at_report)
         except Exception as exc:
             self._stop("deciding", exc)
             return False
@@ -254,11 +281,13 @@ class Exporter:
             self.failure(finding.code)
         return self._live is not None
 
-    def _decide(self) -> list[Finding]:
+    def _decide(self, at_report: bool) -> list[Finding]:
         with self._lock:
             if self.decision is not None and self.decision.final:
                 return []
             decision = decide(self.setting, self.environ)
+            if decision.warn and not at_report:
+                return []  # the directory may come later: say nothing yet
             if decision.export:
                 try:
                     self._live = _families()
@@ -279,22 +308,18 @@ class Exporter:
             return pending
 
     def _stop(self, what: str, exc: BaseException) -> None:
-        """The export ends at the first failure: one warning."""
-        self._live = None
+        """The export ends at the first failure: one warning; the info series goes to 0 if
+        it still can (so a dashboard sees the counts stopped)."""
+        live, self._live = self._live, None
+        if live is not None:
+            with contextlib.suppress(Exception):
+                live.info.labels(*self._info_labels()).set(0)
         self.decision = Decision(False, f"{what} failed ({failure_text(exc)})")
         logger.warning("sglang-dsv4-guard stops exporting metrics: %s failed (%s); the "
                        "guard runs on", what, failure_text(exc))
 
     def _info_labels(self) -> tuple[str, ...]:
         return (guard_version(), self.mode, self.sglang, self.judgement)
-
-    def _code(self, code: str) -> str:
-        if code in CODES or code == INTERNAL or code in self._foreign:
-            return code
-        if len(self._foreign) < FOREIGN_CODES:
-            self._foreign.add(code)
-            return code
-        return "other"
 
     def _write(self, what: str, write: Callable[[_Families], None]) -> None:
         live = self._live
@@ -322,19 +347,27 @@ class Exporter:
             for code, severity in dict.fromkeys(
                     (f.code, f.severity.value) for f in report.findings
                     if not (f.when is not None and f.when.phase is Phase.GUARD)):
-                labels = (self._code(code), severity, phase, role)
+                labels = (code_label(code), severity, phase, role)
                 live.occurrences.labels(*labels).inc()
                 if full:
                     live.problems.labels(*labels).inc()
             for code in guard:
-                live.failures.labels(self._code(code)).inc()
+                live.failures.labels(code_label(code)).inc()
         self._write("counting a report", write)
+
+    def occurrence(self, code: str, severity: Severity, phase: Phase, role: str) -> None:
+        """Count one occurrence of a finding met again where no report is published (a
+        prefill thread dying of a mismatch reported at registration)."""
+        if self.ready():
+            labels = (code_label(code), severity.value, phase_label(phase), role_label(role))
+            self._write("counting an occurrence",
+                        lambda live: live.occurrences.labels(*labels).inc())
 
     def failure(self, code: str = INTERNAL) -> None:
         """Count one failure of the guard's own (a plug-in's code, or a bug of ours)."""
         if self.ready():
             self._write("counting a failure",
-                        lambda live: live.failures.labels(self._code(code)).inc())
+                        lambda live: live.failures.labels(code_label(code)).inc())
 
     def retire(self) -> None:
         """At uninstall: this installation's info series goes to 0 in this process."""

@@ -8,10 +8,11 @@ scheduler (:func:`scheduler`), together. Once they ended, SGLang's
 ``add_prometheus_middleware`` on a FastAPI app, served by uvicorn on 127.0.0.1, is scraped
 once: ``OUT_DIR/<server>.metrics``, and the directory's file names ``<server>.files``.
 
-Each scheduler publishes its ``ServerArgs`` as SGLang's scheduler does (SGLang's parser,
-``from_cli_args``, its publish shim; ``--enable-metrics`` as :data:`SERVERS` says), loads
-plug-ins (the guard installs from ``SGLANG_DSV4_GUARD``), and meets a start-up failure
-(``setup_state_kv_args`` on the three-mismatch pair; rank 1 after rank 0 printed it). Then
+Each scheduler loads plug-ins (the guard installs from ``SGLANG_DSV4_GUARD``), then
+publishes its ``ServerArgs`` as SGLang's scheduler does, in that order (SGLang's parser,
+``from_cli_args``, its publish shim; ``--enable-metrics`` as :data:`SERVERS` says), and
+meets a start-up failure (``setup_state_kv_args`` on the three-mismatch pair; rank 1 after
+rank 0 printed it). Then
 rank 0, through SGLang's real functions:
 
 - of the prefill: a NIXL decode peer registering with another TP
@@ -124,10 +125,10 @@ def scheduler(role: str, rank: int, metrics: bool, log_path: str, flag: str) -> 
     handler.setFormatter(logging.Formatter("LOG %(levelname)s %(name)s %(message)s"))
     logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(logging.INFO)
-    _publish(role, metrics)
     from sglang.srt.plugins import load_plugins
 
-    load_plugins()
+    load_plugins()  # SGLang's scheduler loads the plug-ins, then publishes its arguments
+    _publish(role, metrics)
     import sglang.srt.disaggregation.utils as utils
 
     from sglang_dsv4_guard.testing import new_kv_args, three_mismatch_pair

@@ -23,24 +23,30 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from helpers import GuardTestCase, fresh_python
+from helpers import GuardTestCase, fresh_python, guard_logs_off
 from launch_child import GUARD_ON
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard import cli
+from sglang_dsv4_guard.dedup.markers import Seen
 from sglang_dsv4_guard.errors import SettingError
+from sglang_dsv4_guard.findings import Report
+from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.metrics import (
     DIRECTORY_VARIABLE,
     FOREIGN_CODES,
+    Exporter,
     decide,
     phase_label,
     role_label,
 )
+from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.settings import ENV_METRICS, settings_from_env
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
@@ -263,14 +269,107 @@ class TestLabelsAndSetting(GuardTestCase):
             bad = doctor(SGLANG_DSV4_GUARD="1", SGLANG_DSV4_GUARD_METRICS="on",
                          PROMETHEUS_MULTIPROC_DIR=os.path.join(directory, "missing"))
             guard_off = doctor()
+            auto_bad = doctor(SGLANG_DSV4_GUARD="1",
+                              PROMETHEUS_MULTIPROC_DIR=os.path.join(directory, "missing"))
         self.assertIn("metrics: not exported (SGLANG_DSV4_GUARD_METRICS=off)", off)
         self.assertIn("metrics: not exported (the guard is off)", guard_off)
-        self.assertTrue(any(line.startswith("metrics: exported by the schedulers of a server "
-                                            "launched with --enable-metrics") for line in auto))
+        self.assertTrue(any(line.startswith("metrics: exported by the schedulers of a prefill or "
+                                            "decode server launched with --enable-metrics")
+                            for line in auto), auto)
         self.assertTrue(any(f"under PROMETHEUS_MULTIPROC_DIR={directory} " in line
                             for line in on), on)
         self.assertTrue(any(line.startswith("problem: metrics:") and "is not a directory" in line
                             for line in bad), bad)
+        self.assertTrue(any(line.startswith("problem: metrics:") and "is not a directory" in line
+                            for line in auto_bad), auto_bad)
+
+
+class _Counted(Exporter):
+    """The installation's exporter, recording what each report path asks it to count
+    (phase and role as the metrics label them) instead of writing files."""
+
+    def __init__(self) -> None:
+        super().__init__(setting="on")
+        self.calls: list[tuple[str, str, str, bool]] = []
+
+    def ready(self, at_report: bool = True) -> bool:
+        return True
+
+    def count(self, report: Report, delivery: Delivery | None) -> None:
+        d = delivery or Delivery()
+        full = not d.quiet and d.seen in (None, Seen.FIRST, Seen.UNPROVEN)
+        for code in dict.fromkeys(report.codes):
+            self.calls.append((code, phase_label(d.phase), role_label(d.role), full))
+
+    def occurrence(self, code: str, severity: Any, phase: Any, role: str) -> None:
+        self.calls.append((code, phase_label(phase), role_label(role), False))
+
+
+class TestEveryReportPathCounts(GuardTestCase):
+    """What the MORI, NIXL and thread-death paths hand the exporter, on SGLang's real
+    connectors (engines stubbed): every occurrence, each with its phase and role."""
+
+    def counted(self, mode: str) -> _Counted:
+        self.install_guard(mode, load_entry_points=False)
+        current = installation()
+        assert current is not None
+        counted = _Counted()
+        current.runtime.metrics = counted
+        return counted
+
+    def test_mori_failures_and_strict_refusals(self) -> None:
+        """On: three failing ``swa`` transfers to one peer are three occurrences, the
+        first a problem. Strict: the registration, then each refused transfer."""
+        import mori_stub
+
+        mori_stub.install_stub()
+        import sglang.srt.disaggregation.mori.conn as conn
+
+        mgr = mori_stub.manager(conn, attn_tp=8)
+        counted = self.counted("on")
+        peer = mori_stub.peer(conn, "decode-a", decode_tp=4)
+        with guard_logs_off():
+            for _ in range(3):
+                with contextlib.suppress(Exception):
+                    conn.MoriKVManager._send_swa_dsa_state(
+                        mgr, *mori_stub.send_args(conn, peer, "swa"))
+        self.assertEqual(counted.calls, [("DSV4G006", "per_request", "prefill", True),
+                                         ("DSV4G006", "per_request", "prefill", False),
+                                         ("DSV4G006", "per_request", "prefill", False)])
+        counted = self.counted("strict")
+        peer = mori_stub.peer(conn, "decode-b", decode_tp=4)
+        with guard_logs_off():
+            mgr._add_remote_peer(peer)
+            for _ in range(2):
+                with contextlib.suppress(Exception):
+                    conn.MoriKVManager._send_swa_dsa_state(
+                        mgr, *mori_stub.send_args(conn, peer, "swa"))
+        self.assertEqual(counted.calls, [("DSV4G006", "registration", "prefill", True),
+                                         ("DSV4G006", "per_request", "prefill", False),
+                                         ("DSV4G006", "per_request", "prefill", False)])
+
+    def test_thread_death_is_an_occurrence(self) -> None:
+        """SGLang's NIXL bootstrap thread dies of a HiSparse decode with another TP: the
+        registration's report, then the death, each counted at registration."""
+        import peers_real
+        import sglang.srt.disaggregation.nixl.conn as nixl
+
+        counted = self.counted("on")
+        frames, _ = peers_real.registration(nixl, "nixl", tp=2, kinds=("DRAM", "DRAM"))
+        mgr = peers_real.prefill(nixl, "nixl", tp=1)
+        mgr.server_socket = peers_real.Socket([frames])
+        hook = threading.excepthook
+        threading.excepthook = lambda args: None
+        try:
+            with guard_logs_off():
+                mgr._start_bootstrap_thread()
+                for t in threading.enumerate():
+                    if t is not threading.current_thread() and not t.daemon:
+                        t.join(10)
+        finally:
+            threading.excepthook = hook
+        self.assertEqual(counted.calls, [("DSV4G043", "registration", "prefill", True),
+                                         ("DSV4G043", "registration", "prefill", False)])
 
 
 _FAULT = r"""
@@ -288,20 +387,22 @@ if mode == "missing":
     sys.modules["prometheus_client"] = None
 if mode == "early":
     import prometheus_client
-os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory if mode != "not-a-directory" else \
-    os.path.join(directory, "gone")
 from sglang_dsv4_guard.findings import Finding, Phase, Report, Severity
 from sglang_dsv4_guard.metrics import Exporter
 from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.boundary import plugin_failure
 exporter = Exporter(setting="on", mode="on", sglang="0.5.23", judgement="supported",
                     pending=[plugin_failure("acme", "load", "ImportError: no module acme")])
-findings = [Finding(code=f"ACME{i:03d}", severity=Severity.ERROR, summary="s", subject="x")
-            for i in range(40)]
+early = exporter.ready(at_report=False)  # as at a connector's import, before the launcher set up
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory if mode != "not-a-directory" else \
+    os.path.join(directory, "gone")
+odd = ["ACME\udcff", "10.0.0.7:8998", 'A"B\nC{x="y"}', "x" * 4096]
+findings = [Finding(code=code, severity=Severity.ERROR, summary="s", subject="x")
+            for code in [f"ACME{i:03d}" for i in range(40)] + odd]
 for _ in range(3):
     exporter.count(Report.of(findings, {}), Delivery(phase=Phase.REGISTRATION, role="prefill"))
 exporter.failure()
-result = {"records": records, "files": sorted(os.listdir(directory)),
+result = {"records": records, "files": sorted(os.listdir(directory)), "early": early,
           "imported": "prometheus_client" in sys.modules and sys.modules["prometheus_client"] is not None}
 if mode == "ok":
     from prometheus_client import CollectorRegistry
@@ -309,6 +410,8 @@ if mode == "ok":
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=directory)
     result["samples"] = [[s.name, s.labels, s.value] for m in registry.collect() for s in m.samples]
+    from prometheus_client import generate_latest
+    result["scrape"] = len(generate_latest(registry))  # what /metrics encodes
 print(json.dumps(result))
 """
 
@@ -325,14 +428,20 @@ class TestFaults(GuardTestCase):
         return [message for level, message in result["records"] if level == "WARNING"]
 
     def test_labels_bounded_and_every_occurrence_counted(self) -> None:
-        """40 codes of a plug-in: the first 16 as labels, the rest as ``other``; none lost.
-        A plug-in that failed to load before the export was decided is counted once it is."""
+        """40 codes of a plug-in that are words: the first 16 as labels, the rest as
+        ``other``, with the codes that are not words (an address, quotes and a newline, a
+        lone surrogate, 4,096 characters), which a scrape could not encode or that would
+        be free text; none lost, and the scrape encodes. A plug-in that failed to load
+        before the export was decided is counted once it is. Asked before the directory
+        was set (a launcher), the exporter waited, said nothing, and exported after."""
         result = self.run_case("ok")
+        self.assertFalse(result["early"])
         occurrences = {s[1]["code"]: s[2] for s in result["samples"]
                        if s[0] == "sglang:dsv4_guard_occurrences_total"}
         self.assertEqual(len(occurrences), FOREIGN_CODES + 1)
-        self.assertEqual(occurrences["other"], 3.0 * (40 - FOREIGN_CODES))
-        self.assertEqual(sum(occurrences.values()), 3.0 * 40)
+        self.assertEqual(occurrences["other"], 3.0 * (40 - FOREIGN_CODES + 4))
+        self.assertEqual(sum(occurrences.values()), 3.0 * 44)
+        self.assertGreater(result["scrape"], 0)
         self.assertEqual({s[1]["phase"] for s in result["samples"]
                           if s[0] == "sglang:dsv4_guard_occurrences_total"}, {"registration"})
         failures = {s[1]["code"]: s[2] for s in result["samples"]

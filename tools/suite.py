@@ -67,17 +67,21 @@ class ProcessTest:
 # probes differ in every release; what the children get from the wrapped functions is
 # asserted in-process on every release: tests/test_process_fixtures.py).
 PROCESS_TESTS: dict[str, ProcessTest] = {
-    **{f"tests/test_report_once.py::{name}": ProcessTest(_SCHEDULERS, _LOADER) for name in (
+    # The launch identity and the markers are the guard's own code: SGLang's loader only
+    # runs its entry point, which TestLoadPlugins and TestHookRegistry assert on every
+    # release whose loader differs; so these run on the base release alone.
+    **{f"tests/test_report_once.py::{name}": ProcessTest(_SCHEDULERS) for name in (
         "TestAtExit", "TestSpawnedSchedulers")},
-    **{f"tests/test_launch_identity.py::{name}": ProcessTest(_SCHEDULERS, _LOADER)
+    **{f"tests/test_launch_identity.py::{name}": ProcessTest(_SCHEDULERS)
        for name in ("TestLaunchIdentityRule", "TestPreStartedPool",
                     "TestTwoPidNamespaces", "TestManyStaleLaunches",
                     "TestTwoServersRunningFromOneLauncher")},
     # SGLang's report paths the schedulers drive are asserted in-process on every release
-    # (their own tests); what decides the export there is TestServerArgsDecide's, in-process.
+    # (their own tests); what decides the export there is TestServerArgsDecide's, in-process;
+    # the loader only runs the guard's entry point (as above).
     "tests/test_metrics.py::TestScrape": ProcessTest(
         _SCHEDULERS + ", then serves and scrapes SGLang's /metrics", (
-            *_LOADER, "srt/utils/common.py::set_prometheus_multiproc_dir",
+            "srt/utils/common.py::set_prometheus_multiproc_dir",
             "srt/utils/common.py::add_prometheus_middleware")),
     "tests/test_metrics.py::TestFaults": ProcessTest(
         "imports prometheus_client afresh (its mode is fixed at import) for each fault"),

@@ -211,6 +211,9 @@ class MoriGuard:
         if entry is None:
             return None
         report, rendered = entry
+        # a refused transfer is an occurrence of the registration's mismatch
+        self.rt.metrics.count(report, Delivery(raised=True, quiet=True, seen=Seen.HERE,
+                                               phase=Phase.PER_REQUEST, role="prefill"))
         first = next((f.host_message for f in report.findings if f.host_message), CODE)
         return DSV4GuardError(f"{first} [sglang-dsv4-guard strict mode: transfer not attempted]",
                               report, rendered)

@@ -21,7 +21,7 @@ from typing import Any
 from sglang_dsv4_guard.boundary import is_builtin
 from sglang_dsv4_guard.dedup.mismatch import Mismatch
 from sglang_dsv4_guard.errors import DSV4GuardError
-from sglang_dsv4_guard.findings import Finding, Phase, Report
+from sglang_dsv4_guard.findings import Finding, Phase, Report, Severity
 from sglang_dsv4_guard.hookmarkers import PAIR_HOOK
 from sglang_dsv4_guard.host.judgement import imported_package_dir
 from sglang_dsv4_guard.host.pd_digests import known_sites
@@ -138,6 +138,8 @@ class PeerGuard:
         code, message, peers = cause
         with self._lock:
             n = self.deaths[(code, message)] = self.deaths.get((code, message), 0) + 1
+        # every death is an occurrence of the mismatch reported at registration
+        self.rt.metrics.occurrence(code, Severity.ERROR, Phase.REGISTRATION, "prefill")
         if n > 1:
             return
         more = f" (and {len(peers) - 1} more registered with it)" if len(peers) > 1 else ""

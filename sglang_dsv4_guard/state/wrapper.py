@@ -214,7 +214,7 @@ def make_state_wrapper(rt: Runtime) -> Callable[[Callable[..., Any]], Callable[.
         def setup_state_kv_args(*args: Any, **kwargs: Any) -> Any:
             if not rt.active:
                 return original(*args, **kwargs)
-            rt.metrics.ready()  # start-up: the info series appears (never raises)
+            rt.metrics.ready(at_report=False)  # start-up: the info series (never raises)
             caller = _caller(sys._getframe(1))
             prep = None
             ours: DSV4GuardError | None = None  # strict: our failure, raised after SGLang's verdict
