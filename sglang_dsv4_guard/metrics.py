@@ -58,7 +58,7 @@ from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.settings import ENV_METRICS
 
 __all__ = ["DIRECTORY_VARIABLE", "FAILURES", "FOREIGN_CODES", "INFO", "LABELS", "METRICS",
-           "OCCURRENCES", "PHASE_LABELS", "PROBLEMS", "Decision", "Exporter", "decide",
+           "OCCURRENCES", "PHASE_LABELS", "PROBLEMS", "Decision", "Exporter", "code_label", "decide",
            "guard_version", "judgement_label", "phase_label", "role_label"]
 
 logger = logging.getLogger(LOGGER_NAME)
