@@ -6,15 +6,15 @@
   first-contact mismatch through SGLang's real functions, then serves SGLang's
   ``add_prometheus_middleware`` with uvicorn on 127.0.0.1 and scrapes it. The scrape is
   read with ``prometheus_client``'s own parser.
-- :class:`TestServerArgsDecide`: on every release, the server's own ``enable_metrics`` and
-  ``--disaggregation-mode`` as SGLang publishes them decide the export and the role.
+- ``test_metrics_paths.py``: what decides the export on every release, and what each
+  report path counts (kept apart: their SGLang imports differ by release, this file's
+  process tests' do not, so these run on the base release alone).
 - :class:`TestFaults`: the exporter with the real ``prometheus_client`` in a fresh
   interpreter: missing, imported too early, a directory that is not one, and labels bounded.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -23,36 +23,28 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import unittest
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from helpers import GuardTestCase, fresh_python, guard_logs_off
+from helpers import GuardTestCase, fresh_python
 from launch_child import GUARD_ON
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_dsv4_guard import cli
-from sglang_dsv4_guard.dedup.markers import Seen
 from sglang_dsv4_guard.errors import SettingError
-from sglang_dsv4_guard.findings import Report
-from sglang_dsv4_guard.lifecycle import installation
 from sglang_dsv4_guard.metrics import (
     DIRECTORY_VARIABLE,
     FOREIGN_CODES,
-    Exporter,
-    decide,
     phase_label,
     role_label,
 )
-from sglang_dsv4_guard.reporter import Delivery
 from sglang_dsv4_guard.settings import ENV_METRICS, settings_from_env
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 HERE = Path(__file__).parent
-_DSV4 = HERE / "data" / "deepseek_v4"
 Sample = tuple[str, frozenset[tuple[str, str]]]
 
 
@@ -172,64 +164,6 @@ class TestScrape(GuardTestCase):
         return found.group(1)
 
 
-def _publish(*extra: str) -> None:
-    """Publish SGLang's ServerArgs for a DeepSeek-V4 decode with ``extra`` flags."""
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    args = parser.parse_args(["--model-path", str(_DSV4), "--device", "cpu",
-                              "--disaggregation-mode", "decode", *extra])
-    set_global_server_args_for_scheduler(ServerArgs.from_cli_args(args))
-
-
-class TestServerArgsDecide(GuardTestCase):
-    """``auto`` follows the server's own ``enable_metrics`` as the scheduler's published
-    arguments say (the directory alone is not enough), on every release."""
-
-    def setUp(self) -> None:
-        super().setUp()
-        from sglang.srt.runtime_context import reset_context
-
-        self.addCleanup(reset_context)
-        self.directory = self.enterContext(tempfile.TemporaryDirectory())
-
-    def test_unpublished_is_asked_again(self) -> None:
-        decision = decide("auto", {DIRECTORY_VARIABLE: self.directory})
-        self.assertEqual((decision.export, decision.final), (False, False))
-
-    def test_enable_metrics_exports(self) -> None:
-        _publish("--enable-metrics")
-        decision = decide("auto", {DIRECTORY_VARIABLE: self.directory})
-        self.assertEqual((decision.export, decision.final, decision.warn), (True, True, False))
-        from sglang_dsv4_guard.metrics import _server_role
-
-        self.assertEqual(_server_role(), "decode")
-
-    def test_directory_alone_is_not_enough(self) -> None:
-        _publish()
-        decision = decide("auto", {DIRECTORY_VARIABLE: self.directory})
-        self.assertEqual((decision.export, decision.final, decision.warn), (False, True, False))
-        self.assertIn("without --enable-metrics", decision.reason)
-
-    def test_on_and_off_overrule(self) -> None:
-        _publish()
-        self.assertTrue(decide("on", {DIRECTORY_VARIABLE: self.directory}).export)
-        _publish("--enable-metrics")
-        self.assertFalse(decide("off", {DIRECTORY_VARIABLE: self.directory}).export)
-
-    def test_no_directory_is_a_warning(self) -> None:
-        _publish("--enable-metrics")
-        for setting in ("auto", "on"):
-            decision = decide(setting, {})
-            self.assertEqual((decision.export, decision.warn), (False, True))
-            self.assertIn(DIRECTORY_VARIABLE, decision.reason)
-        missing = os.path.join(self.directory, "missing")
-        decision = decide("on", {DIRECTORY_VARIABLE: missing})
-        self.assertEqual((decision.export, decision.warn), (False, True))
-        self.assertIn(repr(missing), decision.reason)
-
-
 class TestLabelsAndSetting(GuardTestCase):
     def test_labels_are_bounded_words(self) -> None:
         from sglang_dsv4_guard.findings import Phase
@@ -256,124 +190,45 @@ class TestLabelsAndSetting(GuardTestCase):
                          "--enable-metrics")
 
     def test_doctor_says_whether_and_where(self) -> None:
-        def doctor(**env: str) -> list[str]:
+        """One whole ``doctor`` run prints the metrics line; its other cases are asked of
+        the part of doctor that prints it (a whole run per case costs an SGLang plug-in
+        load and the loader's scan each)."""
+        def environ(**env: str) -> dict[str, str]:
             clean = {k: v for k, v in os.environ.items()
                      if not k.startswith(("SGLANG_DSV4_GUARD", DIRECTORY_VARIABLE))}
+            return {**clean, **env}
+
+        def lines(run: Any, **env: str) -> list[str]:
             out = io.StringIO()
-            with mock.patch.dict(os.environ, {**clean, **env}, clear=True), \
+            with mock.patch.dict(os.environ, environ(**env), clear=True), \
                     contextlib.redirect_stdout(out):
-                cli.main(["doctor"])
+                run()
             return [line for line in out.getvalue().splitlines() if "metrics" in line]
 
-        with tempfile.TemporaryDirectory() as directory:
-            off = doctor(SGLANG_DSV4_GUARD="1", SGLANG_DSV4_GUARD_METRICS="off")
-            auto = doctor(SGLANG_DSV4_GUARD="1")
-            on = doctor(SGLANG_DSV4_GUARD="1", SGLANG_DSV4_GUARD_METRICS="on",
-                        PROMETHEUS_MULTIPROC_DIR=directory)
-            bad = doctor(SGLANG_DSV4_GUARD="1", SGLANG_DSV4_GUARD_METRICS="on",
-                         PROMETHEUS_MULTIPROC_DIR=os.path.join(directory, "missing"))
-            guard_off = doctor()
-            auto_bad = doctor(SGLANG_DSV4_GUARD="1",
-                              PROMETHEUS_MULTIPROC_DIR=os.path.join(directory, "missing"))
-        self.assertIn("metrics: not exported (SGLANG_DSV4_GUARD_METRICS=off)", off)
-        self.assertIn("metrics: not exported (the guard is off)", guard_off)
+        auto = lines(lambda: cli.main(["doctor"]), SGLANG_DSV4_GUARD="1")
         self.assertTrue(any(line.startswith("metrics: exported by the schedulers of a prefill or "
                                             "decode server launched with --enable-metrics")
                             for line in auto), auto)
-        self.assertTrue(any(f"under PROMETHEUS_MULTIPROC_DIR={directory} " in line
-                            for line in on), on)
-        self.assertTrue(any(line.startswith("problem: metrics:") and "is not a directory" in line
-                            for line in bad), bad)
-        self.assertTrue(any(line.startswith("problem: metrics:") and "is not a directory" in line
-                            for line in auto_bad), auto_bad)
-
-
-class _Counted(Exporter):
-    """The installation's exporter, recording what each report path asks it to count
-    (phase and role as the metrics label them) instead of writing files."""
-
-    def __init__(self) -> None:
-        super().__init__(setting="on")
-        self.calls: list[tuple[str, str, str, bool]] = []
-
-    def ready(self, at_report: bool = True) -> bool:
-        return True
-
-    def count(self, report: Report, delivery: Delivery | None) -> None:
-        d = delivery or Delivery()
-        full = not d.quiet and d.seen in (None, Seen.FIRST, Seen.UNPROVEN)
-        for code in dict.fromkeys(report.codes):
-            self.calls.append((code, phase_label(d.phase), role_label(d.role), full))
-
-    def occurrence(self, code: str, severity: Any, phase: Any, role: str) -> None:
-        self.calls.append((code, phase_label(phase), role_label(role), False))
-
-
-class TestEveryReportPathCounts(GuardTestCase):
-    """What the MORI, NIXL and thread-death paths hand the exporter, on SGLang's real
-    connectors (engines stubbed): every occurrence, each with its phase and role."""
-
-    def counted(self, mode: str) -> _Counted:
-        self.install_guard(mode, load_entry_points=False)
-        current = installation()
-        assert current is not None
-        counted = _Counted()
-        current.runtime.metrics = counted
-        return counted
-
-    def test_mori_failures_and_strict_refusals(self) -> None:
-        """On: three failing ``swa`` transfers to one peer are three occurrences, the
-        first a problem. Strict: the registration, then each refused transfer."""
-        import mori_stub
-
-        mori_stub.install_stub()
-        import sglang.srt.disaggregation.mori.conn as conn
-
-        mgr = mori_stub.manager(conn, attn_tp=8)
-        counted = self.counted("on")
-        peer = mori_stub.peer(conn, "decode-a", decode_tp=4)
-        with guard_logs_off():
-            for _ in range(3):
-                with contextlib.suppress(Exception):
-                    conn.MoriKVManager._send_swa_dsa_state(
-                        mgr, *mori_stub.send_args(conn, peer, "swa"))
-        self.assertEqual(counted.calls, [("DSV4G006", "per_request", "prefill", True),
-                                         ("DSV4G006", "per_request", "prefill", False),
-                                         ("DSV4G006", "per_request", "prefill", False)])
-        counted = self.counted("strict")
-        peer = mori_stub.peer(conn, "decode-b", decode_tp=4)
-        with guard_logs_off():
-            mgr._add_remote_peer(peer)
-            for _ in range(2):
-                with contextlib.suppress(Exception):
-                    conn.MoriKVManager._send_swa_dsa_state(
-                        mgr, *mori_stub.send_args(conn, peer, "swa"))
-        self.assertEqual(counted.calls, [("DSV4G006", "registration", "prefill", True),
-                                         ("DSV4G006", "per_request", "prefill", False),
-                                         ("DSV4G006", "per_request", "prefill", False)])
-
-    def test_thread_death_is_an_occurrence(self) -> None:
-        """SGLang's NIXL bootstrap thread dies of a HiSparse decode with another TP: the
-        registration's report, then the death, each counted at registration."""
-        import peers_real
-        import sglang.srt.disaggregation.nixl.conn as nixl
-
-        counted = self.counted("on")
-        frames, _ = peers_real.registration(nixl, "nixl", tp=2, kinds=("DRAM", "DRAM"))
-        mgr = peers_real.prefill(nixl, "nixl", tp=1)
-        mgr.server_socket = peers_real.Socket([frames])
-        hook = threading.excepthook
-        threading.excepthook = lambda args: None
-        try:
-            with guard_logs_off():
-                mgr._start_bootstrap_thread()
-                for t in threading.enumerate():
-                    if t is not threading.current_thread() and not t.daemon:
-                        t.join(10)
-        finally:
-            threading.excepthook = hook
-        self.assertEqual(counted.calls, [("DSV4G043", "registration", "prefill", True),
-                                         ("DSV4G043", "registration", "prefill", False)])
+        with tempfile.TemporaryDirectory() as directory:
+            missing = os.path.join(directory, "missing")
+            said = {case: lines(lambda args=args: cli._metrics(*args), **env)
+                    for case, args, env in (
+                        ("off", ("off", True, True), {}),
+                        ("guard off", ("auto", False, True), {}),
+                        ("inert", ("auto", True, False), {}),
+                        ("on", ("on", True, True), {DIRECTORY_VARIABLE: directory}),
+                        ("on, unset", ("on", True, True), {}),
+                        ("on, missing", ("on", True, True), {DIRECTORY_VARIABLE: missing}),
+                        ("auto, missing", ("auto", True, True), {DIRECTORY_VARIABLE: missing}))}
+        self.assertEqual(said["off"], ["metrics: not exported (SGLANG_DSV4_GUARD_METRICS=off)"])
+        self.assertEqual(said["guard off"], ["metrics: not exported (the guard is off)"])
+        self.assertEqual(said["inert"],
+                         ["metrics: not exported (the guard stays inert on this SGLang)"])
+        self.assertIn(f"under PROMETHEUS_MULTIPROC_DIR={directory} ", said["on"][0])
+        self.assertIn("it is unset here, where nothing would be exported", said["on, unset"][0])
+        for case in ("on, missing", "auto, missing"):
+            self.assertTrue(said[case][0].startswith("problem: metrics:"), said[case])
+            self.assertIn("is not a directory", said[case][0])
 
 
 _FAULT = r"""
