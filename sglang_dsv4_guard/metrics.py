@@ -49,16 +49,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_dsv4_guard.codes import CODES
-from sglang_dsv4_guard.dedup.markers import Seen
 from sglang_dsv4_guard.findings import LIST_CAP, Finding, Phase, Report, Severity, failure_text
 from sglang_dsv4_guard.host.judgement import HostJudgement
 from sglang_dsv4_guard.host.server import server_args, server_value
 from sglang_dsv4_guard.log import LOGGER_NAME
-from sglang_dsv4_guard.reporter import Delivery
+from sglang_dsv4_guard.reporter import Delivery, prints_in_full
 from sglang_dsv4_guard.settings import ENV_METRICS
 
 __all__ = ["DIRECTORY_VARIABLE", "FAILURES", "FOREIGN_CODES", "INFO", "LABELS", "METRICS",
-           "OCCURRENCES", "PHASE_LABELS", "PROBLEMS", "Decision", "Exporter", "code_label", "decide",
+           "OCCURRENCES", "PHASE_LABELS", "PROBLEMS", "Decision", "Exporter", "code_label",
+           "counts_as_problem", "decide",
            "guard_version", "judgement_label", "phase_label", "role_label"]
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -139,10 +139,7 @@ def _server_role() -> str:
     """This server's ``--disaggregation-mode`` as its published server args say, as a
     ``role`` label (a report whose caller did not name its side: a start-up report from
     a caller other than SGLang's bootstrap queues)."""
-    value = server_value("disaggregation_mode")
-    if value is None:
-        args = server_args()
-        value = None if args is None else getattr(args, "disaggregation_mode", None)
+    value = _published("disaggregation_mode")
     return role_label(str(getattr(value, "value", value)))
 
 
@@ -166,13 +163,25 @@ class Decision:
     final: bool = True
 
 
-def _enable_metrics() -> bool | None:
-    """The server's own ``enable_metrics`` as the scheduler's server args say (``None``:
-    not published in this process)."""
-    value = server_value("enable_metrics")
+def counts_as_problem(delivery: Delivery) -> bool:
+    """Whether an occurrence published as ``delivery`` says counts as a distinct problem:
+    it printed the full report (not a quiet repeat, not a pointer)."""
+    return not delivery.quiet and prints_in_full(delivery.seen)
+
+
+def _published(field: str) -> object | None:
+    """``ServerArgs.<field>`` as this scheduler published it: the value in effect, else the
+    published arguments' own (a release whose resolved bags do not hold the field);
+    ``None``: not published in this process."""
+    value = server_value(field)
     if value is None:
-        args = server_args()
-        value = None if args is None else getattr(args, "enable_metrics", None)
+        value = getattr(server_args(), field, None)
+    return value
+
+
+def _enable_metrics() -> bool | None:
+    """The server's own ``enable_metrics`` (``None``: not published in this process)."""
+    value = _published("enable_metrics")
     return None if value is None else bool(value)
 
 
@@ -341,18 +350,16 @@ class Exporter:
             phase, role = phase_label(d.phase), role_label(d.role)
             if role == "unknown":
                 role = _server_role()
-            full = not d.quiet and d.seen in (None, Seen.FIRST, Seen.UNPROVEN)
-            guard = [f.code for f in report.findings
-                     if f.when is not None and f.when.phase is Phase.GUARD]
-            for code, severity in dict.fromkeys(
-                    (f.code, f.severity.value) for f in report.findings
-                    if not (f.when is not None and f.when.phase is Phase.GUARD)):
+            full = counts_as_problem(d)
+            ours = [f for f in report.findings if f.when is not None and f.when.phase is Phase.GUARD]
+            for code, severity in dict.fromkeys((f.code, f.severity.value)
+                                                for f in report.findings if f not in ours):
                 labels = (code_label(code), severity, phase, role)
                 live.occurrences.labels(*labels).inc()
                 if full:
                     live.problems.labels(*labels).inc()
-            for code in guard:
-                live.failures.labels(code_label(code)).inc()
+            for f in ours:
+                live.failures.labels(code_label(f.code)).inc()
         self._write("counting a report", write)
 
     def occurrence(self, code: str, severity: Severity, phase: Phase, role: str) -> None:

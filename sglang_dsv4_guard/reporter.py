@@ -43,7 +43,7 @@ from sglang_dsv4_guard.render import render_report
 from sglang_dsv4_guard.undo import Undo, nothing_to_undo
 
 __all__ = ["EXTRA_KEY", "Delivery", "LogReporter", "Recorder", "delivering", "headline",
-           "pointer"]
+           "pointer", "prints_in_full"]
 
 logger = logging.getLogger(LOGGER_NAME)
 EXTRA_KEY = "sglang_dsv4_guard"
@@ -90,6 +90,13 @@ def delivering(delivery: Delivery) -> Iterator[Delivery]:
         yield delivery
     finally:
         _DELIVERY.reset(token)
+
+
+def prints_in_full(seen: Seen | None) -> bool:
+    """Whether an occurrence carries the full report: the first in the server, one whose
+    claimant showed no proof of printing it, or one the log reporter did not see
+    (deduplication fails open)."""
+    return seen in (None, Seen.FIRST, Seen.UNPROVEN)
 
 
 def _level(report: Report) -> int:

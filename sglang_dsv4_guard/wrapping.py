@@ -15,14 +15,13 @@ from collections.abc import Callable
 from types import FrameType
 
 from sglang_dsv4_guard.codes import docs_url
-from sglang_dsv4_guard.dedup.markers import Seen
 from sglang_dsv4_guard.dedup.mismatch import Mismatch, sparse
 from sglang_dsv4_guard.errors import DSV4GuardError
 from sglang_dsv4_guard.findings import Finding, Phase, Report, Severity, When
 from sglang_dsv4_guard.fixes import Edit, Fix, FixKind
 from sglang_dsv4_guard.host.targets import REGISTRY_MODULE, SCHEDULER_MODULE
 from sglang_dsv4_guard.render import render_report
-from sglang_dsv4_guard.reporter import Delivery, delivering, headline, pointer
+from sglang_dsv4_guard.reporter import Delivery, delivering, headline, pointer, prints_in_full
 from sglang_dsv4_guard.runtime import Runtime, add_note
 
 __all__ = [
@@ -35,7 +34,6 @@ __all__ = [
     "note_carrier",
     "note_on",
     "our_failure",
-    "prints_in_full",
     "publish",
     "publish_registration",
     "replacing",
@@ -117,13 +115,6 @@ def publish_registration(rt: Runtime, report: Report, m: Mismatch, peers: int, q
         m.place(d.seen)
         return False
     return sparse(peers)
-
-
-def prints_in_full(seen: Seen | None) -> bool:
-    """Whether an occurrence carries the full report: the first in the server, one whose
-    claimant showed no proof of printing it, or one the log reporter did not see
-    (deduplication fails open)."""
-    return seen in (None, Seen.FIRST, Seen.UNPROVEN)
 
 
 def carried_text(report: Report, delivery: Delivery) -> str | None:

@@ -19,10 +19,16 @@ from typing import Any
 from helpers import GuardTestCase, guard_logs_off
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_dsv4_guard.dedup.markers import Seen
 from sglang_dsv4_guard.findings import Report
 from sglang_dsv4_guard.lifecycle import installation
-from sglang_dsv4_guard.metrics import DIRECTORY_VARIABLE, Exporter, decide, phase_label, role_label
+from sglang_dsv4_guard.metrics import (
+    DIRECTORY_VARIABLE,
+    Exporter,
+    counts_as_problem,
+    decide,
+    phase_label,
+    role_label,
+)
 from sglang_dsv4_guard.reporter import Delivery
 
 register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
@@ -101,7 +107,7 @@ class _Counted(Exporter):
 
     def count(self, report: Report, delivery: Delivery | None) -> None:
         d = delivery or Delivery()
-        full = not d.quiet and d.seen in (None, Seen.FIRST, Seen.UNPROVEN)
+        full = counts_as_problem(d)
         for code in dict.fromkeys(report.codes):
             self.calls.append((code, phase_label(d.phase), role_label(d.role), full))
 
@@ -130,13 +136,16 @@ class TestEveryReportPathCounts(GuardTestCase):
         import sglang.srt.disaggregation.mori.conn as conn
 
         mgr = mori_stub.manager(conn, attn_tp=8)
-        counted = self.counted("on")
-        peer = mori_stub.peer(conn, "decode-a", decode_tp=4)
-        with guard_logs_off():
-            for _ in range(3):
-                with contextlib.suppress(Exception):
+
+        def send(peer: Any, times: int) -> None:
+            for _ in range(times):
+                with contextlib.suppress(Exception):  # SGLang's refusal, carrying the report
                     conn.MoriKVManager._send_swa_dsa_state(
                         mgr, *mori_stub.send_args(conn, peer, "swa"))
+
+        counted = self.counted("on")
+        with guard_logs_off():
+            send(mori_stub.peer(conn, "decode-a", decode_tp=4), 3)
         self.assertEqual(counted.calls, [("DSV4G006", "per_request", "prefill", True),
                                          ("DSV4G006", "per_request", "prefill", False),
                                          ("DSV4G006", "per_request", "prefill", False)])
@@ -144,10 +153,7 @@ class TestEveryReportPathCounts(GuardTestCase):
         peer = mori_stub.peer(conn, "decode-b", decode_tp=4)
         with guard_logs_off():
             mgr._add_remote_peer(peer)
-            for _ in range(2):
-                with contextlib.suppress(Exception):
-                    conn.MoriKVManager._send_swa_dsa_state(
-                        mgr, *mori_stub.send_args(conn, peer, "swa"))
+            send(peer, 2)
         self.assertEqual(counted.calls, [("DSV4G006", "registration", "prefill", True),
                                          ("DSV4G006", "per_request", "prefill", False),
                                          ("DSV4G006", "per_request", "prefill", False)])

@@ -49,11 +49,10 @@ from sglang_dsv4_guard.mori.snapshot import (
 )
 from sglang_dsv4_guard.patching import AppliedPatch, apply_all
 from sglang_dsv4_guard.render import render_report
-from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, pointer
+from sglang_dsv4_guard.reporter import EXTRA_KEY, Delivery, pointer, prints_in_full
 from sglang_dsv4_guard.runtime import Runtime
 from sglang_dsv4_guard.wrapping import (
     note_on,
-    prints_in_full,
     publish,
     publish_registration,
     replacing,
