@@ -24,7 +24,7 @@ import peers_real
 import sglang.srt.disaggregation.mooncake.conn as mooncake
 import sglang.srt.disaggregation.nixl.conn as nixl
 from check_helpers import DSV3, GPT_OSS, check_json, server
-from helpers import GuardTestCase, guard_logs_off
+from helpers import GuardTestCase, fixed_examples, guard_logs_off
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -260,7 +260,7 @@ class TestPairConditionsAgree(GuardTestCase):
     speculative-decoding family's, derived from both lines, said without edits at run
     time)."""
 
-    @settings(max_examples=20, deadline=None, derandomize=True)  # tools/suite.py
+    @settings(max_examples=fixed_examples(20), deadline=None, derandomize=True)
     @given(launch_pairs())
     # always: HiSparse with a decode-only draft on NIXL (DSV4G042), and gpt-oss with PP on
     # the prefill at another TP over Mooncake (DSV4G040 on every release)

@@ -19,7 +19,7 @@ from types import CodeType
 from typing import Any
 
 import pd_real
-from helpers import GuardTestCase, sglang_release
+from helpers import GuardTestCase, fixed_examples, sglang_release
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
@@ -343,7 +343,7 @@ def pairs(draw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class TestFirstContactParity(GuardTestCase):
-    @settings(max_examples=25, deadline=None, derandomize=True)
+    @settings(max_examples=fixed_examples(25), deadline=None, derandomize=True)
     @given(pairs())
     def test_parity(self, pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
         """On drawn servers SGLang's outcome (return value, or exception type and first

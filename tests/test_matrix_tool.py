@@ -122,14 +122,14 @@ class TestJudging(GuardTestCase):
         self.assertEqual((counts["test_mori::TestMoriParity::test_parity"],
                           counts["test_mori::TestMoriOther::test_parity"]), (2000, 13))
 
-    def _judge(self, log: str, codes: str) -> release_env.Result:
+    def _judge(self, log: str, codes: str, profile: str = "ci") -> release_env.Result:
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         junit, codes_file = Path(tmp.name, "r.xml"), Path(tmp.name, "r.codes")
         junit.write_text(JUNIT)
         codes_file.write_text(codes)
         result = release_env.Result(matrix.Release("0.5.23", (), "0.5.23 -"))
-        judging.judge(result, junit, log, "ci")
+        judging.judge(result, junit, log, profile)
         judging.judge_codes(result, judging.produced_codes(codes_file))
         return result
 
@@ -210,6 +210,22 @@ class TestJudging(GuardTestCase):
                       "profile ci asks 2000", result.problems)
         self.assertFalse([p for p in result.problems if "no hypothesis statistics" in p
                           and "test_parity_property" not in p], result.problems)
+
+    def test_a_fixed_count_is_asked_of_the_ci_profile_only(self) -> None:
+        """A property test of FIXED_EXAMPLES that draws fewer than its count is short
+        under the ci profile; under dev it draws a quarter by design, and is not."""
+        test = "test_pd_contract_property::TestContractAgreesWithSGLang::test_rows_agree_with_sglang"
+        log = STATISTICS + f"""
+tests/{test.replace("::", ".py::", 1)}:
+
+  - during generate phase (9.00 seconds):
+    - 5 passing, 0 failing, and 0 invalid test cases
+
+  - Stopped because settings.max_examples=5
+"""
+        self.assertEqual(suite.FIXED_EXAMPLES[test], 20)
+        self.assertIn(f"{test} drew 5 examples, it asks 20", self._judge(log, "").problems)
+        self.assertFalse([p for p in self._judge(log, "", "dev").problems if test in p])
 
     def test_a_drawn_out_space_is_not_short(self) -> None:
         """512 examples where hypothesis says it drew every one there is ("nothing left

@@ -11,7 +11,7 @@ import unittest
 from typing import Any
 
 import mori_stub
-from helpers import GuardTestCase, fresh_python, guard_logs_off
+from helpers import GuardTestCase, fixed_examples, fresh_python, guard_logs_off
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -233,7 +233,8 @@ class TestMoriRegistrationParity(GuardTestCase):
     mode, and a report appears at registration exactly when SGLang refuses the peer then
     (its DCP relayout, 0.5.22+) or its own SWA send refuses every request later."""
 
-    @settings(max_examples=24)  # the whole space; each example: two registrations, a send
+    # the whole space (ci); each example: two registrations, a send
+    @settings(max_examples=fixed_examples(24))
     @given(decode_tp=st.sampled_from([1, 2, 4]), dcp=st.sampled_from([1, 2]),
            mla=st.booleans(), mode=st.sampled_from(["on", "strict"]))
     def test_parity(self, decode_tp: int, dcp: int, mla: bool, mode: str) -> None:

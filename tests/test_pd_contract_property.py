@@ -20,7 +20,7 @@ import unittest
 from typing import Any, ClassVar
 
 from check_helpers import DSV3, GPT_OSS, server
-from helpers import GuardTestCase, sglang_release
+from helpers import GuardTestCase, fixed_examples, sglang_release
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pd_real import first_contact_raise, send_extra_refusal
@@ -102,7 +102,7 @@ class TestContractAgreesWithSGLang(GuardTestCase):
         if cls.counts["drawn"] and cls.counts["drawn"] == cls.counts["both accept"]:
             raise AssertionError("every drawn pair was accepted: the property tested nothing")
 
-    @settings(max_examples=20, deadline=None, derandomize=True,
+    @settings(max_examples=fixed_examples(20), deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
     @given(pairs())
     def test_rows_agree_with_sglang(self, lines: tuple[str, str]) -> None:

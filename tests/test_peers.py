@@ -17,7 +17,7 @@ from unittest import mock
 import peers_real
 import sglang.srt.disaggregation.mooncake.conn as mooncake
 import sglang.srt.disaggregation.nixl.conn as nixl
-from helpers import GuardTestCase, guard_logs_off
+from helpers import GuardTestCase, fixed_examples, guard_logs_off
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
@@ -245,7 +245,7 @@ class TestNixlRegistrationParity(GuardTestCase):
     """The parity property: SGLang's outcome is unchanged, and a report appears at
     registration exactly when SGLang refuses then or later."""
 
-    @settings(max_examples=40)  # each example: two real registrations and a send
+    @settings(max_examples=fixed_examples(40))  # each example: two real registrations and a send
     @given(prefill_tp=st.sampled_from([1, 2, 4]), decode_tp=st.sampled_from([1, 2, 4]),
            hisparse=st.booleans(), draft=st.sampled_from(["none", "decode", "prefill"]),
            mla=st.booleans(), swa=st.booleans(), mode=st.sampled_from(["on", "strict"]))
@@ -656,7 +656,7 @@ class TestMooncakeRegistrationParity(GuardTestCase):
         super().setUp()
         published_configs(self)
 
-    @settings(max_examples=30)  # each example: two real bootstrap threads and a send
+    @settings(max_examples=fixed_examples(30))  # each example: two real bootstrap threads and a send
     @given(prefill_tp=st.sampled_from([1, 2, 4]), decode_tp=st.sampled_from([1, 2, 4]),
            dcp=st.sampled_from([1, 2]), mla=st.booleans(), swa=st.booleans(),
            mode=st.sampled_from(["on", "strict"]))

@@ -64,7 +64,7 @@ def judge(result: Result, junit: Path, log: str, profile: str) -> None:
         if test in whole_space:
             continue  # hypothesis drew every example there is
         if test in FIXED_EXAMPLES:
-            if count < FIXED_EXAMPLES[test]:
+            if profile == "ci" and count < FIXED_EXAMPLES[test]:
                 result.problems.append(f"{test} drew {count} examples, it asks "
                                        f"{FIXED_EXAMPLES[test]}")
         elif wanted is not None and count < wanted:

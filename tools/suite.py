@@ -31,8 +31,9 @@ PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sgla
                   "test_first_contact_runtime::TestFirstContactParity::test_parity",
                   "test_check_agrees_with_runtime::TestPairConditionsAgree::"
                   "test_check_and_registration_agree")
-# Property tests that draw a fixed, small number of examples whatever the profile (each
-# example costs several SGLang resolutions), with that number.
+# Property tests that draw a fixed, small number of examples (each example costs several
+# SGLang resolutions), with the number the ci profile draws; under dev they draw a quarter
+# of it (tests/helpers.py fixed_examples), which a run of the dev profile does not judge.
 FIXED_EXAMPLES = {
     "test_check_fix_property::TestCheckFixProperty::test_the_cheapest_minimal_change_is_chosen":
         6,
