@@ -28,7 +28,7 @@ from sglang_dsv4_guard.host.digests import digest_tree  # noqa: E402
 from sglang_dsv4_guard.host.judgement import judge  # noqa: E402
 from sglang_dsv4_guard.host.pd_digests import digest_pd_tree, known_releases  # noqa: E402
 
-__all__ = ["ReleaseCode", "def_path", "find", "find_all"]
+__all__ = ["ReleaseCode", "def_path", "find", "find_all", "module_bindings", "module_effects"]
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -56,6 +56,34 @@ def _statements(body: Iterable[ast.stmt]) -> Iterable[ast.stmt]:
                 yield from _statements(getattr(node, name, ()) or ())
             for handler in getattr(node, "handlers", ()) or ():
                 yield from _statements(handler.body)
+
+
+def module_bindings(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
+    """Each name a module's ``body`` binds (a definition, an import by the one name it
+    binds, an assignment), in its ``if``/``try`` blocks too, with the statements that
+    bind it."""
+    found: dict[str, list[ast.stmt]] = {}
+    for node in _statements(body):
+        names: list[str] = []
+        if isinstance(node, _DEFS):
+            names = [node.name]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [(a.asname or a.name).split(".")[0] for a in node.names]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        for name in names:
+            found.setdefault(name, []).append(node)
+    return found
+
+
+def module_effects(body: list[ast.stmt]) -> list[ast.AST]:
+    """What a module's ``body`` runs at import for its effect rather than to bind a
+    name: its calls and the tests of its ``if`` blocks (not the statements inside)."""
+    binds = (*_DEFS, ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.AugAssign)
+    return [child for node in _statements(body) if not isinstance(node, binds)
+            for child in ast.iter_child_nodes(node)
+            if not isinstance(child, (ast.stmt, ast.excepthandler))]
 
 
 def find_all(body: list[ast.stmt], name: str) -> list[ast.AST]:
@@ -164,21 +192,8 @@ class ReleaseCode:
 
     @functools.cache  # noqa: B019
     def _module_bindings(self, rel: str) -> dict[str, list[ast.stmt]]:
-        """Each name bound at ``rel``'s module level, and the statements that bind it."""
         tree = self.tree(rel)
-        found: dict[str, list[ast.stmt]] = {}
-        for node in _statements(tree.body if tree else []):
-            names: list[str] = []
-            if isinstance(node, _DEFS):
-                names = [node.name]
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [(a.asname or a.name).split(".")[0] for a in node.names]
-            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-            for name in names:
-                found.setdefault(name, []).append(node)
-        return found
+        return module_bindings(tree.body if tree else [])
 
     @functools.cache  # noqa: B019
     def binding(self, rel: str, name: str, depth: int = 2) -> str:

@@ -3,7 +3,8 @@
 ``make test`` runs every test on the base release first, with ``tools/trace_drives.py``
 recording what each test ran. A test's *key* on a release (:func:`key`) is a digest of that release's code for
 everything the test drove (``tools/release_code.py``): each SGLang function that ran, the
-SGLang names its test file imports, and what the guard read of SGLang rather than ran
+SGLang names its test class reaches in its file and the test helpers
+(:func:`test_imports`), and what the guard read of SGLang rather than ran
 (the profile its judgement picks, its patch series, the digests of the checks of SGLang
 that the guard's functions that ran name). SGLang's test runner (``sglang/test/``) runs
 every test and is in no key.
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from release_code import ReleaseCode
+from release_code import ReleaseCode, module_bindings, module_effects
 from suite import PROCESS_TESTS, process_test
 from trace_drives import TESTS_FILE
 
@@ -117,29 +118,79 @@ def read_traces(where: Path, tests: Iterable[str] = ()) -> dict[str, Trace]:
 
 
 @functools.cache
-def file_imports(test_file: str) -> tuple[tuple[str, str], ...]:
-    """The SGLang names ``test_file`` imports (``from sglang.X import Y``: ``("X", "Y")``),
-    with those of the helper modules under ``tests/`` it imports, and so on. A class a
-    test builds runs no code of its own when it is a dataclass without a
-    ``__post_init__``; its fields count through this."""
-    seen: set[Path] = set()
+def _test_module(path: Path) -> tuple[dict[str, list[ast.stmt]], tuple[ast.AST, ...]] | None:
+    """A module under ``tests/``: the names its module level binds, with the statements
+    that bind them, and what it runs at import for its effect; ``None``: no such file."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return module_bindings(tree.body), tuple(module_effects(tree.body))
+
+
+@functools.cache
+def test_imports(test: str, root: Path = ROOT) -> tuple[tuple[str, str], ...]:
+    """The SGLang names (``from sglang.X import Y``: ``("X", "Y")``) that a test (its node
+    id) reaches by name: from its class or function, through the definitions,
+    assignments and imports of its file and of the modules under ``tests/`` those import
+    (a name imported from one is followed there), with what each module runs at import
+    for its effect. A name the test does not reach is not in its key, whatever else its
+    file imports. A class a test builds runs no code of its own when it is a dataclass
+    without a ``__post_init__``; its fields count through this. Reached by name only:
+    ``getattr`` on a module by a computed name is not followed. A test whose class or
+    function is not at its file's module level reaches all of its file."""
+    path, _, rest = test.partition("::")
     found: set[tuple[str, str]] = set()
-    todo = [ROOT / test_file]
+    seen: set[tuple[Path, str]] = set()
+    opened: set[Path] = set()
+    start = root / path
+    owner = rest.split("::", 1)[0].split("[", 1)[0]
+    module = _test_module(start)
+    todo: list[tuple[Path, str]] = [(start, owner if module and owner in module[0] else "*")]
+
+    def reach(where: Path, nodes: Iterable[ast.AST]) -> None:
+        for node in nodes:
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Name):
+                    todo.append((where, inner.id))
+                elif isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    imported(where, inner, None)
+
+    def imported(where: Path, node: ast.Import | ast.ImportFrom, name: str | None) -> None:
+        """What an import statement in ``where`` brings, of ``name`` (None: all of it)."""
+        if isinstance(node, ast.ImportFrom):
+            if not node.module or node.level:
+                return
+            if node.module.startswith("sglang."):
+                if not node.module.startswith("sglang." + RUNNER.replace("/", ".")):
+                    found.update((node.module.removeprefix("sglang."), a.name) for a in node.names
+                                 if name is None or (a.asname or a.name) == name)
+                return
+            source = where.parent / f"{node.module.split('.')[0]}.py"
+            todo.extend((source, a.name) for a in node.names
+                        if name is None or (a.asname or a.name) == name)
+        else:
+            todo.extend((where.parent / f"{a.name.split('.')[0]}.py", "*") for a in node.names
+                        if name is None or (a.asname or a.name).split(".")[0] == name)
+
     while todo:
-        path = todo.pop()
-        if path in seen or not path.is_file():
+        where, name = todo.pop()
+        if (where, name) in seen:
             continue
-        seen.add(path)
-        for node in ast.walk(ast.parse(path.read_bytes())):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                if node.module.startswith("sglang.") and \
-                        not node.module.startswith("sglang." + RUNNER.replace("/", ".")):
-                    found.update((node.module.removeprefix("sglang."), a.name)
-                                 for a in node.names)
-                else:
-                    todo.append(path.parent / f"{node.module.split('.')[0]}.py")
-            elif isinstance(node, ast.Import):
-                todo.extend(path.parent / f"{a.name.split('.')[0]}.py" for a in node.names)
+        seen.add((where, name))
+        module = _test_module(where)
+        if module is None:
+            continue
+        bound, effects = module
+        if where not in opened:
+            opened.add(where)
+            reach(where, effects)
+        for node in (stmt for stmts in bound.values() for stmt in stmts) if name == "*" \
+                else bound.get(name, ()):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported(where, node, None if name == "*" else name)
+            else:
+                reach(where, [node])
     return tuple(sorted(found))
 
 
@@ -149,7 +200,7 @@ def parts(trace: Trace, package: ReleaseCode) -> dict[str, str]:
     found = {f"{rel}::{qualname}": package.function(rel, qualname)
              for rel, qualname in trace.sglang}
     found.update({f"import sglang.{module}.{name}": package.imported(module, name)
-                  for module, name in file_imports(trace.file)})
+                  for module, name in test_imports(trace.test)})
     entry = process_test(trace.test)
     if entry is not None:  # what its children drive, as PROCESS_TESTS declares it
         found.update({f"children: {item}": package.declared(item)
