@@ -62,13 +62,14 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 settings.load_profile(PROFILE)
 
 
-def fixed_examples(ci: int) -> int:
+def fixed_examples(ci: int, profile: str = PROFILE) -> int:
     """The examples a property test whose every example is costly draws: ``ci`` (its
-    count in tools/suite.py's ``FIXED_EXAMPLES``) under the ci profile, and a quarter of
-    it, at least two, under dev: ``make check-fast``, and in ``make test`` the releases
-    after the first whose code the test drives differently (the base release and that
-    first one draw ``ci``; ``make matrix`` draws ``ci`` everywhere)."""
-    return ci if PROFILE == "ci" else max(2, ci // 4)
+    count in tools/suite.py's ``FIXED_EXAMPLES``, which judges runs by the same rule)
+    under the ci profile, and a quarter of it, at least two, under dev: ``make
+    check-fast``, in ``make test`` the releases after the first whose code the test drives
+    differently, and in ``make matrix`` the releases its property tests draw dev on."""
+    return ci if profile == "ci" else max(2, ci // 4)
+
 
 # Captured at import, before any test installs the guard (GuardTestCase.setUp asserts that
 # nothing is patched). Kept inside a dict: the guard rebinds every *module global* that

@@ -211,21 +211,52 @@ class TestJudging(GuardTestCase):
         self.assertFalse([p for p in result.problems if "no hypothesis statistics" in p
                           and "test_parity_property" not in p], result.problems)
 
-    def test_a_fixed_count_is_asked_of_the_ci_profile_only(self) -> None:
-        """A property test of FIXED_EXAMPLES that draws fewer than its count is short
-        under the ci profile; under dev it draws a quarter by design, and is not."""
+    def test_a_fixed_count_is_asked_by_profile(self) -> None:
+        """A property test of FIXED_EXAMPLES is short below its count under the ci
+        profile, and below a quarter of it under dev, where it draws that quarter."""
         test = "test_pd_contract_property::TestContractAgreesWithSGLang::test_rows_agree_with_sglang"
-        log = STATISTICS + f"""
+
+        def drew(count: int) -> str:
+            return STATISTICS + f"""
 tests/{test.replace("::", ".py::", 1)}:
 
   - during generate phase (9.00 seconds):
-    - 5 passing, 0 failing, and 0 invalid test cases
+    - {count} passing, 0 failing, and 0 invalid test cases
 
-  - Stopped because settings.max_examples=5
+  - Stopped because settings.max_examples={count}
 """
-        self.assertEqual(suite.FIXED_EXAMPLES[test], 20)
-        self.assertIn(f"{test} drew 5 examples, it asks 20", self._judge(log, "").problems)
-        self.assertFalse([p for p in self._judge(log, "", "dev").problems if test in p])
+        self.assertEqual((suite.examples_asked(test, "ci"), suite.examples_asked(test, "dev")),
+                         (20, 5))
+        self.assertIn(f"{test} drew 5 examples, it asks 20 (profile ci)",
+                      self._judge(drew(5), "").problems)
+        self.assertFalse([p for p in self._judge(drew(5), "", "dev").problems if test in p])
+        self.assertIn(f"{test} drew 4 examples, it asks 5 (profile dev)",
+                      self._judge(drew(4), "", "dev").problems)
+
+    def test_fixed_counts_are_the_tests_own(self) -> None:
+        """Each FIXED_EXAMPLES test draws, under each profile, what examples_asked says:
+        its @settings passes its count to fixed_examples (whose rule is the same), or,
+        NOT_SCALED, the count itself."""
+        import helpers
+
+        found = {}
+        for path in sorted((ROOT / "tests").glob("test_*.py")):
+            for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+                for node in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                    for call in (d for d in node.decorator_list if isinstance(d, ast.Call)
+                                 and ast.unparse(d.func) == "settings"):
+                        for keyword in (k for k in call.keywords if k.arg == "max_examples"):
+                            found[f"{path.stem}::{cls.name}::{node.name}"] = keyword.value
+        for test, ci in suite.FIXED_EXAMPLES.items():
+            value = found[test]
+            for profile in ("ci", "dev"):
+                with self.subTest(test=test, profile=profile):
+                    if test in suite.NOT_SCALED:
+                        drawn = ast.literal_eval(value)
+                    else:
+                        self.assertEqual(ast.unparse(value), f"fixed_examples({ci})")
+                        drawn = helpers.fixed_examples(ci, profile)
+                    self.assertEqual(drawn, suite.examples_asked(test, profile))
 
     def test_a_drawn_out_space_is_not_short(self) -> None:
         """512 examples where hypothesis says it drew every one there is ("nothing left

@@ -192,40 +192,46 @@ class TestWhatAKeyHolds(_Trees):
 
 class TestImportsReached(GuardTestCase):
     """A test's key holds the SGLang names its class reaches by name (tools/selection.py
-    test_imports), not every name its file imports."""
+    imports_reached), and what the modules it loads run at import; not every name its
+    file imports."""
 
     def test_names_reached_through_definitions_and_helper_modules(self) -> None:
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
-        root = Path(tmp.name)
-        (root / "tests").mkdir()
-        (root / "tests/aid.py").write_text(
-            "from sglang.srt.a import Built, Unused\n"
-            "from sglang.srt.e import Effect\n"
-            "Effect.register()\n"
-            "def build():\n    return Built()\n")
-        (root / "tests/test_x.py").write_text(
-            "from aid import build\n"
-            "from sglang.srt.b import Field, Other\n"
-            "from sglang.test.ci import runner_name\n"
-            "DEFAULTS = {'f': Field}\n"
-            "def helper():\n    return DEFAULTS\n"
-            "class TestUses:\n"
-            "    def test_a(self):\n        build(); helper()\n"
-            "        from sglang.srt.c import Late\n"
-            "class TestNeither:\n"
-            "    def test_b(self):\n        runner_name()\n")
-        reached = {test: selection.test_imports(test, root) for test in (
-            "tests/test_x.py::TestUses::test_a", "tests/test_x.py::TestNeither::test_b[1]",
-            "tests/test_x.py::test_not_at_module_level")}
-        self.assertEqual(reached["tests/test_x.py::TestUses::test_a"], (
-            ("srt.a", "Built"), ("srt.b", "Field"), ("srt.c", "Late"), ("srt.e", "Effect")))
-        # the helper module is not imported on its own name by TestNeither: none of its
-        # names, nor what it runs at import
-        self.assertEqual(reached["tests/test_x.py::TestNeither::test_b[1]"], ())
-        self.assertEqual(reached["tests/test_x.py::test_not_at_module_level"], (
-            ("srt.a", "Built"), ("srt.b", "Field"), ("srt.b", "Other"), ("srt.c", "Late"),
-            ("srt.e", "Effect")))
+        tests = Path(tmp.name, "tests")
+        tests.mkdir()
+        files = {
+            "conftest.py": "from sglang.srt.h import Hooked\n",
+            "aid.py": "from sglang.srt.a import Built, Unused\n"
+                      "from sglang.srt.e import Effect\n"
+                      "from starred import *\n"
+                      "Effect.register()\n"
+                      "def build():\n    return Built(), star_made()\n",
+            "starred.py": "from sglang.srt.s import Star, Unread\n"
+                          "def star_made():\n    return Star()\n",
+            "test_x.py": "from aid import build\n"
+                         "from sglang.srt.b import Field, Other\n"
+                         "from sglang.test.ci import runner_name\n"
+                         "DEFAULTS = {'f': Field}\n"
+                         "def helper():\n    return DEFAULTS\n"
+                         "class TestUses:\n"
+                         "    def test_a(self):\n        build(); helper()\n"
+                         "        from sglang.srt.c import Late\n"
+                         "class TestNeither:\n"
+                         "    def test_b(self):\n        runner_name()\n"}
+        for name, text in files.items():
+            (tests / name).write_text(text)
+        loaded = [("srt.e", "Effect"), ("srt.h", "Hooked")]  # whatever the test reaches
+        reached = {test: selection.imports_reached(f"tests/test_x.py::{test}", Path(tmp.name))
+                   for test in ("TestUses::test_a", "TestNeither::test_b[1]",
+                                "test_not_at_module_level")}
+        self.assertEqual(reached["TestUses::test_a"], tuple(sorted([
+            *loaded, ("srt.a", "Built"), ("srt.b", "Field"), ("srt.c", "Late"),
+            ("srt.s", "Star")])))
+        self.assertEqual(reached["TestNeither::test_b[1]"], tuple(loaded))
+        self.assertEqual(reached["test_not_at_module_level"], tuple(sorted([
+            *loaded, ("srt.a", "Built"), ("srt.b", "Field"), ("srt.b", "Other"),
+            ("srt.c", "Late"), ("srt.s", "Star")])))
 
 
 class TestPlacing(GuardTestCase):

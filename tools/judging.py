@@ -16,7 +16,7 @@ from pathlib import Path
 
 import durations
 from release_env import PROFILE_EXAMPLES, ROOT, Result, examples_drawn, examples_exhausted
-from suite import FIXED_EXAMPLES, property_test
+from suite import examples_asked, property_test
 
 sys.path.insert(0, str(ROOT))
 
@@ -63,10 +63,10 @@ def judge(result: Result, junit: Path, log: str, profile: str) -> None:
     for test, count in drawn.items():
         if test in whole_space:
             continue  # hypothesis drew every example there is
-        if test in FIXED_EXAMPLES:
-            if profile == "ci" and count < FIXED_EXAMPLES[test]:
-                result.problems.append(f"{test} drew {count} examples, it asks "
-                                       f"{FIXED_EXAMPLES[test]}")
+        if (asked := examples_asked(test, profile)) is not None:
+            if count < asked:
+                result.problems.append(f"{test} drew {count} examples, it asks {asked} "
+                                       f"(profile {profile})")
         elif wanted is not None and count < wanted:
             result.problems.append(f"{test} drew {count} examples, profile {profile} asks {wanted}")
     for test in sorted(ran_properties - set(drawn)):

@@ -60,8 +60,8 @@ def _statements(body: Iterable[ast.stmt]) -> Iterable[ast.stmt]:
 
 def module_bindings(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     """Each name a module's ``body`` binds (a definition, an import by the one name it
-    binds, an assignment), in its ``if``/``try`` blocks too, with the statements that
-    bind it."""
+    binds, an assignment), in its ``if``, ``try``, ``with`` and loop blocks too, with the
+    statements that bind it."""
     found: dict[str, list[ast.stmt]] = {}
     for node in _statements(body):
         names: list[str] = []
@@ -79,7 +79,8 @@ def module_bindings(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
 
 def module_effects(body: list[ast.stmt]) -> list[ast.AST]:
     """What a module's ``body`` runs at import for its effect rather than to bind a
-    name: its calls and the tests of its ``if`` blocks (not the statements inside)."""
+    name: the expressions of its statements that bind none (a call, an ``if``'s test, a
+    loop's iterable), in its blocks too; not the statements inside."""
     binds = (*_DEFS, ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.AugAssign)
     return [child for node in _statements(body) if not isinstance(node, binds)
             for child in ast.iter_child_nodes(node)
@@ -192,6 +193,7 @@ class ReleaseCode:
 
     @functools.cache  # noqa: B019
     def _module_bindings(self, rel: str) -> dict[str, list[ast.stmt]]:
+        """Each name bound at ``rel``'s module level, and the statements that bind it."""
         tree = self.tree(rel)
         return module_bindings(tree.body if tree else [])
 

@@ -4,7 +4,7 @@
 recording what each test ran. A test's *key* on a release (:func:`key`) is a digest of that release's code for
 everything the test drove (``tools/release_code.py``): each SGLang function that ran, the
 SGLang names its test class reaches in its file and the test helpers
-(:func:`test_imports`), and what the guard read of SGLang rather than ran
+(:func:`imports_reached`), and what the guard read of SGLang rather than ran
 (the profile its judgement picks, its patch series, the digests of the checks of SGLang
 that the guard's functions that ran name). SGLang's test runner (``sglang/test/``) runs
 every test and is in no key.
@@ -129,24 +129,29 @@ def _test_module(path: Path) -> tuple[dict[str, list[ast.stmt]], tuple[ast.AST, 
 
 
 @functools.cache
-def test_imports(test: str, root: Path = ROOT) -> tuple[tuple[str, str], ...]:
-    """The SGLang names (``from sglang.X import Y``: ``("X", "Y")``) that a test (its node
-    id) reaches by name: from its class or function, through the definitions,
-    assignments and imports of its file and of the modules under ``tests/`` those import
-    (a name imported from one is followed there), with what each module runs at import
-    for its effect. A name the test does not reach is not in its key, whatever else its
-    file imports. A class a test builds runs no code of its own when it is a dataclass
-    without a ``__post_init__``; its fields count through this. Reached by name only:
-    ``getattr`` on a module by a computed name is not followed. A test whose class or
-    function is not at its file's module level reaches all of its file."""
+def imports_reached(test: str, root: Path = ROOT) -> tuple[tuple[str, str], ...]:
+    """The SGLang names (``from sglang.X import Y``: ``("X", "Y")``) a test (its node id)
+    reaches by name: from its class or function, through the definitions, assignments and
+    imports of its file and of the modules under ``tests/`` (a name imported from one, or
+    by ``*``, is followed there; ``import helpers`` reaches all of it), with what every
+    module the test loads runs at import for its effect (those its file imports at module
+    level, and ``conftest.py``, whatever the test reaches). A name the test does not reach
+    is not in its key, whatever else its file imports. A class a test builds runs no
+    code of its own when it is a dataclass without a ``__post_init__``; its fields count
+    through this. By name only: ``getattr`` by a computed name, and a registry filled by
+    decorators, are not followed. A test whose class or function is not at its file's
+    module level reaches all of its file."""
     path, _, rest = test.partition("::")
     found: set[tuple[str, str]] = set()
-    seen: set[tuple[Path, str]] = set()
+    seen: set[tuple[Path, str | None]] = set()
     opened: set[Path] = set()
     start = root / path
     owner = rest.split("::", 1)[0].split("[", 1)[0]
     module = _test_module(start)
-    todo: list[tuple[Path, str]] = [(start, owner if module and owner in module[0] else "*")]
+    # (module, name): a name it binds the test reaches; None: all it binds
+    todo: list[tuple[Path, str | None]] = [
+        (start, owner if module and owner in module[0] else None),
+        (start.parent / "conftest.py", None)]  # pytest runs its hooks around every test
 
     def reach(where: Path, nodes: Iterable[ast.AST]) -> None:
         for node in nodes:
@@ -161,18 +166,39 @@ def test_imports(test: str, root: Path = ROOT) -> tuple[tuple[str, str], ...]:
         if isinstance(node, ast.ImportFrom):
             if not node.module or node.level:
                 return
+            names = [(a.name if a.name != "*" else name, a.asname or a.name)
+                     for a in node.names if name is None or (a.asname or a.name) in (name, "*")]
             if node.module.startswith("sglang."):
                 if not node.module.startswith("sglang." + RUNNER.replace("/", ".")):
-                    found.update((node.module.removeprefix("sglang."), a.name) for a in node.names
-                                 if name is None or (a.asname or a.name) == name)
+                    found.update((node.module.removeprefix("sglang."), n)
+                                 for n, _ in names if n and n != "*")
                 return
             source = where.parent / f"{node.module.split('.')[0]}.py"
-            todo.extend((source, a.name) for a in node.names
-                        if name is None or (a.asname or a.name) == name)
+            load(source)
+            todo.extend((source, None if n == "*" else n) for n, _ in names)
         else:
-            todo.extend((where.parent / f"{a.name.split('.')[0]}.py", "*") for a in node.names
-                        if name is None or (a.asname or a.name).split(".")[0] == name)
+            for alias in node.names:
+                if name is None or (alias.asname or alias.name).split(".")[0] == name:
+                    load(where.parent / f"{alias.name.split('.')[0]}.py")
+                    todo.append((where.parent / f"{alias.name.split('.')[0]}.py", None))
 
+    def load(where: Path) -> None:
+        """The test imports ``where``: what it runs at import, and what the modules it
+        imports at its module level run, count whatever the test reaches of them."""
+        module = _test_module(where)
+        if where in opened or module is None:
+            return
+        opened.add(where)
+        bound, effects = module
+        reach(where, effects)
+        for node in {id(n): n for stmts in bound.values() for n in stmts}.values():
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    load(where.parent / f"{alias.name.split('.')[0]}.py")
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                load(where.parent / f"{node.module.split('.')[0]}.py")
+
+    load(start)
     while todo:
         where, name = todo.pop()
         if (where, name) in seen:
@@ -181,14 +207,13 @@ def test_imports(test: str, root: Path = ROOT) -> tuple[tuple[str, str], ...]:
         module = _test_module(where)
         if module is None:
             continue
-        bound, effects = module
-        if where not in opened:
-            opened.add(where)
-            reach(where, effects)
-        for node in (stmt for stmts in bound.values() for stmt in stmts) if name == "*" \
-                else bound.get(name, ()):
+        load(where)
+        bound = module[0]
+        nodes = {id(n): n for stmts in bound.values() for n in stmts}.values() if name is None \
+            else bound.get(name) or bound.get("*", ())  # not bound by name: a * import's
+        for node in nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                imported(where, node, None if name == "*" else name)
+                imported(where, node, name)
             else:
                 reach(where, [node])
     return tuple(sorted(found))
@@ -200,7 +225,7 @@ def parts(trace: Trace, package: ReleaseCode) -> dict[str, str]:
     found = {f"{rel}::{qualname}": package.function(rel, qualname)
              for rel, qualname in trace.sglang}
     found.update({f"import sglang.{module}.{name}": package.imported(module, name)
-                  for module, name in test_imports(trace.test)})
+                  for module, name in imports_reached(trace.test)})
     entry = process_test(trace.test)
     if entry is not None:  # what its children drive, as PROCESS_TESTS declares it
         found.update({f"children: {item}": package.declared(item)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FIXED_EXAMPLES", "PROCESS_TESTS", "PROPERTY_TESTS", "ProcessTest", "process_test",
-           "property_node_ids", "property_test"]
+__all__ = ["FIXED_EXAMPLES", "NOT_SCALED", "PROCESS_TESTS", "PROPERTY_TESTS", "ProcessTest",
+           "examples_asked", "process_test", "property_node_ids", "property_test"]
 
 # Every property test (module::Class::test): a run that ran one and got no statistics
 # from it fails.
@@ -32,8 +32,8 @@ PROPERTY_TESTS = ("test_parity_property::TestParity::test_guard_agrees_with_sgla
                   "test_check_agrees_with_runtime::TestPairConditionsAgree::"
                   "test_check_and_registration_agree")
 # Property tests that draw a fixed, small number of examples (each example costs several
-# SGLang resolutions), with the number the ci profile draws; under dev they draw a quarter
-# of it (tests/helpers.py fixed_examples), which a run of the dev profile does not judge.
+# SGLang resolutions), with the number the ci profile draws; under dev, a quarter of it
+# (examples_asked; the tests draw it through tests/helpers.py fixed_examples).
 FIXED_EXAMPLES = {
     "test_check_fix_property::TestCheckFixProperty::test_the_cheapest_minimal_change_is_chosen":
         6,
@@ -44,6 +44,19 @@ FIXED_EXAMPLES = {
     "test_first_contact_runtime::TestFirstContactParity::test_parity": 25,
     "test_check_agrees_with_runtime::TestPairConditionsAgree::"
     "test_check_and_registration_agree": 20}
+
+# Those that draw their ci count under every profile.
+NOT_SCALED = ("test_check_fix_property::TestCheckFixProperty::"
+              "test_the_cheapest_minimal_change_is_chosen",)
+
+
+def examples_asked(test: str, profile: str) -> int | None:
+    """The examples a ``FIXED_EXAMPLES`` test draws under ``profile`` (``None``: not one)."""
+    if test not in FIXED_EXAMPLES:
+        return None
+    ci = FIXED_EXAMPLES[test]
+    return ci if profile == "ci" or test in NOT_SCALED else max(2, ci // 4)
+
 
 _LOADER = ("srt/plugins/__init__.py", "srt/plugins/hook_registry.py")
 _SCHEDULERS = "starts scheduler-like processes as SGLang's launcher does"
