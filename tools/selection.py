@@ -166,21 +166,23 @@ def imports_reached(test: str, root: Path = ROOT) -> tuple[tuple[str, str], ...]
         if isinstance(node, ast.ImportFrom):
             if not node.module or node.level:
                 return
-            names = [(a.name if a.name != "*" else name, a.asname or a.name)
-                     for a in node.names if name is None or (a.asname or a.name) in (name, "*")]
+            # each name imported (a * import: the one asked for; all, asked for none)
+            names = [name if a.name == "*" else a.name for a in node.names
+                     if name is None or (a.asname or a.name) in (name, "*")]
             if node.module.startswith("sglang."):
                 if not node.module.startswith("sglang." + RUNNER.replace("/", ".")):
                     found.update((node.module.removeprefix("sglang."), n)
-                                 for n, _ in names if n and n != "*")
+                                 for n in names if n)
                 return
             source = where.parent / f"{node.module.split('.')[0]}.py"
             load(source)
-            todo.extend((source, None if n == "*" else n) for n, _ in names)
+            todo.extend((source, n) for n in names)
         else:
             for alias in node.names:
                 if name is None or (alias.asname or alias.name).split(".")[0] == name:
-                    load(where.parent / f"{alias.name.split('.')[0]}.py")
-                    todo.append((where.parent / f"{alias.name.split('.')[0]}.py", None))
+                    source = where.parent / f"{alias.name.split('.')[0]}.py"
+                    load(source)
+                    todo.append((source, None))
 
     def load(where: Path) -> None:
         """The test imports ``where``: what it runs at import, and what the modules it
